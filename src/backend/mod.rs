@@ -1,0 +1,77 @@
+//! The only seam between the pool and a device.
+//!
+//! `sim` is a simulated device used by tests, replay and benchmarks. The real CUDA backend lives
+//! beside it and is the only place that calls the driver or runtime.
+
+pub mod sim;
+
+use crate::pool::{DeviceId, DevicePtr};
+use std::fmt;
+
+/// Free and total device memory, as `cudaMemGetInfo` reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// A point in the device's work queue recorded at free time; the block behind it may be reused
+/// once the backend reports the fence done. The value is opaque to the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub u64);
+
+/// What a backend call can fail with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendError {
+    /// The device has no room for the request (`cudaErrorMemoryAllocation`). Recoverable: the
+    /// pool frees cached memory and retries. A backend reporting this has already cleared any
+    /// sticky error state it caused.
+    OutOfMemory,
+    /// Any other failure, with the runtime's error code and the call that produced it. Passed
+    /// through to the program unchanged.
+    Device { code: i32, call: &'static str },
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::OutOfMemory => write!(f, "device out of memory"),
+            BackendError::Device { code, call } => {
+                write!(f, "{call} failed with CUDA error {code}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// A device the pool can obtain segments from.
+///
+/// Contract, for every implementation:
+/// - Calls come from one thread at a time (the pool is behind a lock) and never re-enter the pool.
+/// - On `Err`, nothing was allocated or released and no out-parameter was written.
+pub trait Backend {
+    /// The device this backend allocates on.
+    fn device(&self) -> DeviceId;
+
+    /// Obtain a segment of exactly `size` bytes (a multiple of 2 MiB from the pool). The address
+    /// is aligned to at least 512 bytes. `Err(OutOfMemory)` when the device is full.
+    fn allocate(&mut self, size: u64) -> Result<DevicePtr, BackendError>;
+
+    /// Return a whole segment obtained from `allocate`, with the size it was allocated with.
+    /// Precondition: no block of it is in use by the program or by pending device work
+    /// (the pool synchronizes first when pending blocks exist).
+    fn release(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError>;
+
+    /// Free and total memory of the device, counting memory of other users.
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError>;
+
+    /// Record a fence after all work issued so far that may touch a block being freed.
+    fn record_fence(&mut self) -> Result<Fence, BackendError>;
+
+    /// Whether the work before `fence` has finished. Never blocks.
+    fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError>;
+
+    /// Wait until all work issued so far has finished; afterwards every recorded fence is done.
+    fn synchronize(&mut self) -> Result<(), BackendError>;
+}

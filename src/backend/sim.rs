@@ -1,0 +1,333 @@
+//! A simulated device: a capacity, an address space laid out like the driver's, injectable
+//! failures and a clock for pending work. Deterministic; used by tests, replay and benchmarks.
+
+use super::{Backend, BackendError, Fence, MemInfo};
+use crate::pool::{DeviceId, DevicePtr};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Segments are aligned to this, like the driver's 2 MiB allocation granularity.
+pub const SEGMENT_ALIGNMENT: u64 = 2 << 20; // 2 MiB
+/// Lowest address the simulated device hands out.
+pub const ADDRESS_BASE: u64 = 0x7f00_0000_0000;
+/// One past the highest address the simulated device hands out.
+pub const ADDRESS_TOP: u64 = 0x7fff_0000_0000;
+
+/// Where a new segment goes in the address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// At the top of the highest free range that fits (what the Linux driver mostly does).
+    TopDown,
+    /// At the bottom of the lowest free range that fits.
+    BottomUp,
+}
+
+/// Call counters of the simulated device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed_allocs: u64,
+    pub synchronizes: u64,
+}
+
+/// A simulated device.
+#[derive(Debug)]
+pub struct SimDevice {
+    device: DeviceId,
+    capacity: u64,
+    /// Bytes used by others on the device (not by this allocator).
+    foreign_used: u64,
+    used: u64,
+    placement: Placement,
+    /// Live segments: address → size.
+    segments: BTreeMap<u64, u64>,
+    /// Addresses to use for the next allocations, in order, while they fit.
+    address_hints: VecDeque<u64>,
+    /// Upcoming `allocate` calls that fail: each entry is consumed by one call.
+    injected_failures: VecDeque<Option<BackendError>>,
+    next_fence: u64,
+    /// Fences below this value are done.
+    completed_fences: u64,
+    /// When true, every fence is done as soon as it is recorded (no asynchronous work).
+    fences_complete_immediately: bool,
+    counters: SimCounters,
+}
+
+impl SimDevice {
+    /// A device of `capacity` bytes (use `u64::MAX` for "unlimited"), top-down placement,
+    /// fences done immediately.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            device: DeviceId(0),
+            capacity,
+            foreign_used: 0,
+            used: 0,
+            placement: Placement::TopDown,
+            segments: BTreeMap::new(),
+            address_hints: VecDeque::new(),
+            injected_failures: VecDeque::new(),
+            next_fence: 1,
+            completed_fences: u64::MAX,
+            fences_complete_immediately: true,
+            counters: SimCounters::default(),
+        }
+    }
+
+    pub fn with_device(mut self, device: DeviceId) -> Self {
+        self.device = device;
+        self
+    }
+
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Make fences pending until `complete_work` or `synchronize` (asynchronous device work).
+    pub fn with_pending_work(mut self) -> Self {
+        self.fences_complete_immediately = false;
+        self.completed_fences = 0;
+        self
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+    }
+
+    /// Memory used on the device by something other than this allocator.
+    pub fn set_foreign_used(&mut self, bytes: u64) {
+        self.foreign_used = bytes;
+    }
+
+    /// Bytes currently held by live segments.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    pub fn counters(&self) -> SimCounters {
+        self.counters
+    }
+
+    /// Live segments as `(address, size)`, in address order.
+    pub fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.segments.iter().map(|(a, s)| (*a, *s))
+    }
+
+    /// Queue addresses for the next allocations (each used if its range is free, else ignored).
+    pub fn push_address_hint(&mut self, addr: u64) {
+        self.address_hints.push_back(addr);
+    }
+
+    /// Make the next `allocate` call fail with `error` (queued; one call each).
+    pub fn inject_failure(&mut self, error: BackendError) {
+        self.injected_failures.push_back(Some(error));
+    }
+
+    /// Let the next `allocate` call proceed normally (used to space out injected failures).
+    pub fn inject_success(&mut self) {
+        self.injected_failures.push_back(None);
+    }
+
+    /// Mark a segment that exists before the simulation starts (e.g. rebuilt from a snapshot).
+    /// Returns false if it overlaps a live segment.
+    pub fn claim(&mut self, addr: u64, size: u64) -> bool {
+        if addr == 0 || !self.range_is_free(addr, size) {
+            return false;
+        }
+        self.segments.insert(addr, size);
+        self.used += size;
+        true
+    }
+
+    /// Finish all work issued so far: every fence recorded until now is done.
+    pub fn complete_work(&mut self) {
+        self.completed_fences = self.next_fence;
+    }
+
+    fn range_is_free(&self, addr: u64, size: u64) -> bool {
+        let end = match addr.checked_add(size) {
+            Some(end) => end,
+            None => return false,
+        };
+        if let Some((a, s)) = self.segments.range(..end).next_back() {
+            if a + s > addr {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The free gaps `[start, end)` of the address space, highest first.
+    fn gaps_descending(&self) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::with_capacity(self.segments.len() + 1);
+        let mut top = ADDRESS_TOP;
+        for (&addr, &size) in self.segments.iter().rev() {
+            if addr + size < top {
+                gaps.push((addr + size, top));
+            }
+            top = top.min(addr);
+        }
+        if ADDRESS_BASE < top {
+            gaps.push((ADDRESS_BASE, top));
+        }
+        gaps
+    }
+
+    fn place(&mut self, size: u64) -> Option<u64> {
+        while let Some(hint) = self.address_hints.pop_front() {
+            if hint != 0 && self.range_is_free(hint, size) {
+                return Some(hint);
+            }
+        }
+        let gaps = self.gaps_descending();
+        match self.placement {
+            Placement::TopDown => gaps.iter().find_map(|&(start, end)| {
+                let addr = (end.checked_sub(size)?) / SEGMENT_ALIGNMENT * SEGMENT_ALIGNMENT;
+                (addr >= start).then_some(addr)
+            }),
+            Placement::BottomUp => gaps.iter().rev().find_map(|&(start, end)| {
+                let addr = start.div_ceil(SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT;
+                (addr.checked_add(size)? <= end).then_some(addr)
+            }),
+        }
+    }
+}
+
+impl Backend for SimDevice {
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<DevicePtr, BackendError> {
+        if let Some(Some(error)) = self.injected_failures.pop_front() {
+            self.counters.failed_allocs += 1;
+            return Err(error);
+        }
+        let fits = self
+            .used
+            .checked_add(self.foreign_used)
+            .and_then(|u| u.checked_add(size))
+            .is_some_and(|total| total <= self.capacity);
+        let addr = if fits { self.place(size) } else { None };
+        let Some(addr) = addr else {
+            self.counters.failed_allocs += 1;
+            return Err(BackendError::OutOfMemory);
+        };
+        self.segments.insert(addr, size);
+        self.used += size;
+        self.counters.allocs += 1;
+        Ok(DevicePtr::new(addr).expect("placement never yields address 0"))
+    }
+
+    fn release(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        match self.segments.get(&ptr.addr()) {
+            Some(&s) if s == size => {
+                self.segments.remove(&ptr.addr());
+                self.used -= size;
+                self.counters.frees += 1;
+                Ok(())
+            }
+            _ => Err(BackendError::Device {
+                code: 1,
+                call: "sim release",
+            }),
+        }
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
+        let used = self.used.saturating_add(self.foreign_used);
+        Ok(MemInfo {
+            free: self.capacity.saturating_sub(used),
+            total: self.capacity,
+        })
+    }
+
+    fn record_fence(&mut self) -> Result<Fence, BackendError> {
+        let fence = Fence(self.next_fence);
+        self.next_fence += 1;
+        Ok(fence)
+    }
+
+    fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {
+        Ok(self.fences_complete_immediately || fence.0 < self.completed_fences)
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.counters.synchronizes += 1;
+        self.complete_work();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn top_down_places_each_segment_below_the_last() {
+        let mut sim = SimDevice::new(u64::MAX);
+        let a = sim.allocate(20 * MIB).unwrap().addr();
+        let b = sim.allocate(2 * MIB).unwrap().addr();
+        assert_eq!(a, ADDRESS_TOP - 20 * MIB);
+        assert_eq!(b, a - 2 * MIB);
+        sim.release(DevicePtr::new(a).unwrap(), 20 * MIB).unwrap();
+        // The freed top range is the highest that fits again.
+        assert_eq!(sim.allocate(4 * MIB).unwrap().addr(), ADDRESS_TOP - 4 * MIB);
+    }
+
+    #[test]
+    fn bottom_up_counts_upwards() {
+        let mut sim = SimDevice::new(u64::MAX).with_placement(Placement::BottomUp);
+        let a = sim.allocate(2 * MIB).unwrap().addr();
+        let b = sim.allocate(2 * MIB).unwrap().addr();
+        assert_eq!(a, ADDRESS_BASE);
+        assert_eq!(b, a + 2 * MIB);
+    }
+
+    #[test]
+    fn capacity_and_injected_failures_refuse_allocations() {
+        let mut sim = SimDevice::new(4 * MIB);
+        sim.allocate(2 * MIB).unwrap();
+        assert_eq!(sim.allocate(4 * MIB), Err(BackendError::OutOfMemory));
+        sim.inject_failure(BackendError::Device {
+            code: 35,
+            call: "cudaMalloc",
+        });
+        assert!(matches!(
+            sim.allocate(2 * MIB),
+            Err(BackendError::Device { code: 35, .. })
+        ));
+        assert!(sim.allocate(2 * MIB).is_ok());
+        assert_eq!(
+            sim.mem_info().unwrap(),
+            MemInfo {
+                free: 0,
+                total: 4 * MIB
+            }
+        );
+    }
+
+    #[test]
+    fn fences_wait_for_completed_work() {
+        let mut sim = SimDevice::new(u64::MAX).with_pending_work();
+        let f = sim.record_fence().unwrap();
+        assert!(!sim.fence_done(f).unwrap());
+        sim.synchronize().unwrap();
+        assert!(sim.fence_done(f).unwrap());
+    }
+
+    #[test]
+    fn address_hints_are_used_when_free() {
+        let mut sim = SimDevice::new(u64::MAX);
+        sim.push_address_hint(0x7f10_0000_0000);
+        assert_eq!(sim.allocate(2 * MIB).unwrap().addr(), 0x7f10_0000_0000);
+        assert!(sim.claim(0x7f20_0000_0000, 2 * MIB));
+        assert!(!sim.claim(0x7f20_0000_0000, 2 * MIB));
+    }
+}

@@ -1,0 +1,125 @@
+//! Size rounding, pool choice and segment sizing — PyTorch's `round_size`, `get_pool` and
+//! `get_allocation_size`.
+
+use super::settings::Settings;
+use super::types::PoolKind;
+
+/// All sizes are rounded to a multiple of this.
+pub const MIN_BLOCK_SIZE: u64 = 512; // 512 B
+/// Largest rounded size served by the small pool.
+pub const SMALL_SIZE: u64 = 1 << 20; // 1 MiB
+/// Segment size of the small pool.
+pub const SMALL_BUFFER: u64 = 2 << 20; // 2 MiB
+/// Requests below this (in the large pool) get a `LARGE_BUFFER` segment.
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20; // 10 MiB
+/// Large segments at or above `MIN_LARGE_ALLOC` are rounded to a multiple of this.
+pub const ROUND_LARGE: u64 = 2 << 20; // 2 MiB
+/// Segment size for large-pool requests below `MIN_LARGE_ALLOC`.
+pub const LARGE_BUFFER: u64 = 20 << 20; // 20 MiB
+/// Number of power-of-two intervals in the `roundup_power2_divisions` table (1 MiB … 32 GiB+).
+pub const ROUNDUP_INTERVALS: usize = 16;
+/// Requests of this size or more are refused outright ("more than 1EB").
+pub const MAX_REQUEST: u64 = 1 << 60; // 1 EiB
+
+/// Divisions that apply to `size` (index = floor(log2(size)) - 20, clamped to 0..=15).
+pub fn roundup_divisions(settings: &Settings, size: u64) -> u64 {
+    let log2 = 63 - size.max(1).leading_zeros() as i64;
+    let index = (log2 - 20).clamp(0, ROUNDUP_INTERVALS as i64 - 1) as usize;
+    settings.roundup_power2_divisions[index]
+}
+
+/// Round `size` up to the next of `divisions` equal steps between two powers of two.
+fn next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> divisions.trailing_zeros();
+    if step == 0 {
+        return floor << 1;
+    }
+    let f = size & !(step - 1);
+    if f == size { size } else { f + step }
+}
+
+/// The block size a request of `size` bytes occupies.
+pub fn round_size(settings: &Settings, size: u64) -> u64 {
+    if size < MIN_BLOCK_SIZE {
+        return MIN_BLOCK_SIZE;
+    }
+    let divisions = roundup_divisions(settings, size);
+    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+        return next_division(size, divisions);
+    }
+    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+}
+
+/// The pool that serves a rounded size.
+pub fn pool_for(rounded: u64) -> PoolKind {
+    if rounded <= SMALL_SIZE {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+/// The size of the segment to request from the device for a rounded size.
+pub fn segment_size(rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if rounded < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn with_divisions(d: u64) -> Settings {
+        Settings {
+            roundup_power2_divisions: [d; ROUNDUP_INTERVALS],
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn default_rounding_is_512_bytes() {
+        let s = Settings::default();
+        assert_eq!(round_size(&s, 0), 512);
+        assert_eq!(round_size(&s, 1), 512);
+        assert_eq!(round_size(&s, 512), 512);
+        assert_eq!(round_size(&s, 513), 1024);
+        assert_eq!(round_size(&s, 100 * MIB + 1), 100 * MIB + 512);
+    }
+
+    #[test]
+    fn power2_divisions_match_the_reference_examples() {
+        let s = with_divisions(4);
+        assert_eq!(round_size(&s, 1200), 1536);
+        assert_eq!(round_size(&s, 5000), 5120);
+        assert_eq!(round_size(&s, 1_500_000), 1_572_864);
+        assert_eq!(round_size(&s, 100 * MIB + 1), 112 * MIB);
+        assert_eq!(round_size(&s, 64 * MIB), 64 * MIB);
+    }
+
+    #[test]
+    fn segment_sizes_follow_the_three_bands() {
+        assert_eq!(segment_size(512), 2 * MIB);
+        assert_eq!(segment_size(MIB), 2 * MIB);
+        assert_eq!(segment_size(MIB + 512), 20 * MIB);
+        assert_eq!(segment_size(10 * MIB - 512), 20 * MIB);
+        assert_eq!(segment_size(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size(10 * MIB + 512), 12 * MIB);
+    }
+
+    #[test]
+    fn pool_boundary_is_inclusive_at_one_mib() {
+        assert_eq!(pool_for(MIB), PoolKind::Small);
+        assert_eq!(pool_for(MIB + 512), PoolKind::Large);
+    }
+}

@@ -1,0 +1,41 @@
+//! The policy knobs the pool reads. `config` parses them from the environment; the core only
+//! sees this plain struct.
+
+use super::rounding::{LARGE_BUFFER, ROUNDUP_INTERVALS};
+
+/// Allocator policy settings (the allocator keys of `PYTORCH_CUDA_ALLOC_CONF`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Blocks of at least this many bytes are never split; `u64::MAX` = unlimited (default).
+    pub max_split_size: u64,
+    /// An oversize cached block may serve a request only if it exceeds the request by less than this.
+    pub max_non_split_rounding: u64,
+    /// Per power-of-two interval (index 0 = below 2 MiB … 15 = 32 GiB and up): divisions, 0 = off.
+    pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+    /// Fraction of the allowed maximum above which cached unsplit blocks are reclaimed; 0 = off.
+    pub garbage_collection_threshold: f64,
+    /// Fraction of device memory this allocator may reserve (1.0 = no limit).
+    pub per_process_memory_fraction: f64,
+    /// Grow segments with the driver's virtual-memory API instead of one cudaMalloc each.
+    pub expandable_segments: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            max_split_size: u64::MAX,
+            max_non_split_rounding: LARGE_BUFFER,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            per_process_memory_fraction: 1.0,
+            expandable_segments: false,
+        }
+    }
+}
+
+impl Settings {
+    /// True when `max_split_size` was set by the user.
+    pub fn has_max_split_size(&self) -> bool {
+        self.max_split_size != u64::MAX
+    }
+}

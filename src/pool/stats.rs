@@ -1,0 +1,243 @@
+//! Allocator statistics under PyTorch's names (`torch.cuda.memory_stats()`), declared once.
+//!
+//! A `Stat` follows PyTorch's update rules: an increase moves `current`, `peak` and
+//! `allocated`; a decrease moves `current` and `freed`. Rendering (text table, JSON) lives in
+//! `crate::report`; everything here is plain data.
+
+use super::types::PoolKind;
+use serde::Serialize;
+
+/// One counter with its peak and running totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stat {
+    pub current: i64,
+    pub peak: i64,
+    pub allocated: i64,
+    pub freed: i64,
+}
+
+impl Stat {
+    pub fn increase(&mut self, amount: u64) {
+        let amount = amount as i64;
+        self.current += amount;
+        self.peak = self.peak.max(self.current);
+        self.allocated += amount;
+    }
+
+    pub fn decrease(&mut self, amount: u64) {
+        let amount = amount as i64;
+        self.current -= amount;
+        self.freed += amount;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// A stat kept for all pools together and for each pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatArray {
+    pub all: Stat,
+    pub small_pool: Stat,
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    pub fn pool(&self, pool: PoolKind) -> &Stat {
+        match pool {
+            PoolKind::Small => &self.small_pool,
+            PoolKind::Large => &self.large_pool,
+        }
+    }
+
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+        match pool {
+            PoolKind::Small => &mut self.small_pool,
+            PoolKind::Large => &mut self.large_pool,
+        }
+    }
+
+    /// `(suffix, stat)` in PyTorch's order: all, large_pool, small_pool.
+    pub fn entries(&self) -> [(&'static str, &Stat); 3] {
+        [
+            ("all", &self.all),
+            ("large_pool", &self.large_pool),
+            ("small_pool", &self.small_pool),
+        ]
+    }
+
+    fn for_each_mut(&mut self, f: impl Fn(&mut Stat)) {
+        f(&mut self.all);
+        f(&mut self.small_pool);
+        f(&mut self.large_pool);
+    }
+}
+
+/// Everything `torch.cuda.memory_stats()` reports for one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceStats {
+    /// Live allocations handed to the program.
+    pub allocation: StatArray,
+    /// Segments obtained from the device.
+    pub segment: StatArray,
+    /// Allocated blocks plus blocks whose free is still pending.
+    pub active: StatArray,
+    /// Free blocks inside split segments (not releasable).
+    pub inactive_split: StatArray,
+    pub allocated_bytes: StatArray,
+    pub reserved_bytes: StatArray,
+    pub active_bytes: StatArray,
+    pub inactive_split_bytes: StatArray,
+    /// Bytes the program asked for (before rounding).
+    pub requested_bytes: StatArray,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub num_sync_all_streams: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    /// The `max_split_size` in force; `-1` when unlimited (as PyTorch reports it).
+    pub max_split_size: i64,
+}
+
+impl DeviceStats {
+    /// The stat arrays with their PyTorch names, in PyTorch's (sorted) order of appearance.
+    pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+        [
+            ("active", &self.active),
+            ("active_bytes", &self.active_bytes),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("allocation", &self.allocation),
+            ("inactive_split", &self.inactive_split),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("segment", &self.segment),
+        ]
+    }
+
+    /// Flattened `key → value` pairs exactly as `torch.cuda.memory_stats()` names them, sorted.
+    pub fn flat(&self) -> Vec<(String, i64)> {
+        let mut out = Vec::with_capacity(128);
+        for (name, array) in self.arrays() {
+            for (pool, stat) in array.entries() {
+                push_stat(&mut out, &format!("{name}.{pool}"), stat);
+            }
+        }
+        push_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
+        push_stat(&mut out, "oversize_segments", &self.oversize_segments);
+        out.push(("num_alloc_retries".into(), self.num_alloc_retries as i64));
+        out.push(("num_ooms".into(), self.num_ooms as i64));
+        out.push((
+            "num_sync_all_streams".into(),
+            self.num_sync_all_streams as i64,
+        ));
+        out.push(("num_device_alloc".into(), self.num_device_alloc as i64));
+        out.push(("num_device_free".into(), self.num_device_free as i64));
+        out.push(("max_split_size".into(), self.max_split_size));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// PyTorch's `reset_accumulated_memory_stats`.
+    pub fn reset_accumulated(&mut self) {
+        for array in self.arrays_mut() {
+            array.for_each_mut(Stat::reset_accumulated);
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    /// PyTorch's `reset_peak_memory_stats`.
+    pub fn reset_peak(&mut self) {
+        for array in self.arrays_mut() {
+            array.for_each_mut(Stat::reset_peak);
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.active,
+            &mut self.active_bytes,
+            &mut self.allocated_bytes,
+            &mut self.allocation,
+            &mut self.inactive_split,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+            &mut self.reserved_bytes,
+            &mut self.segment,
+        ]
+    }
+}
+
+fn push_stat(out: &mut Vec<(String, i64)>, prefix: &str, stat: &Stat) {
+    out.push((format!("{prefix}.current"), stat.current));
+    out.push((format!("{prefix}.peak"), stat.peak));
+    out.push((format!("{prefix}.allocated"), stat.allocated));
+    out.push((format!("{prefix}.freed"), stat.freed));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_follows_pytorch_update_rules() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.increase(5);
+        s.decrease(12);
+        assert_eq!(
+            s,
+            Stat {
+                current: 3,
+                peak: 15,
+                allocated: 15,
+                freed: 12
+            }
+        );
+        s.reset_peak();
+        assert_eq!(s.peak, 3);
+    }
+
+    #[test]
+    fn flat_keys_use_pytorch_names() {
+        let mut st = DeviceStats {
+            max_split_size: -1,
+            ..Default::default()
+        };
+        st.reserved_bytes.increase(PoolKind::Large, 4096);
+        let flat = st.flat();
+        let get = |k: &str| flat.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        assert_eq!(get("reserved_bytes.large_pool.peak"), Some(4096));
+        assert_eq!(get("reserved_bytes.all.current"), Some(4096));
+        assert_eq!(get("reserved_bytes.small_pool.current"), Some(0));
+        assert_eq!(get("max_split_size"), Some(-1));
+        assert_eq!(get("num_alloc_retries"), Some(0));
+        assert_eq!(flat.len(), 9 * 3 * 4 + 2 * 4 + 6);
+    }
+}
