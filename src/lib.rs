@@ -3,3 +3,4 @@
 
 pub mod backend;
 pub mod pool;
+pub mod trace;

@@ -1,0 +1,73 @@
+//! A workload: the sequence of operations a replay drives through the pool.
+//!
+//! Readers (PyTorch snapshots, our own format, RMM logs) and the synthetic generator all produce
+//! this; replay, sweep and the benchmarks consume it. Allocations are named by a dense id so a
+//! free needs no address lookup.
+
+use crate::pool::StreamId;
+
+/// Dense id of one allocation within a workload (index into the live table).
+pub type AllocId = u32;
+
+/// One step of a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The program asks for `size` bytes (the requested, unrounded size) on `stream`.
+    /// `recorded_addr` is where the recording allocator put it, when known.
+    Alloc {
+        id: AllocId,
+        size: u64,
+        stream: StreamId,
+        recorded_addr: Option<u64>,
+    },
+    /// The program frees allocation `id`.
+    Free { id: AllocId },
+    /// The program called `empty_cache()`.
+    EmptyCache,
+    /// A request that ran out of memory in the recording (it has no `Alloc`). With a capacity
+    /// set, replay retries it as a probe allocation.
+    Oom {
+        size: u64,
+        stream: StreamId,
+        device_free: u64,
+    },
+}
+
+/// A sequence of operations plus where each came from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Workload {
+    /// Human-readable origin (file name, generator and seed).
+    pub name: String,
+    pub ops: Vec<Op>,
+    /// For each op, the index of the entry in the source trace it came from (same length as
+    /// `ops`; empty for generated workloads).
+    pub source_index: Vec<usize>,
+    /// Number of distinct allocation ids used (ids are `0..num_ids`).
+    pub num_ids: u32,
+}
+
+impl Workload {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Append an op that came from source entry `index`.
+    pub fn push(&mut self, op: Op, index: usize) {
+        if let Op::Alloc { id, .. } = op {
+            self.num_ids = self.num_ids.max(id + 1);
+        }
+        self.ops.push(op);
+        self.source_index.push(index);
+    }
+
+    /// Number of allocations (not frees) in the workload.
+    pub fn allocs(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|op| matches!(op, Op::Alloc { .. }))
+            .count()
+    }
+}
