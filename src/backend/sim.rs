@@ -153,10 +153,10 @@ impl SimDevice {
             Some(end) => end,
             None => return false,
         };
-        if let Some((a, s)) = self.segments.range(..end).next_back() {
-            if a + s > addr {
-                return false;
-            }
+        if let Some((a, s)) = self.segments.range(..end).next_back()
+            && a + s > addr
+        {
+            return false;
         }
         true
     }

@@ -4,12 +4,28 @@
 //! module wraps it in a lock.
 #![forbid(unsafe_code)]
 
+mod allocator;
+pub mod block;
+pub mod error;
+pub mod event;
+mod free_index;
+pub mod layout;
 pub mod oom;
+mod release;
 pub mod rounding;
 pub mod settings;
 pub mod stats;
 pub mod types;
+mod validate;
 
+#[cfg(test)]
+mod tests;
+
+pub use allocator::DeviceAllocator;
+pub use block::BlockState;
+pub use error::{BadPointer, Error};
+pub use event::{EventSink, PoolEvent};
+pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentView};
 pub use oom::OomReport;
 pub use settings::Settings;
 pub use stats::{DeviceStats, Stat, StatArray};

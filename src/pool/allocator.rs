@@ -1,0 +1,603 @@
+//! `DeviceAllocator`: one device's caching pool — the malloc and free paths.
+//!
+//! The policy is PyTorch's native `DeviceCachingAllocator` (see the reference, §2–§3):
+//! round the request, look for the best-fitting cached block of the same pool and stream, else
+//! climb the miss ladder (new segment → release oversize cached blocks → release every fully
+//! free segment and retry), split the found block (the allocation takes the front), and on free
+//! coalesce with free neighbours. Releasing memory and garbage collection live in `release.rs`;
+//! inspection, seeding and the invariant walker in their own files.
+
+use super::block::{Block, BlockArena, BlockId, BlockState, NIL};
+use super::error::{BadPointer, Error};
+use super::event::{EventSink, PoolEvent};
+use super::free_index::{FreeEntry, FreeIndex};
+use super::oom::OomReport;
+use super::rounding::{
+    MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, pool_for, round_size, segment_size,
+};
+use super::settings::Settings;
+use super::stats::{DeviceStats, StatArray};
+use super::types::{DevicePtr, PoolKind, StreamId};
+use crate::backend::{Backend, BackendError, Fence};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+
+/// How many of the largest free blocks an OOM report lists.
+const OOM_REPORT_BLOCKS: usize = 16;
+
+/// The free indexes of one pool, one per stream (few streams: a short vector beats a map).
+#[derive(Debug, Default)]
+pub(super) struct StreamPools {
+    pub(super) streams: Vec<(StreamId, FreeIndex)>,
+}
+
+impl StreamPools {
+    pub(super) fn get(&self, stream: StreamId) -> Option<&FreeIndex> {
+        self.streams
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, i)| i)
+    }
+
+    pub(super) fn get_mut(&mut self, stream: StreamId) -> &mut FreeIndex {
+        match self.streams.iter().position(|(s, _)| *s == stream) {
+            Some(pos) => &mut self.streams[pos].1,
+            None => {
+                self.streams.push((stream, FreeIndex::default()));
+                self.streams.sort_by_key(|(s, _)| *s);
+                let pos = self
+                    .streams
+                    .iter()
+                    .position(|(s, _)| *s == stream)
+                    .expect("just added");
+                &mut self.streams[pos].1
+            }
+        }
+    }
+
+    /// Free entries in PyTorch's set order: (stream, size, address).
+    pub(super) fn entries(&self) -> Vec<FreeEntry> {
+        self.streams
+            .iter()
+            .flat_map(|(_, index)| index.iter())
+            .collect()
+    }
+}
+
+/// The caching pool of one device over a backend.
+pub struct DeviceAllocator<B: Backend> {
+    pub(super) backend: B,
+    pub(super) settings: Settings,
+    pub(super) blocks: BlockArena,
+    pub(super) small: StreamPools,
+    pub(super) large: StreamPools,
+    /// Live allocations (allocated or pending) by address.
+    pub(super) allocations: FxHashMap<u64, BlockId>,
+    /// Segments obtained from the device: start address → size.
+    pub(super) segments: BTreeMap<u64, u64>,
+    /// Freed blocks waiting for their fence, oldest first.
+    pub(super) pending: VecDeque<(Fence, BlockId)>,
+    pub(super) stats: DeviceStats,
+    /// Bytes obtained from the device (`total_allocated_memory`).
+    pub(super) total_reserved: u64,
+    /// Limit from `per_process_memory_fraction`, resolved on first need.
+    pub(super) allowed_maximum: Option<u64>,
+    pub(super) allowed_maximum_resolved: bool,
+    /// Free-block searches in the large pool (the GC clock, `get_free_blocks_call_count`).
+    pub(super) large_searches: u64,
+    pub(super) sink: Option<Box<dyn EventSink>>,
+}
+
+impl<B: Backend> DeviceAllocator<B> {
+    pub fn new(backend: B, settings: Settings) -> Self {
+        let max_split_size = if settings.has_max_split_size() {
+            settings.max_split_size as i64
+        } else {
+            -1
+        };
+        Self {
+            backend,
+            settings,
+            blocks: BlockArena::default(),
+            small: StreamPools::default(),
+            large: StreamPools::default(),
+            allocations: FxHashMap::default(),
+            segments: BTreeMap::new(),
+            pending: VecDeque::new(),
+            stats: DeviceStats {
+                max_split_size,
+                ..DeviceStats::default()
+            },
+            total_reserved: 0,
+            allowed_maximum: None,
+            allowed_maximum_resolved: false,
+            large_searches: 0,
+            sink: None,
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Install a receiver for pool events (replaces any previous one).
+    pub fn set_event_sink(&mut self, sink: Option<Box<dyn EventSink>>) {
+        self.sink = sink;
+    }
+
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// Number of freed blocks still waiting for their fence.
+    pub fn pending_frees(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Allocate `size` bytes on `stream`. Size 0 gets a minimum-size block.
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevicePtr, Error> {
+        if size >= MAX_REQUEST {
+            return Err(Error::RequestTooLarge { size });
+        }
+        self.process_pending()?;
+        let rounded = round_size(&self.settings, size);
+        let pool = pool_for(rounded);
+        let id = match self.get_free_block(pool, stream, rounded) {
+            Some(id) => id,
+            None => self.grow(pool, stream, size, rounded)?,
+        };
+        Ok(self.alloc_found_block(id, size, rounded))
+    }
+
+    /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
+    pub fn free(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let id = self.take_allocation(ptr)?;
+        self.free_block(id);
+        Ok(())
+    }
+
+    /// Free an allocation whose block may still be used by device work issued before now: the
+    /// block stays pending until the backend reports the fence recorded here done.
+    pub fn free_deferred(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let id = self.lookup_allocation(ptr)?;
+        let fence = self.backend.record_fence()?;
+        let id = self.take_allocation_id(id);
+        self.blocks.get_mut(id).state = BlockState::Pending;
+        self.pending.push_back((fence, id));
+        Ok(())
+    }
+
+    /// The size of the live allocation starting at `ptr`, if there is one.
+    pub fn allocation_size(&self, ptr: DevicePtr) -> Option<u64> {
+        let id = *self.allocations.get(&ptr.addr())?;
+        let block = self.blocks.get(id);
+        (block.state == BlockState::Allocated).then_some(block.size)
+    }
+
+    /// Whether `addr` lies inside a segment of this pool.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.segments
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(start, size)| addr < start + size)
+    }
+
+    /// Move every pending block whose fence is done back to its pool.
+    pub fn process_pending(&mut self) -> Result<(), Error> {
+        while let Some(&(fence, id)) = self.pending.front() {
+            if !self.backend.fence_done(fence)? {
+                break;
+            }
+            self.pending.pop_front();
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    pub(super) fn emit(&mut self, event: PoolEvent) {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.record(&event);
+        }
+    }
+
+    pub(super) fn pools(&self, pool: PoolKind) -> &StreamPools {
+        match pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    pub(super) fn pools_mut(&mut self, pool: PoolKind) -> &mut StreamPools {
+        match pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.allowed_maximum.is_some() && self.settings.garbage_collection_threshold > 0.0
+    }
+
+    /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
+    /// `max_split_size` rules; only the best-fitting block is considered.
+    fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<BlockId> {
+        if pool == PoolKind::Large && self.gc_enabled() {
+            self.large_searches += 1;
+        }
+        let mss = self.settings.max_split_size;
+        let rounding = self.settings.max_non_split_rounding;
+        let index = self.pools_mut(pool).get_mut(stream);
+        let found = index.lower_bound(size)?;
+        if size < mss && found.size >= mss {
+            return None;
+        }
+        if size >= mss && found.size >= size.saturating_add(rounding) {
+            return None;
+        }
+        index.remove(found.size, found.addr);
+        Some(found.id)
+    }
+
+    /// The miss ladder. Returns a fresh or reclaimed block, or the OOM error.
+    fn grow(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+        rounded: u64,
+    ) -> Result<BlockId, Error> {
+        // Use ready blocks first; synchronize before growing when frees are still pending.
+        if !self.pending.is_empty() {
+            self.synchronize_pending()?;
+            if let Some(id) = self.get_free_block(pool, stream, rounded) {
+                return Ok(id);
+            }
+        }
+        self.resolve_allowed_maximum();
+        if self.gc_enabled() {
+            self.garbage_collect()?;
+        }
+        let alloc_size = segment_size(rounded);
+        if let Some(id) = self.alloc_block(pool, stream, alloc_size, false)? {
+            return Ok(id);
+        }
+        if self.release_available_cached_blocks(pool, stream, rounded)?
+            && let Some(id) = self.alloc_block(pool, stream, alloc_size, false)?
+        {
+            return Ok(id);
+        }
+        self.release_cached_blocks()?;
+        if let Some(id) = self.alloc_block(pool, stream, alloc_size, true)? {
+            return Ok(id);
+        }
+        Err(self.out_of_memory(stream, size, rounded, alloc_size))
+    }
+
+    fn resolve_allowed_maximum(&mut self) {
+        if self.allowed_maximum_resolved {
+            return;
+        }
+        self.allowed_maximum_resolved = true;
+        let fraction = self.settings.per_process_memory_fraction;
+        if fraction < 1.0
+            && let Ok(info) = self.backend.mem_info()
+        {
+            self.allowed_maximum = Some((fraction * info.total as f64) as u64);
+        }
+    }
+
+    /// PyTorch's `alloc_block`: one new segment from the device, or `None` when it is full.
+    fn alloc_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        alloc_size: u64,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, Error> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(max) = self.allowed_maximum
+            && self.total_reserved.saturating_add(alloc_size) > max
+        {
+            return Ok(None);
+        }
+        let ptr = match self.backend.allocate(alloc_size) {
+            Ok(ptr) => ptr,
+            Err(BackendError::OutOfMemory) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.total_reserved += alloc_size;
+        self.segments.insert(ptr.addr(), alloc_size);
+        let id = self.blocks.insert(Block {
+            addr: ptr.addr(),
+            size: alloc_size,
+            requested: 0,
+            stream,
+            pool,
+            prev: NIL,
+            next: NIL,
+            state: BlockState::Free,
+            gc_count_base: 0,
+        });
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, alloc_size);
+        if alloc_size >= self.settings.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.emit(PoolEvent::SegmentAlloc {
+            ptr,
+            size: alloc_size,
+            stream,
+        });
+        Ok(Some(id))
+    }
+
+    fn should_split(&self, pool: PoolKind, size: u64, remaining: u64) -> bool {
+        if pool == PoolKind::Small || self.settings.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.settings.max_split_size && remaining > SMALL_SIZE
+        }
+    }
+
+    /// Hand out block `id` (already out of its free index) for a request of `size` bytes
+    /// rounded to `rounded`, splitting off the tail when the split rules allow.
+    fn alloc_found_block(&mut self, id: BlockId, size: u64, rounded: u64) -> DevicePtr {
+        let (pool, stream, remaining, already_split, next, addr) = {
+            let b = self.blocks.get(id);
+            (
+                b.pool,
+                b.stream,
+                b.size - rounded,
+                b.is_split(),
+                b.next,
+                b.addr,
+            )
+        };
+        if self.should_split(pool, rounded, remaining) {
+            let rest = self.blocks.insert(Block {
+                addr: addr + rounded,
+                size: remaining,
+                requested: 0,
+                stream,
+                pool,
+                prev: id,
+                next,
+                state: BlockState::Free,
+                gc_count_base: 0,
+            });
+            if next != NIL {
+                self.blocks.get_mut(next).prev = rest;
+            }
+            let block = self.blocks.get_mut(id);
+            block.next = rest;
+            block.size = rounded;
+            self.cache_block(rest);
+            if already_split {
+                self.stats.inactive_split_bytes.decrease(pool, rounded);
+            } else {
+                self.stats.inactive_split.increase(pool, 1);
+                self.stats.inactive_split_bytes.increase(pool, remaining);
+            }
+        } else if already_split {
+            let block_size = self.blocks.get(id).size;
+            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.inactive_split_bytes.decrease(pool, block_size);
+        }
+        let block = self.blocks.get_mut(id);
+        block.state = BlockState::Allocated;
+        block.requested = size;
+        let block_size = block.size;
+        self.allocations.insert(addr, id);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, block_size);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, block_size);
+        s.requested_bytes.increase(pool, size);
+        if block_size >= self.settings.max_split_size {
+            s.oversize_allocations.increase(1);
+        }
+        let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
+        self.emit(PoolEvent::Alloc { ptr, size, stream });
+        ptr
+    }
+
+    /// Put a free block into its pool's index (resets its GC age).
+    pub(super) fn cache_block(&mut self, id: BlockId) {
+        let base = self.large_searches;
+        let block = self.blocks.get_mut(id);
+        block.state = BlockState::Free;
+        block.requested = 0;
+        block.gc_count_base = base;
+        let entry = FreeEntry {
+            size: block.size,
+            addr: block.addr,
+            id,
+        };
+        let (pool, stream) = (block.pool, block.stream);
+        self.pools_mut(pool).get_mut(stream).insert(entry);
+    }
+
+    fn lookup_allocation(&self, ptr: DevicePtr) -> Result<BlockId, Error> {
+        let addr = ptr.addr();
+        match self.allocations.get(&addr) {
+            Some(&id) if self.blocks.get(id).state == BlockState::Allocated => Ok(id),
+            Some(_) => Err(Error::InvalidPointer {
+                addr,
+                reason: BadPointer::AlreadyFreed,
+            }),
+            None if self.contains(addr) => Err(Error::InvalidPointer {
+                addr,
+                reason: BadPointer::NotAnAllocation,
+            }),
+            None => Err(Error::NotOwned { addr }),
+        }
+    }
+
+    /// Check `ptr` is a live allocation and do the program-side half of PyTorch's `free()`.
+    fn take_allocation(&mut self, ptr: DevicePtr) -> Result<BlockId, Error> {
+        let id = self.lookup_allocation(ptr)?;
+        Ok(self.take_allocation_id(id))
+    }
+
+    fn take_allocation_id(&mut self, id: BlockId) -> BlockId {
+        let (pool, size, requested, stream, addr) = {
+            let b = self.blocks.get(id);
+            (b.pool, b.size, b.requested, b.stream, b.addr)
+        };
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if size >= self.settings.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
+        self.emit(PoolEvent::FreeRequested {
+            ptr,
+            size: requested,
+            stream,
+        });
+        id
+    }
+
+    /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool.
+    pub(super) fn free_block(&mut self, id: BlockId) {
+        let (pool, stream, addr, original_size, requested, prev, next) = {
+            let b = self.blocks.get(id);
+            (
+                b.pool,
+                b.stream,
+                b.addr,
+                b.size,
+                b.requested,
+                b.prev,
+                b.next,
+            )
+        };
+        let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
+        self.emit(PoolEvent::FreeCompleted {
+            ptr,
+            size: requested,
+            stream,
+        });
+        self.allocations.remove(&addr);
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for neighbour in [prev, next] {
+            let subsumed = self.try_merge(id, neighbour);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.cache_block(id);
+        let block = self.blocks.get(id);
+        if block.is_split() {
+            net_blocks += 1;
+            net_bytes += block.size as i64;
+        }
+        apply_delta(&mut self.stats.inactive_split, pool, net_blocks);
+        apply_delta(&mut self.stats.inactive_split_bytes, pool, net_bytes);
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, original_size);
+        self.stats.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Merge free neighbour `src` into `dst`; returns the bytes taken over (0 = no merge).
+    fn try_merge(&mut self, dst: BlockId, src: BlockId) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = self.blocks.get(src).clone();
+        if s.state != BlockState::Free {
+            return 0;
+        }
+        self.pools_mut(s.pool)
+            .get_mut(s.stream)
+            .remove(s.size, s.addr);
+        if self.blocks.get(dst).prev == src {
+            let d = self.blocks.get_mut(dst);
+            d.addr = s.addr;
+            d.prev = s.prev;
+            d.size += s.size;
+            if s.prev != NIL {
+                self.blocks.get_mut(s.prev).next = dst;
+            }
+        } else {
+            let d = self.blocks.get_mut(dst);
+            d.next = s.next;
+            d.size += s.size;
+            if s.next != NIL {
+                self.blocks.get_mut(s.next).prev = dst;
+            }
+        }
+        self.blocks.remove(src);
+        s.size
+    }
+
+    fn out_of_memory(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        rounded: u64,
+        alloc_size: u64,
+    ) -> Error {
+        let info = self.backend.mem_info().unwrap_or_default();
+        self.stats.num_ooms += 1;
+        self.emit(PoolEvent::Oom {
+            size: rounded,
+            stream,
+            device_free: info.free,
+        });
+        let mut free_sizes: Vec<u64> = self
+            .small
+            .streams
+            .iter()
+            .chain(&self.large.streams)
+            .flat_map(|(_, index)| index.iter_desc().take(OOM_REPORT_BLOCKS).map(|e| e.size))
+            .collect();
+        free_sizes.sort_unstable_by(|a, b| b.cmp(a));
+        free_sizes.truncate(OOM_REPORT_BLOCKS);
+        Error::OutOfMemory(Box::new(OomReport {
+            device: self.backend.device(),
+            stream,
+            requested: size,
+            rounded,
+            alloc_size,
+            device_total: info.total,
+            device_free: info.free,
+            allocated: self.stats.allocated_bytes.all.current.max(0) as u64,
+            reserved: self.stats.reserved_bytes.all.current.max(0) as u64,
+            allowed_maximum: self.allowed_maximum,
+            largest_free_blocks: free_sizes,
+            max_split_size: self.settings.max_split_size,
+        }))
+    }
+}
+
+/// Apply a signed change to a stat array the way PyTorch does (increase or decrease).
+fn apply_delta(array: &mut StatArray, pool: PoolKind, delta: i64) {
+    if delta > 0 {
+        array.increase(pool, delta as u64);
+    } else if delta < 0 {
+        array.decrease(pool, delta.unsigned_abs());
+    }
+}

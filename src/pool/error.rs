@@ -1,0 +1,76 @@
+//! The one error type of the pool.
+
+use super::oom::OomReport;
+use crate::backend::BackendError;
+use std::fmt;
+
+/// Why a pointer passed to `free` was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadPointer {
+    /// The address lies inside one of our segments but is not the start of a live allocation:
+    /// an interior pointer, or a block that was already freed (double free).
+    NotAnAllocation,
+    /// The allocation's free is already pending (freed twice before its fence completed).
+    AlreadyFreed,
+}
+
+/// What a pool operation can fail with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Error {
+    /// No memory for the request after the whole retry ladder. Maps to `cudaErrorMemoryAllocation`.
+    OutOfMemory(Box<OomReport>),
+    /// A request so large (≥ 1 EiB) that it is refused without trying.
+    RequestTooLarge { size: u64 },
+    /// `free` of an address that no segment of this pool contains: not ours (forward it).
+    NotOwned { addr: u64 },
+    /// `free` of an address inside our segments that is not a live allocation.
+    InvalidPointer { addr: u64, reason: BadPointer },
+    /// The device failed for a reason other than memory; passed through unchanged.
+    Backend(BackendError),
+    /// A start state that cannot exist under the current settings (replay seeding).
+    InvalidSeed(String),
+}
+
+impl From<BackendError> for Error {
+    fn from(e: BackendError) -> Self {
+        Error::Backend(e)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutOfMemory(report) => write!(
+                f,
+                "CUDA out of memory. Tried to allocate {} bytes",
+                report.alloc_size
+            ),
+            Error::RequestTooLarge { size } => write!(
+                f,
+                "CUDA out of memory. Tried to allocate more than 1EB memory ({size} bytes requested)."
+            ),
+            Error::NotOwned { addr } => write!(f, "{addr:#x} was not allocated by cachealloc"),
+            Error::InvalidPointer {
+                addr,
+                reason: BadPointer::NotAnAllocation,
+            } => write!(
+                f,
+                "invalid device pointer {addr:#x}: inside a cachealloc segment but not a live \
+                 allocation (double free or interior pointer)"
+            ),
+            Error::InvalidPointer {
+                addr,
+                reason: BadPointer::AlreadyFreed,
+            } => {
+                write!(
+                    f,
+                    "invalid device pointer {addr:#x}: already freed (double free)"
+                )
+            }
+            Error::Backend(e) => write!(f, "{e}"),
+            Error::InvalidSeed(why) => write!(f, "invalid start state: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,56 @@
+//! Events are data: what the pool did, for trace recording and tests. With no sink installed an
+//! event costs one branch.
+
+use super::types::{DevicePtr, StreamId};
+
+/// One thing the pool did, in PyTorch's trace vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolEvent {
+    /// An allocation handed out: `size` is the requested size.
+    Alloc {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
+    /// The program freed an allocation (its block may still be pending).
+    FreeRequested {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
+    /// The block went back to its pool.
+    FreeCompleted {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
+    /// A segment was obtained from the device.
+    SegmentAlloc {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
+    /// A segment was returned to the device.
+    SegmentFree {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
+    /// An allocation failed after the whole ladder: `size` is the rounded request.
+    Oom {
+        size: u64,
+        stream: StreamId,
+        device_free: u64,
+    },
+}
+
+/// Receives pool events (a recorder, a ring buffer, a test probe).
+pub trait EventSink: Send {
+    fn record(&mut self, event: &PoolEvent);
+}
+
+impl<F: FnMut(&PoolEvent) + Send> EventSink for F {
+    fn record(&mut self, event: &PoolEvent) {
+        self(event)
+    }
+}

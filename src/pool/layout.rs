@@ -1,0 +1,211 @@
+//! Reading the pool's layout (segments and their blocks, as a snapshot shows them) and
+//! installing a layout that existed before a replay started.
+
+use super::allocator::DeviceAllocator;
+use super::block::{Block, BlockId, BlockState, NIL};
+use super::error::Error;
+use super::rounding::MIN_BLOCK_SIZE;
+use super::types::{DevicePtr, PoolKind, StreamId};
+use crate::backend::Backend;
+
+/// One block of a segment, as a snapshot shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockView {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub state: BlockState,
+}
+
+/// One segment with its blocks in address order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentView {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub blocks: Vec<BlockView>,
+}
+
+/// A block of a segment to install (see `adopt_segment`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockSeed {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub allocated: bool,
+}
+
+/// A segment that exists before the pool starts (e.g. rebuilt from a recorded snapshot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentSeed {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    /// Blocks tiling the segment exactly, in address order.
+    pub blocks: Vec<BlockSeed>,
+}
+
+impl<B: Backend> DeviceAllocator<B> {
+    /// Every segment with its blocks, in address order.
+    pub fn segments(&self) -> Vec<SegmentView> {
+        let mut out: Vec<SegmentView> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev == NIL)
+            .map(|(head, b)| {
+                let mut blocks = Vec::new();
+                let mut cursor = head;
+                while cursor != NIL {
+                    let block = self.blocks.get(cursor);
+                    blocks.push(BlockView {
+                        addr: block.addr,
+                        size: block.size,
+                        requested: block.requested,
+                        state: block.state,
+                    });
+                    cursor = block.next;
+                }
+                SegmentView {
+                    addr: b.addr,
+                    size: blocks.iter().map(|v| v.size).sum(),
+                    stream: b.stream,
+                    pool: b.pool,
+                    blocks,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.addr);
+        out
+    }
+
+    /// Bytes cached in free blocks (reserved, neither allocated nor pending).
+    pub fn cached_free_bytes(&self) -> u64 {
+        self.small
+            .streams
+            .iter()
+            .chain(&self.large.streams)
+            .flat_map(|(_, index)| index.iter())
+            .map(|e| e.size)
+            .sum()
+    }
+
+    /// Install a segment that already exists on the device, with its blocks, without calling
+    /// the backend (the caller has made the backend aware of it). Returns the addresses of its
+    /// allocated blocks. Refuses a layout that cannot exist under the current settings.
+    pub fn adopt_segment(&mut self, seed: &SegmentSeed) -> Result<Vec<DevicePtr>, Error> {
+        self.check_seed(seed)?;
+        let split = seed.blocks.len() > 1;
+        let mut ids: Vec<BlockId> = Vec::with_capacity(seed.blocks.len());
+        let mut allocated = Vec::new();
+        for b in &seed.blocks {
+            let id = self.blocks.insert(Block {
+                addr: b.addr,
+                size: b.size,
+                requested: 0,
+                stream: seed.stream,
+                pool: seed.pool,
+                prev: ids.last().copied().unwrap_or(NIL),
+                next: NIL,
+                state: BlockState::Free,
+                gc_count_base: 0,
+            });
+            if let Some(&prev) = ids.last() {
+                self.blocks.get_mut(prev).next = id;
+            }
+            ids.push(id);
+        }
+        self.segments.insert(seed.addr, seed.size);
+        self.total_reserved += seed.size;
+        let pool = seed.pool;
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, seed.size);
+        if seed.size >= self.settings.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        for (b, &id) in seed.blocks.iter().zip(&ids) {
+            if b.allocated {
+                let block = self.blocks.get_mut(id);
+                block.state = BlockState::Allocated;
+                block.requested = b.requested;
+                self.allocations.insert(b.addr, id);
+                let s = &mut self.stats;
+                s.allocation.increase(pool, 1);
+                s.allocated_bytes.increase(pool, b.size);
+                s.active.increase(pool, 1);
+                s.active_bytes.increase(pool, b.size);
+                s.requested_bytes.increase(pool, b.requested);
+                if b.size >= self.settings.max_split_size {
+                    s.oversize_allocations.increase(1);
+                }
+                allocated.push(DevicePtr::new(b.addr).expect("checked nonzero"));
+            } else {
+                self.cache_block(id);
+                if split {
+                    self.stats.inactive_split.increase(pool, 1);
+                    self.stats.inactive_split_bytes.increase(pool, b.size);
+                }
+            }
+        }
+        Ok(allocated)
+    }
+
+    fn check_seed(&self, seed: &SegmentSeed) -> Result<(), Error> {
+        let bad = |why: String| {
+            Err(Error::InvalidSeed(format!(
+                "segment {:#x}: {why}",
+                seed.addr
+            )))
+        };
+        if seed.addr == 0 || seed.size == 0 || seed.blocks.is_empty() {
+            return bad("empty segment or address 0".into());
+        }
+        let end = seed.addr.checked_add(seed.size);
+        let overlaps = end.is_none()
+            || self
+                .segments
+                .range(..end.unwrap_or(u64::MAX))
+                .next_back()
+                .is_some_and(|(a, s)| a + s > seed.addr);
+        if overlaps {
+            return bad("overlaps an existing segment".into());
+        }
+        let mut cursor = seed.addr;
+        let mut prev_free = false;
+        for b in &seed.blocks {
+            if b.addr != cursor {
+                return bad(format!(
+                    "block at {:#x} does not follow the previous one ({cursor:#x})",
+                    b.addr
+                ));
+            }
+            if b.size == 0 || b.size % MIN_BLOCK_SIZE != 0 {
+                return bad(format!(
+                    "block at {:#x} has size {} (not a multiple of 512)",
+                    b.addr, b.size
+                ));
+            }
+            if !b.allocated && prev_free {
+                return bad(format!("two adjacent free blocks at {:#x}", b.addr));
+            }
+            prev_free = !b.allocated;
+            cursor += b.size;
+        }
+        if cursor != seed.addr + seed.size {
+            return bad("blocks do not add up to the segment size".into());
+        }
+        let mss = self.settings.max_split_size;
+        if seed.pool == PoolKind::Large
+            && seed.blocks.len() > 1
+            && let Some(b) = seed.blocks.iter().find(|b| b.allocated && b.size >= mss)
+        {
+            return bad(format!(
+                "holds a split-off block of {} bytes, but max_split_size {} forbids splitting \
+                     blocks that large: this start state cannot exist under these settings",
+                b.size, mss
+            ));
+        }
+        Ok(())
+    }
+}

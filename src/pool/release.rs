@@ -1,0 +1,164 @@
+//! Giving memory back: releasing segments to the device, `empty_cache`, the oversize release of
+//! the miss ladder, and garbage collection (PyTorch §2.3, §2.5, §2.6).
+//!
+//! Reserved memory only shrinks here. Only whole free segments (unsplit free blocks) can be
+//! released; a segment with any allocated or pending block stays.
+
+use super::allocator::DeviceAllocator;
+use super::block::{BlockId, BlockState};
+use super::error::Error;
+use super::event::PoolEvent;
+use super::types::{DevicePtr, PoolKind, StreamId};
+use crate::backend::Backend;
+
+impl<B: Backend> DeviceAllocator<B> {
+    /// Release every fully free segment to the device (`torch.cuda.empty_cache()`), after
+    /// waiting for pending frees.
+    pub fn empty_cache(&mut self) -> Result<(), Error> {
+        self.release_cached_blocks()
+    }
+
+    /// Wait for the device and move every pending block back to its pool.
+    pub(super) fn synchronize_pending(&mut self) -> Result<(), Error> {
+        self.stats.num_sync_all_streams += 1;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.backend.synchronize()?;
+        while let Some((_, id)) = self.pending.pop_front() {
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    /// PyTorch's `release_cached_blocks` for the default pool.
+    pub(super) fn release_cached_blocks(&mut self) -> Result<(), Error> {
+        self.synchronize_pending()?;
+        self.release_blocks(PoolKind::Large)?;
+        self.release_blocks(PoolKind::Small)
+    }
+
+    /// Release every unsplit free block of `pool`, in (stream, size, address) order.
+    fn release_blocks(&mut self, pool: PoolKind) -> Result<(), Error> {
+        let whole: Vec<BlockId> = self
+            .pools(pool)
+            .entries()
+            .into_iter()
+            .filter(|e| !self.blocks.get(e.id).is_split())
+            .map(|e| e.id)
+            .collect();
+        for id in whole {
+            self.release_block(id)?;
+        }
+        Ok(())
+    }
+
+    /// PyTorch's `release_available_cached_blocks`: with `max_split_size` set, free one cached
+    /// oversize block at least as large as the request, else the largest oversize blocks of this
+    /// stream until their total covers it. True when enough was released.
+    pub(super) fn release_available_cached_blocks(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<bool, Error> {
+        let mss = self.settings.max_split_size;
+        if !self.settings.has_max_split_size() {
+            return Ok(false);
+        }
+        let key = size.max(mss);
+        let Some(index) = self.pools(pool).get(stream) else {
+            return Ok(false);
+        };
+        if let Some(found) = index.lower_bound(key)
+            && !self.blocks.get(found.id).is_split()
+        {
+            self.release_block(found.id)?;
+            return Ok(true);
+        }
+        let mut victims = Vec::new();
+        let mut total = 0u64;
+        for entry in index.iter_desc() {
+            if total >= key || entry.size < mss {
+                break;
+            }
+            if !self.blocks.get(entry.id).is_split() {
+                victims.push(entry.id);
+                total += entry.size;
+            }
+        }
+        for id in victims {
+            self.release_block(id)?;
+        }
+        Ok(total >= key)
+    }
+
+    /// PyTorch's `garbage_collect_cached_blocks`: release unsplit cached large blocks, oldest
+    /// first by rounds of "age at least the mean age", until reserved memory falls below
+    /// `garbage_collection_threshold × allowed maximum`.
+    pub(super) fn garbage_collect(&mut self) -> Result<(), Error> {
+        let Some(max) = self.allowed_maximum else {
+            return Ok(());
+        };
+        let threshold = (self.settings.garbage_collection_threshold * max as f64) as u64;
+        if self.total_reserved <= threshold {
+            return Ok(());
+        }
+        let target = self.total_reserved - threshold;
+        let clock = self.large_searches;
+        let age = |b: &super::block::Block| (clock - b.gc_count_base) as f64;
+        let mut total_age = 0.0;
+        let mut count = 0u64;
+        for entry in self.large.entries() {
+            let block = self.blocks.get(entry.id);
+            if !block.is_split() {
+                total_age += age(block);
+                count += 1;
+            }
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_something = true;
+        while reclaimed < target && freed_something && count > 0 {
+            let mean_age = total_age / count as f64;
+            freed_something = false;
+            for entry in self.large.entries() {
+                let block = self.blocks.get(entry.id);
+                if block.is_split() || age(block) < mean_age {
+                    continue;
+                }
+                freed_something = true;
+                reclaimed += block.size;
+                total_age -= age(block);
+                count -= 1;
+                self.release_block(entry.id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Return the whole-segment free block `id` to the device.
+    pub(super) fn release_block(&mut self, id: BlockId) -> Result<(), Error> {
+        let block = self.blocks.get(id).clone();
+        debug_assert!(block.state == BlockState::Free && !block.is_split());
+        let ptr = DevicePtr::new(block.addr).expect("blocks never start at address 0");
+        self.backend.release(ptr, block.size)?;
+        self.pools_mut(block.pool)
+            .get_mut(block.stream)
+            .remove(block.size, block.addr);
+        self.blocks.remove(id);
+        self.segments.remove(&block.addr);
+        self.total_reserved -= block.size;
+        self.stats.segment.decrease(block.pool, 1);
+        self.stats.reserved_bytes.decrease(block.pool, block.size);
+        if block.size >= self.settings.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.stats.num_device_free += 1;
+        self.emit(PoolEvent::SegmentFree {
+            ptr,
+            size: block.size,
+            stream: block.stream,
+        });
+        Ok(())
+    }
+}

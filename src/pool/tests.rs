@@ -1,0 +1,339 @@
+//! Worked examples of PyTorch's policy (reference §1–§3, §8.2), run on the simulated device
+//! with the invariant walker after every step.
+
+use super::*;
+use crate::backend::sim::SimDevice;
+
+const MIB: u64 = 1 << 20;
+const S0: StreamId = StreamId(0);
+
+fn pool_with(capacity: u64, settings: Settings) -> DeviceAllocator<SimDevice> {
+    DeviceAllocator::new(SimDevice::new(capacity), settings)
+}
+
+fn pool() -> DeviceAllocator<SimDevice> {
+    pool_with(u64::MAX, Settings::default())
+}
+
+fn alloc(p: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
+    let ptr = p.malloc(size, S0).expect("allocation fits");
+    p.validate().unwrap();
+    ptr
+}
+
+fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
+    p.free(ptr).unwrap();
+    p.validate().unwrap();
+}
+
+#[test]
+fn small_request_splits_a_2_mib_segment_and_merges_back() {
+    let mut p = pool();
+    let a = alloc(&mut p, 1000);
+    let s = p.stats();
+    assert_eq!(s.allocated_bytes.small_pool.current, 1024);
+    assert_eq!(s.requested_bytes.all.current, 1000);
+    assert_eq!(s.reserved_bytes.small_pool.current, 2 * MIB as i64);
+    assert_eq!(s.inactive_split.small_pool.current, 1);
+    assert_eq!(
+        s.inactive_split_bytes.small_pool.current,
+        (2 * MIB - 1024) as i64
+    );
+    let b = alloc(&mut p, 1000);
+    assert_eq!(
+        b.addr(),
+        a.addr() + 1024,
+        "the allocation takes the front of the free block"
+    );
+    free(&mut p, a);
+    free(&mut p, b);
+    let s = p.stats();
+    assert_eq!(s.inactive_split.all.current, 0);
+    assert_eq!(s.reserved_bytes.all.current, 2 * MIB as i64);
+    assert_eq!(p.segments()[0].blocks.len(), 1, "coalesced into one block");
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    assert_eq!(p.stats().reserved_bytes.all.current, 0);
+    assert_eq!(p.stats().num_device_free, 1);
+}
+
+#[test]
+fn large_remainder_of_one_mib_or_less_is_not_split() {
+    let mut p = pool();
+    let size = 19 * MIB + MIB / 2;
+    alloc(&mut p, size);
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.large_pool.current, 20 * MIB as i64);
+    assert_eq!(
+        s.allocated_bytes.large_pool.current,
+        20 * MIB as i64,
+        "caller gets the whole 20 MiB"
+    );
+    assert_eq!(s.inactive_split.all.current, 0);
+}
+
+#[test]
+fn requests_under_10_mib_share_a_20_mib_segment() {
+    let mut p = pool();
+    let a = alloc(&mut p, 5 * MIB);
+    let b = alloc(&mut p, 5 * MIB);
+    assert_eq!(b.addr(), a.addr() + 5 * MIB);
+    assert_eq!(p.stats().num_device_alloc, 1);
+    assert_eq!(
+        p.stats().inactive_split_bytes.large_pool.current,
+        10 * MIB as i64
+    );
+}
+
+#[test]
+fn blocks_of_another_stream_are_never_reused() {
+    let mut p = pool();
+    let a = p.malloc(4 * MIB, StreamId(1)).unwrap();
+    p.free(a).unwrap();
+    let b = p.malloc(4 * MIB, StreamId(2)).unwrap();
+    p.validate().unwrap();
+    assert_ne!(a, b);
+    assert_eq!(p.stats().num_device_alloc, 2);
+    let c = p.malloc(4 * MIB, StreamId(1)).unwrap();
+    assert_eq!(a, c, "same stream reuses its cached block");
+}
+
+#[test]
+fn best_fit_prefers_smaller_then_lower_address() {
+    let mut p = pool();
+    // Three 12 MiB segments (no split: remainder 0); free the top and bottom ones.
+    let x = alloc(&mut p, 12 * MIB);
+    let y = alloc(&mut p, 12 * MIB);
+    let z = alloc(&mut p, 12 * MIB);
+    let big = alloc(&mut p, 30 * MIB);
+    free(&mut p, x);
+    free(&mut p, z);
+    free(&mut p, big);
+    let lowest = x.min(z);
+    assert_eq!(
+        alloc(&mut p, 11 * MIB),
+        lowest,
+        "equal sizes: the lowest address wins"
+    );
+    let _ = y;
+}
+
+#[test]
+fn max_split_size_keeps_oversize_blocks_for_large_requests() {
+    let settings = Settings {
+        max_split_size: 40 * MIB,
+        ..Settings::default()
+    };
+    let mut p = pool_with(u64::MAX, settings);
+    let a = alloc(&mut p, 100 * MIB);
+    assert_eq!(p.stats().oversize_segments.current, 1);
+    assert_eq!(p.stats().oversize_allocations.current, 1);
+    free(&mut p, a);
+    // A small request may not take (and split) the oversize block.
+    let b = alloc(&mut p, 10 * MIB);
+    assert_ne!(b, a);
+    assert_eq!(p.stats().num_device_alloc, 2);
+    // A request within max_non_split_rounding (20 MiB) of it may, unsplit.
+    let c = alloc(&mut p, 90 * MIB);
+    assert_eq!(c, a);
+    assert_eq!(p.allocation_size(c), Some(100 * MIB));
+    free(&mut p, c);
+    // 100 MiB >= 70 MiB + 20 MiB: too wasteful, a new segment is made.
+    let d = alloc(&mut p, 70 * MIB);
+    assert_ne!(d, a);
+}
+
+#[test]
+fn miss_ladder_releases_cached_segments_and_counts_one_retry() {
+    let mut p = pool_with(100 * MIB, Settings::default());
+    let a = alloc(&mut p, 60 * MIB);
+    free(&mut p, a);
+    let b = alloc(&mut p, 80 * MIB);
+    let s = p.stats();
+    assert_eq!(s.num_alloc_retries, 1);
+    assert_eq!(s.num_device_free, 1);
+    assert_eq!(s.num_ooms, 0);
+    assert_eq!(p.allocation_size(b), Some(80 * MIB));
+}
+
+#[test]
+fn oversize_release_frees_largest_cached_blocks_without_a_retry() {
+    let settings = Settings {
+        max_split_size: 20 * MIB,
+        ..Settings::default()
+    };
+    let mut p = pool_with(100 * MIB, settings);
+    let a = alloc(&mut p, 50 * MIB);
+    let b = alloc(&mut p, 30 * MIB);
+    free(&mut p, a);
+    free(&mut p, b);
+    alloc(&mut p, 60 * MIB);
+    let s = p.stats();
+    assert_eq!(s.num_device_free, 2, "50 MiB then 30 MiB released");
+    assert_eq!(s.num_alloc_retries, 0);
+}
+
+#[test]
+fn out_of_memory_reports_and_leaves_the_pool_intact() {
+    let mut p = pool_with(100 * MIB, Settings::default());
+    let live = alloc(&mut p, 60 * MIB);
+    let small = alloc(&mut p, 1000);
+    let err = p.malloc(60 * MIB, S0).unwrap_err();
+    p.validate().unwrap();
+    let Error::OutOfMemory(report) = err else {
+        panic!("expected OOM, got {err:?}")
+    };
+    assert_eq!(report.requested, 60 * MIB);
+    assert_eq!(report.alloc_size, 60 * MIB);
+    assert_eq!(report.device_total, 100 * MIB);
+    assert_eq!(report.device_free, 100 * MIB - 60 * MIB - 2 * MIB);
+    assert_eq!(report.allocated, 60 * MIB + 1024);
+    assert_eq!(report.reserved, 62 * MIB);
+    assert_eq!(report.largest_free_blocks, vec![2 * MIB - 1024]);
+    let s = p.stats();
+    assert_eq!((s.num_ooms, s.num_alloc_retries), (1, 1));
+    free(&mut p, live);
+    free(&mut p, small);
+}
+
+#[test]
+fn per_process_memory_fraction_limits_without_asking_the_device() {
+    let settings = Settings {
+        per_process_memory_fraction: 0.5,
+        ..Settings::default()
+    };
+    let mut p = pool_with(100 * MIB, settings);
+    assert!(matches!(p.malloc(60 * MIB, S0), Err(Error::OutOfMemory(_))));
+    assert_eq!(p.backend().counters().failed_allocs, 0);
+    alloc(&mut p, 40 * MIB);
+}
+
+#[test]
+fn garbage_collection_releases_aged_cached_blocks() {
+    let settings = Settings {
+        per_process_memory_fraction: 0.5,
+        garbage_collection_threshold: 0.5,
+        ..Settings::default()
+    };
+    let mut p = pool_with(1000 * MIB, settings);
+    let blocks: Vec<_> = (0..3).map(|_| alloc(&mut p, 100 * MIB)).collect();
+    for b in blocks {
+        free(&mut p, b);
+    }
+    // Reserved 300 MiB > 0.5 × 500 MiB: the next miss collects every block of mean age or more.
+    alloc(&mut p, 150 * MIB);
+    let s = p.stats();
+    assert_eq!(s.num_device_free, 3);
+    assert_eq!(s.reserved_bytes.all.current, 150 * MIB as i64);
+}
+
+#[test]
+fn roundup_power2_divisions_change_block_sizes() {
+    let settings = Settings {
+        roundup_power2_divisions: [4; 16],
+        ..Settings::default()
+    };
+    let mut p = pool_with(u64::MAX, settings);
+    alloc(&mut p, 1_500_000);
+    assert_eq!(p.stats().allocated_bytes.all.current, 1_572_864);
+}
+
+#[test]
+fn bad_frees_are_refused_and_foreign_pointers_named() {
+    let mut p = pool();
+    let a = alloc(&mut p, 4096);
+    free(&mut p, a);
+    assert_eq!(
+        p.free(a),
+        Err(Error::InvalidPointer {
+            addr: a.addr(),
+            reason: BadPointer::NotAnAllocation
+        })
+    );
+    let b = alloc(&mut p, 8192);
+    let interior = b.offset(512);
+    assert!(matches!(
+        p.free(interior),
+        Err(Error::InvalidPointer { .. })
+    ));
+    let foreign = DevicePtr::new(0x1000).unwrap();
+    assert_eq!(p.free(foreign), Err(Error::NotOwned { addr: 0x1000 }));
+    p.validate().unwrap();
+    assert_eq!(p.allocation_size(b), Some(8192));
+}
+
+#[test]
+fn pending_frees_are_not_reused_until_their_fence_completes() {
+    let sim = SimDevice::new(u64::MAX).with_pending_work();
+    let mut p = DeviceAllocator::new(sim, Settings::default());
+    // 10 MiB requests get exact 10 MiB segments: no spare room in the cache.
+    let a = p.malloc(10 * MIB, S0).unwrap();
+    let keep = p.malloc(10 * MIB, S0).unwrap();
+    p.free_deferred(a).unwrap();
+    p.validate().unwrap();
+    assert_eq!(
+        p.free_deferred(a),
+        Err(Error::InvalidPointer {
+            addr: a.addr(),
+            reason: BadPointer::AlreadyFreed
+        })
+    );
+    assert_eq!(
+        p.stats().active.all.current,
+        2,
+        "a pending block stays active"
+    );
+    // The cache cannot serve this without the pending block: synchronize first, then reuse.
+    let b = p.malloc(10 * MIB, S0).unwrap();
+    p.validate().unwrap();
+    assert_eq!(b, a);
+    assert_eq!(p.backend().counters().synchronizes, 1);
+    assert_eq!(
+        p.stats().num_device_alloc,
+        2,
+        "no growth while a block was only pending"
+    );
+    // Work completing on its own makes a deferred block reusable without a sync.
+    p.free_deferred(keep).unwrap();
+    p.backend_mut().complete_work();
+    assert_eq!(p.malloc(10 * MIB, S0).unwrap(), keep);
+    p.validate().unwrap();
+    assert_eq!(p.backend().counters().synchronizes, 1);
+    assert_eq!(p.pending_frees(), 0);
+}
+
+#[test]
+fn adopted_segments_behave_like_their_own() {
+    let mut p = pool();
+    assert!(p.backend_mut().claim(0x7f00_0000_0000, 20 * MIB));
+    let seed = SegmentSeed {
+        addr: 0x7f00_0000_0000,
+        size: 20 * MIB,
+        stream: S0,
+        pool: PoolKind::Large,
+        blocks: vec![
+            BlockSeed {
+                addr: 0x7f00_0000_0000,
+                size: 6 * MIB,
+                requested: 6 * MIB - 5,
+                allocated: true,
+            },
+            BlockSeed {
+                addr: 0x7f00_0060_0000,
+                size: 14 * MIB,
+                requested: 0,
+                allocated: false,
+            },
+        ],
+    };
+    let live = p.adopt_segment(&seed).unwrap();
+    p.validate().unwrap();
+    assert_eq!(p.stats().num_device_alloc, 0);
+    assert_eq!(p.stats().inactive_split_bytes.all.current, 14 * MIB as i64);
+    assert_eq!(alloc(&mut p, 14 * MIB).addr(), 0x7f00_0060_0000);
+    free(&mut p, live[0]);
+    assert!(
+        matches!(p.adopt_segment(&seed), Err(Error::InvalidSeed(_))),
+        "overlap refused"
+    );
+}

@@ -1,0 +1,238 @@
+//! The invariant walker: checks the whole pool after any step (tests call it constantly).
+//!
+//! No overlap between segments; blocks tile each segment with symmetric neighbour links; no two
+//! free neighbours left unmerged; the free indexes hold exactly the free blocks; the allocation
+//! map holds exactly the allocated and pending blocks; every stat equals a recount.
+
+use super::allocator::DeviceAllocator;
+use super::block::{BlockState, NIL};
+use super::stats::StatArray;
+use super::types::PoolKind;
+use crate::backend::Backend;
+use std::collections::HashSet;
+
+impl<B: Backend> DeviceAllocator<B> {
+    /// Check every invariant; the error names the first one broken.
+    pub fn validate(&self) -> Result<(), String> {
+        let segments = self.segments();
+        let mut recount = Recount::default();
+        let mut prev_end = 0u64;
+        let mut block_count = 0usize;
+        for seg in &segments {
+            if seg.addr < prev_end {
+                return Err(format!("segment {:#x} overlaps the previous one", seg.addr));
+            }
+            prev_end = seg.addr + seg.size;
+            match self.segments.get(&seg.addr) {
+                Some(&size) if size == seg.size => {}
+                other => {
+                    return Err(format!(
+                        "segment {:#x}: blocks add up to {} but the segment table says {other:?}",
+                        seg.addr, seg.size
+                    ));
+                }
+            }
+            recount.segment(seg.pool, seg.size);
+            let split = seg.blocks.len() > 1;
+            let mut cursor = seg.addr;
+            let mut prev_state = None;
+            for b in &seg.blocks {
+                block_count += 1;
+                if b.addr != cursor {
+                    return Err(format!(
+                        "block {:#x} is not contiguous (expected {cursor:#x})",
+                        b.addr
+                    ));
+                }
+                cursor += b.size;
+                if b.state == BlockState::Free && prev_state == Some(BlockState::Free) {
+                    return Err(format!(
+                        "free block {:#x} was not merged with its free neighbour",
+                        b.addr
+                    ));
+                }
+                prev_state = Some(b.state);
+                recount.block(seg.pool, b.state, b.size, b.requested, split);
+            }
+        }
+        if self.segments.len() != segments.len() {
+            return Err(format!(
+                "segment table has {} entries but {} segments have blocks",
+                self.segments.len(),
+                segments.len()
+            ));
+        }
+        if block_count != self.blocks.len() {
+            return Err(format!(
+                "{} blocks live but {block_count} reachable",
+                self.blocks.len()
+            ));
+        }
+        self.check_links()?;
+        self.check_indexes()?;
+        self.check_stats(&recount)
+    }
+
+    fn check_links(&self) -> Result<(), String> {
+        for (id, b) in self.blocks.iter() {
+            if b.next != NIL {
+                let n = self.blocks.get(b.next);
+                if n.prev != id || n.addr != b.end() || n.pool != b.pool || n.stream != b.stream {
+                    return Err(format!("block {:#x}: next link is not symmetric", b.addr));
+                }
+            }
+            if b.prev != NIL && self.blocks.get(b.prev).next != id {
+                return Err(format!("block {:#x}: prev link is not symmetric", b.addr));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_indexes(&self) -> Result<(), String> {
+        let mut indexed = HashSet::new();
+        for (pool, pools) in [
+            (PoolKind::Small, &self.small),
+            (PoolKind::Large, &self.large),
+        ] {
+            for (stream, index) in &pools.streams {
+                if index.len() != index.iter().count() {
+                    return Err(format!(
+                        "free index of stream {} miscounts its entries",
+                        stream.0
+                    ));
+                }
+                for e in index.iter() {
+                    let b = self.blocks.get(e.id);
+                    if b.state != BlockState::Free || b.addr != e.addr || b.size != e.size {
+                        return Err(format!(
+                            "free index entry {:#x} does not match its block",
+                            e.addr
+                        ));
+                    }
+                    if b.pool != pool || b.stream != *stream {
+                        return Err(format!("block {:#x} is indexed in the wrong pool", e.addr));
+                    }
+                    if !indexed.insert(e.id) {
+                        return Err(format!("block {:#x} is indexed twice", e.addr));
+                    }
+                }
+            }
+        }
+        let free = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.state == BlockState::Free)
+            .count();
+        if free != indexed.len() {
+            return Err(format!("{free} free blocks but {} indexed", indexed.len()));
+        }
+        let live = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.state != BlockState::Free)
+            .count();
+        if live != self.allocations.len() {
+            return Err(format!(
+                "{live} live blocks but {} in the allocation map",
+                self.allocations.len()
+            ));
+        }
+        for (&addr, &id) in &self.allocations {
+            if self.blocks.get(id).addr != addr {
+                return Err(format!(
+                    "allocation map entry {addr:#x} points at another block"
+                ));
+            }
+        }
+        let pending = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.state == BlockState::Pending)
+            .count();
+        if pending != self.pending.len() {
+            return Err(format!(
+                "{pending} pending blocks but {} queued",
+                self.pending.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_stats(&self, r: &Recount) -> Result<(), String> {
+        let s = &self.stats;
+        let pairs: [(&str, &StatArray, &[i64; 2]); 9] = [
+            ("segment", &s.segment, &r.segment),
+            ("reserved_bytes", &s.reserved_bytes, &r.reserved_bytes),
+            ("allocation", &s.allocation, &r.allocation),
+            ("allocated_bytes", &s.allocated_bytes, &r.allocated_bytes),
+            ("active", &s.active, &r.active),
+            ("active_bytes", &s.active_bytes, &r.active_bytes),
+            ("requested_bytes", &s.requested_bytes, &r.requested_bytes),
+            ("inactive_split", &s.inactive_split, &r.inactive_split),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                &r.inactive_split_bytes,
+            ),
+        ];
+        for (name, stat, expect) in pairs {
+            let got = [stat.small_pool.current, stat.large_pool.current];
+            if got != *expect || stat.all.current != expect[0] + expect[1] {
+                return Err(format!(
+                    "{name}: stats say all={} small={} large={}, recount small={} large={}",
+                    stat.all.current, got[0], got[1], expect[0], expect[1]
+                ));
+            }
+        }
+        if self.total_reserved as i64 != s.reserved_bytes.all.current {
+            return Err("total reserved differs from reserved_bytes".into());
+        }
+        Ok(())
+    }
+}
+
+/// Stats recomputed from the layout, [small, large].
+#[derive(Default)]
+struct Recount {
+    segment: [i64; 2],
+    reserved_bytes: [i64; 2],
+    allocation: [i64; 2],
+    allocated_bytes: [i64; 2],
+    active: [i64; 2],
+    active_bytes: [i64; 2],
+    requested_bytes: [i64; 2],
+    inactive_split: [i64; 2],
+    inactive_split_bytes: [i64; 2],
+}
+
+impl Recount {
+    fn segment(&mut self, pool: PoolKind, size: u64) {
+        let i = pool as usize;
+        self.segment[i] += 1;
+        self.reserved_bytes[i] += size as i64;
+    }
+
+    fn block(&mut self, pool: PoolKind, state: BlockState, size: u64, requested: u64, split: bool) {
+        let i = pool as usize;
+        let size = size as i64;
+        match state {
+            BlockState::Allocated => {
+                self.allocation[i] += 1;
+                self.allocated_bytes[i] += size;
+                self.active[i] += 1;
+                self.active_bytes[i] += size;
+                self.requested_bytes[i] += requested as i64;
+            }
+            BlockState::Pending => {
+                self.active[i] += 1;
+                self.active_bytes[i] += size;
+                self.requested_bytes[i] += requested as i64;
+            }
+            BlockState::Free if split => {
+                self.inactive_split[i] += 1;
+                self.inactive_split_bytes[i] += size;
+            }
+            BlockState::Free => {}
+        }
+    }
+}

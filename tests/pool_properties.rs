@@ -1,0 +1,179 @@
+//! Property test: random malloc / free / empty_cache sequences on the simulated device, checked
+//! against a shadow model of the live allocations and the pool's own invariant walker after
+//! every step. `PROPTEST_CASES` raises the number of cases (scripts/proptest-long.sh).
+
+use cachealloc::backend::sim::SimDevice;
+use cachealloc::pool::rounding::round_size;
+use cachealloc::pool::{BadPointer, DeviceAllocator, DevicePtr, Error, Settings, StreamId};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+const MIB: u64 = 1 << 20;
+const OPS_PER_CASE: usize = 2000;
+const MAX_LIVE: usize = 300;
+
+#[derive(Clone, Debug)]
+enum Step {
+    Alloc { size: u64, stream: u64 },
+    Free { pick: usize },
+    DoubleFree,
+    EmptyCache,
+}
+
+fn size_strategy() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 0u64..=MIB,
+        3 => MIB..=20 * MIB,
+        1 => 20 * MIB..=200 * MIB,
+    ]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        10 => (size_strategy(), 0u64..3).prop_map(|(size, stream)| Step::Alloc { size, stream }),
+        8 => any::<usize>().prop_map(|pick| Step::Free { pick }),
+        1 => Just(Step::DoubleFree),
+        1 => Just(Step::EmptyCache),
+    ]
+}
+
+fn settings_strategy() -> impl Strategy<Value = (Settings, u64)> {
+    (
+        prop_oneof![Just(u64::MAX), Just(20 * MIB), Just(64 * MIB)],
+        prop_oneof![Just(0u64), Just(4), Just(8)],
+        prop_oneof![Just(u64::MAX), Just(512 * MIB), Just(2048 * MIB)],
+    )
+        .prop_map(|(mss, div, capacity)| {
+            let settings = Settings {
+                max_split_size: mss,
+                roundup_power2_divisions: [div; 16],
+                ..Settings::default()
+            };
+            (settings, capacity)
+        })
+}
+
+struct Shadow {
+    /// address → (block size, requested size)
+    live: BTreeMap<u64, (u64, u64)>,
+    last_freed: Option<DevicePtr>,
+}
+
+impl Shadow {
+    fn check_disjoint(&self, addr: u64, size: u64) {
+        if let Some((&a, &(s, _))) = self.live.range(..addr + size).next_back() {
+            assert!(
+                a + s <= addr,
+                "allocation {addr:#x}+{size} overlaps live {a:#x}+{s}"
+            );
+        }
+    }
+}
+
+fn check_against_shadow(p: &DeviceAllocator<SimDevice>, shadow: &Shadow) {
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.allocation.all.current as usize, shadow.live.len());
+    let requested: u64 = shadow.live.values().map(|(_, r)| r).sum();
+    assert_eq!(s.requested_bytes.all.current as u64, requested);
+    assert_eq!(s.reserved_bytes.all.current as u64, p.backend().used());
+}
+
+fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
+    let mut p = DeviceAllocator::new(SimDevice::new(capacity), settings.clone());
+    let mut shadow = Shadow {
+        live: BTreeMap::new(),
+        last_freed: None,
+    };
+    for step in steps {
+        match step {
+            Step::Alloc { size, stream } => {
+                if shadow.live.len() >= MAX_LIVE {
+                    continue;
+                }
+                match p.malloc(size, StreamId(stream)) {
+                    Ok(ptr) => {
+                        let block = p.allocation_size(ptr).expect("live allocation has a size");
+                        assert_eq!(ptr.addr() % 512, 0);
+                        assert!(block >= round_size(&settings, size));
+                        let inside = p
+                            .backend()
+                            .segments()
+                            .any(|(a, s)| a <= ptr.addr() && ptr.addr() + block <= a + s);
+                        assert!(inside, "allocation outside every device segment");
+                        shadow.check_disjoint(ptr.addr(), block);
+                        shadow.live.insert(ptr.addr(), (block, size));
+                    }
+                    Err(Error::OutOfMemory(report)) => {
+                        // After the whole ladder, the segment really did not fit.
+                        assert!(capacity != u64::MAX);
+                        assert!(
+                            report.reserved + report.alloc_size > capacity,
+                            "OOM although {} reserved + {} fits in {capacity}",
+                            report.reserved,
+                            report.alloc_size
+                        );
+                    }
+                    Err(e) => panic!("unexpected error {e:?}"),
+                }
+            }
+            Step::Free { pick } => {
+                if shadow.live.is_empty() {
+                    continue;
+                }
+                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
+                shadow.live.remove(&addr);
+                let ptr = DevicePtr::new(addr).unwrap();
+                p.free(ptr).unwrap();
+                shadow.last_freed = Some(ptr);
+            }
+            Step::DoubleFree => {
+                if let Some(ptr) = shadow.last_freed
+                    && !shadow.live.contains_key(&ptr.addr())
+                {
+                    match p.free(ptr) {
+                        Err(Error::InvalidPointer {
+                            reason: BadPointer::NotAnAllocation,
+                            ..
+                        })
+                        | Err(Error::NotOwned { .. }) => {}
+                        other => panic!("double free accepted: {other:?}"),
+                    }
+                }
+            }
+            Step::EmptyCache => {
+                p.empty_cache().unwrap();
+                // Every remaining segment holds a live allocation.
+                for seg in p.segments() {
+                    assert!(
+                        seg.blocks
+                            .iter()
+                            .any(|b| b.state == cachealloc::pool::BlockState::Allocated),
+                        "empty_cache kept a free segment at {:#x}",
+                        seg.addr
+                    );
+                }
+            }
+        }
+        check_against_shadow(&p, &shadow);
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_keep_every_invariant(
+        (settings, capacity) in settings_strategy(),
+        steps in proptest::collection::vec(step_strategy(), OPS_PER_CASE),
+    ) {
+        run(settings, capacity, steps);
+    }
+}
