@@ -12,6 +12,9 @@ pub const ADDRESS_BASE: u64 = 0x7f00_0000_0000;
 /// One past the highest address the simulated device hands out.
 pub const ADDRESS_TOP: u64 = 0x7fff_0000_0000;
 
+/// How many queued address hints an allocation looks through for one of its size.
+const HINT_LOOKAHEAD: usize = 4;
+
 /// Where a new segment goes in the address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -41,8 +44,8 @@ pub struct SimDevice {
     placement: Placement,
     /// Live segments: address → size.
     segments: BTreeMap<u64, u64>,
-    /// Addresses to use for the next allocations, in order, while they fit.
-    address_hints: VecDeque<u64>,
+    /// Recorded `(size, address)` of upcoming segment allocations, in order.
+    address_hints: VecDeque<(u64, u64)>,
     /// Upcoming `allocate` calls that fail: each entry is consumed by one call.
     injected_failures: VecDeque<Option<BackendError>>,
     next_fence: u64,
@@ -117,9 +120,11 @@ impl SimDevice {
         self.segments.iter().map(|(a, s)| (*a, *s))
     }
 
-    /// Queue addresses for the next allocations (each used if its range is free, else ignored).
-    pub fn push_address_hint(&mut self, addr: u64) {
-        self.address_hints.push_back(addr);
+    /// Queue the address a recording's driver gave an allocation of `size` bytes. An allocation
+    /// of that size takes the first such hint among the next few whose range is free (hints
+    /// skipped over are dropped); otherwise the placement rule decides.
+    pub fn push_address_hint(&mut self, size: u64, addr: u64) {
+        self.address_hints.push_back((size, addr));
     }
 
     /// Make the next `allocate` call fail with `error` (queued; one call each).
@@ -178,10 +183,15 @@ impl SimDevice {
     }
 
     fn place(&mut self, size: u64) -> Option<u64> {
-        while let Some(hint) = self.address_hints.pop_front() {
-            if hint != 0 && self.range_is_free(hint, size) {
-                return Some(hint);
-            }
+        let matching = self
+            .address_hints
+            .iter()
+            .take(HINT_LOOKAHEAD)
+            .position(|&(s, a)| s == size && a != 0 && self.range_is_free(a, size));
+        if let Some(pos) = matching {
+            let (_, addr) = self.address_hints[pos];
+            self.address_hints.drain(..=pos);
+            return Some(addr);
         }
         let gaps = self.gaps_descending();
         match self.placement {
@@ -325,8 +335,14 @@ mod tests {
     #[test]
     fn address_hints_are_used_when_free() {
         let mut sim = SimDevice::new(u64::MAX);
-        sim.push_address_hint(0x7f10_0000_0000);
+        sim.push_address_hint(4 * MIB, 0x7f30_0000_0000);
+        sim.push_address_hint(2 * MIB, 0x7f10_0000_0000);
         assert_eq!(sim.allocate(2 * MIB).unwrap().addr(), 0x7f10_0000_0000);
+        assert_ne!(
+            sim.allocate(4 * MIB).unwrap().addr(),
+            0x7f30_0000_0000,
+            "skipped hints are dropped"
+        );
         assert!(sim.claim(0x7f20_0000_0000, 2 * MIB));
         assert!(!sim.claim(0x7f20_0000_0000, 2 * MIB));
     }

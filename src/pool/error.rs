@@ -29,6 +29,8 @@ pub enum Error {
     Backend(BackendError),
     /// A start state that cannot exist under the current settings (replay seeding).
     InvalidSeed(String),
+    /// The invariant walker found the pool inconsistent (a bug; reported, never hidden).
+    Invariant(String),
 }
 
 impl From<BackendError> for Error {
@@ -69,6 +71,7 @@ impl fmt::Display for Error {
             }
             Error::Backend(e) => write!(f, "{e}"),
             Error::InvalidSeed(why) => write!(f, "invalid start state: {why}"),
+            Error::Invariant(why) => write!(f, "cachealloc internal inconsistency: {why}"),
         }
     }
 }

@@ -1,0 +1,268 @@
+//! Replay: drive a workload through the pool on the simulated device and collect what happened.
+//!
+//! Plain replay starts from an empty device with unlimited (or a given) capacity — the mode for
+//! what-if questions. Faithful replay starts from the state rebuilt from a recording, with the
+//! recording's capacity and the driver's segment addresses, to reproduce the recording exactly.
+
+use super::workload::{AllocId, Op, Workload};
+use crate::backend::sim::{Placement, SimDevice};
+use crate::pool::{
+    DeviceAllocator, DevicePtr, DeviceStats, Error, OomReport, SegmentSeed, Settings,
+};
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayConfig {
+    pub settings: Settings,
+    /// Device capacity in bytes; `None` = unlimited.
+    pub capacity: Option<u64>,
+    pub placement: Placement,
+    /// Recorded `(size, address)` of segment allocations, used as the device's addresses.
+    pub address_hints: Vec<(u64, u64)>,
+    /// Run the invariant walker after every operation (slow; for tests).
+    pub check_invariants: bool,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        Self {
+            settings: Settings::default(),
+            capacity: None,
+            placement: Placement::TopDown,
+            address_hints: Vec::new(),
+            check_invariants: false,
+        }
+    }
+}
+
+/// The device state at the start of a recording: segments with their blocks, and for each
+/// block the workload id of the live allocation it holds (if the workload frees it).
+#[derive(Clone, Debug, Default)]
+pub struct StartLayout {
+    pub segments: Vec<SegmentSeed>,
+    /// Parallel to `segments[i].blocks`.
+    pub ids: Vec<Vec<Option<AllocId>>>,
+}
+
+/// The first allocation that ran out of memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomAt {
+    /// Index of the op in the workload.
+    pub op_index: usize,
+    /// Index of the entry in the source trace, when the workload has one.
+    pub source_index: Option<usize>,
+    pub report: OomReport,
+}
+
+/// What a replay did.
+#[derive(Clone, Debug)]
+pub struct ReplayOutcome {
+    pub ops: usize,
+    pub allocs: u64,
+    /// Allocations whose recorded address is known, and how many landed exactly there.
+    pub allocs_with_recorded_addr: u64,
+    pub allocs_at_recorded_addr: u64,
+    pub frees: u64,
+    /// Frees of allocations that are not live in the replay (made before recording started,
+    /// or refused by an OOM in this replay); skipped.
+    pub skipped_frees: u64,
+    pub empty_cache_calls: u64,
+    pub first_oom: Option<OomAt>,
+    pub stats: DeviceStats,
+    pub final_segments: usize,
+}
+
+/// Replay `workload` from `start` (or an empty device).
+pub fn replay(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Result<ReplayOutcome, Error> {
+    let mut sim =
+        SimDevice::new(config.capacity.unwrap_or(u64::MAX)).with_placement(config.placement);
+    for &(size, addr) in &config.address_hints {
+        sim.push_address_hint(size, addr);
+    }
+    let mut live: Vec<Option<DevicePtr>> = vec![None; workload.num_ids as usize];
+    if let Some(start) = start {
+        for seg in &start.segments {
+            if !sim.claim(seg.addr, seg.size) {
+                return Err(Error::InvalidSeed(format!(
+                    "segment {:#x} of {} bytes overlaps another",
+                    seg.addr, seg.size
+                )));
+            }
+        }
+    }
+    let mut pool = DeviceAllocator::new(sim, config.settings.clone());
+    if let Some(start) = start {
+        for (seg, ids) in start.segments.iter().zip(&start.ids) {
+            pool.adopt_segment(seg)?;
+            for (block, id) in seg.blocks.iter().zip(ids) {
+                if let (true, Some(id)) = (block.allocated, id) {
+                    let slot = live_slot(&mut live, *id);
+                    *slot = DevicePtr::new(block.addr);
+                }
+            }
+        }
+        pool.reset_accumulated_stats();
+    }
+    let mut out = ReplayOutcome {
+        ops: workload.ops.len(),
+        allocs: 0,
+        allocs_with_recorded_addr: 0,
+        allocs_at_recorded_addr: 0,
+        frees: 0,
+        skipped_frees: 0,
+        empty_cache_calls: 0,
+        first_oom: None,
+        stats: DeviceStats::default(),
+        final_segments: 0,
+    };
+    for (i, op) in workload.ops.iter().enumerate() {
+        match *op {
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                recorded_addr,
+            } => {
+                out.allocs += 1;
+                match pool.malloc(size, stream) {
+                    Ok(ptr) => {
+                        if let Some(addr) = recorded_addr {
+                            out.allocs_with_recorded_addr += 1;
+                            out.allocs_at_recorded_addr += u64::from(addr == ptr.addr());
+                        }
+                        *live_slot(&mut live, id) = Some(ptr);
+                    }
+                    Err(Error::OutOfMemory(report)) => note_oom(&mut out, workload, i, *report),
+                    Err(e) => return Err(e),
+                }
+            }
+            Op::Free { id } => match live.get_mut(id as usize).and_then(Option::take) {
+                Some(ptr) => {
+                    pool.free(ptr)?;
+                    out.frees += 1;
+                }
+                None => out.skipped_frees += 1,
+            },
+            Op::EmptyCache => {
+                pool.empty_cache()?;
+                out.empty_cache_calls += 1;
+            }
+            Op::Oom { size, stream, .. } => {
+                // The recording's failed request: probe it when the capacity is known.
+                if config.capacity.is_some() {
+                    match pool.malloc(size, stream) {
+                        Ok(ptr) => pool.free(ptr)?,
+                        Err(Error::OutOfMemory(report)) => note_oom(&mut out, workload, i, *report),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        if config.check_invariants {
+            pool.validate()
+                .map_err(|why| Error::Invariant(format!("after op {i}: {why}")))?;
+        }
+    }
+    out.stats = pool.stats().clone();
+    out.final_segments = pool.segments().len();
+    Ok(out)
+}
+
+fn live_slot(live: &mut Vec<Option<DevicePtr>>, id: AllocId) -> &mut Option<DevicePtr> {
+    let i = id as usize;
+    if i >= live.len() {
+        live.resize(i + 1, None);
+    }
+    &mut live[i]
+}
+
+fn note_oom(out: &mut ReplayOutcome, workload: &Workload, op_index: usize, report: OomReport) {
+    if out.first_oom.is_none() {
+        out.first_oom = Some(OomAt {
+            op_index,
+            source_index: workload.source_index.get(op_index).copied(),
+            report,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::StreamId;
+
+    const MIB: u64 = 1 << 20;
+
+    fn workload(ops: Vec<Op>) -> Workload {
+        let mut w = Workload::new("test");
+        for (i, op) in ops.into_iter().enumerate() {
+            w.push(op, i);
+        }
+        w
+    }
+
+    fn alloc(id: AllocId, size: u64) -> Op {
+        Op::Alloc {
+            id,
+            size,
+            stream: StreamId(0),
+            recorded_addr: None,
+        }
+    }
+
+    #[test]
+    fn plain_replay_counts_device_calls_and_peaks() {
+        let w = workload(vec![
+            alloc(0, 5 * MIB),
+            alloc(1, 5 * MIB),
+            Op::Free { id: 0 },
+            Op::Free { id: 7 },
+            alloc(2, 30 * MIB),
+            Op::Free { id: 1 },
+            Op::Free { id: 2 },
+            Op::EmptyCache,
+        ]);
+        let out = replay(
+            &w,
+            &ReplayConfig {
+                check_invariants: true,
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!(out.allocs, 3);
+        assert_eq!(out.skipped_frees, 1);
+        assert_eq!(out.stats.num_device_alloc, 2);
+        assert_eq!(out.stats.num_device_free, 2);
+        assert_eq!(out.stats.reserved_bytes.all.peak, 50 * MIB as i64);
+        assert_eq!(out.stats.requested_bytes.all.peak, 35 * MIB as i64);
+        assert_eq!(out.final_segments, 0);
+    }
+
+    #[test]
+    fn capacity_makes_an_oom_at_the_right_op() {
+        let mut w = workload(vec![
+            alloc(0, 60 * MIB),
+            alloc(1, 60 * MIB),
+            Op::Free { id: 1 },
+        ]);
+        w.source_index = vec![10, 11, 12];
+        let config = ReplayConfig {
+            capacity: Some(100 * MIB),
+            ..Default::default()
+        };
+        let out = replay(&w, &config, None).unwrap();
+        let oom = out.first_oom.expect("second allocation cannot fit");
+        assert_eq!((oom.op_index, oom.source_index), (1, Some(11)));
+        assert_eq!(out.stats.num_ooms, 1);
+        assert_eq!(
+            out.skipped_frees, 1,
+            "the failed allocation's free is skipped"
+        );
+    }
+}
