@@ -19,7 +19,7 @@ mod params;
 mod transformer;
 
 pub use loguniform::LogUniformParams;
-pub use transformer::TransformerParams;
+pub use transformer::{TransformerParams, TransformerWorkload};
 
 use super::workload::Workload;
 use std::fmt;

@@ -104,6 +104,13 @@ impl TransformerParams {
         Ok(())
     }
 
+    /// The workload for `seed` with its step boundaries (`SynthSpec::generate` gives the
+    /// workload alone).
+    pub fn generate(&self, seed: u64) -> Result<TransformerWorkload, SynthError> {
+        self.validate()?;
+        Ok(generate(self, seed))
+    }
+
     pub(super) fn validate(&self) -> Result<(), SynthError> {
         let positive = [
             ("layers", self.layers as u64),
@@ -117,7 +124,7 @@ impl TransformerParams {
                 format!("transformer {name} must be at least 1")
             })?;
         }
-        check(self.hidden % self.heads == 0, || {
+        check(self.hidden.is_multiple_of(self.heads), || {
             format!(
                 "transformer heads={} must divide hidden={}",
                 self.heads, self.hidden
@@ -220,8 +227,9 @@ const LNF_W: usize = 2;
 const LNF_B: usize = 3;
 const GLOBAL_WEIGHTS: usize = 4;
 
-/// A generated transformer workload with its step structure (for tests and reports).
-pub(super) struct Generated {
+/// A generated transformer workload with its step structure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerWorkload {
     pub workload: Workload,
     /// Allocations made during setup that stay live: weights and optimizer state.
     pub persistent: usize,
@@ -267,7 +275,7 @@ struct Saved {
 }
 
 /// Generate the workload (parameters already validated).
-pub(super) fn generate(p: &TransformerParams, seed: u64) -> Generated {
+pub(super) fn generate(p: &TransformerParams, seed: u64) -> TransformerWorkload {
     let mut rng = SplitMix64::new(seed);
     let mut e = Emitter {
         workload: Workload::new(format!("synth:transformer seed={seed}")),
@@ -290,7 +298,7 @@ pub(super) fn generate(p: &TransformerParams, seed: u64) -> Generated {
         let seq = rng.between(p.seq_min, p.seq_max);
         step(&mut e, p, &numels, seq);
     }
-    Generated {
+    TransformerWorkload {
         workload: e.workload,
         persistent,
         step_starts,
