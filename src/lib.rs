@@ -3,4 +3,5 @@
 
 pub mod backend;
 pub mod pool;
+pub mod report;
 pub mod trace;
