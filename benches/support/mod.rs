@@ -1,0 +1,140 @@
+//! Shared by the benchmark binary and its bounded test: replay one operation sequence through
+//! the pool and through offset-allocator, and time both.
+
+use cachealloc::backend::sim::SimDevice;
+use cachealloc::pool::{DeviceAllocator, DevicePtr, Settings};
+use cachealloc::trace::{Op, ReplayConfig, Workload, replay};
+use std::time::Instant;
+
+/// offset-allocator counts in u32 units; 512 B units give it a 2 TiB range.
+const OFFSET_UNIT: u64 = 512;
+
+/// One timing: best and median nanoseconds per operation over the repetitions.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub min_ns: f64,
+    pub median_ns: f64,
+}
+
+fn timing(mut samples: Vec<f64>) -> Timing {
+    samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN timings"));
+    Timing { min_ns: samples[0], median_ns: samples[samples.len() / 2] }
+}
+
+/// The alloc/free operations of a workload (other ops dropped), for the allocator comparison.
+pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
+    workload.ops.iter().filter(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. })).cloned().collect()
+}
+
+/// ns per malloc-or-free through the pool on the simulated device.
+pub fn time_pool(ops: &[Op], num_ids: usize, reps: usize) -> Timing {
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
+        let mut live: Vec<Option<DevicePtr>> = vec![None; num_ids];
+        let start = Instant::now();
+        for op in ops {
+            match *op {
+                Op::Alloc { id, size, stream, .. } => {
+                    live[id as usize] = Some(pool.malloc(size, stream).expect("unlimited device"));
+                }
+                Op::Free { id } => {
+                    if let Some(ptr) = live[id as usize].take() {
+                        pool.free(ptr).expect("live pointer");
+                    }
+                }
+                _ => {}
+            }
+        }
+        samples.push(start.elapsed().as_nanos() as f64 / ops.len() as f64);
+        std::hint::black_box(pool.stats().allocation.all.current);
+    }
+    timing(samples)
+}
+
+/// ns per allocate-or-free through offset-allocator (sizes rounded up to 512 B units).
+pub fn time_offset_allocator(ops: &[Op], num_ids: usize, reps: usize) -> Timing {
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let mut alloc = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
+        let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = vec![None; num_ids];
+        let start = Instant::now();
+        for op in ops {
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    let units = size.div_ceil(OFFSET_UNIT).max(1) as u32;
+                    live[id as usize] = alloc.allocate(units);
+                }
+                Op::Free { id } => {
+                    if let Some(a) = live[id as usize].take() {
+                        alloc.free(a);
+                    }
+                }
+                _ => {}
+            }
+        }
+        samples.push(start.elapsed().as_nanos() as f64 / ops.len() as f64);
+        std::hint::black_box(alloc.storage_report().total_free_space);
+    }
+    timing(samples)
+}
+
+/// Replay speed of the whole replay path (ops per second, best of `reps`).
+pub fn replay_rate(workload: &Workload, reps: usize) -> f64 {
+    let config = ReplayConfig::default();
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let start = Instant::now();
+        let out = replay(workload, &config, None).expect("plain replay succeeds");
+        std::hint::black_box(out.stats.num_device_alloc);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    workload.ops.len() as f64 / best
+}
+
+/// One row of the comparison table.
+pub struct Row {
+    pub name: String,
+    pub ops: usize,
+    pub pool: Timing,
+    pub offset: Timing,
+    pub replay_ops_per_s: f64,
+}
+
+impl Row {
+    pub fn measure(name: &str, workload: &Workload, reps: usize) -> Row {
+        let ops = alloc_free_ops(workload);
+        let ids = workload.num_ids as usize;
+        Row {
+            name: name.to_string(),
+            ops: ops.len(),
+            pool: time_pool(&ops, ids, reps),
+            offset: time_offset_allocator(&ops, ids, reps),
+            replay_ops_per_s: replay_rate(workload, reps),
+        }
+    }
+
+    pub fn ratio(&self) -> f64 {
+        self.pool.median_ns / self.offset.median_ns
+    }
+}
+
+pub fn print_table(rows: &[Row]) {
+    println!(
+        "| workload | ops | cachealloc ns/op (min / median) | offset-allocator ns/op (min / median) | ratio (median) | replay Mops/s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2}x | {:.1} |",
+            r.name,
+            r.ops,
+            r.pool.min_ns,
+            r.pool.median_ns,
+            r.offset.min_ns,
+            r.offset.median_ns,
+            r.ratio(),
+            r.replay_ops_per_s / 1e6
+        );
+    }
+}
