@@ -19,10 +19,20 @@ fn main() {
         spec = "loguniform:ops=100000".parse().expect("valid spec");
     }
     let synthetic = spec.generate(42).expect("valid spec");
-    rows.push(Row::measure("synthetic log-uniform 512 B–256 MiB", &synthetic, reps));
+    rows.push(Row::measure(
+        "synthetic log-uniform 512 B–256 MiB",
+        &synthetic,
+        reps,
+    ));
 
-    let transformer = SynthSpec::new(SynthKind::Transformer).generate(1).expect("valid spec");
-    rows.push(Row::measure("synthetic transformer training", &transformer, reps));
+    let transformer = SynthSpec::new(SynthKind::Transformer)
+        .generate(1)
+        .expect("valid spec");
+    rows.push(Row::measure(
+        "synthetic transformer training",
+        &transformer,
+        reps,
+    ));
 
     print_table(&rows);
 }

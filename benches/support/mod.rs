@@ -18,12 +18,20 @@ pub struct Timing {
 
 fn timing(mut samples: Vec<f64>) -> Timing {
     samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN timings"));
-    Timing { min_ns: samples[0], median_ns: samples[samples.len() / 2] }
+    Timing {
+        min_ns: samples[0],
+        median_ns: samples[samples.len() / 2],
+    }
 }
 
 /// The alloc/free operations of a workload (other ops dropped), for the allocator comparison.
 pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
-    workload.ops.iter().filter(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. })).cloned().collect()
+    workload
+        .ops
+        .iter()
+        .filter(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. }))
+        .cloned()
+        .collect()
 }
 
 /// ns per malloc-or-free through the pool on the simulated device.
@@ -35,7 +43,9 @@ pub fn time_pool(ops: &[Op], num_ids: usize, reps: usize) -> Timing {
         let start = Instant::now();
         for op in ops {
             match *op {
-                Op::Alloc { id, size, stream, .. } => {
+                Op::Alloc {
+                    id, size, stream, ..
+                } => {
                     live[id as usize] = Some(pool.malloc(size, stream).expect("unlimited device"));
                 }
                 Op::Free { id } => {
