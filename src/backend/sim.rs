@@ -44,6 +44,8 @@ pub struct SimDevice {
     placement: Placement,
     /// Live segments: address → size.
     segments: BTreeMap<u64, u64>,
+    /// Free parts of the managed address space `[ADDRESS_BASE, ADDRESS_TOP)`: start → end.
+    free_ranges: BTreeMap<u64, u64>,
     /// Recorded `(size, address)` of upcoming segment allocations, in order.
     address_hints: VecDeque<(u64, u64)>,
     /// Upcoming `allocate` calls that fail: each entry is consumed by one call.
@@ -67,6 +69,7 @@ impl SimDevice {
             used: 0,
             placement: Placement::TopDown,
             segments: BTreeMap::new(),
+            free_ranges: BTreeMap::from([(ADDRESS_BASE, ADDRESS_TOP)]),
             address_hints: VecDeque::new(),
             injected_failures: VecDeque::new(),
             next_fence: 1,
@@ -144,6 +147,7 @@ impl SimDevice {
             return false;
         }
         self.segments.insert(addr, size);
+        self.carve(addr, size);
         self.used += size;
         true
     }
@@ -166,20 +170,44 @@ impl SimDevice {
         true
     }
 
-    /// The free gaps `[start, end)` of the address space, highest first.
-    fn gaps_descending(&self) -> Vec<(u64, u64)> {
-        let mut gaps = Vec::with_capacity(self.segments.len() + 1);
-        let mut top = ADDRESS_TOP;
-        for (&addr, &size) in self.segments.iter().rev() {
-            if addr + size < top {
-                gaps.push((addr + size, top));
+    /// Take `[addr, addr + size)` out of the free ranges (the part inside the managed space).
+    fn carve(&mut self, addr: u64, size: u64) {
+        let end = addr.saturating_add(size);
+        let overlapping: Vec<(u64, u64)> = self
+            .free_ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, e)| **e > addr)
+            .map(|(s, e)| (*s, *e))
+            .collect();
+        for (s, e) in overlapping {
+            self.free_ranges.remove(&s);
+            if s < addr {
+                self.free_ranges.insert(s, addr);
             }
-            top = top.min(addr);
+            if end < e {
+                self.free_ranges.insert(end, e);
+            }
         }
-        if ADDRESS_BASE < top {
-            gaps.push((ADDRESS_BASE, top));
+    }
+
+    /// Give `[addr, addr + size)` back to the free ranges, merged with its neighbours.
+    fn uncarve(&mut self, addr: u64, size: u64) {
+        let mut start = addr.max(ADDRESS_BASE);
+        let mut end = addr.saturating_add(size).min(ADDRESS_TOP);
+        if start >= end {
+            return;
         }
-        gaps
+        if let Some((&s, &e)) = self.free_ranges.range(..start).next_back() {
+            if e == start {
+                self.free_ranges.remove(&s);
+                start = s;
+            }
+        }
+        if let Some(e) = self.free_ranges.remove(&end) {
+            end = e;
+        }
+        self.free_ranges.insert(start, end);
     }
 
     fn place(&mut self, size: u64) -> Option<u64> {
@@ -193,13 +221,13 @@ impl SimDevice {
             self.address_hints.drain(..=pos);
             return Some(addr);
         }
-        let gaps = self.gaps_descending();
+        let mut ranges = self.free_ranges.iter().map(|(s, e)| (*s, *e));
         match self.placement {
-            Placement::TopDown => gaps.iter().find_map(|&(start, end)| {
+            Placement::TopDown => ranges.rev().find_map(|(start, end)| {
                 let addr = (end.checked_sub(size)?) / SEGMENT_ALIGNMENT * SEGMENT_ALIGNMENT;
                 (addr >= start).then_some(addr)
             }),
-            Placement::BottomUp => gaps.iter().rev().find_map(|&(start, end)| {
+            Placement::BottomUp => ranges.find_map(|(start, end)| {
                 let addr = start.div_ceil(SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT;
                 (addr.checked_add(size)? <= end).then_some(addr)
             }),
@@ -228,6 +256,7 @@ impl Backend for SimDevice {
             return Err(BackendError::OutOfMemory);
         };
         self.segments.insert(addr, size);
+        self.carve(addr, size);
         self.used += size;
         self.counters.allocs += 1;
         Ok(DevicePtr::new(addr).expect("placement never yields address 0"))
@@ -237,6 +266,7 @@ impl Backend for SimDevice {
         match self.segments.get(&ptr.addr()) {
             Some(&s) if s == size => {
                 self.segments.remove(&ptr.addr());
+                self.uncarve(ptr.addr(), size);
                 self.used -= size;
                 self.counters.frees += 1;
                 Ok(())

@@ -167,9 +167,22 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        let id = self.take_allocation(ptr)?;
-        self.free_block(id);
-        Ok(())
+        let addr = ptr.addr();
+        match self.allocations.remove(&addr) {
+            Some(id) if self.blocks.get(id).state == BlockState::Allocated => {
+                self.take_allocation_id(id);
+                self.free_block(id);
+                Ok(())
+            }
+            Some(id) => {
+                self.allocations.insert(addr, id);
+                Err(Error::InvalidPointer {
+                    addr,
+                    reason: BadPointer::AlreadyFreed,
+                })
+            }
+            None => Err(self.not_an_allocation(addr)),
+        }
     }
 
     /// Free an allocation whose block may still be used by device work issued before now: the
@@ -205,7 +218,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 break;
             }
             self.pending.pop_front();
-            self.free_block(id);
+            self.complete_pending(id);
         }
         Ok(())
     }
@@ -243,14 +256,11 @@ impl<B: Backend> DeviceAllocator<B> {
         let mss = self.settings.max_split_size;
         let rounding = self.settings.max_non_split_rounding;
         let index = self.pools_mut(pool).get_mut(stream);
-        let found = index.lower_bound(size)?;
-        if size < mss && found.size >= mss {
-            return None;
-        }
-        if size >= mss && found.size >= size.saturating_add(rounding) {
-            return None;
-        }
-        index.remove(found.size, found.addr);
+        let found = index.take_lower_bound(size, |found| {
+            let oversize_for_small = size < mss && found.size >= mss;
+            let too_wasteful = size >= mss && found.size >= size.saturating_add(rounding);
+            !oversize_for_small && !too_wasteful
+        })?;
         Some(found.id)
     }
 
@@ -445,18 +455,26 @@ impl<B: Backend> DeviceAllocator<B> {
                 addr,
                 reason: BadPointer::AlreadyFreed,
             }),
-            None if self.contains(addr) => Err(Error::InvalidPointer {
-                addr,
-                reason: BadPointer::NotAnAllocation,
-            }),
-            None => Err(Error::NotOwned { addr }),
+            None => Err(self.not_an_allocation(addr)),
         }
     }
 
-    /// Check `ptr` is a live allocation and do the program-side half of PyTorch's `free()`.
-    fn take_allocation(&mut self, ptr: DevicePtr) -> Result<BlockId, Error> {
-        let id = self.lookup_allocation(ptr)?;
-        Ok(self.take_allocation_id(id))
+    /// The error for an address with no live allocation: ours (interior or freed) or foreign.
+    fn not_an_allocation(&self, addr: u64) -> Error {
+        if self.contains(addr) {
+            Error::InvalidPointer {
+                addr,
+                reason: BadPointer::NotAnAllocation,
+            }
+        } else {
+            Error::NotOwned { addr }
+        }
+    }
+
+    /// A pending block's fence is done: forget the allocation and return the block to its pool.
+    pub(super) fn complete_pending(&mut self, id: BlockId) {
+        self.allocations.remove(&self.blocks.get(id).addr);
+        self.free_block(id);
     }
 
     fn take_allocation_id(&mut self, id: BlockId) -> BlockId {
@@ -478,7 +496,8 @@ impl<B: Backend> DeviceAllocator<B> {
         id
     }
 
-    /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool.
+    /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool. The
+    /// caller has removed the block from the allocation map.
     pub(super) fn free_block(&mut self, id: BlockId) {
         let (pool, stream, addr, original_size, requested, prev, next) = {
             let b = self.blocks.get(id);
@@ -526,7 +545,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if src == NIL {
             return 0;
         }
-        let s = self.blocks.get(src).clone();
+        let s = *self.blocks.get(src);
         if s.state != BlockState::Free {
             return 0;
         }

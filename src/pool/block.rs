@@ -21,7 +21,7 @@ pub enum BlockState {
 }
 
 /// A piece of a segment.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Block {
     pub addr: u64,
     pub size: u64,

@@ -92,6 +92,30 @@ impl FreeIndex {
         true
     }
 
+    /// Remove and return the smallest entry with `size >= min_size` if `accept` takes it.
+    pub fn take_lower_bound(
+        &mut self,
+        min_size: u64,
+        accept: impl FnOnce(&FreeEntry) -> bool,
+    ) -> Option<FreeEntry> {
+        let mut class = class_of(min_size);
+        let mut pos = self.classes[class].partition_point(|e| e.size < min_size);
+        if pos == self.classes[class].len() {
+            class = self.next_nonempty(class + 1)?;
+            pos = 0;
+        }
+        let list = &mut self.classes[class];
+        if !accept(&list[pos]) {
+            return None;
+        }
+        let entry = list.remove(pos);
+        if list.is_empty() {
+            self.bitmap[class / 64] &= !(1 << (class % 64));
+        }
+        self.len -= 1;
+        Some(entry)
+    }
+
     /// The smallest entry with `size >= min_size` (lowest address among equals).
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
         let class = class_of(min_size);

@@ -26,7 +26,7 @@ impl<B: Backend> DeviceAllocator<B> {
         }
         self.backend.synchronize()?;
         while let Some((_, id)) = self.pending.pop_front() {
-            self.free_block(id);
+            self.complete_pending(id);
         }
         Ok(())
     }
@@ -138,7 +138,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Return the whole-segment free block `id` to the device.
     pub(super) fn release_block(&mut self, id: BlockId) -> Result<(), Error> {
-        let block = self.blocks.get(id).clone();
+        let block = *self.blocks.get(id);
         debug_assert!(block.state == BlockState::Free && !block.is_split());
         let ptr = DevicePtr::new(block.addr).expect("blocks never start at address 0");
         self.backend.release(ptr, block.size)?;
