@@ -1,1 +1,179 @@
-fn main() {}
+//! The `cachealloc` command line: replay recorded or synthetic allocation traces through the
+//! pool on a simulated device, and list the configuration options.
+
+mod outcome;
+mod size;
+mod sources;
+
+use cachealloc::backend::sim::Placement;
+use cachealloc::config::{Config, options};
+use cachealloc::trace::{ReplayConfig, replay};
+use clap::{Parser, Subcommand, ValueEnum};
+use outcome::{Context, ReplayJson};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "cachealloc",
+    version,
+    about = "A caching CUDA allocator with PyTorch's policy: offline replay and tuning"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a recorded PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through the
+    /// pool on a simulated device.
+    Replay(ReplayArgs),
+    /// Generate a built-in workload (transformer, loguniform) and replay it.
+    Synth(SynthArgs),
+    /// List the configuration options (CACHEALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF keys).
+    Options {
+        /// Print the Markdown table used in the README.
+        #[arg(long)]
+        markdown: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct Common {
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "max_split_size_mb:128".
+    #[arg(long)]
+    conf: Option<String>,
+    /// Device capacity (24GiB, 512MiB, bytes). Default: unlimited (faithful: from the trace).
+    #[arg(long, value_parser = size::parse_size)]
+    capacity: Option<u64>,
+    /// Print one JSON object instead of the readable summary.
+    #[arg(long)]
+    json: bool,
+    /// Where the simulated driver places new segments.
+    #[arg(long, value_enum, default_value_t = PlacementArg::TopDown)]
+    placement: PlacementArg,
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// The snapshot file (a pickle; some are named .json).
+    trace: PathBuf,
+    /// Which device's trace to replay (default: the first device with a trace).
+    #[arg(long)]
+    device: Option<i32>,
+    /// Reproduce the recording exactly: rebuild the state at trace start, use the trace's
+    /// capacity and segment addresses, replay its explicit empty_cache() calls.
+    #[arg(long)]
+    faithful: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// The workload: transformer or loguniform, optionally with parameters
+    /// (e.g. "transformer:layers=24,seq=512-4096").
+    #[arg(default_value = "transformer")]
+    spec: String,
+    /// Seed of the generator (same seed, same workload).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlacementArg {
+    /// Highest free address range first (what the Linux driver mostly does).
+    TopDown,
+    /// Lowest free address range first.
+    BottomUp,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("cachealloc: error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<String, String> {
+    match cli.command {
+        Command::Options { markdown } => Ok(if markdown {
+            options::render_markdown_table()
+        } else {
+            options::render_help()
+        }),
+        Command::Synth(args) => {
+            let spec: cachealloc::trace::synth::SynthSpec = args
+                .spec
+                .parse()
+                .map_err(|e: cachealloc::trace::synth::SynthError| e.0)?;
+            let workload = spec.generate(args.seed).map_err(|e| e.0)?;
+            let (config, settings_text) = replay_config(&args.common)?;
+            let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
+            let ctx = Context {
+                trace: format!("{} (seed {})", args.spec, args.seed),
+                device: 0,
+                mode: "synthetic",
+                settings: settings_text,
+                capacity: args.common.capacity,
+                recorded: Default::default(),
+                faithful: false,
+            };
+            Ok(render(ReplayJson::new(ctx, out), args.common.json))
+        }
+        Command::Replay(args) => {
+            let (mut config, settings_text) = replay_config(&args.common)?;
+            let loaded = sources::load(&args.trace, args.device, args.faithful)?;
+            if args.faithful {
+                config.capacity = args.common.capacity.or(loaded.capacity);
+                config.address_hints = loaded.address_hints.clone();
+            }
+            let out = replay(&loaded.workload, &config, loaded.start.as_ref())
+                .map_err(|e| format!("{}: {e}", args.trace.display()))?;
+            let ctx = Context {
+                trace: args.trace.display().to_string(),
+                device: loaded.device,
+                mode: if args.faithful { "faithful" } else { "plain" },
+                settings: settings_text,
+                capacity: config.capacity,
+                recorded: loaded.recorded,
+                faithful: args.faithful,
+            };
+            Ok(render(ReplayJson::new(ctx, out), args.common.json))
+        }
+    }
+}
+
+fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
+    let conf = common.conf.as_deref().unwrap_or("");
+    let config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
+    let placement = match common.placement {
+        PlacementArg::TopDown => Placement::TopDown,
+        PlacementArg::BottomUp => Placement::BottomUp,
+    };
+    let replay_config = ReplayConfig {
+        settings: config.settings,
+        capacity: common.capacity,
+        placement,
+        ..ReplayConfig::default()
+    };
+    Ok((replay_config, conf.to_string()))
+}
+
+fn render(result: ReplayJson, json: bool) -> String {
+    if json {
+        result.to_json() + "\n"
+    } else {
+        result.to_text()
+    }
+}

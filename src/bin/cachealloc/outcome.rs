@@ -1,0 +1,184 @@
+//! What `replay` and `synth` print: one record, rendered as JSON or as a readable summary.
+
+use cachealloc::pool::{DeviceId, DeviceStats, OomReport, format_size};
+use cachealloc::report::memory_summary;
+use cachealloc::trace::ReplayOutcome;
+use serde::Serialize;
+
+/// The recorded figures a trace carries, to compare a replay against.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Recorded {
+    pub peak_reserved_bytes: Option<u64>,
+    pub segment_allocs: Option<u64>,
+    pub segment_frees: Option<u64>,
+    pub retries: Option<u64>,
+    pub oom: Option<RecordedOomJson>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RecordedOomJson {
+    pub event_index: usize,
+    pub size: u64,
+    pub device_free: u64,
+}
+
+/// One replay, in the shape of the `--json` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayJson {
+    pub trace: String,
+    pub device: i32,
+    pub mode: &'static str,
+    pub settings: String,
+    pub capacity_bytes: Option<u64>,
+    pub events: usize,
+    pub allocs: u64,
+    pub allocs_at_recorded_addr: Option<u64>,
+    pub frees: u64,
+    pub orphan_frees: u64,
+    pub empty_cache_calls: u64,
+    pub peak_allocated_bytes: i64,
+    pub peak_requested_bytes: i64,
+    pub peak_reserved_bytes: i64,
+    pub final_reserved_bytes: i64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub first_oom_event_index: Option<usize>,
+    pub recorded_peak_reserved_bytes: Option<u64>,
+    pub recorded_segment_allocs: Option<u64>,
+    pub recorded_segment_frees: Option<u64>,
+    pub recorded_retries: Option<u64>,
+    pub recorded_oom: Option<RecordedOomJson>,
+    #[serde(skip)]
+    pub stats: DeviceStats,
+    #[serde(skip)]
+    pub oom_report: Option<OomReport>,
+}
+
+/// Where the workload came from and how it was replayed.
+pub struct Context {
+    pub trace: String,
+    pub device: i32,
+    pub mode: &'static str,
+    pub settings: String,
+    pub capacity: Option<u64>,
+    pub recorded: Recorded,
+    pub faithful: bool,
+}
+
+impl ReplayJson {
+    pub fn new(ctx: Context, out: ReplayOutcome) -> Self {
+        let s = &out.stats;
+        ReplayJson {
+            trace: ctx.trace,
+            device: ctx.device,
+            mode: ctx.mode,
+            settings: ctx.settings,
+            capacity_bytes: ctx.capacity,
+            events: out.ops,
+            allocs: out.allocs,
+            allocs_at_recorded_addr: ctx.faithful.then_some(out.allocs_at_recorded_addr),
+            frees: out.frees,
+            orphan_frees: out.skipped_frees,
+            empty_cache_calls: out.empty_cache_calls,
+            peak_allocated_bytes: s.allocated_bytes.all.peak,
+            peak_requested_bytes: s.requested_bytes.all.peak,
+            peak_reserved_bytes: s.reserved_bytes.all.peak,
+            final_reserved_bytes: s.reserved_bytes.all.current,
+            num_device_alloc: s.num_device_alloc,
+            num_device_free: s.num_device_free,
+            num_alloc_retries: s.num_alloc_retries,
+            num_ooms: s.num_ooms,
+            first_oom_event_index: out
+                .first_oom
+                .as_ref()
+                .map(|o| o.source_index.unwrap_or(o.op_index)),
+            recorded_peak_reserved_bytes: ctx.recorded.peak_reserved_bytes,
+            recorded_segment_allocs: ctx.recorded.segment_allocs,
+            recorded_segment_frees: ctx.recorded.segment_frees,
+            recorded_retries: ctx.recorded.retries,
+            recorded_oom: ctx.recorded.oom,
+            stats: out.stats.clone(),
+            oom_report: out.first_oom.map(|o| o.report),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("plain data serializes")
+    }
+
+    /// The readable summary: headline figures, the comparison with the recording, the stats
+    /// table and the first OOM report.
+    pub fn to_text(&self) -> String {
+        let mut t = String::new();
+        let fs = |b: i64| format_size(b.max(0) as u64);
+        t += &format!(
+            "cachealloc replay of {} (device {}, {} mode)\n",
+            self.trace, self.device, self.mode
+        );
+        t += &format!(
+            "  settings: {}\n",
+            if self.settings.is_empty() {
+                "defaults"
+            } else {
+                &self.settings
+            }
+        );
+        if let Some(c) = self.capacity_bytes {
+            t += &format!("  device capacity: {}\n", format_size(c));
+        }
+        t += &format!(
+            "  events: {} ({} allocations, {} frees, {} frees of memory from before the trace skipped, {} empty_cache calls)\n",
+            self.events, self.allocs, self.frees, self.orphan_frees, self.empty_cache_calls
+        );
+        t += &format!(
+            "  peak allocated {} | peak requested {} | peak reserved {} | final reserved {}\n",
+            fs(self.peak_allocated_bytes),
+            fs(self.peak_requested_bytes),
+            fs(self.peak_reserved_bytes),
+            fs(self.final_reserved_bytes)
+        );
+        t += &format!(
+            "  device calls: {} cudaMalloc, {} cudaFree | cudaMalloc retries {} | OOMs {}\n",
+            self.num_device_alloc, self.num_device_free, self.num_alloc_retries, self.num_ooms
+        );
+        if let Some(at) = self.allocs_at_recorded_addr {
+            t += &format!(
+                "  allocations at their recorded address: {} of {}\n",
+                at, self.allocs
+            );
+        }
+        if let Some(peak) = self.recorded_peak_reserved_bytes {
+            t += &format!(
+                "  recorded: peak reserved {} | {} cudaMalloc, {} cudaFree | retries {}{}\n",
+                format_size(peak),
+                opt(self.recorded_segment_allocs),
+                opt(self.recorded_segment_frees),
+                opt(self.recorded_retries),
+                match &self.recorded_oom {
+                    Some(o) => format!(
+                        " | OOM at trace entry {} ({} requested)",
+                        o.event_index,
+                        format_size(o.size)
+                    ),
+                    None => String::new(),
+                }
+            );
+        }
+        t += "\n";
+        t += &memory_summary(&self.stats, DeviceId(self.device), false);
+        if let Some(report) = &self.oom_report {
+            let at = self
+                .first_oom_event_index
+                .map(|i| format!(" at event {i}"))
+                .unwrap_or_default();
+            t += &format!("\nFirst out-of-memory{at}:\n{report}\n");
+        }
+        t
+    }
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+}

@@ -1,0 +1,80 @@
+//! Byte sizes on the command line: `24GiB`, `512MiB`, `1.5GiB`, `20GB`, plain bytes.
+
+const UNITS: [(&str, f64); 13] = [
+    ("kib", 1024.0),
+    ("mib", 1048576.0),
+    ("gib", 1073741824.0),
+    ("tib", 1099511627776.0),
+    ("kb", 1e3),
+    ("mb", 1e6),
+    ("gb", 1e9),
+    ("tb", 1e12),
+    ("k", 1024.0),
+    ("m", 1048576.0),
+    ("g", 1073741824.0),
+    ("t", 1099511627776.0),
+    ("b", 1.0),
+];
+
+/// Parse a size; the error names the input and the accepted forms.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "invalid size {text:?}: expected bytes or a number with a unit \
+             (KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 24GiB or 512MiB"
+        )
+    };
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    if number.is_empty() {
+        return Err(bad());
+    }
+    let unit = unit.trim().to_ascii_lowercase();
+    let factor = if unit.is_empty() {
+        1.0
+    } else {
+        UNITS
+            .iter()
+            .find(|(u, _)| *u == unit)
+            .map(|(_, f)| *f)
+            .ok_or_else(bad)?
+    };
+    if !number.contains('.') && factor == 1.0 {
+        return number.parse::<u64>().map_err(|_| bad());
+    }
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = value * factor;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn accepts_binary_decimal_and_plain_sizes() {
+        assert_eq!(parse_size("24GiB"), Ok(24 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5 gib"), Ok(3 << 29));
+        assert_eq!(parse_size("20GB"), Ok(20_000_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("22470.375MiB"), Ok(23_562_223_616));
+    }
+
+    #[test]
+    fn rejects_junk_with_the_allowed_forms() {
+        for bad in ["", "GiB", "12 parsecs", "-1", "1e99GiB"] {
+            let err = parse_size(bad).unwrap_err();
+            assert!(
+                err.contains("expected bytes or a number with a unit"),
+                "{err}"
+            );
+        }
+    }
+}
