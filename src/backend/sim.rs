@@ -198,11 +198,11 @@ impl SimDevice {
         if start >= end {
             return;
         }
-        if let Some((&s, &e)) = self.free_ranges.range(..start).next_back() {
-            if e == start {
-                self.free_ranges.remove(&s);
-                start = s;
-            }
+        if let Some((&s, &e)) = self.free_ranges.range(..start).next_back()
+            && e == start
+        {
+            self.free_ranges.remove(&s);
+            start = s;
         }
         if let Some(e) = self.free_ranges.remove(&end) {
             end = e;
