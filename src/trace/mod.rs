@@ -1,10 +1,51 @@
 //! Allocation traces: the workload model, readers for recorded traces, and replay through the
 //! pool on the simulated device.
+//!
+//! PyTorch memory snapshots: `snapshot` reads the file (through `pickle`, a plain-data decoder
+//! that keeps Python's object sharing) into a [`RecordedSnapshot`] (model in `recording`);
+//! `figures` gives what the recorded run did; `bursts` tells `empty_cache()` calls from the OOM
+//! ladder's releases; `capacity` infers the device size; `start_state` rebuilds the pool at
+//! trace start; `convert` produces the plain and faithful workloads.
+//!
+//! Rules inferred from the recordings (details in each module):
+//! - **Frees**: `free_completed` becomes `Op::Free` (`free_requested` only in files without
+//!   completions); in these traces each completion directly follows its request.
+//! - **Release bursts**: consecutive `segment_free`s. Frames naming `emptyCache` → one
+//!   `Op::EmptyCache`; frames naming `malloc` → the OOM ladder's release, not an op. Without
+//!   frames, a burst directly followed by `oom` or `segment_alloc` is the ladder's, any other an
+//!   `empty_cache()` call.
+//! - **Retries**: each `oom` entry is one failed counted retry; each malloc-release burst
+//!   directly followed by `segment_alloc` is one successful retry (exact with default settings,
+//!   an upper bound with `max_split_size` or a GC threshold).
+//! - **Capacity**: reserved at the OOM + its `device_free`; without an OOM,
+//!   [peak reserved, smallest reserved-before-burst + retried segment size).
+//! - **Unsplit tails**: a large-pool block is split only if more than 1 MiB remains, so a
+//!   block rebuilt from a free may own up to 1 MiB past its rounded size; a gap of ≤ 1 MiB
+//!   after it (no free large-pool block is that small) belongs to it, found either at once or
+//!   when the next block reappears just past it.
 
+pub mod bursts;
+pub mod capacity;
+pub mod convert;
+pub mod error;
+pub mod figures;
+#[cfg(test)]
+mod fixtures;
+pub mod pickle;
+pub mod recording;
 pub mod replay;
 pub mod rng;
+pub mod snapshot;
+pub mod start_state;
 pub mod synth;
 pub mod workload;
 
+pub use capacity::CapacityEstimate;
+pub use convert::FaithfulReplay;
+pub use error::TraceError;
+pub use figures::{RecordedFigures, RecordedOom};
+pub use recording::{DeviceRecording, RecordedSnapshot};
 pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay};
+pub use snapshot::{parse_snapshot, read_snapshot};
+pub use start_state::{SeedBlock, SeedSegment, StartState};
 pub use workload::{AllocId, Op, Workload};

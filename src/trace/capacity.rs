@@ -1,0 +1,149 @@
+//! The device capacity a recording implies (replay-parity reference §3).
+//!
+//! - With an `oom` entry: capacity = bytes reserved at the OOM + the `device_free` it reports.
+//!   That is what cudaMalloc could still have had; a replay given this capacity fails the same
+//!   request, runs the same release and retry, and raises the OOM at the same entry.
+//! - Without one, the recorded cudaMalloc calls bracket it: every one that succeeded fitted,
+//!   so capacity ≥ the recorded peak reserved (`low`); every malloc-release burst followed by a
+//!   `segment_alloc` marks a cudaMalloc of that segment's size that failed at the reserved level
+//!   before the burst, so capacity < that level + the size (`high`, the smallest such value).
+//!   With no failure seen there is no upper bound and no capacity to impose.
+
+use super::bursts::{BurstKind, release_bursts};
+use super::figures::reserved_before_each;
+use super::recording::{Action, DeviceRecording};
+
+/// Segment-size granularity used to pick a capacity inside a bracket.
+const CAPACITY_STEP: u64 = 2 << 20; // 2 MiB
+
+/// What the recording says about the device's capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapacityEstimate {
+    /// From the `oom` entry at `oom_index`: reserved there + `device_free`.
+    Exact { bytes: u64, oom_index: usize },
+    /// Capacity in `[low, high)`: `low` = recorded peak reserved, `high` = the smallest
+    /// reserved level + segment size whose cudaMalloc failed.
+    Bracket { low: u64, high: u64 },
+}
+
+impl CapacityEstimate {
+    /// True unless the bracket is empty (the recorded successes and failures contradict one
+    /// fixed capacity, e.g. another process took memory in between).
+    pub fn is_consistent(&self) -> bool {
+        match *self {
+            CapacityEstimate::Exact { .. } => true,
+            CapacityEstimate::Bracket { low, high } => low < high,
+        }
+    }
+
+    /// A capacity to replay with: the exact value, or the middle of the bracket rounded down to
+    /// 2 MiB (never below `low`); `None` for an empty bracket.
+    pub fn replay_capacity(&self) -> Option<u64> {
+        match *self {
+            CapacityEstimate::Exact { bytes, .. } => Some(bytes),
+            CapacityEstimate::Bracket { low, high } if low < high => {
+                let mid = low + (high - low) / 2;
+                Some((mid / CAPACITY_STEP * CAPACITY_STEP).max(low))
+            }
+            CapacityEstimate::Bracket { .. } => None,
+        }
+    }
+}
+
+impl DeviceRecording {
+    /// Infer the device capacity; `None` when the trace shows no failed cudaMalloc.
+    pub fn capacity(&self) -> Option<CapacityEstimate> {
+        let reserved = reserved_before_each(self);
+        if let Some((index, entry)) = self
+            .entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.action == Action::Oom)
+        {
+            return Some(CapacityEstimate::Exact {
+                bytes: reserved[index].saturating_add(entry.device_free.unwrap_or(0)),
+                oom_index: index,
+            });
+        }
+        let high = release_bursts(&self.entries)
+            .iter()
+            .filter(|b| b.kind == BurstKind::MallocRelease)
+            .filter_map(|b| match b.next_entry(&self.entries) {
+                Some(e) if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap) => {
+                    Some(reserved[b.start].saturating_add(e.size))
+                }
+                _ => None,
+            })
+            .min()?;
+        let low = reserved.iter().copied().max().unwrap_or(0);
+        Some(CapacityEstimate::Bracket { low, high })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::fixtures::{BASE, MIB, at, entry, oom, recording, segment};
+    use crate::trace::recording::CallSite;
+
+    #[test]
+    fn oom_gives_reserved_plus_device_free() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                oom(40 * MIB, 7 * MIB),
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Exact {
+                bytes: 27 * MIB,
+                oom_index: 1
+            })
+        );
+    }
+
+    #[test]
+    fn a_retried_cudamalloc_brackets_the_capacity() {
+        // 20 MiB reserved; a 40 MiB cudaMalloc failed, the 20 MiB segment was released and the
+        // retry succeeded: capacity in [40, 60) MiB.
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
+                entry(Action::SegmentAlloc, BASE + 64 * MIB, 40 * MIB),
+            ],
+            vec![segment(
+                BASE + 64 * MIB,
+                40 * MIB,
+                &[(0, 40 * MIB, 0, false)],
+            )],
+        );
+        let estimate = rec.capacity().unwrap();
+        assert_eq!(
+            estimate,
+            CapacityEstimate::Bracket {
+                low: 40 * MIB,
+                high: 60 * MIB
+            }
+        );
+        assert_eq!(estimate.replay_capacity(), Some(50 * MIB));
+        assert_eq!(rec.figures().recorded_retries, 1);
+    }
+
+    #[test]
+    fn no_failure_means_no_capacity_and_an_empty_bracket_none() {
+        let rec = recording(
+            vec![entry(Action::SegmentAlloc, BASE, 20 * MIB)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        assert_eq!(rec.capacity(), None);
+        let empty = CapacityEstimate::Bracket {
+            low: 60 * MIB,
+            high: 60 * MIB,
+        };
+        assert!(!empty.is_consistent());
+        assert_eq!(empty.replay_capacity(), None);
+    }
+}

@@ -1,0 +1,263 @@
+//! Turning one device's recording into a [`Workload`].
+//!
+//! - `alloc` → `Op::Alloc` with a fresh id (in trace order) and `recorded_addr`.
+//! - The free action (`free_completed`, or `free_requested` in a file without completions; see
+//!   `DeviceRecording::free_action`) → `Op::Free` of the id live at that address.
+//! - An explicit `empty_cache()` burst → one `Op::EmptyCache`, at the burst's first entry. The
+//!   OOM ladder's own releases are not operations (see `bursts`).
+//! - `oom` → `Op::Oom`, which a replay with a capacity retries as a probe allocation.
+//! - Segment entries, `snapshot` and `annotate` produce nothing: the replayed pool makes its own
+//!   segment calls.
+//!
+//! Two modes. **Plain**: replay from an empty pool; frees of addresses allocated before
+//! recording began ("orphan frees") are skipped (counted in the figures). **Faithful**: replay
+//! from the rebuilt start state ([`StartState`]); blocks live at trace start that the trace frees
+//! carry ids `0..k` and trace allocations continue from `k`, so no free is an orphan.
+//! `source_index` is the index of the trace entry each op came from.
+
+use rustc_hash::FxHashMap;
+
+use super::bursts::{BurstKind, release_bursts};
+use super::error::TraceError;
+use super::recording::{Action, DeviceRecording};
+use super::start_state::{StartState, expandable_error, reconstruct_start};
+use super::workload::{AllocId, Op, Workload};
+
+/// Everything a faithful replay needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaithfulReplay {
+    /// Pool state to install before the first op.
+    pub start: StartState,
+    pub workload: Workload,
+    /// Device capacity to simulate, when the recording implies one (see `capacity`).
+    pub capacity: Option<u64>,
+}
+
+impl DeviceRecording {
+    /// The workload replayed from an empty pool (orphan frees skipped).
+    pub fn plain(&self) -> Workload {
+        let mut live = FxHashMap::default();
+        // Plain mode tolerates everything; errors only arise for seeded ids.
+        build(self, &mut live, 0, false).unwrap_or_else(|_| Workload::new(self.name()))
+    }
+
+    /// The start state and workload for a replay that reproduces the recording exactly.
+    pub fn faithful(&self) -> Result<FaithfulReplay, TraceError> {
+        if self.is_expandable() {
+            return Err(expandable_error(self));
+        }
+        let start = reconstruct_start(self)?;
+        let mut live: FxHashMap<u64, Option<AllocId>> =
+            start.live_blocks().map(|b| (b.addr, b.id)).collect();
+        let workload = build(self, &mut live, start.num_ids(), true)?;
+        let capacity = self.capacity().and_then(|c| c.replay_capacity());
+        Ok(FaithfulReplay {
+            start,
+            workload,
+            capacity,
+        })
+    }
+}
+
+/// Build the workload. `live` maps addresses live at trace start to their ids (`None`: live but
+/// never freed by the trace). With `strict`, a free that finds no id is an error.
+fn build(
+    rec: &DeviceRecording,
+    live: &mut FxHashMap<u64, Option<AllocId>>,
+    first_id: AllocId,
+    strict: bool,
+) -> Result<Workload, TraceError> {
+    let fail = |index: usize, detail: String| {
+        TraceError::inconsistent(
+            &rec.source,
+            format!("device {} entry {index}: {detail}", rec.device.0),
+        )
+    };
+    let mut workload = Workload::new(rec.name());
+    workload.num_ids = first_id;
+    let mut next_id = first_id;
+    let free_action = rec.free_action();
+    let empty_cache_starts: Vec<usize> = release_bursts(&rec.entries)
+        .iter()
+        .filter(|b| b.kind == BurstKind::EmptyCache)
+        .map(|b| b.start)
+        .collect();
+    let mut bursts = empty_cache_starts.iter().peekable();
+    for (index, entry) in rec.entries.iter().enumerate() {
+        match entry.action {
+            Action::Alloc => {
+                let id = next_id;
+                next_id += 1;
+                if live.insert(entry.addr, Some(id)).is_some() && strict {
+                    return Err(fail(
+                        index,
+                        format!("alloc at {:#x}, which is already live", entry.addr),
+                    ));
+                }
+                workload.push(
+                    Op::Alloc {
+                        id,
+                        size: entry.size,
+                        stream: entry.stream,
+                        recorded_addr: Some(entry.addr),
+                    },
+                    index,
+                );
+            }
+            a if a == free_action => match live.remove(&entry.addr) {
+                Some(Some(id)) => workload.push(Op::Free { id }, index),
+                Some(None) if strict => {
+                    return Err(fail(
+                        index,
+                        format!(
+                            "free at {:#x} of a block the start state says is never freed",
+                            entry.addr
+                        ),
+                    ));
+                }
+                None if strict => {
+                    return Err(fail(
+                        index,
+                        format!("free at {:#x}, where nothing is live", entry.addr),
+                    ));
+                }
+                _ => {}
+            },
+            Action::SegmentFree | Action::SegmentUnmap => {
+                if bursts.peek().is_some_and(|&&start| start == index) {
+                    bursts.next();
+                    workload.push(Op::EmptyCache, index);
+                }
+            }
+            Action::Oom => workload.push(
+                Op::Oom {
+                    size: entry.size,
+                    stream: entry.stream,
+                    device_free: entry.device_free.unwrap_or(0),
+                },
+                index,
+            ),
+            Action::FreeRequested
+            | Action::FreeCompleted
+            | Action::SegmentAlloc
+            | Action::SegmentMap
+            | Action::Snapshot
+            | Action::Annotate => {}
+        }
+    }
+    Ok(workload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{PoolKind, StreamId};
+    use crate::trace::fixtures::{BASE, MIB, at, entry, oom, recording, segment};
+    use crate::trace::recording::CallSite;
+
+    /// A 2 MiB small segment lives from before the trace with one block the trace frees; the
+    /// trace allocates, frees, calls empty_cache() (which releases its new segment and the old
+    /// one), then fails a request.
+    fn sample() -> DeviceRecording {
+        let old = BASE + 100 * MIB;
+        recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 3 * MIB),
+                entry(Action::FreeRequested, old, 4096),
+                entry(Action::FreeCompleted, old, 4096),
+                entry(Action::FreeRequested, BASE, 3 * MIB),
+                entry(Action::FreeCompleted, BASE, 3 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::EmptyCache),
+                at(Action::SegmentFree, old, 2 * MIB, CallSite::EmptyCache),
+                entry(Action::Alloc, BASE + 40 * MIB, 700),
+                oom(64 * MIB, 10 * MIB),
+            ],
+            vec![segment(
+                BASE + 40 * MIB,
+                2 * MIB,
+                &[(0, 1024, 700, true), (1024, 2 * MIB - 1024, 0, false)],
+            )],
+        )
+    }
+
+    #[test]
+    fn plain_skips_orphan_frees_and_keeps_empty_cache_and_oom() {
+        let rec = recording(
+            // The small segment the last alloc lands in is cudaMalloc'd in the trace.
+            {
+                let mut e = sample().entries;
+                e.insert(8, entry(Action::SegmentAlloc, BASE + 40 * MIB, 2 * MIB));
+                e
+            },
+            sample().segments,
+        );
+        let w = rec.plain();
+        let stream = StreamId(0);
+        assert_eq!(
+            w.ops,
+            vec![
+                Op::Alloc {
+                    id: 0,
+                    size: 3 * MIB,
+                    stream,
+                    recorded_addr: Some(BASE)
+                },
+                Op::Free { id: 0 },
+                Op::EmptyCache,
+                Op::Alloc {
+                    id: 1,
+                    size: 700,
+                    stream,
+                    recorded_addr: Some(BASE + 40 * MIB)
+                },
+                Op::Oom {
+                    size: 64 * MIB,
+                    stream,
+                    device_free: 10 * MIB
+                },
+            ]
+        );
+        assert_eq!(w.source_index, vec![1, 5, 6, 9, 10]);
+        assert_eq!(w.num_ids, 2);
+        assert_eq!(rec.figures().orphan_frees, 1);
+    }
+
+    #[test]
+    fn faithful_seeds_the_blocks_the_trace_frees() {
+        let rec = recording(
+            {
+                let mut e = sample().entries;
+                e.insert(8, entry(Action::SegmentAlloc, BASE + 40 * MIB, 2 * MIB));
+                e
+            },
+            sample().segments,
+        );
+        let replay = rec.faithful().unwrap();
+        // The old small segment, with the 4 KiB block (id 0) the trace frees.
+        assert_eq!(replay.start.segments.len(), 1);
+        let seg = &replay.start.segments[0];
+        assert_eq!((seg.addr, seg.pool), (BASE + 100 * MIB, PoolKind::Small));
+        assert_eq!(seg.blocks[0].id, Some(0));
+        assert_eq!(seg.blocks[0].size, 4096);
+        let w = &replay.workload;
+        assert_eq!(w.num_ids, 3);
+        assert!(matches!(w.ops[0], Op::Alloc { id: 1, .. }));
+        assert_eq!(w.ops[1], Op::Free { id: 0 });
+        assert_eq!(w.ops[2], Op::Free { id: 1 });
+        // Capacity from the OOM: reserved there (2 MiB) + device_free (10 MiB).
+        assert_eq!(replay.capacity, Some(12 * MIB));
+    }
+
+    #[test]
+    fn faithful_reports_a_recording_it_cannot_rebuild() {
+        // The last alloc lands outside every segment the recording knows.
+        let mut rec = sample();
+        rec.entries[8].addr = BASE + 80 * MIB;
+        let err = rec.faithful().unwrap_err().to_string();
+        assert!(
+            err.contains("test.pickle") && err.contains("entry 8") && err.contains("no segment"),
+            "{err}"
+        );
+    }
+}

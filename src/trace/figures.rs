@@ -1,0 +1,200 @@
+//! What the recorded run did, in the numbers a replay is checked against: cudaMalloc and
+//! cudaFree counts, peak reserved bytes (absolute, i.e. including what was reserved before
+//! recording started), counted retries and the first OOM.
+//!
+//! Reserved bytes at trace start = end-state reserved (sum of the device's segment sizes) minus
+//! the trace's net segment effect (`segment_alloc`/`segment_map` add, `segment_free`/
+//! `segment_unmap` subtract). The peak is the highest running value from there, the start
+//! included.
+
+use super::bursts::{BurstKind, count_retries, release_bursts};
+use super::recording::{Action, DeviceRecording, TraceEntry};
+use crate::pool::StreamId;
+
+/// The first `oom` entry of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedOom {
+    /// Index of the `oom` entry in the device trace.
+    pub event_index: usize,
+    /// The request that failed (rounded, as recorded).
+    pub size: u64,
+    pub stream: StreamId,
+    /// Free device bytes reported at the failure.
+    pub device_free: u64,
+    /// Bytes the allocator had reserved at the failure.
+    pub reserved_bytes: u64,
+}
+
+/// Figures of one device's recording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedFigures {
+    pub entries: usize,
+    pub allocs: usize,
+    /// Frees of the kind the workload uses (see `DeviceRecording::free_action`).
+    pub frees: usize,
+    /// Frees of addresses not allocated during the trace (allocated before recording began).
+    pub orphan_frees: usize,
+    /// cudaMalloc calls (`segment_alloc`).
+    pub recorded_segment_allocs: usize,
+    /// cudaFree calls (`segment_free`), from `empty_cache()` and from the OOM ladder.
+    pub recorded_segment_frees: usize,
+    pub recorded_segment_maps: usize,
+    pub recorded_segment_unmaps: usize,
+    /// Explicit `empty_cache()` calls that released something.
+    pub empty_cache_calls: usize,
+    pub start_reserved_bytes: u64,
+    pub end_reserved_bytes: u64,
+    pub recorded_peak_reserved_bytes: u64,
+    /// Counted allocation retries (see `bursts::count_retries`).
+    pub recorded_retries: usize,
+    pub recorded_oom: Option<RecordedOom>,
+}
+
+/// Signed effect of one entry on reserved bytes.
+pub(crate) fn reserved_delta(entry: &TraceEntry) -> i128 {
+    match entry.action {
+        Action::SegmentAlloc | Action::SegmentMap => i128::from(entry.size),
+        Action::SegmentFree | Action::SegmentUnmap => -i128::from(entry.size),
+        _ => 0,
+    }
+}
+
+/// Net effect of the whole trace on reserved bytes.
+pub(crate) fn net_reserved_change(entries: &[TraceEntry]) -> i128 {
+    entries.iter().map(reserved_delta).sum()
+}
+
+/// Reserved bytes at trace start as recorded (may be negative for an inconsistent file).
+pub(crate) fn start_reserved_signed(rec: &DeviceRecording) -> i128 {
+    i128::from(rec.end_reserved_bytes()) - net_reserved_change(&rec.entries)
+}
+
+/// Reserved bytes just before each entry (clamped at 0), plus the value after the last one.
+pub(crate) fn reserved_before_each(rec: &DeviceRecording) -> Vec<u64> {
+    let mut reserved = start_reserved_signed(rec);
+    let mut out = Vec::with_capacity(rec.entries.len() + 1);
+    for entry in &rec.entries {
+        out.push(clamp(reserved));
+        reserved += reserved_delta(entry);
+    }
+    out.push(clamp(reserved));
+    out
+}
+
+fn clamp(v: i128) -> u64 {
+    u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+}
+
+impl DeviceRecording {
+    /// The action whose entries become `Op::Free`: `free_completed` when the trace has any
+    /// (the block is back in the pool only then; without `record_stream` it directly follows
+    /// its `free_requested`), else `free_requested`.
+    pub fn free_action(&self) -> Action {
+        if self
+            .entries
+            .iter()
+            .any(|e| e.action == Action::FreeCompleted)
+        {
+            Action::FreeCompleted
+        } else {
+            Action::FreeRequested
+        }
+    }
+
+    /// The recorded figures of this device.
+    pub fn figures(&self) -> RecordedFigures {
+        let entries = &self.entries;
+        let count = |a: Action| entries.iter().filter(|e| e.action == a).count();
+        let bursts = release_bursts(entries);
+        let reserved = reserved_before_each(self);
+        let recorded_oom = entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.action == Action::Oom)
+            .map(|(i, e)| RecordedOom {
+                event_index: i,
+                size: e.size,
+                stream: e.stream,
+                device_free: e.device_free.unwrap_or(0),
+                reserved_bytes: reserved[i],
+            });
+        let free_action = self.free_action();
+        let mut live = rustc_hash::FxHashSet::default();
+        let mut orphan_frees = 0;
+        for e in entries {
+            if e.action == Action::Alloc {
+                live.insert(e.addr);
+            } else if e.action == free_action && !live.remove(&e.addr) {
+                orphan_frees += 1;
+            }
+        }
+        RecordedFigures {
+            entries: entries.len(),
+            allocs: count(Action::Alloc),
+            frees: count(free_action),
+            orphan_frees,
+            recorded_segment_allocs: count(Action::SegmentAlloc),
+            recorded_segment_frees: count(Action::SegmentFree),
+            recorded_segment_maps: count(Action::SegmentMap),
+            recorded_segment_unmaps: count(Action::SegmentUnmap),
+            empty_cache_calls: bursts
+                .iter()
+                .filter(|b| b.kind == BurstKind::EmptyCache)
+                .count(),
+            start_reserved_bytes: reserved[0],
+            end_reserved_bytes: self.end_reserved_bytes(),
+            recorded_peak_reserved_bytes: reserved.iter().copied().max().unwrap_or(0),
+            recorded_retries: count_retries(entries, &bursts),
+            recorded_oom,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::fixtures::{BASE, MIB, at, entry, recording, segment};
+    use crate::trace::recording::CallSite;
+
+    #[test]
+    fn peak_counts_what_was_reserved_before_the_trace() {
+        // 2 MiB reserved before recording; +20, +40, -20 (empty_cache) during it.
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::SegmentAlloc, BASE + 32 * MIB, 40 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::EmptyCache),
+            ],
+            vec![
+                segment(BASE + 32 * MIB, 40 * MIB, &[(0, 40 * MIB, 0, false)]),
+                segment(BASE + 128 * MIB, 2 * MIB, &[(0, 2 * MIB, 0, false)]),
+            ],
+        );
+        let f = rec.figures();
+        assert_eq!(f.start_reserved_bytes, 2 * MIB);
+        assert_eq!(f.end_reserved_bytes, 42 * MIB);
+        assert_eq!(f.recorded_peak_reserved_bytes, 62 * MIB);
+        assert_eq!(
+            (f.recorded_segment_allocs, f.recorded_segment_frees),
+            (2, 1)
+        );
+        assert_eq!((f.empty_cache_calls, f.recorded_retries), (1, 0));
+        assert_eq!(f.recorded_oom, None);
+    }
+
+    #[test]
+    fn free_requested_is_used_only_without_completions() {
+        let only_requested = recording(vec![entry(Action::FreeRequested, BASE, 512)], vec![]);
+        assert_eq!(only_requested.free_action(), Action::FreeRequested);
+        let both = recording(
+            vec![
+                entry(Action::FreeRequested, BASE, 512),
+                entry(Action::FreeCompleted, BASE, 512),
+            ],
+            vec![],
+        );
+        assert_eq!(both.free_action(), Action::FreeCompleted);
+        assert_eq!(both.figures().frees, 1);
+        assert_eq!(both.figures().orphan_frees, 1);
+    }
+}

@@ -1,0 +1,206 @@
+//! The model of a recorded PyTorch memory snapshot: per device, the trace entries in order and
+//! the end-state segments with their blocks, plus the allocator settings when the file has them.
+//!
+//! Only what replay needs is kept. Stack frames, which make up most of a snapshot file, are
+//! reduced to a [`CallSite`]: whether the entry was recorded inside `empty_cache()`, inside
+//! `malloc`, elsewhere, or without a stack. That is enough to tell explicit `empty_cache()`
+//! calls from the OOM ladder's own releases (see `bursts`).
+
+use crate::pool::rounding::ROUNDUP_INTERVALS;
+use crate::pool::{DeviceId, PoolKind, Settings, StreamId};
+
+/// The `action` of a trace entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// The program got a block; `size` is the requested (unrounded) size.
+    Alloc,
+    /// The program freed a block; `size` is its requested size.
+    FreeRequested,
+    /// The block went back to the pool (after its stream events completed).
+    FreeCompleted,
+    /// A cudaMalloc of a whole segment.
+    SegmentAlloc,
+    /// A cudaFree of a whole segment.
+    SegmentFree,
+    /// Expandable segments: pages mapped into a reserved range.
+    SegmentMap,
+    /// Expandable segments: pages unmapped.
+    SegmentUnmap,
+    /// A marker written when the snapshot was taken; `size` = total active bytes.
+    Snapshot,
+    /// A request failed with out-of-memory; `size` = rounded request, `device_free` set.
+    Oom,
+    /// A user annotation (newer PyTorch); no effect on memory.
+    Annotate,
+}
+
+impl Action {
+    /// Parse the snapshot's action string.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
+            _ => return None,
+        })
+    }
+
+    /// The action strings this reader understands (for error messages).
+    pub const KNOWN: &'static str = "alloc, free_requested, free_completed, segment_alloc, \
+         segment_free, segment_map, segment_unmap, snapshot, oom, annotate";
+}
+
+/// Where in the allocator an entry was recorded, read from its stack frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallSite {
+    /// A frame names `emptyCache` / `empty_cache`: an explicit `torch.cuda.empty_cache()`.
+    EmptyCache,
+    /// A frame names `malloc` (and none names empty_cache): inside an allocation.
+    Malloc,
+    /// Frames were recorded but name neither.
+    Other,
+    /// The entry has no frames (older PyTorch, or stacks not recorded).
+    Unrecorded,
+}
+
+/// One entry of a device trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEntry {
+    pub action: Action,
+    /// Block or segment address; 0 for `oom` and `snapshot`.
+    pub addr: u64,
+    /// Bytes (see [`Action`] for what the size means per action).
+    pub size: u64,
+    pub stream: StreamId,
+    /// Free device bytes reported by cudaMemGetInfo (`oom` entries only).
+    pub device_free: Option<u64>,
+    pub call_site: CallSite,
+}
+
+/// State of a block in the end-state `segments`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// `active_allocated`: held by the program.
+    Allocated,
+    /// `active_pending_free`: freed, waiting for stream events.
+    PendingFree,
+    /// `inactive`: free in the pool.
+    Inactive,
+}
+
+impl BlockState {
+    /// True when the block is not available to the pool (allocated or pending free).
+    pub fn is_occupied(self) -> bool {
+        !matches!(self, BlockState::Inactive)
+    }
+}
+
+/// One block of an end-state segment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedBlock {
+    pub address: u64,
+    /// Block size (rounded, including any unsplit tail).
+    pub size: u64,
+    /// Requested size of the allocation held (0 when free).
+    pub requested_size: u64,
+    pub state: BlockState,
+}
+
+/// One segment of the end state (one cudaMalloc, or one mapped range when expandable).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedSegment {
+    pub device: DeviceId,
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub is_expandable: bool,
+    pub blocks: Vec<RecordedBlock>,
+}
+
+/// The snapshot's `allocator_settings` (present in files from PyTorch ~2.2 on).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct RecordedSettings {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string in effect.
+    pub conf: Option<String>,
+    /// `None` when unlimited (the file says -1).
+    pub max_split_size: Option<u64>,
+    pub garbage_collection_threshold: f64,
+    pub expandable_segments: bool,
+    /// Divisions per power-of-two interval (index 0 = below 2 MiB … 15 = 32 GiB and up).
+    pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+}
+
+impl RecordedSettings {
+    /// The pool settings the recording ran with.
+    pub fn to_settings(&self) -> Settings {
+        Settings {
+            max_split_size: self.max_split_size.unwrap_or(u64::MAX),
+            roundup_power2_divisions: self.roundup_power2_divisions,
+            garbage_collection_threshold: self.garbage_collection_threshold,
+            expandable_segments: self.expandable_segments,
+            ..Settings::default()
+        }
+    }
+}
+
+/// Everything recorded about one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceRecording {
+    /// The file this came from (for names and error messages).
+    pub source: String,
+    pub device: DeviceId,
+    pub entries: Vec<TraceEntry>,
+    /// End-state segments of this device, in address order.
+    pub segments: Vec<RecordedSegment>,
+    /// The file's allocator settings, when present.
+    pub settings: Option<RecordedSettings>,
+}
+
+impl DeviceRecording {
+    /// True when the recording used expandable segments (settings, segment flags or map/unmap
+    /// entries say so).
+    pub fn is_expandable(&self) -> bool {
+        self.settings
+            .as_ref()
+            .is_some_and(|s| s.expandable_segments)
+            || self.segments.iter().any(|s| s.is_expandable)
+            || self
+                .entries
+                .iter()
+                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+    }
+
+    /// Bytes reserved at the end of the recording (sum of end-state segment sizes).
+    pub fn end_reserved_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.total_size).sum()
+    }
+
+    /// A short name: file and device.
+    pub fn name(&self) -> String {
+        format!("{} (device {})", self.source, self.device.0)
+    }
+}
+
+/// A whole snapshot file: one recording per device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedSnapshot {
+    pub source: String,
+    /// Indexed by device ordinal; devices without entries or segments are present but empty.
+    pub devices: Vec<DeviceRecording>,
+    pub settings: Option<RecordedSettings>,
+}
+
+impl RecordedSnapshot {
+    /// Devices whose trace has at least one entry.
+    pub fn traced_devices(&self) -> impl Iterator<Item = &DeviceRecording> {
+        self.devices.iter().filter(|d| !d.entries.is_empty())
+    }
+}

@@ -1,0 +1,613 @@
+//! Reader for `torch.cuda.memory._dump_snapshot` pickles (whatever the file is named: some are
+//! `.json` but pickled).
+//!
+//! The pickle is decoded to generic values (`pickle`, which keeps Python's sharing of objects
+//! intact, unlike `serde-pickle`; see there) and walked by hand rather than decoded into typed
+//! structs, so integers of any width are fine and every error names the exact place that was
+//! wrong (`device_traces[0][17]: 'size' is missing`).
+//!
+//! Format facts relied on (see the snapshot section of the allocator reference):
+//! - top level: a dict with `segments` (list, all devices, each with `device`) and
+//!   `device_traces` (list per device of entry dicts); `allocator_settings` is optional.
+//! - entries: `action`, `addr` (absent on `oom`, which carries `device_free`), `size`, `stream`,
+//!   optional `frames` (list of `{name, filename, line}`).
+//! - blocks: `size`, `requested_size`, `state`; `address` is absent in PyTorch 2.0 files and is
+//!   then the running sum of block sizes from the segment start.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use super::error::TraceError;
+use super::pickle::{Pickle, PyValue, decode};
+use super::recording::{
+    Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment,
+    RecordedSettings, RecordedSnapshot, TraceEntry,
+};
+use crate::pool::rounding::{ROUNDUP_INTERVALS, SMALL_BUFFER};
+use crate::pool::{DeviceId, PoolKind, StreamId};
+
+type Dict = [(PyValue, PyValue)];
+
+/// Read a snapshot file.
+pub fn read_snapshot(path: impl AsRef<Path>) -> Result<RecordedSnapshot, TraceError> {
+    let path = path.as_ref();
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+        path: name.clone(),
+        source,
+    })?;
+    parse_snapshot(&bytes, &name)
+}
+
+/// Parse snapshot bytes; `source` names them in errors.
+pub fn parse_snapshot(bytes: &[u8], source: &str) -> Result<RecordedSnapshot, TraceError> {
+    let pickle = decode_pickle(bytes, source)?;
+    Reader { source, p: &pickle }.snapshot(pickle.root())
+}
+
+/// Decode any pickle, turning every failure into an error (a panic in the decoder, which would
+/// be a bug, is caught as well: user input must never abort the program).
+fn decode_pickle(bytes: &[u8], source: &str) -> Result<Pickle, TraceError> {
+    let not_pickle = |detail: String| TraceError::NotPickle {
+        path: source.to_owned(),
+        detail,
+    };
+    if bytes.is_empty() {
+        return Err(not_pickle("the file is empty".into()));
+    }
+    match catch_unwind(AssertUnwindSafe(|| decode(bytes))) {
+        Ok(Ok(pickle)) => Ok(pickle),
+        Ok(Err(detail)) => Err(not_pickle(detail)),
+        Err(_) => Err(not_pickle("the decoder failed on these bytes".into())),
+    }
+}
+
+/// A non-negative integer that fits in 64 bits.
+fn as_u64(value: PyValue) -> Option<u64> {
+    match value {
+        PyValue::Int(v) => u64::try_from(v).ok(),
+        PyValue::Bool(b) => Some(u64::from(b)),
+        _ => None,
+    }
+}
+
+fn as_f64(value: PyValue) -> Option<f64> {
+    match value {
+        PyValue::Float(v) => Some(v),
+        PyValue::Int(v) => Some(v as f64),
+        _ => None,
+    }
+}
+
+struct Reader<'a> {
+    source: &'a str,
+    p: &'a Pickle,
+}
+
+impl<'a> Reader<'a> {
+    fn bad(&self, detail: String) -> TraceError {
+        TraceError::unsupported(self.source, detail)
+    }
+
+    fn dict(&self, value: PyValue, at: &str) -> Result<&'a Dict, TraceError> {
+        self.p.as_dict(value).ok_or_else(|| {
+            self.bad(format!(
+                "{at}: expected a dict, found {}",
+                self.p.type_name(value)
+            ))
+        })
+    }
+
+    fn list(&self, value: PyValue, at: &str) -> Result<&'a [PyValue], TraceError> {
+        self.p.as_list(value).ok_or_else(|| {
+            self.bad(format!(
+                "{at}: expected a list, found {}",
+                self.p.type_name(value)
+            ))
+        })
+    }
+
+    fn get(&self, d: &Dict, name: &str) -> Option<PyValue> {
+        self.p.get(d, name)
+    }
+
+    fn field(&self, d: &Dict, name: &str, at: &str) -> Result<PyValue, TraceError> {
+        self.get(d, name)
+            .ok_or_else(|| self.bad(format!("{at}: '{name}' is missing")))
+    }
+
+    fn u64_field(&self, d: &Dict, name: &str, at: &str) -> Result<u64, TraceError> {
+        let value = self.field(d, name, at)?;
+        as_u64(value).ok_or_else(|| {
+            self.bad(format!(
+                "{at}: '{name}' must be a non-negative integer below 2^64, found {} {value:?}",
+                self.p.type_name(value)
+            ))
+        })
+    }
+
+    fn str_field(&self, d: &Dict, name: &str, at: &str) -> Result<&'a str, TraceError> {
+        let value = self.field(d, name, at)?;
+        self.p.as_str(value).ok_or_else(|| {
+            self.bad(format!(
+                "{at}: '{name}' must be a string, found {}",
+                self.p.type_name(value)
+            ))
+        })
+    }
+
+    fn snapshot(&self, value: PyValue) -> Result<RecordedSnapshot, TraceError> {
+        let Some(top) = self.p.as_dict(value) else {
+            let detail = match self.p.type_name(value) {
+                "list" => "the top level is a list (torch.cuda.memory_snapshot() writes only the \
+                           segments, without a trace; use torch.cuda.memory._dump_snapshot)"
+                    .to_owned(),
+                other => format!("the top level is a {other}"),
+            };
+            return Err(TraceError::not_snapshot(self.source, detail));
+        };
+        for required in ["segments", "device_traces"] {
+            if self.get(top, required).is_none() {
+                return Err(TraceError::not_snapshot(
+                    self.source,
+                    format!("the top-level dict has no '{required}' key"),
+                ));
+            }
+        }
+        let settings = match self.get(top, "allocator_settings") {
+            Some(PyValue::None) | None => None,
+            Some(v) => Some(self.settings(v)?),
+        };
+        let traces = self.list(
+            self.field(top, "device_traces", "top level")?,
+            "device_traces",
+        )?;
+        let mut entries_per_device = Vec::with_capacity(traces.len());
+        for (d, &trace) in traces.iter().enumerate() {
+            let at = format!("device_traces[{d}]");
+            let items = self.list(trace, &at)?;
+            let entries = items
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| self.entry(e, &format!("{at}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            entries_per_device.push(entries);
+        }
+        let raw_segments = self.list(self.field(top, "segments", "top level")?, "segments")?;
+        let mut segments = raw_segments
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| self.segment(s, &format!("segments[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        segments.sort_by_key(|s| (s.device, s.address));
+
+        let max_segment_device = segments.iter().map(|s| s.device.0 + 1).max().unwrap_or(0);
+        let num_devices = entries_per_device.len().max(max_segment_device as usize);
+        entries_per_device.resize_with(num_devices, Vec::new);
+        let devices = entries_per_device
+            .into_iter()
+            .enumerate()
+            .map(|(d, entries)| DeviceRecording {
+                source: self.source.to_owned(),
+                device: DeviceId(d as i32),
+                entries,
+                segments: segments
+                    .iter()
+                    .filter(|s| s.device.0 as usize == d)
+                    .cloned()
+                    .collect(),
+                settings: settings.clone(),
+            })
+            .collect();
+        Ok(RecordedSnapshot {
+            source: self.source.to_owned(),
+            devices,
+            settings,
+        })
+    }
+
+    fn entry(&self, value: PyValue, at: &str) -> Result<TraceEntry, TraceError> {
+        let d = self.dict(value, at)?;
+        let text = self.str_field(d, "action", at)?;
+        let action = Action::parse(text).ok_or_else(|| {
+            self.bad(format!(
+                "{at}: unknown action '{text}' (known: {})",
+                Action::KNOWN
+            ))
+        })?;
+        let (addr, device_free) = match action {
+            Action::Oom => {
+                // Python snapshots carry `device_free`; the C++ builder puts it in `addr`.
+                let free = match self.get(d, "device_free") {
+                    Some(_) => self.u64_field(d, "device_free", at)?,
+                    None => self.u64_field(d, "addr", at)?,
+                };
+                (0, Some(free))
+            }
+            Action::Snapshot | Action::Annotate => {
+                (self.get(d, "addr").and_then(as_u64).unwrap_or(0), None)
+            }
+            _ => (self.u64_field(d, "addr", at)?, None),
+        };
+        let size = match action {
+            Action::Annotate => self.get(d, "size").and_then(as_u64).unwrap_or(0),
+            _ => self.u64_field(d, "size", at)?,
+        };
+        let stream = match self.get(d, "stream") {
+            Some(_) => StreamId(self.u64_field(d, "stream", at)?),
+            None => StreamId(0),
+        };
+        Ok(TraceEntry {
+            action,
+            addr,
+            size,
+            stream,
+            device_free,
+            call_site: self.call_site(self.get(d, "frames")),
+        })
+    }
+
+    fn segment(&self, value: PyValue, at: &str) -> Result<RecordedSegment, TraceError> {
+        let d = self.dict(value, at)?;
+        let device = self.u64_field(d, "device", at)?;
+        let device = i32::try_from(device)
+            .map_err(|_| self.bad(format!("{at}: device ordinal {device} is out of range")))?;
+        let address = self.u64_field(d, "address", at)?;
+        let total_size = self.u64_field(d, "total_size", at)?;
+        let stream = StreamId(self.get(d, "stream").and_then(as_u64).unwrap_or(0));
+        let pool = match self.get(d, "segment_type") {
+            None if total_size == SMALL_BUFFER => PoolKind::Small,
+            None => PoolKind::Large,
+            Some(v) => match self.p.as_str(v) {
+                Some("small") => PoolKind::Small,
+                Some("large") => PoolKind::Large,
+                _ => {
+                    return Err(self.bad(format!(
+                        "{at}: 'segment_type' must be \"small\" or \"large\", found {:?}",
+                        self.p.as_str(v).unwrap_or(self.p.type_name(v))
+                    )));
+                }
+            },
+        };
+        let is_expandable = self.get(d, "is_expandable") == Some(PyValue::Bool(true));
+        let raw_blocks = self.list(self.field(d, "blocks", at)?, &format!("{at}.blocks"))?;
+        let mut blocks = Vec::with_capacity(raw_blocks.len());
+        let mut next = address;
+        for (i, &b) in raw_blocks.iter().enumerate() {
+            let bat = format!("{at}.blocks[{i}]");
+            let bd = self.dict(b, &bat)?;
+            let size = self.u64_field(bd, "size", &bat)?;
+            let block_address = match self.get(bd, "address") {
+                Some(_) => self.u64_field(bd, "address", &bat)?,
+                None => next,
+            };
+            let requested_size = match self.get(bd, "requested_size") {
+                Some(_) => self.u64_field(bd, "requested_size", &bat)?,
+                None => size,
+            };
+            let state = match self.str_field(bd, "state", &bat)? {
+                "active_allocated" => BlockState::Allocated,
+                "active_pending_free" | "active_awaiting_free" => BlockState::PendingFree,
+                "inactive" => BlockState::Inactive,
+                other => {
+                    return Err(self.bad(format!(
+                        "{bat}: unknown block state '{other}' (known: active_allocated, \
+                         active_pending_free, inactive)"
+                    )));
+                }
+            };
+            next = block_address.saturating_add(size);
+            blocks.push(RecordedBlock {
+                address: block_address,
+                size,
+                requested_size,
+                state,
+            });
+        }
+        Ok(RecordedSegment {
+            device: DeviceId(device),
+            address,
+            total_size,
+            stream,
+            pool,
+            is_expandable,
+            blocks,
+        })
+    }
+
+    fn settings(&self, value: PyValue) -> Result<RecordedSettings, TraceError> {
+        let at = "allocator_settings";
+        let d = self.dict(value, at)?;
+        let conf = self
+            .get(d, "PYTORCH_CUDA_ALLOC_CONF")
+            .and_then(|v| self.p.as_str(v))
+            .map(str::to_owned);
+        let max_split_size = self.get(d, "max_split_size").and_then(as_u64);
+        let garbage_collection_threshold = self
+            .get(d, "garbage_collection_threshold")
+            .and_then(as_f64)
+            .unwrap_or(0.0);
+        let expandable_segments = self.get(d, "expandable_segments") == Some(PyValue::Bool(true));
+        let mut roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
+        if let Some(table) = self
+            .get(d, "roundup_power2_divisions")
+            .and_then(|v| self.p.as_dict(v))
+        {
+            for &(k, v) in table {
+                // Keys are the interval start in MiB ("1", "2", …, "32768").
+                let start_mib = match k {
+                    PyValue::Int(i) => u64::try_from(i).ok(),
+                    _ => self.p.as_str(k).and_then(|s| s.parse::<u64>().ok()),
+                };
+                let Some(start_mib) = start_mib.filter(|m| m.is_power_of_two()) else {
+                    return Err(self.bad(format!(
+                        "{at}.roundup_power2_divisions: key {:?} is not a power-of-two MiB",
+                        self.p.as_str(k).unwrap_or(self.p.type_name(k))
+                    )));
+                };
+                let index = start_mib.trailing_zeros() as usize;
+                if index < ROUNDUP_INTERVALS {
+                    roundup_power2_divisions[index] = as_u64(v).unwrap_or(0);
+                }
+            }
+        }
+        Ok(RecordedSettings {
+            conf,
+            max_split_size,
+            garbage_collection_threshold,
+            expandable_segments,
+            roundup_power2_divisions,
+        })
+    }
+
+    /// Classify an entry's stack frames (see [`CallSite`]).
+    fn call_site(&self, frames: Option<PyValue>) -> CallSite {
+        let Some(frames) = frames
+            .and_then(|f| self.p.as_list(f))
+            .filter(|f| !f.is_empty())
+        else {
+            return CallSite::Unrecorded;
+        };
+        let names = || {
+            frames.iter().filter_map(|&f| {
+                let d = self.p.as_dict(f)?;
+                self.p.as_str(self.get(d, "name")?)
+            })
+        };
+        if names().any(|n| n.contains("emptyCache") || n.contains("empty_cache")) {
+            CallSite::EmptyCache
+        } else if names().any(|n| n.contains("malloc")) {
+            CallSite::Malloc
+        } else {
+            CallSite::Other
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_pickle::{HashableValue as H, SerOptions, Value as V};
+    use std::collections::BTreeMap;
+
+    fn dict(items: Vec<(&str, V)>) -> V {
+        V::Dict(
+            items
+                .into_iter()
+                .map(|(k, v)| (H::String(k.into()), v))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    }
+
+    fn s(text: &str) -> V {
+        V::String(text.into())
+    }
+
+    fn frames(names: &[&str]) -> V {
+        V::List(
+            names
+                .iter()
+                .map(|n| {
+                    dict(vec![
+                        ("name", s(n)),
+                        ("filename", s("??")),
+                        ("line", V::I64(0)),
+                    ])
+                })
+                .collect(),
+        )
+    }
+
+    fn entry(action: &str, addr: i64, size: i64, extra: Vec<(&str, V)>) -> V {
+        let mut items = vec![
+            ("action", s(action)),
+            ("addr", V::I64(addr)),
+            ("size", V::I64(size)),
+            ("stream", V::I64(0)),
+            ("time_us", V::I64(1_700_000_000_000_000)),
+        ];
+        items.extend(extra);
+        dict(items)
+    }
+
+    const SEG: i64 = 0x7f00_0000_0000;
+
+    fn snapshot(entries: Vec<V>) -> V {
+        let block = |addr: Option<i64>, size: i64, req: i64, state: &str| {
+            let mut items = vec![
+                ("size", V::I64(size)),
+                ("requested_size", V::I64(req)),
+                ("state", s(state)),
+            ];
+            if let Some(a) = addr {
+                items.push(("address", V::I64(a)));
+            }
+            dict(items)
+        };
+        let segment = dict(vec![
+            ("device", V::I64(0)),
+            ("address", V::I64(SEG)),
+            ("total_size", V::I64(2 << 20)),
+            ("stream", V::I64(0)),
+            ("segment_type", s("small")),
+            ("is_expandable", V::Bool(false)),
+            (
+                "blocks",
+                V::List(vec![
+                    block(Some(SEG), 512, 100, "active_allocated"),
+                    // No address (PyTorch 2.0 files): follows the previous block.
+                    block(None, (2 << 20) - 512, 0, "inactive"),
+                ]),
+            ),
+        ]);
+        let mut divisions = BTreeMap::new();
+        divisions.insert(H::String("1".into()), V::I64(0));
+        divisions.insert(H::String("4".into()), V::I64(8));
+        dict(vec![
+            ("segments", V::List(vec![segment])),
+            ("device_traces", V::List(vec![V::List(entries)])),
+            (
+                "allocator_settings",
+                dict(vec![
+                    ("PYTORCH_CUDA_ALLOC_CONF", s("")),
+                    ("max_split_size", V::I64(-1)),
+                    ("garbage_collection_threshold", V::F64(0.0)),
+                    ("expandable_segments", V::Bool(false)),
+                    ("roundup_power2_divisions", V::Dict(divisions)),
+                ]),
+            ),
+        ])
+    }
+
+    fn bytes(v: &V) -> Vec<u8> {
+        serde_pickle::value_to_vec(v, SerOptions::new()).unwrap()
+    }
+
+    fn sample_bytes() -> Vec<u8> {
+        bytes(&snapshot(vec![
+            entry("segment_alloc", SEG, 2 << 20, vec![]),
+            entry(
+                "alloc",
+                SEG,
+                100,
+                vec![("frames", frames(&["c10::...::malloc(int)"]))],
+            ),
+            dict(vec![
+                ("action", s("oom")),
+                ("size", V::I64(1 << 30)),
+                ("stream", V::I64(0)),
+                ("device_free", V::I64(5 << 20)),
+            ]),
+            entry(
+                "segment_free",
+                SEG + (4 << 20),
+                2 << 20,
+                vec![("frames", frames(&["NativeCachingAllocator::emptyCache()"]))],
+            ),
+            entry("snapshot", 0, 100, vec![("frames", V::List(vec![]))]),
+        ]))
+    }
+
+    #[test]
+    fn reads_entries_segments_and_settings() {
+        let snap = parse_snapshot(&sample_bytes(), "s.pickle").unwrap();
+        assert_eq!(snap.devices.len(), 1);
+        let dev = &snap.devices[0];
+        let actions: Vec<_> = dev.entries.iter().map(|e| e.action).collect();
+        assert_eq!(
+            actions,
+            vec![
+                Action::SegmentAlloc,
+                Action::Alloc,
+                Action::Oom,
+                Action::SegmentFree,
+                Action::Snapshot
+            ]
+        );
+        let sites: Vec<_> = dev.entries.iter().map(|e| e.call_site).collect();
+        assert_eq!(
+            sites,
+            vec![
+                CallSite::Unrecorded,
+                CallSite::Malloc,
+                CallSite::Unrecorded,
+                CallSite::EmptyCache,
+                CallSite::Unrecorded
+            ]
+        );
+        assert_eq!(dev.entries[1].addr, SEG as u64);
+        assert_eq!(dev.entries[2].device_free, Some(5 << 20));
+        assert_eq!(dev.entries[2].size, 1 << 30);
+        let seg = &dev.segments[0];
+        assert_eq!(seg.pool, PoolKind::Small);
+        assert_eq!(seg.blocks[1].address, SEG as u64 + 512);
+        assert_eq!(seg.blocks[0].state, BlockState::Allocated);
+        assert_eq!(seg.blocks[0].requested_size, 100);
+        let settings = dev.settings.as_ref().unwrap();
+        assert_eq!(settings.max_split_size, None);
+        assert_eq!(settings.roundup_power2_divisions[2], 8);
+        assert_eq!(settings.to_settings().max_split_size, u64::MAX);
+        assert!(!dev.is_expandable());
+    }
+
+    fn error_of(data: &[u8]) -> TraceError {
+        parse_snapshot(data, "bad.pickle").unwrap_err()
+    }
+
+    #[test]
+    fn garbage_and_truncated_files_are_not_pickles() {
+        for data in [&b""[..], b"hello world", b"\x80\x04\x95", b"{\"json\": 1}"] {
+            let err = error_of(data);
+            assert!(matches!(err, TraceError::NotPickle { .. }), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with("bad.pickle: not a Python pickle")
+            );
+        }
+        let good = sample_bytes();
+        for n in (0..good.len()).step_by(7) {
+            let err = error_of(&good[..n]);
+            assert!(matches!(err, TraceError::NotPickle { .. }), "{n}: {err}");
+        }
+    }
+
+    #[test]
+    fn pickles_that_are_not_snapshots_say_so() {
+        let err = error_of(&bytes(&V::List(vec![V::I64(1)]))).to_string();
+        assert!(
+            err.contains("not a PyTorch memory snapshot") && err.contains("list"),
+            "{err}"
+        );
+        let err = error_of(&bytes(&dict(vec![("segments", V::List(vec![]))]))).to_string();
+        assert!(err.contains("'device_traces'"), "{err}");
+        let err = error_of(&bytes(&s("just a string"))).to_string();
+        assert!(err.contains("top level is a str"), "{err}");
+    }
+
+    #[test]
+    fn malformed_entries_name_the_place() {
+        let err = error_of(&bytes(&snapshot(vec![entry("teleport", 0, 0, vec![])])));
+        let text = err.to_string();
+        assert!(matches!(err, TraceError::Unsupported { .. }));
+        assert!(
+            text.contains("device_traces[0][0]") && text.contains("'teleport'"),
+            "{text}"
+        );
+        let no_size = dict(vec![("action", s("alloc")), ("addr", V::I64(0))]);
+        let text = error_of(&bytes(&snapshot(vec![no_size]))).to_string();
+        assert!(text.contains("'size' is missing"), "{text}");
+        let negative = entry("alloc", -4, 512, vec![]);
+        let text = error_of(&bytes(&snapshot(vec![negative]))).to_string();
+        assert!(
+            text.contains("'addr' must be a non-negative integer"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn missing_files_are_io_errors_naming_the_path() {
+        let err = read_snapshot("/nonexistent/dir/x.pickle").unwrap_err();
+        assert!(matches!(err, TraceError::Io { .. }));
+        assert!(err.to_string().contains("/nonexistent/dir/x.pickle"));
+    }
+}

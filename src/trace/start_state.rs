@@ -1,0 +1,594 @@
+//! The allocator state at trace start, rebuilt from the end state (replay-parity reference §1).
+//!
+//! Most recordings start mid-run, with segments and live blocks already there. To replay them
+//! faithfully the pool is seeded with that state: every segment at its real address, each
+//! covered contiguously by its blocks (free ones included), and the blocks that the trace later
+//! frees carrying the `AllocId` the workload's `Op::Free` uses.
+//!
+//! Method: start from the end-state `segments` of the device and walk the trace backwards,
+//! undoing each entry. Between frees the allocator keeps free space coalesced (no
+//! `record_stream` in these traces), so the state is the segments plus their occupied blocks;
+//! free blocks are the gaps.
+//! - `alloc` (undo): the block at the address disappears (its space rejoins the gap).
+//! - `free_completed` (undo; `free_requested` when the file has no completions): a block
+//!   reappears at the address. Its size is the request rounded by the recording's settings,
+//!   **plus any unsplit tail**: in the large pool a block is split only when more than 1 MiB
+//!   would remain, so a block may have kept a tail of up to 1 MiB that the trace never shows.
+//!   Since no free large-pool block can be 1 MiB or smaller, a gap of ≤ 1 MiB between a
+//!   reappearing block and the next occupied block (or the segment end) belongs to the block;
+//!   when a block later reappears ≤ 1 MiB past an earlier one whose end was a guess, that
+//!   earlier block is extended to it (the "first real allocation just past it" fixes its end).
+//! - `segment_alloc` (undo): the segment, which must be wholly free, disappears.
+//! - `segment_free` (undo): a wholly free segment reappears (pool by size: 2 MiB = small).
+//! - `oom`, `snapshot`, `annotate`: nothing.
+//!
+//! Expandable-segment recordings (`segment_map`/`segment_unmap`) are refused: pages are
+//! unmapped in ranges that do not match their maps, which this walk does not model.
+
+use std::collections::BTreeMap;
+
+use super::error::TraceError;
+use super::recording::{Action, DeviceRecording};
+use super::workload::AllocId;
+use crate::pool::rounding::{SMALL_BUFFER, round_size};
+use crate::pool::{PoolKind, Settings, StreamId};
+
+/// A large-pool block is split only if more than this would remain.
+const LARGE_SPLIT_REMAINDER: u64 = 1 << 20; // 1 MiB
+
+/// One block of a seeded segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeedBlock {
+    pub addr: u64,
+    /// Block size (rounded, including any unsplit tail).
+    pub size: u64,
+    /// Requested size of the live allocation (0 for a free block).
+    pub requested: u64,
+    pub allocated: bool,
+    /// The id the workload frees this block with; `None` for free blocks and for blocks the
+    /// trace never frees.
+    pub id: Option<AllocId>,
+}
+
+/// One segment present at trace start, with its blocks in address order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeedSegment {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub blocks: Vec<SeedBlock>,
+}
+
+/// The allocator state at trace start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// Segments in address order.
+    pub segments: Vec<SeedSegment>,
+}
+
+impl StartState {
+    pub fn reserved_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    /// Bytes in allocated blocks (block sizes, as the pool counts them).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.live_blocks().map(|b| b.size).sum()
+    }
+
+    /// Requested bytes of the live allocations.
+    pub fn requested_bytes(&self) -> u64 {
+        self.live_blocks().map(|b| b.requested).sum()
+    }
+
+    /// Allocated blocks, in address order.
+    pub fn live_blocks(&self) -> impl Iterator<Item = &SeedBlock> {
+        self.segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.allocated)
+    }
+
+    /// Number of ids handed to live blocks (they are `0..n`).
+    pub fn num_ids(&self) -> u32 {
+        self.live_blocks()
+            .filter_map(|b| b.id)
+            .map(|id| id + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Check the state is one the pool can hold: segments do not overlap, blocks tile each
+    /// segment exactly, free blocks are coalesced, small segments are 2 MiB and no free
+    /// large-pool block is 1 MiB or smaller. Returns what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut prev_end = 0u64;
+        for seg in &self.segments {
+            if seg.addr < prev_end {
+                return Err(format!(
+                    "segment {:#x} overlaps the one before it",
+                    seg.addr
+                ));
+            }
+            prev_end = seg.addr + seg.size;
+            if seg.pool == PoolKind::Small && seg.size != SMALL_BUFFER {
+                return Err(format!(
+                    "small-pool segment {:#x} is {} bytes, not 2 MiB",
+                    seg.addr, seg.size
+                ));
+            }
+            let mut at = seg.addr;
+            let mut prev_free = false;
+            for b in &seg.blocks {
+                if b.addr != at || b.size == 0 {
+                    return Err(format!(
+                        "segment {:#x}: block at {:#x} (size {}) does not continue at {at:#x}",
+                        seg.addr, b.addr, b.size
+                    ));
+                }
+                if !b.allocated {
+                    if prev_free {
+                        return Err(format!("segment {:#x}: adjacent free blocks", seg.addr));
+                    }
+                    if seg.pool == PoolKind::Large && b.size <= LARGE_SPLIT_REMAINDER {
+                        return Err(format!(
+                            "segment {:#x}: free large-pool block at {:#x} of {} bytes \
+                             (PyTorch never leaves one of 1 MiB or less)",
+                            seg.addr, b.addr, b.size
+                        ));
+                    }
+                }
+                prev_free = !b.allocated;
+                at += b.size;
+            }
+            if at != seg.addr + seg.size {
+                return Err(format!(
+                    "segment {:#x}: blocks cover {} of {} bytes",
+                    seg.addr,
+                    at - seg.addr,
+                    seg.size
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An occupied block during the backward walk.
+#[derive(Clone, Debug)]
+struct WalkBlock {
+    size: u64,
+    requested: u64,
+    /// False while the end is a guess (rounded size; an unsplit tail may follow).
+    exact_end: bool,
+    /// Set for blocks that reappeared by undoing a free: the trace frees them.
+    freed_in_trace: bool,
+}
+
+#[derive(Clone, Debug)]
+struct WalkSegment {
+    size: u64,
+    stream: StreamId,
+    pool: PoolKind,
+    blocks: BTreeMap<u64, WalkBlock>,
+}
+
+/// Rebuild the state at trace start of one device (blocks' ids assigned in address order to
+/// the live blocks the trace frees).
+pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError> {
+    if rec.is_expandable() {
+        return Err(expandable_error(rec));
+    }
+    let settings = rec
+        .settings
+        .as_ref()
+        .map(|s| s.to_settings())
+        .unwrap_or_default();
+    let mut walk = Walk::from_end_state(rec)?;
+    let free_action = rec.free_action();
+    for (index, entry) in rec.entries.iter().enumerate().rev() {
+        let fail = |detail: String| {
+            TraceError::inconsistent(
+                &rec.source,
+                format!("device {} entry {index}: {detail}", rec.device.0),
+            )
+        };
+        match entry.action {
+            Action::Alloc => walk.undo_alloc(entry.addr, entry.size).map_err(fail)?,
+            a if a == free_action => walk
+                .undo_free(entry.addr, entry.size, &settings)
+                .map_err(fail)?,
+            Action::SegmentAlloc => walk
+                .undo_segment_alloc(entry.addr, entry.size)
+                .map_err(fail)?,
+            Action::SegmentFree => walk
+                .undo_segment_free(entry.addr, entry.size, entry.stream)
+                .map_err(fail)?,
+            Action::SegmentMap | Action::SegmentUnmap => return Err(expandable_error(rec)),
+            Action::FreeRequested
+            | Action::FreeCompleted
+            | Action::Oom
+            | Action::Snapshot
+            | Action::Annotate => {}
+        }
+    }
+    let start = walk.into_start_state();
+    start.validate().map_err(|detail| {
+        TraceError::inconsistent(
+            &rec.source,
+            format!(
+                "device {}: rebuilt start state is invalid: {detail}",
+                rec.device.0
+            ),
+        )
+    })?;
+    Ok(start)
+}
+
+pub(crate) fn expandable_error(rec: &DeviceRecording) -> TraceError {
+    TraceError::unsupported(
+        &rec.source,
+        format!(
+            "device {}: expandable segments trace: faithful replay not supported yet (its \
+             segment_map/segment_unmap ranges are not modelled; plain replay works)",
+            rec.device.0
+        ),
+    )
+}
+
+struct Walk {
+    segments: BTreeMap<u64, WalkSegment>,
+}
+
+impl Walk {
+    fn from_end_state(rec: &DeviceRecording) -> Result<Self, TraceError> {
+        let mut segments = BTreeMap::new();
+        for seg in &rec.segments {
+            let mut blocks = BTreeMap::new();
+            for b in seg.blocks.iter().filter(|b| b.state.is_occupied()) {
+                blocks.insert(
+                    b.address,
+                    WalkBlock {
+                        size: b.size,
+                        requested: b.requested_size,
+                        exact_end: true,
+                        freed_in_trace: false,
+                    },
+                );
+            }
+            let covered: u64 = seg.blocks.iter().map(|b| b.size).sum();
+            if covered != seg.total_size {
+                return Err(TraceError::inconsistent(
+                    &rec.source,
+                    format!(
+                        "end-state segment {:#x}: blocks add up to {covered} bytes, total_size \
+                         says {}",
+                        seg.address, seg.total_size
+                    ),
+                ));
+            }
+            segments.insert(
+                seg.address,
+                WalkSegment {
+                    size: seg.total_size,
+                    stream: seg.stream,
+                    pool: seg.pool,
+                    blocks,
+                },
+            );
+        }
+        Ok(Self { segments })
+    }
+
+    fn segment_at(&mut self, addr: u64) -> Result<(u64, &mut WalkSegment), String> {
+        match self.segments.range_mut(..=addr).next_back() {
+            Some((&start, seg)) if addr < start + seg.size => Ok((start, seg)),
+            _ => Err(format!("address {addr:#x} lies in no segment")),
+        }
+    }
+
+    fn undo_alloc(&mut self, addr: u64, requested: u64) -> Result<(), String> {
+        let (_, seg) = self.segment_at(addr)?;
+        let block = seg
+            .blocks
+            .remove(&addr)
+            .ok_or_else(|| format!("alloc at {addr:#x}, but no block is live there later"))?;
+        if block.requested != requested {
+            return Err(format!(
+                "alloc at {addr:#x} of {requested} bytes, but the block there later holds {}",
+                block.requested
+            ));
+        }
+        Ok(())
+    }
+
+    fn undo_free(&mut self, addr: u64, requested: u64, settings: &Settings) -> Result<(), String> {
+        let (seg_start, seg) = self.segment_at(addr)?;
+        let seg_end = seg_start + seg.size;
+        let rounded = round_size(settings, requested);
+        let next_start = seg.blocks.range(addr..).next().map_or(seg_end, |(&a, _)| a);
+        if next_start == addr {
+            return Err(format!(
+                "free at {addr:#x}, but a block is still live there"
+            ));
+        }
+        let min_end = addr + rounded;
+        if min_end > next_start {
+            return Err(format!(
+                "free at {addr:#x} of {requested} bytes ({rounded} rounded) overlaps the block \
+                 or segment end at {next_start:#x}"
+            ));
+        }
+        let large = seg.pool == PoolKind::Large;
+        let (size, exact_end) = if large && next_start - min_end <= LARGE_SPLIT_REMAINDER {
+            (next_start - addr, true)
+        } else {
+            (rounded, !large)
+        };
+        if let Some((&prev_addr, prev)) = seg.blocks.range_mut(..addr).next_back() {
+            let prev_end = prev_addr + prev.size;
+            if prev_end > addr {
+                return Err(format!(
+                    "free at {addr:#x}, inside the live block at {prev_addr:#x}"
+                ));
+            }
+            let gap = addr - prev_end;
+            if large && gap > 0 && gap <= LARGE_SPLIT_REMAINDER {
+                if prev.exact_end {
+                    return Err(format!(
+                        "free at {addr:#x} leaves a free gap of {gap} bytes after the block at \
+                         {prev_addr:#x}, which PyTorch's large pool never leaves"
+                    ));
+                }
+                prev.size += gap;
+                prev.exact_end = true;
+            }
+        } else if large && addr - seg_start > 0 && addr - seg_start <= LARGE_SPLIT_REMAINDER {
+            return Err(format!(
+                "free at {addr:#x} leaves a free gap of {} bytes at the segment start",
+                addr - seg_start
+            ));
+        }
+        seg.blocks.insert(
+            addr,
+            WalkBlock {
+                size,
+                requested,
+                exact_end,
+                freed_in_trace: true,
+            },
+        );
+        Ok(())
+    }
+
+    fn undo_segment_alloc(&mut self, addr: u64, size: u64) -> Result<(), String> {
+        match self.segments.get(&addr) {
+            None => Err(format!(
+                "segment_alloc at {addr:#x}, but no segment is there later"
+            )),
+            Some(seg) if seg.size != size => Err(format!(
+                "segment_alloc at {addr:#x} of {size} bytes, but the segment there is {} bytes",
+                seg.size
+            )),
+            Some(seg) if !seg.blocks.is_empty() => Err(format!(
+                "segment_alloc at {addr:#x}, but {} blocks in it predate the cudaMalloc",
+                seg.blocks.len()
+            )),
+            Some(_) => {
+                self.segments.remove(&addr);
+                Ok(())
+            }
+        }
+    }
+
+    fn undo_segment_free(&mut self, addr: u64, size: u64, stream: StreamId) -> Result<(), String> {
+        let end = addr
+            .checked_add(size)
+            .ok_or_else(|| format!("segment_free at {addr:#x} of {size} bytes overflows"))?;
+        let before = self.segments.range(..end).next_back();
+        if let Some((&other, seg)) = before
+            && other + seg.size > addr
+        {
+            return Err(format!(
+                "segment_free at {addr:#x} of {size} bytes overlaps the segment at {other:#x}"
+            ));
+        }
+        let pool = if size == SMALL_BUFFER {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        self.segments.insert(
+            addr,
+            WalkSegment {
+                size,
+                stream,
+                pool,
+                blocks: BTreeMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn into_start_state(self) -> StartState {
+        let mut next_id: AllocId = 0;
+        let segments = self
+            .segments
+            .into_iter()
+            .map(|(addr, seg)| {
+                let mut blocks = Vec::with_capacity(seg.blocks.len() * 2 + 1);
+                let mut at = addr;
+                for (baddr, b) in seg.blocks {
+                    if baddr > at {
+                        blocks.push(free_block(at, baddr - at));
+                    }
+                    let id = b.freed_in_trace.then(|| {
+                        next_id += 1;
+                        next_id - 1
+                    });
+                    blocks.push(SeedBlock {
+                        addr: baddr,
+                        size: b.size,
+                        requested: b.requested,
+                        allocated: true,
+                        id,
+                    });
+                    at = baddr + b.size;
+                }
+                if at < addr + seg.size {
+                    blocks.push(free_block(at, addr + seg.size - at));
+                }
+                SeedSegment {
+                    addr,
+                    size: seg.size,
+                    stream: seg.stream,
+                    pool: seg.pool,
+                    blocks,
+                }
+            })
+            .collect();
+        StartState { segments }
+    }
+}
+
+fn free_block(addr: u64, size: u64) -> SeedBlock {
+    SeedBlock {
+        addr,
+        size,
+        requested: 0,
+        allocated: false,
+        id: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
+
+    #[test]
+    fn orphan_free_keeps_its_unsplit_tail() {
+        // A 19.25 MiB block in a 20 MiB segment was not split (0.75 MiB ≤ 1 MiB would remain);
+        // the trace frees it; at the end the segment is one free block.
+        let req = 19 * MIB + MIB / 4;
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, BASE, req)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let start = reconstruct_start(&rec).unwrap();
+        let blocks = &start.segments[0].blocks;
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(
+            blocks[0],
+            SeedBlock {
+                addr: BASE,
+                size: 20 * MIB,
+                requested: req,
+                allocated: true,
+                id: Some(0),
+            }
+        );
+    }
+
+    #[test]
+    fn a_later_block_just_past_fixes_a_guessed_end() {
+        // At start: O = 10 MiB request + 0.5 MiB unsplit tail, X = 5 MiB right after it, then
+        // 24.5 MiB free. The trace frees X, then O. Undoing O's free alone cannot see the tail;
+        // X reappearing 0.5 MiB past O's rounded end reveals it.
+        let x = BASE + 10 * MIB + MIB / 2;
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, x, 5 * MIB),
+                entry(Action::FreeCompleted, BASE, 10 * MIB),
+            ],
+            vec![segment(BASE, 40 * MIB, &[(0, 40 * MIB, 0, false)])],
+        );
+        let start = reconstruct_start(&rec).unwrap();
+        let sizes: Vec<(u64, bool, Option<AllocId>)> = start.segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.allocated, b.id))
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![
+                (10 * MIB + MIB / 2, true, Some(0)),
+                (5 * MIB, true, Some(1)),
+                (24 * MIB + MIB / 2, false, None),
+            ]
+        );
+        start.validate().unwrap();
+    }
+
+    #[test]
+    fn segments_freed_in_the_trace_exist_at_start_and_new_ones_do_not() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 5 * MIB),
+                entry(Action::SegmentFree, BASE + 64 * MIB, 2 * MIB),
+            ],
+            vec![segment(
+                BASE,
+                20 * MIB,
+                &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
+            )],
+        );
+        let start = reconstruct_start(&rec).unwrap();
+        assert_eq!(start.segments.len(), 1);
+        let seg = &start.segments[0];
+        assert_eq!(
+            (seg.addr, seg.size, seg.pool),
+            (BASE + 64 * MIB, 2 * MIB, PoolKind::Small)
+        );
+        assert_eq!(seg.blocks.len(), 1);
+        assert!(!seg.blocks[0].allocated);
+        assert_eq!(start.reserved_bytes(), 2 * MIB);
+    }
+
+    #[test]
+    fn contradictions_are_errors_naming_the_entry() {
+        // An alloc whose block is not in the end state and was never freed.
+        let rec = recording(
+            vec![
+                entry(Action::Alloc, BASE, 5 * MIB),
+                entry(Action::Alloc, BASE + 5 * MIB, 5 * MIB),
+            ],
+            vec![segment(
+                BASE,
+                20 * MIB,
+                &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
+            )],
+        );
+        let err = reconstruct_start(&rec).unwrap_err().to_string();
+        assert!(
+            err.contains("entry 1") && err.contains("no block is live"),
+            "{err}"
+        );
+        // A cudaMalloc of a segment that holds blocks live from before it.
+        let rec = recording(
+            vec![entry(Action::SegmentAlloc, BASE, 20 * MIB)],
+            vec![segment(
+                BASE,
+                20 * MIB,
+                &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
+            )],
+        );
+        let err = reconstruct_start(&rec).unwrap_err().to_string();
+        assert!(err.contains("entry 0") && err.contains("predate"), "{err}");
+        // A free outside every segment.
+        let rec = recording(vec![entry(Action::FreeCompleted, 512, 512)], vec![]);
+        assert!(reconstruct_start(&rec).is_err());
+    }
+
+    #[test]
+    fn expandable_recordings_are_refused() {
+        let rec = recording(vec![entry(Action::SegmentMap, BASE, 20 * MIB)], vec![]);
+        let err = reconstruct_start(&rec).unwrap_err().to_string();
+        assert!(
+            err.contains("expandable segments trace: faithful replay not supported yet"),
+            "{err}"
+        );
+    }
+}
