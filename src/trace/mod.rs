@@ -28,6 +28,7 @@ pub mod bursts;
 pub mod capacity;
 pub mod convert;
 pub mod error;
+pub mod faithful;
 pub mod figures;
 #[cfg(test)]
 mod fixtures;
@@ -43,6 +44,7 @@ pub mod workload;
 pub use capacity::CapacityEstimate;
 pub use convert::FaithfulReplay;
 pub use error::TraceError;
+pub use faithful::{FaithfulOutcome, replay_faithful};
 pub use figures::{RecordedFigures, RecordedOom};
 pub use recording::{DeviceRecording, RecordedSnapshot};
 pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay};

@@ -132,8 +132,15 @@ fn run(cli: Cli) -> Result<String, String> {
             Ok(render(ReplayJson::new(ctx, out), args.common.json))
         }
         Command::Replay(args) => {
-            let (mut config, settings_text) = replay_config(&args.common)?;
+            let (mut config, mut settings_text) = replay_config(&args.common)?;
             let loaded = sources::load(&args.trace, args.device, args.faithful)?;
+            if args.faithful && args.common.conf.is_none() {
+                // Faithful replay runs with the recording's own settings unless told otherwise.
+                if let Some(recorded) = &loaded.recorded_settings {
+                    config.settings = recorded.clone();
+                    settings_text = "as recorded".to_string();
+                }
+            }
             if args.faithful {
                 config.capacity = args.common.capacity.or(loaded.capacity);
                 config.address_hints = loaded.address_hints.clone();

@@ -1,7 +1,8 @@
 //! Loading a recorded trace for replay.
 
-use crate::outcome::Recorded;
-use cachealloc::trace::{StartLayout, Workload};
+use crate::outcome::{Recorded, RecordedOomJson};
+use cachealloc::pool::Settings;
+use cachealloc::trace::{DeviceRecording, RecordedFigures, StartLayout, Workload, read_snapshot};
 use std::path::Path;
 
 /// A trace ready to replay.
@@ -12,11 +13,75 @@ pub struct Loaded {
     pub capacity: Option<u64>,
     pub address_hints: Vec<(u64, u64)>,
     pub recorded: Recorded,
+    /// The allocator settings the recording ran with, when the file says.
+    pub recorded_settings: Option<Settings>,
 }
 
-pub fn load(path: &Path, _device: Option<i32>, _faithful: bool) -> Result<Loaded, String> {
-    Err(format!(
-        "{}: reading recorded traces is not built yet",
-        path.display()
-    ))
+/// Read `path` and prepare device `device` (default: the first device with a trace).
+pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
+    let snapshot = read_snapshot(path).map_err(|e| e.to_string())?;
+    let traced: Vec<&DeviceRecording> = snapshot.traced_devices().collect();
+    let rec = match device {
+        Some(d) => traced
+            .iter()
+            .find(|r| r.device.0 == d)
+            .copied()
+            .ok_or_else(|| {
+                let have: Vec<String> = traced.iter().map(|r| r.device.0.to_string()).collect();
+                format!(
+                    "{}: device {d} has no trace (devices with a trace: {})",
+                    path.display(),
+                    if have.is_empty() {
+                        "none".to_string()
+                    } else {
+                        have.join(", ")
+                    }
+                )
+            })?,
+        None => traced.first().copied().ok_or_else(|| {
+            format!(
+                "{}: the snapshot holds no allocation trace (it was saved without \
+                 torch.cuda.memory._record_memory_history), nothing to replay",
+                path.display()
+            )
+        })?,
+    };
+    let recorded = recorded_figures(&rec.figures());
+    let recorded_settings = rec.settings.as_ref().map(|s| s.to_settings());
+    if faithful {
+        let f = rec.faithful().map_err(|e| e.to_string())?;
+        Ok(Loaded {
+            device: rec.device.0,
+            workload: f.workload,
+            start: Some(f.start.layout()),
+            capacity: f.capacity,
+            address_hints: rec.segment_addresses(),
+            recorded,
+            recorded_settings,
+        })
+    } else {
+        Ok(Loaded {
+            device: rec.device.0,
+            workload: rec.plain(),
+            start: None,
+            capacity: None,
+            address_hints: Vec::new(),
+            recorded,
+            recorded_settings,
+        })
+    }
+}
+
+fn recorded_figures(f: &RecordedFigures) -> Recorded {
+    Recorded {
+        peak_reserved_bytes: Some(f.recorded_peak_reserved_bytes),
+        segment_allocs: Some(f.recorded_segment_allocs as u64),
+        segment_frees: Some(f.recorded_segment_frees as u64),
+        retries: Some(f.recorded_retries as u64),
+        oom: f.recorded_oom.as_ref().map(|o| RecordedOomJson {
+            event_index: o.event_index,
+            size: o.size,
+            device_free: o.device_free,
+        }),
+    }
 }

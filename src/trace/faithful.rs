@@ -1,0 +1,81 @@
+//! Faithful replay of a recording: the rebuilt start state installed at its real addresses, the
+//! recording's capacity and settings, and the driver's segment addresses, so that the replay can
+//! be compared figure for figure (and address for address) with what PyTorch did.
+
+use super::figures::RecordedFigures;
+use super::recording::{Action, DeviceRecording};
+use super::replay::{ReplayConfig, ReplayOutcome, StartLayout, replay};
+use super::start_state::StartState;
+use crate::pool::{BlockSeed, SegmentSeed};
+
+impl StartState {
+    /// The layout the replay installs into the pool.
+    pub fn layout(&self) -> StartLayout {
+        let segments = self
+            .segments
+            .iter()
+            .map(|s| SegmentSeed {
+                addr: s.addr,
+                size: s.size,
+                stream: s.stream,
+                pool: s.pool,
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| BlockSeed {
+                        addr: b.addr,
+                        size: b.size,
+                        requested: b.requested,
+                        allocated: b.allocated,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let ids = self
+            .segments
+            .iter()
+            .map(|s| s.blocks.iter().map(|b| b.id).collect())
+            .collect();
+        StartLayout { segments, ids }
+    }
+}
+
+impl DeviceRecording {
+    /// `(size, address)` of every `segment_alloc`, in trace order: where the driver put them.
+    pub fn segment_addresses(&self) -> Vec<(u64, u64)> {
+        self.entries
+            .iter()
+            .filter(|e| e.action == Action::SegmentAlloc)
+            .map(|e| (e.size, e.addr))
+            .collect()
+    }
+}
+
+/// A faithful replay's result next to the recording's own figures.
+#[derive(Clone, Debug)]
+pub struct FaithfulOutcome {
+    pub outcome: ReplayOutcome,
+    pub recorded: RecordedFigures,
+    /// The capacity the replay ran with.
+    pub capacity: Option<u64>,
+}
+
+/// Replay `rec` faithfully. `config.settings` is used as given (callers start from the
+/// recording's settings); a capacity in `config` overrides the one inferred from the trace.
+pub fn replay_faithful(
+    rec: &DeviceRecording,
+    config: &ReplayConfig,
+) -> Result<FaithfulOutcome, String> {
+    let faithful = rec.faithful().map_err(|e| e.to_string())?;
+    let mut config = config.clone();
+    config.capacity = config.capacity.or(faithful.capacity);
+    config.address_hints = rec.segment_addresses();
+    let layout = faithful.start.layout();
+    let outcome = replay(&faithful.workload, &config, Some(&layout))
+        .map_err(|e| format!("{}: {e}", rec.source))?;
+    Ok(FaithfulOutcome {
+        outcome,
+        recorded: rec.figures(),
+        capacity: config.capacity,
+    })
+}

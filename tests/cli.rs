@@ -1,0 +1,223 @@
+//! The `cachealloc` command line as a user meets it: synthetic demo, replay of real snapshots
+//! (plain, with a capacity, faithful), and clear errors with exit code 2 for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn cachealloc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn trace(rel: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("CACHEALLOC_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
+    let p = dir.join(rel);
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipping: trace {} not found (set CACHEALLOC_TRACES)",
+            p.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn synth_demo_prints_the_summary_table() {
+    let out = cachealloc(&["synth", "transformer:steps=4", "--capacity", "8GiB"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("cachealloc memory summary, device ID 0"),
+        "{text}"
+    );
+    assert!(text.contains("GPU reserved memory"));
+    assert!(text.contains("cudaMalloc"));
+}
+
+#[test]
+fn synth_json_is_deterministic_and_complete() {
+    let a = json(&cachealloc(&[
+        "synth",
+        "transformer:steps=3",
+        "--seed",
+        "7",
+        "--json",
+    ]));
+    let b = json(&cachealloc(&[
+        "synth",
+        "transformer:steps=3",
+        "--seed",
+        "7",
+        "--json",
+    ]));
+    assert_eq!(a, b);
+    for key in [
+        "trace",
+        "device",
+        "events",
+        "orphan_frees",
+        "peak_allocated_bytes",
+        "peak_requested_bytes",
+        "peak_reserved_bytes",
+        "final_reserved_bytes",
+        "num_device_alloc",
+        "num_device_free",
+        "num_alloc_retries",
+        "num_ooms",
+        "first_oom_event_index",
+        "recorded_peak_reserved_bytes",
+        "recorded_segment_allocs",
+        "recorded_oom",
+    ] {
+        assert!(a.get(key).is_some(), "missing {key}");
+    }
+    assert!(
+        a["peak_reserved_bytes"].as_u64().unwrap() >= a["peak_allocated_bytes"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
+    let base = json(&cachealloc(&["synth", "--capacity", "7GiB", "--json"]));
+    let tuned = json(&cachealloc(&[
+        "synth",
+        "--capacity",
+        "7GiB",
+        "--conf",
+        "max_split_size_mb:64",
+        "--json",
+    ]));
+    assert_eq!(tuned["settings"], "max_split_size_mb:64");
+    assert_ne!(base["num_device_alloc"], tuned["num_device_alloc"]);
+}
+
+#[test]
+fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
+    let Some(t) = trace("discrete_diffusion/657e3e3/memory_snapshot.json") else {
+        return;
+    };
+    // Reserved at the OOM (22,218 MiB) + device free (252.38 MiB).
+    let v = json(&cachealloc(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--capacity",
+        "22470.375MiB",
+        "--json",
+    ]));
+    assert_eq!(v["num_ooms"], 1);
+    assert_eq!(v["num_alloc_retries"], 1, "one counted retry");
+    assert_eq!(v["first_oom_event_index"], 1117);
+    assert_eq!(v["recorded_oom"]["event_index"], 1117);
+    assert_eq!(v["num_device_alloc"], v["recorded_segment_allocs"]);
+    assert_eq!(v["num_device_free"], v["recorded_segment_frees"]);
+    assert_eq!(v["peak_reserved_bytes"], v["recorded_peak_reserved_bytes"]);
+    // Without a capacity the same trace fits: the what-if default is an unlimited device.
+    let free = json(&cachealloc(&["replay", t.to_str().unwrap(), "--json"]));
+    assert_eq!(free["num_ooms"], 0);
+}
+
+#[test]
+fn faithful_replay_lands_every_allocation_at_its_recorded_address() {
+    let Some(t) = trace("sqattn/126d2e6/cuda_memory_snapshot.pickle") else {
+        return;
+    };
+    let v = json(&cachealloc(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--faithful",
+        "--json",
+    ]));
+    assert_eq!(v["mode"], "faithful");
+    assert_eq!(v["allocs_at_recorded_addr"], v["allocs"]);
+    assert_eq!(v["num_device_alloc"], 420);
+    assert_eq!(v["num_device_free"], 420);
+    assert_eq!(v["peak_reserved_bytes"], v["recorded_peak_reserved_bytes"]);
+    // Plain replay starts empty: frees of memory allocated before recording are counted, skipped.
+    let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap()]).stdout).unwrap();
+    assert!(
+        text.contains("frees of memory from before the trace skipped"),
+        "{text}"
+    );
+}
+
+#[test]
+fn expandable_trace_refuses_faithful_replay_clearly() {
+    let Some(t) = trace("code_location/52e52b2/memory_snapshot.pickle") else {
+        return;
+    };
+    let out = cachealloc(&["replay", t.to_str().unwrap(), "--faithful"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expandable"), "{err}");
+    // Plain replay of the same file works.
+    assert!(
+        cachealloc(&["replay", t.to_str().unwrap(), "--json"])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.pickle");
+    std::fs::write(&garbage, b"\x80\x04this is not a pickle at all").unwrap();
+    let text = dir.path().join("notes.json");
+    std::fs::write(&text, b"{\"segments\": []}").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["replay".into(), "/nonexistent/snap.pickle".into()],
+            "/nonexistent/snap.pickle",
+        ),
+        (
+            vec!["replay".into(), garbage.display().to_string()],
+            "garbage.pickle",
+        ),
+        (
+            vec!["replay".into(), text.display().to_string()],
+            "notes.json",
+        ),
+        (
+            vec!["synth".into(), "--capacity".into(), "12 parsecs".into()],
+            "invalid size",
+        ),
+        (
+            vec![
+                "synth".into(),
+                "--conf".into(),
+                "max_split_size_mb:10".into(),
+            ],
+            "max_split_size_mb",
+        ),
+        (
+            vec!["synth".into(), "resnet".into()],
+            "allowed: transformer, loguniform",
+        ),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = cachealloc(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: message {err:?} should name {needle:?}"
+        );
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
