@@ -6,8 +6,26 @@
 
 mod support;
 
+use cachealloc::trace::read_snapshot;
 use cachealloc::trace::synth::{SynthKind, SynthSpec};
+use std::path::{Path, PathBuf};
 use support::{Row, print_table};
+
+/// The real traces with the most allocations (plain replay: from an empty device).
+const REAL_TRACES: [&str; 5] = [
+    "decomfl/edd30e0/memory.pickle",
+    "cs336-wedsonlin/8630bcf/results/medium_1024_training_memory_snapshot.pickle",
+    "ftcourse/9f4902c/memory_snapshot.pickle",
+    "sqattn/126d2e6/cuda_memory_snapshot.pickle",
+    "cs336-magma27/15883f2/memory_snapshot.pickle",
+];
+
+fn traces_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("CACHEALLOC_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
+    dir.is_dir().then_some(dir)
+}
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -33,6 +51,22 @@ fn main() {
         &transformer,
         reps,
     ));
+
+    match traces_dir() {
+        Some(dir) => {
+            for rel in REAL_TRACES {
+                let Ok(snapshot) = read_snapshot(dir.join(rel)) else {
+                    eprintln!("skipping {rel}: not readable");
+                    continue;
+                };
+                if let Some(rec) = snapshot.traced_devices().next() {
+                    let name = rel.split('/').next().unwrap_or(rel);
+                    rows.push(Row::measure(&format!("real: {name}"), &rec.plain(), reps));
+                }
+            }
+        }
+        None => eprintln!("real traces not found (set CACHEALLOC_TRACES): synthetic rows only"),
+    }
 
     print_table(&rows);
 }

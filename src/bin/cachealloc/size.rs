@@ -64,7 +64,7 @@ mod tests {
         assert_eq!(parse_size("1.5 gib"), Ok(3 << 29));
         assert_eq!(parse_size("20GB"), Ok(20_000_000_000));
         assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("22470.375MiB"), Ok(23_562_223_616));
+        assert_eq!(parse_size("22470.375MiB"), Ok(23_561_895_936));
     }
 
     #[test]
