@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, printed as one table. Each row is a measured figure or
+# "not run: <reason>"; the last column says what it was measured on.
+#
+#   scripts/gpu-check.sh [--dry-run] [--lib PATH]
+#
+#   (a) cudaMalloc/cudaFree pairs (1 KiB, 1 MiB, 64 MiB) without and with
+#       LD_PRELOAD=libcachealloc.so: time per pair and the speedup;
+#   (b) a small PyTorch training loop: PyTorch's own caching vs PYTORCH_NO_CUDA_MEMORY_CACHING=1
+#       alone vs the same under the shim: step time and peak reserved memory;
+#   (c) the same loop with cachealloc's pluggable allocator (CUDAPluggableAllocator);
+#   (d) out of memory under the shim: allocate until cudaMalloc answers 2, then free and go on.
+#
+# Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
+# the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
+# say "fake runtime (not a GPU measurement)". PyTorch rows then use a torch-free stand-in with
+# the same allocation pattern.
+#
+# The library is --lib PATH, else $CACHEALLOC_LIB, else target/release/libcachealloc.so built
+# with `cargo build --release --lib`. The real runtime is $CACHEALLOC_REAL_CUDART, else the one in
+# .venv (scripts/setup-test-deps.sh), else one the dynamic linker knows (ldconfig) or torch's.
+# The whole run is bounded by $GPU_CHECK_BUDGET seconds (default 300).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+helpers="$root/scripts/gpu-check"
+work="$root/target/gpu-check"
+budget_s="${GPU_CHECK_BUDGET:-300}"
+deadline=$((SECONDS + budget_s))
+
+readonly PAIRS=2000                              # timed malloc/free pairs per size
+readonly SIZES=(1024 1048576 67108864)           # 1 KiB, 1 MiB, 64 MiB
+readonly OOM_CHUNK_GPU=$((1 << 30))              # 1 GiB per cudaMalloc in the OOM check
+readonly OOM_CHUNK_FAKE=$((64 << 20))            # 64 MiB, with a 1 GiB fake device
+readonly OOM_MAX_CHUNKS=4096
+
+dry_run=0
+lib="${CACHEALLOC_LIB:-}"
+while (($#)); do
+    case "$1" in
+        --dry-run) dry_run=1 ;;
+        --lib) lib="${2:?--lib needs a path}"; shift ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-check: unknown argument '$1' (allowed: --dry-run, --lib PATH)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+mkdir -p "$work"
+note() { printf 'gpu-check: %s\n' "$*" >&2; }
+
+# --- the table ---------------------------------------------------------------------------------
+
+rows=()
+row() { rows+=("$1"$'\t'"$2"$'\t'"$3"$'\t'"$4"); }   # check, variant, result, measured on
+print_table() {
+    local r
+    printf '| %s | %s | %s | %s |\n' check variant result "measured on"
+    printf '|---|---|---|---|\n'
+    for r in "${rows[@]}"; do
+        IFS=$'\t' read -r c v res on <<<"$r"
+        printf '| %s | %s | %s | %s |\n' "$c" "$v" "$res" "$on"
+    done
+}
+trap print_table EXIT
+
+# Runs a helper under what is left of the budget (at most $1 seconds). Its output is in $out;
+# the return code is the helper's, 124 on time-out, 125 when no budget is left.
+out=""
+bounded() {
+    local limit=$1 left=$((deadline - SECONDS - 5))
+    shift
+    ((left < limit)) && limit=$left
+    if ((limit <= 0)); then out="time budget of ${budget_s}s spent"; return 125; fi
+    local rc=0
+    out="$(timeout --kill-after=5 "$limit" "$@" 2>"$work/last-stderr")" || rc=$?
+    ((rc == 124)) && out="timed out after ${limit}s"
+    return "$rc"
+}
+why_failed() {   # a one-line reason from the helper's output or stderr
+    local text="${out:-$(tail -n 1 "$work/last-stderr")}"
+    printf '%s' "${text//$'\n'/; }" | cut -c1-160
+}
+
+# --- environment: GPU or fake runtime ------------------------------------------------------------
+
+gpu_name=""
+if ((!dry_run)) && command -v nvidia-smi >/dev/null 2>&1; then
+    gpu_name="$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+fi
+if [[ -n "$gpu_name" ]]; then
+    on="GPU: $gpu_name"
+else
+    ((dry_run)) || note "no GPU (nvidia-smi absent or shows none): running against the fake runtime"
+    on="fake runtime (not a GPU measurement)"
+fi
+
+# Finds the real libcudart for the C programs: the variable, .venv, ldconfig, torch's wheel.
+find_real_cudart() {
+    local c
+    if [[ -n "${CACHEALLOC_REAL_CUDART:-}" ]]; then printf '%s\n' "$CACHEALLOC_REAL_CUDART"; return; fi
+    for c in "$root"/.venv/lib/python3*/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12; do
+        [[ -f "$c" ]] && { printf '%s\n' "$c"; return; }
+    done
+    c="$(ldconfig -p 2>/dev/null | awk '/libcudart\.so\.[0-9]+ /{print $NF; exit}')"
+    [[ -n "$c" ]] && { printf '%s\n' "$c"; return; }
+    python3 - 2>/dev/null <<'EOF' || true
+import glob, os, nvidia
+for d in nvidia.__path__:
+    for f in sorted(glob.glob(os.path.join(d, "*", "lib", "libcudart.so.*"))):
+        print(f); raise SystemExit
+EOF
+}
+
+# Builds the fake runtime from tests/fake-cudart (same flags as tests/support/fake_cudart.rs)
+# when a source is newer than the last build.
+build_fake_cudart() {
+    local src="$root/tests/fake-cudart" dir="$work/fake-cudart"
+    local so="$dir/libcudart.so.12"
+    if [[ ! -f "$so" ]] || [[ -n "$(find "$src" -newer "$so" -type f | head -n 1)" ]]; then
+        mkdir -p "$dir"
+        gcc -shared -fPIC -O2 -std=c11 -D_GNU_SOURCE -pthread \
+            -Wl,-soname,libcudart.so.12 -Wl,-Bsymbolic \
+            -Wl,--version-script="$src/libcudart.map" -I "$src/include" \
+            -o "$so.tmp" "$src"/src/*.c
+        mv "$so.tmp" "$so"
+    fi
+    printf '%s\n' "$so"
+}
+
+cudart=""
+if [[ -n "$gpu_name" ]]; then
+    cudart="$(find_real_cudart)"
+    [[ -n "$cudart" && -f "$cudart" ]] || cudart=""
+else
+    cudart="$(build_fake_cudart)" || { note "building the fake runtime failed"; cudart=""; }
+fi
+# The fake device: 16 GiB for timing, 1 GiB for the OOM check (see its README).
+export FAKECUDART_DEVICES=1 FAKECUDART_CAPACITY=16GiB
+
+# --- the library -------------------------------------------------------------------------------
+
+lib_problem=""
+if [[ -z "$lib" ]]; then
+    lib="$root/target/release/libcachealloc.so"
+    if command -v cargo >/dev/null 2>&1; then
+        note "cargo build --release --lib"
+        (cd "$root" && cargo build --release --lib --quiet) || lib_problem="cargo build --release --lib failed"
+    fi
+fi
+[[ -z "$lib_problem" && ! -f "$lib" ]] && lib_problem="no $lib (cargo not found to build it)"
+exports=""
+if [[ -z "$lib_problem" ]]; then
+    exports="$(nm -D --defined-only "$lib" 2>/dev/null | awk '{print $NF}')" ||
+        lib_problem="nm -D $lib failed (binutils missing?)"
+fi
+shim_problem="$lib_problem"
+if [[ -z "$shim_problem" ]] && ! grep -qx cudaMalloc <<<"$exports"; then
+    shim_problem="libcachealloc.so exports no cudaMalloc"
+fi
+pluggable_problem="$lib_problem"
+if [[ -z "$pluggable_problem" ]] && ! grep -qx cachealloc_torch_malloc <<<"$exports"; then
+    pluggable_problem="libcachealloc.so exports no cachealloc_torch_malloc"
+fi
+
+# --- helper programs ---------------------------------------------------------------------------
+
+build_problem=""
+if [[ -z "$cudart" ]]; then
+    build_problem="no libcudart (GPU: set CACHEALLOC_REAL_CUDART or run scripts/setup-test-deps.sh; no GPU: the fake runtime did not build)"
+elif ! command -v gcc >/dev/null 2>&1; then
+    build_problem="gcc not found"
+else
+    for prog in malloc_loop oom_check; do
+        gcc -std=gnu11 -O2 -Wall -Wextra -o "$work/$prog" "$helpers/$prog.c" \
+            -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" \
+            -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
+            build_problem="compiling $prog.c failed: $(tail -n 1 "$work/last-stderr")"
+    done
+fi
+
+fmt_us() { awk -v ns="$1" 'BEGIN { printf "%.2f µs", ns / 1000 }'; }
+fmt_bytes() {
+    awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'
+}
+size_name() { case "$1" in 1024) echo "1 KiB" ;; 1048576) echo "1 MiB" ;; 67108864) echo "64 MiB" ;; *) echo "$1 B" ;; esac; }
+
+# --- (a) cudaMalloc/cudaFree pairs ----------------------------------------------------------------
+
+# ns per pair of one run, keyed by size, in the associative array named $1.
+loop_times() {
+    local -n times=$1
+    shift
+    local line
+    while read -r line; do
+        [[ "$line" =~ ^size=([0-9]+)\ pairs=[0-9]+\ ns_per_pair=([0-9.]+) ]] &&
+            times[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+    done <<<"$out"
+}
+
+per_pair() {   # NS REASON: the figure, or why there is none
+    if [[ -n "$1" ]]; then printf '%s per pair' "$(fmt_us "$1")"; else printf 'not run: %s' "${2:-no figure printed}"; fi
+}
+
+declare -A plain_ns=() shim_ns=()
+plain_failed="" shim_failed=""
+if [[ -n "$build_problem" ]]; then
+    plain_failed="$build_problem"
+elif bounded 60 env -u LD_PRELOAD "$work/malloc_loop" "$PAIRS" "${SIZES[@]}"; then
+    loop_times plain_ns
+else
+    plain_failed="$(why_failed)"
+fi
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    shim_failed="${build_problem:-$shim_problem}"
+elif bounded 60 env LD_PRELOAD="$lib" "$work/malloc_loop" "$PAIRS" "${SIZES[@]}"; then
+    loop_times shim_ns
+else
+    shim_failed="$(why_failed)"
+fi
+for size in "${SIZES[@]}"; do
+    check="(a) cudaMalloc+cudaFree $(size_name "$size")"
+    p="${plain_ns[$size]:-}" s="${shim_ns[$size]:-}"
+    row "$check" "no shim ($PAIRS pairs)" "$(per_pair "$p" "$plain_failed")" "$on"
+    row "$check" "LD_PRELOAD shim" "$(per_pair "$s" "$shim_failed")" "$on"
+    if [[ -n "$p" && -n "$s" ]]; then
+        row "$check" "speedup" "$(awk -v p="$p" -v s="$s" 'BEGIN { printf "%.1f×", p / s }')" "$on"
+    else
+        row "$check" "speedup" "not run: needs both timings" "$on"
+    fi
+done
+
+# --- (b), (c) the training loop ---------------------------------------------------------------
+
+standin=""
+if [[ -n "$gpu_name" ]]; then
+    train_args=(--backend torch)
+else
+    standin=" (torch-free stand-in)"
+    # The torch-free stand-in, with fewer and smaller steps: its figures mean nothing anyway.
+    train_args=(--backend ctypes --cudart "$cudart" --steps 10 --warmup 2 --width 256)
+fi
+
+# train VARIANT CHECK ALLOCATOR PROBLEM [ENV=VALUE...]: one row.
+train() {
+    local check=$1 variant=$2 allocator=$3 problem=$4
+    shift 4
+    if [[ -n "$problem" ]]; then row "$check" "$variant" "not run: $problem" "$on"; return; fi
+    if ! command -v python3 >/dev/null 2>&1; then row "$check" "$variant" "not run: python3 not found" "$on"; return; fi
+    local stats="$work/stats-$allocator-$RANDOM.json"
+    rm -f "$stats"
+    local extra=()
+    [[ "$allocator" == pluggable ]] && extra=(--shim "$lib")
+    if ! bounded 120 env "$@" CACHEALLOC_CONF="stats:json,stats_file:$stats" \
+        python3 "$helpers/train_step.py" "${train_args[@]}" --allocator "$allocator" "${extra[@]}"; then
+        row "$check" "$variant" "not run: $(why_failed)" "$on"
+        return
+    fi
+    if [[ "$out" =~ NOT_RUN\ (.*) ]]; then
+        row "$check" "$variant" "not run: ${BASH_REMATCH[1]}" "$on"
+    elif [[ "$out" =~ RESULT\ step_ms=([0-9.]+)\ peak_reserved=([0-9a-z]+) ]]; then
+        local ms=${BASH_REMATCH[1]} peak=${BASH_REMATCH[2]} reserved
+        if [[ "$peak" != none ]]; then
+            reserved="peak reserved $(fmt_bytes "$peak")"
+        elif [[ "$allocator" == pluggable || "$*" == *LD_PRELOAD=* ]]; then
+            peak="$(python3 "$helpers/peak_reserved.py" "$stats")"
+            reserved="peak reserved $(fmt_bytes "$peak") (cachealloc stats)"
+            [[ "$peak" == none ]] && reserved="peak reserved not reported (no cachealloc stats file)"
+        else
+            reserved="peak reserved not tracked (no caching layer)"
+        fi
+        row "$check" "$variant" "step ${ms} ms (median), $reserved" "$on"
+    else
+        row "$check" "$variant" "not run: no result line ($(why_failed))" "$on"
+    fi
+}
+
+torch_check="(b) training loop"
+if [[ -n "$gpu_name" ]]; then
+    train "$torch_check" "PyTorch's own caching" native "" -u LD_PRELOAD
+else
+    row "$torch_check" "PyTorch's own caching" "not run: needs torch on a GPU" "$on"
+fi
+train "$torch_check" "PYTORCH_NO_CUDA_MEMORY_CACHING=1, no shim$standin" uncached "$build_problem" \
+    -u LD_PRELOAD PYTORCH_NO_CUDA_MEMORY_CACHING=1
+train "$torch_check" "PYTORCH_NO_CUDA_MEMORY_CACHING=1 + LD_PRELOAD shim$standin" uncached \
+    "${build_problem:-$shim_problem}" LD_PRELOAD="$lib" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+train "(c) pluggable allocator" "CUDAPluggableAllocator(cachealloc_torch_malloc)$standin" pluggable \
+    "${build_problem:-$pluggable_problem}" -u LD_PRELOAD
+
+# --- (d) out of memory under the shim -----------------------------------------------------------
+
+oom_check="(d) OOM under the shim"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$oom_check" "allocate until 2, free, continue" "not run: ${build_problem:-$shim_problem}" "$on"
+else
+    chunk=$OOM_CHUNK_GPU
+    [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
+    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" &&
+        [[ "$out" =~ chunks=([0-9]+)\ oom_rc=2 ]]; then
+        row "$oom_check" "allocate until 2, free, continue" \
+            "cudaMalloc answered 2 after ${BASH_REMATCH[1]} × $(fmt_bytes "$chunk"); freed and allocated again: ok" "$on"
+    else
+        row "$oom_check" "allocate until 2, free, continue" "FAILED: $(why_failed)" "$on"
+    fi
+fi

@@ -1,0 +1,18 @@
+/* The few CUDA runtime functions the gpu-check programs call, declared here so that they build
+ * against any libcudart.so (NVIDIA's, from a CUDA install or PyPI, or the project's fake runtime)
+ * without the CUDA headers. cudaError_t is an enum, int-sized, in the real header. */
+#ifndef GPU_CHECK_CUDART_SUBSET_H
+#define GPU_CHECK_CUDART_SUBSET_H
+
+#include <stddef.h>
+
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+
+extern cudaError_t cudaMalloc(void **dev_ptr, size_t size);
+extern cudaError_t cudaFree(void *dev_ptr);
+extern cudaError_t cudaDeviceSynchronize(void);
+extern cudaError_t cudaGetLastError(void);
+extern const char *cudaGetErrorName(cudaError_t error);
+
+#endif

@@ -1,0 +1,59 @@
+/* Out of memory and recovery: allocate CHUNK_BYTES at a time until cudaMalloc answers 2
+ * (cudaErrorMemoryAllocation), then check the program can carry on as PyTorch does: clear the
+ * sticky error with cudaGetLastError, free one chunk, allocate it again, free everything and
+ * allocate once more.
+ *
+ *   oom_check CHUNK_BYTES MAX_CHUNKS
+ *
+ * Prints  chunks=N oom_rc=2 last_error=E realloc=0 after_free_all=0  and exits 0 when every
+ * step after the OOM succeeded; exits 1 (with what went wrong) otherwise. */
+#include "cudart_subset.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s CHUNK_BYTES MAX_CHUNKS\n", argv[0]);
+        return 2;
+    }
+    size_t chunk = strtoull(argv[1], NULL, 10);
+    long max_chunks = strtol(argv[2], NULL, 10);
+    if (chunk == 0 || max_chunks <= 0) {
+        fprintf(stderr, "CHUNK_BYTES and MAX_CHUNKS must be positive integers\n");
+        return 2;
+    }
+    void **chunks = calloc((size_t)max_chunks, sizeof *chunks);
+    if (chunks == NULL)
+        return 2;
+
+    long n = 0;
+    cudaError_t rc = cudaSuccess;
+    while (n < max_chunks && (rc = cudaMalloc(&chunks[n], chunk)) == cudaSuccess)
+        n++;
+    if (rc != cudaErrorMemoryAllocation) {
+        printf("chunks=%ld no_oom rc=%d name=%s\n", n, rc, cudaGetErrorName(rc));
+        return 1;
+    }
+    cudaError_t last_error = cudaGetLastError(); /* forgive and clear, as PyTorch does */
+
+    cudaError_t realloc_rc = cudaErrorMemoryAllocation;
+    if (n > 0 && cudaFree(chunks[n - 1]) == cudaSuccess)
+        realloc_rc = cudaMalloc(&chunks[n - 1], chunk);
+
+    cudaError_t free_all_rc = cudaSuccess;
+    for (long i = 0; i < n; i++) {
+        cudaError_t r = cudaFree(chunks[i]);
+        if (r != cudaSuccess)
+            free_all_rc = r;
+    }
+    void *again = NULL;
+    cudaError_t after_rc = free_all_rc != cudaSuccess ? free_all_rc : cudaMalloc(&again, chunk);
+    if (after_rc == cudaSuccess)
+        cudaFree(again);
+
+    printf("chunks=%ld oom_rc=%d last_error=%d realloc=%d after_free_all=%d\n", n, rc, last_error,
+           realloc_rc, after_rc);
+    free(chunks);
+    return realloc_rc == cudaSuccess && after_rc == cudaSuccess ? 0 : 1;
+}

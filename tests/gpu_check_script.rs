@@ -1,0 +1,115 @@
+//! `scripts/gpu-check.sh --dry-run`: without a GPU every helper is still built and run against
+//! the fake runtime, and the table it prints is honest — no row claims a GPU figure, every row
+//! is a figure measured on the fake runtime or says why it was not run.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the dry run may take, in seconds (it takes a few on this machine).
+const WALL_LIMIT_S: u64 = 45;
+/// What every row's last column must say without a GPU.
+const FAKE_LABEL: &str = "fake runtime (not a GPU measurement)";
+
+fn available(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs the dry run and returns (success, stdout, stderr), killing it past the limit.
+fn dry_run() -> (bool, String, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shim = Path::new(env!("CARGO_BIN_EXE_cachealloc")).with_file_name("libcachealloc.so");
+    let mut child = Command::new("bash")
+        .arg(root.join("scripts").join("gpu-check.sh"))
+        .arg("--dry-run")
+        .arg("--lib")
+        .arg(&shim)
+        .current_dir(root)
+        .env("GPU_CHECK_BUDGET", (WALL_LIMIT_S - 5).to_string())
+        .env_remove("LD_PRELOAD")
+        .env_remove("CACHEALLOC_CONF")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run bash");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for gpu-check.sh") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(WALL_LIMIT_S) {
+            let _ = child.kill();
+            panic!("gpu-check.sh --dry-run ran past {WALL_LIMIT_S}s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child
+        .wait_with_output()
+        .expect("reading gpu-check.sh output");
+    (
+        status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn dry_run_prints_one_honest_table() {
+    for tool in ["python3", "gcc"] {
+        if !available(tool) {
+            eprintln!("skipping: {tool} not found (scripts/setup-test-deps.sh installs it)");
+            return;
+        }
+    }
+    let (ok, stdout, stderr) = dry_run();
+    assert!(ok, "gpu-check.sh --dry-run failed:\n{stdout}\n{stderr}");
+
+    let table: Vec<&str> = stdout.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(
+        table.first().copied(),
+        Some("| check | variant | result | measured on |"),
+        "{stdout}"
+    );
+    let rows: Vec<Vec<&str>> = table[2..]
+        .iter()
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect();
+    for check in ["(a)", "(b)", "(c)", "(d)"] {
+        assert!(
+            rows.iter().any(|r| r[0].starts_with(check)),
+            "no {check} row:\n{stdout}"
+        );
+    }
+    for row in &rows {
+        assert_eq!(row.len(), 4, "malformed row {row:?}");
+        assert_eq!(row[3], FAKE_LABEL, "a row claims a GPU figure: {row:?}");
+        let result = row[2];
+        assert!(
+            result.starts_with("not run: ") || result.chars().any(|c| c.is_ascii_digit()),
+            "a row is neither a figure nor a reason: {row:?}"
+        );
+        assert!(!result.contains("FAILED"), "{row:?}\n{stderr}");
+    }
+    // The plumbing that needs no shim ran: the fake runtime, the C loop, the Python loop.
+    let figure = |check: &str, variant: &str, unit: &str| {
+        rows.iter()
+            .any(|r| r[0].starts_with(check) && r[1].starts_with(variant) && r[2].contains(unit))
+    };
+    assert!(
+        figure("(a) cudaMalloc+cudaFree 1 MiB", "no shim", "µs per pair"),
+        "{stdout}"
+    );
+    assert!(
+        figure(
+            "(b)",
+            "PYTORCH_NO_CUDA_MEMORY_CACHING=1, no shim",
+            "ms (median)"
+        ),
+        "{stdout}"
+    );
+}
