@@ -2,5 +2,6 @@
 //! allocator, usable as an `LD_PRELOAD` shim, through a C API, or offline as a trace replayer.
 
 pub mod backend;
+pub mod config;
 pub mod pool;
 pub mod trace;

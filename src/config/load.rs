@@ -1,0 +1,168 @@
+//! Reading the variables: which one holds the options, and applying its entries through the
+//! options table. The rules are described in the module docs of `config`.
+
+use super::error::{ConfigError, Problem};
+use super::options::{self, Carrier, PYTORCH_ONLY_KEYS};
+use super::syntax;
+use super::{Config, ConfigSource};
+
+/// The options variables in order of precedence.
+const CONF_SOURCES: [ConfigSource; 3] = [
+    ConfigSource::CacheallocConf,
+    ConfigSource::PytorchCudaAllocConf,
+    ConfigSource::PytorchAllocConf,
+];
+
+pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    let mut config = Config {
+        disabled: disabled(lookup(options::DISABLE_VAR))?,
+        log_filter: log_filter(lookup(options::LOG_VAR))?,
+        ..Config::default()
+    };
+    if config.disabled {
+        return Ok(config);
+    }
+    for source in CONF_SOURCES {
+        if let Some(text) = lookup(source.name()) {
+            config.source = source;
+            apply_conf(&mut config, &text)?;
+            break;
+        }
+    }
+    Ok(config)
+}
+
+/// `CACHEALLOC_DISABLE`: `1` disables; `0`, empty or unset enables; anything else is an error.
+fn disabled(value: Option<String>) -> Result<bool, ConfigError> {
+    let Some(raw) = value else { return Ok(false) };
+    match raw.trim() {
+        "" | "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(ConfigError::new(
+            options::DISABLE_VAR,
+            Problem::InvalidVariable {
+                value: raw,
+                why: "must be 1 (pass-through) or 0 (enabled)".to_string(),
+            },
+        )),
+    }
+}
+
+/// `CACHEALLOC_LOG`: a `tracing` EnvFilter; blank or unset means `warn`.
+fn log_filter(value: Option<String>) -> Result<String, ConfigError> {
+    let Some(raw) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(options::DEFAULT_LOG_FILTER.to_string());
+    };
+    match tracing_subscriber::EnvFilter::builder().parse(raw.trim()) {
+        Ok(_) => Ok(raw.trim().to_string()),
+        Err(e) => Err(ConfigError::new(
+            options::LOG_VAR,
+            Problem::InvalidVariable {
+                value: raw,
+                why: format!(
+                    "not a log filter ({e}); expected a level such as warn, or directives such \
+                     as cachealloc=debug"
+                ),
+            },
+        )),
+    }
+}
+
+/// Parse `text` with the meaning of `config.source` and apply it onto `config`.
+pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigError> {
+    let source = config.source;
+    let variable = source.name();
+    let entries = syntax::parse_entries(text).map_err(|m| ConfigError::syntax(variable, m))?;
+    let carriers: &[Carrier] = if source.is_pytorch() {
+        &[Carrier::Shared]
+    } else {
+        &[Carrier::Shared, Carrier::Cachealloc]
+    };
+    for entry in entries {
+        let key = entry.key.as_str();
+        if let Some(spec) = options::find(key) {
+            if !carriers.contains(&spec.carrier) {
+                let problem = Problem::CacheallocOnlyKey { key: entry.key };
+                return Err(ConfigError::new(variable, problem));
+            }
+            spec.apply(config, &entry.value).map_err(|why| {
+                let value = entry.value.as_written();
+                let problem = Problem::InvalidValue {
+                    key: entry.key.clone(),
+                    value,
+                    why,
+                };
+                ConfigError::new(variable, problem)
+            })?;
+        } else if PYTORCH_ONLY_KEYS.contains(&key) {
+            tracing::debug!(
+                variable,
+                key,
+                value = %entry.value.as_written(),
+                "ignoring PyTorch-only allocator key"
+            );
+            config.ignored_keys.push(entry.key);
+        } else {
+            let allowed = options::keys_for(carriers);
+            let suggestion = closest(key, &allowed);
+            let problem = Problem::UnknownKey {
+                key: entry.key,
+                allowed,
+                suggestion,
+            };
+            return Err(ConfigError::new(variable, problem));
+        }
+    }
+    Ok(())
+}
+
+/// The allowed key nearest to `key`, when the difference looks like a typo.
+fn closest(key: &str, allowed: &[&'static str]) -> Option<&'static str> {
+    let (best, distance) = allowed
+        .iter()
+        .map(|&a| (a, edit_distance(key, a)))
+        .min_by_key(|&(_, d)| d)?;
+    (distance <= 3.max(key.len() / 4)).then_some(best)
+}
+
+/// Levenshtein distance over bytes (keys are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("abc", "abc"), 0);
+        assert_eq!(edit_distance("abc", "abd"), 1);
+        assert_eq!(edit_distance("abc", "ab"), 1);
+        assert_eq!(edit_distance("ab", "abc"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn suggestions_only_for_near_misses() {
+        let allowed = ["max_split_size_mb", "stats", "trace"];
+        assert_eq!(
+            closest("max_split_size", &allowed),
+            Some("max_split_size_mb")
+        );
+        assert_eq!(closest("stat", &allowed), Some("stats"));
+        assert_eq!(closest("completely_unrelated_key", &allowed), None);
+    }
+}

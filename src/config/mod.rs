@@ -1,0 +1,210 @@
+//! Configuration: the options table, the `PYTORCH_CUDA_ALLOC_CONF` grammar and the variables the
+//! library reads.
+//!
+//! Which variable holds the options (only one is parsed, the first that is set):
+//! 1. `CACHEALLOC_CONF` — shared keys and our own keys;
+//! 2. else `PYTORCH_CUDA_ALLOC_CONF` — shared keys only (read first, as the newest PyTorch does);
+//! 3. else `PYTORCH_ALLOC_CONF` — shared keys only.
+//!
+//! A variable that is set but empty (or only whitespace) still wins and means "all defaults", as
+//! in PyTorch; so `CACHEALLOC_CONF=` runs with defaults even when a PyTorch tuning is present.
+//!
+//! Keys:
+//! - shared keys (`max_split_size_mb`, ...) validate exactly as PyTorch does;
+//! - our own keys (`free_sync`, `stats`, ...) are errors in the PyTorch variables, because
+//!   PyTorch would reject them there;
+//! - PyTorch-only keys (`backend`, `pinned_*`, ...) are accepted and ignored, with a debug log
+//!   line, in every variable — also in `CACHEALLOC_CONF`, so a PyTorch tuning can be copied over
+//!   unchanged; their values are not checked (PyTorch checks them);
+//! - any other key is an error naming the allowed keys.
+//!
+//! A key given twice takes its last value; `roundup_power2_divisions` lists apply on top of the
+//! table as it stands, as in PyTorch.
+//!
+//! `CACHEALLOC_DISABLE=1` turns the library into a pass-through; then no options variable is
+//! parsed at all (a broken tuning cannot stop a user from switching the library off).
+//! `CACHEALLOC_LOG` is checked as a `tracing` EnvFilter.
+//!
+//! Everything reads the environment through an injected lookup function, so tests never touch
+//! the process environment.
+
+pub mod error;
+mod load;
+pub mod options;
+pub mod path;
+pub mod syntax;
+pub mod values;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{ConfigError, Problem};
+pub use options::{OPTIONS, OptionSpec, render_help, render_markdown_table, render_values};
+pub use path::expand_pid;
+
+use crate::pool::Settings;
+
+/// When a freed block may be handed out again (see design.md, "Reuse safety").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FreeSync {
+    /// Pending until a device-wide synchronization that started after the free.
+    #[default]
+    Device,
+    /// Ready when an event recorded on the legacy default stream at free time completes.
+    Event,
+    /// Immediately (PyTorch's single-stream semantics).
+    None,
+}
+
+impl FreeSync {
+    pub(crate) const CHOICES: [(&'static str, FreeSync); 3] = [
+        ("device", FreeSync::Device),
+        ("event", FreeSync::Event),
+        ("none", FreeSync::None),
+    ];
+
+    /// The value as written in `free_sync:<name>`.
+    pub fn name(self) -> &'static str {
+        Self::CHOICES
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map_or("device", |(n, _)| n)
+    }
+}
+
+/// Whether and how statistics are printed at exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StatsOutput {
+    #[default]
+    Off,
+    Text,
+    Json,
+}
+
+impl StatsOutput {
+    pub(crate) const CHOICES: [(&'static str, StatsOutput); 3] = [
+        ("off", StatsOutput::Off),
+        ("text", StatsOutput::Text),
+        ("json", StatsOutput::Json),
+    ];
+
+    /// The value as written in `stats:<name>`.
+    pub fn name(self) -> &'static str {
+        Self::CHOICES
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map_or("off", |(n, _)| n)
+    }
+}
+
+/// Where the options came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ConfigSource {
+    /// No options variable was set (or the library is disabled).
+    #[default]
+    Defaults,
+    /// `CACHEALLOC_CONF`.
+    CacheallocConf,
+    /// `PYTORCH_CUDA_ALLOC_CONF`.
+    PytorchCudaAllocConf,
+    /// `PYTORCH_ALLOC_CONF`.
+    PytorchAllocConf,
+    /// The `--conf` command-line flag (same meaning as `CACHEALLOC_CONF`).
+    CommandLine,
+}
+
+impl ConfigSource {
+    /// The variable (or flag) name, as used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConfigSource::Defaults => "defaults",
+            ConfigSource::CacheallocConf => options::CONF_VAR,
+            ConfigSource::PytorchCudaAllocConf => options::PYTORCH_CUDA_CONF_VAR,
+            ConfigSource::PytorchAllocConf => options::PYTORCH_CONF_VAR,
+            ConfigSource::CommandLine => "--conf",
+        }
+    }
+
+    /// True for PyTorch's variables, which carry shared keys only.
+    pub fn is_pytorch(self) -> bool {
+        matches!(
+            self,
+            ConfigSource::PytorchCudaAllocConf | ConfigSource::PytorchAllocConf
+        )
+    }
+}
+
+/// Everything the library reads from its environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// The pool policy (the shared keys).
+    pub settings: Settings,
+    /// `free_sync`.
+    pub free_sync: FreeSync,
+    /// `stats`.
+    pub stats: StatsOutput,
+    /// `stats_file`, unexpanded (`%p` still in it); `None` = stderr.
+    pub stats_file: Option<String>,
+    /// `trace`, unexpanded; `None` = no recording.
+    pub trace: Option<String>,
+    /// `count_cached_as_free`.
+    pub count_cached_as_free: bool,
+    /// `CACHEALLOC_DISABLE=1`: forward every call to the real runtime.
+    pub disabled: bool,
+    /// `CACHEALLOC_LOG`, an EnvFilter string (`warn` by default).
+    pub log_filter: String,
+    /// Which variable the options came from.
+    pub source: ConfigSource,
+    /// PyTorch-only keys that were present and ignored, in order of appearance.
+    pub ignored_keys: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            settings: Settings::default(),
+            free_sync: FreeSync::default(),
+            stats: StatsOutput::default(),
+            stats_file: None,
+            trace: None,
+            count_cached_as_free: false,
+            disabled: false,
+            log_filter: options::DEFAULT_LOG_FILTER.to_string(),
+            source: ConfigSource::Defaults,
+            ignored_keys: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Read the configuration through `lookup` (a variable name → its value, `None` when unset).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        load::from_lookup(&lookup)
+    }
+
+    /// Read the configuration from the process environment. A value that is not valid UTF-8 is
+    /// read with replacement characters (and then fails to parse with a clear message).
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Parse options given on the command line (`--conf STR`), with `CACHEALLOC_CONF` meaning.
+    pub fn parse_conf_str(text: &str) -> Result<Config, ConfigError> {
+        let mut config = Config {
+            source: ConfigSource::CommandLine,
+            ..Config::default()
+        };
+        load::apply_conf(&mut config, text)?;
+        Ok(config)
+    }
+
+    /// The stats file for process `pid` (`%p` expanded); `None` = stderr.
+    pub fn stats_path(&self, pid: u32) -> Option<String> {
+        self.stats_file.as_deref().map(|t| expand_pid(t, pid))
+    }
+
+    /// The trace file for process `pid` (`%p` expanded); `None` = no recording.
+    pub fn trace_path(&self, pid: u32) -> Option<String> {
+        self.trace.as_deref().map(|t| expand_pid(t, pid))
+    }
+}

@@ -1,0 +1,281 @@
+//! The `PYTORCH_CUDA_ALLOC_CONF` grammar: tokenizer and `key:value(,key:value)*` structure.
+//!
+//! The tokenizer is PyTorch's `ConfigTokenizer`: every `,` `:` `[` `]` is a token of its own,
+//! every other run of characters is a token, and whitespace (C `isspace`) is dropped everywhere,
+//! also inside a token (`max_split _size_mb` reads as `max_split_size_mb`).
+//!
+//! The structure is checked here, before any key is looked at, so that the meaning of a value
+//! (in `values`) never has to deal with stray separators:
+//! - `key:value` where `value` is one token, or a list `[a:b,c:d,...]` of token pairs;
+//! - pairs are separated by `,`; a trailing `,` is accepted (PyTorch accepts it, both after a
+//!   pair and inside a list); an empty list `[]` is a list with no entries.
+//!
+//! Note: since `,` `:` `[` `]` are separators and whitespace is dropped, a value (a path, for
+//! example) can contain none of them.
+
+/// One `key:value` pair as written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub key: String,
+    pub value: Value,
+}
+
+/// A value as written: one token, or a bracketed list of `a:b` pairs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Scalar(String),
+    List(Vec<(String, String)>),
+}
+
+impl Value {
+    /// The value as it would be written back (`20`, `[256:1,>:8]`), for messages.
+    pub fn as_written(&self) -> String {
+        match self {
+            Value::Scalar(s) => s.clone(),
+            Value::List(items) => {
+                let inner: Vec<String> = items.iter().map(|(a, b)| format!("{a}:{b}")).collect();
+                format!("[{}]", inner.join(","))
+            }
+        }
+    }
+}
+
+fn is_separator(token: &str) -> bool {
+    matches!(token, "," | ":" | "[" | "]")
+}
+
+/// C `isspace` in the "C" locale: space, `\t`, `\n`, `\v`, `\f`, `\r`.
+fn is_c_space(ch: char) -> bool {
+    matches!(ch, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
+}
+
+/// Split `text` into tokens exactly as PyTorch's `ConfigTokenizer` does.
+pub fn tokenize(text: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let mut buffer = String::new();
+    for ch in text.chars() {
+        if matches!(ch, ',' | ':' | '[' | ']') {
+            if !buffer.is_empty() {
+                tokens.push(std::mem::take(&mut buffer));
+            }
+            tokens.push(ch.to_string());
+        } else if !is_c_space(ch) {
+            buffer.push(ch);
+        }
+    }
+    if !buffer.is_empty() {
+        tokens.push(buffer);
+    }
+    tokens
+}
+
+/// A cursor over the tokens that names what it found in its messages.
+struct Cursor {
+    tokens: Vec<String>,
+    at: usize,
+}
+
+impl Cursor {
+    fn peek(&self) -> Option<&str> {
+        self.tokens.get(self.at).map(String::as_str)
+    }
+
+    fn found(&self) -> String {
+        match self.peek() {
+            Some(t) => format!("'{t}'"),
+            None => "the end of the text".to_string(),
+        }
+    }
+
+    fn take(&mut self) -> Option<String> {
+        let token = self.tokens.get(self.at).cloned();
+        self.at += 1;
+        token
+    }
+
+    /// Consume `want` or fail with `expected '<want>' <context>, found ...`.
+    fn expect(&mut self, want: &str, context: &str) -> Result<(), String> {
+        if self.peek() == Some(want) {
+            self.at += 1;
+            Ok(())
+        } else {
+            Err(format!(
+                "expected '{want}' {context}, found {}",
+                self.found()
+            ))
+        }
+    }
+
+    /// Consume a non-separator token or fail with `<what>, found ...`.
+    fn word(&mut self, what: &str) -> Result<String, String> {
+        match self.peek() {
+            Some(t) if !is_separator(t) => Ok(self.take().unwrap_or_default()),
+            _ => Err(format!("{what}, found {}", self.found())),
+        }
+    }
+}
+
+/// Parse `text` into its `key:value` pairs, in order. The error is a message without the
+/// variable name (the caller adds it).
+pub fn parse_entries(text: &str) -> Result<Vec<Entry>, String> {
+    let mut cur = Cursor {
+        tokens: tokenize(text),
+        at: 0,
+    };
+    let mut entries = Vec::new();
+    while cur.peek().is_some() {
+        let key = cur.word("expected a key")?;
+        cur.expect(":", &format!("after key '{key}'"))?;
+        let value = if cur.peek() == Some("[") {
+            cur.at += 1;
+            Value::List(parse_list(&mut cur, &key)?)
+        } else {
+            Value::Scalar(cur.word(&format!("missing value after '{key}:'"))?)
+        };
+        if cur.peek().is_some() {
+            let context = format!(
+                "after {key}:{} (a value cannot contain ',', ':', '[' or ']')",
+                value.as_written()
+            );
+            cur.expect(",", &context)?;
+        }
+        entries.push(Entry { key, value });
+    }
+    Ok(entries)
+}
+
+/// The entries of a list after its `[`, up to and including the closing `]`.
+fn parse_list(cur: &mut Cursor, key: &str) -> Result<Vec<(String, String)>, String> {
+    let mut items = Vec::new();
+    loop {
+        match cur.peek() {
+            None => {
+                return Err(format!(
+                    "the list value of '{key}' is missing its closing ']'"
+                ));
+            }
+            Some("]") => {
+                cur.at += 1;
+                return Ok(items);
+            }
+            Some(_) => {}
+        }
+        let what = format!("expected an 'interval:value' entry in the list of '{key}'");
+        let left = cur.word(&what)?;
+        cur.expect(":", &format!("after '{left}' in the list of '{key}'"))?;
+        let right = cur.word(&format!(
+            "missing value after '{left}:' in the list of '{key}'"
+        ))?;
+        match cur.peek() {
+            Some(",") => cur.at += 1,
+            Some("]") => {}
+            None => {
+                return Err(format!(
+                    "the list value of '{key}' is missing its closing ']'"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "expected ',' or ']' after '{left}:{right}' in the list of '{key}', found {}",
+                    cur.found()
+                ));
+            }
+        }
+        items.push((left, right));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scalar(key: &str, value: &str) -> Entry {
+        Entry {
+            key: key.into(),
+            value: Value::Scalar(value.into()),
+        }
+    }
+
+    #[test]
+    fn tokenizer_splits_on_separators_and_drops_whitespace() {
+        assert_eq!(
+            tokenize(" a : b ,c:[1: 2,>:3]\t\n"),
+            [
+                "a", ":", "b", ",", "c", ":", "[", "1", ":", "2", ",", ">", ":", "3", "]"
+            ]
+        );
+        assert_eq!(tokenize("max_split _size_mb"), ["max_split_size_mb"]);
+        assert!(tokenize(" \t\n").is_empty());
+    }
+
+    #[test]
+    fn pairs_and_lists_parse_in_order() {
+        let entries = parse_entries("a:1, b:[256:1,>:8],c:x").unwrap();
+        assert_eq!(entries[0], scalar("a", "1"));
+        assert_eq!(
+            entries[1].value,
+            Value::List(vec![("256".into(), "1".into()), (">".into(), "8".into())])
+        );
+        assert_eq!(entries[2], scalar("c", "x"));
+    }
+
+    #[test]
+    fn trailing_commas_and_empty_lists_are_accepted_like_pytorch() {
+        assert_eq!(parse_entries("a:1,").unwrap(), vec![scalar("a", "1")]);
+        assert_eq!(
+            parse_entries("a:[1:2,]").unwrap()[0].value,
+            Value::List(vec![("1".into(), "2".into())])
+        );
+        assert_eq!(parse_entries("a:[]").unwrap()[0].value, Value::List(vec![]));
+        assert!(parse_entries("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn structure_errors_name_what_was_expected_and_found() {
+        let cases = [
+            (",a:1", "expected a key, found ','"),
+            ("a:1,,b:2", "expected a key, found ','"),
+            ("a", "expected ':' after key 'a', found the end of the text"),
+            ("a,b:1", "expected ':' after key 'a', found ','"),
+            ("a:", "missing value after 'a:', found the end of the text"),
+            ("a:,b:1", "missing value after 'a:', found ','"),
+            (
+                "trace:/tmp/a:b",
+                "expected ',' after trace:/tmp/a (a value cannot contain ',', ':', '[' or ']'), \
+                 found ':'",
+            ),
+            (
+                "a:1]",
+                "expected ',' after a:1 (a value cannot contain ',', ':', '[' or ']'), found ']'",
+            ),
+            ("a:[1:2", "the list value of 'a' is missing its closing ']'"),
+            (
+                "a:[1:2,",
+                "the list value of 'a' is missing its closing ']'",
+            ),
+            (
+                "a:[,1:2]",
+                "expected an 'interval:value' entry in the list of 'a', found ','",
+            ),
+            (
+                "a:[1]",
+                "expected ':' after '1' in the list of 'a', found ']'",
+            ),
+            (
+                "a:[1:]",
+                "missing value after '1:' in the list of 'a', found ']'",
+            ),
+            (
+                "a:[1:2:3]",
+                "expected ',' or ']' after '1:2' in the list of 'a', found ':'",
+            ),
+            (
+                "a:[1:[2]]",
+                "missing value after '1:' in the list of 'a', found '['",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_entries(text).unwrap_err(), want, "input {text:?}");
+        }
+    }
+}

@@ -1,0 +1,528 @@
+//! Behaviour of the whole module through its public entry points: every error message, variable
+//! precedence, PyTorch-only keys, and the README's options table.
+
+use super::options::{
+    self, CONF_VAR, DISABLE_VAR, LOG_VAR, PYTORCH_CONF_VAR, PYTORCH_CUDA_CONF_VAR,
+};
+use super::*;
+use crate::pool::rounding::ROUNDUP_INTERVALS;
+
+const MIB: u64 = 1 << 20;
+
+/// A lookup over a fixed set of variables (the process environment is never read).
+fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+}
+
+fn conf(text: &str) -> Result<Config, ConfigError> {
+    Config::from_lookup(env(&[(CONF_VAR, text)]))
+}
+
+fn error(vars: &[(&str, &str)]) -> String {
+    match Config::from_lookup(env(vars)) {
+        Ok(c) => panic!("{vars:?} was accepted: {c:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const OUR_KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
+     garbage_collection_threshold, expandable_segments, per_process_memory_fraction, free_sync, \
+     stats, stats_file, trace, count_cached_as_free";
+const SHARED_KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
+     garbage_collection_threshold, expandable_segments, per_process_memory_fraction";
+
+#[test]
+fn every_error_names_variable_key_value_and_what_is_allowed() {
+    let c = CONF_VAR;
+    let p = PYTORCH_CUDA_CONF_VAR;
+    let cases: Vec<(&str, &str, String)> = vec![
+        // max_split_size_mb / max_non_split_rounding_mb
+        (
+            c,
+            "max_split_size_mb:10",
+            format!("{c}: max_split_size_mb:10: too small, must be an integer >= 20 (MB)"),
+        ),
+        (
+            c,
+            "max_split_size_mb:19",
+            format!("{c}: max_split_size_mb:19: too small, must be an integer >= 20 (MB)"),
+        ),
+        (
+            c,
+            "max_split_size_mb:abc",
+            format!(
+                "{c}: max_split_size_mb:abc: not a whole number; expected an integer >= 20 (MB)"
+            ),
+        ),
+        (
+            c,
+            "max_split_size_mb:-1",
+            format!(
+                "{c}: max_split_size_mb:-1: not a whole number; expected an integer >= 20 (MB)"
+            ),
+        ),
+        (
+            c,
+            "max_split_size_mb:20.5",
+            format!(
+                "{c}: max_split_size_mb:20.5: not a whole number; expected an integer >= 20 (MB)"
+            ),
+        ),
+        (
+            c,
+            "max_split_size_mb:99999999999999999999",
+            format!(
+                "{c}: max_split_size_mb:99999999999999999999: out of range; expected an integer >= 20 (MB) below 2^64"
+            ),
+        ),
+        (
+            c,
+            "max_split_size_mb:[20:1]",
+            format!("{c}: max_split_size_mb:[20:1]: expects a single value, not a list"),
+        ),
+        (
+            p,
+            "max_non_split_rounding_mb:5",
+            format!("{p}: max_non_split_rounding_mb:5: too small, must be an integer >= 20 (MB)"),
+        ),
+        // garbage_collection_threshold / per_process_memory_fraction
+        (
+            c,
+            "garbage_collection_threshold:0",
+            format!(
+                "{c}: garbage_collection_threshold:0: must be greater than 0.0 and less than 1.0"
+            ),
+        ),
+        (
+            c,
+            "garbage_collection_threshold:1.0",
+            format!(
+                "{c}: garbage_collection_threshold:1.0: must be greater than 0.0 and less than 1.0"
+            ),
+        ),
+        (
+            c,
+            "garbage_collection_threshold:half",
+            format!(
+                "{c}: garbage_collection_threshold:half: not a number; expected a number greater than 0.0 and less than 1.0"
+            ),
+        ),
+        (
+            c,
+            "per_process_memory_fraction:1.5",
+            format!("{c}: per_process_memory_fraction:1.5: must be in [0.0, 1.0]"),
+        ),
+        (
+            c,
+            "per_process_memory_fraction:x",
+            format!(
+                "{c}: per_process_memory_fraction:x: not a number; expected a number in [0.0, 1.0]"
+            ),
+        ),
+        // booleans
+        (
+            c,
+            "expandable_segments:true",
+            format!(
+                "{c}: expandable_segments:true: must be exactly True or False (case-sensitive)"
+            ),
+        ),
+        (
+            c,
+            "count_cached_as_free:1",
+            format!("{c}: count_cached_as_free:1: must be exactly True or False (case-sensitive)"),
+        ),
+        // roundup_power2_divisions
+        (
+            c,
+            "roundup_power2_divisions:3",
+            format!(
+                "{c}: roundup_power2_divisions:3: divisions must be a power of 2 (1, 2, 4, 8, ...)"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:0",
+            format!(
+                "{c}: roundup_power2_divisions:0: divisions must be a power of 2 (1, 2, 4, 8, ...)"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:four",
+            format!(
+                "{c}: roundup_power2_divisions:four: not a whole number; expected a power of 2 (1, 2, 4, 8, ...) or a list [MB:divisions,...,>:divisions]"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[256:3]",
+            format!(
+                "{c}: roundup_power2_divisions:[256:3]: divisions 3 for interval '256' must be 0 (off) or a power of 2"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[>:6]",
+            format!(
+                "{c}: roundup_power2_divisions:[>:6]: divisions 6 for interval '>' must be 0 (off) or a power of 2"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[256:x]",
+            format!(
+                "{c}: roundup_power2_divisions:[256:x]: divisions 'x' for interval '256': not a whole number; expected 0 (off) or a power of 2"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[300:2]",
+            format!(
+                "{c}: roundup_power2_divisions:[300:2]: interval 300 must be a power-of-2 size in MB (1, 2, 4, ...) or '>'"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[0:2]",
+            format!(
+                "{c}: roundup_power2_divisions:[0:2]: interval 0 must be a power-of-2 size in MB (1, 2, 4, ...) or '>'"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[<:2]",
+            format!(
+                "{c}: roundup_power2_divisions:[<:2]: interval '<': not a whole number; expected a power-of-2 size in MB (1, 2, 4, ...) or '>'"
+            ),
+        ),
+        // our enumerations and paths
+        (
+            c,
+            "free_sync:stream",
+            format!("{c}: free_sync:stream: must be one of device, event, none"),
+        ),
+        (
+            c,
+            "free_sync:Device",
+            format!("{c}: free_sync:Device: must be one of device, event, none"),
+        ),
+        (
+            c,
+            "stats:yaml",
+            format!("{c}: stats:yaml: must be one of off, text, json"),
+        ),
+        (
+            c,
+            "stats_file:[a:b]",
+            format!("{c}: stats_file:[a:b]: expects a single value, not a list"),
+        ),
+        // keys
+        (
+            c,
+            "max_split_size:128",
+            format!(
+                "{c}: unknown key 'max_split_size'; did you mean 'max_split_size_mb'? (allowed keys: {OUR_KEYS})"
+            ),
+        ),
+        (
+            c,
+            "Expandable_Segments:True",
+            format!(
+                "{c}: unknown key 'Expandable_Segments'; did you mean 'expandable_segments'? (allowed keys: {OUR_KEYS})"
+            ),
+        ),
+        (
+            c,
+            "zzz:1",
+            format!("{c}: unknown key 'zzz' (allowed keys: {OUR_KEYS})"),
+        ),
+        (
+            p,
+            "zzz:1",
+            format!("{p}: unknown key 'zzz' (allowed keys: {SHARED_KEYS})"),
+        ),
+        (
+            p,
+            "free_sync:none",
+            format!(
+                "{p}: key 'free_sync' is a cachealloc option and is read only from CACHEALLOC_CONF (PyTorch rejects keys it does not know)"
+            ),
+        ),
+        (
+            PYTORCH_CONF_VAR,
+            "stats:text",
+            format!(
+                "{PYTORCH_CONF_VAR}: key 'stats' is a cachealloc option and is read only from CACHEALLOC_CONF (PyTorch rejects keys it does not know)"
+            ),
+        ),
+        // structure
+        (
+            c,
+            "max_split_size_mb",
+            format!("{c}: expected ':' after key 'max_split_size_mb', found the end of the text"),
+        ),
+        (
+            c,
+            "max_split_size_mb:",
+            format!("{c}: missing value after 'max_split_size_mb:', found the end of the text"),
+        ),
+        (c, ",stats:text", format!("{c}: expected a key, found ','")),
+        (
+            c,
+            "stats_file:/tmp/a:b",
+            format!(
+                "{c}: expected ',' after stats_file:/tmp/a (a value cannot contain ',', ':', '[' or ']'), found ':'"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[256:1",
+            format!("{c}: the list value of 'roundup_power2_divisions' is missing its closing ']'"),
+        ),
+        // whole-variable values
+        (
+            DISABLE_VAR,
+            "yes",
+            format!("{DISABLE_VAR}=yes: must be 1 (pass-through) or 0 (enabled)"),
+        ),
+    ];
+    for (var, text, want) in cases {
+        assert_eq!(error(&[(var, text)]), want, "{var}={text}");
+    }
+}
+
+#[test]
+fn a_bad_log_filter_is_an_error_naming_the_variable() {
+    let message = error(&[(LOG_VAR, "cachealloc=[")]);
+    assert!(
+        message.starts_with("CACHEALLOC_LOG=cachealloc=[: not a log filter ("),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("expected a level such as warn, or directives such as cachealloc=debug")
+    );
+}
+
+#[test]
+fn shared_keys_take_pytorch_meaning() {
+    let c = conf(
+        "max_split_size_mb:128, max_non_split_rounding_mb:40, garbage_collection_threshold:0.8, \
+         expandable_segments:True, per_process_memory_fraction:0.5, roundup_power2_divisions:4",
+    )
+    .unwrap();
+    let s = &c.settings;
+    assert_eq!(s.max_split_size, 128 * MIB);
+    assert_eq!(s.max_non_split_rounding, 40 * MIB);
+    assert_eq!(s.garbage_collection_threshold, 0.8);
+    assert!(s.expandable_segments);
+    assert_eq!(s.per_process_memory_fraction, 0.5);
+    assert_eq!(s.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+    // The smallest allowed values and the bounds of the closed fraction.
+    let c = conf("max_split_size_mb:20,max_non_split_rounding_mb:20,per_process_memory_fraction:0")
+        .unwrap();
+    assert_eq!(c.settings.max_split_size, 20 * MIB);
+    assert!(c.settings.has_max_split_size());
+    assert_eq!(c.settings.max_non_split_rounding, 20 * MIB);
+    assert_eq!(c.settings.per_process_memory_fraction, 0.0);
+}
+
+#[test]
+fn our_keys_fill_their_fields() {
+    let c = conf(
+        "free_sync:none,stats:json,stats_file:/tmp/stats-%p.json,trace:/tmp/trace-%p.bin,\
+         count_cached_as_free:True",
+    )
+    .unwrap();
+    assert_eq!(c.free_sync, FreeSync::None);
+    assert_eq!(c.stats, StatsOutput::Json);
+    assert_eq!(c.stats_path(12), Some("/tmp/stats-12.json".to_string()));
+    assert_eq!(c.trace_path(12), Some("/tmp/trace-12.bin".to_string()));
+    assert!(c.count_cached_as_free);
+    for (text, want) in [
+        ("free_sync:device", FreeSync::Device),
+        ("free_sync:event", FreeSync::Event),
+    ] {
+        assert_eq!(conf(text).unwrap().free_sync, want);
+    }
+    for (text, want) in [
+        ("stats:off", StatsOutput::Off),
+        ("stats:text", StatsOutput::Text),
+    ] {
+        assert_eq!(conf(text).unwrap().stats, want);
+    }
+    let d = conf("").unwrap();
+    assert_eq!((d.stats_path(1), d.trace_path(1)), (None, None));
+}
+
+#[test]
+fn the_last_occurrence_of_a_key_wins_and_roundup_lists_stack_like_pytorch() {
+    let c = conf("max_split_size_mb:64,max_split_size_mb:32").unwrap();
+    assert_eq!(c.settings.max_split_size, 32 * MIB);
+    let c = conf("roundup_power2_divisions:[256:1],roundup_power2_divisions:[1024:4]").unwrap();
+    let mut want = [0; ROUNDUP_INTERVALS];
+    want[..=10].fill(4);
+    assert_eq!(c.settings.roundup_power2_divisions, want);
+}
+
+#[test]
+fn roundup_list_with_whitespace_and_trailing_commas() {
+    let c = conf(" roundup_power2_divisions : [ 256 : 1 , 512:2 ,1024:4, > : 8 , ] , ").unwrap();
+    let mut want = [8; ROUNDUP_INTERVALS];
+    want[..=8].fill(1);
+    want[9] = 2;
+    want[10] = 4;
+    assert_eq!(c.settings.roundup_power2_divisions, want);
+    // The table feeds the pool's rounding: 600 MB + 1 falls in [512 MB, 1 GB) → 2 divisions.
+    let rounded = crate::pool::rounding::round_size(&c.settings, 600 * MIB + 1);
+    assert_eq!(rounded, 768 * MIB);
+}
+
+#[test]
+fn blank_values_mean_defaults() {
+    for text in ["", " ", "\t\n "] {
+        let c = conf(text).unwrap();
+        assert_eq!(c.settings, crate::pool::Settings::default(), "{text:?}");
+        assert_eq!(c.source, ConfigSource::CacheallocConf);
+        let blank = Config::from_lookup(env(&[(DISABLE_VAR, text), (LOG_VAR, text)])).unwrap();
+        assert!(!blank.disabled);
+        assert_eq!(blank.log_filter, "warn");
+    }
+    assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::default());
+}
+
+#[test]
+fn precedence_is_cachealloc_then_pytorch_cuda_then_pytorch() {
+    let ours = (CONF_VAR, "max_split_size_mb:100");
+    let cuda = (PYTORCH_CUDA_CONF_VAR, "max_split_size_mb:200");
+    let generic = (PYTORCH_CONF_VAR, "max_split_size_mb:300");
+    let cases = [
+        (vec![ours, cuda, generic], ConfigSource::CacheallocConf, 100),
+        (vec![cuda, generic], ConfigSource::PytorchCudaAllocConf, 200),
+        (vec![generic], ConfigSource::PytorchAllocConf, 300),
+        (vec![ours, generic], ConfigSource::CacheallocConf, 100),
+    ];
+    for (vars, source, mb) in cases {
+        let c = Config::from_lookup(env(&vars)).unwrap();
+        assert_eq!(c.source, source, "{vars:?}");
+        assert_eq!(c.settings.max_split_size, mb * MIB, "{vars:?}");
+    }
+    // Only one variable is parsed: a broken lower-precedence one is never read.
+    let c = Config::from_lookup(env(&[ours, (PYTORCH_CUDA_CONF_VAR, "garbage")])).unwrap();
+    assert_eq!(c.settings.max_split_size, 100 * MIB);
+    // Set but empty still wins: defaults, PyTorch's tuning ignored.
+    let c = Config::from_lookup(env(&[(CONF_VAR, ""), cuda])).unwrap();
+    assert_eq!(c.source, ConfigSource::CacheallocConf);
+    assert!(!c.settings.has_max_split_size());
+}
+
+#[test]
+fn pytorch_only_keys_are_ignored_in_every_variable() {
+    let text = "backend:cudaMallocAsync,max_split_size_mb:64,pinned_num_register_threads:8,\
+                release_lock_on_cudamalloc:True,large_segment_size_mb:40,\
+                expandable_segments:True";
+    for var in [CONF_VAR, PYTORCH_CUDA_CONF_VAR, PYTORCH_CONF_VAR] {
+        let c = Config::from_lookup(env(&[(var, text)])).unwrap();
+        assert_eq!(c.settings.max_split_size, 64 * MIB, "{var}");
+        assert!(c.settings.expandable_segments, "{var}");
+        assert_eq!(
+            c.ignored_keys,
+            [
+                "backend",
+                "pinned_num_register_threads",
+                "release_lock_on_cudamalloc",
+                "large_segment_size_mb"
+            ],
+            "{var}"
+        );
+    }
+    // Their values are PyTorch's to check, including lists.
+    let c = conf("pinned_num_register_threads:3,backend:[a:b]").unwrap();
+    assert_eq!(c.ignored_keys, ["pinned_num_register_threads", "backend"]);
+}
+
+#[test]
+fn shared_key_errors_in_pytorch_variables_name_that_variable() {
+    for var in [PYTORCH_CUDA_CONF_VAR, PYTORCH_CONF_VAR] {
+        let message = error(&[(var, "expandable_segments:1")]);
+        assert_eq!(
+            message,
+            format!("{var}: expandable_segments:1: must be exactly True or False (case-sensitive)")
+        );
+    }
+}
+
+#[test]
+fn disable_and_log_variables() {
+    let c = Config::from_lookup(env(&[(DISABLE_VAR, "1"), (LOG_VAR, "cachealloc=debug")])).unwrap();
+    assert!(c.disabled);
+    assert_eq!(c.log_filter, "cachealloc=debug");
+    assert!(
+        !Config::from_lookup(env(&[(DISABLE_VAR, "0")]))
+            .unwrap()
+            .disabled
+    );
+    // Disabled: a broken tuning does not stop the pass-through.
+    let c = Config::from_lookup(env(&[
+        (DISABLE_VAR, " 1 "),
+        (CONF_VAR, "max_split_size_mb:1"),
+    ]))
+    .unwrap();
+    assert!(c.disabled);
+    assert_eq!(c.source, ConfigSource::Defaults);
+}
+
+#[test]
+fn conf_flag_has_cachealloc_conf_meaning() {
+    let c = Config::parse_conf_str("free_sync:event,max_split_size_mb:40,backend:native").unwrap();
+    assert_eq!(c.source, ConfigSource::CommandLine);
+    assert_eq!(c.free_sync, FreeSync::Event);
+    assert_eq!(c.settings.max_split_size, 40 * MIB);
+    assert_eq!(c.ignored_keys, ["backend"]);
+    let e = Config::parse_conf_str("max_split_size_mb:1").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "--conf: max_split_size_mb:1: too small, must be an integer >= 20 (MB)"
+    );
+}
+
+#[test]
+fn render_values_shows_the_effective_settings() {
+    let c = conf("max_split_size_mb:128,free_sync:none").unwrap();
+    let listing = render_values(&c);
+    assert!(
+        listing.starts_with("source: CACHEALLOC_CONF\n"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("max_split_size_mb            = 128\n"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("free_sync                    = none\n"),
+        "{listing}"
+    );
+    assert_eq!(listing.lines().count(), options::OPTIONS.len() + 1);
+}
+
+#[test]
+fn readme_options_table_matches_the_options_table() {
+    const BEGIN: &str = "<!-- options:begin -->";
+    const END: &str = "<!-- options:end -->";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).expect("README.md is readable");
+    let start = readme
+        .find(BEGIN)
+        .expect("README has the options:begin marker")
+        + BEGIN.len();
+    let end = readme.find(END).expect("README has the options:end marker");
+    let expected = render_markdown_table();
+    assert!(
+        readme[start..end].trim() == expected.trim(),
+        "README.md options table is stale; put this between the markers:\n{expected}"
+    );
+}
