@@ -1,0 +1,158 @@
+/*
+ * cuda_runtime_api.h — the subset of the CUDA runtime API that the fake `libcudart.so.12` of the
+ * cachealloc test suite implements. Prototypes, type names and error codes are those of the real
+ * CUDA 12 runtime, so a program written against the real header compiles against this one (as far
+ * as it stays inside the subset) and links against either library.
+ *
+ * The fake (tests/fake-cudart, built by tests/support/fake_cudart.rs) has no GPU behind it:
+ *
+ *  - Memory. Device memory is host memory from mmap (page aligned, zero filled, readable and
+ *    writable by the host, which lets tests inspect it). Each device has a capacity
+ *    (FAKECUDART_CAPACITY, default 16GiB); cudaMalloc/cudaMallocPitch/cudaMallocManaged beyond it
+ *    fail with cudaErrorMemoryAllocation (2). cudaFree(NULL) succeeds; an unknown or interior
+ *    pointer, or a double free, gives cudaErrorInvalidValue (1). cudaFree of a live allocation
+ *    synchronizes the owning device first (as the real one may). cudaMallocHost memory is pinned
+ *    host memory: not charged to a device, freed by cudaFreeHost only.
+ *  - Devices. FAKECUDART_DEVICES devices (default 2). The current device is per host thread.
+ *    cudaSetDevice of an ordinal out of range gives cudaErrorInvalidDevice (101). cudaDeviceReset
+ *    frees every device allocation, stream and event of the current device and drops its pending
+ *    work. FAKECUDART_DEVICES=0 mimics a driver without devices: every call answers
+ *    cudaErrorNoDevice (100).
+ *  - Errors. As in the real runtime, a call that returns an error records it as the calling
+ *    thread's last error; cudaPeekAtLastError returns it, cudaGetLastError returns and clears it.
+ *    cudaErrorNotReady from a query is not recorded. FAKECUDART_FAIL=<code> (e.g. 35, what the
+ *    real runtime answers on a machine without a driver) makes every call return <code> and keeps
+ *    it as a last error that cudaGetLastError never clears; cudaRuntimeGetVersion still answers and
+ *    cudaDriverGetVersion answers 0 for code 35.
+ *  - Time. Nothing runs by itself. fakecudart_launch (fakecudart.h) enqueues simulated work on a
+ *    stream; a simulated clock moves only through fakecudart_advance and the synchronizing calls
+ *    (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize, cudaFree, cudaMemcpy,
+ *    cudaMemset), which move it just far enough for the work they wait for to be complete.
+ *    Streams follow CUDA's ordering rules, including the legacy default stream (0 or
+ *    cudaStreamLegacy) that waits for, and is waited for by, blocking streams but not streams
+ *    created with cudaStreamNonBlocking. cudaStreamPerThread is one blocking stream per device.
+ *    One tick counts as one microsecond for cudaEventElapsedTime.
+ *  - cudaMemcpy and cudaMemset act as actions on the legacy default stream followed by a wait for
+ *    it; they check that the device side of the copy lies inside one live allocation.
+ *  - Thread safe: one mutex guards the state. Environment variables are read at the first call.
+ *
+ * Test-only entry points (call counters, the clock, capacity and failure injection) are declared
+ * in fakecudart.h.
+ */
+#ifndef FAKECUDART_CUDA_RUNTIME_API_H
+#define FAKECUDART_CUDA_RUNTIME_API_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes: the numeric values of the real runtime. */
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+    cudaErrorUnknown = 999
+} cudaError_t;
+
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+
+/* Special stream handles, as in driver_types.h. */
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+/* Stream flags. */
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+
+/* Event flags. */
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaEventInterprocess 0x04
+
+/* cudaMallocManaged flags. */
+#define cudaMemAttachGlobal 0x01
+#define cudaMemAttachHost 0x02
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+};
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3
+};
+
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
+
+/* Memory */
+cudaError_t cudaMalloc(void **devPtr, size_t size);
+cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags);
+cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+cudaError_t cudaMemset(void *devPtr, int value, size_t count);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+
+/* Devices */
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceReset(void);
+
+/* Streams */
+cudaError_t cudaStreamCreate(cudaStream_t *pStream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority);
+cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+
+/* Events */
+cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+
+/* Errors and versions */
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t error);
+const char *cudaGetErrorName(cudaError_t error);
+cudaError_t cudaRuntimeGetVersion(int *runtimeVersion);
+cudaError_t cudaDriverGetVersion(int *driverVersion);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FAKECUDART_CUDA_RUNTIME_API_H */

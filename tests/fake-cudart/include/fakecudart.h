@@ -1,0 +1,105 @@
+/*
+ * fakecudart.h — test-only entry points of the fake libcudart.so.12 (see cuda_runtime_api.h for
+ * the CUDA subset and the model behind it). None of these functions is affected by
+ * FAKECUDART_FAIL, and none touches the calling thread's last error.
+ *
+ * Counters: every counter in FAKECUDART_COUNTER_LIST, read all at once with
+ * fakecudart_get_counters or one by name with fakecudart_counter (handy from ctypes). Counters
+ * count calls that reached the fake, so with an interposer in front they show what was forwarded.
+ * fakecudart_reset_counters zeroes them (peak_bytes restarts at bytes_in_use, which is state and
+ * is never reset).
+ *
+ * Clock: fakecudart_launch enqueues simulated work of `duration_ticks` on a stream, touching
+ * [ptr, ptr + bytes). It starts once the work it is ordered after is complete (earlier work on
+ * the same stream; for the legacy default stream also earlier work on every blocking stream of
+ * the device; for a blocking stream also earlier legacy-stream work) and ends `duration_ticks`
+ * later. Until the clock reaches that end, fakecudart_range_busy reports the range as busy.
+ * fakecudart_advance moves the clock; the synchronizing CUDA calls move it to the end of the work
+ * they wait for.
+ */
+#ifndef FAKECUDART_H
+#define FAKECUDART_H
+
+#include <stdint.h>
+#include "cuda_runtime_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X(name, meaning): every counter, declared once. */
+#define FAKECUDART_COUNTER_LIST(X)                                                          \
+    X(mallocs, "successful cudaMalloc calls (size 0 included)")                            \
+    X(pitch_mallocs, "successful cudaMallocPitch calls")                                   \
+    X(managed_mallocs, "successful cudaMallocManaged calls")                               \
+    X(malloc_failures, "failed cudaMalloc/cudaMallocPitch/cudaMallocManaged calls")        \
+    X(frees, "successful cudaFree calls with a non-NULL pointer")                          \
+    X(null_frees, "cudaFree(NULL) calls")                                                  \
+    X(free_failures, "cudaFree calls that returned an error")                              \
+    X(host_mallocs, "successful cudaMallocHost calls")                                     \
+    X(host_frees, "successful cudaFreeHost calls with a non-NULL pointer")                 \
+    X(bytes_in_use, "bytes of live device allocations, all devices (state, never reset)")  \
+    X(peak_bytes, "highest bytes_in_use since start or the last counter reset")            \
+    X(mem_get_infos, "cudaMemGetInfo calls")                                               \
+    X(device_syncs, "cudaDeviceSynchronize calls")                                         \
+    X(implicit_syncs, "device synchronizations done inside cudaFree")                     \
+    X(device_resets, "cudaDeviceReset calls")                                              \
+    X(stream_creates, "streams created")                                                   \
+    X(stream_destroys, "streams destroyed with cudaStreamDestroy")                         \
+    X(stream_syncs, "cudaStreamSynchronize calls")                                         \
+    X(stream_queries, "cudaStreamQuery calls")                                             \
+    X(stream_waits, "cudaStreamWaitEvent calls")                                           \
+    X(event_creates, "events created")                                                     \
+    X(event_destroys, "events destroyed with cudaEventDestroy")                            \
+    X(event_records, "cudaEventRecord calls")                                              \
+    X(event_queries, "cudaEventQuery calls")                                               \
+    X(event_syncs, "cudaEventSynchronize calls")                                           \
+    X(launches, "fakecudart_launch calls that enqueued work")                              \
+    X(memcpys, "cudaMemcpy calls")                                                         \
+    X(memsets, "cudaMemset calls")                                                         \
+    X(get_last_errors, "cudaGetLastError calls")                                           \
+    X(peek_last_errors, "cudaPeekAtLastError calls")
+
+typedef struct fakecudart_counters {
+#define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;
+    FAKECUDART_COUNTER_LIST(FAKECUDART_COUNTER_FIELD)
+#undef FAKECUDART_COUNTER_FIELD
+} fakecudart_counters;
+
+/* Copies every counter into *out. */
+void fakecudart_get_counters(fakecudart_counters *out);
+/* One counter by its name in FAKECUDART_COUNTER_LIST; UINT64_MAX for an unknown name. */
+uint64_t fakecudart_counter(const char *name);
+/* Zeroes every counter except bytes_in_use; peak_bytes restarts at bytes_in_use. */
+void fakecudart_reset_counters(void);
+/* Bytes of live allocations charged to `device` (0 for an ordinal out of range). */
+uint64_t fakecudart_device_bytes_in_use(int device);
+
+/* Sets the capacity of `device` in bytes; cudaErrorInvalidDevice for an ordinal out of range.
+ * Allocations already made stay; later ones must fit. */
+cudaError_t fakecudart_set_capacity(int device, size_t bytes);
+/* The next `count` device allocations (cudaMalloc, cudaMallocPitch, cudaMallocManaged) fail with
+ * `code` (which should be nonzero), whatever the free memory. count 0 cancels an injection. */
+void fakecudart_inject_malloc_failures(unsigned count, cudaError_t code);
+
+/* Enqueues simulated work on `stream` (0, cudaStreamLegacy, cudaStreamPerThread or a created
+ * stream) that touches [ptr, ptr + bytes) for `duration_ticks`. The range must lie inside one
+ * live device allocation unless bytes is 0. Returns cudaErrorInvalidValue for a bad range and
+ * cudaErrorInvalidResourceHandle for an unknown stream. */
+cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream, uint64_t duration_ticks);
+/* Moves the simulated clock forward by `ticks`. */
+void fakecudart_advance(uint64_t ticks);
+/* The simulated clock, in ticks since start. */
+uint64_t fakecudart_now(void);
+/* 1 when enqueued work that is not complete yet touches any byte of [ptr, ptr + bytes), else 0. */
+int fakecudart_range_busy(const void *ptr, size_t bytes);
+/* The tick at which the last incomplete work touching [ptr, ptr + bytes) completes; 0 if none. */
+uint64_t fakecudart_range_busy_until(const void *ptr, size_t bytes);
+/* Number of enqueued work items not complete yet, all devices. */
+uint64_t fakecudart_pending_work(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FAKECUDART_H */

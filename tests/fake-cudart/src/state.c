@@ -1,0 +1,164 @@
+/*
+ * state.c — the global state, its lock, first-call configuration from the environment, and the
+ * per-thread last error.
+ *
+ * Environment (read once, at the first call of any exported function):
+ *   FAKECUDART_DEVICES   number of devices, 0..64 (default 2; 0 = every call answers 100)
+ *   FAKECUDART_CAPACITY  bytes per device: digits with an optional suffix K/M/G/T (= KiB/MiB/GiB/
+ *                        TiB, powers of 1024) or KB/MB/GB/TB (powers of 1000); default 16GiB
+ *   FAKECUDART_FAIL      a cudaError_t code that every call answers (0 or unset = off)
+ * A malformed value is reported once on stderr and every call then answers
+ * cudaErrorInitializationError (3).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "state.h"
+
+struct fake_state fake;
+__thread int fake_current_device;
+
+static __thread cudaError_t last_error;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void lock(void) { pthread_mutex_lock(&state_lock); }
+void unlock(void) { pthread_mutex_unlock(&state_lock); }
+
+cudaError_t record(cudaError_t rc) {
+    if (rc != cudaSuccess && rc != cudaErrorNotReady)
+        last_error = rc;
+    return rc;
+}
+
+/* Parses an integer byte count with an optional unit suffix ("123", "16GiB"); 0 on success. */
+static int parse_size(const char *text, uint64_t *out) {
+    static const struct { const char *suffix; uint64_t unit; } units[] = {
+        {"", 1}, {"B", 1},
+        {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000ull},
+        {"M", 1ull << 20}, {"MiB", 1ull << 20}, {"MB", 1000000ull},
+        {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000ull},
+        {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull},
+    };
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long n = strtoull(p, &end, 10);
+    if (errno != 0)
+        return -1;
+    while (isspace((unsigned char)*end))
+        end++;
+    size_t len = strlen(end);
+    while (len > 0 && isspace((unsigned char)end[len - 1]))
+        len--;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strlen(units[i].suffix) == len && strncmp(units[i].suffix, end, len) == 0) {
+            if (n > UINT64_MAX / units[i].unit)
+                return -1;
+            *out = n * units[i].unit;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int parse_int(const char *text, long min, long max, long *out) {
+    errno = 0;
+    char *end;
+    long n = strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || n < min || n > max)
+        return -1;
+    *out = n;
+    return 0;
+}
+
+static void config_error(const char *name, const char *value, const char *allowed) {
+    fprintf(stderr, "fakecudart: %s='%s' is not valid (%s); every CUDA call now answers 3 "
+                    "cudaErrorInitializationError\n", name, value, allowed);
+    fake.fail_code = cudaErrorInitializationError;
+}
+
+static void init(void) {
+    long devices = FAKE_DEFAULT_DEVICES;
+    uint64_t capacity = FAKE_DEFAULT_CAPACITY;
+    const char *v;
+
+    if ((v = getenv("FAKECUDART_DEVICES")) != NULL && *v != '\0' &&
+        parse_int(v, 0, FAKE_MAX_DEVICES, &devices) != 0) {
+        config_error("FAKECUDART_DEVICES", v, "an integer from 0 to 64");
+        devices = FAKE_DEFAULT_DEVICES;
+    }
+    if ((v = getenv("FAKECUDART_CAPACITY")) != NULL && *v != '\0' && parse_size(v, &capacity) != 0) {
+        config_error("FAKECUDART_CAPACITY", v,
+                     "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB");
+        capacity = FAKE_DEFAULT_CAPACITY;
+    }
+    long fail = 0;
+    if ((v = getenv("FAKECUDART_FAIL")) != NULL && *v != '\0' &&
+        parse_int(v, 0, 100000, &fail) != 0) {
+        config_error("FAKECUDART_FAIL", v, "a cudaError_t code from 0 to 100000");
+        fail = 0;
+    }
+
+    fake.device_count = (int)devices;
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+        fake.devices[d].capacity = capacity;
+        fake.devices[d].legacy.device = d;
+        fake.devices[d].per_thread.device = d;
+    }
+    if (fake.fail_code == cudaSuccess) {
+        if (fail != 0)
+            fake.fail_code = (cudaError_t)fail;
+        else if (devices == 0)
+            fake.fail_code = cudaErrorNoDevice;
+    }
+}
+
+void fake_init_once(void) { pthread_once(&init_once, init); }
+
+cudaError_t cudaGetLastError(void) {
+    fake_init_once();
+    lock();
+    fake.counters.get_last_errors++;
+    unlock();
+    if (fake.fail_code != cudaSuccess)
+        return fake.fail_code; /* the initialization error stays */
+    cudaError_t rc = last_error;
+    last_error = cudaSuccess;
+    return rc;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+    fake_init_once();
+    lock();
+    fake.counters.peek_last_errors++;
+    unlock();
+    if (fake.fail_code != cudaSuccess)
+        return fake.fail_code;
+    return last_error;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
+    fake_init_once();
+    if (runtimeVersion == NULL)
+        return record(cudaErrorInvalidValue);
+    *runtimeVersion = FAKE_RUNTIME_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *driverVersion) {
+    fake_init_once();
+    if (driverVersion == NULL)
+        return record(cudaErrorInvalidValue);
+    /* Without a driver the real runtime answers success and version 0. */
+    *driverVersion = fake.fail_code == cudaErrorInsufficientDriver ? 0 : FAKE_DRIVER_VERSION;
+    return cudaSuccess;
+}

@@ -1,0 +1,280 @@
+//! The fake CUDA runtime used by the end-to-end tests: it must look like the real
+//! `libcudart.so.12` to the dynamic linker (SONAME, default-versioned symbols, `-Bsymbolic`) and
+//! behave like it where the shim depends on it (OOM code 2 and the sticky last error, cudaFree
+//! semantics, stream and event ordering including the legacy default stream rule).
+//!
+//! The behaviour checks live in `tests/fake-cudart/checks/fake_cudart_check.c`, one scenario per
+//! command-line argument; each test here runs one scenario in its own process (the fake reads its
+//! environment once per process) and requires its "ok" line.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use support::fake_cudart::{self, SONAME};
+
+/// Functions every caller of the real runtime may bind to; all must be exported as defaults of
+/// the `libcudart.so.12` version.
+const REQUIRED_EXPORTS: &[&str] = &[
+    "cudaMalloc",
+    "cudaFree",
+    "cudaMallocManaged",
+    "cudaMallocPitch",
+    "cudaMallocHost",
+    "cudaFreeHost",
+    "cudaMemGetInfo",
+    "cudaGetDeviceCount",
+    "cudaGetDevice",
+    "cudaSetDevice",
+    "cudaDeviceSynchronize",
+    "cudaDeviceReset",
+    "cudaStreamCreate",
+    "cudaStreamCreateWithFlags",
+    "cudaStreamDestroy",
+    "cudaStreamSynchronize",
+    "cudaEventCreate",
+    "cudaEventCreateWithFlags",
+    "cudaEventRecord",
+    "cudaEventQuery",
+    "cudaEventSynchronize",
+    "cudaEventDestroy",
+    "cudaMemcpy",
+    "cudaMemset",
+    "cudaGetLastError",
+    "cudaPeekAtLastError",
+    "cudaGetErrorString",
+    "cudaGetErrorName",
+    "cudaRuntimeGetVersion",
+    "cudaDriverGetVersion",
+    "cudaPointerGetAttributes",
+    "fakecudart_launch",
+    "fakecudart_advance",
+    "fakecudart_range_busy",
+    "fakecudart_counter",
+    "fakecudart_get_counters",
+    "fakecudart_reset_counters",
+];
+
+fn check_program() -> &'static PathBuf {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let source = fake_cudart::source_dir()
+            .join("checks")
+            .join("fake_cudart_check.c");
+        fake_cudart::compile_c_program(&source, "fake_cudart_check", &[])
+    })
+}
+
+fn run_scenario(scenario: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = fake_cudart::command(check_program());
+    cmd.arg(scenario).envs(env.iter().copied());
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run the check program: {e}"))
+}
+
+fn assert_scenario_passes(scenario: &str, env: &[(&str, &str)]) {
+    let out = run_scenario(scenario, env);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("ok {scenario}")),
+        "scenario {scenario} with {env:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Output of a binutils tool, or None (with a note) when it is not installed.
+fn tool_output(tool: &str, args: &[&str], file: &std::path::Path) -> Option<String> {
+    match Command::new(tool).args(args).arg(file).output() {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "{tool} {args:?} {} failed",
+                file.display()
+            );
+            Some(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+        Err(e) => {
+            eprintln!("skipping: {tool} not available ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn library_has_the_real_runtimes_soname_and_symbolic_binding() {
+    let lib = fake_cudart::fake_cudart().library();
+    let Some(dynamic) = tool_output("readelf", &["-d", "-W"], &lib) else {
+        return;
+    };
+    assert!(
+        dynamic.contains("Library soname: [libcudart.so.12]"),
+        "SONAME missing:\n{dynamic}"
+    );
+    assert!(
+        dynamic.contains("(SYMBOLIC)") || dynamic.contains("FLAGS") && dynamic.contains("SYMBOLIC"),
+        "DT_SYMBOLIC missing:\n{dynamic}"
+    );
+    let link = fake_cudart::fake_cudart().lib_dir.join("libcudart.so");
+    assert_eq!(std::fs::read_link(&link).unwrap(), PathBuf::from(SONAME));
+}
+
+#[test]
+fn every_export_is_a_default_version_of_libcudart_so_12() {
+    let lib = fake_cudart::fake_cudart().library();
+    let Some(syms) = tool_output("readelf", &["--dyn-syms", "-W"], &lib) else {
+        return;
+    };
+    for name in REQUIRED_EXPORTS {
+        let versioned = format!(" {name}@@libcudart.so.12");
+        assert!(
+            syms.lines()
+                .any(|l| l.ends_with(&versioned) && !l.contains(" UND ")),
+            "{name}@@libcudart.so.12 not exported:\n{syms}"
+        );
+    }
+    // Nothing else leaks: every defined function is cuda* or fakecudart_*.
+    for line in syms
+        .lines()
+        .filter(|l| l.contains(" FUNC ") && !l.contains(" UND "))
+    {
+        let name = line.split_whitespace().last().unwrap();
+        assert!(
+            name.starts_with("cuda") || name.starts_with("fakecudart_"),
+            "unexpected export {name}"
+        );
+        assert!(
+            name.ends_with("@@libcudart.so.12"),
+            "unversioned export {name}"
+        );
+    }
+}
+
+#[test]
+fn programs_bind_to_the_versioned_runtime() {
+    let Some(dynamic) = tool_output("readelf", &["-d", "-W"], check_program()) else {
+        return;
+    };
+    assert!(
+        dynamic.contains("Shared library: [libcudart.so.12]"),
+        "NEEDED libcudart.so.12 missing:\n{dynamic}"
+    );
+    let Some(syms) = tool_output("readelf", &["--dyn-syms", "-W"], check_program()) else {
+        return;
+    };
+    assert!(
+        syms.lines()
+            .any(|l| l.contains(" UND ") && l.contains(" cudaMalloc@libcudart.so.12")),
+        "the program does not reference cudaMalloc@libcudart.so.12:\n{syms}"
+    );
+}
+
+#[test]
+fn allocation_copies_frees_and_counters() {
+    assert_scenario_passes("alloc", &[]);
+}
+
+#[test]
+fn out_of_memory_returns_2_and_stays_until_cuda_get_last_error() {
+    assert_scenario_passes("oom", &[("FAKECUDART_CAPACITY", "1MiB")]);
+}
+
+#[test]
+fn devices_are_per_thread_and_reset_frees_the_current_one() {
+    assert_scenario_passes("devices", &[("FAKECUDART_DEVICES", "3")]);
+}
+
+#[test]
+fn streams_events_and_the_clock_follow_cuda_ordering() {
+    assert_scenario_passes("clock", &[]);
+}
+
+#[test]
+fn legacy_stream_waits_for_blocking_streams_only() {
+    assert_scenario_passes("legacy", &[]);
+}
+
+#[test]
+fn threads_share_the_counters_but_not_the_last_error() {
+    assert_scenario_passes("threads", &[("FAKECUDART_CAPACITY", "64MiB")]);
+}
+
+#[test]
+fn fail_35_mimics_a_machine_without_a_driver() {
+    assert_scenario_passes("no-driver", &[("FAKECUDART_FAIL", "35")]);
+}
+
+#[test]
+fn zero_devices_answer_no_device() {
+    assert_scenario_passes("no-device", &[("FAKECUDART_DEVICES", "0")]);
+}
+
+#[test]
+fn capacity_accepts_bytes_and_unit_suffixes() {
+    let cases: &[(&str, u64)] = &[
+        ("4096", 4096),
+        ("1500KB", 1_500_000),
+        ("3MiB", 3 << 20),
+        ("2G", 2 << 30),
+        ("1TiB", 1 << 40),
+    ];
+    for (text, bytes) in cases {
+        let out = run_scenario("total", &[("FAKECUDART_CAPACITY", text)]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains(&format!("total {bytes}\n")),
+            "FAKECUDART_CAPACITY={text}: {stdout}"
+        );
+    }
+    let out = run_scenario("total", &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("total {}\n", 16u64 << 30)),
+        "default capacity: {stdout}"
+    );
+}
+
+#[test]
+fn malformed_environment_is_reported_and_fails_every_call() {
+    for (var, value) in [
+        ("FAKECUDART_CAPACITY", "lots"),
+        ("FAKECUDART_CAPACITY", "1.5GiB"),
+        ("FAKECUDART_DEVICES", "65"),
+        ("FAKECUDART_FAIL", "x"),
+    ] {
+        let out = run_scenario("total", &[(var, value)]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stdout.contains("error 3\n"), "{var}={value}: {stdout}");
+        assert!(
+            stderr.contains(&format!("{var}='{value}' is not valid")),
+            "{var}={value}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn concurrent_builds_agree_on_one_library() {
+    let root = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fake-cudart-race-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dirs: Vec<PathBuf> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| fake_cudart::build_fake_cudart_in(&root)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    assert!(dirs.iter().all(|d| d == &dirs[0]), "{dirs:?}");
+    assert!(dirs[0].join(SONAME).is_file());
+    // Only the published build is left: no temporary directories.
+    let leftovers: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -1,0 +1,5 @@
+//! Helpers shared by the integration tests (`mod support;`). Each test binary uses only some of
+//! them, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+pub mod fake_cudart;
