@@ -4,4 +4,5 @@
 pub mod backend;
 pub mod config;
 pub mod pool;
+pub mod report;
 pub mod trace;

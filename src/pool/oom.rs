@@ -1,7 +1,37 @@
 //! The out-of-memory report: built from a stats snapshot at the moment the miss ladder gave
 //! up, so that an OOM explains itself (true exhaustion or fragmentation, and what to change).
+//!
+//! Note: how a report is classified (`OomReport::hint`). The request needs its rounded block
+//! next to everything already allocated. What this process can use is what it reserved plus what
+//! the device still has free, capped by `per_process_memory_fraction`.
+//! - Exhausted: allocated + the block exceeds even the device capacity (or the fraction limit).
+//!   No policy can help: live memory must shrink.
+//! - Untracked: it would fit in the capacity, but not in reserved + free, because memory outside
+//!   cachealloc (other processes, CUDA contexts, other allocators) holds the difference.
+//! - Fragmentation: it fits in reserved-but-unallocated + free, yet no free block (and no new
+//!   segment) is large enough. By the time the report is built the ladder has released every
+//!   fully free segment, so the unallocated reserved bytes sit in split segments next to live
+//!   blocks. PyTorch's remedy is `max_split_size_mb`: blocks at or above it are never split, a
+//!   request at or above it only takes a cached block that is at most `max_non_split_rounding`
+//!   larger, and on a miss `release_available_cached_blocks` returns such blocks to the device
+//!   before the pool grows. Setting it at or below the request (in MiB; PyTorch's minimum is 20)
+//!   keeps large cached blocks whole for large requests instead of letting small requests carve
+//!   them up. PyTorch's other remedy, `expandable_segments`, is not offered: cachealloc does not
+//!   implement it yet.
+//!
+//! The text follows PyTorch's newest message (its first sentence is the same shape with
+//! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
 
+use super::format::format_size;
 use super::types::{DeviceId, StreamId};
+use std::fmt;
+
+/// Smallest `max_split_size_mb` PyTorch accepts.
+const MIN_MAX_SPLIT_SIZE_MB: u64 = 20; // MiB
+/// One mebibyte (`max_split_size_mb` counts these).
+const MIB: u64 = 1 << 20; // bytes
+/// How many of the largest free blocks the text lists.
+const LISTED_FREE_BLOCKS: usize = 4;
 
 /// Everything known about one failed allocation. Filled by the pool; explained by `hint()` and
 /// rendered by `Display`.
@@ -28,4 +58,436 @@ pub struct OomReport {
     pub largest_free_blocks: Vec<u64>,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
+}
+
+/// What an OOM was caused by, with the numbers that show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OomHint {
+    /// Live memory alone (allocated + the request) exceeds what the device offers this process:
+    /// not fragmentation. `missing` bytes would have to be freed by the program.
+    Exhausted {
+        /// Allocated bytes plus the rounded request.
+        needed: u64,
+        /// Reserved + device free, capped by the capacity or fraction limit.
+        available: u64,
+        missing: u64,
+        /// The `per_process_memory_fraction` limit is what binds.
+        by_fraction_limit: bool,
+    },
+    /// The request would fit in the capacity, but memory not tracked by cachealloc (other
+    /// processes or contexts on the device) holds what is missing.
+    Untracked { untracked: u64, missing: u64 },
+    /// Enough bytes are reserved-but-unallocated plus free on the device, but no free block is
+    /// big enough for the request.
+    Fragmentation {
+        /// Rounded size of the request.
+        request: u64,
+        /// Reserved but unallocated bytes (in split segments).
+        unallocated: u64,
+        /// Free bytes on the device.
+        device_free: u64,
+        /// The largest free cached block (0 when none).
+        largest_free_block: u64,
+        /// The `max_split_size_mb` to try, or `None` when one at or below it is already set.
+        suggested_max_split_size_mb: Option<u64>,
+        /// The `max_split_size_mb` in force, when set.
+        current_max_split_size_mb: Option<u64>,
+    },
+}
+
+impl OomReport {
+    /// Bytes reserved by cachealloc but not allocated.
+    pub fn unallocated(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+
+    /// Device memory in use that cachealloc did not reserve (other processes, CUDA contexts,
+    /// other allocators in this process).
+    pub fn untracked(&self) -> u64 {
+        self.device_total
+            .saturating_sub(self.device_free)
+            .saturating_sub(self.reserved)
+    }
+
+    /// Classify the failure; see the module note for the reasoning.
+    pub fn hint(&self) -> OomHint {
+        let needed = self.allocated.saturating_add(self.rounded);
+        let limit = self
+            .allowed_maximum
+            .map_or(self.device_total, |allowed| allowed.min(self.device_total));
+        let by_fraction_limit = self.allowed_maximum.is_some_and(|a| a < self.device_total);
+        let obtainable = self.reserved.saturating_add(self.device_free);
+        if needed > limit {
+            let available = obtainable.min(limit);
+            return OomHint::Exhausted {
+                needed,
+                available,
+                missing: needed - available,
+                by_fraction_limit,
+            };
+        }
+        if needed > obtainable {
+            return OomHint::Untracked {
+                untracked: self.untracked(),
+                missing: needed - obtainable,
+            };
+        }
+        let current_mb = (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB);
+        let suggested = (self.rounded / MIB).max(MIN_MAX_SPLIT_SIZE_MB);
+        OomHint::Fragmentation {
+            request: self.rounded,
+            unallocated: self.unallocated(),
+            device_free: self.device_free,
+            largest_free_block: self.largest_free_blocks.iter().copied().max().unwrap_or(0),
+            suggested_max_split_size_mb: match current_mb {
+                Some(current) if current <= suggested => None,
+                _ => Some(suggested),
+            },
+            current_max_split_size_mb: current_mb,
+        }
+    }
+}
+
+impl fmt::Display for OomHint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            OomHint::Exhausted {
+                needed,
+                available,
+                missing,
+                by_fraction_limit,
+            } => {
+                write!(
+                    f,
+                    "Not fragmentation: live allocations plus this request need {} but this \
+                     process can use at most {}, {} short. ",
+                    format_size(needed),
+                    format_size(available),
+                    format_size(missing)
+                )?;
+                if by_fraction_limit {
+                    f.write_str(
+                        "The per_process_memory_fraction limit binds: raise it, or keep less \
+                         memory alive (smaller batch, release tensors earlier).",
+                    )
+                } else {
+                    f.write_str(
+                        "No allocator setting helps: keep less memory alive (smaller batch, \
+                         release tensors earlier) or use a larger GPU.",
+                    )
+                }
+            }
+            OomHint::Untracked { untracked, missing } => write!(
+                f,
+                "Memory outside cachealloc: {} of this GPU is used by other processes, CUDA \
+                 contexts or other allocators; without it this request would fit ({} short). \
+                 Free that memory or run on a less busy GPU.",
+                format_size(untracked),
+                format_size(missing)
+            ),
+            OomHint::Fragmentation {
+                request,
+                unallocated,
+                device_free,
+                largest_free_block,
+                suggested_max_split_size_mb,
+                current_max_split_size_mb,
+            } => {
+                write!(
+                    f,
+                    "Fragmentation: {} reserved but unallocated plus {} free on the device \
+                     would hold this {} block, but the largest free cached block is {}. ",
+                    format_size(unallocated),
+                    format_size(device_free),
+                    format_size(request),
+                    format_size(largest_free_block)
+                )?;
+                match (suggested_max_split_size_mb, current_max_split_size_mb) {
+                    (Some(mb), _) => write!(
+                        f,
+                        "Try CACHEALLOC_CONF=max_split_size_mb:{mb}: blocks of {mb} MiB or more \
+                         are then never split, so large cached blocks stay whole for large \
+                         requests and are released to the device when a request misses."
+                    ),
+                    (None, Some(current)) => write!(
+                        f,
+                        "max_split_size_mb is already {current}; keep less memory alive or \
+                         allocate the large tensors first, before small ones split the segments."
+                    ),
+                    (None, None) => f.write_str(
+                        "Keep less memory alive or allocate the large tensors first, before \
+                         small ones split the segments.",
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for OomReport {
+    /// PyTorch's sentence first, then one line each: the request's sizes, memory not tracked by
+    /// cachealloc, the largest free cached blocks, and the hint.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which \
+             {} is free. ",
+            format_size(self.alloc_size),
+            self.device.0,
+            format_size(self.device_total),
+            format_size(self.device_free)
+        )?;
+        if let Some(allowed) = self.allowed_maximum {
+            write!(f, "{} allowed; ", format_size(allowed))?;
+        }
+        writeln!(
+            f,
+            "Of the allocated memory {} is allocated by cachealloc, and {} is reserved by \
+             cachealloc but unallocated.",
+            format_size(self.allocated),
+            format_size(self.unallocated())
+        )?;
+        writeln!(
+            f,
+            "Request: {} ({} bytes) on stream {:#x}, rounded to a {} block, needing a {} segment.",
+            format_size(self.requested),
+            self.requested,
+            self.stream.0,
+            format_size(self.rounded),
+            format_size(self.alloc_size)
+        )?;
+        writeln!(
+            f,
+            "Memory not tracked by cachealloc (other processes, CUDA contexts, other \
+             allocators): {}.",
+            format_size(self.untracked())
+        )?;
+        if self.largest_free_blocks.is_empty() {
+            writeln!(f, "Largest free cached blocks: none.")?;
+        } else {
+            let listed: Vec<String> = self
+                .largest_free_blocks
+                .iter()
+                .take(LISTED_FREE_BLOCKS)
+                .map(|&size| format_size(size))
+                .collect();
+            let more = self
+                .largest_free_blocks
+                .len()
+                .saturating_sub(LISTED_FREE_BLOCKS);
+            write!(f, "Largest free cached blocks: {}", listed.join(", "))?;
+            if more > 0 {
+                write!(f, " (and {more} smaller)")?;
+            }
+            writeln!(f, ".")?;
+        }
+        write!(f, "Hint: {}", self.hint())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    /// An 80 GiB device on which a 1000 MiB request failed with 18 GiB reserved but unallocated.
+    fn fragmented() -> OomReport {
+        OomReport {
+            device: DeviceId(0),
+            stream: StreamId(0),
+            requested: 1_048_575_900,
+            rounded: 1000 * MIB,
+            alloc_size: 1000 * MIB,
+            device_total: 80 * GIB,
+            device_free: 512 * MIB,
+            allocated: 60 * GIB,
+            reserved: 78 * GIB,
+            allowed_maximum: None,
+            largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
+            max_split_size: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn live_memory_over_capacity_is_exhaustion() {
+        let report = OomReport {
+            allocated: 79 * GIB,
+            reserved: 79 * GIB + 512 * MIB,
+            device_free: 256 * MIB,
+            rounded: 2 * GIB,
+            alloc_size: 2 * GIB,
+            ..fragmented()
+        };
+        let hint = report.hint();
+        assert_eq!(
+            hint,
+            OomHint::Exhausted {
+                needed: 81 * GIB,
+                available: 79 * GIB + 768 * MIB,
+                missing: 1280 * MIB,
+                by_fraction_limit: false,
+            }
+        );
+        let text = hint.to_string();
+        assert!(text.starts_with("Not fragmentation"), "{text}");
+        assert!(text.contains("1.25 GiB short"), "{text}");
+        assert!(!text.contains("max_split_size_mb"), "{text}");
+    }
+
+    #[test]
+    fn fraction_limit_is_named_when_it_binds() {
+        let report = OomReport {
+            allowed_maximum: Some(40 * GIB),
+            allocated: 39 * GIB,
+            reserved: 39 * GIB + 512 * MIB,
+            device_free: 40 * GIB,
+            rounded: 2 * GIB,
+            alloc_size: 2 * GIB,
+            ..fragmented()
+        };
+        assert_eq!(
+            report.hint(),
+            OomHint::Exhausted {
+                needed: 41 * GIB,
+                available: 40 * GIB,
+                missing: GIB,
+                by_fraction_limit: true,
+            }
+        );
+        let text = report.to_string();
+        assert!(
+            text.contains("is free. 40.00 GiB allowed; Of the allocated"),
+            "{text}"
+        );
+        assert!(text.contains("per_process_memory_fraction"), "{text}");
+    }
+
+    #[test]
+    fn memory_held_by_others_is_untracked() {
+        // 30 GiB used outside cachealloc; without it the 12 GiB request would fit.
+        let report = OomReport {
+            allocated: 39 * GIB,
+            reserved: 40 * GIB,
+            device_free: 10 * GIB,
+            rounded: 12 * GIB,
+            alloc_size: 12 * GIB,
+            largest_free_blocks: vec![],
+            ..fragmented()
+        };
+        assert_eq!(report.untracked(), 30 * GIB);
+        assert_eq!(
+            report.hint(),
+            OomHint::Untracked {
+                untracked: 30 * GIB,
+                missing: GIB,
+            }
+        );
+        let text = report.to_string();
+        assert!(text.contains("Largest free cached blocks: none."), "{text}");
+        assert!(
+            text.contains("Hint: Memory outside cachealloc: 30.00 GiB"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn fragmentation_suggests_max_split_size_at_the_request() {
+        let report = fragmented();
+        assert_eq!(
+            report.hint(),
+            OomHint::Fragmentation {
+                request: 1000 * MIB,
+                unallocated: 18 * GIB,
+                device_free: 512 * MIB,
+                largest_free_block: 600 * MIB,
+                suggested_max_split_size_mb: Some(1000),
+                current_max_split_size_mb: None,
+            }
+        );
+        let expected = [
+            "CUDA out of memory. Tried to allocate 1000.00 MiB. GPU 0 has a total capacity of \
+             80.00 GiB of which 512.00 MiB is free. Of the allocated memory 60.00 GiB is \
+             allocated by cachealloc, and 18.00 GiB is reserved by cachealloc but unallocated.",
+            "Request: 1000.00 MiB (1048575900 bytes) on stream 0x0, rounded to a 1000.00 MiB \
+             block, needing a 1000.00 MiB segment.",
+            "Memory not tracked by cachealloc (other processes, CUDA contexts, other \
+             allocators): 1.50 GiB.",
+            "Largest free cached blocks: 600.00 MiB, 300.00 MiB, 20.00 MiB, 2.00 MiB \
+             (and 1 smaller).",
+            "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
+             the device would hold this 1000.00 MiB block, but the largest free cached block \
+             is 600.00 MiB. Try CACHEALLOC_CONF=max_split_size_mb:1000: blocks of 1000 MiB or \
+             more are then never split, so large cached blocks stay whole for large requests \
+             and are released to the device when a request misses.",
+        ]
+        .join("\n");
+        assert_eq!(report.to_string(), expected);
+        assert!(!expected.contains("expandable_segments"));
+    }
+
+    #[test]
+    fn suggestion_is_never_below_pytorch_minimum() {
+        let report = OomReport {
+            requested: 3 << 20,
+            rounded: 3 << 20,
+            alloc_size: 20 << 20,
+            device_free: 10 << 20,
+            ..fragmented()
+        };
+        let OomHint::Fragmentation {
+            suggested_max_split_size_mb,
+            ..
+        } = report.hint()
+        else {
+            panic!("expected fragmentation: {:?}", report.hint());
+        };
+        assert_eq!(suggested_max_split_size_mb, Some(20));
+    }
+
+    #[test]
+    fn suggestion_depends_on_the_current_setting() {
+        let with_setting = |mb: u64| {
+            let report = OomReport {
+                max_split_size: mb * MIB,
+                ..fragmented()
+            };
+            match report.hint() {
+                OomHint::Fragmentation {
+                    suggested_max_split_size_mb,
+                    current_max_split_size_mb,
+                    ..
+                } => (suggested_max_split_size_mb, current_max_split_size_mb),
+                other => panic!("expected fragmentation: {other:?}"),
+            }
+        };
+        // A larger setting still lets large blocks be split for this request: lower it.
+        assert_eq!(with_setting(4096), (Some(1000), Some(4096)));
+        // A setting at or below the request already keeps such blocks whole.
+        assert_eq!(with_setting(512), (None, Some(512)));
+        let report = OomReport {
+            max_split_size: 512 * MIB,
+            ..fragmented()
+        };
+        assert!(
+            report
+                .to_string()
+                .contains("max_split_size_mb is already 512")
+        );
+    }
+
+    #[test]
+    fn inconsistent_snapshots_do_not_panic() {
+        let report = OomReport {
+            allocated: 10 * GIB,
+            reserved: 5 * GIB,
+            device_free: 100 * GIB,
+            rounded: u64::MAX,
+            ..fragmented()
+        };
+        assert_eq!(report.unallocated(), 0);
+        assert_eq!(report.untracked(), 0);
+        assert!(matches!(report.hint(), OomHint::Exhausted { .. }));
+        assert!(!report.to_string().is_empty());
+    }
 }

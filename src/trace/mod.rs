@@ -2,6 +2,8 @@
 //! pool on the simulated device.
 
 pub mod replay;
+pub mod rng;
+pub mod synth;
 pub mod workload;
 
 pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay};

@@ -1,0 +1,198 @@
+//! Built-in synthetic workloads, deterministic from a seed.
+//!
+//! Two generators produce the same `Workload` model the trace readers produce, so replay, sweep
+//! and the benchmarks run them unchanged:
+//! - `transformer`: training steps of a decoder-only transformer whose sequence length changes
+//!   every step. Weights and optimizer state stay; activations, gradients and temporaries come
+//!   and go per step in the order a framework allocates them. Large activation sizes follow the
+//!   sequence length (attention scores grow with its square) while bias, norm and scalar tensors
+//!   stay small, which is the mix that fragments a caching pool.
+//! - `loguniform`: the benchmark trace — sizes log-uniform over 512 B … 256 MiB, random frees,
+//!   and a cap on live bytes.
+//!
+//! A spec is written `KIND` or `KIND:key=value,key=value` (for example
+//! `transformer:layers=24,seq=512-4096`); `SynthSpec::from_str` parses it and names every bad
+//! key or value together with what is allowed.
+
+mod loguniform;
+mod params;
+mod transformer;
+
+pub use loguniform::LogUniformParams;
+pub use transformer::{TransformerParams, TransformerWorkload};
+
+use super::workload::Workload;
+use std::fmt;
+use std::str::FromStr;
+
+/// Which built-in workload to generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthKind {
+    Transformer,
+    LogUniform,
+}
+
+impl SynthKind {
+    pub const ALL: [SynthKind; 2] = [SynthKind::Transformer, SynthKind::LogUniform];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthKind::Transformer => "transformer",
+            SynthKind::LogUniform => "loguniform",
+        }
+    }
+}
+
+impl fmt::Display for SynthKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for SynthKind {
+    type Err = SynthError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SynthKind::ALL
+            .into_iter()
+            .find(|kind| kind.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                SynthError(format!(
+                    "unknown synthetic workload {s:?}; allowed: transformer, loguniform"
+                ))
+            })
+    }
+}
+
+/// A generator with its parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SynthSpec {
+    Transformer(TransformerParams),
+    LogUniform(LogUniformParams),
+}
+
+impl SynthSpec {
+    /// The generator `kind` with its default parameters.
+    pub fn new(kind: SynthKind) -> Self {
+        match kind {
+            SynthKind::Transformer => SynthSpec::Transformer(TransformerParams::default()),
+            SynthKind::LogUniform => SynthSpec::LogUniform(LogUniformParams::default()),
+        }
+    }
+
+    pub fn kind(&self) -> SynthKind {
+        match self {
+            SynthSpec::Transformer(_) => SynthKind::Transformer,
+            SynthSpec::LogUniform(_) => SynthKind::LogUniform,
+        }
+    }
+
+    /// Check the parameters; generation assumes they passed.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        match self {
+            SynthSpec::Transformer(p) => p.validate(),
+            SynthSpec::LogUniform(p) => p.validate(),
+        }
+    }
+
+    /// The workload for `seed`: the same spec and seed always give the same operations.
+    pub fn generate(&self, seed: u64) -> Result<Workload, SynthError> {
+        self.validate()?;
+        Ok(match self {
+            SynthSpec::Transformer(p) => transformer::generate(p, seed).workload,
+            SynthSpec::LogUniform(p) => loguniform::generate(p, seed),
+        })
+    }
+}
+
+impl FromStr for SynthSpec {
+    type Err = SynthError;
+
+    /// `KIND` or `KIND:key=value,...`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, overrides) = match s.split_once(':') {
+            Some((kind, rest)) => (kind, Some(rest)),
+            None => (s, None),
+        };
+        let mut spec = SynthSpec::new(kind.parse()?);
+        for pair in overrides.into_iter().flat_map(|o| o.split(',')) {
+            let pair = pair.trim();
+            if pair.is_empty() {
+                continue;
+            }
+            let (key, value) = pair.split_once('=').ok_or_else(|| {
+                SynthError(format!(
+                    "synthetic workload parameter {pair:?} is not key=value"
+                ))
+            })?;
+            let (key, value) = (key.trim(), value.trim());
+            match &mut spec {
+                SynthSpec::Transformer(p) => p.set(key, value)?,
+                SynthSpec::LogUniform(p) => p.set(key, value)?,
+            }
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// A bad synthetic-workload spec: the message names what was wrong and what is allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SynthError(pub String);
+
+impl fmt::Display for SynthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SynthError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_by_name() {
+        assert_eq!("transformer".parse(), Ok(SynthKind::Transformer));
+        assert_eq!("loguniform".parse(), Ok(SynthKind::LogUniform));
+        assert_eq!("LogUniform".parse(), Ok(SynthKind::LogUniform));
+        let err = "gpt".parse::<SynthKind>().unwrap_err();
+        assert!(err.0.contains("\"gpt\"") && err.0.contains("transformer, loguniform"));
+    }
+
+    #[test]
+    fn specs_take_parameter_overrides() {
+        let spec: SynthSpec = "transformer:layers=2,seq=64-128,steps=3".parse().unwrap();
+        let SynthSpec::Transformer(p) = &spec else {
+            panic!("wrong kind: {spec:?}");
+        };
+        assert_eq!((p.layers, p.seq_min, p.seq_max, p.steps), (2, 64, 128, 3));
+
+        let spec: SynthSpec = "loguniform:ops=1000,budget_gib=2".parse().unwrap();
+        let SynthSpec::LogUniform(p) = &spec else {
+            panic!("wrong kind: {spec:?}");
+        };
+        assert_eq!((p.ops, p.budget), (1000, 2 << 30));
+    }
+
+    #[test]
+    fn bad_specs_name_the_problem() {
+        let err = |s: &str| s.parse::<SynthSpec>().unwrap_err().0;
+        assert!(err("transformer:depth=3").contains("depth"));
+        assert!(err("transformer:layers=x").contains("\"x\""));
+        assert!(err("transformer:seq=900-100").contains("seq"));
+        assert!(err("transformer:layers").contains("key=value"));
+        assert!(err("loguniform:free_p=1.5").contains("free_p"));
+        assert!(err("loguniform:min=4096,max=512").contains("min"));
+    }
+
+    #[test]
+    fn generate_refuses_invalid_parameters() {
+        let spec = SynthSpec::Transformer(TransformerParams {
+            layers: 0,
+            ..TransformerParams::default()
+        });
+        assert!(spec.generate(1).is_err());
+    }
+}

@@ -1,0 +1,226 @@
+//! The `loguniform` workload: the allocator benchmark's synthetic trace.
+//!
+//! Each step frees a random live allocation with probability `free_probability`, otherwise it
+//! allocates a size drawn log-uniformly from `min_size..=max_size` — after first freeing random
+//! live allocations while the new one would push live bytes over `budget`. Log-uniform sizes give
+//! every power of two the same share of requests, so small-pool and large-pool paths, splitting
+//! and oversize segments are all exercised. Frees count as operations: the workload has exactly
+//! `ops` operations.
+
+use super::SynthError;
+use super::params::{check, fraction, gib, unknown, whole};
+use crate::pool::StreamId;
+use crate::trace::rng::SplitMix64;
+use crate::trace::workload::{AllocId, Op, Workload};
+
+/// Parameters of the `loguniform` workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogUniformParams {
+    /// Number of operations (allocations and frees).
+    pub ops: usize,
+    /// Smallest requested size, bytes.
+    pub min_size: u64,
+    /// Largest requested size, bytes.
+    pub max_size: u64,
+    /// Probability that a step frees instead of allocating (when something is live).
+    pub free_probability: f64,
+    /// Live requested bytes are kept at or below this (unless one request alone exceeds it).
+    pub budget: u64,
+}
+
+impl Default for LogUniformParams {
+    fn default() -> Self {
+        Self {
+            ops: 1_000_000,
+            min_size: 512,       // 512 B
+            max_size: 256 << 20, // 256 MiB
+            free_probability: 0.3,
+            budget: 40 << 30, // 40 GiB
+        }
+    }
+}
+
+const KEYS: &[&str] = &["ops", "min", "max", "free_p", "budget_gib"];
+
+impl LogUniformParams {
+    pub(super) fn set(&mut self, key: &str, value: &str) -> Result<(), SynthError> {
+        match key {
+            "ops" => self.ops = whole(key, value)? as usize,
+            "min" => self.min_size = whole(key, value)?,
+            "max" => self.max_size = whole(key, value)?,
+            "free_p" => self.free_probability = fraction(key, value)?,
+            "budget_gib" => self.budget = gib(key, value)?,
+            _ => return Err(unknown("loguniform", key, KEYS)),
+        }
+        Ok(())
+    }
+
+    pub(super) fn validate(&self) -> Result<(), SynthError> {
+        check(self.min_size >= 1 && self.min_size <= self.max_size, || {
+            format!(
+                "loguniform sizes min={} max={}: need 1 <= min <= max",
+                self.min_size, self.max_size
+            )
+        })?;
+        check((0.0..=1.0).contains(&self.free_probability), || {
+            format!(
+                "loguniform free_p={} must be from 0 to 1",
+                self.free_probability
+            )
+        })?;
+        check(self.budget > 0, || {
+            "loguniform budget must be positive".into()
+        })
+    }
+}
+
+/// Generate the workload (parameters already validated).
+pub(super) fn generate(p: &LogUniformParams, seed: u64) -> Workload {
+    let mut rng = SplitMix64::new(seed);
+    let mut workload = Workload::new(format!("synth:loguniform seed={seed}"));
+    workload.ops.reserve(p.ops);
+    let stream = StreamId(0);
+    let log_min = (p.min_size as f64).ln();
+    let log_span = (p.max_size as f64).ln() - log_min;
+    // Live allocations as (id, size); a random one is removed by swap_remove.
+    let mut live: Vec<(AllocId, u64)> = Vec::new();
+    let mut live_bytes = 0u64;
+    let mut next_id: AllocId = 0;
+
+    let free_random = |rng: &mut SplitMix64, live: &mut Vec<(AllocId, u64)>, w: &mut Workload| {
+        let (id, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+        w.ops.push(Op::Free { id });
+        size
+    };
+
+    while workload.ops.len() < p.ops {
+        if !live.is_empty() && rng.chance(p.free_probability) {
+            live_bytes -= free_random(&mut rng, &mut live, &mut workload);
+            continue;
+        }
+        let size =
+            ((log_min + rng.next_f64() * log_span).exp() as u64).clamp(p.min_size, p.max_size);
+        while live_bytes + size > p.budget && !live.is_empty() && workload.ops.len() < p.ops {
+            live_bytes -= free_random(&mut rng, &mut live, &mut workload);
+        }
+        if workload.ops.len() == p.ops {
+            break;
+        }
+        workload.ops.push(Op::Alloc {
+            id: next_id,
+            size,
+            stream,
+            recorded_addr: None,
+        });
+        live.push((next_id, size));
+        live_bytes += size;
+        next_id += 1;
+    }
+    // Generated workloads have no source entries, so ops are pushed directly.
+    workload.num_ids = next_id;
+    workload
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::synth::{SynthKind, SynthSpec};
+
+    fn small(ops: usize) -> LogUniformParams {
+        LogUniformParams {
+            ops,
+            ..LogUniformParams::default()
+        }
+    }
+
+    #[test]
+    fn same_seed_same_ops_different_seed_different_ops() {
+        let p = small(5_000);
+        assert_eq!(generate(&p, 42), generate(&p, 42));
+        assert_ne!(generate(&p, 42).ops, generate(&p, 43).ops);
+    }
+
+    #[test]
+    fn has_exactly_the_requested_number_of_ops() {
+        for ops in [0, 1, 2, 999] {
+            let w = generate(&small(ops), 1);
+            assert_eq!(w.ops.len(), ops);
+            assert!(w.source_index.is_empty());
+        }
+    }
+
+    #[test]
+    fn every_free_names_a_live_id_and_live_bytes_respect_the_budget() {
+        let p = LogUniformParams {
+            ops: 50_000,
+            budget: 4 << 30, // 4 GiB: small enough that the cap binds often
+            ..LogUniformParams::default()
+        };
+        let w = generate(&p, 7);
+        let mut live = vec![None; w.num_ids as usize];
+        let mut live_bytes = 0u64;
+        let mut frees = 0;
+        for op in &w.ops {
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    assert!(live[id as usize].is_none(), "id {id} allocated twice");
+                    live[id as usize] = Some(size);
+                    live_bytes += size;
+                    assert!(
+                        live_bytes <= p.budget,
+                        "live bytes {live_bytes} over budget"
+                    );
+                }
+                Op::Free { id } => {
+                    let size = live[id as usize].take().expect("free of a dead id");
+                    live_bytes -= size;
+                    frees += 1;
+                }
+                _ => panic!("unexpected op {op:?}"),
+            }
+        }
+        // About 30% random frees plus budget frees.
+        assert!(frees > w.ops.len() / 4, "only {frees} frees");
+    }
+
+    #[test]
+    fn sizes_are_log_uniform_between_the_bounds() {
+        let w = generate(&small(200_000), 3);
+        let sizes: Vec<u64> = w
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Alloc { size, .. } => Some(*size),
+                _ => None,
+            })
+            .collect();
+        assert!(sizes.iter().all(|&s| (512..=256 << 20).contains(&s)));
+        // 512 B .. 256 MiB spans 19 powers of two; each should hold about 1/19 of the sizes.
+        let mut per_octave = [0usize; 19];
+        for &s in &sizes {
+            per_octave[((63 - s.leading_zeros()) - 9) as usize] += 1;
+        }
+        let expected = sizes.len() as f64 / 19.0;
+        for (octave, &count) in per_octave.iter().enumerate() {
+            let ratio = count as f64 / expected;
+            assert!(
+                (0.9..1.1).contains(&ratio),
+                "octave 2^{} holds {count}, expected about {expected:.0}",
+                octave + 9
+            );
+        }
+    }
+
+    #[test]
+    fn default_is_the_million_op_benchmark_trace() {
+        let SynthSpec::LogUniform(p) = SynthSpec::new(SynthKind::LogUniform) else {
+            unreachable!()
+        };
+        assert_eq!(p.ops, 1_000_000);
+        assert_eq!(
+            (p.min_size, p.max_size, p.budget),
+            (512, 256 << 20, 40 << 30)
+        );
+        assert_eq!(p.free_probability, 0.3);
+    }
+}

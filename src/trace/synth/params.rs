@@ -1,0 +1,54 @@
+//! Parsing of `key=value` overrides in a synthetic-workload spec.
+
+use super::SynthError;
+
+/// A whole number, with `_` allowed as a digit separator (`1_000_000`).
+pub(super) fn whole(key: &str, value: &str) -> Result<u64, SynthError> {
+    value.replace('_', "").parse().map_err(|_| {
+        SynthError(format!(
+            "synthetic workload parameter {key}={value:?} is not a whole number"
+        ))
+    })
+}
+
+/// A fraction in `[0, 1]`.
+pub(super) fn fraction(key: &str, value: &str) -> Result<f64, SynthError> {
+    match value.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(SynthError(format!(
+            "synthetic workload parameter {key}={value:?} must be a number from 0 to 1"
+        ))),
+    }
+}
+
+/// `LO-HI` or a single value `N` (meaning `N-N`).
+pub(super) fn range(key: &str, value: &str) -> Result<(u64, u64), SynthError> {
+    match value.split_once('-') {
+        Some((lo, hi)) => Ok((whole(key, lo.trim())?, whole(key, hi.trim())?)),
+        None => {
+            let v = whole(key, value)?;
+            Ok((v, v))
+        }
+    }
+}
+
+/// A gibibyte count as bytes, refusing values that overflow.
+pub(super) fn gib(key: &str, value: &str) -> Result<u64, SynthError> {
+    whole(key, value)?.checked_mul(1 << 30).ok_or_else(|| {
+        SynthError(format!(
+            "synthetic workload parameter {key}={value:?} is too large"
+        ))
+    })
+}
+
+pub(super) fn unknown(kind: &str, key: &str, allowed: &[&str]) -> SynthError {
+    SynthError(format!(
+        "unknown {kind} parameter {key:?}; allowed: {}",
+        allowed.join(", ")
+    ))
+}
+
+/// `Err` naming `what` when `ok` is false.
+pub(super) fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), SynthError> {
+    if ok { Ok(()) } else { Err(SynthError(what())) }
+}

@@ -1,0 +1,585 @@
+//! The `transformer` workload: training steps of a decoder-only transformer (GPT-2 small by
+//! default) whose sequence length is drawn anew each step.
+//!
+//! The order of allocations and frees follows what an eager framework does:
+//! - Setup: every weight (in `dtype_bytes`), then Adam's two fp32 moments per weight. These stay
+//!   for the whole workload.
+//! - Forward, per layer: layer-norm output and its fp32 mean/rstd (small), `qkv`, the attention
+//!   scores (`batch·heads·seq²`, freed as soon as the softmax probabilities exist), the context,
+//!   the residual sum (the projection output is a temporary), then the MLP (`4·hidden` wide,
+//!   fc1 output and GELU output kept). Then the final norm, the logits and fp32 log-probabilities.
+//! - Backward, layers in reverse: each saved activation is freed once the gradient that needs it
+//!   exists; weight gradients are allocated when first produced and kept until the optimizer is
+//!   done (`zero_grad(set_to_none=True)`).
+//! - Optimizer: a 4-byte norm per gradient for clipping, then an fp32 temporary per weight for the
+//!   Adam update, then every gradient is freed.
+//!
+//! Activation sizes scale with the step's sequence length (scores with its square), while biases,
+//! norm statistics and scalars stay under 1 MiB: a changing mix of large blocks interleaved with
+//! small ones, which is what fragments a caching pool across steps.
+
+use super::SynthError;
+use super::params::{check, range, unknown, whole};
+use crate::pool::StreamId;
+use crate::pool::rounding::MAX_REQUEST;
+use crate::trace::rng::SplitMix64;
+use crate::trace::workload::{AllocId, Op, Workload};
+
+/// Parameters of the `transformer` workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerParams {
+    /// Transformer blocks.
+    pub layers: u32,
+    /// Model width (elements).
+    pub hidden: u64,
+    /// Attention heads; must divide `hidden`.
+    pub heads: u64,
+    /// Vocabulary size (embedding rows and logits width).
+    pub vocab: u64,
+    /// Sequences per step.
+    pub batch: u64,
+    /// Each step's sequence length is drawn uniformly from `seq_min..=seq_max` (tokens).
+    pub seq_min: u64,
+    pub seq_max: u64,
+    /// Training steps.
+    pub steps: u32,
+    /// Bytes per element of weights and activations (2 = bf16/fp16).
+    pub dtype_bytes: u64,
+}
+
+impl Default for TransformerParams {
+    /// GPT-2 small at batch 4 and 128–1024 tokens: about 55k operations, peaking near 5 GiB.
+    fn default() -> Self {
+        Self {
+            layers: 12,
+            hidden: 768,
+            heads: 12,
+            vocab: 50257,
+            batch: 4,
+            seq_min: 128,
+            seq_max: 1024,
+            steps: 32,
+            dtype_bytes: 2,
+        }
+    }
+}
+
+const KEYS: &[&str] = &[
+    "layers",
+    "hidden",
+    "heads",
+    "vocab",
+    "batch",
+    "seq",
+    "steps",
+    "dtype_bytes",
+];
+
+/// Bytes of an fp32 element (optimizer state, norm statistics, log-probabilities).
+const FP32: u64 = 4; // bytes
+/// Bytes of a token id (int64).
+const TOKEN: u64 = 8; // bytes
+
+impl TransformerParams {
+    pub(super) fn set(&mut self, key: &str, value: &str) -> Result<(), SynthError> {
+        let small = |v: u64| {
+            u32::try_from(v).map_err(|_| {
+                SynthError(format!(
+                    "transformer parameter {key}={v} is too large (at most {})",
+                    u32::MAX
+                ))
+            })
+        };
+        match key {
+            "layers" => self.layers = small(whole(key, value)?)?,
+            "hidden" => self.hidden = whole(key, value)?,
+            "heads" => self.heads = whole(key, value)?,
+            "vocab" => self.vocab = whole(key, value)?,
+            "batch" => self.batch = whole(key, value)?,
+            "seq" => (self.seq_min, self.seq_max) = range(key, value)?,
+            "steps" => self.steps = small(whole(key, value)?)?,
+            "dtype_bytes" => self.dtype_bytes = whole(key, value)?,
+            _ => return Err(unknown("transformer", key, KEYS)),
+        }
+        Ok(())
+    }
+
+    /// The workload for `seed` with its step boundaries (`SynthSpec::generate` gives the
+    /// workload alone).
+    pub fn generate(&self, seed: u64) -> Result<TransformerWorkload, SynthError> {
+        self.validate()?;
+        Ok(generate(self, seed))
+    }
+
+    pub(super) fn validate(&self) -> Result<(), SynthError> {
+        let positive = [
+            ("layers", self.layers as u64),
+            ("hidden", self.hidden),
+            ("heads", self.heads),
+            ("vocab", self.vocab),
+            ("batch", self.batch),
+        ];
+        for (name, value) in positive {
+            check(value > 0, || {
+                format!("transformer {name} must be at least 1")
+            })?;
+        }
+        check(self.hidden.is_multiple_of(self.heads), || {
+            format!(
+                "transformer heads={} must divide hidden={}",
+                self.heads, self.hidden
+            )
+        })?;
+        check(self.seq_min >= 1 && self.seq_min <= self.seq_max, || {
+            format!(
+                "transformer seq={}-{}: need 1 <= min <= max",
+                self.seq_min, self.seq_max
+            )
+        })?;
+        check(matches!(self.dtype_bytes, 1 | 2 | 4 | 8), || {
+            format!(
+                "transformer dtype_bytes={} must be 1, 2, 4 or 8",
+                self.dtype_bytes
+            )
+        })?;
+        check(
+            self.largest_tensor().is_some_and(|b| b < MAX_REQUEST),
+            || "transformer parameters make a tensor of 1 EiB or more".into(),
+        )
+    }
+
+    /// The largest tensor at `seq_max`, or `None` on overflow. Every other size is a product
+    /// of no larger factors, so generation cannot overflow once this fits.
+    fn largest_tensor(&self) -> Option<u64> {
+        let (b, s, h, dt) = (self.batch, self.seq_max, self.hidden, self.dtype_bytes);
+        let scores = b.checked_mul(self.heads)?.checked_mul(s)?.checked_mul(s)?;
+        let mlp = b.checked_mul(s)?.checked_mul(h)?.checked_mul(4)?;
+        let logits = b.checked_mul(s)?.checked_mul(self.vocab)?;
+        let embedding = self.vocab.checked_mul(h)?;
+        let fc_weight = h.checked_mul(h)?.checked_mul(4)?;
+        let position = s.checked_mul(h)?;
+        [scores, mlp, logits, embedding, fc_weight, position]
+            .into_iter()
+            .max()?
+            .checked_mul(dt.max(FP32).max(TOKEN))
+    }
+
+    /// Element counts of every weight: embeddings and final norm, then each layer's.
+    fn weight_numels(&self) -> Vec<u64> {
+        let h = self.hidden;
+        let mut numels = vec![self.vocab * h, self.seq_max * h, h, h];
+        for _ in 0..self.layers {
+            numels.extend(LayerWeight::ALL.map(|w| w.numel(h)));
+        }
+        numels
+    }
+}
+
+/// The weights of one transformer block, in the order they are stored.
+#[derive(Clone, Copy)]
+enum LayerWeight {
+    Ln1W,
+    Ln1B,
+    QkvW,
+    QkvB,
+    ProjW,
+    ProjB,
+    Ln2W,
+    Ln2B,
+    Fc1W,
+    Fc1B,
+    Fc2W,
+    Fc2B,
+}
+
+impl LayerWeight {
+    const ALL: [LayerWeight; 12] = [
+        Self::Ln1W,
+        Self::Ln1B,
+        Self::QkvW,
+        Self::QkvB,
+        Self::ProjW,
+        Self::ProjB,
+        Self::Ln2W,
+        Self::Ln2B,
+        Self::Fc1W,
+        Self::Fc1B,
+        Self::Fc2W,
+        Self::Fc2B,
+    ];
+
+    fn numel(self, h: u64) -> u64 {
+        match self {
+            Self::Ln1W | Self::Ln1B | Self::ProjB | Self::Ln2W | Self::Ln2B | Self::Fc2B => h,
+            Self::QkvB => 3 * h,
+            Self::Fc1B => 4 * h,
+            Self::ProjW => h * h,
+            Self::QkvW => 3 * h * h,
+            Self::Fc1W | Self::Fc2W => 4 * h * h,
+        }
+    }
+}
+
+/// Index of the global weights in `weight_numels`.
+const WTE: usize = 0;
+const WPE: usize = 1;
+const LNF_W: usize = 2;
+const LNF_B: usize = 3;
+const GLOBAL_WEIGHTS: usize = 4;
+
+/// A generated transformer workload with its step structure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerWorkload {
+    pub workload: Workload,
+    /// Allocations made during setup that stay live: weights and optimizer state.
+    pub persistent: usize,
+    /// Index in `workload.ops` of each step's first op.
+    pub step_starts: Vec<usize>,
+}
+
+/// Emits ops with fresh dense ids.
+struct Emitter {
+    workload: Workload,
+    stream: StreamId,
+}
+
+impl Emitter {
+    fn alloc(&mut self, size: u64) -> AllocId {
+        let id = self.workload.num_ids;
+        self.workload.num_ids += 1;
+        self.workload.ops.push(Op::Alloc {
+            id,
+            size,
+            stream: self.stream,
+            recorded_addr: None,
+        });
+        id
+    }
+
+    fn free(&mut self, id: AllocId) {
+        self.workload.ops.push(Op::Free { id });
+    }
+}
+
+/// Activations one layer saves in the forward pass for its backward pass.
+struct Saved {
+    input: AllocId,
+    ln1: [AllocId; 3],
+    qkv: AllocId,
+    probs: AllocId,
+    ctx: AllocId,
+    resid: AllocId,
+    ln2: [AllocId; 3],
+    fc1: AllocId,
+    gelu: AllocId,
+}
+
+/// Generate the workload (parameters already validated).
+pub(super) fn generate(p: &TransformerParams, seed: u64) -> TransformerWorkload {
+    let mut rng = SplitMix64::new(seed);
+    let mut e = Emitter {
+        workload: Workload::new(format!("synth:transformer seed={seed}")),
+        stream: StreamId(0),
+    };
+    let dt = p.dtype_bytes;
+    let numels = p.weight_numels();
+    for &n in &numels {
+        e.alloc(n * dt);
+    }
+    for &n in &numels {
+        e.alloc(n * FP32); // exp_avg
+        e.alloc(n * FP32); // exp_avg_sq
+    }
+    let persistent = e.workload.ops.len();
+
+    let mut step_starts = Vec::with_capacity(p.steps as usize);
+    for _ in 0..p.steps {
+        step_starts.push(e.workload.ops.len());
+        let seq = rng.between(p.seq_min, p.seq_max);
+        step(&mut e, p, &numels, seq);
+    }
+    TransformerWorkload {
+        workload: e.workload,
+        persistent,
+        step_starts,
+    }
+}
+
+/// One training step at sequence length `seq`: forward, backward, optimizer.
+fn step(e: &mut Emitter, p: &TransformerParams, numels: &[u64], seq: u64) {
+    let dt = p.dtype_bytes;
+    let tokens = p.batch * seq;
+    let act = tokens * p.hidden * dt; // one hidden-wide activation
+    let stat = tokens * FP32; // layer-norm mean or rstd
+    let scores = p.batch * p.heads * seq * seq * dt;
+    let logits = tokens * p.vocab;
+    let norm = |e: &mut Emitter| [e.alloc(act), e.alloc(stat), e.alloc(stat)];
+
+    // Forward.
+    let ids = e.alloc(tokens * TOKEN);
+    let mut x = e.alloc(act); // token + position embedding
+    let mut saved = Vec::with_capacity(p.layers as usize);
+    for _ in 0..p.layers {
+        let ln1 = norm(e);
+        let qkv = e.alloc(3 * act);
+        let raw_scores = e.alloc(scores);
+        let probs = e.alloc(scores);
+        e.free(raw_scores);
+        let ctx = e.alloc(act);
+        let proj = e.alloc(act);
+        let resid = e.alloc(act);
+        e.free(proj);
+        let ln2 = norm(e);
+        let fc1 = e.alloc(4 * act);
+        let gelu = e.alloc(4 * act);
+        let mlp = e.alloc(act);
+        let out = e.alloc(act);
+        e.free(mlp);
+        saved.push(Saved {
+            input: x,
+            ln1,
+            qkv,
+            probs,
+            ctx,
+            resid,
+            ln2,
+            fc1,
+            gelu,
+        });
+        x = out;
+    }
+    let lnf = norm(e);
+    let logits_id = e.alloc(logits * dt);
+    let log_probs = e.alloc(logits * FP32);
+    let loss = e.alloc(FP32);
+
+    // Backward.
+    let mut grads: Vec<Option<AllocId>> = vec![None; numels.len()];
+    let mut grad = |e: &mut Emitter, w: usize| grads[w] = Some(e.alloc(numels[w] * dt));
+    let g_loss = e.alloc(FP32);
+    let g_log_probs = e.alloc(logits * FP32);
+    e.free(g_loss);
+    e.free(log_probs);
+    let g_logits = e.alloc(logits * dt);
+    e.free(g_log_probs);
+    e.free(logits_id);
+    grad(e, WTE); // tied language-model head
+    let g_lnf = e.alloc(act);
+    e.free(g_logits);
+    e.free(lnf[0]);
+    let mut g = e.alloc(act);
+    e.free(g_lnf);
+    e.free(lnf[1]);
+    e.free(lnf[2]);
+    e.free(x);
+    grad(e, LNF_W);
+    grad(e, LNF_B);
+    for (layer, s) in saved.into_iter().enumerate().rev() {
+        let w = |lw: LayerWeight| GLOBAL_WEIGHTS + layer * LayerWeight::ALL.len() + lw as usize;
+        // MLP.
+        grad(e, w(LayerWeight::Fc2W));
+        grad(e, w(LayerWeight::Fc2B));
+        let g_gelu = e.alloc(4 * act);
+        e.free(s.gelu);
+        let g_fc1 = e.alloc(4 * act);
+        e.free(g_gelu);
+        e.free(s.fc1);
+        grad(e, w(LayerWeight::Fc1W));
+        grad(e, w(LayerWeight::Fc1B));
+        let g_ln2 = e.alloc(act);
+        e.free(g_fc1);
+        e.free(s.ln2[0]);
+        let g_norm2 = e.alloc(act);
+        e.free(g_ln2);
+        e.free(s.ln2[1]);
+        e.free(s.ln2[2]);
+        grad(e, w(LayerWeight::Ln2W));
+        grad(e, w(LayerWeight::Ln2B));
+        let g_resid = e.alloc(act);
+        e.free(g_norm2);
+        e.free(g);
+        e.free(s.resid);
+        // Attention.
+        grad(e, w(LayerWeight::ProjW));
+        grad(e, w(LayerWeight::ProjB));
+        let g_ctx = e.alloc(act);
+        let g_probs = e.alloc(scores);
+        e.free(s.ctx);
+        let g_scores = e.alloc(scores);
+        e.free(g_probs);
+        e.free(s.probs);
+        let g_qkv = e.alloc(3 * act);
+        e.free(g_scores);
+        e.free(g_ctx);
+        e.free(s.qkv);
+        grad(e, w(LayerWeight::QkvW));
+        grad(e, w(LayerWeight::QkvB));
+        let g_ln1 = e.alloc(act);
+        e.free(g_qkv);
+        e.free(s.ln1[0]);
+        let g_norm1 = e.alloc(act);
+        e.free(g_ln1);
+        e.free(s.ln1[1]);
+        e.free(s.ln1[2]);
+        grad(e, w(LayerWeight::Ln1W));
+        grad(e, w(LayerWeight::Ln1B));
+        let g_input = e.alloc(act);
+        e.free(g_norm1);
+        e.free(g_resid);
+        e.free(s.input);
+        g = g_input;
+    }
+    grad(e, WPE);
+    e.free(g);
+    e.free(ids);
+    e.free(loss);
+
+    // Optimizer: clip by global norm, then one Adam update per weight.
+    let grads: Vec<AllocId> = grads.into_iter().flatten().collect();
+    let norms: Vec<AllocId> = grads.iter().map(|_| e.alloc(FP32)).collect();
+    let total = e.alloc(FP32);
+    for n in norms {
+        e.free(n);
+    }
+    let clip = e.alloc(FP32);
+    e.free(total);
+    e.free(clip);
+    for &n in numels {
+        let update = e.alloc(n * FP32);
+        e.free(update);
+    }
+    for g in grads {
+        e.free(g);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::rounding::SMALL_SIZE;
+
+    fn tiny() -> TransformerParams {
+        TransformerParams {
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            vocab: 1000,
+            batch: 2,
+            seq_min: 16,
+            seq_max: 256,
+            steps: 6,
+            dtype_bytes: 2,
+        }
+    }
+
+    /// Replays ids, checking each free names a live id; returns the peak of live bytes.
+    fn check_frees(w: &Workload, mut at_step: impl FnMut(usize, &[Option<u64>])) -> u64 {
+        let mut live = vec![None; w.num_ids as usize];
+        let (mut bytes, mut peak) = (0u64, 0u64);
+        for (i, op) in w.ops.iter().enumerate() {
+            at_step(i, &live);
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    assert!(live[id as usize].replace(size).is_none(), "id {id} reused");
+                    bytes += size;
+                    peak = peak.max(bytes);
+                }
+                Op::Free { id } => {
+                    bytes -= live[id as usize]
+                        .take()
+                        .unwrap_or_else(|| panic!("op {i} frees dead id {id}"));
+                }
+                _ => panic!("unexpected op {op:?}"),
+            }
+        }
+        at_step(w.ops.len(), &live);
+        peak
+    }
+
+    #[test]
+    fn same_seed_same_ops_different_seed_different_ops() {
+        let p = tiny();
+        assert_eq!(generate(&p, 5).workload, generate(&p, 5).workload);
+        assert_ne!(generate(&p, 5).workload.ops, generate(&p, 6).workload.ops);
+    }
+
+    #[test]
+    fn each_step_frees_everything_it_allocates_and_weights_stay() {
+        let p = tiny();
+        let out = generate(&p, 11);
+        let persistent = out.persistent as u32;
+        assert_eq!(out.persistent, p.weight_numels().len() * 3);
+        assert_eq!(out.step_starts.len(), p.steps as usize);
+        let mut boundaries = out.step_starts.clone();
+        boundaries.push(out.workload.ops.len());
+        check_frees(&out.workload, |i, live| {
+            if boundaries.contains(&i) {
+                let live_ids: Vec<u32> = (0..live.len() as u32)
+                    .filter(|&id| live[id as usize].is_some())
+                    .collect();
+                assert_eq!(
+                    live_ids,
+                    (0..persistent).collect::<Vec<_>>(),
+                    "at op {i} only weights and optimizer state may be live"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn sequence_lengths_vary_and_sizes_mix_small_and_large() {
+        let out = generate(&TransformerParams::default(), 1);
+        let w = &out.workload;
+        let step_sizes = |k: usize| -> Vec<u64> {
+            let end = out.step_starts.get(k + 1).copied().unwrap_or(w.ops.len());
+            w.ops[out.step_starts[k]..end]
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Alloc { size, .. } => Some(*size),
+                    _ => None,
+                })
+                .collect()
+        };
+        let first = step_sizes(0);
+        let small = first.iter().filter(|&&s| s <= SMALL_SIZE).count();
+        let large = first.len() - small;
+        assert!(small > 100 && large > 100, "{small} small, {large} large");
+        // Attention scores differ between steps because the sequence length does.
+        let largest: Vec<u64> = (0..out.step_starts.len())
+            .map(|k| step_sizes(k).into_iter().max().unwrap())
+            .collect();
+        let mut distinct = largest.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > largest.len() / 2, "{largest:?}");
+    }
+
+    #[test]
+    fn default_peaks_at_a_few_gib() {
+        let out = generate(&TransformerParams::default(), 1);
+        let peak = check_frees(&out.workload, |_, _| {});
+        assert!(
+            (2u64 << 30..8 << 30).contains(&peak),
+            "peak {peak} bytes is not a few GiB"
+        );
+        assert!(
+            out.workload.ops.len() < 200_000,
+            "{} ops",
+            out.workload.ops.len()
+        );
+    }
+
+    #[test]
+    fn validation_catches_impossible_shapes() {
+        let bad = |f: fn(&mut TransformerParams)| {
+            let mut p = TransformerParams::default();
+            f(&mut p);
+            p.validate().unwrap_err().0
+        };
+        assert!(bad(|p| p.heads = 5).contains("divide"));
+        assert!(bad(|p| p.dtype_bytes = 3).contains("dtype_bytes"));
+        assert!(bad(|p| p.batch = 0).contains("batch"));
+        assert!(bad(|p| p.seq_max = u64::MAX / 2).contains("1 EiB"));
+        assert!(TransformerParams::default().validate().is_ok());
+    }
+}
