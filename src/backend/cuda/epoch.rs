@@ -57,7 +57,10 @@ mod tests {
         let before = epochs.begin(); // started before the free, still running
         let fence = epochs.fence();
         epochs.end(before);
-        assert!(!epochs.done(fence), "an earlier synchronization does not cover the free");
+        assert!(
+            !epochs.done(fence),
+            "an earlier synchronization does not cover the free"
+        );
         let after = epochs.begin();
         assert!(!epochs.done(fence));
         epochs.end(after);
@@ -71,6 +74,9 @@ mod tests {
         let ticket = epochs.begin();
         epochs.end(ticket);
         assert!(fences.iter().all(|&f| epochs.done(f)));
-        assert!(!epochs.done(epochs.fence()), "a free after it is not covered");
+        assert!(
+            !epochs.done(epochs.fence()),
+            "a free after it is not covered"
+        );
     }
 }

@@ -84,7 +84,8 @@ impl EventFences {
 fn create(rt: &Runtime) -> Result<EventHandle, (CudaError, &'static str)> {
     let mut event: *mut c_void = std::ptr::null_mut();
     // SAFETY: `event` is a valid out-pointer; the flag is a documented event flag.
-    let code = unsafe { (rt.event_create_with_flags)(&mut event, super::runtime::EVENT_DISABLE_TIMING) };
+    let code =
+        unsafe { (rt.event_create_with_flags)(&mut event, super::runtime::EVENT_DISABLE_TIMING) };
     if code == codes::SUCCESS {
         Ok(EventHandle(event as usize))
     } else {
