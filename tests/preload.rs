@@ -239,3 +239,19 @@ fn stats_text_at_exit_go_to_stderr_by_default() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_linked_runtime_is_found_through_rtld_next() {
+    let out = check(
+        "churn",
+        &[
+            ("SHIM_CHECK_ITERATIONS", "200"),
+            ("CACHEALLOC_LOG", "cachealloc=debug"),
+        ],
+    );
+    assert!(
+        stderr(&out).contains("found the CUDA runtime through dlsym(RTLD_NEXT)"),
+        "{}",
+        stderr(&out)
+    );
+}

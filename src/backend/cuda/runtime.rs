@@ -104,10 +104,11 @@ impl Runtime {
     /// Look every function up; `Err` names the first one not found.
     fn resolve() -> Result<Runtime, &'static str> {
         let finder = Finder::new();
+        let route = finder.route(c"cudaMalloc");
         // SAFETY: each name below is the runtime function whose C signature the target field
         // type spells out (cuda_runtime_api.h), so the transmuted pointer is called correctly.
-        unsafe {
-            Ok(Runtime {
+        let table = unsafe {
+            Runtime {
                 malloc: std::mem::transmute::<*mut c_void, MallocFn>(finder.find(c"cudaMalloc")?),
                 free: std::mem::transmute::<*mut c_void, FreeFn>(finder.find(c"cudaFree")?),
                 mem_get_info: std::mem::transmute::<*mut c_void, MemGetInfoFn>(
@@ -140,8 +141,10 @@ impl Runtime {
                 event_destroy: std::mem::transmute::<*mut c_void, EventFn>(
                     finder.find(c"cudaEventDestroy")?,
                 ),
-            })
-        }
+            }
+        };
+        tracing::debug!("found the CUDA runtime through {route}");
+        Ok(table)
     }
 }
 
@@ -149,20 +152,41 @@ impl Runtime {
 struct Finder {
     /// Handle of an already-loaded runtime (from `RTLD_NOLOAD`), or null.
     loaded: *mut c_void,
+    /// Its soname.
+    soname: Option<&'static CStr>,
 }
 
 impl Finder {
     fn new() -> Self {
-        let loaded = SONAMES
-            .iter()
-            .map(|soname| {
-                // SAFETY: `soname` is a NUL-terminated C string; RTLD_NOLOAD never loads a new
-                // object (so no constructor runs) and only returns a handle to one already mapped.
-                unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) }
-            })
-            .find(|handle| !handle.is_null())
-            .unwrap_or(std::ptr::null_mut());
-        Self { loaded }
+        for soname in SONAMES {
+            // SAFETY: `soname` is a NUL-terminated C string; RTLD_NOLOAD never loads a new
+            // object (so no constructor runs) and only returns a handle to one already mapped.
+            let handle =
+                unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+            if !handle.is_null() {
+                return Self {
+                    loaded: handle,
+                    soname: Some(soname),
+                };
+            }
+        }
+        Self {
+            loaded: std::ptr::null_mut(),
+            soname: None,
+        }
+    }
+
+    /// How `name` is found, for the log: "dlsym(RTLD_NEXT)" or the soname opened with NOLOAD.
+    fn route(&self, name: &CStr) -> String {
+        // SAFETY: `name` is NUL-terminated; RTLD_NEXT lookups have no other precondition.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        if !next.is_null() {
+            return "dlsym(RTLD_NEXT)".to_string();
+        }
+        match self.soname {
+            Some(soname) => format!("dlopen({}, RTLD_NOLOAD)", soname.to_string_lossy()),
+            None => "nothing".to_string(),
+        }
     }
 
     fn find(&self, name: &'static CStr) -> Result<*mut c_void, &'static str> {
