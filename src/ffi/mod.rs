@@ -9,4 +9,4 @@ pub mod stats;
 pub mod status;
 pub mod torch;
 
-pub use stats::{CacheallocStats, STATS_VERSION};
+pub use stats::{CACHEALLOC_STATS_VERSION, CacheallocStats};

@@ -7,7 +7,7 @@
 use crate::pool::DeviceStats;
 
 /// Version of the layout below; bumped when fields are appended.
-pub const STATS_VERSION: u32 = 1;
+pub const CACHEALLOC_STATS_VERSION: u32 = 1;
 
 /// Statistics of one device (byte counts in bytes, counts in blocks/segments/calls).
 #[repr(C)]
@@ -55,7 +55,7 @@ impl CacheallocStats {
     pub fn from_stats(stats: &DeviceStats, cached_free_bytes: u64) -> Self {
         Self {
             size: std::mem::size_of::<Self>() as u32,
-            version: STATS_VERSION,
+            version: CACHEALLOC_STATS_VERSION,
             allocated_bytes: count(stats.allocated_bytes.all.current),
             allocated_bytes_peak: count(stats.allocated_bytes.all.peak),
             reserved_bytes: count(stats.reserved_bytes.all.current),

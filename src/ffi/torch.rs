@@ -40,10 +40,11 @@ pub extern "C" fn cachealloc_torch_malloc(
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_torch_free(
     ptr: *mut c_void,
-    _size: usize,
-    _device: c_int,
-    _stream: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
 ) {
+    let _ = (size, device, stream);
     boundary("cachealloc_torch_free", (), || {
         if let Err(e) = api::free(ptr as u64) {
             to_code("cachealloc_torch_free", e);

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 #[derive(Debug)]
 pub enum Mode {
     /// Serve allocations from the pools with this configuration.
-    Active(Config),
+    Active(Box<Config>),
     /// `CACHEALLOC_DISABLE=1`: forward everything.
     PassThrough,
     /// The configuration was invalid: allocations fail with code 3, the rest forwards.
@@ -38,7 +38,7 @@ pub fn mode() -> &'static Mode {
 /// The configuration when active.
 pub fn active_config() -> Option<&'static Config> {
     match mode() {
-        Mode::Active(config) => Some(config),
+        Mode::Active(config) => Some(config.as_ref()),
         _ => None,
     }
 }
@@ -62,7 +62,7 @@ fn decide() -> Mode {
             if config.stats != StatsOutput::Off {
                 exit_stats::register();
             }
-            Mode::Active(config)
+            Mode::Active(Box::new(config))
         }
         Err(error) => {
             let _ = writeln!(

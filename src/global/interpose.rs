@@ -29,7 +29,7 @@ pub(super) fn active() -> Result<Option<(&'static Config, &'static Runtime)>, Sh
         Mode::PassThrough => Ok(None),
         Mode::ConfigFailed => Err(ShimError::ConfigInvalid),
         Mode::Active(config) => runtime()
-            .map(|rt| Some((config, rt)))
+            .map(|rt| Some((&**config, rt)))
             .ok_or(ShimError::NoRuntime),
     }
 }

@@ -35,7 +35,8 @@ impl EventFences {
         };
         // SAFETY: `event` is a live event of the current device (created by `create` and not
         // destroyed); STREAM_LEGACY is the runtime's legacy-stream handle.
-        let code = unsafe { (rt.event_record)(event.0 as *mut c_void, STREAM_LEGACY) };
+        let code =
+            unsafe { (rt.event_record)(event.0 as *mut c_void, STREAM_LEGACY as *mut c_void) };
         if code != codes::SUCCESS {
             self.idle.push(event);
             return Err((code, "cudaEventRecord"));

@@ -37,8 +37,9 @@ pub mod codes {
 /// `cudaEventDisableTiming`: events used only for ordering are cheaper without timing.
 pub const EVENT_DISABLE_TIMING: c_uint = 0x02;
 
-/// `cudaStreamLegacy`: the legacy default stream, whatever the caller's default-stream mode.
-pub const STREAM_LEGACY: *mut c_void = 0x1 as *mut c_void;
+/// `cudaStreamLegacy` (the handle value 0x1): the legacy default stream, whatever the caller's
+/// default-stream mode.
+pub const STREAM_LEGACY: usize = 0x1;
 
 type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
 type FreeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
