@@ -255,3 +255,27 @@ fn a_linked_runtime_is_found_through_rtld_next() {
         stderr(&out)
     );
 }
+
+#[test]
+fn mem_get_info_can_count_cached_blocks_as_free() {
+    let plain = stdout(&check("mem_info", &[]));
+    let counted = stdout(&check(
+        "mem_info",
+        &[("CACHEALLOC_CONF", "count_cached_as_free:True")],
+    ));
+    let (free_plain, free_counted) = (number_after(&plain, "free"), number_after(&counted, "free"));
+    assert_eq!(
+        number_after(&plain, "total"),
+        number_after(&counted, "total")
+    );
+    assert_eq!(
+        free_counted,
+        free_plain + (20 << 20),
+        "the cached 20 MiB segment counts as free"
+    );
+}
+
+#[test]
+fn threads_allocate_concurrently_without_sharing_memory() {
+    check("threads", &[]);
+}

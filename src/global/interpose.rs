@@ -143,7 +143,7 @@ pub fn cuda_device_reset() -> CudaError {
 }
 
 /// Bytes to add to `cudaMemGetInfo`'s free memory: with `count_cached_as_free:True`, the
-/// current device's cached free blocks.
+/// current device's cached free blocks (not blocks whose free is still pending).
 pub fn cached_free_bytes_for_mem_info() -> u64 {
     let Some(_inside) = reentry::enter() else {
         return 0;
@@ -157,8 +157,12 @@ pub fn cached_free_bytes_for_mem_info() -> u64 {
     let Ok(device) = current_device(rt) else {
         return 0;
     };
-    pools::with_pool(device, |pool| pool.cached_free_bytes())
-        .ok()
-        .flatten()
-        .unwrap_or(0)
+    // Blocks whose fence has completed count too: move them back to their pools first.
+    pools::with_pool(device, |pool| {
+        let _ = pool.process_pending();
+        pool.cached_free_bytes()
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
 }

@@ -8,6 +8,8 @@
  * The fake's counters show which calls reached the real runtime (i.e. were forwarded or made by
  * the pool), and its clock shows whether memory was handed out while work on it was running.
  */
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,8 +122,11 @@ static void scenario_oom(void) {
     CHECK(b == (void *)0x1234); /* out-pointer untouched */
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaFree(a), cudaSuccess);
-    /* a is cached (40 MiB); 50 MiB fits only once the cache is released. */
+    /* a is cached (40 MiB); 50 MiB fits only once the cache is released: the first real
+     * cudaMalloc fails (leaving a sticky error in the runtime), the pool releases a and retries. */
+    uint64_t failures_before = counter("malloc_failures");
     CHECK_CODE(cudaMalloc(&c, 50 * MIB), cudaSuccess);
+    CHECK(counter("malloc_failures") > failures_before);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaPeekAtLastError(), cudaSuccess);
     CHECK_CODE(cudaFree(c), cudaSuccess);
@@ -283,6 +288,54 @@ static void scenario_runtime_error(void) {
     CHECK_CODE(cudaFree(NULL), cudaErrorInsufficientDriver);
 }
 
+/* cudaMemGetInfo after a block went back to the cache; prints what it reports. */
+static void scenario_mem_info(void) {
+    void *p = NULL;
+    size_t free_bytes = 0, total = 0;
+    CHECK_CODE(cudaMalloc(&p, 20 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+    CHECK(free_bytes <= total);
+    printf("free %llu total %llu\n", (unsigned long long)free_bytes, (unsigned long long)total);
+}
+
+#define THREADS 4
+
+static void *thread_churn(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint64_t state = 0x12345678u + (uint64_t)id;
+    unsigned char want[4096], got[4096];
+    memset(want, id + 1, sizeof want);
+    for (int i = 0; i < 3000; i++) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        size_t size = (size_t)(state % 4096) + 1;
+        void *p = NULL;
+        if (cudaMalloc(&p, size) != cudaSuccess) return (void *)1;
+        if (cudaMemcpy(p, want, size, cudaMemcpyHostToDevice) != cudaSuccess) return (void *)2;
+        /* Another thread's allocation overlapping this one would overwrite the pattern. */
+        if (i % 2 == 0) sched_yield();
+        if (cudaMemcpy(got, p, size, cudaMemcpyDeviceToHost) != cudaSuccess) return (void *)3;
+        if (memcmp(got, want, size) != 0) return (void *)4;
+        if (cudaFree(p) != cudaSuccess) return (void *)5;
+    }
+    return NULL;
+}
+
+/* Threads allocate and free concurrently; no allocation is ever shared. */
+static void scenario_threads(void) {
+    pthread_t threads[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        CHECK(pthread_create(&threads[t], NULL, thread_churn, (void *)(intptr_t)t) == 0);
+    for (int t = 0; t < THREADS; t++) {
+        void *result = NULL;
+        CHECK(pthread_join(threads[t], &result) == 0);
+        CHECK(result == NULL);
+    }
+}
+
 struct scenario {
     const char *name;
     void (*run)(void);
@@ -302,6 +355,8 @@ static const struct scenario scenarios[] = {
     {"config_error", scenario_config_error},
     {"stats", scenario_stats},
     {"runtime_error", scenario_runtime_error},
+    {"mem_info", scenario_mem_info},
+    {"threads", scenario_threads},
 };
 
 int shim_check_run(const char *name) {

@@ -1,22 +1,22 @@
 //! Running programs with `libcachealloc.so` preloaded in front of the fake runtime.
 //!
-//! `cargo test` builds the library's cdylib next to the test executables' `deps/` folder
-//! (`target/<profile>/libcachealloc.so`) before it runs any integration test, so the tests use
-//! the library of the very build under test.
+//! `cargo test` compiles the library (crate types cdylib and rlib) before any integration test
+//! and leaves the cdylib in `target/<profile>/deps/libcachealloc.so`, next to the test
+//! executables. Only `cargo build` copies it up to `target/<profile>/`, so that copy may be
+//! stale during `cargo test`: the tests always use the one in `deps/`, the library of the very
+//! build under test.
 
 use super::fake_cudart;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// `target/<profile>/libcachealloc.so` of the build running this test.
+/// `target/<profile>/deps/libcachealloc.so` of the build running this test.
 pub fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test>-<hash>
-    let profile_dir = exe
+    let deps = exe
         .parent()
-        .and_then(Path::parent)
         .expect("test executable lives in target/<profile>/deps");
-    let lib = profile_dir.join("libcachealloc.so");
+    let lib = deps.join("libcachealloc.so");
     assert!(
         lib.is_file(),
         "{} is missing: cargo test builds it with the library target",
