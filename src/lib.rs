@@ -3,6 +3,8 @@
 
 pub mod backend;
 pub mod config;
+pub mod ffi;
+pub mod global;
 pub mod pool;
 pub mod report;
 pub mod trace;

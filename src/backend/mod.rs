@@ -3,6 +3,7 @@
 //! `sim` is a simulated device used by tests, replay and benchmarks. The real CUDA backend lives
 //! beside it and is the only place that calls the driver or runtime.
 
+pub mod cuda;
 pub mod sim;
 
 use crate::pool::{DeviceId, DevicePtr};

@@ -4,3 +4,4 @@
 
 pub mod fake_cudart;
 pub mod real_cudart;
+pub mod shim;

@@ -1,0 +1,174 @@
+//! The real device: segments from the real `cudaMalloc`/`cudaFree`, memory info from the real
+//! `cudaMemGetInfo`, and fences for the `free_sync` policies.
+//!
+//! Every call runs on the backend's own device, switching the calling thread's current device
+//! for the duration of the call when another one is current (`device_guard`). An out-of-memory
+//! answer of the real `cudaMalloc` leaves a sticky last error in the runtime; the backend clears
+//! it before reporting `OutOfMemory`, because the pool recovers from it (and PyTorch checks
+//! `cudaGetLastError()` before every allocation). Any other error is reported with the runtime's
+//! code and passed to the program unchanged.
+//!
+//! Dropping a backend makes no CUDA call (it happens on `cudaDeviceReset`, which destroys the
+//! device's events and memory itself, and never at exit).
+
+pub mod device_guard;
+pub mod epoch;
+pub mod events;
+pub mod runtime;
+
+use super::{Backend, BackendError, Fence, MemInfo};
+use crate::pool::{DeviceId, DevicePtr};
+use device_guard::DeviceGuard;
+use epoch::SyncEpochs;
+use events::EventFences;
+use runtime::{CudaError, Runtime, codes};
+use std::ffi::c_void;
+
+/// When a freed block may be reused (the backend side of `free_sync`).
+#[derive(Debug)]
+pub enum FencePolicy {
+    /// After a device-wide synchronization that started after the free.
+    DeviceSync(&'static SyncEpochs),
+    /// After an event recorded on the legacy default stream at free time completes.
+    LegacyStreamEvent(EventFences),
+    /// At once: every fence is done when recorded.
+    Immediate,
+}
+
+/// One CUDA device, reached through the real runtime.
+#[derive(Debug)]
+pub struct CudaBackend {
+    rt: &'static Runtime,
+    device: DeviceId,
+    fences: FencePolicy,
+}
+
+impl CudaBackend {
+    pub fn new(rt: &'static Runtime, device: DeviceId, fences: FencePolicy) -> Self {
+        Self { rt, device, fences }
+    }
+
+    fn enter(&self) -> Result<DeviceGuard<'static>, BackendError> {
+        enter(self.rt, self.device)
+    }
+}
+
+/// Make `device` current for the guard's lifetime.
+fn enter(rt: &'static Runtime, device: DeviceId) -> Result<DeviceGuard<'static>, BackendError> {
+    DeviceGuard::enter(rt, device).map_err(|code| BackendError::Device {
+        code,
+        call: "cudaSetDevice",
+    })
+}
+
+fn device_error((code, call): (CudaError, &'static str)) -> BackendError {
+    BackendError::Device { code, call }
+}
+
+impl Backend for CudaBackend {
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    fn allocate(&mut self, size: u64) -> Result<DevicePtr, BackendError> {
+        let _on_device = self.enter()?;
+        let size = usize::try_from(size).map_err(|_| BackendError::OutOfMemory)?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; this is the real runtime's cudaMalloc.
+        let code = unsafe { (self.rt.malloc)(&mut ptr, size) };
+        match code {
+            codes::SUCCESS => DevicePtr::new(ptr as u64).ok_or(BackendError::Device {
+                code: codes::MEMORY_ALLOCATION,
+                call: "cudaMalloc (returned NULL)",
+            }),
+            codes::MEMORY_ALLOCATION => {
+                runtime::clear_last_error(self.rt);
+                Err(BackendError::OutOfMemory)
+            }
+            code => Err(BackendError::Device {
+                code,
+                call: "cudaMalloc",
+            }),
+        }
+    }
+
+    fn release(&mut self, ptr: DevicePtr, _size: u64) -> Result<(), BackendError> {
+        let _on_device = self.enter()?;
+        // SAFETY: `ptr` is a segment this backend obtained from the real cudaMalloc and has not
+        // released; the pool guarantees no work uses it any more.
+        let code = unsafe { (self.rt.free)(ptr.addr() as *mut c_void) };
+        if code == codes::SUCCESS {
+            Ok(())
+        } else {
+            Err(BackendError::Device {
+                code,
+                call: "cudaFree",
+            })
+        }
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
+        let _on_device = self.enter()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both out-pointers are valid for the duration of the call.
+        let code = unsafe { (self.rt.mem_get_info)(&mut free, &mut total) };
+        if code == codes::SUCCESS {
+            Ok(MemInfo {
+                free: free as u64,
+                total: total as u64,
+            })
+        } else {
+            Err(BackendError::Device {
+                code,
+                call: "cudaMemGetInfo",
+            })
+        }
+    }
+
+    fn record_fence(&mut self) -> Result<Fence, BackendError> {
+        match &mut self.fences {
+            FencePolicy::DeviceSync(epochs) => Ok(Fence(epochs.fence())),
+            FencePolicy::LegacyStreamEvent(events) => {
+                let _on_device = enter(self.rt, self.device)?;
+                events.record(self.rt).map(Fence).map_err(device_error)
+            }
+            FencePolicy::Immediate => Ok(Fence(0)),
+        }
+    }
+
+    fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {
+        match &mut self.fences {
+            FencePolicy::DeviceSync(epochs) => Ok(epochs.done(fence.0)),
+            FencePolicy::LegacyStreamEvent(events) => {
+                events.done(self.rt, fence.0).map_err(device_error)
+            }
+            FencePolicy::Immediate => Ok(true),
+        }
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        let ticket = match &self.fences {
+            FencePolicy::DeviceSync(epochs) => Some(epochs.begin()),
+            _ => None,
+        };
+        let _on_device = self.enter()?;
+        // SAFETY: cudaDeviceSynchronize takes no arguments; it waits for the current device.
+        let code = unsafe { (self.rt.device_synchronize)() };
+        if code != codes::SUCCESS {
+            return Err(BackendError::Device {
+                code,
+                call: "cudaDeviceSynchronize",
+            });
+        }
+        match &mut self.fences {
+            FencePolicy::DeviceSync(epochs) => {
+                if let Some(ticket) = ticket {
+                    epochs.end(ticket);
+                }
+            }
+            FencePolicy::LegacyStreamEvent(events) => events.all_done(self.rt),
+            FencePolicy::Immediate => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,253 @@
+//! The real CUDA runtime's functions, found at run time.
+//!
+//! The library exports `cudaMalloc` and friends itself, so it must never call them by name:
+//! through the PLT such a call would land in its own export. Every real function is looked up
+//! once, lazily, and called through the pointer stored here.
+//!
+//! Lookup order (see the interposition reference, §2.3):
+//! 1. `dlsym(RTLD_NEXT, name)` — the object after this library in the global search order; this
+//!    is the runtime the program itself was linked against.
+//! 2. `dlopen(soname, RTLD_NOW | RTLD_NOLOAD)` for `libcudart.so.13`, `.12`, `.11.0` and
+//!    `libcudart.so`, then `dlsym(handle, name)`. `RTLD_NEXT` finds nothing when the runtime was
+//!    loaded `RTLD_LOCAL` by a dlopened module (a Python extension, a ctypes library);
+//!    `RTLD_NOLOAD` finds that already-loaded copy without loading a second one.
+//!
+//! A table is complete or absent: when a function is missing the runtime counts as not found.
+//! Success is cached for the life of the process; failure is not (a runtime may be loaded
+//! later, e.g. by a Python import) but is reported only once.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A `cudaError_t` value.
+pub type CudaError = c_int;
+
+/// The `cudaError_t` codes the library produces or recognises.
+pub mod codes {
+    use super::CudaError;
+    pub const SUCCESS: CudaError = 0;
+    pub const INVALID_VALUE: CudaError = 1;
+    pub const MEMORY_ALLOCATION: CudaError = 2;
+    pub const INITIALIZATION_ERROR: CudaError = 3;
+    pub const NOT_READY: CudaError = 600;
+    pub const UNKNOWN: CudaError = 999;
+}
+
+/// `cudaEventDisableTiming`: events used only for ordering are cheaper without timing.
+pub const EVENT_DISABLE_TIMING: c_uint = 0x02;
+
+/// `cudaStreamLegacy` (the handle value 0x1): the legacy default stream, whatever the caller's
+/// default-stream mode.
+pub const STREAM_LEGACY: usize = 0x1;
+
+type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
+type FreeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
+type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CudaError;
+type GetDeviceFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
+type SetDeviceFn = unsafe extern "C" fn(c_int) -> CudaError;
+type VoidFn = unsafe extern "C" fn() -> CudaError;
+type EventCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CudaError;
+type EventRecordFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
+type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
+
+/// The real runtime's entry points the library uses. Each field is the address of the named
+/// runtime function, with that function's C signature.
+#[derive(Debug)]
+pub struct Runtime {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub mem_get_info: MemGetInfoFn,
+    pub get_device: GetDeviceFn,
+    pub set_device: SetDeviceFn,
+    pub device_synchronize: VoidFn,
+    pub device_reset: VoidFn,
+    pub get_last_error: VoidFn,
+    pub event_create_with_flags: EventCreateFn,
+    pub event_record: EventRecordFn,
+    pub event_query: EventFn,
+    pub event_destroy: EventFn,
+}
+
+/// Sonames tried with `RTLD_NOLOAD`, newest first.
+const SONAMES: [&CStr; 4] = [
+    c"libcudart.so.13",
+    c"libcudart.so.12",
+    c"libcudart.so.11.0",
+    c"libcudart.so",
+];
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static REPORTED_MISSING: AtomicBool = AtomicBool::new(false);
+
+/// The real runtime, or `None` when no loaded runtime provides every function (reported once
+/// with a warning naming the missing function).
+pub fn runtime() -> Option<&'static Runtime> {
+    if let Some(rt) = RUNTIME.get() {
+        return Some(rt);
+    }
+    match Runtime::resolve() {
+        Ok(rt) => Some(RUNTIME.get_or_init(|| rt)),
+        Err(missing) => {
+            if !REPORTED_MISSING.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "no CUDA runtime found in this process ({missing} is not provided by the next \
+                     library nor by a loaded libcudart.so.13/.12/.11.0); CUDA calls answer \
+                     cudaErrorInitializationError (3)"
+                );
+            }
+            None
+        }
+    }
+}
+
+impl Runtime {
+    /// Look every function up; `Err` names the first one not found.
+    fn resolve() -> Result<Runtime, &'static str> {
+        let finder = Finder::new();
+        let route = finder.route(c"cudaMalloc");
+        // SAFETY: each name below is the runtime function whose C signature the target field
+        // type spells out (cuda_runtime_api.h), so the transmuted pointer is called correctly.
+        let table = unsafe {
+            Runtime {
+                malloc: std::mem::transmute::<*mut c_void, MallocFn>(finder.find(c"cudaMalloc")?),
+                free: std::mem::transmute::<*mut c_void, FreeFn>(finder.find(c"cudaFree")?),
+                mem_get_info: std::mem::transmute::<*mut c_void, MemGetInfoFn>(
+                    finder.find(c"cudaMemGetInfo")?,
+                ),
+                get_device: std::mem::transmute::<*mut c_void, GetDeviceFn>(
+                    finder.find(c"cudaGetDevice")?,
+                ),
+                set_device: std::mem::transmute::<*mut c_void, SetDeviceFn>(
+                    finder.find(c"cudaSetDevice")?,
+                ),
+                device_synchronize: std::mem::transmute::<*mut c_void, VoidFn>(
+                    finder.find(c"cudaDeviceSynchronize")?,
+                ),
+                device_reset: std::mem::transmute::<*mut c_void, VoidFn>(
+                    finder.find(c"cudaDeviceReset")?,
+                ),
+                get_last_error: std::mem::transmute::<*mut c_void, VoidFn>(
+                    finder.find(c"cudaGetLastError")?,
+                ),
+                event_create_with_flags: std::mem::transmute::<*mut c_void, EventCreateFn>(
+                    finder.find(c"cudaEventCreateWithFlags")?,
+                ),
+                event_record: std::mem::transmute::<*mut c_void, EventRecordFn>(
+                    finder.find(c"cudaEventRecord")?,
+                ),
+                event_query: std::mem::transmute::<*mut c_void, EventFn>(
+                    finder.find(c"cudaEventQuery")?,
+                ),
+                event_destroy: std::mem::transmute::<*mut c_void, EventFn>(
+                    finder.find(c"cudaEventDestroy")?,
+                ),
+            }
+        };
+        tracing::debug!("found the CUDA runtime through {route}");
+        Ok(table)
+    }
+}
+
+/// Looks names up with `RTLD_NEXT`, else in the first already-loaded runtime by soname.
+struct Finder {
+    /// Handle of an already-loaded runtime (from `RTLD_NOLOAD`), or null.
+    loaded: *mut c_void,
+    /// Its soname.
+    soname: Option<&'static CStr>,
+}
+
+impl Finder {
+    fn new() -> Self {
+        for soname in SONAMES {
+            // SAFETY: `soname` is a NUL-terminated C string; RTLD_NOLOAD never loads a new
+            // object (so no constructor runs) and only returns a handle to one already mapped.
+            let handle =
+                unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+            if !handle.is_null() {
+                return Self {
+                    loaded: handle,
+                    soname: Some(soname),
+                };
+            }
+        }
+        Self {
+            loaded: std::ptr::null_mut(),
+            soname: None,
+        }
+    }
+
+    /// How `name` is found, for the log: "dlsym(RTLD_NEXT)" or the soname opened with NOLOAD.
+    fn route(&self, name: &CStr) -> String {
+        // SAFETY: `name` is NUL-terminated; RTLD_NEXT lookups have no other precondition.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        if !next.is_null() {
+            return "dlsym(RTLD_NEXT)".to_string();
+        }
+        match self.soname {
+            Some(soname) => format!("dlopen({}, RTLD_NOLOAD)", soname.to_string_lossy()),
+            None => "nothing".to_string(),
+        }
+    }
+
+    fn find(&self, name: &'static CStr) -> Result<*mut c_void, &'static str> {
+        let label = name.to_str().unwrap_or("?");
+        // SAFETY: `name` is NUL-terminated; RTLD_NEXT lookups have no other precondition.
+        let next = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        if !next.is_null() && !is_own_symbol(next, name) {
+            return Ok(next);
+        }
+        if self.loaded.is_null() {
+            return Err(label);
+        }
+        // SAFETY: `loaded` is a live handle from dlopen (never closed: NOLOAD handles only bump
+        // the reference count of an object that stays loaded); `name` is NUL-terminated.
+        let found = unsafe { libc::dlsym(self.loaded, name.as_ptr()) };
+        if found.is_null() || is_own_symbol(found, name) {
+            Err(label)
+        } else {
+            Ok(found)
+        }
+    }
+}
+
+/// True when `addr` is this library's own definition of `name` (which would call itself).
+fn is_own_symbol(addr: *mut c_void, name: &CStr) -> bool {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `addr` as a number and fills `info` when it returns nonzero.
+    let found = unsafe { libc::dladdr(addr, info.as_mut_ptr()) } != 0;
+    if !found {
+        return false;
+    }
+    // SAFETY: dladdr returned nonzero, so `info` was filled.
+    let info = unsafe { info.assume_init() };
+    let own = own_base();
+    !own.is_null() && info.dli_fbase == own && symbol_is(info.dli_sname, name)
+}
+
+fn symbol_is(sname: *const c_char, name: &CStr) -> bool {
+    if sname.is_null() {
+        return false;
+    }
+    // SAFETY: dladdr's dli_sname, when non-null, points at a NUL-terminated symbol name that
+    // lives as long as the object is loaded.
+    unsafe { CStr::from_ptr(sname) == name }
+}
+
+/// Load base of the object this code is in.
+fn own_base() -> *mut c_void {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let here = own_base as *const () as *const c_void;
+    // SAFETY: `here` is an address inside this object; `info` is filled when dladdr succeeds.
+    if unsafe { libc::dladdr(here, info.as_mut_ptr()) } == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dladdr returned nonzero, so `info` was filled.
+    unsafe { info.assume_init() }.dli_fbase
+}
+
+/// The real runtime's last-error state is per thread; read and clear it.
+pub fn clear_last_error(rt: &Runtime) {
+    // SAFETY: cudaGetLastError takes no arguments and only resets the calling thread's error.
+    let _ = unsafe { (rt.get_last_error)() };
+}

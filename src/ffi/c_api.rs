@@ -1,0 +1,159 @@
+//! The C API for programs that link `libcachealloc` directly (`include/cachealloc.h`).
+//!
+//! Devices and streams are explicit, as in PyTorch: a block belongs to the stream it was
+//! allocated on and is reused only on that stream, so `cachealloc_free` returns it at once.
+//! Functions answer `cudaError_t` codes (0 = success). With `CACHEALLOC_DISABLE=1` allocation and
+//! free go straight to the real runtime.
+
+use super::stats::CacheallocStats;
+use super::status::{boundary, to_code};
+use crate::backend::cuda::runtime::codes;
+use crate::global::{ShimError, api};
+use crate::pool::{DeviceId, StreamId};
+use std::ffi::{c_char, c_int, c_void};
+
+/// Allocate `size` bytes on `device` for use on `stream` (a `cudaStream_t`, NULL = the default
+/// stream). Size 0 stores NULL and succeeds. Out of memory: 2 (`cudaErrorMemoryAllocation`),
+/// with the report logged; `*ptr` is left unchanged on any error.
+///
+/// # Safety
+/// `ptr` is NULL (answered with 1) or valid for writing one pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachealloc_malloc(
+    ptr: *mut *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    boundary("cachealloc_malloc", codes::UNKNOWN, || {
+        if ptr.is_null() {
+            return to_code(
+                "cachealloc_malloc",
+                ShimError::InvalidArgument("ptr is NULL"),
+            );
+        }
+        match api::malloc(size, DeviceId(device), StreamId(stream as u64)) {
+            Ok(addr) => {
+                // SAFETY: `ptr` is non-null and writable by the caller's contract.
+                unsafe { ptr.write(addr as *mut c_void) };
+                codes::SUCCESS
+            }
+            Err(e) => to_code("cachealloc_malloc", e),
+        }
+    })
+}
+
+/// Return memory from `cachealloc_malloc` to its pool (immediately reusable on its stream).
+/// NULL is a no-op; a pointer cachealloc does not own, a double free or an interior pointer is
+/// 1 (`cudaErrorInvalidValue`) and changes nothing.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
+    boundary("cachealloc_free", codes::UNKNOWN, || {
+        api::free(ptr as u64).map_or_else(|e| to_code("cachealloc_free", e), |()| codes::SUCCESS)
+    })
+}
+
+/// Release every fully free cached segment of `device` to the driver (after waiting for pending
+/// frees), like `torch.cuda.empty_cache()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
+    boundary("cachealloc_empty_cache", codes::UNKNOWN, || {
+        api::empty_cache(DeviceId(device)).map_or_else(
+            |e| to_code("cachealloc_empty_cache", e),
+            |()| codes::SUCCESS,
+        )
+    })
+}
+
+/// Fill `*out` with the statistics of `device`. Set `out->size = sizeof(CacheallocStats)`
+/// first: only fields that fit in that size are written; `size` and `version` are written back.
+/// A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`).
+///
+/// # Safety
+/// `out` is NULL or points to at least `out->size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachealloc_get_stats(device: c_int, out: *mut CacheallocStats) -> c_int {
+    boundary("cachealloc_get_stats", codes::UNKNOWN, || {
+        if out.is_null() {
+            return to_code(
+                "cachealloc_get_stats",
+                ShimError::InvalidArgument("out is NULL"),
+            );
+        }
+        // SAFETY: `out` is non-null and its first field is readable by the caller's contract.
+        let caller_size = unsafe { (*out.cast::<u32>()).to_owned() };
+        let Some(len) = CacheallocStats::fill_len(caller_size) else {
+            return to_code(
+                "cachealloc_get_stats",
+                ShimError::InvalidArgument("out->size must be at least 8 (set it to sizeof)"),
+            );
+        };
+        match api::stats(DeviceId(device)) {
+            Ok((stats, cached)) => {
+                let mut full = CacheallocStats::from_stats(&stats, cached);
+                full.size = len as u32;
+                // SAFETY: `len` ≤ both the caller's declared size and our struct's size; the
+                // regions cannot overlap (`full` is a local).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (&full as *const CacheallocStats).cast::<u8>(),
+                        out.cast::<u8>(),
+                        len,
+                    );
+                }
+                codes::SUCCESS
+            }
+            Err(e) => to_code("cachealloc_get_stats", e),
+        }
+    })
+}
+
+/// Write the statistics of `device` as JSON (PyTorch's `memory_stats()` keys) into `buf`, like
+/// `snprintf`: at most `len - 1` bytes plus a terminating NUL when `len > 0`. Returns the length
+/// of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 for a
+/// device ordinal out of range.
+///
+/// # Safety
+/// `buf` is valid for writing `len` bytes (it may be NULL when `len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachealloc_stats_json(
+    device: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> usize {
+    boundary("cachealloc_stats_json", 0, || {
+        let text = match api::stats(DeviceId(device)) {
+            Ok((stats, _)) => crate::report::stats_json_string(&stats),
+            Err(e) => {
+                to_code("cachealloc_stats_json", e);
+                String::new()
+            }
+        };
+        if !buf.is_null() && len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: `n + 1 ≤ len` bytes are written into `buf`, valid for `len` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        text.len()
+    })
+}
+
+/// Reset the peak values of `device`'s statistics to their current values.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
+    boundary("cachealloc_reset_peak_stats", codes::UNKNOWN, || {
+        api::reset_peak_stats(DeviceId(device)).map_or_else(
+            |e| to_code("cachealloc_reset_peak_stats", e),
+            |()| codes::SUCCESS,
+        )
+    })
+}
+
+/// The library version, a static NUL-terminated string such as "0.1.0".
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}

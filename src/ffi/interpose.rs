@@ -1,0 +1,97 @@
+//! The interposed CUDA runtime functions. A program linked against `libcudart` calls these when
+//! the library is preloaded (unversioned definitions satisfy `cudaMalloc@libcudart.so.12`).
+//! Each one: panic boundary, argument check, one call into `global`, one code mapping.
+
+use super::status::{boundary, to_code};
+use crate::backend::cuda::runtime::{CudaError, codes};
+use crate::global::{Routed, forward, interpose};
+use std::ffi::c_void;
+
+/// `cudaMalloc`: served from the current device's pool. A NULL out-pointer and size 0 are
+/// forwarded (the runtime answers them); out of memory is 2 after the whole retry ladder.
+///
+/// # Safety
+/// `dev_ptr` is NULL or valid for writing one pointer (the runtime's own contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> CudaError {
+    boundary("cudaMalloc", codes::UNKNOWN, || {
+        if dev_ptr.is_null() {
+            // SAFETY: forwarded unchanged; the runtime rejects the NULL out-pointer itself.
+            return unsafe { forward::malloc(dev_ptr, size) };
+        }
+        match interpose::cuda_malloc(size) {
+            Ok(Routed::Pool(ptr)) => {
+                // SAFETY: `dev_ptr` is non-null and, by the caller's contract, writable.
+                unsafe { dev_ptr.write(ptr.addr() as *mut c_void) };
+                codes::SUCCESS
+            }
+            // SAFETY: the program's own arguments, forwarded unchanged.
+            Ok(Routed::Forward) => unsafe { forward::malloc(dev_ptr, size) },
+            Err(e) => to_code("cudaMalloc", e),
+        }
+    })
+}
+
+/// `cudaFree`: a pool pointer goes back to its owner device's pool; NULL and pointers the pools
+/// do not own are forwarded untouched; a double free or an interior pointer is 1.
+///
+/// # Safety
+/// None beyond the runtime's: `dev_ptr` is only compared with pool addresses or forwarded.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> CudaError {
+    boundary("cudaFree", codes::UNKNOWN, || {
+        match interpose::cuda_free(dev_ptr as u64) {
+            Ok(Routed::Pool(())) => codes::SUCCESS,
+            // SAFETY: the program's own pointer, forwarded unchanged.
+            Ok(Routed::Forward) => unsafe { forward::free(dev_ptr) },
+            Err(e) => to_code("cudaFree", e),
+        }
+    })
+}
+
+/// `cudaDeviceSynchronize`: forwarded; on success every block freed on this device before the
+/// call is ready for reuse.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaDeviceSynchronize() -> CudaError {
+    boundary(
+        "cudaDeviceSynchronize",
+        codes::UNKNOWN,
+        interpose::cuda_device_synchronize,
+    )
+}
+
+/// `cudaDeviceReset`: drops the current device's pool (the reset takes its memory), then
+/// forwards.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaDeviceReset() -> CudaError {
+    boundary(
+        "cudaDeviceReset",
+        codes::UNKNOWN,
+        interpose::cuda_device_reset,
+    )
+}
+
+/// `cudaMemGetInfo`: forwarded; with `count_cached_as_free:True` the current device's cached
+/// free bytes are added to `*free` (never beyond `*total`).
+///
+/// # Safety
+/// `free` and `total` are NULL or valid for writing (the runtime's own contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> CudaError {
+    boundary("cudaMemGetInfo", codes::UNKNOWN, || {
+        // SAFETY: the program's own out-pointers, forwarded unchanged.
+        let code = unsafe { forward::mem_get_info(free, total) };
+        if code != codes::SUCCESS || free.is_null() || total.is_null() {
+            return code;
+        }
+        let extra = interpose::cached_free_bytes_for_mem_info();
+        if extra > 0 {
+            // SAFETY: both pointers are non-null and the runtime has just written them.
+            unsafe {
+                let sum = (*free).saturating_add(extra as usize);
+                free.write(sum.min(*total));
+            }
+        }
+        code
+    })
+}

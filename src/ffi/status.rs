@@ -1,0 +1,66 @@
+//! The one place where errors become `cudaError_t` codes, and the panic boundary every export
+//! runs in. Log lines for failures are written here, after every lock has been released.
+
+use crate::backend::BackendError;
+use crate::backend::cuda::runtime::{CudaError, codes};
+use crate::global::{ShimError, panics};
+use crate::pool::Error;
+
+/// The code for `err`, logging what the program should know (an OOM report once, at warn).
+///
+/// - out of memory (after the whole retry ladder), or a request over 1 EiB: 2
+///   `cudaErrorMemoryAllocation`;
+/// - a double free, an interior pointer, a pointer the C API does not own, a bad argument: 1
+///   `cudaErrorInvalidValue`;
+/// - a real runtime error: its own code, unchanged;
+/// - invalid configuration, no runtime in the process: 3 `cudaErrorInitializationError`;
+/// - an internal inconsistency: 999 `cudaErrorUnknown`.
+pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
+    match err {
+        ShimError::Pool(Error::OutOfMemory(report)) => {
+            tracing::warn!("{call}: {report}");
+            codes::MEMORY_ALLOCATION
+        }
+        ShimError::Pool(Error::Backend(BackendError::OutOfMemory)) => codes::MEMORY_ALLOCATION,
+        ShimError::Pool(e @ Error::RequestTooLarge { .. }) => {
+            tracing::warn!("{call}: {e}");
+            codes::MEMORY_ALLOCATION
+        }
+        ShimError::Pool(e @ (Error::NotOwned { .. } | Error::InvalidPointer { .. })) => {
+            tracing::warn!("{call}: {e}");
+            codes::INVALID_VALUE
+        }
+        ShimError::Pool(Error::Backend(BackendError::Device { code, call: inner })) => {
+            tracing::debug!("{call}: {inner} failed with CUDA error {code}; passed through");
+            code
+        }
+        ShimError::Pool(e @ (Error::InvalidSeed(_) | Error::Invariant(_))) => {
+            tracing::error!("{call}: {e}");
+            codes::UNKNOWN
+        }
+        ShimError::Runtime { code, call: inner } => {
+            tracing::debug!("{call}: {inner} failed with CUDA error {code}; passed through");
+            code
+        }
+        ShimError::ConfigInvalid | ShimError::NoRuntime => codes::INITIALIZATION_ERROR,
+        e @ ShimError::InvalidArgument(_) => {
+            tracing::warn!("{call}: {e}");
+            codes::INVALID_VALUE
+        }
+        e @ ShimError::PoolBroken(..) => {
+            tracing::error!("{call}: {e}");
+            codes::UNKNOWN
+        }
+    }
+}
+
+/// Run `body`; a panic inside becomes `on_panic` and one error line, never an unwind into C.
+pub fn boundary<T>(call: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    match panics::catch(body) {
+        Ok(value) => value,
+        Err(message) => {
+            tracing::error!("{call}: internal error in cachealloc: {message}");
+            on_panic
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The operations behind the C API (`cachealloc_*`) and the PyTorch pluggable-allocator entry
+//! points. Devices and streams are explicit, as in PyTorch: a block belongs to the stream it was
+//! allocated on and is reused only on that stream, so a free is immediate.
+//!
+//! With `CACHEALLOC_DISABLE=1` these pass through to the real runtime on the given device.
+
+use super::error::ShimError;
+use super::interpose::{active, new_pool};
+use super::pools;
+use super::reentry;
+use crate::backend::cuda::device_guard::DeviceGuard;
+use crate::backend::cuda::runtime::{Runtime, codes, runtime};
+use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, StreamId};
+use std::ffi::c_void;
+
+const DEVICE_RANGE: &str = "device ordinal out of range (0..63 have pools)";
+
+fn inside() -> Result<reentry::Inside, ShimError> {
+    reentry::enter().ok_or(ShimError::InvalidArgument(
+        "cachealloc C API called from inside cachealloc",
+    ))
+}
+
+fn real_runtime() -> Result<&'static Runtime, ShimError> {
+    runtime().ok_or(ShimError::NoRuntime)
+}
+
+/// Allocate `size` bytes on `device` for `stream`; size 0 gives the null address.
+pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, ShimError> {
+    let _inside = inside()?;
+    if size == 0 {
+        return Ok(0);
+    }
+    let Some((config, rt)) = active()? else {
+        return real_malloc(real_runtime()?, size, device);
+    };
+    let served = pools::with_pool_or_create(
+        device,
+        || new_pool(config, rt, device),
+        |pool| pool.malloc(size as u64, stream),
+    )?
+    .ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
+    Ok(served?.addr())
+}
+
+/// Return an allocation of the C API to its pool at once. NULL is a no-op; a pointer that no
+/// pool owns is `Error::NotOwned` (the C API does not forward).
+pub fn free(addr: u64) -> Result<(), ShimError> {
+    let _inside = inside()?;
+    let Some(ptr) = DevicePtr::new(addr) else {
+        return Ok(());
+    };
+    let Some(_) = active()? else {
+        return real_free(real_runtime()?, addr);
+    };
+    pools::with_owner(addr, |pool| pool.free(ptr))?
+        .unwrap_or(Err(Error::NotOwned { addr }))
+        .map_err(ShimError::from)
+}
+
+/// Release every fully free cached segment of `device`.
+pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
+    let _inside = inside()?;
+    if active()?.is_none() {
+        return Ok(());
+    }
+    pools::with_pool(device, |pool| pool.empty_cache())?
+        .unwrap_or(Ok(()))
+        .map_err(ShimError::from)
+}
+
+/// Statistics of `device` and its cached free bytes (zeros before its first allocation).
+pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
+    let _inside = inside()?;
+    if pools::epochs(device).is_none() {
+        return Err(ShimError::InvalidArgument(DEVICE_RANGE));
+    }
+    let Some((config, _)) = active()? else {
+        return Ok((DeviceStats::default(), 0));
+    };
+    let found = pools::with_pool(device, |pool| {
+        (pool.stats().clone(), pool.cached_free_bytes())
+    })?;
+    Ok(found.unwrap_or_else(|| {
+        let max_split_size = if config.settings.has_max_split_size() {
+            config.settings.max_split_size as i64
+        } else {
+            -1
+        };
+        let stats = DeviceStats {
+            max_split_size,
+            ..DeviceStats::default()
+        };
+        (stats, 0)
+    }))
+}
+
+/// Reset the peaks of `device`'s statistics to their current values.
+pub fn reset_peak_stats(device: DeviceId) -> Result<(), ShimError> {
+    let _inside = inside()?;
+    if active()?.is_some() {
+        pools::with_pool(device, |pool| pool.reset_peak_stats())?;
+    }
+    Ok(())
+}
+
+fn real_malloc(rt: &'static Runtime, size: usize, device: DeviceId) -> Result<u64, ShimError> {
+    let _on_device = DeviceGuard::enter(rt, device).map_err(|code| ShimError::Runtime {
+        code,
+        call: "cudaSetDevice",
+    })?;
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `ptr` is a valid out-pointer; this is the real runtime's cudaMalloc.
+    let code = unsafe { (rt.malloc)(&mut ptr, size) };
+    if code == codes::SUCCESS {
+        Ok(ptr as u64)
+    } else {
+        Err(ShimError::Runtime {
+            code,
+            call: "cudaMalloc",
+        })
+    }
+}
+
+fn real_free(rt: &'static Runtime, addr: u64) -> Result<(), ShimError> {
+    // SAFETY: the program's pointer goes to the real cudaFree, which validates it.
+    let code = unsafe { (rt.free)(addr as *mut c_void) };
+    if code == codes::SUCCESS {
+        Ok(())
+    } else {
+        Err(ShimError::Runtime {
+            code,
+            call: "cudaFree",
+        })
+    }
+}

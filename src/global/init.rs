@@ -1,0 +1,77 @@
+//! The library's mode, decided once at the first interposed (or C API) call.
+//!
+//! Nothing runs at load time: no constructor parses or prints, so a process that never calls
+//! CUDA only pays for reading the variables if it ever calls in. At the first call:
+//! - `CACHEALLOC_DISABLE=1` → `PassThrough`: every call goes to the real runtime.
+//! - a configuration error → `ConfigFailed`: the error is printed once on stderr, naming the
+//!   variable, the key and what is allowed. The program must not silently run with other
+//!   settings than it asked for, so from then on every interposed `cudaMalloc` (and
+//!   `cachealloc_malloc`) answers `cudaErrorInitializationError` (3); `cudaFree` and the other
+//!   interposed calls still forward, so memory obtained elsewhere can be released.
+//! - otherwise → `Active`: the log subscriber is installed and, when `stats` is on, the
+//!   exit-time report registered.
+
+use super::exit_stats;
+use super::logging;
+use crate::config::{Config, StatsOutput};
+use std::io::Write;
+use std::sync::OnceLock;
+
+/// What the library does with the calls it receives.
+#[derive(Debug)]
+pub enum Mode {
+    /// Serve allocations from the pools with this configuration.
+    Active(Box<Config>),
+    /// `CACHEALLOC_DISABLE=1`: forward everything.
+    PassThrough,
+    /// The configuration was invalid: allocations fail with code 3, the rest forwards.
+    ConfigFailed,
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+
+/// The mode, deciding it on first use.
+pub fn mode() -> &'static Mode {
+    MODE.get_or_init(decide)
+}
+
+/// The configuration when active.
+pub fn active_config() -> Option<&'static Config> {
+    match mode() {
+        Mode::Active(config) => Some(config.as_ref()),
+        _ => None,
+    }
+}
+
+fn decide() -> Mode {
+    match Config::from_env() {
+        Ok(config) if config.disabled => Mode::PassThrough,
+        Ok(config) => {
+            logging::install(&config.log_filter);
+            for key in &config.ignored_keys {
+                tracing::debug!(
+                    "{}: ignoring PyTorch-only key '{key}'",
+                    config.source.name()
+                );
+            }
+            tracing::debug!(
+                "cachealloc active: settings from {}, free_sync:{}",
+                config.source.name(),
+                config.free_sync.name()
+            );
+            if config.stats != StatsOutput::Off {
+                exit_stats::register();
+            }
+            Mode::Active(Box::new(config))
+        }
+        Err(error) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "cachealloc: configuration error: {error}. Every cudaMalloc fails with \
+                 cudaErrorInitializationError (3) until this is fixed; set CACHEALLOC_DISABLE=1 \
+                 to run without cachealloc."
+            );
+            Mode::ConfigFailed
+        }
+    }
+}

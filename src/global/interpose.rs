@@ -1,0 +1,168 @@
+//! What the interposed runtime calls do, decided here and carried out by `ffi`: serve from a
+//! pool, or forward to the real runtime untouched.
+
+use super::error::ShimError;
+use super::forward;
+use super::init::{Mode, mode};
+use super::pools::{self, Pool};
+use super::reentry;
+use crate::backend::cuda::device_guard::current_device;
+use crate::backend::cuda::epoch::SyncEpochs;
+use crate::backend::cuda::events::EventFences;
+use crate::backend::cuda::runtime::{CudaError, Runtime, codes, runtime};
+use crate::backend::cuda::{CudaBackend, FencePolicy};
+use crate::config::{Config, FreeSync};
+use crate::pool::{DeviceAllocator, DeviceId, DevicePtr, StreamId};
+
+/// Where an interposed call goes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Routed<T> {
+    /// Served by cachealloc.
+    Pool(T),
+    /// To be forwarded to the real runtime with the program's own arguments.
+    Forward,
+}
+
+/// The active configuration and the real runtime; `Ok(None)` when the library passes through.
+pub(super) fn active() -> Result<Option<(&'static Config, &'static Runtime)>, ShimError> {
+    match mode() {
+        Mode::PassThrough => Ok(None),
+        Mode::ConfigFailed => Err(ShimError::ConfigInvalid),
+        Mode::Active(config) => runtime()
+            .map(|rt| Some((&**config, rt)))
+            .ok_or(ShimError::NoRuntime),
+    }
+}
+
+/// A new pool for `device` with the configured settings and `free_sync` policy.
+pub(super) fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> Pool {
+    let fences = match (config.free_sync, pools::epochs(device)) {
+        (FreeSync::Device, Some(epochs)) => FencePolicy::DeviceSync(epochs),
+        (FreeSync::Device, None) | (FreeSync::Event, _) => {
+            FencePolicy::LegacyStreamEvent(EventFences::default())
+        }
+        (FreeSync::None, _) => FencePolicy::Immediate,
+    };
+    DeviceAllocator::new(
+        CudaBackend::new(rt, device, fences),
+        config.settings.clone(),
+    )
+}
+
+fn runtime_error(call: &'static str) -> impl Fn(CudaError) -> ShimError {
+    move |code| ShimError::Runtime { code, call }
+}
+
+/// `cudaMalloc(&p, size)` with a valid out-pointer: a block of the current device's pool.
+/// Size 0 is forwarded (the runtime answers success with a NULL pointer).
+pub fn cuda_malloc(size: usize) -> Result<Routed<DevicePtr>, ShimError> {
+    let Some(_inside) = reentry::enter() else {
+        return Ok(Routed::Forward);
+    };
+    let Some((config, rt)) = active()? else {
+        return Ok(Routed::Forward);
+    };
+    if size == 0 {
+        return Ok(Routed::Forward);
+    }
+    let device = current_device(rt).map_err(runtime_error("cudaGetDevice"))?;
+    let served = pools::with_pool_or_create(
+        device,
+        || new_pool(config, rt, device),
+        |pool| pool.malloc(size as u64, StreamId(0)),
+    )?;
+    match served {
+        Some(result) => Ok(Routed::Pool(result?)),
+        None => Ok(Routed::Forward),
+    }
+}
+
+/// `cudaFree(ptr)`: a pointer of a pool goes back to its owner (whatever device is current),
+/// pending until its fence under the `device` and `event` policies; NULL and foreign pointers
+/// are forwarded. A double free or an interior pointer is an error and leaves the pool intact.
+pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
+    let Some(_inside) = reentry::enter() else {
+        return Ok(Routed::Forward);
+    };
+    let config = match active() {
+        Ok(Some((config, _))) => config,
+        Ok(None) | Err(ShimError::ConfigInvalid) => return Ok(Routed::Forward),
+        Err(e) => return Err(e),
+    };
+    let Some(ptr) = DevicePtr::new(addr) else {
+        return Ok(Routed::Forward);
+    };
+    let immediate = config.free_sync == FreeSync::None;
+    let freed = pools::with_owner(addr, |pool| {
+        if immediate {
+            pool.free(ptr)
+        } else {
+            pool.free_deferred(ptr)
+        }
+    })?;
+    match freed {
+        Some(result) => Ok(Routed::Pool(result?)),
+        None => Ok(Routed::Forward),
+    }
+}
+
+/// `cudaDeviceSynchronize()`: forwarded; when it succeeds, every block freed on the current
+/// device before it started is ready for reuse.
+pub fn cuda_device_synchronize() -> CudaError {
+    let ticket = reentry::enter().and_then(|_inside| {
+        let (_, rt) = active().ok().flatten()?;
+        let epochs: &SyncEpochs = pools::epochs(current_device(rt).ok()?)?;
+        Some((epochs, epochs.begin()))
+    });
+    let code = forward::device_synchronize();
+    if code == codes::SUCCESS
+        && let Some((epochs, ticket)) = ticket
+    {
+        epochs.end(ticket);
+    }
+    code
+}
+
+/// `cudaDeviceReset()`: the current device's pool is dropped (its memory goes with the reset,
+/// nothing is freed one by one), then the reset is forwarded.
+pub fn cuda_device_reset() -> CudaError {
+    let dropped = reentry::enter().and_then(|_inside| {
+        let (_, rt) = active().ok().flatten()?;
+        let device = current_device(rt).ok()?;
+        pools::take(device).map(|pool| (device, pool))
+    });
+    if let Some((device, pool)) = dropped {
+        tracing::debug!(
+            "cudaDeviceReset: dropping the pool of device {} ({} bytes reserved)",
+            device.0,
+            pool.stats().reserved_bytes.all.current
+        );
+        drop(pool);
+    }
+    forward::device_reset()
+}
+
+/// Bytes to add to `cudaMemGetInfo`'s free memory: with `count_cached_as_free:True`, the
+/// current device's cached free blocks (not blocks whose free is still pending).
+pub fn cached_free_bytes_for_mem_info() -> u64 {
+    let Some(_inside) = reentry::enter() else {
+        return 0;
+    };
+    let Ok(Some((config, rt))) = active() else {
+        return 0;
+    };
+    if !config.count_cached_as_free {
+        return 0;
+    }
+    let Ok(device) = current_device(rt) else {
+        return 0;
+    };
+    // Blocks whose fence has completed count too: move them back to their pools first.
+    pools::with_pool(device, |pool| {
+        let _ = pool.process_pending();
+        pool.cached_free_bytes()
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0)
+}

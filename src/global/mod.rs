@@ -1,0 +1,18 @@
+//! The process-wide state: one pool per device behind its lock, the mode decided at the first
+//! call, the re-entrancy guard, the exit-time statistics, and the calls forwarded to the real
+//! runtime. `ffi` calls in here; nothing here is `extern "C"`.
+
+pub mod api;
+pub mod error;
+mod exit_stats;
+pub mod forward;
+pub mod init;
+pub mod interpose;
+mod logging;
+pub mod panics;
+pub mod pools;
+pub mod reentry;
+
+pub use error::ShimError;
+pub use exit_stats::{render_json, render_text};
+pub use interpose::Routed;

@@ -1,0 +1,126 @@
+//! The process-wide pools: one `DeviceAllocator<CudaBackend>` per device, each behind its own
+//! lock (the lock wraps the core; the core knows nothing of it), created at the device's first
+//! allocation and dropped by `cudaDeviceReset`.
+//!
+//! Code running under a pool lock never logs or formats: callers take the result out and
+//! report after the lock is released.
+//!
+//! A panic while a lock was held poisons it. The next user checks the pool with the invariant
+//! walker: a consistent pool is used on; an inconsistent one refuses further use of that device
+//! (`ShimError::PoolBroken`) rather than hand out overlapping memory.
+
+use super::error::ShimError;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::epoch::SyncEpochs;
+use crate::pool::{DeviceAllocator, DeviceId, DeviceStats};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+/// Devices with an ordinal below this get a pool; calls on others are forwarded.
+pub const MAX_DEVICES: usize = 64;
+
+/// One device's caching pool over the real runtime.
+pub type Pool = DeviceAllocator<CudaBackend>;
+
+static POOLS: [Mutex<Option<Pool>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
+static EPOCHS: [SyncEpochs; MAX_DEVICES] = [const { SyncEpochs::new() }; MAX_DEVICES];
+/// Bit `d` set: device `d` has held a pool at some point (where frees and stats look).
+static USED: AtomicU64 = AtomicU64::new(0);
+
+fn index(device: DeviceId) -> Option<usize> {
+    usize::try_from(device.0).ok().filter(|&d| d < MAX_DEVICES)
+}
+
+/// The synchronization epochs of `device` (`None` for an ordinal without a pool slot).
+pub fn epochs(device: DeviceId) -> Option<&'static SyncEpochs> {
+    index(device).map(|d| &EPOCHS[d])
+}
+
+fn lock(device: DeviceId, d: usize) -> Result<MutexGuard<'static, Option<Pool>>, ShimError> {
+    match POOLS[d].lock() {
+        Ok(guard) => Ok(guard),
+        Err(poisoned) => {
+            let guard = poisoned.into_inner();
+            match guard.as_ref().map(|pool| pool.validate()) {
+                None | Some(Ok(())) => {
+                    POOLS[d].clear_poison();
+                    Ok(guard)
+                }
+                Some(Err(why)) => Err(ShimError::PoolBroken(device, why)),
+            }
+        }
+    }
+}
+
+/// Run `f` on the pool of `device`, creating it with `create` first if needed. `Ok(None)` when
+/// the ordinal has no pool slot.
+pub fn with_pool_or_create<R>(
+    device: DeviceId,
+    create: impl FnOnce() -> Pool,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> Result<Option<R>, ShimError> {
+    let Some(d) = index(device) else {
+        return Ok(None);
+    };
+    let mut guard = lock(device, d)?;
+    let pool = guard.get_or_insert_with(|| {
+        USED.fetch_or(1u64 << d, Ordering::SeqCst);
+        create()
+    });
+    Ok(Some(f(pool)))
+}
+
+/// Run `f` on the pool of `device` if it has one.
+pub fn with_pool<R>(
+    device: DeviceId,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> Result<Option<R>, ShimError> {
+    let Some(d) = index(device) else {
+        return Ok(None);
+    };
+    let mut guard = lock(device, d)?;
+    Ok(guard.as_mut().map(f))
+}
+
+/// Run `f` on the pool whose segments contain `addr`, whatever device is current.
+pub fn with_owner<R>(addr: u64, f: impl FnOnce(&mut Pool) -> R) -> Result<Option<R>, ShimError> {
+    let used = USED.load(Ordering::SeqCst);
+    for d in (0..MAX_DEVICES).filter(|d| used & (1u64 << d) != 0) {
+        let device = DeviceId(d as i32);
+        let mut guard = lock(device, d)?;
+        if let Some(pool) = guard.as_mut().filter(|pool| pool.contains(addr)) {
+            return Ok(Some(f(pool)));
+        }
+    }
+    Ok(None)
+}
+
+/// Remove the pool of `device` (its memory is gone with a device reset). The caller drops it
+/// after the lock is released.
+pub fn take(device: DeviceId) -> Option<Pool> {
+    let d = index(device)?;
+    let mut guard = POOLS[d]
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    POOLS[d].clear_poison();
+    guard.take()
+}
+
+/// Statistics of every device that has a pool, without waiting for a lock held elsewhere
+/// (used at exit). Devices whose lock is busy are skipped.
+pub fn stats_snapshot() -> Vec<(DeviceId, DeviceStats)> {
+    let used = USED.load(Ordering::SeqCst);
+    (0..MAX_DEVICES)
+        .filter(|d| used & (1u64 << d) != 0)
+        .filter_map(|d| {
+            let guard = match POOLS[d].try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            guard
+                .as_ref()
+                .map(|pool| (DeviceId(d as i32), pool.stats().clone()))
+        })
+        .collect()
+}

@@ -1,0 +1,68 @@
+//! `include/cachealloc.h` is generated from the C API by cbindgen (configuration in
+//! `cbindgen.toml`) and committed. This test regenerates it and fails on any difference; run
+//! `scripts/gen-header.sh` (or this test with `CACHEALLOC_UPDATE_HEADER=1`) to rewrite it.
+
+use std::path::{Path, PathBuf};
+
+/// The Rust files that make up the C API (the interposed `cuda*` functions are not part of it:
+/// programs get those declarations from the CUDA headers).
+const SOURCES: &[&str] = &["src/ffi/c_api.rs", "src/ffi/stats.rs", "src/ffi/torch.rs"];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn generate() -> Vec<u8> {
+    let root = root();
+    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    let mut builder = cbindgen::Builder::new().with_config(config);
+    for source in SOURCES {
+        builder = builder.with_src(root.join(source));
+    }
+    let bindings = builder.generate().expect("cbindgen generates the header");
+    let mut out = Vec::new();
+    bindings.write(&mut out);
+    out
+}
+
+#[test]
+fn committed_header_matches_the_c_api() {
+    let generated = generate();
+    let path = root().join("include/cachealloc.h");
+    if std::env::var_os("CACHEALLOC_UPDATE_HEADER").is_some() {
+        std::fs::write(&path, &generated).expect("write include/cachealloc.h");
+        return;
+    }
+    let committed = std::fs::read(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{} is out of date with the C API in src/ffi; regenerate it with scripts/gen-header.sh \
+         and commit the result",
+        Path::new("include/cachealloc.h").display()
+    );
+}
+
+#[test]
+fn header_declares_the_whole_c_api() {
+    let text = String::from_utf8(generate()).unwrap();
+    for name in [
+        "cachealloc_malloc",
+        "cachealloc_free",
+        "cachealloc_empty_cache",
+        "cachealloc_get_stats",
+        "cachealloc_stats_json",
+        "cachealloc_reset_peak_stats",
+        "cachealloc_version",
+        "cachealloc_torch_malloc",
+        "cachealloc_torch_free",
+        "CacheallocStats",
+        "CACHEALLOC_STATS_VERSION",
+    ] {
+        assert!(text.contains(name), "{name} missing from the header");
+    }
+    assert!(text.contains("do not edit"));
+    assert!(
+        !text.contains("cudaMalloc("),
+        "interposed runtime functions stay out"
+    );
+}

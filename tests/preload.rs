@@ -1,0 +1,281 @@
+//! End to end: an unmodified C program linked against `libcudart.so.12` (the fake) runs with
+//! `LD_PRELOAD=libcachealloc.so`. Scenarios live in `tests/preload/shim_check.c`; each runs in
+//! its own process (the library and the fake read their environment once per process).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::OnceLock;
+use support::fake_cudart;
+use support::shim::{preloaded, run_ok, stderr, stdout};
+
+fn source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/shim_check.c")
+}
+
+fn program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| fake_cudart::compile_c_program(&source(), "shim_check", &[]))
+}
+
+/// Run `scenario` under the shim with `env` and require its "ok" line.
+fn check(scenario: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = preloaded(program());
+    cmd.arg(scenario).envs(env.iter().copied());
+    let out = run_ok(&mut cmd);
+    assert!(
+        stdout(&out).contains(&format!("ok {scenario}")),
+        "no ok line:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
+/// The number after `key` in the program's output.
+fn number_after(text: &str, key: &str) -> u64 {
+    let rest = &text[text
+        .find(key)
+        .unwrap_or_else(|| panic!("'{key}' not in output:\n{text}"))
+        + key.len()..];
+    rest.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after '{key}' in:\n{text}"))
+}
+
+#[test]
+fn a_hundred_thousand_calls_reach_the_runtime_as_a_few_segments() {
+    let out = check("churn", &[]);
+    let text = stdout(&out);
+    let mallocs = number_after(&text, "fake mallocs");
+    assert!(
+        (1..=40).contains(&mallocs),
+        "10^5 cudaMalloc calls became {mallocs} runtime allocations"
+    );
+    assert_eq!(
+        number_after(&text, "frees"),
+        0,
+        "the pool keeps its segments until exit"
+    );
+    assert!(stderr(&out).is_empty(), "unexpected log: {}", stderr(&out));
+}
+
+#[test]
+fn without_the_shim_every_call_reaches_the_runtime() {
+    // The same program without LD_PRELOAD: the counters are the runtime's own (a baseline that
+    // shows the churn test measures the shim).
+    let mut cmd = fake_cudart::command(program());
+    cmd.arg("churn").env("SHIM_CHECK_ITERATIONS", "2000");
+    let out = run_ok(&mut cmd);
+    assert_eq!(number_after(&stdout(&out), "fake mallocs"), 1000);
+}
+
+#[test]
+fn disabled_library_passes_every_call_through() {
+    let out = check(
+        "churn",
+        &[
+            ("CACHEALLOC_DISABLE", "1"),
+            ("SHIM_CHECK_ITERATIONS", "2000"),
+        ],
+    );
+    let text = stdout(&out);
+    assert_eq!(number_after(&text, "fake mallocs"), 1000);
+    assert_eq!(number_after(&text, "frees"), 1000);
+}
+
+#[test]
+fn out_of_memory_answers_2_and_the_program_goes_on() {
+    let out = check("oom", &[("FAKECUDART_CAPACITY", "64MiB")]);
+    let log = stderr(&out);
+    assert_eq!(
+        log.matches("CUDA out of memory").count(),
+        1,
+        "one OOM report, at warn level:\n{log}"
+    );
+    assert!(log.contains("WARN"), "{log}");
+}
+
+#[test]
+fn foreign_pointers_and_null_are_forwarded_untouched() {
+    check("foreign", &[]);
+}
+
+#[test]
+fn double_free_and_interior_pointers_answer_1_with_the_pool_intact() {
+    let out = check("double_free", &[]);
+    assert!(stderr(&out).contains("double free"), "{}", stderr(&out));
+}
+
+#[test]
+fn device_reset_drops_the_pool() {
+    check("reset", &[]);
+}
+
+#[test]
+fn a_pointer_is_freed_to_its_owner_device() {
+    check("cross_device", &[]);
+}
+
+/// (reused, busy, device_syncs) of a reuse scenario.
+fn reuse(scenario: &str, free_sync: &str) -> (u64, u64, u64) {
+    let conf = format!("free_sync:{free_sync}");
+    let out = check(scenario, &[("CACHEALLOC_CONF", &conf)]);
+    let text = stdout(&out);
+    (
+        number_after(&text, "reused"),
+        number_after(&text, "busy"),
+        number_after(&text, "device_syncs"),
+    )
+}
+
+#[test]
+fn free_sync_device_never_hands_out_a_block_with_work_in_flight() {
+    // Work on a non-blocking stream: the pool synchronizes the device before reusing the block.
+    assert_eq!(reuse("reuse_nonblocking", "device"), (1, 0, 1));
+    // The program's own cudaDeviceSynchronize makes the block ready: no extra sync by the pool.
+    assert_eq!(reuse("reuse_after_program_sync", "device"), (1, 0, 1));
+    // It is also the default policy.
+    let out = check("reuse_nonblocking", &[]);
+    assert!(stdout(&out).contains("reused 1 busy 0"), "{}", stdout(&out));
+}
+
+#[test]
+fn free_sync_event_reuses_after_the_event_without_a_device_sync() {
+    // Work still running on the legacy stream: the event is not done, the pool synchronizes.
+    assert_eq!(reuse("reuse_legacy", "event"), (1, 0, 1));
+    // Work finished: the event is done and the block is reused without any synchronization.
+    assert_eq!(reuse("reuse_legacy_done", "event"), (1, 0, 0));
+}
+
+#[test]
+fn free_sync_none_reuses_at_once_even_while_work_runs() {
+    // What `none` allows (PyTorch's single-stream semantics): the block comes back while work
+    // issued before its free still runs on another stream.
+    assert_eq!(reuse("reuse_nonblocking", "none"), (1, 1, 0));
+}
+
+#[test]
+fn runtime_errors_pass_through_unchanged() {
+    check("runtime_error", &[("FAKECUDART_FAIL", "35")]);
+}
+
+#[test]
+fn a_configuration_error_is_reported_once_and_allocations_fail_with_3() {
+    let out = check(
+        "config_error",
+        &[("CACHEALLOC_CONF", "max_split_size_mb:5")],
+    );
+    let log = stderr(&out);
+    assert_eq!(
+        log.matches("cachealloc: configuration error").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("max_split_size_mb"), "names the key: {log}");
+    assert_eq!(log.lines().count(), 1, "one message: {log}");
+}
+
+#[test]
+fn a_process_that_never_calls_cuda_is_untouched() {
+    // A broken configuration must not matter to a program that never calls CUDA.
+    let mut cmd = preloaded(Path::new("/bin/echo"));
+    cmd.arg("hello").env("CACHEALLOC_CONF", "no_such_key:1");
+    let out = run_ok(&mut cmd);
+    assert_eq!(stdout(&out), "hello\n");
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}
+
+fn stats_file_run(format: &str) -> (String, String) {
+    let dir = std::env::temp_dir().join(format!("cachealloc-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join(format!("stats-{format}-%p.out"));
+    let conf = format!("stats:{format},stats_file:{}", template.display());
+    let out = check("stats", &[("CACHEALLOC_CONF", &conf)]);
+    let pid = number_after(&stdout(&out), "pid");
+    let path = dir.join(format!("stats-{format}-{pid}.out"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{} not written: {e}", path.display()));
+    let _ = std::fs::remove_file(&path);
+    (text, stderr(&out))
+}
+
+#[test]
+fn stats_text_at_exit_go_to_the_file_named_with_the_pid() {
+    let (text, log) = stats_file_run("text");
+    assert!(text.contains("cachealloc memory summary"), "{text}");
+    assert!(text.contains("Allocated memory"), "{text}");
+    assert!(
+        text.contains("3072 KiB") || text.contains("3 MiB"),
+        "{text}"
+    );
+    assert!(log.is_empty(), "{log}");
+}
+
+#[test]
+fn stats_json_at_exit_hold_pytorch_keys_per_device() {
+    let (text, _) = stats_file_run("json");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let devices = doc["devices"].as_array().expect("devices array");
+    assert_eq!(devices.len(), 1, "{text}");
+    let stats = &devices[0]["stats"];
+    assert_eq!(devices[0]["device"], 0);
+    assert_eq!(stats["allocated_bytes.all.current"], 3 << 20);
+    assert_eq!(stats["allocation.all.current"], 1);
+    assert_eq!(
+        stats["num_device_alloc"], 2,
+        "one large and one small segment"
+    );
+}
+
+#[test]
+fn stats_text_at_exit_go_to_stderr_by_default() {
+    let out = check("stats", &[("CACHEALLOC_CONF", "stats:text")]);
+    assert!(
+        stderr(&out).contains("cachealloc memory summary"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_linked_runtime_is_found_through_rtld_next() {
+    let out = check(
+        "churn",
+        &[
+            ("SHIM_CHECK_ITERATIONS", "200"),
+            ("CACHEALLOC_LOG", "cachealloc=debug"),
+        ],
+    );
+    assert!(
+        stderr(&out).contains("found the CUDA runtime through dlsym(RTLD_NEXT)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn mem_get_info_can_count_cached_blocks_as_free() {
+    let plain = stdout(&check("mem_info", &[]));
+    let counted = stdout(&check(
+        "mem_info",
+        &[("CACHEALLOC_CONF", "count_cached_as_free:True")],
+    ));
+    let (free_plain, free_counted) = (number_after(&plain, "free"), number_after(&counted, "free"));
+    assert_eq!(
+        number_after(&plain, "total"),
+        number_after(&counted, "total")
+    );
+    assert_eq!(
+        free_counted,
+        free_plain + (20 << 20),
+        "the cached 20 MiB segment counts as free"
+    );
+}
+
+#[test]
+fn threads_allocate_concurrently_without_sharing_memory() {
+    check("threads", &[]);
+}

@@ -1,0 +1,104 @@
+/*
+ * c_api_check.c — a program that links libcachealloc directly (flags from
+ * `pkg-config --cflags --libs cachealloc`) and uses the C API from include/cachealloc.h, with the
+ * fake libcudart.so.12 as the runtime. Prints "ok c_api" when every check held.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cachealloc.h>
+
+#include "fakecudart.h"
+
+#define MIB ((size_t)1 << 20)
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
+            return 1;                                                                 \
+        }                                                                             \
+    } while (0)
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2);
+    CHECK(strcmp(cachealloc_version(), argv[1]) == 0);
+
+    void *stream = NULL;
+    void *p = NULL, *q = NULL, *zero = (void *)0x1;
+    CHECK(cachealloc_malloc(&p, 3 * MIB, 0, stream) == 0);
+    CHECK(p != NULL);
+    CHECK(cachealloc_malloc(&zero, 0, 0, stream) == 0 && zero == NULL);
+    CHECK(cachealloc_malloc(NULL, 16, 0, stream) == 1);
+
+    CacheallocStats stats;
+    memset(&stats, 0xff, sizeof stats);
+    stats.size = sizeof stats;
+    CHECK(cachealloc_get_stats(0, &stats) == 0);
+    CHECK(stats.size == sizeof stats);
+    CHECK(stats.version == CACHEALLOC_STATS_VERSION);
+    CHECK(stats.allocated_bytes == 3 * MIB);
+    CHECK(stats.allocations == 1);
+    CHECK(stats.reserved_bytes == fakecudart_device_bytes_in_use(0));
+
+    /* An older, shorter struct gets only the fields it has. */
+    uint64_t old[3] = {0, 0, 0xdeadbeef};
+    ((uint32_t *)old)[0] = 16; /* size: header + allocated_bytes */
+    CHECK(cachealloc_get_stats(0, (CacheallocStats *)old) == 0);
+    CHECK(((uint32_t *)old)[0] == 16);
+    CHECK(old[1] == 3 * MIB);
+    CHECK(old[2] == 0xdeadbeef);
+    stats.size = 4;
+    CHECK(cachealloc_get_stats(0, &stats) == 1);
+
+    /* JSON, snprintf-like. */
+    size_t need = cachealloc_stats_json(0, NULL, 0);
+    CHECK(need > 100);
+    char small[8];
+    CHECK(cachealloc_stats_json(0, small, sizeof small) == need);
+    CHECK(small[7] == '\0' && small[0] == '{');
+    char *json = malloc(need + 1);
+    CHECK(cachealloc_stats_json(0, json, need + 1) == need);
+    CHECK(strlen(json) == need);
+    CHECK(strstr(json, "\"allocated_bytes.all.current\":3145728") != NULL);
+    free(json);
+
+    /* Free is immediate: the same stream gets the block straight back. */
+    CHECK(cachealloc_free(p) == 0);
+    CHECK(cachealloc_malloc(&q, 3 * MIB, 0, stream) == 0);
+    CHECK(q == p);
+    CHECK(cachealloc_free(q) == 0);
+    CHECK(cachealloc_free(q) == 1);         /* double free */
+    CHECK(cachealloc_free(NULL) == 0);
+    int local;
+    CHECK(cachealloc_free(&local) == 1);    /* not ours: the C API does not forward */
+
+    /* Another stream does not get that block. */
+    void *other = (void *)0x1000;
+    CHECK(cachealloc_malloc(&q, 3 * MIB, 0, other) == 0);
+    CHECK(q != p);
+    CHECK(cachealloc_free(q) == 0);
+
+    /* PyTorch's pluggable-allocator entry points. */
+    void *t = cachealloc_torch_malloc(1000, 1, stream);
+    CHECK(t != NULL);
+    CHECK(fakecudart_device_bytes_in_use(1) > 0);
+    cachealloc_torch_free(t, 1000, 1, stream);
+
+    /* Peaks and empty_cache. */
+    CHECK(cachealloc_reset_peak_stats(0) == 0);
+    stats.size = sizeof stats;
+    CHECK(cachealloc_get_stats(0, &stats) == 0);
+    CHECK(stats.allocated_bytes_peak == 0);
+    CHECK(stats.cached_free_bytes == stats.reserved_bytes);
+    CHECK(cachealloc_empty_cache(0) == 0);
+    CHECK(cachealloc_get_stats(0, &stats) == 0);
+    CHECK(stats.reserved_bytes == 0);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK(cachealloc_get_stats(99, &stats) == 1);
+
+    printf("ok c_api\n");
+    return 0;
+}

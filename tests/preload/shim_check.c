@@ -1,0 +1,384 @@
+/*
+ * shim_check.c — scenarios run against the fake libcudart.so.12 with libcachealloc.so in front
+ * of it (LD_PRELOAD). Built twice by tests/preload.rs: as a program (`shim_check SCENARIO`) and,
+ * with -DSHIM_CHECK_LIBRARY, as a shared library whose `shim_check_run(SCENARIO)` a Python script
+ * calls through ctypes. Each scenario prints "ok SCENARIO" when every check held; a failed check
+ * prints "FAIL <file>:<line>: <condition>" and makes the scenario return 1.
+ *
+ * The fake's counters show which calls reached the real runtime (i.e. were forwarded or made by
+ * the pool), and its clock shows whether memory was handed out while work on it was running.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_runtime_api.h"
+#include "fakecudart.h"
+
+#define MIB ((size_t)1 << 20)
+
+static int failures;
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
+            failures++;                                                               \
+            return;                                                                   \
+        }                                                                             \
+    } while (0)
+
+#define CHECK_CODE(expr, want)                                                        \
+    do {                                                                              \
+        int got_ = (int)(expr);                                                       \
+        if (got_ != (int)(want)) {                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, \
+                    #expr, got_, (int)(want));                                        \
+            failures++;                                                               \
+            return;                                                                   \
+        }                                                                             \
+    } while (0)
+
+static uint64_t counter(const char *name) { return fakecudart_counter(name); }
+
+/* A tiny deterministic generator, so every run asks for the same sizes. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t next_random(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Sizes from 1 byte to 8 MiB, log-uniform-ish, so both pools and splitting are exercised. */
+static size_t random_size(void) {
+    unsigned shift = (unsigned)(next_random() % 23);
+    return (size_t)(next_random() % ((size_t)1 << shift)) + 1;
+}
+
+#define LIVE 64
+
+/* 10^5 cudaMalloc/cudaFree calls (N given by SHIM_CHECK_ITERATIONS, default 100000) reach the
+ * fake as a handful of segment allocations; live allocations never overlap; data written into
+ * each allocation reads back intact. Prints the fake's malloc count for the test to judge. */
+static void scenario_churn(void) {
+    const char *env = getenv("SHIM_CHECK_ITERATIONS");
+    long iterations = env ? atol(env) : 100000;
+    void *live[LIVE] = {0};
+    size_t sizes[LIVE] = {0};
+    unsigned char pattern[256];
+    unsigned char back[256];
+    for (long i = 0; i < iterations / 2; i++) {
+        int slot = (int)(next_random() % LIVE);
+        if (live[slot]) {
+            /* The first bytes still hold the pattern written at allocation time. */
+            size_t n = sizes[slot] < sizeof back ? sizes[slot] : sizeof back;
+            memset(pattern, (int)(slot + 1), n);
+            CHECK_CODE(cudaMemcpy(back, live[slot], n, cudaMemcpyDeviceToHost), cudaSuccess);
+            CHECK(memcmp(back, pattern, n) == 0);
+            CHECK_CODE(cudaFree(live[slot]), cudaSuccess);
+            live[slot] = NULL;
+        }
+        size_t size = random_size();
+        void *p = NULL;
+        CHECK_CODE(cudaMalloc(&p, size), cudaSuccess);
+        CHECK(p != NULL);
+        CHECK((uintptr_t)p % 512 == 0);
+        uintptr_t lo = (uintptr_t)p, hi = lo + size;
+        for (int j = 0; j < LIVE; j++) {
+            if (!live[j]) continue;
+            uintptr_t a = (uintptr_t)live[j], b = a + sizes[j];
+            CHECK(hi <= a || b <= lo);
+        }
+        size_t n = size < sizeof pattern ? size : sizeof pattern;
+        memset(pattern, (int)(slot + 1), n);
+        CHECK_CODE(cudaMemcpy(p, pattern, n, cudaMemcpyHostToDevice), cudaSuccess);
+        if (size > n) {
+            /* The last byte is inside the allocation too (cudaMemset checks the range). */
+            CHECK_CODE(cudaMemset((char *)p + size - 1, 0xab, 1), cudaSuccess);
+        }
+        live[slot] = p;
+        sizes[slot] = size;
+    }
+    for (int j = 0; j < LIVE; j++) {
+        if (live[j]) CHECK_CODE(cudaFree(live[j]), cudaSuccess);
+    }
+    printf("fake mallocs %llu frees %llu\n", (unsigned long long)counter("mallocs"),
+           (unsigned long long)counter("frees"));
+}
+
+/* Out of memory answers exactly 2, leaves no sticky error, and the program can go on. A request
+ * that fits only after the cache is flushed succeeds and leaves no sticky error either. */
+static void scenario_oom(void) {
+    void *a = NULL, *b = NULL, *c = NULL;
+    /* FAKECUDART_CAPACITY=64MiB */
+    CHECK_CODE(cudaMalloc(&a, 40 * MIB), cudaSuccess);
+    b = (void *)0x1234;
+    CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaErrorMemoryAllocation);
+    CHECK(b == (void *)0x1234); /* out-pointer untouched */
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    /* a is cached (40 MiB); 50 MiB fits only once the cache is released: the first real
+     * cudaMalloc fails (leaving a sticky error in the runtime), the pool releases a and retries. */
+    uint64_t failures_before = counter("malloc_failures");
+    CHECK_CODE(cudaMalloc(&c, 50 * MIB), cudaSuccess);
+    CHECK(counter("malloc_failures") > failures_before);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaPeekAtLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(c), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+}
+
+/* Memory the pool does not own, and cudaFree(NULL), go to the runtime untouched. */
+static void scenario_foreign(void) {
+    void *managed = NULL, *pitched = NULL, *pooled = NULL;
+    size_t pitch = 0;
+    CHECK_CODE(cudaMalloc(&pooled, 1 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMallocManaged(&managed, 3 * MIB, 1), cudaSuccess);
+    CHECK_CODE(cudaMallocPitch(&pitched, &pitch, 1000, 10), cudaSuccess);
+    uint64_t frees = counter("frees"), nulls = counter("null_frees");
+    CHECK_CODE(cudaFree(NULL), cudaSuccess);
+    CHECK(counter("null_frees") == nulls + 1);
+    CHECK_CODE(cudaFree(managed), cudaSuccess);
+    CHECK_CODE(cudaFree(pitched), cudaSuccess);
+    CHECK(counter("frees") == frees + 2);
+    CHECK_CODE(cudaFree(pooled), cudaSuccess);
+    CHECK(counter("frees") == frees + 2); /* the pool keeps its segment */
+    /* A pointer nobody allocated: the runtime's own answer. */
+    int on_stack;
+    CHECK_CODE(cudaFree(&on_stack), cudaErrorInvalidValue);
+    CHECK(counter("free_failures") == 1);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    /* Size 0 and a NULL out-pointer are the runtime's to answer. */
+    void *zero = (void *)0x1;
+    CHECK_CODE(cudaMalloc(&zero, 0), cudaSuccess);
+    CHECK(zero == NULL);
+    CHECK(cudaMalloc(NULL, 16) != cudaSuccess);
+}
+
+/* A double free or an interior pointer answers 1 and leaves the pool intact. */
+static void scenario_double_free(void) {
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 4096), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, 4096), cudaSuccess);
+    uint64_t frees = counter("frees"), failed = counter("free_failures");
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaErrorInvalidValue);
+    CHECK_CODE(cudaFree((char *)q + 512), cudaErrorInvalidValue);
+    CHECK(counter("frees") == frees);           /* nothing reached the runtime */
+    CHECK(counter("free_failures") == failed);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    /* q is still live and usable; the pool still serves and frees. */
+    CHECK_CODE(cudaMemset(q, 7, 4096), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&r, 4096), cudaSuccess);
+    CHECK(r != q);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaErrorInvalidValue);
+}
+
+/* cudaDeviceReset drops the pool of the current device: its memory went with the reset, and the
+ * next allocation gets a fresh segment from the runtime. */
+static void scenario_reset(void) {
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    uint64_t mallocs = counter("mallocs");
+    CHECK_CODE(cudaMalloc(&q, 1 * MIB), cudaSuccess); /* from the cache */
+    CHECK(counter("mallocs") == mallocs);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK(counter("device_resets") == 1);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
+    CHECK(counter("mallocs") == mallocs + 1);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
+/* A pointer is freed to the device that owns it, whatever device is current, and allocations
+ * happen on the current device without changing it. */
+static void scenario_cross_device(void) {
+    void *p = NULL, *q = NULL;
+    int dev = -1;
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaGetDevice(&dev), cudaSuccess);
+    CHECK(dev == 1);
+    CHECK(fakecudart_device_bytes_in_use(1) == 0);
+    CHECK_CODE(cudaMalloc(&q, 30 * MIB), cudaSuccess); /* device 1's own pool */
+    CHECK(fakecudart_device_bytes_in_use(1) >= 30 * MIB);
+    CHECK(q != p);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    uint64_t mallocs = counter("mallocs");
+    CHECK_CODE(cudaMalloc(&q, 30 * MIB), cudaSuccess); /* device 0 reuses p's block */
+    CHECK(q == p);
+    CHECK(counter("mallocs") == mallocs);
+    CHECK_CODE(cudaGetDevice(&dev), cudaSuccess);
+    CHECK(dev == 0);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+}
+
+/* free_sync: work issued before a free on stream `s` uses the block for 100 ticks; the next
+ * same-sized allocation needs that block. Prints whether the block was reused and whether work
+ * on it was still running when it was handed out, and how many device syncs the runtime saw. */
+static void run_reuse(cudaStream_t s, int advance_first, int program_syncs) {
+    void *p = NULL, *q = NULL;
+    size_t n = 20 * MIB;
+    CHECK_CODE(cudaMalloc(&p, n), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, n, s, 100), cudaSuccess);
+    uint64_t syncs = counter("device_syncs");
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    if (advance_first) fakecudart_advance(1000);
+    if (program_syncs) CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, n), cudaSuccess);
+    printf("reused %d busy %d device_syncs %llu\n", q == p, fakecudart_range_busy(q, n),
+           (unsigned long long)(counter("device_syncs") - syncs));
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+}
+
+static cudaStream_t make_stream(unsigned flags) {
+    cudaStream_t s = NULL;
+    if (cudaStreamCreateWithFlags(&s, flags) != cudaSuccess) {
+        fprintf(stderr, "FAIL cannot create a stream\n");
+        failures++;
+    }
+    return s;
+}
+
+static void scenario_reuse_nonblocking(void) { run_reuse(make_stream(cudaStreamNonBlocking), 0, 0); }
+static void scenario_reuse_legacy(void) { run_reuse(0, 0, 0); }
+static void scenario_reuse_legacy_done(void) { run_reuse(0, 1, 0); }
+static void scenario_reuse_after_program_sync(void) {
+    run_reuse(make_stream(cudaStreamNonBlocking), 0, 1);
+}
+
+/* Allocations under a bad configuration fail with 3; frees still forward. */
+static void scenario_config_error(void) {
+    void *p = NULL, *managed = NULL;
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaErrorInitializationError);
+    CHECK_CODE(cudaMalloc(&p, 2 * MIB), cudaErrorInitializationError);
+    CHECK(counter("mallocs") == 0);
+    CHECK_CODE(cudaMallocManaged(&managed, MIB, 1), cudaSuccess);
+    CHECK_CODE(cudaFree(managed), cudaSuccess);
+    CHECK(counter("frees") == 1);
+}
+
+/* Allocate and keep a few blocks, for the exit-time statistics. */
+static void scenario_stats(void) {
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 3 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    printf("pid %d\n", (int)getpid());
+}
+
+/* The runtime's own error passes through unchanged (FAKECUDART_FAIL=35). */
+static void scenario_runtime_error(void) {
+    void *p = (void *)0x1234;
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaErrorInsufficientDriver);
+    CHECK(p == (void *)0x1234);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInsufficientDriver);
+    CHECK_CODE(cudaFree(NULL), cudaErrorInsufficientDriver);
+}
+
+/* cudaMemGetInfo after a block went back to the cache; prints what it reports. */
+static void scenario_mem_info(void) {
+    void *p = NULL;
+    size_t free_bytes = 0, total = 0;
+    CHECK_CODE(cudaMalloc(&p, 20 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+    CHECK(free_bytes <= total);
+    printf("free %llu total %llu\n", (unsigned long long)free_bytes, (unsigned long long)total);
+}
+
+#define THREADS 4
+
+static void *thread_churn(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint64_t state = 0x12345678u + (uint64_t)id;
+    unsigned char want[4096], got[4096];
+    memset(want, id + 1, sizeof want);
+    for (int i = 0; i < 3000; i++) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        size_t size = (size_t)(state % 4096) + 1;
+        void *p = NULL;
+        if (cudaMalloc(&p, size) != cudaSuccess) return (void *)1;
+        if (cudaMemcpy(p, want, size, cudaMemcpyHostToDevice) != cudaSuccess) return (void *)2;
+        /* Another thread's allocation overlapping this one would overwrite the pattern. */
+        if (i % 2 == 0) sched_yield();
+        if (cudaMemcpy(got, p, size, cudaMemcpyDeviceToHost) != cudaSuccess) return (void *)3;
+        if (memcmp(got, want, size) != 0) return (void *)4;
+        if (cudaFree(p) != cudaSuccess) return (void *)5;
+    }
+    return NULL;
+}
+
+/* Threads allocate and free concurrently; no allocation is ever shared. */
+static void scenario_threads(void) {
+    pthread_t threads[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        CHECK(pthread_create(&threads[t], NULL, thread_churn, (void *)(intptr_t)t) == 0);
+    for (int t = 0; t < THREADS; t++) {
+        void *result = NULL;
+        CHECK(pthread_join(threads[t], &result) == 0);
+        CHECK(result == NULL);
+    }
+}
+
+struct scenario {
+    const char *name;
+    void (*run)(void);
+};
+
+static const struct scenario scenarios[] = {
+    {"churn", scenario_churn},
+    {"oom", scenario_oom},
+    {"foreign", scenario_foreign},
+    {"double_free", scenario_double_free},
+    {"reset", scenario_reset},
+    {"cross_device", scenario_cross_device},
+    {"reuse_nonblocking", scenario_reuse_nonblocking},
+    {"reuse_legacy", scenario_reuse_legacy},
+    {"reuse_legacy_done", scenario_reuse_legacy_done},
+    {"reuse_after_program_sync", scenario_reuse_after_program_sync},
+    {"config_error", scenario_config_error},
+    {"stats", scenario_stats},
+    {"runtime_error", scenario_runtime_error},
+    {"mem_info", scenario_mem_info},
+    {"threads", scenario_threads},
+};
+
+int shim_check_run(const char *name) {
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        if (strcmp(scenarios[i].name, name) == 0) {
+            failures = 0;
+            scenarios[i].run();
+            if (failures == 0) printf("ok %s\n", name);
+            fflush(stdout);
+            return failures ? 1 : 0;
+        }
+    }
+    fprintf(stderr, "unknown scenario %s\n", name);
+    return 2;
+}
+
+#ifndef SHIM_CHECK_LIBRARY
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+        return 2;
+    }
+    return shim_check_run(argv[1]);
+}
+#endif

@@ -1,0 +1,61 @@
+//! Running programs with `libcachealloc.so` preloaded in front of the fake runtime.
+//!
+//! `cargo test` compiles the library (crate types cdylib and rlib) before any integration test
+//! and leaves the cdylib in `target/<profile>/deps/libcachealloc.so`, next to the test
+//! executables. Only `cargo build` copies it up to `target/<profile>/`, so that copy may be
+//! stale during `cargo test`: the tests always use the one in `deps/`, the library of the very
+//! build under test.
+
+use super::fake_cudart;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `target/<profile>/deps/libcachealloc.so` of the build running this test.
+pub fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe
+        .parent()
+        .expect("test executable lives in target/<profile>/deps");
+    let lib = deps.join("libcachealloc.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: cargo test builds it with the library target",
+        lib.display()
+    );
+    lib
+}
+
+/// A command for `program` with the shim preloaded, and with every `CACHEALLOC_*`,
+/// `PYTORCH_*ALLOC_CONF` and `FAKECUDART_*` variable of the test's environment removed.
+pub fn preloaded(program: &Path) -> Command {
+    let mut cmd = fake_cudart::command(program);
+    for (key, _) in std::env::vars_os() {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("CACHEALLOC_") || key_text.ends_with("ALLOC_CONF") {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd.env("LD_PRELOAD", library());
+    cmd
+}
+
+/// Run `cmd` and return its output, with stdout and stderr in the panic message on failure.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("program runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
