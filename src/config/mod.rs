@@ -207,4 +207,21 @@ impl Config {
     pub fn trace_path(&self, pid: u32) -> Option<String> {
         self.trace.as_deref().map(|t| expand_pid(t, pid))
     }
+
+    /// Turn off settings that parse but that cachealloc does not implement yet, returning one
+    /// warning for each, to be shown to the user. Today: `expandable_segments:True` (segments
+    /// are then obtained with cudaMalloc, PyTorch's native policy). Accepting the key keeps an
+    /// existing `PYTORCH_CUDA_ALLOC_CONF` usable; the warning keeps the substitution visible.
+    pub fn drop_unsupported(&mut self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.settings.expandable_segments {
+            self.settings.expandable_segments = false;
+            warnings.push(format!(
+                "{}: expandable_segments:True is not supported by cachealloc yet; using fixed \
+                 segments (PyTorch's native policy: one cudaMalloc per segment)",
+                self.source.name()
+            ));
+        }
+        warnings
+    }
 }

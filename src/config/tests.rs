@@ -526,3 +526,22 @@ fn readme_options_table_matches_the_options_table() {
         "README.md options table is stale; put this between the markers:\n{expected}"
     );
 }
+
+#[test]
+fn unsupported_expandable_segments_is_dropped_with_a_warning() {
+    let mut c = Config::from_lookup(|k| {
+        (k == "PYTORCH_CUDA_ALLOC_CONF").then(|| "expandable_segments:True".to_string())
+    })
+    .unwrap();
+    assert!(c.settings.expandable_segments, "parsed as written");
+    let warnings = c.drop_unsupported();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0]
+            .starts_with("PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported"),
+        "{}",
+        warnings[0]
+    );
+    assert!(!c.settings.expandable_segments);
+    assert!(c.drop_unsupported().is_empty());
+}

@@ -46,8 +46,11 @@ pub fn active_config() -> Option<&'static Config> {
 fn decide() -> Mode {
     match Config::from_env() {
         Ok(config) if config.disabled => Mode::PassThrough,
-        Ok(config) => {
+        Ok(mut config) => {
             logging::install(&config.log_filter);
+            for warning in config.drop_unsupported() {
+                tracing::warn!("{warning}");
+            }
             for key in &config.ignored_keys {
                 tracing::debug!(
                     "{}: ignoring PyTorch-only key '{key}'",

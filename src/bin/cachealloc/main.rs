@@ -163,7 +163,10 @@ fn run(cli: Cli) -> Result<String, String> {
 
 fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     let conf = common.conf.as_deref().unwrap_or("");
-    let config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
+    let mut config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
+    for warning in config.drop_unsupported() {
+        eprintln!("cachealloc: warning: {warning}");
+    }
     let placement = match common.placement {
         PlacementArg::TopDown => Placement::TopDown,
         PlacementArg::BottomUp => Placement::BottomUp,
