@@ -112,20 +112,9 @@ for d in nvidia.__path__:
 EOF
 }
 
-# Builds the fake runtime from tests/fake-cudart (same flags as tests/support/fake_cudart.rs)
-# when a source is newer than the last build.
+# The fake runtime (tests/fake-cudart), rebuilt when its sources change.
 build_fake_cudart() {
-    local src="$root/tests/fake-cudart" dir="$work/fake-cudart"
-    local so="$dir/libcudart.so.12"
-    if [[ ! -f "$so" ]] || [[ -n "$(find "$src" -newer "$so" -type f | head -n 1)" ]]; then
-        mkdir -p "$dir"
-        gcc -shared -fPIC -O2 -std=c11 -D_GNU_SOURCE -pthread \
-            -Wl,-soname,libcudart.so.12 -Wl,-Bsymbolic \
-            -Wl,--version-script="$src/libcudart.map" -I "$src/include" \
-            -o "$so.tmp" "$src"/src/*.c
-        mv "$so.tmp" "$so"
-    fi
-    printf '%s\n' "$so"
+    "$root/scripts/build-fake-cudart.sh" "$work/fake-cudart"
 }
 
 cudart=""

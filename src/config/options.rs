@@ -156,7 +156,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "`True` or `False`",
         unit: "",
         carrier: Carrier::Shared,
-        doc: "Grow segments with the driver's virtual-memory API instead of one `cudaMalloc` each.",
+        doc: "PyTorch's growable segments (driver virtual-memory API). Not implemented yet: accepted, turned off with a warning.",
         apply: |c, v| {
             c.settings.expandable_segments = values::boolean(v)?;
             Ok(())

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# cachealloc in two minutes, on any machine (no GPU needed):
+#  1. a CUDA program that allocates in a loop, run against a stand-in CUDA runtime, without and
+#     then with LD_PRELOAD=libcachealloc.so (calls served from the pool vs calls reaching the
+#     runtime, and the allocator's statistics printed at exit);
+#  2. an offline replay of a synthetic transformer training run on a 7 GiB device, with
+#     PyTorch's default settings and with max_split_size_mb.
+# The stand-in runtime is the project's test double (tests/fake-cudart), not a GPU: the figures
+# show what reaches the runtime, not GPU timings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== building (cargo build --release)"
+cargo build --release --quiet
+work=target/demo
+cudart="$(scripts/build-fake-cudart.sh "$work/fake-cudart")"
+libdir="$(dirname "$cudart")"
+"${CC:-gcc}" -O2 -std=gnu11 -I tests/fake-cudart/include scripts/demo/solver.c \
+    -L "$libdir" -lcudart -Wl,-rpath,"$PWD/$libdir" -o "$work/solver"
+
+echo
+echo "== 1a. an iterative solver calling cudaMalloc/cudaFree every step, as it is"
+"$work/solver"
+
+echo
+echo "== 1b. the same binary under LD_PRELOAD=target/release/libcachealloc.so"
+echo "       (CACHEALLOC_CONF=stats:text prints the allocator's statistics at exit)"
+CACHEALLOC_CONF=stats:text LD_PRELOAD="$PWD/target/release/libcachealloc.so" "$work/solver"
+
+echo
+echo "== 2. offline: replay a synthetic transformer training run on a 7 GiB device"
+echo "       target/release/cachealloc synth transformer --capacity 7GiB"
+target/release/cachealloc synth transformer --capacity 7GiB | sed -n '1,6p'
+echo "       ... and with --conf max_split_size_mb:256"
+target/release/cachealloc synth transformer --capacity 7GiB --conf max_split_size_mb:256 | sed -n '2,6p'
+echo
+echo "Next: replay your own PyTorch snapshot with target/release/cachealloc replay snapshot.pickle"
+echo "(see README.md), or run your program with LD_PRELOAD=$PWD/target/release/libcachealloc.so"
