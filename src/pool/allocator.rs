@@ -25,10 +25,12 @@ use std::collections::{BTreeMap, VecDeque};
 /// How many of the largest free blocks an OOM report lists.
 const OOM_REPORT_BLOCKS: usize = 16;
 
-/// The free indexes of one pool, one per stream (few streams: a short vector beats a map).
+/// The free indexes of one pool, one per stream (few streams: a short vector beats a map; the
+/// last stream looked up is tried first, since programs mostly use one stream at a time).
 #[derive(Debug, Default)]
 pub(super) struct StreamPools {
     pub(super) streams: Vec<(StreamId, FreeIndex)>,
+    last: usize,
 }
 
 impl StreamPools {
@@ -40,19 +42,21 @@ impl StreamPools {
     }
 
     pub(super) fn get_mut(&mut self, stream: StreamId) -> &mut FreeIndex {
-        match self.streams.iter().position(|(s, _)| *s == stream) {
-            Some(pos) => &mut self.streams[pos].1,
-            None => {
-                self.streams.push((stream, FreeIndex::default()));
-                self.streams.sort_by_key(|(s, _)| *s);
-                let pos = self
-                    .streams
-                    .iter()
-                    .position(|(s, _)| *s == stream)
-                    .expect("just added");
-                &mut self.streams[pos].1
-            }
+        let hit = self
+            .streams
+            .get(self.last)
+            .is_some_and(|(s, _)| *s == stream);
+        if !hit {
+            self.last = match self.streams.iter().position(|(s, _)| *s == stream) {
+                Some(pos) => pos,
+                None => {
+                    let pos = self.streams.partition_point(|(s, _)| *s < stream);
+                    self.streams.insert(pos, (stream, FreeIndex::default()));
+                    pos
+                }
+            };
         }
+        &mut self.streams[self.last].1
     }
 
     /// Free entries in PyTorch's set order: (stream, size, address).

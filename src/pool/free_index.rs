@@ -33,6 +33,19 @@ impl FreeEntry {
     }
 }
 
+/// Lists up to this long are searched linearly (predictable branches beat a binary search).
+const LINEAR_SEARCH_MAX: usize = 16;
+
+/// Index of the first entry of a (size, address)-sorted list for which `before` is false.
+#[inline]
+fn first_not(list: &[FreeEntry], before: impl Fn(&FreeEntry) -> bool) -> usize {
+    if list.len() <= LINEAR_SEARCH_MAX {
+        list.iter().position(|e| !before(e)).unwrap_or(list.len())
+    } else {
+        list.partition_point(before)
+    }
+}
+
 fn class_of(size: u64) -> usize {
     let units = size >> UNIT_SHIFT;
     if units < CLASSES_PER_OCTAVE as u64 {
@@ -70,7 +83,7 @@ impl FreeIndex {
     pub fn insert(&mut self, entry: FreeEntry) {
         let class = class_of(entry.size);
         let list = &mut self.classes[class];
-        let pos = list.partition_point(|e| e.key() < entry.key());
+        let pos = first_not(list, |e| e.key() < entry.key());
         list.insert(pos, entry);
         self.bitmap[class / 64] |= 1 << (class % 64);
         self.len += 1;
@@ -80,7 +93,7 @@ impl FreeIndex {
     pub fn remove(&mut self, size: u64, addr: u64) -> bool {
         let class = class_of(size);
         let list = &mut self.classes[class];
-        let pos = list.partition_point(|e| e.key() < (size, addr));
+        let pos = first_not(list, |e| e.key() < (size, addr));
         if pos == list.len() || list[pos].key() != (size, addr) {
             return false;
         }
@@ -99,7 +112,7 @@ impl FreeIndex {
         accept: impl FnOnce(&FreeEntry) -> bool,
     ) -> Option<FreeEntry> {
         let mut class = class_of(min_size);
-        let mut pos = self.classes[class].partition_point(|e| e.size < min_size);
+        let mut pos = first_not(&self.classes[class], |e| e.size < min_size);
         if pos == self.classes[class].len() {
             class = self.next_nonempty(class + 1)?;
             pos = 0;
@@ -120,7 +133,7 @@ impl FreeIndex {
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
         let class = class_of(min_size);
         let list = &self.classes[class];
-        let pos = list.partition_point(|e| e.size < min_size);
+        let pos = first_not(list, |e| e.size < min_size);
         if let Some(e) = list.get(pos) {
             return Some(*e);
         }
