@@ -12,9 +12,10 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 use support::real_cudart;
+use support::shim::run_ok;
 
 /// Codes the real runtime answers without a usable GPU: 35 cudaErrorInsufficientDriver (no
 /// libcuda.so.1), 100 cudaErrorNoDevice (a driver, no device).
@@ -59,20 +60,6 @@ fn command(program: &Path) -> Command {
     cmd
 }
 
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} exited with {} (a crash or an abort):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// `call=NAME rc=N …` lines as NAME -> (rc, the rest of the line).
 fn answers(stdout: &str) -> BTreeMap<String, (i32, String)> {
     stdout
@@ -100,7 +87,7 @@ fn real_runtime_without_a_driver_answers_35_and_leaves_outputs_alone() {
     let Some((_, program)) = check_program() else {
         return;
     };
-    let stdout = String::from_utf8(run(&mut command(&program)).stdout).unwrap();
+    let stdout = String::from_utf8(run_ok(&mut command(&program)).stdout).unwrap();
     if driver_present(&stdout) {
         return;
     }
@@ -187,14 +174,16 @@ fn shim_intercepts_the_real_runtime_and_passes_its_errors_through() {
     let Some((_, program)) = check_program() else {
         return;
     };
-    let plain = String::from_utf8(run(&mut command(&program)).stdout).unwrap();
+    let plain = String::from_utf8(run_ok(&mut command(&program)).stdout).unwrap();
     if driver_present(&plain) {
         return;
     }
-    let preloaded = run(command(&program)
-        .env("LD_PRELOAD", &shim)
-        .env("LD_DEBUG", "bindings")
-        .env("CACHEALLOC_LOG", "debug"));
+    let preloaded = run_ok(
+        command(&program)
+            .env("LD_PRELOAD", &shim)
+            .env("LD_DEBUG", "bindings")
+            .env("CACHEALLOC_LOG", "debug"),
+    );
     let stdout = String::from_utf8_lossy(&preloaded.stdout);
     let stderr = String::from_utf8_lossy(&preloaded.stderr);
 
