@@ -2,6 +2,8 @@
 //! the fake runtime, and the table it prints is honest — no row claims a GPU figure, every row
 //! is a figure measured on the fake runtime or says why it was not run.
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,7 +25,7 @@ fn available(tool: &str) -> bool {
 /// Runs the dry run and returns (success, stdout, stderr), killing it past the limit.
 fn dry_run() -> (bool, String, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shim = Path::new(env!("CARGO_BIN_EXE_cachealloc")).with_file_name("libcachealloc.so");
+    let shim = support::shim::library();
     let mut child = Command::new("bash")
         .arg(root.join("scripts").join("gpu-check.sh"))
         .arg("--dry-run")

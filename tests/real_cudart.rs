@@ -28,11 +28,6 @@ fn check_source() -> PathBuf {
         .join("no_driver_check.c")
 }
 
-/// `libcachealloc.so` of this build (the cdylib beside the `cachealloc` binary).
-fn shim_library() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_cachealloc")).with_file_name("libcachealloc.so")
-}
-
 /// The check program against the real runtime, or None when the runtime is not installed.
 fn check_program() -> Option<(PathBuf, PathBuf)> {
     static BUILT: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
@@ -159,7 +154,7 @@ fn real_runtime_exports_default_versioned_symbols_that_programs_reference() {
 /// it skipped.
 #[test]
 fn shim_intercepts_the_real_runtime_and_passes_its_errors_through() {
-    let shim = shim_library();
+    let shim = support::shim::library();
     let exports = tool("nm", &["-D", "--defined-only"], &shim);
     let exports_cuda_malloc = exports
         .lines()
