@@ -24,6 +24,17 @@ fn timing(mut samples: Vec<f64>) -> Timing {
     }
 }
 
+/// The id → handle table of a replay, with its pages touched now rather than inside the timed
+/// loop (a zeroed allocation is mapped lazily, and first-touch page faults are not allocator
+/// work).
+fn untimed_table<T: Clone>(len: usize) -> Vec<Option<T>> {
+    let mut table = vec![None; len];
+    for slot in table.iter_mut() {
+        *slot = std::hint::black_box(None);
+    }
+    table
+}
+
 /// The alloc/free operations of a workload (other ops dropped), for the allocator comparison.
 pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
     workload
@@ -39,7 +50,7 @@ pub fn time_pool(ops: &[Op], num_ids: usize, reps: usize) -> Timing {
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
         let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
-        let mut live: Vec<Option<DevicePtr>> = vec![None; num_ids];
+        let mut live: Vec<Option<DevicePtr>> = untimed_table(num_ids);
         let start = Instant::now();
         for op in ops {
             match *op {
@@ -67,7 +78,7 @@ pub fn time_offset_allocator(ops: &[Op], num_ids: usize, reps: usize) -> Timing 
     let mut samples = Vec::with_capacity(reps);
     for _ in 0..reps {
         let mut alloc = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
-        let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = vec![None; num_ids];
+        let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = untimed_table(num_ids);
         let start = Instant::now();
         for op in ops {
             match *op {
