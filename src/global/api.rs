@@ -8,6 +8,7 @@ use super::error::ShimError;
 use super::interpose::{active, new_pool};
 use super::pools;
 use super::reentry;
+use super::trace_file;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{Runtime, codes, runtime};
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, StreamId};
@@ -38,8 +39,9 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
         device,
         || new_pool(config, rt, device),
         |pool| pool.malloc(size as u64, stream),
-    )?
-    .ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
+    );
+    trace_file::flush();
+    let served = served?.ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
     Ok(served?.addr())
 }
 
@@ -53,7 +55,9 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
     let Some(_) = active()? else {
         return real_free(real_runtime()?, addr);
     };
-    pools::with_owner(addr, |pool| pool.free(ptr))?
+    let freed = pools::with_owner(addr, |pool| pool.free(ptr));
+    trace_file::flush();
+    freed?
         .unwrap_or(Err(Error::NotOwned { addr }))
         .map_err(ShimError::from)
 }
@@ -64,9 +68,9 @@ pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
     if active()?.is_none() {
         return Ok(());
     }
-    pools::with_pool(device, |pool| pool.empty_cache())?
-        .unwrap_or(Ok(()))
-        .map_err(ShimError::from)
+    let emptied = pools::with_pool(device, |pool| pool.empty_cache());
+    trace_file::flush();
+    emptied?.unwrap_or(Ok(())).map_err(ShimError::from)
 }
 
 /// Statistics of `device` and its cached free bytes (zeros before its first allocation).

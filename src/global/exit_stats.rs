@@ -1,12 +1,14 @@
 //! The statistics report at exit (`stats:text` or `stats:json`, to stderr or `stats_file`, where
 //! `%p` becomes the process id): one entry per device that had a pool.
 //!
-//! Registered with `atexit` at the first call when `stats` is on. The handler makes no CUDA
+//! Registered with `atexit` at the first call when `stats` or `trace` is on; the handler also
+//! writes the rest of the `trace` recording (`trace_file::flush_at_exit`). It makes no CUDA
 //! call (the runtime may already be torn down), takes no lock that another thread holds, and
 //! never unwinds into libc.
 
 use super::init::active_config;
 use super::pools;
+use super::trace_file;
 use crate::config::StatsOutput;
 use crate::pool::{DeviceId, DeviceStats};
 use crate::report::{memory_summary, stats_json};
@@ -29,6 +31,7 @@ pub fn register() {
 
 extern "C" fn at_exit() {
     // Nothing may unwind into libc's exit; a failure here loses the report, nothing else.
+    let _ = std::panic::catch_unwind(trace_file::flush_at_exit);
     let _ = std::panic::catch_unwind(write_report);
 }
 

@@ -8,11 +8,12 @@
 //!   settings than it asked for, so from then on every interposed `cudaMalloc` (and
 //!   `cachealloc_malloc`) answers `cudaErrorInitializationError` (3); `cudaFree` and the other
 //!   interposed calls still forward, so memory obtained elsewhere can be released.
-//! - otherwise → `Active`: the log subscriber is installed and, when `stats` is on, the
-//!   exit-time report registered.
+//! - otherwise → `Active`: the log subscriber is installed, the `trace` recording started, and,
+//!   when `stats` or `trace` is on, the exit hook registered.
 
 use super::exit_stats;
 use super::logging;
+use super::trace_file;
 use crate::config::{Config, StatsOutput};
 use std::io::Write;
 use std::sync::OnceLock;
@@ -62,7 +63,8 @@ fn decide() -> Mode {
                 config.source.name(),
                 config.free_sync.name()
             );
-            if config.stats != StatsOutput::Off {
+            trace_file::start(&config);
+            if config.stats != StatsOutput::Off || config.trace.is_some() {
                 exit_stats::register();
             }
             Mode::Active(Box::new(config))

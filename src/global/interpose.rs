@@ -6,6 +6,7 @@ use super::forward;
 use super::init::{Mode, mode};
 use super::pools::{self, Pool};
 use super::reentry;
+use super::trace_file;
 use crate::backend::cuda::device_guard::current_device;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::backend::cuda::events::EventFences;
@@ -43,10 +44,14 @@ pub(super) fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) 
         }
         (FreeSync::None, _) => FencePolicy::Immediate,
     };
-    DeviceAllocator::new(
+    let mut pool = DeviceAllocator::new(
         CudaBackend::new(rt, device, fences),
         config.settings.clone(),
-    )
+    );
+    if let Some(sink) = trace_file::sink(device) {
+        pool.set_event_sink(Some(Box::new(sink)));
+    }
+    pool
 }
 
 fn runtime_error(call: &'static str) -> impl Fn(CudaError) -> ShimError {
@@ -70,8 +75,9 @@ pub fn cuda_malloc(size: usize) -> Result<Routed<DevicePtr>, ShimError> {
         device,
         || new_pool(config, rt, device),
         |pool| pool.malloc(size as u64, StreamId(0)),
-    )?;
-    match served {
+    );
+    trace_file::flush();
+    match served? {
         Some(result) => Ok(Routed::Pool(result?)),
         None => Ok(Routed::Forward),
     }
@@ -99,8 +105,9 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
         } else {
             pool.free_deferred(ptr)
         }
-    })?;
-    match freed {
+    });
+    trace_file::flush();
+    match freed? {
         Some(result) => Ok(Routed::Pool(result?)),
         None => Ok(Routed::Forward),
     }
@@ -129,7 +136,9 @@ pub fn cuda_device_reset() -> CudaError {
     let dropped = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
-        pools::take(device).map(|pool| (device, pool))
+        let pool = pools::take(device)?;
+        trace_file::note_device_reset(device);
+        Some((device, pool))
     });
     if let Some((device, pool)) = dropped {
         tracing::debug!(
@@ -138,6 +147,7 @@ pub fn cuda_device_reset() -> CudaError {
             pool.stats().reserved_bytes.all.current
         );
         drop(pool);
+        trace_file::flush();
     }
     forward::device_reset()
 }
@@ -158,11 +168,10 @@ pub fn cached_free_bytes_for_mem_info() -> u64 {
         return 0;
     };
     // Blocks whose fence has completed count too: move them back to their pools first.
-    pools::with_pool(device, |pool| {
+    let cached = pools::with_pool(device, |pool| {
         let _ = pool.process_pending();
         pool.cached_free_bytes()
-    })
-    .ok()
-    .flatten()
-    .unwrap_or(0)
+    });
+    trace_file::flush();
+    cached.ok().flatten().unwrap_or(0)
 }

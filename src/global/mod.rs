@@ -12,6 +12,7 @@ mod logging;
 pub mod panics;
 pub mod pools;
 pub mod reentry;
+mod trace_file;
 
 pub use error::ShimError;
 pub use exit_stats::{render_json, render_text};

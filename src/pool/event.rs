@@ -42,6 +42,8 @@ pub enum PoolEvent {
         stream: StreamId,
         device_free: u64,
     },
+    /// `empty_cache()` was called; the `SegmentFree`s it causes follow.
+    EmptyCache,
 }
 
 /// Receives pool events (a recorder, a ring buffer, a test probe).

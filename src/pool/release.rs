@@ -13,9 +13,12 @@ use crate::backend::Backend;
 
 impl<B: Backend> DeviceAllocator<B> {
     /// Release every fully free segment to the device (`torch.cuda.empty_cache()`), after
-    /// waiting for pending frees.
+    /// waiting for pending frees. The `EmptyCache` event comes after the frees completed by the
+    /// wait and before the releases, so a recorded trace replays in the same order.
     pub fn empty_cache(&mut self) -> Result<(), Error> {
-        self.release_cached_blocks()
+        self.synchronize_pending()?;
+        self.emit(PoolEvent::EmptyCache);
+        self.release_whole_segments()
     }
 
     /// Wait for the device and move every pending block back to its pool.
@@ -34,6 +37,10 @@ impl<B: Backend> DeviceAllocator<B> {
     /// PyTorch's `release_cached_blocks` for the default pool.
     pub(super) fn release_cached_blocks(&mut self) -> Result<(), Error> {
         self.synchronize_pending()?;
+        self.release_whole_segments()
+    }
+
+    fn release_whole_segments(&mut self) -> Result<(), Error> {
         self.release_blocks(PoolKind::Large)?;
         self.release_blocks(PoolKind::Small)
     }

@@ -21,6 +21,12 @@ pub enum TraceError {
     Unsupported { path: String, detail: String },
     /// The recording cannot be turned into a consistent replay (start state, ids).
     Inconsistent { path: String, detail: String },
+    /// A line of a cachealloc trace (our own format) is malformed; `line` counts from 1.
+    BadLine {
+        path: String,
+        line: usize,
+        detail: String,
+    },
 }
 
 impl TraceError {
@@ -34,6 +40,14 @@ impl TraceError {
     pub(crate) fn unsupported(path: &str, detail: impl Into<String>) -> Self {
         TraceError::Unsupported {
             path: path.to_owned(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn bad_line(path: &str, line: usize, detail: impl Into<String>) -> Self {
+        TraceError::BadLine {
+            path: path.to_owned(),
+            line,
             detail: detail.into(),
         }
     }
@@ -70,6 +84,11 @@ impl fmt::Display for TraceError {
                     "{path}: recording cannot be replayed faithfully: {detail}"
                 )
             }
+            TraceError::BadLine { path, line, detail } => write!(
+                f,
+                "{path}, line {line}: not a valid cachealloc trace: {detail}; expected a file \
+                 written with CACHEALLOC_CONF=trace:PATH"
+            ),
         }
     }
 }

@@ -1,6 +1,9 @@
 //! Allocation traces: the workload model, readers for recorded traces, and replay through the
 //! pool on the simulated device.
 //!
+//! Our own format (`record`): the shim's `trace:PATH` recording, JSON lines, read back into a
+//! workload per device with its recorded figures.
+//!
 //! PyTorch memory snapshots: `snapshot` reads the file (through `pickle`, a plain-data decoder
 //! that keeps Python's object sharing) into a [`RecordedSnapshot`] (model in `recording`);
 //! `figures` gives what the recorded run did; `bursts` tells `empty_cache()` calls from the OOM
@@ -33,6 +36,7 @@ pub mod figures;
 #[cfg(test)]
 mod fixtures;
 pub mod pickle;
+pub mod record;
 pub mod recording;
 pub mod replay;
 pub mod rng;

@@ -2,6 +2,7 @@
 //! pool on a simulated device, and list the configuration options.
 
 mod outcome;
+mod recorded;
 mod size;
 mod sources;
 
@@ -26,8 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay a recorded PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) through the
-    /// pool on a simulated device.
+    /// Replay a recorded PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) or a
+    /// cachealloc trace (CACHEALLOC_CONF=trace:PATH) through the pool on a simulated device.
     Replay(ReplayArgs),
     /// Generate a built-in workload (transformer, loguniform) and replay it.
     Synth(SynthArgs),
@@ -57,7 +58,7 @@ struct Common {
 
 #[derive(clap::Args)]
 struct ReplayArgs {
-    /// The snapshot file (a pickle; some are named .json).
+    /// The trace: a PyTorch snapshot (a pickle; some are named .json) or a cachealloc trace.
     trace: PathBuf,
     /// Which device's trace to replay (default: the first device with a trace).
     #[arg(long)]

@@ -1,6 +1,8 @@
-//! Loading a recorded trace for replay.
+//! Loading a recorded trace for replay: a PyTorch memory snapshot here, a cachealloc trace in
+//! `recorded` (told apart by the file's first line).
 
 use crate::outcome::{Recorded, RecordedOomJson};
+use crate::recorded;
 use cachealloc::pool::Settings;
 use cachealloc::trace::{DeviceRecording, RecordedFigures, StartLayout, Workload, read_snapshot};
 use std::path::Path;
@@ -19,6 +21,9 @@ pub struct Loaded {
 
 /// Read `path` and prepare device `device` (default: the first device with a trace).
 pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
+    if recorded::is_recorded_trace(path) {
+        return recorded::load(path, device, faithful);
+    }
     let snapshot = read_snapshot(path).map_err(|e| e.to_string())?;
     let traced: Vec<&DeviceRecording> = snapshot.traced_devices().collect();
     let rec = match device {
@@ -72,7 +77,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
     }
 }
 
-fn recorded_figures(f: &RecordedFigures) -> Recorded {
+pub(crate) fn recorded_figures(f: &RecordedFigures) -> Recorded {
     Recorded {
         peak_reserved_bytes: Some(f.recorded_peak_reserved_bytes),
         segment_allocs: Some(f.recorded_segment_allocs as u64),

@@ -1,0 +1,81 @@
+//! Loading a cachealloc trace (`CACHEALLOC_CONF=trace:PATH`) for replay.
+//!
+//! Such a recording starts with its pool, so a replay starts from an empty device in both
+//! modes. `--faithful` adds what reproduces the recording address for address: the recording's
+//! settings (unless `--conf` says otherwise), the driver's segment addresses as hints, and the
+//! device capacity — exact when the trace has an `oom` (reserved at the OOM + its
+//! `device_free`), else inside the bracket a retried cudaMalloc gives; with neither, the
+//! capacity is unknown and the replay runs unlimited (give `--capacity` to set one).
+
+use crate::outcome::Recorded;
+use crate::sources::{Loaded, recorded_figures};
+use cachealloc::trace::record::convert::convert_device;
+use cachealloc::trace::record::looks_like_header;
+use cachealloc::trace::record::read::{DeviceEvents, read_recorded_trace};
+use std::io::Read;
+use std::path::Path;
+
+/// Bytes read to recognize the header line.
+const SNIFF_BYTES: u64 = 4096;
+
+/// True when `path` starts with our header line (unreadable files are left to the snapshot
+/// reader, which names the problem).
+pub fn is_recorded_trace(path: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut head = Vec::new();
+    if file.take(SNIFF_BYTES).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    let first_line = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    looks_like_header(first_line)
+}
+
+/// Read `path` and prepare device `device` (default: the first device with events).
+pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
+    let trace = read_recorded_trace(path).map_err(|e| e.to_string())?;
+    let traced: Vec<&DeviceEvents> = trace.traced_devices().collect();
+    let chosen = match device {
+        Some(d) => traced.iter().find(|t| t.device.0 == d).copied(),
+        None => traced.first().copied(),
+    };
+    let Some(chosen) = chosen else {
+        let have: Vec<String> = traced.iter().map(|t| t.device.0.to_string()).collect();
+        return Err(match device {
+            Some(d) => format!(
+                "{}: device {d} has no events (devices with events: {})",
+                path.display(),
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            ),
+            None => format!(
+                "{}: the trace holds no events (the process allocated nothing through \
+                 cachealloc), nothing to replay",
+                path.display()
+            ),
+        });
+    };
+    let rec = convert_device(&trace.source, chosen, &trace.settings);
+    let recorded: Recorded = recorded_figures(&rec.figures);
+    Ok(Loaded {
+        device: chosen.device.0,
+        workload: rec.workload,
+        start: None,
+        capacity: if faithful {
+            rec.capacity.and_then(|c| c.replay_capacity())
+        } else {
+            None
+        },
+        address_hints: if faithful {
+            rec.segment_addresses
+        } else {
+            Vec::new()
+        },
+        recorded,
+        recorded_settings: Some(trace.settings),
+    })
+}

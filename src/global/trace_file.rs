@@ -1,0 +1,145 @@
+//! The `trace:PATH` recording: one file per process (`%p` = pid), all devices, in the format of
+//! `trace::record`.
+//!
+//! - `start` (at the first call, when the option is set) creates the shared event buffer; no
+//!   file yet. Each new pool gets a sink into it (`sink`), which under the pool lock only
+//!   timestamps and pushes.
+//! - `flush` runs after every pool call, once the pool lock is released: it takes the buffered
+//!   events, formats them and hands them to a buffered file writer. The file is created at the
+//!   first flush that has events, so a process that never allocates through a pool (or never
+//!   calls CUDA) leaves no file. The header lists the devices of that first batch.
+//! - The writer reaches the file when its 64 KiB buffer fills, after an `oom` or
+//!   `device_reset` line (the moments before a program is likely to give up), and at exit
+//!   (`flush_at_exit`, from the exit hook). A process killed by a signal or ending in `_exit`
+//!   loses the lines still buffered.
+//! - A file that cannot be created or written turns recording off with one message on stderr;
+//!   the program runs on.
+
+use crate::config::Config;
+use crate::pool::DeviceId;
+use crate::trace::record::buffer::{DeviceSink, EventBuffer};
+use crate::trace::record::{Action, Event, Header, settings_text, write_events, write_header};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+
+/// Bytes the file writer gathers before a write system call.
+const WRITE_BUFFER: usize = 64 << 10; // 64 KiB
+
+static RECORDER: OnceLock<Recorder> = OnceLock::new();
+
+struct Recorder {
+    buffer: Arc<EventBuffer>,
+    path: String,
+    settings: String,
+    free_sync: &'static str,
+    file: Mutex<FileState>,
+}
+
+enum FileState {
+    /// Nothing recorded yet: no file.
+    NotCreated,
+    Open(BufWriter<File>),
+    /// Creating or writing failed; recording is off.
+    Failed,
+}
+
+/// Start recording when `config` asks for it (once per process).
+pub fn start(config: &Config) {
+    let Some(path) = config.trace_path(std::process::id()) else {
+        return;
+    };
+    let _ = RECORDER.set(Recorder {
+        buffer: EventBuffer::new(),
+        path,
+        settings: settings_text(&config.settings),
+        free_sync: config.free_sync.name(),
+        file: Mutex::new(FileState::NotCreated),
+    });
+}
+
+/// A sink for the pool of `device` when recording is on.
+pub fn sink(device: DeviceId) -> Option<DeviceSink> {
+    RECORDER.get().map(|r| r.buffer.sink(device.0))
+}
+
+/// Note that the pool of `device` was dropped by `cudaDeviceReset`.
+pub fn note_device_reset(device: DeviceId) {
+    if let Some(r) = RECORDER.get() {
+        r.buffer
+            .push_with(|t_us| Event::device_reset(device.0, t_us));
+    }
+}
+
+/// Write what was recorded since the last flush. Call with no pool lock held.
+pub fn flush() {
+    if let Some(r) = RECORDER.get() {
+        let mut file = r.file.lock().unwrap_or_else(|p| p.into_inner());
+        r.write(&mut file, false);
+    }
+}
+
+/// Write everything left and flush the file (exit hook: skips if another thread is writing).
+pub fn flush_at_exit() {
+    if let Some(r) = RECORDER.get() {
+        let mut file = match r.file.try_lock() {
+            Ok(file) => file,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        r.write(&mut file, true);
+    }
+}
+
+impl Recorder {
+    fn write(&self, file: &mut FileState, at_exit: bool) {
+        // Taken under the file lock, so batches reach the file in the order they were taken.
+        let events = self.buffer.take();
+        if events.is_empty() && !at_exit {
+            return;
+        }
+        let mut bytes = Vec::new();
+        if let FileState::NotCreated = file {
+            if events.is_empty() {
+                return;
+            }
+            match File::create(&self.path) {
+                Ok(f) => *file = FileState::Open(BufWriter::with_capacity(WRITE_BUFFER, f)),
+                Err(e) => return self.fail(file, "create", &e),
+            }
+            let mut devices: Vec<i32> = events.iter().map(|e| e.device).collect();
+            devices.sort_unstable();
+            devices.dedup();
+            let header = Header::new(
+                std::process::id(),
+                devices,
+                self.settings.clone(),
+                self.free_sync,
+            );
+            write_header(&mut bytes, &header);
+        }
+        let FileState::Open(writer) = file else {
+            return;
+        };
+        write_events(&mut bytes, &events);
+        let urgent = at_exit
+            || events
+                .iter()
+                .any(|e| matches!(e.action, Action::Oom | Action::DeviceReset));
+        let written = writer
+            .write_all(&bytes)
+            .and_then(|()| if urgent { writer.flush() } else { Ok(()) });
+        if let Err(e) = written {
+            self.fail(file, "write", &e);
+        }
+    }
+
+    fn fail(&self, file: &mut FileState, what: &str, error: &std::io::Error) {
+        *file = FileState::Failed;
+        let _ = writeln!(
+            std::io::stderr(),
+            "cachealloc: cannot {what} the trace file {}: {error}; recording is off",
+            self.path
+        );
+    }
+}

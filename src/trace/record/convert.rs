@@ -1,0 +1,186 @@
+//! One device's events → the [`Workload`] to replay and the figures the recording reached.
+//!
+//! - `alloc` → `Op::Alloc` with a fresh id and `recorded_addr`; `free_completed` → `Op::Free`
+//!   of the id live at that address (the block is back in the pool only then; `free_requested`
+//!   only marks the program's call); `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`.
+//! - `device_reset` → `Op::Free` of every live allocation, then `Op::EmptyCache`: the recorded
+//!   pool was dropped and a new one starts empty. A replay releases through `cudaFree` what the
+//!   recording lost to the reset, so its `num_device_free` exceeds the recorded count by the
+//!   segments alive at the reset.
+//! - Segment events produce no op (the replayed pool makes its own device calls); they give the
+//!   figures and the driver's addresses (`segment_addresses`, used as address hints).
+//!
+//! Figures: a recording starts with its pool, so reserved bytes start at 0 and follow
+//! `segment_alloc` / `segment_free` (a `device_reset` drops them to 0). Retries and capacity
+//! follow the rules of the PyTorch reader (`bursts`, `capacity`), with one difference that makes
+//! them simpler here: a run of `segment_free`s right after an `empty_cache` line is that call's;
+//! any other run is the allocator's own release inside `malloc`. Each `oom` is one failed
+//! counted retry and each malloc release followed by `segment_alloc` one successful retry — exact
+//! with default settings, an upper bound with `max_split_size` (whose oversize release is
+//! counted too) or a garbage-collection threshold (whose collections are counted too, and then
+//! give no capacity bound).
+
+use super::read::DeviceEvents;
+use super::{Action, Event};
+use crate::pool::{Settings, StreamId};
+use crate::trace::capacity::CapacityEstimate;
+use crate::trace::figures::{RecordedFigures, RecordedOom};
+use crate::trace::workload::{AllocId, Op, Workload};
+use rustc_hash::FxHashMap;
+
+/// What a replay needs from one device's recording.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedDevice {
+    pub workload: Workload,
+    pub figures: RecordedFigures,
+    /// `(size, address)` of every `segment_alloc`, in order: where the driver put them.
+    pub segment_addresses: Vec<(u64, u64)>,
+    /// What the recording says about the device's capacity (`None`: no cudaMalloc failed).
+    pub capacity: Option<CapacityEstimate>,
+}
+
+/// The malloc-release run in progress: reserved bytes before it.
+struct Burst {
+    reserved_before: u64,
+}
+
+/// Convert the events of one device of `source`, recorded with `settings`.
+pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) -> RecordedDevice {
+    let mut workload = Workload::new(format!("{source} (device {})", device.device.0));
+    let mut figures = RecordedFigures {
+        entries: device.events.len(),
+        allocs: 0,
+        frees: 0,
+        orphan_frees: 0,
+        recorded_segment_allocs: 0,
+        recorded_segment_frees: 0,
+        recorded_segment_maps: 0,
+        recorded_segment_unmaps: 0,
+        empty_cache_calls: 0,
+        start_reserved_bytes: 0,
+        end_reserved_bytes: 0,
+        recorded_peak_reserved_bytes: 0,
+        recorded_retries: 0,
+        recorded_oom: None,
+    };
+    let collects = settings.garbage_collection_threshold > 0.0;
+    let mut segment_addresses = Vec::new();
+    let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
+    let mut next_id: AllocId = 0;
+    let mut reserved = 0u64;
+    let mut in_empty_cache = false;
+    let mut burst: Option<Burst> = None;
+    let mut failed_level: Option<u64> = None;
+    for (index, e) in device.events.iter().enumerate() {
+        if e.action != Action::SegmentFree
+            && let Some(b) = burst.take()
+            && e.action == Action::SegmentAlloc
+        {
+            figures.recorded_retries += 1;
+            if !collects {
+                let level = b.reserved_before.saturating_add(e.size);
+                failed_level = Some(failed_level.map_or(level, |l| l.min(level)));
+            }
+        }
+        match e.action {
+            Action::Alloc => {
+                figures.allocs += 1;
+                let id = next_id;
+                next_id += 1;
+                live.insert(e.addr, id);
+                workload.push(
+                    Op::Alloc {
+                        id,
+                        size: e.size,
+                        stream: StreamId(e.stream),
+                        recorded_addr: Some(e.addr),
+                    },
+                    index,
+                );
+            }
+            Action::FreeCompleted => {
+                figures.frees += 1;
+                match live.remove(&e.addr) {
+                    Some(id) => workload.push(Op::Free { id }, index),
+                    None => figures.orphan_frees += 1,
+                }
+            }
+            Action::FreeRequested => {}
+            Action::SegmentAlloc => {
+                figures.recorded_segment_allocs += 1;
+                segment_addresses.push((e.size, e.addr));
+                reserved = reserved.saturating_add(e.size);
+            }
+            Action::SegmentFree => {
+                figures.recorded_segment_frees += 1;
+                if !in_empty_cache && burst.is_none() {
+                    burst = Some(Burst {
+                        reserved_before: reserved,
+                    });
+                }
+                reserved = reserved.saturating_sub(e.size);
+            }
+            Action::Oom => {
+                figures.recorded_retries += 1;
+                if figures.recorded_oom.is_none() {
+                    figures.recorded_oom = Some(oom_at(index, e, reserved));
+                }
+                workload.push(
+                    Op::Oom {
+                        size: e.size,
+                        stream: StreamId(e.stream),
+                        device_free: e.device_free.unwrap_or(0),
+                    },
+                    index,
+                );
+            }
+            Action::EmptyCache => {
+                figures.empty_cache_calls += 1;
+                workload.push(Op::EmptyCache, index);
+            }
+            Action::DeviceReset => {
+                let mut ids: Vec<AllocId> = live.drain().map(|(_, id)| id).collect();
+                ids.sort_unstable();
+                for id in ids {
+                    workload.push(Op::Free { id }, index);
+                }
+                workload.push(Op::EmptyCache, index);
+                reserved = 0;
+            }
+        }
+        figures.recorded_peak_reserved_bytes = figures.recorded_peak_reserved_bytes.max(reserved);
+        in_empty_cache = match e.action {
+            Action::EmptyCache => true,
+            Action::SegmentFree => in_empty_cache,
+            _ => false,
+        };
+    }
+    figures.end_reserved_bytes = reserved;
+    let capacity = match (&figures.recorded_oom, failed_level) {
+        (Some(oom), _) => Some(CapacityEstimate::Exact {
+            bytes: oom.reserved_bytes.saturating_add(oom.device_free),
+            oom_index: oom.event_index,
+        }),
+        (None, Some(high)) => Some(CapacityEstimate::Bracket {
+            low: figures.recorded_peak_reserved_bytes,
+            high,
+        }),
+        (None, None) => None,
+    };
+    RecordedDevice {
+        workload,
+        figures,
+        segment_addresses,
+        capacity,
+    }
+}
+
+fn oom_at(index: usize, e: &Event, reserved: u64) -> RecordedOom {
+    RecordedOom {
+        event_index: index,
+        size: e.size,
+        stream: StreamId(e.stream),
+        device_free: e.device_free.unwrap_or(0),
+        reserved_bytes: reserved,
+    }
+}

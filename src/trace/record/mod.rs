@@ -1,0 +1,194 @@
+//! Our own trace format, written by the shim with `CACHEALLOC_CONF=trace:PATH` and read back by
+//! `cachealloc replay PATH`.
+//!
+//! JSON lines, one file per process (all devices), UTF-8:
+//!
+//! ```text
+//! {"format":"cachealloc-trace","version":1,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
+//! {"t_us":17,"device":0,"action":"segment_alloc","addr":140737286160384,"size":20971520,"stream":0}
+//! {"t_us":18,"device":0,"action":"alloc","addr":140737286160384,"size":4000000,"stream":0}
+//! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576}
+//! ```
+//!
+//! - The **header** (first line) names the format and its version, the recording process, the
+//!   devices that had a pool when the file was started (a device whose pool is created later
+//!   appears by its events), the pool settings in `CACHEALLOC_CONF` syntax (only the keys that
+//!   differ from the defaults; `""` = defaults) and the `free_sync` policy.
+//! - Every further line is one **event**: `action` in PyTorch's trace vocabulary (`alloc`,
+//!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `oom`, `empty_cache`)
+//!   plus `device_reset` (the program called `cudaDeviceReset`: the pool and its segments are
+//!   gone without `segment_free`s). `size` is the requested size for `alloc` and the frees, the
+//!   segment size for segment events, the rounded request for `oom` (which also carries
+//!   `device_free`, the free device bytes at the failure), 0 for the markers; `addr` is 0 where
+//!   there is no address. `t_us` is monotonic, in microseconds since recording began.
+//! - An `empty_cache` line comes after the frees its wait completed and before the
+//!   `segment_free`s it caused; `segment_free`s without it are the OOM ladder's own releases.
+//!
+//! The recording begins with each pool, so a trace starts from an empty device: a replay
+//! needs no rebuilt start state (see `convert`).
+
+pub mod buffer;
+pub mod convert;
+pub mod read;
+#[cfg(test)]
+mod tests;
+
+use crate::config::Config;
+use crate::config::options::{Carrier, OPTIONS};
+use crate::pool::{PoolEvent, Settings, StreamId};
+use serde::{Deserialize, Serialize};
+
+/// The `format` value of the header.
+pub const FORMAT_NAME: &str = "cachealloc-trace";
+/// The version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The first line of a trace file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub format: String,
+    pub version: u32,
+    pub pid: u32,
+    /// Devices with a pool when the file was started (ordinals).
+    pub devices: Vec<i32>,
+    /// Pool settings in `CACHEALLOC_CONF` syntax; keys at their default are left out.
+    pub settings: String,
+    /// The `free_sync` policy of the recording.
+    pub free_sync: String,
+}
+
+impl Header {
+    pub fn new(pid: u32, devices: Vec<i32>, settings: String, free_sync: &str) -> Self {
+        Self {
+            format: FORMAT_NAME.to_string(),
+            version: FORMAT_VERSION,
+            pid,
+            devices,
+            settings,
+            free_sync: free_sync.to_string(),
+        }
+    }
+}
+
+/// What an event line records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    Oom,
+    EmptyCache,
+    DeviceReset,
+}
+
+/// One event line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Microseconds since recording began (monotonic).
+    pub t_us: u64,
+    pub device: i32,
+    pub action: Action,
+    /// Block or segment address; 0 for `oom` and the markers.
+    pub addr: u64,
+    /// Bytes (see the module docs for what they count per action).
+    pub size: u64,
+    pub stream: u64,
+    /// Free device bytes at an `oom` (only there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+}
+
+impl Event {
+    /// The line for a pool event of `device` at `t_us`.
+    pub fn from_pool(event: &PoolEvent, device: i32, t_us: u64) -> Self {
+        let (action, addr, size, stream, device_free) = match *event {
+            PoolEvent::Alloc { ptr, size, stream } => {
+                (Action::Alloc, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::FreeRequested { ptr, size, stream } => {
+                (Action::FreeRequested, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::FreeCompleted { ptr, size, stream } => {
+                (Action::FreeCompleted, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::SegmentAlloc { ptr, size, stream } => {
+                (Action::SegmentAlloc, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::SegmentFree { ptr, size, stream } => {
+                (Action::SegmentFree, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::Oom {
+                size,
+                stream,
+                device_free,
+            } => (Action::Oom, 0, size, stream, Some(device_free)),
+            PoolEvent::EmptyCache => (Action::EmptyCache, 0, 0, StreamId(0), None),
+        };
+        Event {
+            t_us,
+            device,
+            action,
+            addr,
+            size,
+            stream: stream.0,
+            device_free,
+        }
+    }
+
+    /// A `device_reset` marker.
+    pub fn device_reset(device: i32, t_us: u64) -> Self {
+        Event {
+            t_us,
+            device,
+            action: Action::DeviceReset,
+            addr: 0,
+            size: 0,
+            stream: 0,
+            device_free: None,
+        }
+    }
+}
+
+/// `settings` in `CACHEALLOC_CONF` syntax, naming only the pool keys that differ from the
+/// defaults (`""` for all defaults); parses back to the same settings.
+pub fn settings_text(settings: &Settings) -> String {
+    let config = Config {
+        settings: settings.clone(),
+        ..Config::default()
+    };
+    OPTIONS
+        .iter()
+        .filter(|o| o.carrier == Carrier::Shared)
+        .filter_map(|o| {
+            let value = o.current(&config);
+            (value != o.default_text()).then(|| format!("{}:{value}", o.name))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Append the header line to `out`.
+pub fn write_header(out: &mut Vec<u8>, header: &Header) {
+    serde_json::to_writer(&mut *out, header).expect("plain data serializes");
+    out.push(b'\n');
+}
+
+/// Append one line per event to `out`.
+pub fn write_events(out: &mut Vec<u8>, events: &[Event]) {
+    for event in events {
+        serde_json::to_writer(&mut *out, event).expect("plain data serializes");
+        out.push(b'\n');
+    }
+}
+
+/// True when `first_line` looks like the header of our format (a JSON object naming a
+/// `format`); the reader then checks it fully. PyTorch snapshots are pickles and never start
+/// with `{`.
+pub fn looks_like_header(first_line: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(first_line);
+    let text = text.trim_start_matches('\u{feff}').trim_start();
+    text.starts_with('{') && text.contains("\"format\"")
+}

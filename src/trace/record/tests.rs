@@ -1,0 +1,283 @@
+//! Round trip: a pool on the simulated device records into an `EventBuffer`, the events are
+//! written, read back and replayed, and the replay reproduces the recording.
+
+use super::buffer::EventBuffer;
+use super::convert::{RecordedDevice, convert_device};
+use super::read::{RecordedTrace, parse_recorded_trace};
+use super::{Action, Event, Header, settings_text, write_events, write_header};
+use crate::backend::sim::{Placement, SimDevice};
+use crate::config::Config;
+use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
+use crate::trace::error::TraceError;
+use crate::trace::replay::{ReplayConfig, replay};
+use crate::trace::rng::SplitMix64;
+
+const MIB: u64 = 1 << 20;
+
+/// A recording pool: bottom-up addresses and asynchronous work, so frees stay pending until
+/// the device catches up (the shim's `free_sync:device` situation).
+fn recording_pool(capacity: u64, settings: &Settings) -> DeviceAllocator<SimDevice> {
+    let sim = SimDevice::new(capacity)
+        .with_placement(Placement::BottomUp)
+        .with_pending_work();
+    DeviceAllocator::new(sim, settings.clone())
+}
+
+/// Drive a seeded mix of small and large allocations, deferred frees, device progress,
+/// `empty_cache` calls and (near `capacity`) out-of-memory failures.
+fn record_mix(
+    seed: u64,
+    capacity: u64,
+    settings: &Settings,
+) -> (Vec<u8>, DeviceAllocator<SimDevice>) {
+    let buffer = EventBuffer::new();
+    let mut pool = recording_pool(capacity, settings);
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    let mut rng = SplitMix64::new(seed);
+    let mut live: Vec<DevicePtr> = Vec::new();
+    for step in 0..600 {
+        let roll = rng.below(100);
+        if roll < 55 {
+            let size = if rng.chance(0.5) {
+                rng.between(1, MIB)
+            } else {
+                rng.between(MIB, 40 * MIB)
+            };
+            match pool.malloc(size, StreamId(0)) {
+                Ok(ptr) => live.push(ptr),
+                Err(Error::OutOfMemory(_)) => {}
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else if roll < 92 && !live.is_empty() {
+            let ptr = live.swap_remove(rng.below(live.len() as u64) as usize);
+            pool.free_deferred(ptr).unwrap();
+        } else if roll < 98 {
+            pool.backend_mut().complete_work();
+        } else {
+            pool.empty_cache().unwrap();
+        }
+    }
+    let mut bytes = Vec::new();
+    write_header(
+        &mut bytes,
+        &Header::new(77, vec![0], settings_text(settings), "device"),
+    );
+    write_events(&mut bytes, &buffer.take());
+    (bytes, pool)
+}
+
+fn read_back(bytes: &[u8]) -> RecordedTrace {
+    parse_recorded_trace(bytes, "mix.trace").expect("a written trace reads back")
+}
+
+fn device0(trace: &RecordedTrace) -> RecordedDevice {
+    convert_device(&trace.source, &trace.devices[0], &trace.settings)
+}
+
+#[test]
+fn a_replay_of_the_written_trace_reproduces_the_recording() {
+    for (seed, conf) in [(1, ""), (2, "max_split_size_mb:64"), (3, "")] {
+        let settings = Config::parse_conf_str(conf).unwrap().settings;
+        let (bytes, pool) = record_mix(seed, 300 * MIB, &settings);
+        let trace = read_back(&bytes);
+        assert_eq!(trace.settings, settings, "settings survive the header");
+        let rec = device0(&trace);
+        let recorded = pool.stats();
+        assert_eq!(
+            rec.figures.recorded_segment_allocs as u64,
+            recorded.num_device_alloc
+        );
+        assert_eq!(
+            rec.figures.recorded_segment_frees as u64,
+            recorded.num_device_free
+        );
+        assert_eq!(
+            rec.figures.recorded_peak_reserved_bytes as i64,
+            recorded.reserved_bytes.all.peak
+        );
+        let capacity = rec.capacity.and_then(|c| c.replay_capacity());
+        assert!(
+            rec.figures.recorded_oom.is_none() || capacity == Some(300 * MIB),
+            "an oom gives the exact capacity, got {capacity:?}"
+        );
+        // Top-down placement: only the recorded addresses can put segments where they were.
+        let config = ReplayConfig {
+            settings: trace.settings.clone(),
+            capacity: Some(300 * MIB),
+            address_hints: rec.segment_addresses.clone(),
+            check_invariants: true,
+            ..ReplayConfig::default()
+        };
+        let out = replay(&rec.workload, &config, None).unwrap();
+        assert_eq!(
+            out.stats.num_device_alloc, recorded.num_device_alloc,
+            "seed {seed}"
+        );
+        assert_eq!(
+            out.stats.num_device_free, recorded.num_device_free,
+            "seed {seed}"
+        );
+        assert_eq!(
+            out.stats.reserved_bytes.all.peak, recorded.reserved_bytes.all.peak,
+            "seed {seed}"
+        );
+        assert_eq!(out.stats.num_ooms, recorded.num_ooms, "seed {seed}");
+        assert_eq!(out.allocs_with_recorded_addr, out.allocs);
+        assert_eq!(out.allocs_at_recorded_addr, out.allocs, "seed {seed}");
+        assert_eq!(
+            out.empty_cache_calls as usize,
+            rec.figures.empty_cache_calls
+        );
+    }
+}
+
+#[test]
+fn the_mix_exercises_every_action() {
+    let (bytes, pool) = record_mix(1, 300 * MIB, &Settings::default());
+    let trace = read_back(&bytes);
+    let events = &trace.devices[0].events;
+    for action in [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::Oom,
+        Action::EmptyCache,
+    ] {
+        assert!(
+            events.iter().any(|e| e.action == action),
+            "{action:?} missing from the recording"
+        );
+    }
+    assert!(pool.stats().num_ooms > 0);
+    let rec = device0(&trace);
+    let oom = rec.figures.recorded_oom.unwrap();
+    assert_eq!(events[oom.event_index].action, Action::Oom);
+}
+
+#[test]
+fn settings_text_names_only_changed_keys_and_parses_back() {
+    assert_eq!(settings_text(&Settings::default()), "");
+    let conf = "max_split_size_mb:128,roundup_power2_divisions:[256:1,>:4],\
+                garbage_collection_threshold:0.7";
+    let settings = Config::parse_conf_str(conf).unwrap().settings;
+    let text = settings_text(&settings);
+    assert!(text.contains("max_split_size_mb:128"), "{text}");
+    assert_eq!(Config::parse_conf_str(&text).unwrap().settings, settings);
+}
+
+#[test]
+fn device_reset_frees_what_was_live_and_resets_reserved() {
+    let ev = |t_us, action, addr, size| Event {
+        t_us,
+        device: 1,
+        action,
+        addr,
+        size,
+        stream: 0,
+        device_free: None,
+    };
+    let mut bytes = Vec::new();
+    write_header(&mut bytes, &Header::new(1, vec![], String::new(), "none"));
+    write_events(
+        &mut bytes,
+        &[
+            ev(1, Action::SegmentAlloc, 0x1000_0000, 20 * MIB),
+            ev(2, Action::Alloc, 0x1000_0000, 5 * MIB),
+            Event::device_reset(1, 3),
+            ev(4, Action::SegmentAlloc, 0x1000_0000, 2 * MIB),
+            ev(5, Action::Alloc, 0x1000_0000, 512),
+        ],
+    );
+    let trace = read_back(&bytes);
+    assert_eq!(trace.devices.len(), 1, "devices come from the events too");
+    assert_eq!(trace.devices[0].device.0, 1);
+    let rec = device0(&trace);
+    assert_eq!(rec.figures.recorded_peak_reserved_bytes, 20 * MIB);
+    assert_eq!(rec.figures.end_reserved_bytes, 2 * MIB);
+    let out = replay(&rec.workload, &ReplayConfig::default(), None).unwrap();
+    assert_eq!(out.frees, 1, "the reset frees the live allocation");
+    assert_eq!(out.stats.reserved_bytes.all.current, 2 * MIB as i64);
+}
+
+fn error_of(text: &str) -> String {
+    match parse_recorded_trace(text.as_bytes(), "bad.trace") {
+        Err(e @ TraceError::BadLine { .. }) => e.to_string(),
+        Err(e) => panic!("unexpected error kind: {e}"),
+        Ok(_) => panic!("accepted a broken trace:\n{text}"),
+    }
+}
+
+const HEADER: &str = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
+
+#[test]
+fn broken_files_name_the_line_and_what_was_wrong() {
+    let cases: &[(String, &str, &str)] = &[
+        (String::new(), "line 1", "empty"),
+        ("{\"format\":\"other\"}\n".into(), "line 1", "header"),
+        (
+            HEADER.replace("cachealloc-trace", "rmm-log") + "\n",
+            "line 1",
+            "format 'rmm-log'",
+        ),
+        (
+            HEADER.replace("\"version\":1", "\"version\":9") + "\n",
+            "line 1",
+            "version 9",
+        ),
+        (
+            HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
+            "line 1",
+            "max_split_size_mb",
+        ),
+        (
+            format!(
+                "{HEADER}\n\n{{\"t_us\":1,\"device\":0,\"action\":\"explode\",\"addr\":1,\"size\":1,\"stream\":0}}\n"
+            ),
+            "line 3",
+            "explode",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"oom\",\"addr\":0,\"size\":1,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "device_free",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"alloc\",\"addr\":0,\"size\":1,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "address 0",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"alloc\",\"size\":1,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "addr",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":9,\"device\":0,\"action\":\"empty_cache\",\"addr\":0,\"size\":0,\"stream\":0}}\n\
+                 {{\"t_us\":3,\"device\":0,\"action\":\"empty_cache\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
+            ),
+            "line 3",
+            "backwards",
+        ),
+        (
+            format!("{HEADER}\n{{\"t_us\":1,\"dev"),
+            "line 2",
+            "not an event",
+        ),
+    ];
+    for (text, line, what) in cases {
+        let message = error_of(text);
+        assert!(
+            message.starts_with(&format!("bad.trace, {line}:")) && message.contains(what),
+            "for {text:?}: {message}"
+        );
+    }
+}

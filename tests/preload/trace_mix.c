@@ -1,0 +1,100 @@
+/*
+ * trace_mix.c — programs whose allocations are recorded with CACHEALLOC_CONF=trace:PATH
+ * (tests/preload_trace.rs). Scenarios:
+ *   mix      a seeded mix of cudaMalloc/cudaFree of small and large sizes, with device
+ *            synchronizations, ending in an allocation the device cannot hold (run it with
+ *            FAKECUDART_CAPACITY set); some allocations stay live at exit.
+ *   devices  allocations on device 1, then on device 0 (FAKECUDART_DEVICES=2).
+ *   nocuda   no CUDA call at all.
+ * Each prints "ok SCENARIO" when every check held.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_runtime_api.h"
+
+#define MIB ((size_t)1 << 20)
+#define LIVE 48
+
+static int failures;
+
+#define CHECK_CODE(expr, want)                                                        \
+    do {                                                                              \
+        int got_ = (int)(expr);                                                       \
+        if (got_ != (int)(want)) {                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, \
+                    #expr, got_, (int)(want));                                        \
+            failures++;                                                               \
+            return;                                                                   \
+        }                                                                             \
+    } while (0)
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t next_random(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Half small (up to 1 MiB), half large (1 to 24 MiB). */
+static size_t random_size(void) {
+    if (next_random() % 2 == 0)
+        return (size_t)(next_random() % MIB) + 1;
+    return MIB + (size_t)(next_random() % (23 * MIB));
+}
+
+static void scenario_mix(void) {
+    void *live[LIVE] = {0};
+    for (int step = 0; step < 3000; step++) {
+        int slot = (int)(next_random() % LIVE);
+        if (live[slot] != NULL) {
+            CHECK_CODE(cudaFree(live[slot]), cudaSuccess);
+            live[slot] = NULL;
+        } else {
+            CHECK_CODE(cudaMalloc(&live[slot], random_size()), cudaSuccess);
+        }
+        if (step % 97 == 0)
+            CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    }
+    void *huge = NULL;
+    CHECK_CODE(cudaMalloc(&huge, 4096 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    for (int slot = 0; slot < LIVE; slot += 2) {
+        if (live[slot] != NULL)
+            CHECK_CODE(cudaFree(live[slot]), cudaSuccess);
+    }
+}
+
+static void scenario_devices(void) {
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&a, 3 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&c, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess); /* freed to device 1 while device 0 is current */
+    CHECK_CODE(cudaFree(c), cudaSuccess);
+}
+
+static void scenario_nocuda(void) {}
+
+int main(int argc, char **argv) {
+    const char *name = argc > 1 ? argv[1] : "";
+    if (strcmp(name, "mix") == 0)
+        scenario_mix();
+    else if (strcmp(name, "devices") == 0)
+        scenario_devices();
+    else if (strcmp(name, "nocuda") == 0)
+        scenario_nocuda();
+    else {
+        fprintf(stderr, "unknown scenario '%s' (mix, devices, nocuda)\n", name);
+        return 2;
+    }
+    if (failures != 0)
+        return 1;
+    printf("ok %s\n", name);
+    return 0;
+}

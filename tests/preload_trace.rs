@@ -1,0 +1,177 @@
+//! End to end: a C program runs under `LD_PRELOAD=libcachealloc.so` against the fake runtime
+//! with `CACHEALLOC_CONF=trace:PATH`, and `cachealloc replay PATH` reproduces what the shim did.
+//! The shim's own exit statistics (`stats:json`) are the ground truth the replay is held to.
+
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use support::fake_cudart;
+use support::shim::{preloaded, stderr, stdout};
+
+fn program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/trace_mix.c");
+        fake_cudart::compile_c_program(&source, "trace_mix", &[])
+    })
+}
+
+/// Run `scenario` under the shim recording into `dir/trace-%p.jsonl` with the exit statistics
+/// in `dir/stats.json`; returns the expanded trace path.
+fn record(dir: &Path, scenario: &str, env: &[(&str, &str)]) -> PathBuf {
+    let conf = format!(
+        "trace:{}/trace-%p.jsonl,stats:json,stats_file:{}/stats.json",
+        dir.display(),
+        dir.display()
+    );
+    let mut cmd = preloaded(program());
+    cmd.arg(scenario)
+        .env("CACHEALLOC_CONF", conf)
+        .envs(env.iter().copied());
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("program starts");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("program runs");
+    assert!(
+        out.status.success() && stdout(&out).contains(&format!("ok {scenario}")),
+        "{scenario} failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    dir.join(format!("trace-{pid}.jsonl"))
+}
+
+/// The shim's exit statistics of `device` (memory_stats keys).
+fn shim_stats(dir: &Path, device: i64) -> Value {
+    let text = std::fs::read_to_string(dir.join("stats.json")).expect("stats written at exit");
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == device)
+        .unwrap_or_else(|| panic!("no stats for device {device}: {text}"))["stats"]
+        .clone()
+}
+
+fn replay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+        .arg("replay")
+        .args(args)
+        .output()
+        .expect("cachealloc runs")
+}
+
+fn replay_json(trace: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![trace.to_str().unwrap(), "--json"];
+    args.extend_from_slice(extra);
+    let out = replay(&args);
+    assert!(
+        out.status.success(),
+        "replay failed: {}\n{}",
+        stderr(&out),
+        stdout(&out)
+    );
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+#[test]
+fn a_recorded_trace_replays_to_what_the_shim_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record(dir.path(), "mix", &[("FAKECUDART_CAPACITY", "1GiB")]);
+    let stats = shim_stats(dir.path(), 0);
+    let (mallocs, frees) = (&stats["num_device_alloc"], &stats["num_device_free"]);
+    let peak = &stats["reserved_bytes.all.peak"];
+    assert!(stats["num_ooms"] == 1, "the mix ends in one OOM: {stats}");
+
+    for extra in [&[][..], &["--faithful"][..]] {
+        let out = replay_json(&trace, extra);
+        assert_eq!(out["recorded_segment_allocs"], *mallocs, "{extra:?}");
+        assert_eq!(out["recorded_segment_frees"], *frees, "{extra:?}");
+        assert_eq!(out["recorded_peak_reserved_bytes"], *peak, "{extra:?}");
+        assert!(out["recorded_oom"].is_object(), "{extra:?}: {out}");
+        assert_eq!(out["num_device_alloc"], *mallocs, "{extra:?}");
+        assert_eq!(out["peak_reserved_bytes"], *peak, "{extra:?}");
+    }
+
+    let faithful = replay_json(&trace, &["--faithful"]);
+    let allocs = faithful["allocs"].as_u64().unwrap();
+    assert!(allocs > 1000, "the mix allocates often: {faithful}");
+    assert_eq!(
+        faithful["allocs_at_recorded_addr"].as_u64(),
+        Some(allocs),
+        "every allocation lands at its recorded address"
+    );
+    // The capacity comes from the recorded OOM, which the replay then meets at the same event.
+    assert!(faithful["capacity_bytes"].as_u64().unwrap() <= 1 << 30);
+    assert_eq!(faithful["num_device_free"], *frees);
+    assert_eq!(faithful["num_ooms"], 1);
+    assert_eq!(
+        faithful["first_oom_event_index"],
+        faithful["recorded_oom"]["event_index"]
+    );
+}
+
+#[test]
+fn one_file_holds_every_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record(dir.path(), "devices", &[("FAKECUDART_DEVICES", "2")]);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(header["format"], "cachealloc-trace");
+    assert_eq!(
+        header["devices"],
+        serde_json::json!([1]),
+        "device 1 came first"
+    );
+    for device in [0i64, 1] {
+        let out = replay_json(&trace, &["--device", &device.to_string(), "--faithful"]);
+        let stats = shim_stats(dir.path(), device);
+        assert_eq!(out["device"], device);
+        assert_eq!(out["num_device_alloc"], stats["num_device_alloc"]);
+        assert_eq!(out["peak_reserved_bytes"], stats["reserved_bytes.all.peak"]);
+        assert_eq!(out["allocs_at_recorded_addr"], out["allocs"]);
+    }
+    let missing = replay(&[trace.to_str().unwrap(), "--device", "5"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        stderr(&missing).contains("devices with events: 0, 1"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn a_process_that_never_calls_cuda_writes_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path(), "nocuda", &[]);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "files were created: {left:?}");
+}
+
+#[test]
+fn a_broken_trace_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.jsonl");
+    std::fs::write(
+        &path,
+        "{\"format\":\"cachealloc-trace\",\"version\":1,\"pid\":1,\"devices\":[0],\
+         \"settings\":\"\",\"free_sync\":\"device\"}\n\
+         {\"t_us\":1,\"device\":0,\"action\":\"alloc\",\"addr\":4096,\"size\":8,\"stream\":0}\n\
+         {\"t_us\":2,\"device\":0,\"action\":\"alloc\",\"addr\":\"x\"}\n",
+    )
+    .unwrap();
+    let out = replay(&[path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let message = stderr(&out);
+    assert!(
+        message.contains("broken.jsonl, line 3: not a valid cachealloc trace"),
+        "{message}"
+    );
+}
