@@ -29,7 +29,8 @@ const OOM_REPORT_BLOCKS: usize = 16;
 /// last stream looked up is tried first, since programs mostly use one stream at a time).
 #[derive(Debug, Default)]
 pub(super) struct StreamPools {
-    pub(super) streams: Vec<(StreamId, FreeIndex)>,
+    /// Boxed so that the (stream, index) pairs stay small and a lookup scans one cache line.
+    pub(super) streams: Vec<(StreamId, Box<FreeIndex>)>,
     last: usize,
 }
 
@@ -38,9 +39,10 @@ impl StreamPools {
         self.streams
             .iter()
             .find(|(s, _)| *s == stream)
-            .map(|(_, i)| i)
+            .map(|(_, i)| &**i)
     }
 
+    #[inline]
     pub(super) fn get_mut(&mut self, stream: StreamId) -> &mut FreeIndex {
         let hit = self
             .streams
@@ -51,7 +53,7 @@ impl StreamPools {
                 Some(pos) => pos,
                 None => {
                     let pos = self.streams.partition_point(|(s, _)| *s < stream);
-                    self.streams.insert(pos, (stream, FreeIndex::default()));
+                    self.streams.insert(pos, (stream, Box::default()));
                     pos
                 }
             };

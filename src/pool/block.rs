@@ -56,6 +56,7 @@ pub struct BlockArena {
 }
 
 impl BlockArena {
+    #[inline]
     pub fn insert(&mut self, block: Block) -> BlockId {
         if let Some(id) = self.vacant.pop() {
             self.slots[id as usize] = block;
@@ -69,6 +70,7 @@ impl BlockArena {
     }
 
     /// Mark `id` reusable. The slot keeps stale contents until reused.
+    #[inline]
     pub fn remove(&mut self, id: BlockId) {
         debug_assert!(self.occupied[id as usize], "block {id} removed twice");
         self.occupied[id as usize] = false;
@@ -85,10 +87,12 @@ impl BlockArena {
             .map(|(i, (b, _))| (i as BlockId, b))
     }
 
+    #[inline]
     pub fn get(&self, id: BlockId) -> &Block {
         &self.slots[id as usize]
     }
 
+    #[inline]
     pub fn get_mut(&mut self, id: BlockId) -> &mut Block {
         &mut self.slots[id as usize]
     }

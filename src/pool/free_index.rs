@@ -46,6 +46,7 @@ fn first_not(list: &[FreeEntry], before: impl Fn(&FreeEntry) -> bool) -> usize {
     }
 }
 
+#[inline]
 fn class_of(size: u64) -> usize {
     let units = size >> UNIT_SHIFT;
     if units < CLASSES_PER_OCTAVE as u64 {
@@ -80,6 +81,7 @@ impl FreeIndex {
         self.len
     }
 
+    #[inline]
     pub fn insert(&mut self, entry: FreeEntry) {
         let class = class_of(entry.size);
         let list = &mut self.classes[class];
@@ -90,6 +92,7 @@ impl FreeIndex {
     }
 
     /// Remove the entry with this size and address; false if absent.
+    #[inline]
     pub fn remove(&mut self, size: u64, addr: u64) -> bool {
         let class = class_of(size);
         let list = &mut self.classes[class];
@@ -106,6 +109,7 @@ impl FreeIndex {
     }
 
     /// Remove and return the smallest entry with `size >= min_size` if `accept` takes it.
+    #[inline]
     pub fn take_lower_bound(
         &mut self,
         min_size: u64,

@@ -17,6 +17,7 @@ pub struct Stat {
 }
 
 impl Stat {
+    #[inline]
     pub fn increase(&mut self, amount: u64) {
         let amount = amount as i64;
         self.current += amount;
@@ -24,6 +25,7 @@ impl Stat {
         self.allocated += amount;
     }
 
+    #[inline]
     pub fn decrease(&mut self, amount: u64) {
         let amount = amount as i64;
         self.current -= amount;
@@ -49,11 +51,13 @@ pub struct StatArray {
 }
 
 impl StatArray {
+    #[inline]
     pub fn increase(&mut self, pool: PoolKind, amount: u64) {
         self.all.increase(amount);
         self.pool_mut(pool).increase(amount);
     }
 
+    #[inline]
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
@@ -66,6 +70,7 @@ impl StatArray {
         }
     }
 
+    #[inline]
     fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
         match pool {
             PoolKind::Small => &mut self.small_pool,
