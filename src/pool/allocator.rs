@@ -16,7 +16,7 @@ use super::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, pool_for, round_size, segment_size,
 };
 use super::settings::Settings;
-use super::stats::{DeviceStats, StatArray};
+use super::stats::DeviceStats;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::{Backend, BackendError, Fence};
 use rustc_hash::FxHashMap;
@@ -256,7 +256,8 @@ impl<B: Backend> DeviceAllocator<B> {
     /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
     /// `max_split_size` rules; only the best-fitting block is considered.
     fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<BlockId> {
-        if pool == PoolKind::Large && self.gc_enabled() {
+        // The GC flag first: it is constant, while the pool varies from call to call.
+        if self.gc_enabled() && pool == PoolKind::Large {
             self.large_searches += 1;
         }
         let mss = self.settings.max_split_size;
@@ -367,11 +368,11 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     fn should_split(&self, pool: PoolKind, size: u64, remaining: u64) -> bool {
-        if pool == PoolKind::Small || self.settings.expandable_segments {
-            remaining >= MIN_BLOCK_SIZE
-        } else {
-            size < self.settings.max_split_size && remaining > SMALL_SIZE
-        }
+        // Both rules evaluated and combined without a jump: the pool varies from call to call.
+        let small_rule = remaining >= MIN_BLOCK_SIZE;
+        let large_rule = (size < self.settings.max_split_size) & (remaining > SMALL_SIZE);
+        let small = (pool == PoolKind::Small) | self.settings.expandable_segments;
+        (small & small_rule) | (!small & large_rule)
     }
 
     /// Hand out block `id` (already out of its free index) for a request of `size` bytes
@@ -539,8 +540,8 @@ impl<B: Backend> DeviceAllocator<B> {
             net_blocks += 1;
             net_bytes += block.size as i64;
         }
-        apply_delta(&mut self.stats.inactive_split, pool, net_blocks);
-        apply_delta(&mut self.stats.inactive_split_bytes, pool, net_bytes);
+        self.stats.inactive_split.apply(pool, net_blocks);
+        self.stats.inactive_split_bytes.apply(pool, net_bytes);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
@@ -615,14 +616,5 @@ impl<B: Backend> DeviceAllocator<B> {
             largest_free_blocks: free_sizes,
             max_split_size: self.settings.max_split_size,
         }))
-    }
-}
-
-/// Apply a signed change to a stat array the way PyTorch does (increase or decrease).
-fn apply_delta(array: &mut StatArray, pool: PoolKind, delta: i64) {
-    if delta > 0 {
-        array.increase(pool, delta as u64);
-    } else if delta < 0 {
-        array.decrease(pool, delta.unsigned_abs());
     }
 }

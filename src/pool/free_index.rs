@@ -1,12 +1,17 @@
 //! The free blocks of one (pool, stream): exact best fit ordered by (size, address).
 //!
 //! PyTorch keeps free blocks in an ordered set keyed by (stream, size, address) and takes the
-//! first block not smaller than the request. We keep the same order, split into size classes
-//! (eight per power of two, like a floating-point number with a 3-bit mantissa) with a bitmap
-//! of the non-empty classes. Each class is a vector sorted by (size, address). The best fit is
-//! the first fitting entry of the request's class, else the first entry of the next non-empty
-//! class — the same answer as the ordered set, found with a binary search in a short vector and
-//! a bit scan instead of a tree walk.
+//! first block not smaller than the request. We split the free blocks into size classes (eight
+//! per power of two, like a floating-point number with a 3-bit mantissa) with a bitmap of the
+//! non-empty classes; each class is an unordered vector. The best fit is the smallest fitting
+//! (size, address) of the request's class, else the smallest of the next non-empty class — the
+//! same answer as the ordered set. Classes are short (a few entries on real and synthetic
+//! workloads), so a branch-free scan beats keeping them sorted: inserting is a push and removing
+//! a swap, with no memory moved and no mispredicted search.
+//!
+//! Note: a class holding very many free blocks (thousands of equal-size blocks interleaved with
+//! live ones) makes each lookup in it linear in its length — microseconds, not the logarithm
+//! of an ordered set. The answer stays exact.
 
 use super::block::BlockId;
 
@@ -28,33 +33,21 @@ pub struct FreeEntry {
 }
 
 impl FreeEntry {
-    fn key(&self) -> (u64, u64) {
-        (self.size, self.addr)
-    }
-}
-
-/// Lists up to this long are searched linearly (predictable branches beat a binary search).
-const LINEAR_SEARCH_MAX: usize = 16;
-
-/// Index of the first entry of a (size, address)-sorted list for which `before` is false.
-#[inline]
-fn first_not(list: &[FreeEntry], before: impl Fn(&FreeEntry) -> bool) -> usize {
-    if list.len() <= LINEAR_SEARCH_MAX {
-        list.iter().position(|e| !before(e)).unwrap_or(list.len())
-    } else {
-        list.partition_point(before)
+    /// The index's order, (size, address), as one number.
+    #[inline]
+    fn key(&self) -> u128 {
+        (u128::from(self.size) << 64) | u128::from(self.addr)
     }
 }
 
 #[inline]
 fn class_of(size: u64) -> usize {
+    // Classes 0..8 are the sizes below 8 units; above, eight classes per power of two. Written
+    // without a branch: e = max(exponent, MANTISSA_BITS) makes both cases one formula.
     let units = size >> UNIT_SHIFT;
-    if units < CLASSES_PER_OCTAVE as u64 {
-        return units as usize;
-    }
-    let exponent = 63 - units.leading_zeros();
-    let mantissa = (units >> (exponent - MANTISSA_BITS)) as usize & (CLASSES_PER_OCTAVE - 1);
-    let class = CLASSES_PER_OCTAVE * (exponent - MANTISSA_BITS + 1) as usize + mantissa;
+    let exponent = (63 - (units | 1).leading_zeros()).max(MANTISSA_BITS);
+    let shift = exponent - MANTISSA_BITS;
+    let class = CLASSES_PER_OCTAVE * shift as usize + (units >> shift) as usize;
     class.min(NUM_CLASSES - 1)
 }
 
@@ -84,9 +77,7 @@ impl FreeIndex {
     #[inline]
     pub fn insert(&mut self, entry: FreeEntry) {
         let class = class_of(entry.size);
-        let list = &mut self.classes[class];
-        let pos = first_not(list, |e| e.key() < entry.key());
-        list.insert(pos, entry);
+        self.classes[class].push(entry);
         self.bitmap[class / 64] |= 1 << (class % 64);
         self.len += 1;
     }
@@ -95,54 +86,63 @@ impl FreeIndex {
     #[inline]
     pub fn remove(&mut self, size: u64, addr: u64) -> bool {
         let class = class_of(size);
-        let list = &mut self.classes[class];
-        let pos = first_not(list, |e| e.key() < (size, addr));
-        if pos == list.len() || list[pos].key() != (size, addr) {
-            return false;
+        match self.classes[class]
+            .iter()
+            .position(|e| e.addr == addr && e.size == size)
+        {
+            Some(pos) => {
+                self.take_at(class, pos);
+                true
+            }
+            None => false,
         }
-        list.remove(pos);
-        if list.is_empty() {
-            self.bitmap[class / 64] &= !(1 << (class % 64));
-        }
-        self.len -= 1;
-        true
     }
 
-    /// Remove and return the smallest entry with `size >= min_size` if `accept` takes it.
+    /// Remove and return the smallest entry with `size >= min_size` (lowest address among
+    /// equals) if `accept` takes it.
     #[inline]
     pub fn take_lower_bound(
         &mut self,
         min_size: u64,
         accept: impl FnOnce(&FreeEntry) -> bool,
     ) -> Option<FreeEntry> {
-        let mut class = class_of(min_size);
-        let mut pos = first_not(&self.classes[class], |e| e.size < min_size);
-        if pos == self.classes[class].len() {
-            class = self.next_nonempty(class + 1)?;
-            pos = 0;
-        }
-        let list = &mut self.classes[class];
-        if !accept(&list[pos]) {
+        let (class, pos) = self.find_lower_bound(min_size)?;
+        if !accept(&self.classes[class][pos]) {
             return None;
         }
-        let entry = list.remove(pos);
-        if list.is_empty() {
-            self.bitmap[class / 64] &= !(1 << (class % 64));
-        }
-        self.len -= 1;
-        Some(entry)
+        Some(self.take_at(class, pos))
     }
 
     /// The smallest entry with `size >= min_size` (lowest address among equals).
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
+        let (class, pos) = self.find_lower_bound(min_size)?;
+        Some(self.classes[class][pos])
+    }
+
+    /// (class, position) of the lower bound: the smallest fitting entry of the request's class,
+    /// else the smallest entry of the next non-empty class (every entry there fits).
+    #[inline]
+    fn find_lower_bound(&self, min_size: u64) -> Option<(usize, usize)> {
         let class = class_of(min_size);
-        let list = &self.classes[class];
-        let pos = first_not(list, |e| e.size < min_size);
-        if let Some(e) = list.get(pos) {
-            return Some(*e);
+        if let Some(pos) = smallest_at_least(&self.classes[class], min_size) {
+            return Some((class, pos));
         }
         let next = self.next_nonempty(class + 1)?;
-        self.classes[next].first().copied()
+        Some((
+            next,
+            smallest_at_least(&self.classes[next], 0).expect("non-empty class"),
+        ))
+    }
+
+    #[inline]
+    fn take_at(&mut self, class: usize, pos: usize) -> FreeEntry {
+        let list = &mut self.classes[class];
+        let entry = list.swap_remove(pos);
+        if list.is_empty() {
+            self.bitmap[class / 64] &= !(1 << (class % 64));
+        }
+        self.len -= 1;
+        entry
     }
 
     fn next_nonempty(&self, from: usize) -> Option<usize> {
@@ -163,15 +163,34 @@ impl FreeIndex {
         }
     }
 
-    /// Entries in (size, address) order.
+    /// Entries in (size, address) order (sorts each class: for the cold paths — release, GC,
+    /// reports, the invariant walker).
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = FreeEntry> + '_ {
-        self.classes.iter().flat_map(|list| list.iter().copied())
+        self.classes.iter().flat_map(|list| {
+            let mut sorted = list.clone();
+            sorted.sort_unstable_by_key(FreeEntry::key);
+            sorted
+        })
     }
 
     /// Entries in descending (size, address) order.
     pub fn iter_desc(&self) -> impl Iterator<Item = FreeEntry> + '_ {
         self.iter().rev()
     }
+}
+
+/// Position of the entry with the smallest (size, address) among those with `size >= min_size`
+/// (a linear scan: classes are short).
+#[inline]
+fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
+    let mut best: Option<(usize, u128)> = None;
+    for (i, e) in list.iter().enumerate() {
+        let key = e.key();
+        if e.size >= min_size && best.is_none_or(|(_, k)| key < k) {
+            best = Some((i, key));
+        }
+    }
+    best.map(|(i, _)| i)
 }
 
 #[cfg(test)]

@@ -32,6 +32,16 @@ impl Stat {
         self.freed += amount;
     }
 
+    /// A signed change: an increase when positive, a decrease when negative (without branching
+    /// on the sign; zero changes nothing).
+    #[inline]
+    pub fn apply(&mut self, delta: i64) {
+        self.current += delta;
+        self.peak = self.peak.max(self.current);
+        self.allocated += delta.max(0);
+        self.freed += (-delta).max(0);
+    }
+
     fn reset_accumulated(&mut self) {
         self.allocated = 0;
         self.freed = 0;
@@ -61,6 +71,13 @@ impl StatArray {
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
+    }
+
+    /// A signed change in `pool` (see `Stat::apply`).
+    #[inline]
+    pub fn apply(&mut self, pool: PoolKind, delta: i64) {
+        self.all.apply(delta);
+        self.pool_mut(pool).apply(delta);
     }
 
     pub fn pool(&self, pool: PoolKind) -> &Stat {
