@@ -4,7 +4,8 @@
 #     then with LD_PRELOAD=libcachealloc.so (calls served from the pool vs calls reaching the
 #     runtime, and the allocator's statistics printed at exit);
 #  2. an offline replay of a synthetic transformer training run on a 7 GiB device, with
-#     PyTorch's default settings and with max_split_size_mb.
+#     PyTorch's default settings and with max_split_size_mb;
+#  3. the same run on a smaller device: the out-of-memory report and the settings that fit.
 # The stand-in runtime is the project's test double (tests/fake-cudart), not a GPU: the figures
 # show what reaches the runtime, not GPU timings.
 set -euo pipefail
@@ -33,6 +34,10 @@ echo "       target/release/cachealloc synth transformer --capacity 7GiB"
 target/release/cachealloc synth transformer --capacity 7GiB | sed -n '1,6p'
 echo "       ... and with --conf max_split_size_mb:256"
 target/release/cachealloc synth transformer --capacity 7GiB --conf max_split_size_mb:256 | sed -n '2,6p'
+echo
+echo "== 3. the same run on a 5.8 GiB device: the out-of-memory report, and the settings that"
+echo "       fit, each verified by replaying"
+target/release/cachealloc synth transformer --capacity 5800MiB | sed -n '/^First out-of-memory/,$p'
 echo
 echo "Next: replay your own PyTorch snapshot with target/release/cachealloc replay snapshot.pickle"
 echo "(see README.md), or run your program with LD_PRELOAD=$PWD/target/release/libcachealloc.so"

@@ -221,3 +221,44 @@ fn bad_input_exits_2_with_a_clear_message() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
+
+#[test]
+fn an_oom_comes_with_settings_verified_to_fit() {
+    let v = json(&cachealloc(&[
+        "synth",
+        "transformer",
+        "--capacity",
+        "5800MiB",
+        "--json",
+    ]));
+    assert!(
+        v["num_ooms"].as_u64().unwrap() > 0,
+        "default settings run out of memory here"
+    );
+    let fits = v["fitting_settings"]
+        .as_array()
+        .expect("an OOM lists fitting settings");
+    assert!(!fits.is_empty());
+    // Each suggestion, replayed on its own, really avoids every OOM.
+    let conf = fits[0]["conf"].as_str().unwrap();
+    let again = json(&cachealloc(&[
+        "synth",
+        "transformer",
+        "--capacity",
+        "5800MiB",
+        "--conf",
+        conf,
+        "--json",
+    ]));
+    assert_eq!(again["num_ooms"], 0, "{conf}");
+    assert_eq!(again["peak_reserved_bytes"], fits[0]["peak_reserved_bytes"]);
+    // No OOM, no suggestions.
+    let fine = json(&cachealloc(&[
+        "synth",
+        "transformer",
+        "--capacity",
+        "8GiB",
+        "--json",
+    ]));
+    assert!(fine["fitting_settings"].is_null());
+}

@@ -205,9 +205,11 @@ impl fmt::Display for OomHint {
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
                     (Some(mb), _) => write!(
                         f,
-                        "Try CACHEALLOC_CONF=max_split_size_mb:{mb}: blocks of {mb} MiB or more \
-                         are then never split, so large cached blocks stay whole for large \
-                         requests and are released to the device when a request misses."
+                        "A value to try: CACHEALLOC_CONF=max_split_size_mb:{mb}: blocks of {mb} \
+                         MiB or more are then never split, so large cached blocks stay whole for \
+                         large requests and are released to the device when a request misses; \
+                         smaller values keep more blocks whole. `cachealloc replay` of a \
+                         recorded trace finds the values that fit."
                     ),
                     (None, Some(current)) => write!(
                         f,
@@ -417,9 +419,11 @@ mod tests {
              (and 1 smaller).",
             "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
              the device would hold this 1000.00 MiB block, but the largest free cached block \
-             is 600.00 MiB. Try CACHEALLOC_CONF=max_split_size_mb:1000: blocks of 1000 MiB or \
-             more are then never split, so large cached blocks stay whole for large requests \
-             and are released to the device when a request misses.",
+             is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:1000: blocks of \
+             1000 MiB or more are then never split, so large cached blocks stay whole for large \
+             requests and are released to the device when a request misses; smaller values \
+             keep more blocks whole. `cachealloc replay` of a recorded trace finds the values \
+             that fit.",
         ]
         .join("\n");
         assert_eq!(report.to_string(), expected);

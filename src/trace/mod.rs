@@ -33,6 +33,7 @@ pub mod convert;
 pub mod error;
 pub mod faithful;
 pub mod figures;
+pub mod fit;
 #[cfg(test)]
 mod fixtures;
 pub mod pickle;

@@ -8,6 +8,7 @@ mod sources;
 
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, options};
+use cachealloc::trace::fit::{FittingSetting, fitting_max_split_sizes};
 use cachealloc::trace::{ReplayConfig, replay};
 use clap::{Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
@@ -121,6 +122,7 @@ fn run(cli: Cli) -> Result<String, String> {
             let workload = spec.generate(args.seed).map_err(|e| e.0)?;
             let (config, settings_text) = replay_config(&args.common)?;
             let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
+            let fits = fits_after_oom(&out, &workload, &config, None);
             let ctx = Context {
                 trace: format!("{} (seed {})", args.spec, args.seed),
                 device: 0,
@@ -130,7 +132,10 @@ fn run(cli: Cli) -> Result<String, String> {
                 recorded: Default::default(),
                 faithful: false,
             };
-            Ok(render(ReplayJson::new(ctx, out), args.common.json))
+            Ok(render(
+                ReplayJson::new(ctx, out).with_fits(fits),
+                args.common.json,
+            ))
         }
         Command::Replay(args) => {
             let (mut config, mut settings_text) = replay_config(&args.common)?;
@@ -148,6 +153,7 @@ fn run(cli: Cli) -> Result<String, String> {
             }
             let out = replay(&loaded.workload, &config, loaded.start.as_ref())
                 .map_err(|e| format!("{}: {e}", args.trace.display()))?;
+            let fits = fits_after_oom(&out, &loaded.workload, &config, loaded.start.as_ref());
             let ctx = Context {
                 trace: args.trace.display().to_string(),
                 device: loaded.device,
@@ -157,7 +163,10 @@ fn run(cli: Cli) -> Result<String, String> {
                 recorded: loaded.recorded,
                 faithful: args.faithful,
             };
-            Ok(render(ReplayJson::new(ctx, out), args.common.json))
+            Ok(render(
+                ReplayJson::new(ctx, out).with_fits(fits),
+                args.common.json,
+            ))
         }
     }
 }
@@ -179,6 +188,17 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
+}
+
+/// After a replay that ran out of memory, the `max_split_size_mb` values that would have fit.
+fn fits_after_oom(
+    out: &cachealloc::trace::ReplayOutcome,
+    workload: &cachealloc::trace::Workload,
+    config: &ReplayConfig,
+    start: Option<&cachealloc::trace::StartLayout>,
+) -> Option<Vec<FittingSetting>> {
+    out.first_oom.as_ref()?;
+    Some(fitting_max_split_sizes(workload, config, start))
 }
 
 fn render(result: ReplayJson, json: bool) -> String {

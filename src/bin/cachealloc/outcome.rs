@@ -3,6 +3,7 @@
 use cachealloc::pool::{DeviceId, DeviceStats, OomReport, format_size};
 use cachealloc::report::memory_summary;
 use cachealloc::trace::ReplayOutcome;
+use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_CANDIDATES_MB};
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -50,10 +51,33 @@ pub struct ReplayJson {
     pub recorded_segment_frees: Option<u64>,
     pub recorded_retries: Option<u64>,
     pub recorded_oom: Option<RecordedOomJson>,
+    /// When the replay ran out of memory: the settings that replay without any OOM (null when
+    /// there was no OOM).
+    pub fitting_settings: Option<Vec<FittingJson>>,
     #[serde(skip)]
     pub stats: DeviceStats,
     #[serde(skip)]
     pub oom_report: Option<OomReport>,
+}
+
+/// A setting verified to replay without an OOM.
+#[derive(Clone, Debug, Serialize)]
+pub struct FittingJson {
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    pub num_device_alloc: u64,
+    pub num_alloc_retries: u64,
+}
+
+impl From<FittingSetting> for FittingJson {
+    fn from(f: FittingSetting) -> Self {
+        FittingJson {
+            conf: f.conf,
+            peak_reserved_bytes: f.peak_reserved_bytes,
+            num_device_alloc: f.num_device_alloc,
+            num_alloc_retries: f.num_alloc_retries,
+        }
+    }
 }
 
 /// Where the workload came from and how it was replayed.
@@ -99,9 +123,16 @@ impl ReplayJson {
             recorded_segment_frees: ctx.recorded.segment_frees,
             recorded_retries: ctx.recorded.retries,
             recorded_oom: ctx.recorded.oom,
+            fitting_settings: None,
             stats: out.stats.clone(),
             oom_report: out.first_oom.map(|o| o.report),
         }
+    }
+
+    /// Attach the settings found to fit after an OOM.
+    pub fn with_fits(mut self, fits: Option<Vec<FittingSetting>>) -> Self {
+        self.fitting_settings = fits.map(|f| f.into_iter().map(FittingJson::from).collect());
+        self
     }
 
     pub fn to_json(&self) -> String {
@@ -175,8 +206,34 @@ impl ReplayJson {
                 .unwrap_or_default();
             t += &format!("\nFirst out-of-memory{at}:\n{report}\n");
         }
+        if let Some(fits) = &self.fitting_settings {
+            t += &fits_text(fits);
+        }
         t
     }
+}
+
+fn fits_text(fits: &[FittingJson]) -> String {
+    let tried = MAX_SPLIT_CANDIDATES_MB.map(|mb| mb.to_string()).join(", ");
+    if fits.is_empty() {
+        return format!(
+            "\nNo max_split_size_mb value tried ({tried}) avoids the out-of-memory on this \
+             device: it needs more memory, not other splitting.\n"
+        );
+    }
+    let mut t = String::from(
+        "\nSettings that avoid every out-of-memory here, each verified by replaying:\n",
+    );
+    for f in fits {
+        t += &format!(
+            "  --conf {:<24} peak reserved {}, {} cudaMalloc, {} retries\n",
+            f.conf,
+            format_size(f.peak_reserved_bytes),
+            f.num_device_alloc,
+            f.num_alloc_retries
+        );
+    }
+    t
 }
 
 fn opt(v: Option<u64>) -> String {

@@ -1,0 +1,104 @@
+//! Settings that fit: when a replay runs out of memory, replay the same workload under other
+//! `max_split_size_mb` values and report the ones that avoid every OOM. The suggestion is then a
+//! measured fact about this workload on this device, not a rule of thumb.
+
+use super::replay::{ReplayConfig, StartLayout, replay};
+use super::workload::Workload;
+
+/// `max_split_size_mb` values tried, largest first (20 is PyTorch's minimum).
+pub const MAX_SPLIT_CANDIDATES_MB: [u64; 8] = [1024, 512, 256, 128, 64, 48, 32, 20];
+
+/// One setting that replays without an OOM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FittingSetting {
+    /// In `CACHEALLOC_CONF` syntax, e.g. `max_split_size_mb:128`.
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    pub num_device_alloc: u64,
+    pub num_alloc_retries: u64,
+}
+
+/// The `max_split_size_mb` values (other settings as in `config`) under which `workload`
+/// replays without any OOM, ordered by peak reserved memory. Candidates that cannot even start
+/// (a start state that cannot exist under them) are skipped.
+pub fn fitting_max_split_sizes(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Vec<FittingSetting> {
+    let mut found: Vec<FittingSetting> = MAX_SPLIT_CANDIDATES_MB
+        .iter()
+        .filter_map(|&mb| {
+            let mut trial = config.clone();
+            trial.settings.max_split_size = mb << 20;
+            let out = replay(workload, &trial, start).ok()?;
+            (out.stats.num_ooms == 0).then(|| FittingSetting {
+                conf: format!("max_split_size_mb:{mb}"),
+                peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+                num_device_alloc: out.stats.num_device_alloc,
+                num_alloc_retries: out.stats.num_alloc_retries,
+            })
+        })
+        .collect();
+    found.sort_by_key(|f| f.peak_reserved_bytes);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::synth::SynthSpec;
+
+    #[test]
+    fn finds_max_split_sizes_that_turn_a_fragmentation_oom_into_a_fit() {
+        let workload = SynthSpec::new(crate::trace::synth::SynthKind::Transformer)
+            .generate(1)
+            .unwrap();
+        let config = ReplayConfig {
+            capacity: Some(5800 << 20),
+            ..ReplayConfig::default()
+        };
+        let baseline = replay(&workload, &config, None).unwrap();
+        assert!(
+            baseline.stats.num_ooms > 0,
+            "the default settings run out of memory here"
+        );
+        let fits = fitting_max_split_sizes(&workload, &config, None);
+        assert!(!fits.is_empty());
+        for fit in &fits {
+            let mb: u64 = fit
+                .conf
+                .trim_start_matches("max_split_size_mb:")
+                .parse()
+                .unwrap();
+            let mut trial = config.clone();
+            trial.settings.max_split_size = mb << 20;
+            let again = replay(&workload, &trial, None).unwrap();
+            assert_eq!(
+                again.stats.num_ooms, 0,
+                "{} was reported as fitting",
+                fit.conf
+            );
+            assert_eq!(
+                again.stats.reserved_bytes.all.peak as u64,
+                fit.peak_reserved_bytes
+            );
+        }
+        assert!(
+            fits.windows(2)
+                .all(|w| w[0].peak_reserved_bytes <= w[1].peak_reserved_bytes)
+        );
+    }
+
+    #[test]
+    fn nothing_fits_when_live_memory_exceeds_the_device() {
+        let workload = SynthSpec::new(crate::trace::synth::SynthKind::Transformer)
+            .generate(1)
+            .unwrap();
+        let config = ReplayConfig {
+            capacity: Some(2 << 30),
+            ..ReplayConfig::default()
+        };
+        assert!(fitting_max_split_sizes(&workload, &config, None).is_empty());
+    }
+}
