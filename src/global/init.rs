@@ -31,7 +31,8 @@ pub enum Mode {
 
 static MODE: OnceLock<Mode> = OnceLock::new();
 
-/// The mode, deciding it on first use.
+/// The mode, deciding it on first use (after that, one load and a branch, inlined).
+#[inline]
 pub fn mode() -> &'static Mode {
     MODE.get_or_init(decide)
 }

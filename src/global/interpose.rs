@@ -90,10 +90,13 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
     let Some(_inside) = reentry::enter() else {
         return Ok(Routed::Forward);
     };
-    let config = match active() {
-        Ok(Some((config, _))) => config,
-        Ok(None) | Err(ShimError::ConfigInvalid) => return Ok(Routed::Forward),
-        Err(e) => return Err(e),
+    // Passing through or misconfigured: forwarded, so memory obtained elsewhere can be released.
+    // (Matched on the mode itself, not on `active()`'s error, so that no error value is built
+    // and dropped on this path.)
+    let config = match mode() {
+        Mode::Active(config) if runtime().is_some() => &**config,
+        Mode::Active(_) => return Err(ShimError::NoRuntime),
+        Mode::PassThrough | Mode::ConfigFailed => return Ok(Routed::Forward),
     };
     let Some(ptr) = DevicePtr::new(addr) else {
         return Ok(Routed::Forward);

@@ -36,19 +36,29 @@ pub fn epochs(device: DeviceId) -> Option<&'static SyncEpochs> {
     index(device).map(|d| &EPOCHS[d])
 }
 
+/// The pool lock of slot `d`; the uncontended, unpoisoned case is inlined into each caller.
+#[inline]
 fn lock(device: DeviceId, d: usize) -> Result<MutexGuard<'static, Option<Pool>>, ShimError> {
     match POOLS[d].lock() {
         Ok(guard) => Ok(guard),
-        Err(poisoned) => {
-            let guard = poisoned.into_inner();
-            match guard.as_ref().map(|pool| pool.validate()) {
-                None | Some(Ok(())) => {
-                    POOLS[d].clear_poison();
-                    Ok(guard)
-                }
-                Some(Err(why)) => Err(ShimError::PoolBroken(device, why)),
-            }
+        Err(poisoned) => recover(device, d, poisoned.into_inner()),
+    }
+}
+
+/// A poisoned lock: the pool is used on only when the invariant walker finds it consistent.
+#[cold]
+#[inline(never)]
+fn recover(
+    device: DeviceId,
+    d: usize,
+    guard: MutexGuard<'static, Option<Pool>>,
+) -> Result<MutexGuard<'static, Option<Pool>>, ShimError> {
+    match guard.as_ref().map(|pool| pool.validate()) {
+        None | Some(Ok(())) => {
+            POOLS[d].clear_poison();
+            Ok(guard)
         }
+        Some(Err(why)) => Err(ShimError::PoolBroken(device, why)),
     }
 }
 

@@ -81,11 +81,19 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static REPORTED_MISSING: AtomicBool = AtomicBool::new(false);
 
 /// The real runtime, or `None` when no loaded runtime provides every function (reported once
-/// with a warning naming the missing function).
+/// with a warning naming the missing function). Once found, this is one load and a branch,
+/// inlined into every interposed call; the lookup itself stays out of line.
+#[inline]
 pub fn runtime() -> Option<&'static Runtime> {
-    if let Some(rt) = RUNTIME.get() {
-        return Some(rt);
+    match RUNTIME.get() {
+        Some(rt) => Some(rt),
+        None => resolve_runtime(),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_runtime() -> Option<&'static Runtime> {
     match Runtime::resolve() {
         Ok(rt) => Some(RUNTIME.get_or_init(|| rt)),
         Err(missing) => {
