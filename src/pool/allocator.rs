@@ -7,6 +7,7 @@
 //! coalesce with free neighbours. Releasing memory and garbage collection live in `release.rs`;
 //! inspection, seeding and the invariant walker in their own files.
 
+use super::address_map::AddressMap;
 use super::block::{Block, BlockArena, BlockId, BlockState, NIL};
 use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
@@ -19,7 +20,6 @@ use super::settings::Settings;
 use super::stats::DeviceStats;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::{Backend, BackendError, Fence};
-use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 
 /// How many of the largest free blocks an OOM report lists.
@@ -49,16 +49,23 @@ impl StreamPools {
             .get(self.last)
             .is_some_and(|(s, _)| *s == stream);
         if !hit {
-            self.last = match self.streams.iter().position(|(s, _)| *s == stream) {
-                Some(pos) => pos,
-                None => {
-                    let pos = self.streams.partition_point(|(s, _)| *s < stream);
-                    self.streams.insert(pos, (stream, Box::default()));
-                    pos
-                }
-            };
+            self.last = self.find_or_insert(stream);
         }
         &mut self.streams[self.last].1
+    }
+
+    /// Position of `stream`'s index, created when new (the rare path of `get_mut`).
+    #[cold]
+    #[inline(never)]
+    fn find_or_insert(&mut self, stream: StreamId) -> usize {
+        match self.streams.iter().position(|(s, _)| *s == stream) {
+            Some(pos) => pos,
+            None => {
+                let pos = self.streams.partition_point(|(s, _)| *s < stream);
+                self.streams.insert(pos, (stream, Box::default()));
+                pos
+            }
+        }
     }
 
     /// Free entries in PyTorch's set order: (stream, size, address).
@@ -78,7 +85,7 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) small: StreamPools,
     pub(super) large: StreamPools,
     /// Live allocations (allocated or pending) by address.
-    pub(super) allocations: FxHashMap<u64, BlockId>,
+    pub(super) allocations: AddressMap,
     /// Segments obtained from the device: start address → size.
     pub(super) segments: BTreeMap<u64, u64>,
     /// Freed blocks waiting for their fence, oldest first.
@@ -107,7 +114,7 @@ impl<B: Backend> DeviceAllocator<B> {
             blocks: BlockArena::default(),
             small: StreamPools::default(),
             large: StreamPools::default(),
-            allocations: FxHashMap::default(),
+            allocations: AddressMap::default(),
             segments: BTreeMap::new(),
             pending: VecDeque::new(),
             stats: DeviceStats {
@@ -174,10 +181,11 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let addr = ptr.addr();
-        match self.allocations.remove(&addr) {
+        match self.allocations.remove(addr) {
             Some(id) if self.blocks.get(id).state == BlockState::Allocated => {
-                self.take_allocation_id(id);
-                self.free_block(id);
+                let block = *self.blocks.get(id);
+                self.take_allocation(&block);
+                self.free_block(id, block);
                 Ok(())
             }
             Some(id) => {
@@ -196,7 +204,8 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn free_deferred(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let id = self.lookup_allocation(ptr)?;
         let fence = self.backend.record_fence()?;
-        let id = self.take_allocation_id(id);
+        let block = *self.blocks.get(id);
+        self.take_allocation(&block);
         self.blocks.get_mut(id).state = BlockState::Pending;
         self.pending.push_back((fence, id));
         Ok(())
@@ -204,7 +213,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The size of the live allocation starting at `ptr`, if there is one.
     pub fn allocation_size(&self, ptr: DevicePtr) -> Option<u64> {
-        let id = *self.allocations.get(&ptr.addr())?;
+        let id = self.allocations.get(ptr.addr())?;
         let block = self.blocks.get(id);
         (block.state == BlockState::Allocated).then_some(block.size)
     }
@@ -250,16 +259,14 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     fn gc_enabled(&self) -> bool {
-        self.allowed_maximum.is_some() && self.settings.garbage_collection_threshold > 0.0
+        self.allowed_maximum.is_some() & (self.settings.garbage_collection_threshold > 0.0)
     }
 
     /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
     /// `max_split_size` rules; only the best-fitting block is considered.
     fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<BlockId> {
-        // The GC flag first: it is constant, while the pool varies from call to call.
-        if self.gc_enabled() && pool == PoolKind::Large {
-            self.large_searches += 1;
-        }
+        // Counted without a jump: the pool varies from call to call.
+        self.large_searches += u64::from(self.gc_enabled() & (pool == PoolKind::Large));
         let mss = self.settings.max_split_size;
         let rounding = self.settings.max_non_split_rounding;
         let index = self.pools_mut(pool).get_mut(stream);
@@ -378,36 +385,33 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Hand out block `id` (already out of its free index) for a request of `size` bytes
     /// rounded to `rounded`, splitting off the tail when the split rules allow.
     fn alloc_found_block(&mut self, id: BlockId, size: u64, rounded: u64) -> DevicePtr {
-        let (pool, stream, remaining, already_split, next, addr) = {
-            let b = self.blocks.get(id);
-            (
-                b.pool,
-                b.stream,
-                b.size - rounded,
-                b.is_split(),
-                b.next,
-                b.addr,
-            )
-        };
+        let mut block = *self.blocks.get(id);
+        let (pool, stream, addr) = (block.pool, block.stream, block.addr);
+        let remaining = block.size - rounded;
+        let already_split = block.is_split();
         if self.should_split(pool, rounded, remaining) {
-            let rest = self.blocks.insert(Block {
+            let rest = Block {
                 addr: addr + rounded,
                 size: remaining,
                 requested: 0,
                 stream,
                 pool,
                 prev: id,
-                next,
+                next: block.next,
                 state: BlockState::Free,
-                gc_count_base: 0,
-            });
-            if next != NIL {
-                self.blocks.get_mut(next).prev = rest;
+                gc_count_base: self.large_searches,
+            };
+            let rest_id = self.blocks.insert(rest);
+            if rest.next != NIL {
+                self.blocks.get_mut(rest.next).prev = rest_id;
             }
-            let block = self.blocks.get_mut(id);
-            block.next = rest;
+            block.next = rest_id;
             block.size = rounded;
-            self.cache_block(rest);
+            self.pools_mut(pool).get_mut(stream).insert(FreeEntry {
+                size: remaining,
+                addr: rest.addr,
+                id: rest_id,
+            });
             if already_split {
                 self.stats.inactive_split_bytes.decrease(pool, rounded);
             } else {
@@ -415,14 +419,13 @@ impl<B: Backend> DeviceAllocator<B> {
                 self.stats.inactive_split_bytes.increase(pool, remaining);
             }
         } else if already_split {
-            let block_size = self.blocks.get(id).size;
             self.stats.inactive_split.decrease(pool, 1);
-            self.stats.inactive_split_bytes.decrease(pool, block_size);
+            self.stats.inactive_split_bytes.decrease(pool, block.size);
         }
-        let block = self.blocks.get_mut(id);
         block.state = BlockState::Allocated;
         block.requested = size;
         let block_size = block.size;
+        *self.blocks.get_mut(id) = block;
         self.allocations.insert(addr, id);
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
@@ -456,8 +459,8 @@ impl<B: Backend> DeviceAllocator<B> {
 
     fn lookup_allocation(&self, ptr: DevicePtr) -> Result<BlockId, Error> {
         let addr = ptr.addr();
-        match self.allocations.get(&addr) {
-            Some(&id) if self.blocks.get(id).state == BlockState::Allocated => Ok(id),
+        match self.allocations.get(addr) {
+            Some(id) if self.blocks.get(id).state == BlockState::Allocated => Ok(id),
             Some(_) => Err(Error::InvalidPointer {
                 addr,
                 reason: BadPointer::AlreadyFreed,
@@ -480,15 +483,14 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// A pending block's fence is done: forget the allocation and return the block to its pool.
     pub(super) fn complete_pending(&mut self, id: BlockId) {
-        self.allocations.remove(&self.blocks.get(id).addr);
-        self.free_block(id);
+        let block = *self.blocks.get(id);
+        self.allocations.remove(block.addr);
+        self.free_block(id, block);
     }
 
-    fn take_allocation_id(&mut self, id: BlockId) -> BlockId {
-        let (pool, size, requested, stream, addr) = {
-            let b = self.blocks.get(id);
-            (b.pool, b.size, b.requested, b.stream, b.addr)
-        };
+    /// The allocation stats of handing block `b` back (it stays active until `free_block`).
+    fn take_allocation(&mut self, b: &Block) {
+        let (pool, size, requested, stream, addr) = (b.pool, b.size, b.requested, b.stream, b.addr);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.settings.max_split_size {
@@ -500,83 +502,65 @@ impl<B: Backend> DeviceAllocator<B> {
             size: requested,
             stream,
         });
-        id
     }
 
     /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool. The
-    /// caller has removed the block from the allocation map.
-    pub(super) fn free_block(&mut self, id: BlockId) {
-        let (pool, stream, addr, original_size, requested, prev, next) = {
-            let b = self.blocks.get(id);
-            (
-                b.pool,
-                b.stream,
-                b.addr,
-                b.size,
-                b.requested,
-                b.prev,
-                b.next,
-            )
-        };
-        let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
+    /// caller has removed the block from the allocation map; `block` is a copy of block `id`.
+    pub(super) fn free_block(&mut self, id: BlockId, block: Block) {
+        let (pool, original_size, requested) = (block.pool, block.size, block.requested);
+        let ptr = DevicePtr::new(block.addr).expect("blocks never start at address 0");
         self.emit(PoolEvent::FreeCompleted {
             ptr,
             size: requested,
-            stream,
+            stream: block.stream,
         });
-        self.allocations.remove(&addr);
+        // Neighbours share the block's segment, hence its pool and stream: one index for all.
+        let pools = match pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        let index = pools.get_mut(block.stream);
+        let blocks = &mut self.blocks;
+        let mut merged = block;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
-        for neighbour in [prev, next] {
-            let subsumed = self.try_merge(id, neighbour);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
+        if let Some(p) = take_free_neighbour(blocks, index, block.prev) {
+            merged.addr = p.addr;
+            merged.prev = p.prev;
+            merged.size += p.size;
+            if p.prev != NIL {
+                blocks.get_mut(p.prev).next = id;
             }
+            net_blocks -= 1;
+            net_bytes -= p.size as i64;
         }
-        self.cache_block(id);
-        let block = self.blocks.get(id);
-        if block.is_split() {
+        if let Some(n) = take_free_neighbour(blocks, index, block.next) {
+            merged.next = n.next;
+            merged.size += n.size;
+            if n.next != NIL {
+                blocks.get_mut(n.next).prev = id;
+            }
+            net_blocks -= 1;
+            net_bytes -= n.size as i64;
+        }
+        merged.state = BlockState::Free;
+        merged.requested = 0;
+        merged.gc_count_base = self.large_searches;
+        *blocks.get_mut(id) = merged;
+        index.insert(FreeEntry {
+            size: merged.size,
+            addr: merged.addr,
+            id,
+        });
+        if merged.is_split() {
             net_blocks += 1;
-            net_bytes += block.size as i64;
+            net_bytes += merged.size as i64;
         }
         self.stats.inactive_split.apply(pool, net_blocks);
         self.stats.inactive_split_bytes.apply(pool, net_bytes);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
-    }
-
-    /// Merge free neighbour `src` into `dst`; returns the bytes taken over (0 = no merge).
-    fn try_merge(&mut self, dst: BlockId, src: BlockId) -> u64 {
-        if src == NIL {
-            return 0;
-        }
-        let s = *self.blocks.get(src);
-        if s.state != BlockState::Free {
-            return 0;
-        }
-        self.pools_mut(s.pool)
-            .get_mut(s.stream)
-            .remove(s.size, s.addr);
-        if self.blocks.get(dst).prev == src {
-            let d = self.blocks.get_mut(dst);
-            d.addr = s.addr;
-            d.prev = s.prev;
-            d.size += s.size;
-            if s.prev != NIL {
-                self.blocks.get_mut(s.prev).next = dst;
-            }
-        } else {
-            let d = self.blocks.get_mut(dst);
-            d.next = s.next;
-            d.size += s.size;
-            if s.next != NIL {
-                self.blocks.get_mut(s.next).prev = dst;
-            }
-        }
-        self.blocks.remove(src);
-        s.size
     }
 
     fn out_of_memory(
@@ -617,4 +601,37 @@ impl<B: Backend> DeviceAllocator<B> {
             max_split_size: self.settings.max_split_size,
         }))
     }
+}
+
+/// A free neighbour's place in its segment, as merging needs it.
+struct Neighbour {
+    addr: u64,
+    size: u64,
+    prev: BlockId,
+    next: BlockId,
+}
+
+/// Take neighbour `id` out of the arena and `index` if it is a free block.
+#[inline(always)]
+fn take_free_neighbour(
+    blocks: &mut BlockArena,
+    index: &mut FreeIndex,
+    id: BlockId,
+) -> Option<Neighbour> {
+    if id == NIL {
+        return None;
+    }
+    let b = blocks.get(id);
+    if b.state != BlockState::Free {
+        return None;
+    }
+    let n = Neighbour {
+        addr: b.addr,
+        size: b.size,
+        prev: b.prev,
+        next: b.next,
+    };
+    index.remove(n.size, n.addr);
+    blocks.remove(id);
+    Some(n)
 }

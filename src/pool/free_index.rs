@@ -14,6 +14,7 @@
 //! of an ordered set. The answer stays exact.
 
 use super::block::BlockId;
+use std::hint::select_unpredictable;
 
 /// Sizes are multiples of this; classes count in these units.
 const UNIT_SHIFT: u32 = 9; // 512 B
@@ -86,15 +87,14 @@ impl FreeIndex {
     #[inline]
     pub fn remove(&mut self, size: u64, addr: u64) -> bool {
         let class = class_of(size);
-        match self.classes[class]
-            .iter()
-            .position(|e| e.addr == addr && e.size == size)
-        {
-            Some(pos) => {
+        // Addresses of free blocks are distinct: match on the address, then check the size.
+        let list = &self.classes[class];
+        match list.iter().position(|e| e.addr == addr) {
+            Some(pos) if list[pos].size == size => {
                 self.take_at(class, pos);
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
@@ -183,14 +183,18 @@ impl FreeIndex {
 /// (a linear scan: classes are short).
 #[inline]
 fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
-    let mut best: Option<(usize, u128)> = None;
+    // Branch-free body (the comparisons are data-dependent coin flips), on 64-bit halves so
+    // that each select is one conditional move. The start (u64::MAX, u64::MAX) is beaten by
+    // every fitting entry: no block is u64::MAX bytes long.
+    let (mut best, mut best_size, mut best_addr) = (usize::MAX, u64::MAX, u64::MAX);
     for (i, e) in list.iter().enumerate() {
-        let key = e.key();
-        if e.size >= min_size && best.is_none_or(|(_, k)| key < k) {
-            best = Some((i, key));
-        }
+        let smaller = (e.size < best_size) | ((e.size == best_size) & (e.addr < best_addr));
+        let better = (e.size >= min_size) & smaller;
+        best = select_unpredictable(better, i, best);
+        best_size = select_unpredictable(better, e.size, best_size);
+        best_addr = select_unpredictable(better, e.addr, best_addr);
     }
-    best.map(|(i, _)| i)
+    (best != usize::MAX).then_some(best)
 }
 
 #[cfg(test)]

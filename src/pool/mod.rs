@@ -4,6 +4,7 @@
 //! module wraps it in a lock.
 #![forbid(unsafe_code)]
 
+mod address_map;
 mod allocator;
 pub mod block;
 pub mod error;

@@ -137,7 +137,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 self.allocations.len()
             ));
         }
-        for (&addr, &id) in &self.allocations {
+        for (addr, id) in self.allocations.iter() {
             if self.blocks.get(id).addr != addr {
                 return Err(format!(
                     "allocation map entry {addr:#x} points at another block"
