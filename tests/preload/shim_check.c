@@ -21,27 +21,7 @@
 
 #define MIB ((size_t)1 << 20)
 
-static int failures;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
-            failures++;                                                               \
-            return;                                                                   \
-        }                                                                             \
-    } while (0)
-
-#define CHECK_CODE(expr, want)                                                        \
-    do {                                                                              \
-        int got_ = (int)(expr);                                                       \
-        if (got_ != (int)(want)) {                                                    \
-            fprintf(stderr, "FAIL %s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, \
-                    #expr, got_, (int)(want));                                        \
-            failures++;                                                               \
-            return;                                                                   \
-        }                                                                             \
-    } while (0)
+#include "check.h"
 
 static uint64_t counter(const char *name) { return fakecudart_counter(name); }
 

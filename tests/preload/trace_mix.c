@@ -17,18 +17,7 @@
 #define MIB ((size_t)1 << 20)
 #define LIVE 48
 
-static int failures;
-
-#define CHECK_CODE(expr, want)                                                        \
-    do {                                                                              \
-        int got_ = (int)(expr);                                                       \
-        if (got_ != (int)(want)) {                                                    \
-            fprintf(stderr, "FAIL %s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, \
-                    #expr, got_, (int)(want));                                        \
-            failures++;                                                               \
-            return;                                                                   \
-        }                                                                             \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint64_t next_random(void) {
