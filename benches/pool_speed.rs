@@ -5,11 +5,14 @@
 //! `$CACHEALLOC_TRACES` or `../shared/traces/real` when present.
 
 mod support;
+#[path = "../tests/support/traces.rs"]
+#[allow(dead_code)] // the bench uses only the folder lookup
+mod traces;
 
 use cachealloc::trace::read_snapshot;
 use cachealloc::trace::synth::{SynthKind, SynthSpec};
-use std::path::{Path, PathBuf};
 use support::{Row, print_table};
+use traces::traces_dir;
 
 /// The real traces with the most allocations (plain replay: from an empty device).
 const REAL_TRACES: [&str; 5] = [
@@ -19,13 +22,6 @@ const REAL_TRACES: [&str; 5] = [
     "sqattn/126d2e6/cuda_memory_snapshot.pickle",
     "cs336-magma27/15883f2/memory_snapshot.pickle",
 ];
-
-fn traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("CACHEALLOC_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
-    dir.is_dir().then_some(dir)
-}
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");

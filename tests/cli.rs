@@ -1,8 +1,10 @@
 //! The `cachealloc` command line as a user meets it: synthetic demo, replay of real snapshots
 //! (plain, with a capacity, faithful), and clear errors with exit code 2 for bad input.
 
-use std::path::{Path, PathBuf};
+mod support;
+
 use std::process::{Command, Output};
+use support::traces::trace;
 
 fn cachealloc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cachealloc"))
@@ -18,22 +20,6 @@ fn json(out: &Output) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
-
-fn trace(rel: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("CACHEALLOC_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
-    let p = dir.join(rel);
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipping: trace {} not found (set CACHEALLOC_TRACES)",
-            p.display()
-        );
-        None
-    }
 }
 
 #[test]

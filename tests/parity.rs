@@ -5,34 +5,10 @@
 //! Traces come from `$CACHEALLOC_TRACES` or `../shared/traces/real`; the test says when it skips.
 
 use cachealloc::trace::{ReplayConfig, read_snapshot, replay_faithful};
-use std::path::{Path, PathBuf};
+mod support;
 
-fn traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("CACHEALLOC_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
-    dir.is_dir().then_some(dir)
-}
-
-fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = entry.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if matches!(
-                p.extension().and_then(|e| e.to_str()),
-                Some("pickle" | "json")
-            ) {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use std::path::Path;
+use support::traces::{snapshot_files, traces_dir_or_skip};
 
 /// Replay every traced, non-expandable device of `file` faithfully and compare.
 fn check_file(file: &Path) -> Vec<String> {
@@ -119,10 +95,7 @@ fn check_file(file: &Path) -> Vec<String> {
 
 #[test]
 fn faithful_replay_reproduces_every_native_trace() {
-    let Some(dir) = traces_dir() else {
-        eprintln!(
-            "skipping: traces not found (set CACHEALLOC_TRACES or place ../shared/traces/real)"
-        );
+    let Some(dir) = traces_dir_or_skip() else {
         return;
     };
     let files = snapshot_files(&dir);

@@ -4,46 +4,16 @@
 //!
 //! Traces come from `$CACHEALLOC_TRACES`, else `<crate root>/../shared/traces/real`.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use support::traces::{snapshot_files, traces_dir_or_skip};
 
 use cachealloc::trace::recording::{Action, BlockState, DeviceRecording};
 use cachealloc::trace::{CapacityEstimate, Op, StartState, TraceError, read_snapshot};
 
 const MIB: u64 = 1 << 20;
-
-fn traces_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("CACHEALLOC_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: traces not found at {}", dir.display());
-        None
-    }
-}
-
-/// Every file that may be a snapshot pickle (by extension), sorted.
-fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).expect("readable traces folder") {
-            let path = entry.expect("readable entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path
-                .extension()
-                .is_some_and(|e| e == "pickle" || e == "pkl" || e == "json")
-            {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 /// Traced devices of every snapshot in the folder, with the file's path relative to it.
 fn traced_devices(dir: &Path) -> Vec<(String, DeviceRecording)> {
@@ -99,7 +69,9 @@ fn end_state(rec: &DeviceRecording) -> (BTreeMap<u64, u64>, BTreeMap<u64, u64>) 
 
 #[test]
 fn every_snapshot_file_loads_or_is_rejected_clearly() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     let files = snapshot_files(&dir);
     assert!(!files.is_empty());
     for path in files {
@@ -116,7 +88,9 @@ fn every_snapshot_file_loads_or_is_rejected_clearly() {
 
 #[test]
 fn faithful_start_state_is_consistent_on_every_traced_device() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     let devices = traced_devices(&dir);
     assert!(
         devices.len() >= 20,
@@ -289,7 +263,9 @@ const EXPECTED: &[Expected] = &[
 
 #[test]
 fn recorded_figures_match_the_reference_table() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     for e in EXPECTED {
         let snap = read_snapshot(dir.join(e.file)).unwrap();
         let rec = &snap.devices[0];
@@ -310,7 +286,9 @@ fn recorded_figures_match_the_reference_table() {
 
 #[test]
 fn discrete_diffusion_oom_and_capacity() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     let snap = read_snapshot(dir.join("discrete_diffusion/657e3e3/memory_snapshot.json")).unwrap();
     let rec = &snap.devices[0];
     let oom = rec.figures().recorded_oom.expect("an oom entry");
@@ -346,7 +324,9 @@ fn discrete_diffusion_oom_and_capacity() {
 
 #[test]
 fn sqattn_empty_cache_calls_and_bracket() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     let snap = read_snapshot(dir.join("sqattn/126d2e6/cuda_memory_snapshot.pickle")).unwrap();
     let rec = &snap.devices[0];
     let f = rec.figures();
@@ -367,7 +347,9 @@ fn sqattn_empty_cache_calls_and_bracket() {
 
 #[test]
 fn octree_retry_brackets_capacity() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     for file in [
         "octree-nca/d47727a/my_snapshot.pickle",
         "octree-nca/3e8aa21/mem_snapshots/inference2_peso_oct.pickle",
@@ -386,7 +368,9 @@ fn octree_retry_brackets_capacity() {
 
 #[test]
 fn expandable_trace_reads_and_is_refused_for_faithful_replay() {
-    let Some(dir) = traces_dir() else { return };
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
     let snap = read_snapshot(dir.join("code_location/52e52b2/memory_snapshot.pickle")).unwrap();
     assert!(snap.settings.as_ref().unwrap().expandable_segments);
     let traced: Vec<_> = snap.traced_devices().collect();

@@ -5,3 +5,4 @@
 pub mod fake_cudart;
 pub mod real_cudart;
 pub mod shim;
+pub mod traces;

@@ -1,0 +1,53 @@
+//! Where the real recorded traces are: `$CACHEALLOC_TRACES`, else `<crate root>/../shared/
+//! traces/real` (CI has that folder). Shared by the tests and the benchmark.
+
+use std::path::{Path, PathBuf};
+
+/// The traces folder, if it exists (silent).
+pub fn traces_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("CACHEALLOC_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/real"));
+    dir.is_dir().then_some(dir)
+}
+
+/// The traces folder, or `None` after saying clearly that the caller skips.
+pub fn traces_dir_or_skip() -> Option<PathBuf> {
+    let dir = traces_dir();
+    if dir.is_none() {
+        eprintln!(
+            "skipping: traces not found (set CACHEALLOC_TRACES or place ../shared/traces/real)"
+        );
+    }
+    dir
+}
+
+/// One trace file by its path inside the folder, or `None` after saying the caller skips.
+pub fn trace(rel: &str) -> Option<PathBuf> {
+    let path = traces_dir().map(|d| d.join(rel)).filter(|p| p.is_file());
+    if path.is_none() {
+        eprintln!("skipping: trace {rel} not found (set CACHEALLOC_TRACES)");
+    }
+    path
+}
+
+/// Every file under `dir` that may be a snapshot pickle (by extension), sorted.
+pub fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("readable traces folder") {
+            let path = entry.expect("readable entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|e| e == "pickle" || e == "pkl" || e == "json")
+            {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
