@@ -9,6 +9,7 @@
 
 use super::address_map::AddressMap;
 use super::block::{Block, BlockArena, BlockId, BlockState, NIL};
+use super::counters::Counters;
 use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
 use super::free_index::{FreeEntry, FreeIndex};
@@ -90,7 +91,7 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) segments: BTreeMap<u64, u64>,
     /// Freed blocks waiting for their fence, oldest first.
     pub(super) pending: VecDeque<(Fence, BlockId)>,
-    pub(super) stats: DeviceStats,
+    pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
     pub(super) total_reserved: u64,
     /// Limit from `per_process_memory_fraction`, resolved on first need.
@@ -117,10 +118,7 @@ impl<B: Backend> DeviceAllocator<B> {
             allocations: AddressMap::default(),
             segments: BTreeMap::new(),
             pending: VecDeque::new(),
-            stats: DeviceStats {
-                max_split_size,
-                ..DeviceStats::default()
-            },
+            stats: Counters::new(max_split_size),
             total_reserved: 0,
             allowed_maximum: None,
             allowed_maximum_resolved: false,
@@ -133,8 +131,9 @@ impl<B: Backend> DeviceAllocator<B> {
         &self.settings
     }
 
-    pub fn stats(&self) -> &DeviceStats {
-        &self.stats
+    /// The statistics as of now, under PyTorch's names.
+    pub fn stats(&self) -> DeviceStats {
+        self.stats.snapshot()
     }
 
     pub fn backend(&self) -> &B {
@@ -183,9 +182,8 @@ impl<B: Backend> DeviceAllocator<B> {
         let addr = ptr.addr();
         match self.allocations.remove(addr) {
             Some(id) if self.blocks.get(id).state == BlockState::Allocated => {
-                let block = *self.blocks.get(id);
-                self.take_allocation(&block);
-                self.free_block(id, block);
+                self.take_allocation(id);
+                self.free_block(id);
                 Ok(())
             }
             Some(id) => {
@@ -204,8 +202,7 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn free_deferred(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let id = self.lookup_allocation(ptr)?;
         let fence = self.backend.record_fence()?;
-        let block = *self.blocks.get(id);
-        self.take_allocation(&block);
+        self.take_allocation(id);
         self.blocks.get_mut(id).state = BlockState::Pending;
         self.pending.push_back((fence, id));
         Ok(())
@@ -264,6 +261,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
     /// `max_split_size` rules; only the best-fitting block is considered.
+    #[inline]
     fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<BlockId> {
         // Counted without a jump: the pool varies from call to call.
         self.large_searches += u64::from(self.gc_enabled() & (pool == PoolKind::Large));
@@ -384,32 +382,33 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Hand out block `id` (already out of its free index) for a request of `size` bytes
     /// rounded to `rounded`, splitting off the tail when the split rules allow.
+    #[inline]
     fn alloc_found_block(&mut self, id: BlockId, size: u64, rounded: u64) -> DevicePtr {
-        let mut block = *self.blocks.get(id);
-        let (pool, stream, addr) = (block.pool, block.stream, block.addr);
-        let remaining = block.size - rounded;
-        let already_split = block.is_split();
+        let b = self.blocks.get(id);
+        let (pool, stream, addr, next) = (b.pool, b.stream, b.addr, b.next);
+        let mut block_size = b.size;
+        let remaining = block_size - rounded;
+        let already_split = b.is_split();
         if self.should_split(pool, rounded, remaining) {
-            let rest = Block {
+            let rest_id = self.blocks.insert(Block {
                 addr: addr + rounded,
                 size: remaining,
                 requested: 0,
                 stream,
                 pool,
                 prev: id,
-                next: block.next,
+                next,
                 state: BlockState::Free,
                 gc_count_base: self.large_searches,
-            };
-            let rest_id = self.blocks.insert(rest);
-            if rest.next != NIL {
-                self.blocks.get_mut(rest.next).prev = rest_id;
+            });
+            if next != NIL {
+                self.blocks.get_mut(next).prev = rest_id;
             }
-            block.next = rest_id;
-            block.size = rounded;
+            self.blocks.get_mut(id).next = rest_id;
+            block_size = rounded;
             self.pools_mut(pool).get_mut(stream).insert(FreeEntry {
                 size: remaining,
-                addr: rest.addr,
+                addr: addr + rounded,
                 id: rest_id,
             });
             if already_split {
@@ -420,12 +419,12 @@ impl<B: Backend> DeviceAllocator<B> {
             }
         } else if already_split {
             self.stats.inactive_split.decrease(pool, 1);
-            self.stats.inactive_split_bytes.decrease(pool, block.size);
+            self.stats.inactive_split_bytes.decrease(pool, block_size);
         }
+        let block = self.blocks.get_mut(id);
+        block.size = block_size;
         block.state = BlockState::Allocated;
         block.requested = size;
-        let block_size = block.size;
-        *self.blocks.get_mut(id) = block;
         self.allocations.insert(addr, id);
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
@@ -437,7 +436,9 @@ impl<B: Backend> DeviceAllocator<B> {
             s.oversize_allocations.increase(1);
         }
         let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
-        self.emit(PoolEvent::Alloc { ptr, size, stream });
+        if self.sink.is_some() {
+            self.emit(PoolEvent::Alloc { ptr, size, stream });
+        }
         ptr
     }
 
@@ -483,79 +484,86 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// A pending block's fence is done: forget the allocation and return the block to its pool.
     pub(super) fn complete_pending(&mut self, id: BlockId) {
-        let block = *self.blocks.get(id);
-        self.allocations.remove(block.addr);
-        self.free_block(id, block);
+        self.allocations.remove(self.blocks.get(id).addr);
+        self.free_block(id);
     }
 
-    /// The allocation stats of handing block `b` back (it stays active until `free_block`).
-    fn take_allocation(&mut self, b: &Block) {
+    /// The allocation stats of handing block `id` back (it stays active until `free_block`).
+    #[inline]
+    fn take_allocation(&mut self, id: BlockId) {
+        let b = self.blocks.get(id);
         let (pool, size, requested, stream, addr) = (b.pool, b.size, b.requested, b.stream, b.addr);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.settings.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
-        self.emit(PoolEvent::FreeRequested {
-            ptr,
-            size: requested,
-            stream,
-        });
+        if self.sink.is_some() {
+            let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
+            self.emit(PoolEvent::FreeRequested {
+                ptr,
+                size: requested,
+                stream,
+            });
+        }
     }
 
     /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool. The
-    /// caller has removed the block from the allocation map; `block` is a copy of block `id`.
-    pub(super) fn free_block(&mut self, id: BlockId, block: Block) {
-        let (pool, original_size, requested) = (block.pool, block.size, block.requested);
-        let ptr = DevicePtr::new(block.addr).expect("blocks never start at address 0");
-        self.emit(PoolEvent::FreeCompleted {
-            ptr,
-            size: requested,
-            stream: block.stream,
-        });
+    /// caller has removed block `id` from the allocation map.
+    #[inline]
+    pub(super) fn free_block(&mut self, id: BlockId) {
+        let b = self.blocks.get(id);
+        let (pool, stream, requested) = (b.pool, b.stream, b.requested);
+        let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
+        let original_size = size;
+        if self.sink.is_some() {
+            let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
+            self.emit(PoolEvent::FreeCompleted {
+                ptr,
+                size: requested,
+                stream,
+            });
+        }
         // Neighbours share the block's segment, hence its pool and stream: one index for all.
         let pools = match pool {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         };
-        let index = pools.get_mut(block.stream);
+        let index = pools.get_mut(stream);
         let blocks = &mut self.blocks;
-        let mut merged = block;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
-        if let Some(p) = take_free_neighbour(blocks, index, block.prev) {
-            merged.addr = p.addr;
-            merged.prev = p.prev;
-            merged.size += p.size;
+        if let Some(p) = take_free_neighbour(blocks, index, prev) {
+            addr = p.addr;
+            prev = p.prev;
+            size += p.size;
             if p.prev != NIL {
                 blocks.get_mut(p.prev).next = id;
             }
             net_blocks -= 1;
             net_bytes -= p.size as i64;
         }
-        if let Some(n) = take_free_neighbour(blocks, index, block.next) {
-            merged.next = n.next;
-            merged.size += n.size;
+        if let Some(n) = take_free_neighbour(blocks, index, next) {
+            next = n.next;
+            size += n.size;
             if n.next != NIL {
                 blocks.get_mut(n.next).prev = id;
             }
             net_blocks -= 1;
             net_bytes -= n.size as i64;
         }
+        let merged = blocks.get_mut(id);
+        merged.addr = addr;
+        merged.size = size;
+        merged.prev = prev;
+        merged.next = next;
         merged.state = BlockState::Free;
         merged.requested = 0;
         merged.gc_count_base = self.large_searches;
-        *blocks.get_mut(id) = merged;
-        index.insert(FreeEntry {
-            size: merged.size,
-            addr: merged.addr,
-            id,
-        });
-        if merged.is_split() {
-            net_blocks += 1;
-            net_bytes += merged.size as i64;
-        }
+        let split = merged.is_split();
+        index.insert(FreeEntry { size, addr, id });
+        net_blocks += i64::from(split);
+        net_bytes += if split { size as i64 } else { 0 };
         self.stats.inactive_split.apply(pool, net_blocks);
         self.stats.inactive_split_bytes.apply(pool, net_bytes);
         self.stats.active.decrease(pool, 1);
@@ -594,8 +602,8 @@ impl<B: Backend> DeviceAllocator<B> {
             alloc_size,
             device_total: info.total,
             device_free: info.free,
-            allocated: self.stats.allocated_bytes.all.current.max(0) as u64,
-            reserved: self.stats.reserved_bytes.all.current.max(0) as u64,
+            allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
+            reserved: self.stats.reserved_bytes.current_all().max(0) as u64,
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,
             max_split_size: self.settings.max_split_size,

@@ -7,6 +7,7 @@
 mod address_map;
 mod allocator;
 pub mod block;
+mod counters;
 pub mod error;
 pub mod event;
 pub mod format;

@@ -1,7 +1,8 @@
 //! Allocator statistics under PyTorch's names (`torch.cuda.memory_stats()`), declared once.
 //!
 //! A `Stat` follows PyTorch's update rules: an increase moves `current`, `peak` and
-//! `allocated`; a decrease moves `current` and `freed`. Rendering (text table, JSON) lives in
+//! `allocated`; a decrease moves `current` and `freed`. The pool keeps its running counts in
+//! `counters.rs` and produces these as a snapshot. Rendering (text table, JSON) lives in
 //! `crate::report`; everything here is plain data.
 
 use super::types::PoolKind;
@@ -32,22 +33,12 @@ impl Stat {
         self.freed += amount;
     }
 
-    /// A signed change: an increase when positive, a decrease when negative (without branching
-    /// on the sign; zero changes nothing).
-    #[inline]
-    pub fn apply(&mut self, delta: i64) {
-        self.current += delta;
-        self.peak = self.peak.max(self.current);
-        self.allocated += delta.max(0);
-        self.freed += (-delta).max(0);
-    }
-
-    fn reset_accumulated(&mut self) {
+    pub(super) fn reset_accumulated(&mut self) {
         self.allocated = 0;
         self.freed = 0;
     }
 
-    fn reset_peak(&mut self) {
+    pub(super) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
 }
@@ -61,37 +52,10 @@ pub struct StatArray {
 }
 
 impl StatArray {
-    #[inline]
-    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
-        self.all.increase(amount);
-        self.pool_mut(pool).increase(amount);
-    }
-
-    #[inline]
-    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
-        self.all.decrease(amount);
-        self.pool_mut(pool).decrease(amount);
-    }
-
-    /// A signed change in `pool` (see `Stat::apply`).
-    #[inline]
-    pub fn apply(&mut self, pool: PoolKind, delta: i64) {
-        self.all.apply(delta);
-        self.pool_mut(pool).apply(delta);
-    }
-
     pub fn pool(&self, pool: PoolKind) -> &Stat {
         match pool {
             PoolKind::Small => &self.small_pool,
             PoolKind::Large => &self.large_pool,
-        }
-    }
-
-    #[inline]
-    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
-        match pool {
-            PoolKind::Small => &mut self.small_pool,
-            PoolKind::Large => &mut self.large_pool,
         }
     }
 
@@ -102,12 +66,6 @@ impl StatArray {
             ("large_pool", &self.large_pool),
             ("small_pool", &self.small_pool),
         ]
-    }
-
-    fn for_each_mut(&mut self, f: impl Fn(&mut Stat)) {
-        f(&mut self.all);
-        f(&mut self.small_pool);
-        f(&mut self.large_pool);
     }
 }
 
@@ -177,43 +135,6 @@ impl DeviceStats {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
-
-    /// PyTorch's `reset_accumulated_memory_stats`.
-    pub fn reset_accumulated(&mut self) {
-        for array in self.arrays_mut() {
-            array.for_each_mut(Stat::reset_accumulated);
-        }
-        self.oversize_allocations.reset_accumulated();
-        self.oversize_segments.reset_accumulated();
-        self.num_alloc_retries = 0;
-        self.num_ooms = 0;
-        self.num_sync_all_streams = 0;
-        self.num_device_alloc = 0;
-        self.num_device_free = 0;
-    }
-
-    /// PyTorch's `reset_peak_memory_stats`.
-    pub fn reset_peak(&mut self) {
-        for array in self.arrays_mut() {
-            array.for_each_mut(Stat::reset_peak);
-        }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
-    }
-
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
-            &mut self.active,
-            &mut self.active_bytes,
-            &mut self.allocated_bytes,
-            &mut self.allocation,
-            &mut self.inactive_split,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-            &mut self.reserved_bytes,
-            &mut self.segment,
-        ]
-    }
 }
 
 fn push_stat(out: &mut Vec<(String, i64)>, prefix: &str, stat: &Stat) {
@@ -252,7 +173,8 @@ mod tests {
             max_split_size: -1,
             ..Default::default()
         };
-        st.reserved_bytes.increase(PoolKind::Large, 4096);
+        st.reserved_bytes.all.increase(4096);
+        st.reserved_bytes.large_pool.increase(4096);
         let flat = st.flat();
         let get = |k: &str| flat.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
         assert_eq!(get("reserved_bytes.large_pool.peak"), Some(4096));

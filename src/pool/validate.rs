@@ -159,7 +159,7 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     fn check_stats(&self, r: &Recount) -> Result<(), String> {
-        let s = &self.stats;
+        let s = &self.stats.snapshot();
         let pairs: [(&str, &StatArray, &[i64; 2]); 9] = [
             ("segment", &s.segment, &r.segment),
             ("reserved_bytes", &s.reserved_bytes, &r.reserved_bytes),

@@ -23,7 +23,6 @@ pub fn stats_json_string(stats: &DeviceStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::PoolKind;
 
     #[test]
     fn keys_are_pytorch_flattened_names() {
@@ -32,8 +31,10 @@ mod tests {
             num_ooms: 3,
             ..DeviceStats::default()
         };
-        stats.allocated_bytes.increase(PoolKind::Small, 512);
-        stats.reserved_bytes.increase(PoolKind::Large, 20 << 20);
+        stats.allocated_bytes.all.increase(512);
+        stats.allocated_bytes.small_pool.increase(512);
+        stats.reserved_bytes.all.increase(20 << 20);
+        stats.reserved_bytes.large_pool.increase(20 << 20);
         stats.oversize_segments.increase(1);
 
         let text = stats_json_string(&stats);

@@ -1,0 +1,298 @@
+//! The pool's running statistics in the form that is cheapest to update; `DeviceStats` (the
+//! PyTorch-named view) is computed from them when asked for.
+//!
+//! Every malloc and free moves about ten statistics, each kept for the small pool, the large
+//! pool and both together, with a current value, a peak and running totals. Most of that is
+//! derivable: the `all` row's current value and totals are the sums of the two pools', and the
+//! total freed is the total increased minus the net change since the last reset. So a
+//! `PoolCounter` stores per pool only `current`, `peak` and the increases, plus the peak of the
+//! sum: an increase updates four numbers, a decrease one.
+
+use super::stats::{DeviceStats, Stat, StatArray};
+use super::types::PoolKind;
+
+#[inline]
+fn slot(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
+}
+
+/// One PyTorch stat array (`all`, `small_pool`, `large_pool`), stored per pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolCounter {
+    /// [small, large] current values.
+    current: [i64; 2],
+    peak: [i64; 2],
+    /// Sum of increases since the last `reset_accumulated`.
+    increased: [i64; 2],
+    /// Current value at the last `reset_accumulated` (freed = increased - (current - base)).
+    base: [i64; 2],
+    /// Peak of the sum of both pools.
+    all_peak: i64,
+}
+
+impl PoolCounter {
+    #[inline]
+    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        let p = slot(pool);
+        let amount = amount as i64;
+        self.current[p] += amount;
+        self.increased[p] += amount;
+        self.peak[p] = self.peak[p].max(self.current[p]);
+        self.all_peak = self.all_peak.max(self.current[0] + self.current[1]);
+    }
+
+    #[inline]
+    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.current[slot(pool)] -= amount as i64;
+    }
+
+    /// A signed change: an increase when positive, a decrease when negative (PyTorch's net
+    /// update of the inactive-split stats), without branching on the sign.
+    #[inline]
+    pub fn apply(&mut self, pool: PoolKind, delta: i64) {
+        let p = slot(pool);
+        self.current[p] += delta;
+        self.increased[p] += delta.max(0);
+        self.peak[p] = self.peak[p].max(self.current[p]);
+        self.all_peak = self.all_peak.max(self.current[0] + self.current[1]);
+    }
+
+    /// The current value of one pool's row.
+    #[cfg(test)]
+    fn current(&self, pool: PoolKind) -> i64 {
+        self.current[slot(pool)]
+    }
+
+    /// The current value of the `all` row.
+    pub fn current_all(&self) -> i64 {
+        self.current[0] + self.current[1]
+    }
+
+    fn pool_stat(&self, p: usize) -> Stat {
+        Stat {
+            current: self.current[p],
+            peak: self.peak[p],
+            allocated: self.increased[p],
+            freed: self.increased[p] - (self.current[p] - self.base[p]),
+        }
+    }
+
+    /// The PyTorch view: what `StatArray`'s update rules would hold after the same updates.
+    pub fn snapshot(&self) -> StatArray {
+        let (small, large) = (self.pool_stat(0), self.pool_stat(1));
+        StatArray {
+            all: Stat {
+                current: small.current + large.current,
+                peak: self.all_peak,
+                allocated: small.allocated + large.allocated,
+                freed: small.freed + large.freed,
+            },
+            small_pool: small,
+            large_pool: large,
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+        self.all_peak = self.current_all();
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.increased = [0; 2];
+        self.base = self.current;
+    }
+}
+
+/// Everything `torch.cuda.memory_stats()` reports for one device, in updating form.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    pub allocation: PoolCounter,
+    pub segment: PoolCounter,
+    pub active: PoolCounter,
+    pub inactive_split: PoolCounter,
+    pub allocated_bytes: PoolCounter,
+    pub reserved_bytes: PoolCounter,
+    pub active_bytes: PoolCounter,
+    pub inactive_split_bytes: PoolCounter,
+    pub requested_bytes: PoolCounter,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub num_sync_all_streams: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    /// The `max_split_size` in force; `-1` when unlimited (as PyTorch reports it).
+    pub max_split_size: i64,
+}
+
+impl Counters {
+    pub fn new(max_split_size: i64) -> Self {
+        Self {
+            max_split_size,
+            ..Self::default()
+        }
+    }
+
+    /// The PyTorch-named statistics as of now.
+    pub fn snapshot(&self) -> DeviceStats {
+        DeviceStats {
+            allocation: self.allocation.snapshot(),
+            segment: self.segment.snapshot(),
+            active: self.active.snapshot(),
+            inactive_split: self.inactive_split.snapshot(),
+            allocated_bytes: self.allocated_bytes.snapshot(),
+            reserved_bytes: self.reserved_bytes.snapshot(),
+            active_bytes: self.active_bytes.snapshot(),
+            inactive_split_bytes: self.inactive_split_bytes.snapshot(),
+            requested_bytes: self.requested_bytes.snapshot(),
+            oversize_allocations: self.oversize_allocations,
+            oversize_segments: self.oversize_segments,
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+            max_split_size: self.max_split_size,
+        }
+    }
+
+    fn counters_mut(&mut self) -> [&mut PoolCounter; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// PyTorch's `reset_peak_memory_stats`.
+    pub fn reset_peak(&mut self) {
+        for c in self.counters_mut() {
+            c.reset_peak();
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// PyTorch's `reset_accumulated_memory_stats`.
+    pub fn reset_accumulated(&mut self) {
+        for c in self.counters_mut() {
+            c.reset_accumulated();
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PyTorch's rules applied literally: every update moves the pool row and the `all` row.
+    #[derive(Default)]
+    struct Literal(StatArray);
+
+    impl Literal {
+        fn pool(&mut self, pool: PoolKind) -> &mut Stat {
+            match pool {
+                PoolKind::Small => &mut self.0.small_pool,
+                PoolKind::Large => &mut self.0.large_pool,
+            }
+        }
+        fn increase(&mut self, pool: PoolKind, n: u64) {
+            self.0.all.increase(n);
+            self.pool(pool).increase(n);
+        }
+        fn decrease(&mut self, pool: PoolKind, n: u64) {
+            self.0.all.decrease(n);
+            self.pool(pool).decrease(n);
+        }
+        fn apply(&mut self, pool: PoolKind, d: i64) {
+            if d > 0 {
+                self.increase(pool, d as u64);
+            } else if d < 0 {
+                self.decrease(pool, d.unsigned_abs());
+            }
+        }
+    }
+
+    #[test]
+    fn agrees_with_the_literal_rules_through_updates_and_resets() {
+        let mut fast = PoolCounter::default();
+        let mut literal = Literal::default();
+        let mut x: u64 = 0x853c_49e6_748f_ea9b;
+        for step in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let pool = if x & 1 == 0 {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
+            let n = (x >> 8) % 1000;
+            let current = fast.current(pool);
+            match (x >> 4) % 16 {
+                0..=6 => {
+                    fast.increase(pool, n);
+                    literal.increase(pool, n);
+                }
+                7..=12 => {
+                    // Never below zero, as in the pool.
+                    let n = n.min(current as u64);
+                    fast.decrease(pool, n);
+                    literal.decrease(pool, n);
+                }
+                13 | 14 => {
+                    let d = (n as i64 - 500).max(-current);
+                    fast.apply(pool, d);
+                    literal.apply(pool, d);
+                }
+                _ if step % 3 == 0 => {
+                    fast.reset_peak();
+                    literal.0.all.reset_peak();
+                    literal.0.small_pool.reset_peak();
+                    literal.0.large_pool.reset_peak();
+                }
+                _ => {
+                    fast.reset_accumulated();
+                    literal.0.all.reset_accumulated();
+                    literal.0.small_pool.reset_accumulated();
+                    literal.0.large_pool.reset_accumulated();
+                }
+            }
+            assert_eq!(fast.snapshot(), literal.0, "after step {step}");
+        }
+    }
+
+    #[test]
+    fn snapshot_carries_scalars_and_resets() {
+        let mut c = Counters::new(-1);
+        c.reserved_bytes.increase(PoolKind::Large, 4096);
+        c.num_device_alloc += 1;
+        c.reserved_bytes.decrease(PoolKind::Large, 4096);
+        let s = c.snapshot();
+        assert_eq!(s.reserved_bytes.all.peak, 4096);
+        assert_eq!(s.reserved_bytes.large_pool.freed, 4096);
+        assert_eq!(s.max_split_size, -1);
+        c.reset_accumulated();
+        c.reset_peak();
+        let s = c.snapshot();
+        assert_eq!(s.reserved_bytes.all, Stat::default());
+        assert_eq!(s.num_device_alloc, 0);
+    }
+}
