@@ -277,6 +277,8 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// The miss ladder. Returns a fresh or reclaimed block, or the OOM error.
+    #[cold]
+    #[inline(never)]
     fn grow(
         &mut self,
         pool: PoolKind,

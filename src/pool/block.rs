@@ -51,7 +51,7 @@ impl Block {
 #[derive(Debug, Default)]
 pub struct BlockArena {
     slots: Vec<Block>,
-    occupied: Vec<bool>,
+    /// Ids of removed blocks, reused by the next inserts.
     vacant: Vec<BlockId>,
 }
 
@@ -60,11 +60,9 @@ impl BlockArena {
     pub fn insert(&mut self, block: Block) -> BlockId {
         if let Some(id) = self.vacant.pop() {
             self.slots[id as usize] = block;
-            self.occupied[id as usize] = true;
             id
         } else {
             self.slots.push(block);
-            self.occupied.push(true);
             (self.slots.len() - 1) as BlockId
         }
     }
@@ -72,18 +70,22 @@ impl BlockArena {
     /// Mark `id` reusable. The slot keeps stale contents until reused.
     #[inline]
     pub fn remove(&mut self, id: BlockId) {
-        debug_assert!(self.occupied[id as usize], "block {id} removed twice");
-        self.occupied[id as usize] = false;
+        debug_assert!(!self.vacant.contains(&id), "block {id} removed twice");
         self.vacant.push(id);
     }
 
-    /// Live blocks with their ids, in id order.
+    /// Live blocks with their ids, in id order (for the cold paths: it marks the vacant ids
+    /// first).
     pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> + '_ {
+        let mut live = vec![true; self.slots.len()];
+        for &id in &self.vacant {
+            live[id as usize] = false;
+        }
         self.slots
             .iter()
-            .zip(&self.occupied)
+            .zip(live)
             .enumerate()
-            .filter(|(_, (_, live))| **live)
+            .filter(|(_, (_, live))| *live)
             .map(|(i, (b, _))| (i as BlockId, b))
     }
 

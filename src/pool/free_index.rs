@@ -55,7 +55,9 @@ fn class_of(size: u64) -> usize {
 /// Free blocks of one pool and stream.
 #[derive(Debug)]
 pub struct FreeIndex {
-    classes: Vec<Vec<FreeEntry>>,
+    /// A fixed-size array, so that a class number (always below `NUM_CLASSES`) needs no
+    /// bounds check.
+    classes: Box<[Vec<FreeEntry>; NUM_CLASSES]>,
     bitmap: [u64; BITMAP_WORDS],
     len: usize,
 }
@@ -63,7 +65,7 @@ pub struct FreeIndex {
 impl Default for FreeIndex {
     fn default() -> Self {
         Self {
-            classes: vec![Vec::new(); NUM_CLASSES],
+            classes: Box::new(std::array::from_fn(|_| Vec::new())),
             bitmap: [0; BITMAP_WORDS],
             len: 0,
         }
