@@ -1,4 +1,5 @@
-//! Property test: random malloc / free / empty_cache sequences on the simulated device, checked
+//! Property test: random malloc / free / deferred free / empty_cache sequences on the simulated
+//! device (with device work that completes only when told to), checked
 //! against a shadow model of the live allocations and the pool's own invariant walker after
 //! every step. `PROPTEST_CASES` raises the number of cases (scripts/proptest-long.sh).
 
@@ -14,8 +15,18 @@ const MAX_LIVE: usize = 300;
 
 #[derive(Clone, Debug)]
 enum Step {
-    Alloc { size: u64, stream: u64 },
-    Free { pick: usize },
+    Alloc {
+        size: u64,
+        stream: u64,
+    },
+    Free {
+        pick: usize,
+    },
+    /// Free behind a fence: the block stays pending until the device's work completes.
+    DeferredFree {
+        pick: usize,
+    },
+    CompleteWork,
     DoubleFree,
     EmptyCache,
 }
@@ -31,7 +42,9 @@ fn size_strategy() -> impl Strategy<Value = u64> {
 fn step_strategy() -> impl Strategy<Value = Step> {
     prop_oneof![
         10 => (size_strategy(), 0u64..3).prop_map(|(size, stream)| Step::Alloc { size, stream }),
-        8 => any::<usize>().prop_map(|pick| Step::Free { pick }),
+        6 => any::<usize>().prop_map(|pick| Step::Free { pick }),
+        2 => any::<usize>().prop_map(|pick| Step::DeferredFree { pick }),
+        1 => Just(Step::CompleteWork),
         1 => Just(Step::DoubleFree),
         1 => Just(Step::EmptyCache),
     ]
@@ -74,13 +87,23 @@ fn check_against_shadow(p: &DeviceAllocator<SimDevice>, shadow: &Shadow) {
     p.validate().unwrap();
     let s = p.stats();
     assert_eq!(s.allocation.all.current as usize, shadow.live.len());
+    assert_eq!(
+        s.active.all.current as usize,
+        shadow.live.len() + p.pending_frees()
+    );
+    assert!(s.active.all.peak >= s.allocation.all.peak);
     let requested: u64 = shadow.live.values().map(|(_, r)| r).sum();
-    assert_eq!(s.requested_bytes.all.current as u64, requested);
+    if p.pending_frees() == 0 {
+        assert_eq!(s.requested_bytes.all.current as u64, requested);
+    } else {
+        assert!(s.requested_bytes.all.current as u64 >= requested);
+    }
     assert_eq!(s.reserved_bytes.all.current as u64, p.backend().used());
 }
 
 fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
-    let mut p = DeviceAllocator::new(SimDevice::new(capacity), settings.clone());
+    let device = SimDevice::new(capacity).with_pending_work();
+    let mut p = DeviceAllocator::new(device, settings.clone());
     let mut shadow = Shadow {
         live: BTreeMap::new(),
         last_freed: None,
@@ -127,13 +150,23 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 p.free(ptr).unwrap();
                 shadow.last_freed = Some(ptr);
             }
+            Step::DeferredFree { pick } => {
+                if shadow.live.is_empty() {
+                    continue;
+                }
+                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
+                shadow.live.remove(&addr);
+                p.free_deferred(DevicePtr::new(addr).unwrap()).unwrap();
+            }
+            Step::CompleteWork => p.backend_mut().complete_work(),
             Step::DoubleFree => {
                 if let Some(ptr) = shadow.last_freed
                     && !shadow.live.contains_key(&ptr.addr())
                 {
                     match p.free(ptr) {
+                        // The address may since hold a block whose deferred free is pending.
                         Err(Error::InvalidPointer {
-                            reason: BadPointer::NotAnAllocation,
+                            reason: BadPointer::NotAnAllocation | BadPointer::AlreadyFreed,
                             ..
                         })
                         | Err(Error::NotOwned { .. }) => {}

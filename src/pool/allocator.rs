@@ -15,7 +15,7 @@ use super::event::{EventSink, PoolEvent};
 use super::free_index::{FreeEntry, FreeIndex};
 use super::oom::OomReport;
 use super::rounding::{
-    MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, pool_for, round_size, segment_size,
+    MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, pool_for, round_size, round_to_block, segment_size,
 };
 use super::settings::Settings;
 use super::stats::DeviceStats;
@@ -99,11 +99,17 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) allowed_maximum_resolved: bool,
     /// Free-block searches in the large pool (the GC clock, `get_free_blocks_call_count`).
     pub(super) large_searches: u64,
+    /// 1 when garbage collection is on (a limit and a threshold are set), else 0: large-pool
+    /// searches are counted (the GC clock) only then.
+    gc_searches_counted: u64,
+    /// Whether any `roundup_power2_divisions` entry is in force (else rounding is to 512 B).
+    divided_rounding: bool,
     pub(super) sink: Option<Box<dyn EventSink>>,
 }
 
 impl<B: Backend> DeviceAllocator<B> {
     pub fn new(backend: B, settings: Settings) -> Self {
+        let divided_rounding = settings.roundup_power2_divisions.iter().any(|&d| d > 1);
         let max_split_size = if settings.has_max_split_size() {
             settings.max_split_size as i64
         } else {
@@ -123,6 +129,8 @@ impl<B: Backend> DeviceAllocator<B> {
             allowed_maximum: None,
             allowed_maximum_resolved: false,
             large_searches: 0,
+            gc_searches_counted: 0,
+            divided_rounding,
             sink: None,
         }
     }
@@ -168,7 +176,11 @@ impl<B: Backend> DeviceAllocator<B> {
             return Err(Error::RequestTooLarge { size });
         }
         self.process_pending()?;
-        let rounded = round_size(&self.settings, size);
+        let rounded = if self.divided_rounding {
+            round_size(&self.settings, size)
+        } else {
+            round_to_block(size)
+        };
         let pool = pool_for(rounded);
         let id = match self.get_free_block(pool, stream, rounded) {
             Some(id) => id,
@@ -203,6 +215,9 @@ impl<B: Backend> DeviceAllocator<B> {
         let id = self.lookup_allocation(ptr)?;
         let fence = self.backend.record_fence()?;
         self.take_allocation(id);
+        let b = self.blocks.get(id);
+        self.stats.active.pend(b.pool, 1);
+        self.stats.active_bytes.pend(b.pool, b.size);
         self.blocks.get_mut(id).state = BlockState::Pending;
         self.pending.push_back((fence, id));
         Ok(())
@@ -256,7 +271,7 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     fn gc_enabled(&self) -> bool {
-        self.allowed_maximum.is_some() & (self.settings.garbage_collection_threshold > 0.0)
+        self.gc_searches_counted == 1
     }
 
     /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
@@ -264,7 +279,7 @@ impl<B: Backend> DeviceAllocator<B> {
     #[inline]
     fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<BlockId> {
         // Counted without a jump: the pool varies from call to call.
-        self.large_searches += u64::from(self.gc_enabled() & (pool == PoolKind::Large));
+        self.large_searches += self.gc_searches_counted & u64::from(pool == PoolKind::Large);
         let mss = self.settings.max_split_size;
         let rounding = self.settings.max_non_split_rounding;
         let index = self.pools_mut(pool).get_mut(stream);
@@ -323,6 +338,7 @@ impl<B: Backend> DeviceAllocator<B> {
             && let Ok(info) = self.backend.mem_info()
         {
             self.allowed_maximum = Some((fraction * info.total as f64) as u64);
+            self.gc_searches_counted = u64::from(self.settings.garbage_collection_threshold > 0.0);
         }
     }
 
@@ -431,8 +447,8 @@ impl<B: Backend> DeviceAllocator<B> {
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
         s.allocated_bytes.increase(pool, block_size);
-        s.active.increase(pool, 1);
-        s.active_bytes.increase(pool, block_size);
+        s.active.allocation_grew(pool, &s.allocation);
+        s.active_bytes.allocation_grew(pool, &s.allocated_bytes);
         s.requested_bytes.increase(pool, size);
         if block_size >= self.settings.max_split_size {
             s.oversize_allocations.increase(1);
@@ -486,7 +502,11 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// A pending block's fence is done: forget the allocation and return the block to its pool.
     pub(super) fn complete_pending(&mut self, id: BlockId) {
-        self.allocations.remove(self.blocks.get(id).addr);
+        let b = self.blocks.get(id);
+        let (addr, pool, size) = (b.addr, b.pool, b.size);
+        self.stats.active.complete(pool, 1);
+        self.stats.active_bytes.complete(pool, size);
+        self.allocations.remove(addr);
         self.free_block(id);
     }
 
@@ -517,7 +537,6 @@ impl<B: Backend> DeviceAllocator<B> {
         let b = self.blocks.get(id);
         let (pool, stream, requested) = (b.pool, b.stream, b.requested);
         let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
-        let original_size = size;
         if self.sink.is_some() {
             let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
             self.emit(PoolEvent::FreeCompleted {
@@ -568,8 +587,6 @@ impl<B: Backend> DeviceAllocator<B> {
         net_bytes += if split { size as i64 } else { 0 };
         self.stats.inactive_split.apply(pool, net_blocks);
         self.stats.inactive_split_bytes.apply(pool, net_bytes);
-        self.stats.active.decrease(pool, 1);
-        self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
     }
 

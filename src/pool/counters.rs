@@ -7,6 +7,10 @@
 //! total freed is the total increased minus the net change since the last reset. So a
 //! `PoolCounter` stores per pool only `current`, `peak` and the increases, plus the peak of the
 //! sum: an increase updates four numbers, a decrease one.
+//!
+//! `active` is `allocation` plus the frees still waiting for their fence (and `active_bytes`
+//! likewise): an `ActiveCounter` stores only that pending part and, while anything is pending,
+//! the peak of the sum — so a malloc or a free with nothing pending does not touch it at all.
 
 use super::stats::{DeviceStats, Stat, StatArray};
 use super::types::PoolKind;
@@ -71,6 +75,10 @@ impl PoolCounter {
         self.current[0] + self.current[1]
     }
 
+    fn all_peak(&self) -> i64 {
+        self.all_peak
+    }
+
     fn pool_stat(&self, p: usize) -> Stat {
         Stat {
             current: self.current[p],
@@ -106,16 +114,97 @@ impl PoolCounter {
     }
 }
 
+/// `active` (or `active_bytes`): the allocation counter plus blocks whose free is pending.
+///
+/// Active grows only when allocation grows (a malloc), so its peak is the larger of
+/// allocation's peak and the sums seen at mallocs while something was pending; with nothing
+/// pending the two are equal and nothing is tracked. Its increases are allocation's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActiveCounter {
+    /// [small, large] amounts whose free is pending.
+    pending: [i64; 2],
+    /// `pending` at the last `reset_accumulated`.
+    base: [i64; 2],
+    /// Peaks of allocation + pending, sampled at mallocs while something was pending.
+    peak: [i64; 2],
+    all_peak: i64,
+}
+
+impl ActiveCounter {
+    /// An allocation's free was deferred: it leaves `allocation` but stays active.
+    #[inline]
+    pub fn pend(&mut self, pool: PoolKind, amount: u64) {
+        self.pending[slot(pool)] += amount as i64;
+    }
+
+    /// A deferred free completed: the block stops being active.
+    #[inline]
+    pub fn complete(&mut self, pool: PoolKind, amount: u64) {
+        self.pending[slot(pool)] -= amount as i64;
+    }
+
+    /// Call after `allocation` grew (the only way active grows).
+    #[inline]
+    pub fn allocation_grew(&mut self, pool: PoolKind, allocation: &PoolCounter) {
+        if (self.pending[0] | self.pending[1]) != 0 {
+            let p = slot(pool);
+            self.peak[p] = self.peak[p].max(allocation.current[p] + self.pending[p]);
+            self.all_peak = self
+                .all_peak
+                .max(allocation.current_all() + self.pending[0] + self.pending[1]);
+        }
+    }
+
+    fn pool_stat(&self, p: usize, allocation: &PoolCounter) -> Stat {
+        let current = allocation.current[p] + self.pending[p];
+        let increased = allocation.increased[p];
+        Stat {
+            current,
+            peak: allocation.peak[p].max(self.peak[p]),
+            allocated: increased,
+            freed: increased - (current - allocation.base[p] - self.base[p]),
+        }
+    }
+
+    /// The PyTorch view, given the allocation counter it extends.
+    pub fn snapshot(&self, allocation: &PoolCounter) -> StatArray {
+        let (small, large) = (self.pool_stat(0, allocation), self.pool_stat(1, allocation));
+        StatArray {
+            all: Stat {
+                current: small.current + large.current,
+                peak: allocation.all_peak().max(self.all_peak),
+                allocated: small.allocated + large.allocated,
+                freed: small.freed + large.freed,
+            },
+            small_pool: small,
+            large_pool: large,
+        }
+    }
+
+    fn reset_peak(&mut self, allocation: &PoolCounter) {
+        for p in 0..2 {
+            self.peak[p] = allocation.current[p] + self.pending[p];
+        }
+        self.all_peak = self.peak[0] + self.peak[1];
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.base = self.pending;
+    }
+}
+
 /// Everything `torch.cuda.memory_stats()` reports for one device, in updating form.
 #[derive(Clone, Debug, Default)]
 pub struct Counters {
     pub allocation: PoolCounter,
     pub segment: PoolCounter,
-    pub active: PoolCounter,
+    /// Extends `allocation`.
+    pub active: ActiveCounter,
     pub inactive_split: PoolCounter,
     pub allocated_bytes: PoolCounter,
     pub reserved_bytes: PoolCounter,
-    pub active_bytes: PoolCounter,
+    /// Extends `allocated_bytes`.
+    pub active_bytes: ActiveCounter,
     pub inactive_split_bytes: PoolCounter,
     pub requested_bytes: PoolCounter,
     pub oversize_allocations: Stat,
@@ -142,11 +231,11 @@ impl Counters {
         DeviceStats {
             allocation: self.allocation.snapshot(),
             segment: self.segment.snapshot(),
-            active: self.active.snapshot(),
+            active: self.active.snapshot(&self.allocation),
             inactive_split: self.inactive_split.snapshot(),
             allocated_bytes: self.allocated_bytes.snapshot(),
             reserved_bytes: self.reserved_bytes.snapshot(),
-            active_bytes: self.active_bytes.snapshot(),
+            active_bytes: self.active_bytes.snapshot(&self.allocated_bytes),
             inactive_split_bytes: self.inactive_split_bytes.snapshot(),
             requested_bytes: self.requested_bytes.snapshot(),
             oversize_allocations: self.oversize_allocations,
@@ -160,15 +249,13 @@ impl Counters {
         }
     }
 
-    fn counters_mut(&mut self) -> [&mut PoolCounter; 9] {
+    fn counters_mut(&mut self) -> [&mut PoolCounter; 7] {
         [
             &mut self.allocation,
             &mut self.segment,
-            &mut self.active,
             &mut self.inactive_split,
             &mut self.allocated_bytes,
             &mut self.reserved_bytes,
-            &mut self.active_bytes,
             &mut self.inactive_split_bytes,
             &mut self.requested_bytes,
         ]
@@ -179,6 +266,8 @@ impl Counters {
         for c in self.counters_mut() {
             c.reset_peak();
         }
+        self.active.reset_peak(&self.allocation);
+        self.active_bytes.reset_peak(&self.allocated_bytes);
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
     }
@@ -188,6 +277,8 @@ impl Counters {
         for c in self.counters_mut() {
             c.reset_accumulated();
         }
+        self.active.reset_accumulated();
+        self.active_bytes.reset_accumulated();
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
         self.num_alloc_retries = 0;
@@ -276,6 +367,79 @@ mod tests {
                 }
             }
             assert_eq!(fast.snapshot(), literal.0, "after step {step}");
+        }
+    }
+
+    #[test]
+    fn active_agrees_with_the_literal_rules_through_deferred_frees_and_resets() {
+        // Allocations of 1 unit; frees immediate or deferred, deferred ones completing later.
+        let mut allocation = PoolCounter::default();
+        let mut active = ActiveCounter::default();
+        let (mut lit_allocation, mut lit_active) = (Literal::default(), Literal::default());
+        let mut live = [0u64; 2];
+        let mut pending = [0u64; 2];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for step in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (pool, p) = if x & 1 == 0 {
+                (PoolKind::Small, 0)
+            } else {
+                (PoolKind::Large, 1)
+            };
+            match (x >> 4) % 20 {
+                0..=7 => {
+                    allocation.increase(pool, 1);
+                    active.allocation_grew(pool, &allocation);
+                    lit_allocation.increase(pool, 1);
+                    lit_active.increase(pool, 1);
+                    live[p] += 1;
+                }
+                8..=11 if live[p] > 0 => {
+                    allocation.decrease(pool, 1);
+                    lit_allocation.decrease(pool, 1);
+                    lit_active.decrease(pool, 1);
+                    live[p] -= 1;
+                }
+                12..=15 if live[p] > 0 => {
+                    allocation.decrease(pool, 1);
+                    active.pend(pool, 1);
+                    lit_allocation.decrease(pool, 1);
+                    live[p] -= 1;
+                    pending[p] += 1;
+                }
+                16..=17 if pending[p] > 0 => {
+                    active.complete(pool, 1);
+                    lit_active.decrease(pool, 1);
+                    pending[p] -= 1;
+                }
+                18 => {
+                    allocation.reset_peak();
+                    active.reset_peak(&allocation);
+                    for l in [&mut lit_allocation, &mut lit_active] {
+                        l.0.all.reset_peak();
+                        l.0.small_pool.reset_peak();
+                        l.0.large_pool.reset_peak();
+                    }
+                }
+                19 => {
+                    allocation.reset_accumulated();
+                    active.reset_accumulated();
+                    for l in [&mut lit_allocation, &mut lit_active] {
+                        l.0.all.reset_accumulated();
+                        l.0.small_pool.reset_accumulated();
+                        l.0.large_pool.reset_accumulated();
+                    }
+                }
+                _ => {}
+            }
+            assert_eq!(allocation.snapshot(), lit_allocation.0, "after step {step}");
+            assert_eq!(
+                active.snapshot(&allocation),
+                lit_active.0,
+                "active after step {step}"
+            );
         }
     }
 

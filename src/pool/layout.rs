@@ -133,8 +133,8 @@ impl<B: Backend> DeviceAllocator<B> {
                 let s = &mut self.stats;
                 s.allocation.increase(pool, 1);
                 s.allocated_bytes.increase(pool, b.size);
-                s.active.increase(pool, 1);
-                s.active_bytes.increase(pool, b.size);
+                s.active.allocation_grew(pool, &s.allocation);
+                s.active_bytes.allocation_grew(pool, &s.allocated_bytes);
                 s.requested_bytes.increase(pool, b.requested);
                 if b.size >= self.settings.max_split_size {
                     s.oversize_allocations.increase(1);

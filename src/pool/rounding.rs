@@ -51,7 +51,14 @@ pub fn round_size(settings: &Settings, size: u64) -> u64 {
     if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
         return next_division(size, divisions);
     }
-    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+    round_to_block(size)
+}
+
+/// `round_size` when no `roundup_power2_divisions` apply: up to a multiple of 512 B, at least
+/// 512 B.
+#[inline]
+pub fn round_to_block(size: u64) -> u64 {
+    size.max(1).div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
 }
 
 /// The pool that serves a rounded size.
