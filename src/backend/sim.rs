@@ -173,14 +173,12 @@ impl SimDevice {
     /// Take `[addr, addr + size)` out of the free ranges (the part inside the managed space).
     fn carve(&mut self, addr: u64, size: u64) {
         let end = addr.saturating_add(size);
-        let overlapping: Vec<(u64, u64)> = self
-            .free_ranges
-            .range(..end)
-            .rev()
-            .take_while(|(_, e)| **e > addr)
-            .map(|(s, e)| (*s, *e))
-            .collect();
-        for (s, e) in overlapping {
+        // Each pass removes one overlapping range and puts back only the parts outside
+        // `[addr, end)`, which the next lookup stops at.
+        while let Some((&s, &e)) = self.free_ranges.range(..end).next_back() {
+            if e <= addr {
+                break;
+            }
             self.free_ranges.remove(&s);
             if s < addr {
                 self.free_ranges.insert(s, addr);
