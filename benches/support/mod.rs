@@ -45,59 +45,66 @@ pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
         .collect()
 }
 
-/// ns per malloc-or-free through the pool on the simulated device.
-pub fn time_pool(ops: &[Op], num_ids: usize, reps: usize) -> Timing {
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
-        let mut live: Vec<Option<DevicePtr>> = untimed_table(num_ids);
-        let start = Instant::now();
-        for op in ops {
-            match *op {
-                Op::Alloc {
-                    id, size, stream, ..
-                } => {
-                    live[id as usize] = Some(pool.malloc(size, stream).expect("unlimited device"));
-                }
-                Op::Free { id } => {
-                    if let Some(ptr) = live[id as usize].take() {
-                        pool.free(ptr).expect("live pointer");
-                    }
-                }
-                _ => {}
+/// One timed pass of the pool, fresh on an unlimited simulated device: ns per malloc-or-free.
+pub fn pool_pass(ops: &[Op], num_ids: usize) -> f64 {
+    let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
+    let mut live: Vec<Option<DevicePtr>> = untimed_table(num_ids);
+    let start = Instant::now();
+    for op in ops {
+        match *op {
+            Op::Alloc {
+                id, size, stream, ..
+            } => {
+                live[id as usize] = Some(pool.malloc(size, stream).expect("unlimited device"));
             }
+            Op::Free { id } => {
+                if let Some(ptr) = live[id as usize].take() {
+                    pool.free(ptr).expect("live pointer");
+                }
+            }
+            _ => {}
         }
-        samples.push(start.elapsed().as_nanos() as f64 / ops.len() as f64);
-        std::hint::black_box(pool.stats().allocation.all.current);
     }
-    timing(samples)
+    let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
+    std::hint::black_box(pool.stats().allocation.all.current);
+    ns
 }
 
-/// ns per allocate-or-free through offset-allocator (sizes rounded up to 512 B units).
-pub fn time_offset_allocator(ops: &[Op], num_ids: usize, reps: usize) -> Timing {
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let mut alloc = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
-        let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = untimed_table(num_ids);
-        let start = Instant::now();
-        for op in ops {
-            match *op {
-                Op::Alloc { id, size, .. } => {
-                    let units = size.div_ceil(OFFSET_UNIT).max(1) as u32;
-                    live[id as usize] = alloc.allocate(units);
-                }
-                Op::Free { id } => {
-                    if let Some(a) = live[id as usize].take() {
-                        alloc.free(a);
-                    }
-                }
-                _ => {}
+/// One timed pass of offset-allocator (sizes rounded up to 512 B units): ns per
+/// allocate-or-free. Its node storage is allocated before the clock starts.
+pub fn offset_allocator_pass(ops: &[Op], num_ids: usize) -> f64 {
+    let mut alloc = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
+    let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = untimed_table(num_ids);
+    let start = Instant::now();
+    for op in ops {
+        match *op {
+            Op::Alloc { id, size, .. } => {
+                let units = size.div_ceil(OFFSET_UNIT).max(1) as u32;
+                live[id as usize] = alloc.allocate(units);
             }
+            Op::Free { id } => {
+                if let Some(a) = live[id as usize].take() {
+                    alloc.free(a);
+                }
+            }
+            _ => {}
         }
-        samples.push(start.elapsed().as_nanos() as f64 / ops.len() as f64);
-        std::hint::black_box(alloc.storage_report().total_free_space);
     }
-    timing(samples)
+    let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
+    std::hint::black_box(alloc.storage_report().total_free_space);
+    ns
+}
+
+/// Both allocators over the same operations, their passes alternating so that a machine that
+/// speeds up or slows down during the run affects both alike: (pool, offset-allocator).
+pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing) {
+    let mut pool = Vec::with_capacity(reps);
+    let mut offset = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        pool.push(pool_pass(ops, num_ids));
+        offset.push(offset_allocator_pass(ops, num_ids));
+    }
+    (timing(pool), timing(offset))
 }
 
 /// Replay speed of the whole replay path (ops per second, best of `reps`).
@@ -125,12 +132,12 @@ pub struct Row {
 impl Row {
     pub fn measure(name: &str, workload: &Workload, reps: usize) -> Row {
         let ops = alloc_free_ops(workload);
-        let ids = workload.num_ids as usize;
+        let (pool, offset) = time_both(&ops, workload.num_ids as usize, reps);
         Row {
             name: name.to_string(),
             ops: ops.len(),
-            pool: time_pool(&ops, ids, reps),
-            offset: time_offset_allocator(&ops, ids, reps),
+            pool,
+            offset,
             replay_ops_per_s: replay_rate(workload, reps),
         }
     }
