@@ -3,6 +3,9 @@
 //!
 //! `cargo bench --bench pool_speed` (`-- --quick` for a short run). Real traces are read from
 //! `$CACHEALLOC_TRACES` or `../shared/traces/real` when present.
+//!
+//! Further options (used by scripts/bench-instructions.sh): `--reps N` passes per allocator,
+//! `--only TEXT` rows whose name contains TEXT, `--no-replay` skips the replay-speed column.
 
 mod support;
 #[path = "../tests/support/traces.rs"]
@@ -23,41 +26,76 @@ const REAL_TRACES: [&str; 5] = [
     "cs336-magma27/15883f2/memory_snapshot.pickle",
 ];
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let reps = if quick { 3 } else { 7 };
-    let mut rows = Vec::new();
+/// Command-line options (cargo bench adds `--bench`, ignored here).
+struct Options {
+    quick: bool,
+    reps: usize,
+    only: Option<String>,
+    replay: bool,
+}
 
-    let mut spec = SynthSpec::new(SynthKind::LogUniform);
-    if quick {
-        spec = "loguniform:ops=100000".parse().expect("valid spec");
+impl Options {
+    fn parse() -> Options {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let value = |flag: &str| {
+            let at = args.iter().position(|a| a == flag)?;
+            let v = args.get(at + 1);
+            Some(v.unwrap_or_else(|| panic!("{flag} needs a value")).clone())
+        };
+        let quick = args.iter().any(|a| a == "--quick");
+        let reps = value("--reps").map_or(if quick { 3 } else { 7 }, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("--reps takes a count, not {v:?}"))
+        });
+        Options {
+            quick,
+            reps: reps.max(1),
+            only: value("--only"),
+            replay: !args.iter().any(|a| a == "--no-replay"),
+        }
     }
-    let synthetic = spec.generate(42).expect("valid spec");
-    rows.push(Row::measure(
-        "synthetic log-uniform 512 B–256 MiB",
-        &synthetic,
-        reps,
-    ));
 
-    let transformer = SynthSpec::new(SynthKind::Transformer)
-        .generate(1)
-        .expect("valid spec");
-    rows.push(Row::measure(
-        "synthetic transformer training",
-        &transformer,
-        reps,
-    ));
+    fn wants(&self, name: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| name.contains(only))
+    }
+}
+
+fn main() {
+    let options = Options::parse();
+    let (quick, reps) = (options.quick, options.reps);
+    let mut rows = Vec::new();
+    let mut measure = |name: &str, workload: &cachealloc::trace::Workload| {
+        rows.push(Row::measure_with(name, workload, reps, options.replay));
+    };
+
+    let name = "synthetic log-uniform 512 B–256 MiB";
+    if options.wants(name) {
+        let mut spec = SynthSpec::new(SynthKind::LogUniform);
+        if quick {
+            spec = "loguniform:ops=100000".parse().expect("valid spec");
+        }
+        measure(name, &spec.generate(42).expect("valid spec"));
+    }
+
+    let name = "synthetic transformer training";
+    if options.wants(name) {
+        let spec = SynthSpec::new(SynthKind::Transformer);
+        measure(name, &spec.generate(1).expect("valid spec"));
+    }
 
     match traces_dir() {
         Some(dir) => {
             for rel in REAL_TRACES {
+                let name = rel.split('/').next().unwrap_or(rel);
+                if !options.wants(&format!("real: {name}")) {
+                    continue;
+                }
                 let Ok(snapshot) = read_snapshot(dir.join(rel)) else {
                     eprintln!("skipping {rel}: not readable");
                     continue;
                 };
                 if let Some(rec) = snapshot.traced_devices().next() {
-                    let name = rel.split('/').next().unwrap_or(rel);
-                    rows.push(Row::measure(&format!("real: {name}"), &rec.plain(), reps));
+                    measure(&format!("real: {name}"), &rec.plain());
                 }
             }
         }

@@ -10,7 +10,7 @@ use cachealloc::trace::synth::SynthSpec;
 fn harness_times_both_allocators_on_the_same_sequence() {
     let spec: SynthSpec = "loguniform:ops=20000".parse().unwrap();
     let workload = spec.generate(3).unwrap();
-    let row = support::Row::measure("smoke", &workload, 1);
+    let row = support::Row::measure_with("smoke", &workload, 1, true);
     assert_eq!(row.ops, 20000);
     assert!(row.pool.median_ns > 0.0 && row.offset.median_ns > 0.0);
     assert!(row.replay_ops_per_s > 0.0);

@@ -45,10 +45,15 @@ pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
         .collect()
 }
 
-/// One timed pass of the pool, fresh on an unlimited simulated device: ns per malloc-or-free.
-pub fn pool_pass(ops: &[Op], num_ids: usize) -> f64 {
-    let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
-    let mut live: Vec<Option<DevicePtr>> = untimed_table(num_ids);
+/// One timed pass of a fresh pool on an unlimited simulated device: ns per malloc-or-free.
+/// The pool and the id table are made by the caller, outside the clock. (Never inlined:
+/// scripts/bench-instructions.sh counts the instructions inside it.)
+#[inline(never)]
+pub fn pool_pass(
+    mut pool: DeviceAllocator<SimDevice>,
+    mut live: Vec<Option<DevicePtr>>,
+    ops: &[Op],
+) -> f64 {
     let start = Instant::now();
     for op in ops {
         match *op {
@@ -70,11 +75,15 @@ pub fn pool_pass(ops: &[Op], num_ids: usize) -> f64 {
     ns
 }
 
-/// One timed pass of offset-allocator (sizes rounded up to 512 B units): ns per
-/// allocate-or-free. Its node storage is allocated before the clock starts.
-pub fn offset_allocator_pass(ops: &[Op], num_ids: usize) -> f64 {
-    let mut alloc = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
-    let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = untimed_table(num_ids);
+/// One timed pass of a fresh offset-allocator (sizes rounded up to 512 B units): ns per
+/// allocate-or-free. Its node storage is allocated by the caller, outside the clock. (Never
+/// inlined, as `pool_pass`.)
+#[inline(never)]
+pub fn offset_allocator_pass(
+    mut alloc: offset_allocator::Allocator<u32>,
+    mut live: Vec<Option<offset_allocator::Allocation<u32>>>,
+    ops: &[Op],
+) -> f64 {
     let start = Instant::now();
     for op in ops {
         match *op {
@@ -101,8 +110,10 @@ pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing) {
     let mut pool = Vec::with_capacity(reps);
     let mut offset = Vec::with_capacity(reps);
     for _ in 0..reps {
-        pool.push(pool_pass(ops, num_ids));
-        offset.push(offset_allocator_pass(ops, num_ids));
+        let fresh = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
+        pool.push(pool_pass(fresh, untimed_table(num_ids), ops));
+        let fresh = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
+        offset.push(offset_allocator_pass(fresh, untimed_table(num_ids), ops));
     }
     (timing(pool), timing(offset))
 }
@@ -130,7 +141,9 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn measure(name: &str, workload: &Workload, reps: usize) -> Row {
+    /// Time both allocators on `workload`, and (with `with_replay`) the whole replay path;
+    /// without it the replay speed is reported as 0.
+    pub fn measure_with(name: &str, workload: &Workload, reps: usize, with_replay: bool) -> Row {
         let ops = alloc_free_ops(workload);
         let (pool, offset) = time_both(&ops, workload.num_ids as usize, reps);
         Row {
@@ -138,7 +151,11 @@ impl Row {
             ops: ops.len(),
             pool,
             offset,
-            replay_ops_per_s: replay_rate(workload, reps),
+            replay_ops_per_s: if with_replay {
+                replay_rate(workload, reps)
+            } else {
+                0.0
+            },
         }
     }
 
