@@ -175,16 +175,20 @@ impl SimDevice {
         let end = addr.saturating_add(size);
         // Each pass removes one overlapping range and puts back only the parts outside
         // `[addr, end)`, which the next lookup stops at.
-        while let Some((&s, &e)) = self.free_ranges.range(..end).next_back() {
-            if e <= addr {
+        while let Some((&s, e)) = self.free_ranges.range_mut(..end).next_back() {
+            let e_old = *e;
+            if e_old <= addr {
                 break;
             }
-            self.free_ranges.remove(&s);
             if s < addr {
-                self.free_ranges.insert(s, addr);
+                // Keep the part below in place (the usual case: a top-down placement takes
+                // the top of a range).
+                *e = addr;
+            } else {
+                self.free_ranges.remove(&s);
             }
-            if end < e {
-                self.free_ranges.insert(end, e);
+            if end < e_old {
+                self.free_ranges.insert(end, e_old);
             }
         }
     }
