@@ -82,9 +82,7 @@ pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
     let Some((config, _)) = active()? else {
         return Ok((DeviceStats::default(), 0));
     };
-    let found = pools::with_pool(device, |pool| {
-        (pool.stats().clone(), pool.cached_free_bytes())
-    })?;
+    let found = pools::with_pool(device, |pool| (pool.stats(), pool.cached_free_bytes()))?;
     Ok(found.unwrap_or_else(|| {
         let max_split_size = if config.settings.has_max_split_size() {
             config.settings.max_split_size as i64

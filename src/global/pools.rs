@@ -130,7 +130,7 @@ pub fn stats_snapshot() -> Vec<(DeviceId, DeviceStats)> {
             };
             guard
                 .as_ref()
-                .map(|pool| (DeviceId(d as i32), pool.stats().clone()))
+                .map(|pool| (DeviceId(d as i32), pool.stats()))
         })
         .collect()
 }

@@ -167,7 +167,7 @@ pub fn replay(
                 .map_err(|why| Error::Invariant(format!("after op {i}: {why}")))?;
         }
     }
-    out.stats = pool.stats().clone();
+    out.stats = pool.stats();
     out.final_segments = pool.segments().len();
     Ok(out)
 }
