@@ -532,7 +532,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool. The
     /// caller has removed block `id` from the allocation map.
-    #[inline]
+    #[inline(always)]
     pub(super) fn free_block(&mut self, id: BlockId) {
         let b = self.blocks.get(id);
         let (pool, stream, requested) = (b.pool, b.stream, b.requested);
