@@ -250,9 +250,12 @@ impl<B: Backend> DeviceAllocator<B> {
         Ok(())
     }
 
-    pub(super) fn emit(&mut self, event: PoolEvent) {
+    /// Give the event to the sink, if one is installed; the event is built only then, so the
+    /// hot paths pay nothing for events when nobody listens.
+    #[inline]
+    pub(super) fn emit(&mut self, event: impl FnOnce() -> PoolEvent) {
         if let Some(sink) = self.sink.as_mut() {
-            sink.record(&event);
+            sink.record(&event());
         }
     }
 
@@ -382,7 +385,7 @@ impl<B: Backend> DeviceAllocator<B> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.emit(PoolEvent::SegmentAlloc {
+        self.emit(|| PoolEvent::SegmentAlloc {
             ptr,
             size: alloc_size,
             stream,
@@ -454,9 +457,7 @@ impl<B: Backend> DeviceAllocator<B> {
             s.oversize_allocations.increase(1);
         }
         let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
-        if self.sink.is_some() {
-            self.emit(PoolEvent::Alloc { ptr, size, stream });
-        }
+        self.emit(|| PoolEvent::Alloc { ptr, size, stream });
         ptr
     }
 
@@ -520,14 +521,11 @@ impl<B: Backend> DeviceAllocator<B> {
         if size >= self.settings.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        if self.sink.is_some() {
-            let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
-            self.emit(PoolEvent::FreeRequested {
-                ptr,
-                size: requested,
-                stream,
-            });
-        }
+        self.emit(|| PoolEvent::FreeRequested {
+            ptr: DevicePtr::new(addr).expect("blocks never start at address 0"),
+            size: requested,
+            stream,
+        });
     }
 
     /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool. The
@@ -537,14 +535,11 @@ impl<B: Backend> DeviceAllocator<B> {
         let b = self.blocks.get(id);
         let (pool, stream, requested) = (b.pool, b.stream, b.requested);
         let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
-        if self.sink.is_some() {
-            let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
-            self.emit(PoolEvent::FreeCompleted {
-                ptr,
-                size: requested,
-                stream,
-            });
-        }
+        self.emit(|| PoolEvent::FreeCompleted {
+            ptr: DevicePtr::new(addr).expect("blocks never start at address 0"),
+            size: requested,
+            stream,
+        });
         // Neighbours share the block's segment, hence its pool and stream: one index for all.
         let pools = match pool {
             PoolKind::Small => &mut self.small,
@@ -599,7 +594,7 @@ impl<B: Backend> DeviceAllocator<B> {
     ) -> Error {
         let info = self.backend.mem_info().unwrap_or_default();
         self.stats.num_ooms += 1;
-        self.emit(PoolEvent::Oom {
+        self.emit(|| PoolEvent::Oom {
             size: rounded,
             stream,
             device_free: info.free,

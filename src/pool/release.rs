@@ -17,7 +17,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// wait and before the releases, so a recorded trace replays in the same order.
     pub fn empty_cache(&mut self) -> Result<(), Error> {
         self.synchronize_pending()?;
-        self.emit(PoolEvent::EmptyCache);
+        self.emit(|| PoolEvent::EmptyCache);
         self.release_whole_segments()
     }
 
@@ -161,7 +161,7 @@ impl<B: Backend> DeviceAllocator<B> {
             self.stats.oversize_segments.decrease(1);
         }
         self.stats.num_device_free += 1;
-        self.emit(PoolEvent::SegmentFree {
+        self.emit(|| PoolEvent::SegmentFree {
             ptr,
             size: block.size,
             stream: block.stream,
