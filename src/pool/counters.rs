@@ -23,6 +23,21 @@ fn slot(pool: PoolKind) -> usize {
     }
 }
 
+/// The stat array of two pool rows: the `all` row is their sum, except for its peak (the peak
+/// of the sum, tracked by the caller).
+fn with_all_row(small: Stat, large: Stat, all_peak: i64) -> StatArray {
+    StatArray {
+        all: Stat {
+            current: small.current + large.current,
+            peak: all_peak,
+            allocated: small.allocated + large.allocated,
+            freed: small.freed + large.freed,
+        },
+        small_pool: small,
+        large_pool: large,
+    }
+}
+
 /// One PyTorch stat array (`all`, `small_pool`, `large_pool`), stored per pool.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PoolCounter {
@@ -75,10 +90,6 @@ impl PoolCounter {
         self.current[0] + self.current[1]
     }
 
-    fn all_peak(&self) -> i64 {
-        self.all_peak
-    }
-
     fn pool_stat(&self, p: usize) -> Stat {
         Stat {
             current: self.current[p],
@@ -90,17 +101,7 @@ impl PoolCounter {
 
     /// The PyTorch view: what `StatArray`'s update rules would hold after the same updates.
     pub fn snapshot(&self) -> StatArray {
-        let (small, large) = (self.pool_stat(0), self.pool_stat(1));
-        StatArray {
-            all: Stat {
-                current: small.current + large.current,
-                peak: self.all_peak,
-                allocated: small.allocated + large.allocated,
-                freed: small.freed + large.freed,
-            },
-            small_pool: small,
-            large_pool: large,
-        }
+        with_all_row(self.pool_stat(0), self.pool_stat(1), self.all_peak)
     }
 
     fn reset_peak(&mut self) {
@@ -168,17 +169,11 @@ impl ActiveCounter {
 
     /// The PyTorch view, given the allocation counter it extends.
     pub fn snapshot(&self, allocation: &PoolCounter) -> StatArray {
-        let (small, large) = (self.pool_stat(0, allocation), self.pool_stat(1, allocation));
-        StatArray {
-            all: Stat {
-                current: small.current + large.current,
-                peak: allocation.all_peak().max(self.all_peak),
-                allocated: small.allocated + large.allocated,
-                freed: small.freed + large.freed,
-            },
-            small_pool: small,
-            large_pool: large,
-        }
+        with_all_row(
+            self.pool_stat(0, allocation),
+            self.pool_stat(1, allocation),
+            allocation.all_peak.max(self.all_peak),
+        )
     }
 
     fn reset_peak(&mut self, allocation: &PoolCounter) {
@@ -319,6 +314,16 @@ mod tests {
                 self.decrease(pool, d.unsigned_abs());
             }
         }
+        fn reset_peak(&mut self) {
+            self.0.all.reset_peak();
+            self.0.small_pool.reset_peak();
+            self.0.large_pool.reset_peak();
+        }
+        fn reset_accumulated(&mut self) {
+            self.0.all.reset_accumulated();
+            self.0.small_pool.reset_accumulated();
+            self.0.large_pool.reset_accumulated();
+        }
     }
 
     #[test]
@@ -355,15 +360,11 @@ mod tests {
                 }
                 _ if step % 3 == 0 => {
                     fast.reset_peak();
-                    literal.0.all.reset_peak();
-                    literal.0.small_pool.reset_peak();
-                    literal.0.large_pool.reset_peak();
+                    literal.reset_peak();
                 }
                 _ => {
                     fast.reset_accumulated();
-                    literal.0.all.reset_accumulated();
-                    literal.0.small_pool.reset_accumulated();
-                    literal.0.large_pool.reset_accumulated();
+                    literal.reset_accumulated();
                 }
             }
             assert_eq!(fast.snapshot(), literal.0, "after step {step}");
@@ -417,20 +418,14 @@ mod tests {
                 18 => {
                     allocation.reset_peak();
                     active.reset_peak(&allocation);
-                    for l in [&mut lit_allocation, &mut lit_active] {
-                        l.0.all.reset_peak();
-                        l.0.small_pool.reset_peak();
-                        l.0.large_pool.reset_peak();
-                    }
+                    lit_allocation.reset_peak();
+                    lit_active.reset_peak();
                 }
                 19 => {
                     allocation.reset_accumulated();
                     active.reset_accumulated();
-                    for l in [&mut lit_allocation, &mut lit_active] {
-                        l.0.all.reset_accumulated();
-                        l.0.small_pool.reset_accumulated();
-                        l.0.large_pool.reset_accumulated();
-                    }
+                    lit_allocation.reset_accumulated();
+                    lit_active.reset_accumulated();
                 }
                 _ => {}
             }
