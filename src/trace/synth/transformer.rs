@@ -314,6 +314,18 @@ fn step(e: &mut Emitter, p: &TransformerParams, numels: &[u64], seq: u64) {
     let scores = p.batch * p.heads * seq * seq * dt;
     let logits = tokens * p.vocab;
     let norm = |e: &mut Emitter| [e.alloc(act), e.alloc(stat), e.alloc(stat)];
+    // Layer-norm backward: the gradient through the norm from `upstream` (freed once used),
+    // freeing the norm's saved output and statistics; returns the gradient of its input.
+    let norm_backward = |e: &mut Emitter, upstream: AllocId, saved: [AllocId; 3]| {
+        let g_out = e.alloc(act);
+        e.free(upstream);
+        e.free(saved[0]);
+        let g_in = e.alloc(act);
+        e.free(g_out);
+        e.free(saved[1]);
+        e.free(saved[2]);
+        g_in
+    };
 
     // Forward.
     let ids = e.alloc(tokens * TOKEN);
@@ -364,13 +376,7 @@ fn step(e: &mut Emitter, p: &TransformerParams, numels: &[u64], seq: u64) {
     e.free(g_log_probs);
     e.free(logits_id);
     grad(e, WTE); // tied language-model head
-    let g_lnf = e.alloc(act);
-    e.free(g_logits);
-    e.free(lnf[0]);
-    let mut g = e.alloc(act);
-    e.free(g_lnf);
-    e.free(lnf[1]);
-    e.free(lnf[2]);
+    let mut g = norm_backward(e, g_logits, lnf);
     e.free(x);
     grad(e, LNF_W);
     grad(e, LNF_B);
@@ -386,13 +392,7 @@ fn step(e: &mut Emitter, p: &TransformerParams, numels: &[u64], seq: u64) {
         e.free(s.fc1);
         grad(e, w(LayerWeight::Fc1W));
         grad(e, w(LayerWeight::Fc1B));
-        let g_ln2 = e.alloc(act);
-        e.free(g_fc1);
-        e.free(s.ln2[0]);
-        let g_norm2 = e.alloc(act);
-        e.free(g_ln2);
-        e.free(s.ln2[1]);
-        e.free(s.ln2[2]);
+        let g_norm2 = norm_backward(e, g_fc1, s.ln2);
         grad(e, w(LayerWeight::Ln2W));
         grad(e, w(LayerWeight::Ln2B));
         let g_resid = e.alloc(act);
@@ -414,13 +414,7 @@ fn step(e: &mut Emitter, p: &TransformerParams, numels: &[u64], seq: u64) {
         e.free(s.qkv);
         grad(e, w(LayerWeight::QkvW));
         grad(e, w(LayerWeight::QkvB));
-        let g_ln1 = e.alloc(act);
-        e.free(g_qkv);
-        e.free(s.ln1[0]);
-        let g_norm1 = e.alloc(act);
-        e.free(g_ln1);
-        e.free(s.ln1[1]);
-        e.free(s.ln1[2]);
+        let g_norm1 = norm_backward(e, g_qkv, s.ln1);
         grad(e, w(LayerWeight::Ln1W));
         grad(e, w(LayerWeight::Ln1B));
         let g_input = e.alloc(act);
