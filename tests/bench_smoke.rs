@@ -4,6 +4,9 @@
 #[path = "../benches/support/mod.rs"]
 mod support;
 
+use cachealloc::backend::sim::SimDevice;
+use cachealloc::pool::{DeviceAllocator, Settings};
+use cachealloc::trace::Op;
 use cachealloc::trace::synth::SynthSpec;
 
 #[test]
@@ -15,4 +18,54 @@ fn harness_times_both_allocators_on_the_same_sequence() {
     assert!(row.pool.median_ns > 0.0 && row.offset.median_ns > 0.0);
     assert!(row.replay_ops_per_s > 0.0);
     support::print_table(&[row]);
+}
+
+/// The timed pass starts from a warmed pool (tables sized by an untimed pass, then emptied):
+/// it must do what a fresh pool does — the same addresses and the same device calls.
+#[test]
+fn the_warmed_pool_replays_like_a_fresh_one() {
+    let spec: SynthSpec = "loguniform:ops=20000".parse().unwrap();
+    let workload = spec.generate(5).unwrap();
+    let ops = support::alloc_free_ops(&workload);
+    let n = workload.num_ids as usize;
+    let replay = |mut pool: DeviceAllocator<SimDevice>| {
+        let mut live = vec![None; n];
+        let mut placed = Vec::new();
+        for op in &ops {
+            match *op {
+                Op::Alloc {
+                    id, size, stream, ..
+                } => {
+                    let ptr = pool.malloc(size, stream).unwrap();
+                    placed.push(ptr.addr());
+                    live[id as usize] = Some(ptr);
+                }
+                Op::Free { id } => {
+                    if let Some(ptr) = live[id as usize].take() {
+                        pool.free(ptr).unwrap();
+                    }
+                }
+                _ => {}
+            }
+        }
+        pool.validate().unwrap();
+        let stats = pool.stats();
+        (
+            placed,
+            stats.num_device_alloc,
+            stats.reserved_bytes.all.peak,
+        )
+    };
+    let warmed = replay(support::warm_pool(&ops, n));
+    let fresh = replay(DeviceAllocator::new(
+        SimDevice::new(u64::MAX),
+        Settings::default(),
+    ));
+    assert!(fresh.1 > 0);
+    let first_difference = (warmed.0.iter().zip(&fresh.0)).position(|(w, f)| w != f);
+    assert_eq!(
+        first_difference, None,
+        "allocation index where the addresses differ"
+    );
+    assert_eq!(warmed, fresh);
 }

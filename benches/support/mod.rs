@@ -45,16 +45,9 @@ pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
         .collect()
 }
 
-/// One timed pass of a fresh pool on an unlimited simulated device: ns per malloc-or-free.
-/// The pool and the id table are made by the caller, outside the clock. (Never inlined:
-/// scripts/bench-instructions.sh counts the instructions inside it.)
-#[inline(never)]
-pub fn pool_pass(
-    mut pool: DeviceAllocator<SimDevice>,
-    mut live: Vec<Option<DevicePtr>>,
-    ops: &[Op],
-) -> f64 {
-    let start = Instant::now();
+/// Replay `ops` on `pool` (the untimed warm-up, and the body of the timed pass).
+#[inline(always)]
+fn run_pool(pool: &mut DeviceAllocator<SimDevice>, live: &mut [Option<DevicePtr>], ops: &[Op]) {
     for op in ops {
         match *op {
             Op::Alloc {
@@ -70,20 +63,53 @@ pub fn pool_pass(
             _ => {}
         }
     }
+}
+
+/// A pool whose tables are sized for `ops` but which holds nothing: one untimed pass, then
+/// everything freed and `empty_cache()`. It starts the timed pass in the state of a fresh
+/// pool (no segments, no blocks, block ids from 0) — as a training loop's pool is after its
+/// first step — the way offset-allocator starts with its node table allocated at
+/// construction.
+pub fn warm_pool(ops: &[Op], num_ids: usize) -> DeviceAllocator<SimDevice> {
+    let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
+    let mut live = vec![None; num_ids];
+    run_pool(&mut pool, &mut live, ops);
+    for ptr in live.into_iter().flatten() {
+        pool.free(ptr).expect("live pointer");
+    }
+    pool.empty_cache().expect("sim device releases");
+    assert_eq!(pool.stats().segment.all.current, 0, "warm pool is empty");
+    pool.reset_accumulated_stats();
+    pool.reset_peak_stats();
+    pool
+}
+
+/// One timed pass of a pool on an unlimited simulated device: ns per malloc-or-free. The pool
+/// and the id table are made by the caller, outside the clock, and the pool is handed back to
+/// be dropped outside it. (Never inlined: scripts/bench-instructions.sh counts the
+/// instructions inside it.)
+#[inline(never)]
+pub fn pool_pass(
+    mut pool: DeviceAllocator<SimDevice>,
+    mut live: Vec<Option<DevicePtr>>,
+    ops: &[Op],
+) -> (f64, DeviceAllocator<SimDevice>) {
+    let start = Instant::now();
+    run_pool(&mut pool, &mut live, ops);
     let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
     std::hint::black_box(pool.stats().allocation.all.current);
-    ns
+    (ns, pool)
 }
 
 /// One timed pass of a fresh offset-allocator (sizes rounded up to 512 B units): ns per
-/// allocate-or-free. Its node storage is allocated by the caller, outside the clock. (Never
-/// inlined, as `pool_pass`.)
+/// allocate-or-free. Its node storage is allocated by the caller, outside the clock, and it is
+/// handed back to be dropped outside it. (Never inlined, as `pool_pass`.)
 #[inline(never)]
 pub fn offset_allocator_pass(
     mut alloc: offset_allocator::Allocator<u32>,
     mut live: Vec<Option<offset_allocator::Allocation<u32>>>,
     ops: &[Op],
-) -> f64 {
+) -> (f64, offset_allocator::Allocator<u32>) {
     let start = Instant::now();
     for op in ops {
         match *op {
@@ -101,7 +127,7 @@ pub fn offset_allocator_pass(
     }
     let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
     std::hint::black_box(alloc.storage_report().total_free_space);
-    ns
+    (ns, alloc)
 }
 
 /// Both allocators over the same operations, their passes alternating so that a machine that
@@ -110,10 +136,14 @@ pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing) {
     let mut pool = Vec::with_capacity(reps);
     let mut offset = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let fresh = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
-        pool.push(pool_pass(fresh, untimed_table(num_ids), ops));
+        let warm = warm_pool(ops, num_ids);
+        let (ns, used) = pool_pass(warm, untimed_table(num_ids), ops);
+        pool.push(ns);
+        drop(used);
         let fresh = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
-        offset.push(offset_allocator_pass(fresh, untimed_table(num_ids), ops));
+        let (ns, used) = offset_allocator_pass(fresh, untimed_table(num_ids), ops);
+        offset.push(ns);
+        drop(used);
     }
     (timing(pool), timing(offset))
 }

@@ -100,6 +100,12 @@ impl BlockArena {
         &mut self.slots[id as usize]
     }
 
+    /// Forget every block, keeping the storage (ids restart from 0).
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.vacant.clear();
+    }
+
     /// Number of live blocks.
     pub fn len(&self) -> usize {
         self.slots.len() - self.vacant.len()

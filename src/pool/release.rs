@@ -42,7 +42,13 @@ impl<B: Backend> DeviceAllocator<B> {
 
     fn release_whole_segments(&mut self) -> Result<(), Error> {
         self.release_blocks(PoolKind::Large)?;
-        self.release_blocks(PoolKind::Small)
+        self.release_blocks(PoolKind::Small)?;
+        if self.blocks.is_empty() {
+            // Nothing left: block ids start over from 0 (in address order of the next
+            // segments, as in a fresh pool) while the storage keeps its capacity.
+            self.blocks.clear();
+        }
+        Ok(())
     }
 
     /// Release every unsplit free block of `pool`, in (stream, size, address) order.

@@ -337,3 +337,39 @@ fn adopted_segments_behave_like_their_own() {
         "overlap refused"
     );
 }
+
+#[test]
+fn a_pool_emptied_by_empty_cache_starts_over_like_a_fresh_one() {
+    let sizes = [1000, 3 * MIB, 700, 25 * MIB, 5000, 2 * MIB + 1];
+    let run = |p: &mut DeviceAllocator<SimDevice>| -> Vec<(u64, block::BlockId)> {
+        let ptrs: Vec<DevicePtr> = sizes.iter().map(|&s| alloc(p, s)).collect();
+        let placed = ptrs
+            .iter()
+            .map(|ptr| (ptr.addr(), p.allocations.get(ptr.addr()).unwrap()))
+            .collect();
+        for (i, ptr) in ptrs.into_iter().enumerate() {
+            if i % 2 == 0 {
+                free(p, ptr);
+            }
+        }
+        placed
+    };
+    let mut fresh = pool();
+    let first = run(&mut fresh);
+    let mut reused = pool();
+    let mut live = Vec::new();
+    for &s in &sizes {
+        live.push(alloc(&mut reused, s));
+    }
+    for ptr in live {
+        free(&mut reused, ptr);
+    }
+    reused.empty_cache().unwrap();
+    assert_eq!(reused.stats().segment.all.current, 0);
+    assert_eq!(
+        run(&mut reused),
+        first,
+        "same addresses and block ids as a fresh pool"
+    );
+    reused.validate().unwrap();
+}
