@@ -198,8 +198,8 @@ mod tests {
             // Clustered, 512-aligned addresses (as segments hand them out), few enough live
             // that inserts and removes both hit.
             let addr = 0x7f00_0000_0000 + ((x % 6000) << 9);
-            if model.contains_key(&addr) {
-                assert_eq!(map.remove(addr), model.remove(&addr), "remove {addr:#x}");
+            if let Some(id) = model.remove(&addr) {
+                assert_eq!(map.remove(addr), Some(id), "remove {addr:#x}");
             } else if i % 5 != 0 {
                 map.insert(addr, i);
                 model.insert(addr, i);
