@@ -88,7 +88,7 @@ impl AddressMap {
     }
 
     /// (bucket, way) of `addr`.
-    #[inline]
+    #[inline(always)]
     fn find(&self, addr: u64) -> Option<(usize, usize)> {
         let mut b = self.home(addr);
         loop {
@@ -138,7 +138,7 @@ impl AddressMap {
         self.len += 1;
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, addr: u64) -> Option<BlockId> {
         let (b, way) = self.find(addr)?;
         let bucket = &mut self.buckets[b];
