@@ -182,11 +182,11 @@ impl<B: Backend> DeviceAllocator<B> {
             round_to_block(size)
         };
         let pool = pool_for(rounded);
-        let id = match self.get_free_block(pool, stream, rounded) {
-            Some(id) => id,
+        let found = match self.get_free_block(pool, stream, rounded) {
+            Some(found) => found,
             None => self.grow(pool, stream, size, rounded)?,
         };
-        Ok(self.alloc_found_block(id, size, rounded))
+        Ok(self.alloc_found_block(found, size, rounded))
     }
 
     /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
@@ -280,7 +280,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
     /// `max_split_size` rules; only the best-fitting block is considered.
     #[inline]
-    fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<BlockId> {
+    fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<FreeEntry> {
         // Counted without a jump: the pool varies from call to call.
         self.large_searches += self.gc_searches_counted & u64::from(pool == PoolKind::Large);
         let mss = self.settings.max_split_size;
@@ -291,7 +291,7 @@ impl<B: Backend> DeviceAllocator<B> {
             let too_wasteful = size >= mss && found.size >= size.saturating_add(rounding);
             !oversize_for_small && !too_wasteful
         })?;
-        Some(found.id)
+        Some(found)
     }
 
     /// The miss ladder. Returns a fresh or reclaimed block, or the OOM error.
@@ -303,12 +303,12 @@ impl<B: Backend> DeviceAllocator<B> {
         stream: StreamId,
         size: u64,
         rounded: u64,
-    ) -> Result<BlockId, Error> {
+    ) -> Result<FreeEntry, Error> {
         // Use ready blocks first; synchronize before growing when frees are still pending.
         if !self.pending.is_empty() {
             self.synchronize_pending()?;
-            if let Some(id) = self.get_free_block(pool, stream, rounded) {
-                return Ok(id);
+            if let Some(found) = self.get_free_block(pool, stream, rounded) {
+                return Ok(found);
             }
         }
         self.resolve_allowed_maximum();
@@ -317,18 +317,28 @@ impl<B: Backend> DeviceAllocator<B> {
         }
         let alloc_size = segment_size(rounded);
         if let Some(id) = self.alloc_block(pool, stream, alloc_size, false)? {
-            return Ok(id);
+            return Ok(self.entry_of(id));
         }
         if self.release_available_cached_blocks(pool, stream, rounded)?
             && let Some(id) = self.alloc_block(pool, stream, alloc_size, false)?
         {
-            return Ok(id);
+            return Ok(self.entry_of(id));
         }
         self.release_cached_blocks()?;
         if let Some(id) = self.alloc_block(pool, stream, alloc_size, true)? {
-            return Ok(id);
+            return Ok(self.entry_of(id));
         }
         Err(self.out_of_memory(stream, size, rounded, alloc_size))
+    }
+
+    /// Block `id` as the free index would list it.
+    fn entry_of(&self, id: BlockId) -> FreeEntry {
+        let b = self.blocks.get(id);
+        FreeEntry {
+            size: b.size,
+            addr: b.addr,
+            id,
+        }
     }
 
     fn resolve_allowed_maximum(&mut self) {
@@ -404,9 +414,13 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Hand out block `id` (already out of its free index) for a request of `size` bytes
     /// rounded to `rounded`, splitting off the tail when the split rules allow.
     #[inline]
-    fn alloc_found_block(&mut self, id: BlockId, size: u64, rounded: u64) -> DevicePtr {
+    fn alloc_found_block(&mut self, found: FreeEntry, size: u64, rounded: u64) -> DevicePtr {
+        let (id, addr) = (found.id, found.addr);
+        // First, so that the map's memory is fetched together with the block's (the insert
+        // needs only the address and the id, which the free index had).
+        self.allocations.insert(addr, id);
         let b = self.blocks.get(id);
-        let (pool, stream, addr, next) = (b.pool, b.stream, b.addr, b.next);
+        let (pool, stream, next) = (b.pool, b.stream, b.next);
         let mut block_size = b.size;
         let remaining = block_size - rounded;
         let already_split = b.is_split();
@@ -446,7 +460,6 @@ impl<B: Backend> DeviceAllocator<B> {
         block.size = block_size;
         block.state = BlockState::Allocated;
         block.requested = size;
-        self.allocations.insert(addr, id);
         let s = &mut self.stats;
         s.allocation.increase(pool, 1);
         s.allocated_bytes.increase(pool, block_size);
