@@ -90,6 +90,8 @@ impl AddressMap {
     /// (bucket, way) of `addr`.
     #[inline(always)]
     fn find(&self, addr: u64) -> Option<(usize, usize)> {
+        // Callers pass a `DevicePtr`'s address, never 0 (which would match an empty way).
+        debug_assert!(addr != 0, "address 0 is never live");
         let mut b = self.home(addr);
         loop {
             let bucket = &self.buckets[b];
