@@ -124,9 +124,8 @@ impl AddressMap {
         let mut b = self.home(addr);
         loop {
             let bucket = &mut self.buckets[b];
-            let empty = (0..WAYS).fold(0u32, |m, w| m | (u32::from(bucket.addrs[w] == 0) << w));
-            if empty != 0 {
-                let way = empty.trailing_zeros() as usize;
+            // An empty way holds address 0.
+            if let Some(way) = bucket.way_of(0) {
                 bucket.addrs[way] = addr;
                 bucket.ids[way] = id;
                 break;

@@ -460,15 +460,8 @@ impl<B: Backend> DeviceAllocator<B> {
         block.size = block_size;
         block.state = BlockState::Allocated;
         block.requested = size;
-        let s = &mut self.stats;
-        s.allocation.increase(pool, 1);
-        s.allocated_bytes.increase(pool, block_size);
-        s.active.allocation_grew(pool, &s.allocation);
-        s.active_bytes.allocation_grew(pool, &s.allocated_bytes);
-        s.requested_bytes.increase(pool, size);
-        if block_size >= self.settings.max_split_size {
-            s.oversize_allocations.increase(1);
-        }
+        let oversize = block_size >= self.settings.max_split_size;
+        self.stats.allocation_made(pool, block_size, size, oversize);
         let ptr = DevicePtr::new(addr).expect("blocks never start at address 0");
         self.emit(|| PoolEvent::Alloc { ptr, size, stream });
         ptr
@@ -481,12 +474,8 @@ impl<B: Backend> DeviceAllocator<B> {
         block.state = BlockState::Free;
         block.requested = 0;
         block.gc_count_base = base;
-        let entry = FreeEntry {
-            size: block.size,
-            addr: block.addr,
-            id,
-        };
         let (pool, stream) = (block.pool, block.stream);
+        let entry = self.entry_of(id);
         self.pools_mut(pool).get_mut(stream).insert(entry);
     }
 

@@ -244,6 +244,21 @@ impl Counters {
         }
     }
 
+    /// A block of `size` bytes was handed out for a request of `requested` bytes (`oversize`:
+    /// the block is at least `max_split_size`).
+    #[inline]
+    pub fn allocation_made(&mut self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
+        self.allocation.increase(pool, 1);
+        self.allocated_bytes.increase(pool, size);
+        self.active.allocation_grew(pool, &self.allocation);
+        self.active_bytes
+            .allocation_grew(pool, &self.allocated_bytes);
+        self.requested_bytes.increase(pool, requested);
+        if oversize {
+            self.oversize_allocations.increase(1);
+        }
+    }
+
     fn counters_mut(&mut self) -> [&mut PoolCounter; 7] {
         [
             &mut self.allocation,

@@ -130,15 +130,9 @@ impl<B: Backend> DeviceAllocator<B> {
                 block.state = BlockState::Allocated;
                 block.requested = b.requested;
                 self.allocations.insert(b.addr, id);
-                let s = &mut self.stats;
-                s.allocation.increase(pool, 1);
-                s.allocated_bytes.increase(pool, b.size);
-                s.active.allocation_grew(pool, &s.allocation);
-                s.active_bytes.allocation_grew(pool, &s.allocated_bytes);
-                s.requested_bytes.increase(pool, b.requested);
-                if b.size >= self.settings.max_split_size {
-                    s.oversize_allocations.increase(1);
-                }
+                let oversize = b.size >= self.settings.max_split_size;
+                self.stats
+                    .allocation_made(pool, b.size, b.requested, oversize);
                 allocated.push(DevicePtr::new(b.addr).expect("checked nonzero"));
             } else {
                 self.cache_block(id);
