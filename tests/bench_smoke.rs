@@ -6,7 +6,6 @@ mod support;
 
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::pool::{DeviceAllocator, Settings};
-use cachealloc::trace::Op;
 use cachealloc::trace::synth::SynthSpec;
 
 #[test]
@@ -29,25 +28,10 @@ fn the_warmed_pool_replays_like_a_fresh_one() {
     let ops = support::alloc_free_ops(&workload);
     let n = workload.num_ids as usize;
     let replay = |mut pool: DeviceAllocator<SimDevice>| {
-        let mut live = vec![None; n];
         let mut placed = Vec::new();
-        for op in &ops {
-            match *op {
-                Op::Alloc {
-                    id, size, stream, ..
-                } => {
-                    let ptr = pool.malloc(size, stream).unwrap();
-                    placed.push(ptr.addr());
-                    live[id as usize] = Some(ptr);
-                }
-                Op::Free { id } => {
-                    if let Some(ptr) = live[id as usize].take() {
-                        pool.free(ptr).unwrap();
-                    }
-                }
-                _ => {}
-            }
-        }
+        support::run_pool(&mut pool, &mut vec![None; n], &ops, |ptr| {
+            placed.push(ptr.addr())
+        });
         pool.validate().unwrap();
         let stats = pool.stats();
         (

@@ -45,15 +45,23 @@ pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
         .collect()
 }
 
-/// Replay `ops` on `pool` (the untimed warm-up, and the body of the timed pass).
+/// Replay `ops` on `pool` (the untimed warm-up, the body of the timed pass, and the harness
+/// test), handing each new allocation to `placed` (a no-op in the timed pass).
 #[inline(always)]
-fn run_pool(pool: &mut DeviceAllocator<SimDevice>, live: &mut [Option<DevicePtr>], ops: &[Op]) {
+pub fn run_pool(
+    pool: &mut DeviceAllocator<SimDevice>,
+    live: &mut [Option<DevicePtr>],
+    ops: &[Op],
+    mut placed: impl FnMut(DevicePtr),
+) {
     for op in ops {
         match *op {
             Op::Alloc {
                 id, size, stream, ..
             } => {
-                live[id as usize] = Some(pool.malloc(size, stream).expect("unlimited device"));
+                let ptr = pool.malloc(size, stream).expect("unlimited device");
+                placed(ptr);
+                live[id as usize] = Some(ptr);
             }
             Op::Free { id } => {
                 if let Some(ptr) = live[id as usize].take() {
@@ -73,7 +81,7 @@ fn run_pool(pool: &mut DeviceAllocator<SimDevice>, live: &mut [Option<DevicePtr>
 pub fn warm_pool(ops: &[Op], num_ids: usize) -> DeviceAllocator<SimDevice> {
     let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
     let mut live = vec![None; num_ids];
-    run_pool(&mut pool, &mut live, ops);
+    run_pool(&mut pool, &mut live, ops, |_| {});
     for ptr in live.into_iter().flatten() {
         pool.free(ptr).expect("live pointer");
     }
@@ -95,7 +103,7 @@ pub fn pool_pass(
     ops: &[Op],
 ) -> (f64, DeviceAllocator<SimDevice>) {
     let start = Instant::now();
-    run_pool(&mut pool, &mut live, ops);
+    run_pool(&mut pool, &mut live, ops, |_| {});
     let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
     std::hint::black_box(pool.stats().allocation.all.current);
     (ns, pool)
