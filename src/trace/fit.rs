@@ -47,17 +47,21 @@ pub fn fitting_max_split_sizes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::synth::SynthSpec;
+    use crate::trace::synth::{SynthKind, SynthSpec};
+
+    /// The default transformer workload, replayed on a device of `capacity` bytes.
+    fn transformer_on(capacity: u64) -> (Workload, ReplayConfig) {
+        let workload = SynthSpec::new(SynthKind::Transformer).generate(1).unwrap();
+        let config = ReplayConfig {
+            capacity: Some(capacity),
+            ..ReplayConfig::default()
+        };
+        (workload, config)
+    }
 
     #[test]
     fn finds_max_split_sizes_that_turn_a_fragmentation_oom_into_a_fit() {
-        let workload = SynthSpec::new(crate::trace::synth::SynthKind::Transformer)
-            .generate(1)
-            .unwrap();
-        let config = ReplayConfig {
-            capacity: Some(5800 << 20),
-            ..ReplayConfig::default()
-        };
+        let (workload, config) = transformer_on(5800 << 20);
         let baseline = replay(&workload, &config, None).unwrap();
         assert!(
             baseline.stats.num_ooms > 0,
@@ -92,13 +96,7 @@ mod tests {
 
     #[test]
     fn nothing_fits_when_live_memory_exceeds_the_device() {
-        let workload = SynthSpec::new(crate::trace::synth::SynthKind::Transformer)
-            .generate(1)
-            .unwrap();
-        let config = ReplayConfig {
-            capacity: Some(2 << 30),
-            ..ReplayConfig::default()
-        };
+        let (workload, config) = transformer_on(2 << 30);
         assert!(fitting_max_split_sizes(&workload, &config, None).is_empty());
     }
 }
