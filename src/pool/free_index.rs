@@ -9,11 +9,14 @@
 //! workloads), so a branch-free scan beats keeping them sorted: inserting is a push and removing
 //! a swap, with no memory moved and no mispredicted search.
 //!
-//! Note: a class holding very many free blocks (thousands of equal-size blocks interleaved with
-//! live ones) makes each lookup in it linear in its length — microseconds, not the logarithm
-//! of an ordered set. The answer stays exact.
+//! A class that grows long (many free blocks of one size, interleaved with live ones: the same
+//! tensor shape freed layer after layer) would make each scan linear in its length. Such a class
+//! moves into an ordered map shared by the long classes of the index, where every operation is
+//! logarithmic, and moves back to its vector when it has shrunk to a few entries. A short class
+//! pays for this only a bit test on insert and on a miss in the request's class.
 
 use super::block::BlockId;
+use std::collections::BTreeMap;
 use std::hint::select_unpredictable;
 
 /// Sizes are multiples of this; classes count in these units.
@@ -24,6 +27,8 @@ const CLASSES_PER_OCTAVE: usize = 1 << MANTISSA_BITS;
 /// Enough classes for sizes up to 2^60 bytes.
 const NUM_CLASSES: usize = 400;
 const BITMAP_WORDS: usize = NUM_CLASSES.div_ceil(64);
+/// A class whose vector is longer than this when searched is filed into the ordered map.
+const LONG_CLASS: usize = 32;
 
 /// One free block as the index sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,13 +57,34 @@ fn class_of(size: u64) -> usize {
     class.min(NUM_CLASSES - 1)
 }
 
+#[inline]
+fn has_bit(bits: &[u64; BITMAP_WORDS], class: usize) -> bool {
+    bits[class / 64] & (1 << (class % 64)) != 0
+}
+
+/// Where the lower bound of a search was found.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// In a short class's vector: (class, position).
+    Listed(usize, usize),
+    /// Filed in the ordered map of the long classes.
+    Filed(FreeEntry),
+}
+
 /// Free blocks of one pool and stream.
 #[derive(Debug)]
 pub struct FreeIndex {
     /// A fixed-size array, so that a class number (always below `NUM_CLASSES`) needs no
-    /// bounds check.
+    /// bounds check. The entries not filed in `ordered`.
     classes: Box<[Vec<FreeEntry>; NUM_CLASSES]>,
+    /// Classes with at least one entry, short or long.
     bitmap: [u64; BITMAP_WORDS],
+    /// Classes with entries filed in `ordered`.
+    long: [u64; BITMAP_WORDS],
+    /// Entries of the classes that grew long: (size, address) → block.
+    ordered: BTreeMap<(u64, u64), BlockId>,
+    /// Number of filed entries of each class.
+    long_len: Box<[u32; NUM_CLASSES]>,
     len: usize,
 }
 
@@ -67,6 +93,9 @@ impl Default for FreeIndex {
         Self {
             classes: Box::new(std::array::from_fn(|_| Vec::new())),
             bitmap: [0; BITMAP_WORDS],
+            long: [0; BITMAP_WORDS],
+            ordered: BTreeMap::new(),
+            long_len: Box::new([0; NUM_CLASSES]),
             len: 0,
         }
     }
@@ -96,6 +125,7 @@ impl FreeIndex {
                 self.take_at(class, pos);
                 true
             }
+            None if has_bit(&self.long, class) => self.remove_filed(class, size, addr),
             _ => false,
         }
     }
@@ -108,43 +138,118 @@ impl FreeIndex {
         min_size: u64,
         accept: impl FnOnce(&FreeEntry) -> bool,
     ) -> Option<FreeEntry> {
-        let (class, pos) = self.find_lower_bound(min_size)?;
-        if !accept(&self.classes[class][pos]) {
-            return None;
+        let class = class_of(min_size);
+        if self.classes[class].len() > LONG_CLASS {
+            self.file(class);
         }
-        Some(self.take_at(class, pos))
+        match self.find_lower_bound(min_size)? {
+            Slot::Listed(class, pos) => {
+                if !accept(&self.classes[class][pos]) {
+                    return None;
+                }
+                Some(self.take_at(class, pos))
+            }
+            Slot::Filed(entry) => {
+                if !accept(&entry) {
+                    return None;
+                }
+                self.remove_filed(class_of(entry.size), entry.size, entry.addr);
+                Some(entry)
+            }
+        }
     }
 
     /// The smallest entry with `size >= min_size` (lowest address among equals).
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
-        let (class, pos) = self.find_lower_bound(min_size)?;
-        Some(self.classes[class][pos])
+        Some(match self.find_lower_bound(min_size)? {
+            Slot::Listed(class, pos) => self.classes[class][pos],
+            Slot::Filed(entry) => entry,
+        })
     }
 
-    /// (class, position) of the lower bound: the smallest fitting entry of the request's class,
-    /// else the smallest entry of the next non-empty class (every entry there fits).
+    /// The lower bound: the smallest fitting entry of the request's class, else the smallest
+    /// entry of the next non-empty class (every entry there fits).
     #[inline]
-    fn find_lower_bound(&self, min_size: u64) -> Option<(usize, usize)> {
+    fn find_lower_bound(&self, min_size: u64) -> Option<Slot> {
         let class = class_of(min_size);
-        if let Some(pos) = smallest_at_least(&self.classes[class], min_size) {
-            return Some((class, pos));
+        let listed = smallest_at_least(&self.classes[class], min_size);
+        if has_bit(&self.long, class) {
+            if let Some(found) = self.best_with_filed(class, min_size, listed) {
+                return Some(found);
+            }
+        } else if let Some(pos) = listed {
+            return Some(Slot::Listed(class, pos));
         }
         let next = self.next_nonempty(class + 1)?;
-        Some((
-            next,
-            smallest_at_least(&self.classes[next], 0).expect("non-empty class"),
-        ))
+        let listed = smallest_at_least(&self.classes[next], 0);
+        if has_bit(&self.long, next) {
+            return self.best_with_filed(next, min_size, listed);
+        }
+        Some(Slot::Listed(next, listed.expect("non-empty class")))
+    }
+
+    /// The better of the listed candidate of a long class and its smallest filed entry not
+    /// below `min_size`.
+    #[cold]
+    #[inline(never)]
+    fn best_with_filed(&self, class: usize, min_size: u64, listed: Option<usize>) -> Option<Slot> {
+        let filed = self
+            .ordered
+            .range((min_size, 0)..)
+            .next()
+            .map(|(&(size, addr), &id)| FreeEntry { size, addr, id })
+            .filter(|e| class_of(e.size) == class);
+        match (listed, filed) {
+            (Some(pos), Some(f)) if self.classes[class][pos].key() > f.key() => {
+                Some(Slot::Filed(f))
+            }
+            (Some(pos), _) => Some(Slot::Listed(class, pos)),
+            (None, f) => f.map(Slot::Filed),
+        }
     }
 
     #[inline]
     fn take_at(&mut self, class: usize, pos: usize) -> FreeEntry {
         let list = &mut self.classes[class];
         let entry = list.swap_remove(pos);
-        if list.is_empty() {
+        if list.is_empty() && !has_bit(&self.long, class) {
             self.bitmap[class / 64] &= !(1 << (class % 64));
+        }
+        if list.len() > LONG_CLASS {
+            self.file(class);
         }
         self.len -= 1;
         entry
+    }
+
+    /// Move the listed entries of `class` into the ordered map: a scan of it grew long.
+    #[cold]
+    #[inline(never)]
+    fn file(&mut self, class: usize) {
+        let list = &mut self.classes[class];
+        self.long_len[class] += list.len() as u32;
+        for e in list.drain(..) {
+            self.ordered.insert((e.size, e.addr), e.id);
+        }
+        self.long[class / 64] |= 1 << (class % 64);
+    }
+
+    /// Remove a filed entry of `class`; false if there is none with this size and address.
+    #[cold]
+    #[inline(never)]
+    fn remove_filed(&mut self, class: usize, size: u64, addr: u64) -> bool {
+        if self.ordered.remove(&(size, addr)).is_none() {
+            return false;
+        }
+        self.long_len[class] -= 1;
+        if self.long_len[class] == 0 {
+            self.long[class / 64] &= !(1 << (class % 64));
+            if self.classes[class].is_empty() {
+                self.bitmap[class / 64] &= !(1 << (class % 64));
+            }
+        }
+        self.len -= 1;
+        true
     }
 
     fn next_nonempty(&self, from: usize) -> Option<usize> {
@@ -165,14 +270,22 @@ impl FreeIndex {
         }
     }
 
-    /// Entries in (size, address) order (sorts each class: for the cold paths — release, GC,
+    /// Entries in (size, address) order (collected and sorted: for the cold paths — release, GC,
     /// reports, the invariant walker).
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = FreeEntry> + '_ {
-        self.classes.iter().flat_map(|list| {
-            let mut sorted = list.clone();
-            sorted.sort_unstable_by_key(FreeEntry::key);
-            sorted
-        })
+        let ordered = self
+            .ordered
+            .iter()
+            .map(|(&(size, addr), &id)| FreeEntry { size, addr, id });
+        let mut all: Vec<FreeEntry> = self
+            .classes
+            .iter()
+            .flatten()
+            .copied()
+            .chain(ordered)
+            .collect();
+        all.sort_unstable_by_key(FreeEntry::key);
+        all.into_iter()
     }
 
     /// Entries in descending (size, address) order.
@@ -213,6 +326,66 @@ mod tests {
             last = c;
         }
         assert!(class_of(1 << 60) < NUM_CLASSES);
+    }
+
+    /// Many free blocks of a few equal sizes (one tensor shape freed layer after layer): the
+    /// classes grow long, are filed into the ordered map, and every answer stays exact.
+    #[test]
+    fn long_classes_are_filed_and_answer_like_an_ordered_set() {
+        let mut index = FreeIndex::default();
+        let mut set = BTreeSet::new();
+        let mut x: u64 = 0x2545f4914f6cdd1d;
+        let mut filed_at_some_point = false;
+        for i in 0..20_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Three sizes in one class and one in the next.
+            let size = [2 << 20, (2 << 20) + 512, (2 << 20) + 4096, 5 << 19][(x % 4) as usize];
+            let addr = ((x >> 8) % 4096) << 21;
+            let probe =
+                [(2 << 20) - 512, (2 << 20) + 1024, 2 << 20, (5 << 19) + 1][(x >> 60) as usize % 4];
+            match (x >> 32) % 8 {
+                0..=3 => {
+                    // Free blocks never share an address.
+                    if !set.iter().any(|&(_, a)| a == addr) {
+                        set.insert((size, addr));
+                        index.insert(FreeEntry { size, addr, id: i });
+                    }
+                }
+                4 | 5 => {
+                    let expect = set.range((probe, 0)..).next().copied();
+                    let took = index
+                        .take_lower_bound(probe, |_| true)
+                        .map(|e| (e.size, e.addr));
+                    assert_eq!(took, expect, "take_lower_bound({probe})");
+                    if let Some(key) = expect {
+                        set.remove(&key);
+                    }
+                }
+                _ => {
+                    if let Some(&(s, a)) = set.iter().nth((x >> 12) as usize % set.len().max(1)) {
+                        assert!(index.remove(s, a), "remove ({s}, {a:#x})");
+                        set.remove(&(s, a));
+                    }
+                    assert!(!index.remove(size, addr + 512), "removed an absent entry");
+                    if let Some(&(s, a)) = set.iter().next() {
+                        assert!(!index.remove(s + 512, a), "removed with the wrong size");
+                    }
+                }
+            }
+            filed_at_some_point |= !index.ordered.is_empty();
+            let expect = set.range((probe, 0)..).next().copied();
+            assert_eq!(index.lower_bound(probe).map(|e| (e.size, e.addr)), expect);
+            assert_eq!(index.len(), set.len());
+        }
+        assert!(filed_at_some_point, "no class grew long enough to be filed");
+        let listed: Vec<_> = index.iter().map(|e| (e.size, e.addr)).collect();
+        assert_eq!(listed, set.iter().copied().collect::<Vec<_>>());
+        while let Some(e) = index.take_lower_bound(0, |_| true) {
+            assert_eq!(Some((e.size, e.addr)), set.pop_first());
+        }
+        assert!(set.is_empty() && index.len() == 0 && index.bitmap == [0; BITMAP_WORDS]);
     }
 
     #[test]

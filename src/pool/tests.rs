@@ -373,3 +373,61 @@ fn a_pool_emptied_by_empty_cache_starts_over_like_a_fresh_one() {
     );
     reused.validate().unwrap();
 }
+
+/// Hundreds of free blocks of one size, none of them adjacent (a live spacer between each):
+/// the size class grows long and moves to the index's ordered map; the pool still hands out
+/// the lowest address first, as PyTorch's (size, address)-ordered set does, including blocks
+/// freed after the class moved.
+#[test]
+fn many_equal_free_blocks_are_reused_lowest_address_first() {
+    let mut p = pool();
+    // Two (data, spacer) pairs fill a 20 MiB segment exactly: every data block is 4 MiB.
+    let size = 4 * MIB;
+    let data: Vec<DevicePtr> = (0..300)
+        .map(|_| {
+            let d = alloc(&mut p, size);
+            alloc(&mut p, 6 * MIB); // spacer, never freed
+            d
+        })
+        .collect();
+    let segments = p.stats().num_device_alloc;
+    // Free 200 of them in a scattered order.
+    let mut freed: Vec<u64> = Vec::new();
+    for i in 0..200 {
+        let d = data[(i * 7) % 300];
+        if !freed.contains(&d.addr()) {
+            free(&mut p, d);
+            freed.push(d.addr());
+        }
+    }
+    freed.sort_unstable();
+    for (i, &expect) in freed.clone().iter().enumerate().take(50) {
+        let got = alloc(&mut p, size);
+        assert_eq!(
+            got.addr(),
+            expect,
+            "allocation {i} reuses the lowest free address"
+        );
+    }
+    // Blocks freed now (addresses among the others') are found in order with them.
+    let late: Vec<DevicePtr> = (data.iter().copied())
+        .filter(|d| !freed.contains(&d.addr()))
+        .step_by(9)
+        .collect();
+    assert!(late.len() > 5);
+    for &d in &late {
+        free(&mut p, d);
+    }
+    let mut rest: Vec<u64> = (freed[50..].iter().copied())
+        .chain(late.iter().map(|d| d.addr()))
+        .collect();
+    rest.sort_unstable();
+    for &expect in &rest {
+        assert_eq!(alloc(&mut p, size).addr(), expect);
+    }
+    assert_eq!(
+        p.stats().num_device_alloc,
+        segments,
+        "no segment added while blocks were free"
+    );
+}
