@@ -10,10 +10,13 @@
 //! a swap, with no memory moved and no mispredicted search.
 //!
 //! A class that grows long (many free blocks of one size, interleaved with live ones: the same
-//! tensor shape freed layer after layer) would make each scan linear in its length. Such a class
-//! moves into an ordered map shared by the long classes of the index, where every operation is
-//! logarithmic, and moves back to its vector when it has shrunk to a few entries. A short class
-//! pays for this only a bit test on insert and on a miss in the request's class.
+//! tensor shape freed layer after layer) would make each search linear in its length. When a
+//! search or a removal meets a class longer than `LONG_CLASS`, the class's entries are filed
+//! into an ordered map shared by the index's long classes, where every operation is
+//! logarithmic. Blocks freed afterwards are listed in the class's vector again, so a search of
+//! a class with filed entries takes the better of its vector's best and the map's; the class
+//! leaves the map when its last filed entry is taken. A class that never grew long pays a bit
+//! test per search and a length check when an entry is taken.
 
 use super::block::BlockId;
 use std::collections::BTreeMap;
