@@ -15,7 +15,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "pool_speed" and m.get("executable"):
         print(m["executable"])')
-rows=("log-uniform" "transformer" "decomfl" "cs336-wedsonlin" "ftcourse" "sqattn" "cs336-magma27")
+rows=("log-uniform" "transformer" "equal-size" "decomfl" "cs336-wedsonlin" "ftcourse" "sqattn" "cs336-magma27")
 [ $# -gt 0 ] && rows=("$1")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
