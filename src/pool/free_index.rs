@@ -252,6 +252,11 @@ impl FreeIndex {
             }
         }
         self.len -= 1;
+        // Entries listed since the class was filed: file them too once they are many, or
+        // searches that keep finding a filed entry would keep scanning them.
+        if self.classes[class].len() > LONG_CLASS {
+            self.file(class);
+        }
         true
     }
 
