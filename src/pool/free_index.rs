@@ -60,9 +60,13 @@ fn class_of(size: u64) -> usize {
     class.min(NUM_CLASSES - 1)
 }
 
-#[inline]
-fn has_bit(bits: &[u64; BITMAP_WORDS], class: usize) -> bool {
-    bits[class / 64] & (1 << (class % 64)) != 0
+/// One size class: its listed entries and how many of its entries are filed.
+#[derive(Debug, Default)]
+struct SizeClass {
+    /// The entries not filed in the index's ordered map, in no order.
+    listed: Vec<FreeEntry>,
+    /// Number of its entries filed in the ordered map.
+    filed: u32,
 }
 
 /// Where the lower bound of a search was found.
@@ -78,27 +82,21 @@ enum Slot {
 #[derive(Debug)]
 pub struct FreeIndex {
     /// A fixed-size array, so that a class number (always below `NUM_CLASSES`) needs no
-    /// bounds check. The entries not filed in `ordered`.
-    classes: Box<[Vec<FreeEntry>; NUM_CLASSES]>,
+    /// bounds check.
+    classes: Box<[SizeClass; NUM_CLASSES]>,
     /// Classes with at least one entry, short or long.
     bitmap: [u64; BITMAP_WORDS],
-    /// Classes with entries filed in `ordered`.
-    long: [u64; BITMAP_WORDS],
     /// Entries of the classes that grew long: (size, address) → block.
     ordered: BTreeMap<(u64, u64), BlockId>,
-    /// Number of filed entries of each class.
-    long_len: Box<[u32; NUM_CLASSES]>,
     len: usize,
 }
 
 impl Default for FreeIndex {
     fn default() -> Self {
         Self {
-            classes: Box::new(std::array::from_fn(|_| Vec::new())),
+            classes: Box::new(std::array::from_fn(|_| SizeClass::default())),
             bitmap: [0; BITMAP_WORDS],
-            long: [0; BITMAP_WORDS],
             ordered: BTreeMap::new(),
-            long_len: Box::new([0; NUM_CLASSES]),
             len: 0,
         }
     }
@@ -112,7 +110,7 @@ impl FreeIndex {
     #[inline]
     pub fn insert(&mut self, entry: FreeEntry) {
         let class = class_of(entry.size);
-        self.classes[class].push(entry);
+        self.classes[class].listed.push(entry);
         self.bitmap[class / 64] |= 1 << (class % 64);
         self.len += 1;
     }
@@ -122,13 +120,13 @@ impl FreeIndex {
     pub fn remove(&mut self, size: u64, addr: u64) -> bool {
         let class = class_of(size);
         // Addresses of free blocks are distinct: match on the address, then check the size.
-        let list = &self.classes[class];
+        let list = &self.classes[class].listed;
         match list.iter().position(|e| e.addr == addr) {
             Some(pos) if list[pos].size == size => {
                 self.take_at(class, pos);
                 true
             }
-            None if has_bit(&self.long, class) => self.remove_filed(class, size, addr),
+            None if self.classes[class].filed != 0 => self.remove_filed(class, size, addr),
             _ => false,
         }
     }
@@ -142,12 +140,12 @@ impl FreeIndex {
         accept: impl FnOnce(&FreeEntry) -> bool,
     ) -> Option<FreeEntry> {
         let class = class_of(min_size);
-        if self.classes[class].len() > LONG_CLASS {
+        if self.classes[class].listed.len() > LONG_CLASS {
             self.file(class);
         }
         match self.find_lower_bound(min_size)? {
             Slot::Listed(class, pos) => {
-                if !accept(&self.classes[class][pos]) {
+                if !accept(&self.classes[class].listed[pos]) {
                     return None;
                 }
                 Some(self.take_at(class, pos))
@@ -165,7 +163,7 @@ impl FreeIndex {
     /// The smallest entry with `size >= min_size` (lowest address among equals).
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
         Some(match self.find_lower_bound(min_size)? {
-            Slot::Listed(class, pos) => self.classes[class][pos],
+            Slot::Listed(class, pos) => self.classes[class].listed[pos],
             Slot::Filed(entry) => entry,
         })
     }
@@ -175,8 +173,8 @@ impl FreeIndex {
     #[inline]
     fn find_lower_bound(&self, min_size: u64) -> Option<Slot> {
         let class = class_of(min_size);
-        let listed = smallest_at_least(&self.classes[class], min_size);
-        if has_bit(&self.long, class) {
+        let listed = smallest_at_least(&self.classes[class].listed, min_size);
+        if self.classes[class].filed != 0 {
             if let Some(found) = self.best_with_filed(class, min_size, listed) {
                 return Some(found);
             }
@@ -184,8 +182,8 @@ impl FreeIndex {
             return Some(Slot::Listed(class, pos));
         }
         let next = self.next_nonempty(class + 1)?;
-        let listed = smallest_at_least(&self.classes[next], 0);
-        if has_bit(&self.long, next) {
+        let listed = smallest_at_least(&self.classes[next].listed, 0);
+        if self.classes[next].filed != 0 {
             return self.best_with_filed(next, min_size, listed);
         }
         Some(Slot::Listed(next, listed.expect("non-empty class")))
@@ -203,7 +201,7 @@ impl FreeIndex {
             .map(|(&(size, addr), &id)| FreeEntry { size, addr, id })
             .filter(|e| class_of(e.size) == class);
         match (listed, filed) {
-            (Some(pos), Some(f)) if self.classes[class][pos].key() > f.key() => {
+            (Some(pos), Some(f)) if self.classes[class].listed[pos].key() > f.key() => {
                 Some(Slot::Filed(f))
             }
             (Some(pos), _) => Some(Slot::Listed(class, pos)),
@@ -213,12 +211,12 @@ impl FreeIndex {
 
     #[inline]
     fn take_at(&mut self, class: usize, pos: usize) -> FreeEntry {
-        let list = &mut self.classes[class];
-        let entry = list.swap_remove(pos);
-        if list.is_empty() && !has_bit(&self.long, class) {
+        let size_class = &mut self.classes[class];
+        let entry = size_class.listed.swap_remove(pos);
+        if size_class.listed.is_empty() && size_class.filed == 0 {
             self.bitmap[class / 64] &= !(1 << (class % 64));
         }
-        if list.len() > LONG_CLASS {
+        if size_class.listed.len() > LONG_CLASS {
             self.file(class);
         }
         self.len -= 1;
@@ -229,12 +227,11 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn file(&mut self, class: usize) {
-        let list = &mut self.classes[class];
-        self.long_len[class] += list.len() as u32;
-        for e in list.drain(..) {
+        let size_class = &mut self.classes[class];
+        size_class.filed += size_class.listed.len() as u32;
+        for e in size_class.listed.drain(..) {
             self.ordered.insert((e.size, e.addr), e.id);
         }
-        self.long[class / 64] |= 1 << (class % 64);
     }
 
     /// Remove a filed entry of `class`; false if there is none with this size and address.
@@ -244,17 +241,15 @@ impl FreeIndex {
         if self.ordered.remove(&(size, addr)).is_none() {
             return false;
         }
-        self.long_len[class] -= 1;
-        if self.long_len[class] == 0 {
-            self.long[class / 64] &= !(1 << (class % 64));
-            if self.classes[class].is_empty() {
-                self.bitmap[class / 64] &= !(1 << (class % 64));
-            }
+        let size_class = &mut self.classes[class];
+        size_class.filed -= 1;
+        if size_class.filed == 0 && size_class.listed.is_empty() {
+            self.bitmap[class / 64] &= !(1 << (class % 64));
         }
         self.len -= 1;
         // Entries listed since the class was filed: file them too once they are many, or
         // searches that keep finding a filed entry would keep scanning them.
-        if self.classes[class].len() > LONG_CLASS {
+        if self.classes[class].listed.len() > LONG_CLASS {
             self.file(class);
         }
         true
@@ -288,8 +283,7 @@ impl FreeIndex {
         let mut all: Vec<FreeEntry> = self
             .classes
             .iter()
-            .flatten()
-            .copied()
+            .flat_map(|c| c.listed.iter().copied())
             .chain(ordered)
             .collect();
         all.sort_unstable_by_key(FreeEntry::key);
