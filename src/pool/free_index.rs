@@ -15,8 +15,8 @@
 //! into an ordered map shared by the index's long classes, where every operation is
 //! logarithmic. Blocks freed afterwards are listed in the class's vector again, so a search of
 //! a class with filed entries takes the better of its vector's best and the map's; the class
-//! leaves the map when its last filed entry is taken. A class that never grew long pays a bit
-//! test per search and a length check when an entry is taken.
+//! leaves the map when its last filed entry is taken. A class that never grew long pays a test
+//! of its filed count per search and a length check when an entry is taken.
 
 use super::block::BlockId;
 use std::collections::BTreeMap;
