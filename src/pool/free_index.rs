@@ -72,9 +72,9 @@ struct SizeClass {
 /// Where the lower bound of a search was found.
 #[derive(Clone, Copy)]
 enum Slot {
-    /// In a short class's vector: (class, position).
+    /// In a class's listed entries: (class, position).
     Listed(usize, usize),
-    /// Filed in the ordered map of the long classes.
+    /// Filed in the ordered map.
     Filed(FreeEntry),
 }
 
@@ -342,7 +342,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            // Three sizes in one class and one in the next.
+            // Three sizes in one class (80) and one in a class above it (82).
             let size = [2 << 20, (2 << 20) + 512, (2 << 20) + 4096, 5 << 19][(x % 4) as usize];
             let addr = ((x >> 8) % 4096) << 21;
             let probe =
