@@ -16,7 +16,6 @@ use cachealloc::pool::StreamId;
 use cachealloc::trace::read_snapshot;
 use cachealloc::trace::rng::SplitMix64;
 use cachealloc::trace::synth::{SynthKind, SynthSpec};
-use cachealloc::trace::{AllocId, Op, Workload};
 use support::{Row, print_table};
 use traces::traces_dir;
 
@@ -88,7 +87,7 @@ fn main() {
 
     let name = "synthetic equal-size churn";
     if options.wants(name) {
-        measure(name, &equal_size_churn());
+        measure(name, &support::equal_size::equal_size_churn());
     }
 
     match traces_dir() {
@@ -111,46 +110,4 @@ fn main() {
     }
 
     print_table(&rows);
-}
-
-/// Many free blocks of one size, each between two live blocks so that none coalesce (one
-/// tensor shape freed layer after layer), then churn: allocate that size, free a random one of
-/// them. Every search lands in one long size class: the worst case of a size-class index.
-fn equal_size_churn() -> Workload {
-    const SIZE: u64 = 2 << 20;
-    const SPACER: u64 = (2 << 20) + (512 << 10);
-    const PAIRS: u32 = 2048;
-    const CHURN: usize = 50_000;
-    let stream = StreamId(0);
-    let mut workload = Workload::new("equal-size churn");
-    let mut next_id = 0;
-    let mut alloc = |ops: &mut Vec<Op>, size| {
-        next_id += 1;
-        ops.push(Op::Alloc {
-            id: next_id - 1,
-            size,
-            stream,
-            recorded_addr: None,
-        });
-        next_id - 1
-    };
-    let mut live = Vec::new();
-    for _ in 0..PAIRS {
-        live.push(alloc(&mut workload.ops, SIZE));
-        alloc(&mut workload.ops, SPACER);
-    }
-    let mut rng = SplitMix64::new(7);
-    let mut free_random = |ops: &mut Vec<Op>, live: &mut Vec<AllocId>| {
-        let id = live.swap_remove(rng.below(live.len() as u64) as usize);
-        ops.push(Op::Free { id });
-    };
-    for _ in 0..PAIRS / 2 {
-        free_random(&mut workload.ops, &mut live);
-    }
-    for _ in 0..CHURN {
-        live.push(alloc(&mut workload.ops, SIZE));
-        free_random(&mut workload.ops, &mut live);
-    }
-    workload.num_ids = next_id;
-    workload
 }

@@ -5,7 +5,7 @@
 mod support;
 
 use cachealloc::backend::sim::SimDevice;
-use cachealloc::pool::{DeviceAllocator, Settings};
+use cachealloc::pool::{BlockState, DeviceAllocator, Settings};
 use cachealloc::trace::synth::SynthSpec;
 
 #[test]
@@ -52,4 +52,39 @@ fn the_warmed_pool_replays_like_a_fresh_one() {
         "allocation index where the addresses differ"
     );
     assert_eq!(warmed, fresh);
+}
+
+/// The equal-size churn row does what its benchmark says: its blocks never coalesce (a free one
+/// keeps its size), so the churn is served from a thousand cached blocks of one size without a
+/// new segment.
+#[test]
+fn the_equal_size_churn_reuses_a_thousand_equal_cached_blocks() {
+    use support::equal_size::{CHURN, PAIRS, SETUP_OPS, SIZE, equal_size_churn};
+    let workload = equal_size_churn();
+    let ops = support::alloc_free_ops(&workload);
+    assert_eq!(ops.len(), SETUP_OPS + 2 * CHURN);
+    let n = workload.num_ids as usize;
+    let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
+    let mut live = vec![None; n];
+    support::run_pool(&mut pool, &mut live, &ops[..SETUP_OPS], |_| {});
+    let free_blocks = |pool: &DeviceAllocator<SimDevice>| {
+        let segments = pool.segments();
+        let blocks = segments.iter().flat_map(|s| s.blocks.iter());
+        // Segment tails left over from the setup are free too, at other sizes.
+        (blocks.filter(|b| b.state == BlockState::Free && b.size == SIZE)).count()
+    };
+    assert_eq!(free_blocks(&pool), PAIRS as usize / 2);
+    let segments = pool.stats().num_device_alloc;
+    let mut placed = Vec::new();
+    support::run_pool(&mut pool, &mut live, &ops[SETUP_OPS..], |ptr| {
+        placed.push(ptr.addr())
+    });
+    pool.validate().unwrap();
+    assert_eq!(free_blocks(&pool), PAIRS as usize / 2);
+    assert_eq!(
+        pool.stats().num_device_alloc,
+        segments,
+        "the churn grew the pool"
+    );
+    assert_eq!(placed.len(), CHURN);
 }

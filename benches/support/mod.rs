@@ -1,6 +1,8 @@
 //! Shared by the benchmark binary and its bounded test: replay one operation sequence through
 //! the pool and through offset-allocator, and time both.
 
+pub mod equal_size;
+
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::pool::{DeviceAllocator, DevicePtr, Settings};
 use cachealloc::trace::{Op, ReplayConfig, Workload, replay};
