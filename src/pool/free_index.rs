@@ -32,6 +32,8 @@ const NUM_CLASSES: usize = 400;
 const BITMAP_WORDS: usize = NUM_CLASSES.div_ceil(64);
 /// A class whose vector is longer than this when searched is filed into the ordered map.
 const LONG_CLASS: usize = 32;
+/// A class with filed entries has its listed entries filed too when they are more than this.
+const FILED_CLASS_LISTED: usize = 8;
 
 /// One free block as the index sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,9 +249,10 @@ impl FreeIndex {
             self.bitmap[class / 64] &= !(1 << (class % 64));
         }
         self.len -= 1;
-        // Entries listed since the class was filed: file them too once they are many, or
-        // searches that keep finding a filed entry would keep scanning them.
-        if self.classes[class].listed.len() > LONG_CLASS {
+        // Entries listed since the class was filed: file them too once they are several, or
+        // searches that keep finding a filed entry would keep scanning them (every search of
+        // this class scans its listed entries).
+        if self.classes[class].listed.len() > FILED_CLASS_LISTED {
             self.file(class);
         }
         true
