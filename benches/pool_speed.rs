@@ -12,9 +12,7 @@ mod support;
 #[allow(dead_code)] // the bench uses only the folder lookup
 mod traces;
 
-use cachealloc::pool::StreamId;
 use cachealloc::trace::read_snapshot;
-use cachealloc::trace::rng::SplitMix64;
 use cachealloc::trace::synth::{SynthKind, SynthSpec};
 use support::{Row, print_table};
 use traces::traces_dir;

@@ -47,6 +47,7 @@ pub fn equal_size_churn() -> Workload {
     for _ in 0..PAIRS / 2 {
         free_random(&mut workload.ops, &mut live);
     }
+    assert_eq!(workload.ops.len(), SETUP_OPS);
     for _ in 0..CHURN {
         live.push(alloc(&mut workload.ops, SIZE));
         free_random(&mut workload.ops, &mut live);
