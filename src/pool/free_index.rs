@@ -71,6 +71,11 @@ struct SizeClass {
     filed: u32,
 }
 
+/// A filed entry as the index hands it out (an item of the ordered map).
+fn filed_entry((&(size, addr), &id): (&(u64, u64), &BlockId)) -> FreeEntry {
+    FreeEntry { size, addr, id }
+}
+
 /// Where the lower bound of a search was found.
 #[derive(Clone, Copy)]
 enum Slot {
@@ -145,7 +150,7 @@ impl FreeIndex {
         if self.classes[class].listed.len() > LONG_CLASS {
             self.file(class);
         }
-        match self.find_lower_bound(min_size)? {
+        match self.find_lower_bound(class, min_size)? {
             Slot::Listed(class, pos) => {
                 if !accept(&self.classes[class].listed[pos]) {
                     return None;
@@ -164,17 +169,17 @@ impl FreeIndex {
 
     /// The smallest entry with `size >= min_size` (lowest address among equals).
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
-        Some(match self.find_lower_bound(min_size)? {
+        Some(match self.find_lower_bound(class_of(min_size), min_size)? {
             Slot::Listed(class, pos) => self.classes[class].listed[pos],
             Slot::Filed(entry) => entry,
         })
     }
 
-    /// The lower bound: the smallest fitting entry of the request's class, else the smallest
-    /// entry of the next non-empty class (every entry there fits).
+    /// The lower bound: the smallest fitting entry of the request's class (`class`, the class
+    /// of `min_size`), else the smallest entry of the next non-empty class (every entry there
+    /// fits).
     #[inline]
-    fn find_lower_bound(&self, min_size: u64) -> Option<Slot> {
-        let class = class_of(min_size);
+    fn find_lower_bound(&self, class: usize, min_size: u64) -> Option<Slot> {
         let listed = smallest_at_least(&self.classes[class].listed, min_size);
         if self.classes[class].filed != 0 {
             if let Some(found) = self.best_with_filed(class, min_size, listed) {
@@ -200,7 +205,7 @@ impl FreeIndex {
             .ordered
             .range((min_size, 0)..)
             .next()
-            .map(|(&(size, addr), &id)| FreeEntry { size, addr, id })
+            .map(filed_entry)
             .filter(|e| class_of(e.size) == class);
         match (listed, filed) {
             (Some(pos), Some(f)) if self.classes[class].listed[pos].key() > f.key() => {
@@ -279,10 +284,7 @@ impl FreeIndex {
     /// Entries in (size, address) order (collected and sorted: for the cold paths — release, GC,
     /// reports, the invariant walker).
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = FreeEntry> + '_ {
-        let ordered = self
-            .ordered
-            .iter()
-            .map(|(&(size, addr), &id)| FreeEntry { size, addr, id });
+        let ordered = self.ordered.iter().map(filed_entry);
         let mut all: Vec<FreeEntry> = self
             .classes
             .iter()
