@@ -436,9 +436,8 @@ impl<B: Backend> DeviceAllocator<B> {
                 state: BlockState::Free,
                 gc_count_base: self.large_searches,
             });
-            if next != NIL {
-                self.blocks.get_mut(next).prev = rest_id;
-            }
+            // (When there is no next block, this writes the sentinel's link.)
+            self.blocks.get_mut(next).prev = rest_id;
             self.blocks.get_mut(id).next = rest_id;
             block_size = rounded;
             self.pools_mut(pool).get_mut(stream).insert(FreeEntry {
@@ -555,18 +554,15 @@ impl<B: Backend> DeviceAllocator<B> {
             addr = p.addr;
             prev = p.prev;
             size += p.size;
-            if p.prev != NIL {
-                blocks.get_mut(p.prev).next = id;
-            }
+            // (A missing neighbour's link lands in the sentinel.)
+            blocks.get_mut(p.prev).next = id;
             net_blocks -= 1;
             net_bytes -= p.size as i64;
         }
         if let Some(n) = take_free_neighbour(blocks, index, next) {
             next = n.next;
             size += n.size;
-            if n.next != NIL {
-                blocks.get_mut(n.next).prev = id;
-            }
+            blocks.get_mut(n.next).prev = id;
             net_blocks -= 1;
             net_bytes -= n.size as i64;
         }
@@ -642,9 +638,7 @@ fn take_free_neighbour(
     index: &mut FreeIndex,
     id: BlockId,
 ) -> Option<Neighbour> {
-    if id == NIL {
-        return None;
-    }
+    // A missing neighbour is the sentinel, which is never free.
     let b = blocks.get(id);
     if b.state != BlockState::Free {
         return None;
