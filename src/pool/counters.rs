@@ -59,8 +59,20 @@ impl PoolCounter {
         let amount = amount as i64;
         self.current[p] += amount;
         self.increased[p] += amount;
-        self.peak[p] = self.peak[p].max(self.current[p]);
-        self.all_peak = self.all_peak.max(self.current[0] + self.current[1]);
+        self.raise_peaks(p);
+    }
+
+    /// Raise the peaks to the current values. New peaks are rare once a program reaches its
+    /// steady state: a test that is almost always false costs less than storing the maximum.
+    #[inline]
+    fn raise_peaks(&mut self, p: usize) {
+        if self.current[p] > self.peak[p] {
+            self.peak[p] = self.current[p];
+        }
+        let all = self.current[0] + self.current[1];
+        if all > self.all_peak {
+            self.all_peak = all;
+        }
     }
 
     #[inline]
@@ -75,8 +87,7 @@ impl PoolCounter {
         let p = slot(pool);
         self.current[p] += delta;
         self.increased[p] += delta.max(0);
-        self.peak[p] = self.peak[p].max(self.current[p]);
-        self.all_peak = self.all_peak.max(self.current[0] + self.current[1]);
+        self.raise_peaks(p);
     }
 
     /// The current value of one pool's row.
@@ -144,16 +155,20 @@ impl ActiveCounter {
         self.pending[slot(pool)] -= amount as i64;
     }
 
-    /// Call after `allocation` grew (the only way active grows).
+    /// Whether any free is pending (else active equals allocation and nothing is tracked).
+    #[inline]
+    pub fn any_pending(&self) -> bool {
+        (self.pending[0] | self.pending[1]) != 0
+    }
+
+    /// Call after `allocation` grew (the only way active grows) while a free is pending.
     #[inline]
     pub fn allocation_grew(&mut self, pool: PoolKind, allocation: &PoolCounter) {
-        if (self.pending[0] | self.pending[1]) != 0 {
-            let p = slot(pool);
-            self.peak[p] = self.peak[p].max(allocation.current[p] + self.pending[p]);
-            self.all_peak = self
-                .all_peak
-                .max(allocation.current_all() + self.pending[0] + self.pending[1]);
-        }
+        let p = slot(pool);
+        self.peak[p] = self.peak[p].max(allocation.current[p] + self.pending[p]);
+        self.all_peak = self
+            .all_peak
+            .max(allocation.current_all() + self.pending[0] + self.pending[1]);
     }
 
     fn pool_stat(&self, p: usize, allocation: &PoolCounter) -> Stat {
@@ -250,13 +265,23 @@ impl Counters {
     pub fn allocation_made(&mut self, pool: PoolKind, size: u64, requested: u64, oversize: bool) {
         self.allocation.increase(pool, 1);
         self.allocated_bytes.increase(pool, size);
-        self.active.allocation_grew(pool, &self.allocation);
-        self.active_bytes
-            .allocation_grew(pool, &self.allocated_bytes);
+        // A pending block is counted in both `active` and `active_bytes`: one test for both.
+        if self.active.any_pending() {
+            self.active_grew(pool);
+        }
         self.requested_bytes.increase(pool, requested);
         if oversize {
             self.oversize_allocations.increase(1);
         }
+    }
+
+    /// The peaks of `active` and `active_bytes` after a malloc while frees are pending.
+    #[cold]
+    #[inline(never)]
+    fn active_grew(&mut self, pool: PoolKind) {
+        self.active.allocation_grew(pool, &self.allocation);
+        self.active_bytes
+            .allocation_grew(pool, &self.allocated_bytes);
     }
 
     fn counters_mut(&mut self) -> [&mut PoolCounter; 7] {
@@ -407,7 +432,9 @@ mod tests {
             match (x >> 4) % 20 {
                 0..=7 => {
                     allocation.increase(pool, 1);
-                    active.allocation_grew(pool, &allocation);
+                    if active.any_pending() {
+                        active.allocation_grew(pool, &allocation);
+                    }
                     lit_allocation.increase(pool, 1);
                     lit_active.increase(pool, 1);
                     live[p] += 1;
