@@ -15,6 +15,9 @@ fn harness_times_both_allocators_on_the_same_sequence() {
     let row = support::Row::measure_with("smoke", &workload, 1, true);
     assert_eq!(row.ops, 20000);
     assert!(row.pool.median_ns > 0.0 && row.offset.median_ns > 0.0);
+    // One repetition: the paired ratio is that pass's ratio.
+    let single = row.pool.median_ns / row.offset.median_ns;
+    assert!((row.paired_ratio - single).abs() < 1e-9 * single);
     assert!(row.replay_ops_per_s > 0.0);
     support::print_table(&[row]);
 }

@@ -141,21 +141,24 @@ pub fn offset_allocator_pass(
 }
 
 /// Both allocators over the same operations, their passes alternating so that a machine that
-/// speeds up or slows down during the run affects both alike: (pool, offset-allocator).
-pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing) {
+/// speeds up or slows down during the run affects both alike: (pool, offset-allocator, the
+/// median over the repetitions of the ratio of each pair of passes run back to back).
+pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing, f64) {
     let mut pool = Vec::with_capacity(reps);
     let mut offset = Vec::with_capacity(reps);
+    let mut paired = Vec::with_capacity(reps);
     for _ in 0..reps {
         let warm = warm_pool(ops, num_ids);
-        let (ns, used) = pool_pass(warm, untimed_table(num_ids), ops);
-        pool.push(ns);
+        let (pool_ns, used) = pool_pass(warm, untimed_table(num_ids), ops);
+        pool.push(pool_ns);
         drop(used);
         let fresh = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
-        let (ns, used) = offset_allocator_pass(fresh, untimed_table(num_ids), ops);
-        offset.push(ns);
+        let (offset_ns, used) = offset_allocator_pass(fresh, untimed_table(num_ids), ops);
+        offset.push(offset_ns);
+        paired.push(pool_ns / offset_ns);
         drop(used);
     }
-    (timing(pool), timing(offset))
+    (timing(pool), timing(offset), timing(paired).median_ns)
 }
 
 /// Replay speed of the whole replay path (ops per second, best of `reps`).
@@ -177,6 +180,8 @@ pub struct Row {
     pub ops: usize,
     pub pool: Timing,
     pub offset: Timing,
+    /// Median of the per-repetition ratios (pool pass / the offset-allocator pass after it).
+    pub paired_ratio: f64,
     pub replay_ops_per_s: f64,
 }
 
@@ -185,12 +190,13 @@ impl Row {
     /// without it the replay speed is reported as 0.
     pub fn measure_with(name: &str, workload: &Workload, reps: usize, with_replay: bool) -> Row {
         let ops = alloc_free_ops(workload);
-        let (pool, offset) = time_both(&ops, workload.num_ids as usize, reps);
+        let (pool, offset, paired_ratio) = time_both(&ops, workload.num_ids as usize, reps);
         Row {
             name: name.to_string(),
             ops: ops.len(),
             pool,
             offset,
+            paired_ratio,
             replay_ops_per_s: if with_replay {
                 replay_rate(workload, reps)
             } else {
@@ -206,12 +212,12 @@ impl Row {
 
 pub fn print_table(rows: &[Row]) {
     println!(
-        "| workload | ops | cachealloc ns/op (min / median) | offset-allocator ns/op (min / median) | ratio (median) | replay Mops/s |"
+        "| workload | ops | cachealloc ns/op (min / median) | offset-allocator ns/op (min / median) | ratio (median) | ratio (paired passes, median) | replay Mops/s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2}x | {:.1} |",
+            "| {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {:.1} |",
             r.name,
             r.ops,
             r.pool.min_ns,
@@ -219,6 +225,7 @@ pub fn print_table(rows: &[Row]) {
             r.offset.min_ns,
             r.offset.median_ns,
             r.ratio(),
+            r.paired_ratio,
             r.replay_ops_per_s / 1e6
         );
     }
