@@ -96,6 +96,7 @@ impl BlockArena {
     /// Mark `id` reusable. The slot keeps stale contents until reused.
     #[inline]
     pub fn remove(&mut self, id: BlockId) {
+        debug_assert!(id != NIL, "the sentinel is never removed");
         debug_assert!(!self.vacant.contains(&id), "block {id} removed twice");
         self.vacant.push(id);
     }
