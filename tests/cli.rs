@@ -238,6 +238,26 @@ fn an_oom_comes_with_settings_verified_to_fit() {
     ]));
     assert_eq!(again["num_ooms"], 0, "{conf}");
     assert_eq!(again["peak_reserved_bytes"], fits[0]["peak_reserved_bytes"]);
+    // The report's own suggestion was replayed too, and whether it fits is what replaying it
+    // alone shows.
+    let suggestion = &v["report_suggestion"];
+    let conf = suggestion["conf"]
+        .as_str()
+        .expect("a fragmentation OOM suggests a value");
+    let alone = json(&cachealloc(&[
+        "synth",
+        "transformer",
+        "--capacity",
+        "5800MiB",
+        "--conf",
+        conf,
+        "--json",
+    ]));
+    assert_eq!(
+        suggestion["fits"].as_bool(),
+        Some(alone["num_ooms"] == 0),
+        "{conf}"
+    );
     // No OOM, no suggestions.
     let fine = json(&cachealloc(&[
         "synth",
@@ -247,4 +267,5 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         "--json",
     ]));
     assert!(fine["fitting_settings"].is_null());
+    assert!(fine["report_suggestion"].is_null());
 }

@@ -96,6 +96,17 @@ pub enum OomHint {
 }
 
 impl OomReport {
+    /// The `max_split_size_mb` value the hint suggests, if it suggests one.
+    pub fn suggested_max_split_size_mb(&self) -> Option<u64> {
+        match self.hint() {
+            OomHint::Fragmentation {
+                suggested_max_split_size_mb,
+                ..
+            } => suggested_max_split_size_mb,
+            _ => None,
+        }
+    }
+
     /// Bytes reserved by cachealloc but not allocated.
     pub fn unallocated(&self) -> u64 {
         self.reserved.saturating_sub(self.allocated)

@@ -19,16 +19,21 @@ pub struct FittingSetting {
 }
 
 /// The `max_split_size_mb` values (other settings as in `config`) under which `workload`
-/// replays without any OOM, ordered by peak reserved memory. Candidates that cannot even start
-/// (a start state that cannot exist under them) are skipped.
+/// replays without any OOM, ordered by peak reserved memory: the standard candidates, and
+/// `also_try` (the out-of-memory report's own suggestion) when it is not one of them.
+/// Candidates that cannot even start (a start state that cannot exist under them) are skipped.
 pub fn fitting_max_split_sizes(
     workload: &Workload,
     config: &ReplayConfig,
     start: Option<&StartLayout>,
+    also_try: Option<u64>,
 ) -> Vec<FittingSetting> {
+    let extra = also_try.filter(|mb| !MAX_SPLIT_CANDIDATES_MB.contains(mb));
     let mut found: Vec<FittingSetting> = MAX_SPLIT_CANDIDATES_MB
         .iter()
-        .filter_map(|&mb| {
+        .copied()
+        .chain(extra)
+        .filter_map(|mb| {
             let mut trial = config.clone();
             trial.settings.max_split_size = mb << 20;
             let out = replay(workload, &trial, start).ok()?;
@@ -67,7 +72,7 @@ mod tests {
             baseline.stats.num_ooms > 0,
             "the default settings run out of memory here"
         );
-        let fits = fitting_max_split_sizes(&workload, &config, None);
+        let fits = fitting_max_split_sizes(&workload, &config, None, None);
         assert!(!fits.is_empty());
         for fit in &fits {
             let mb: u64 = fit
@@ -97,6 +102,25 @@ mod tests {
     #[test]
     fn nothing_fits_when_live_memory_exceeds_the_device() {
         let (workload, config) = transformer_on(2 << 30);
-        assert!(fitting_max_split_sizes(&workload, &config, None).is_empty());
+        assert!(fitting_max_split_sizes(&workload, &config, None, None).is_empty());
+    }
+
+    /// The report's own suggestion is replayed too, and listed only if it fits.
+    #[test]
+    fn the_reports_suggestion_is_tried_as_well() {
+        let (workload, config) = transformer_on(5800 << 20);
+        let listed = |fits: &[FittingSetting], mb: u64| {
+            fits.iter()
+                .any(|f| f.conf == format!("max_split_size_mb:{mb}"))
+        };
+        // 200 MiB is not a standard candidate and fits here; 765 MiB does not fit.
+        let fits = fitting_max_split_sizes(&workload, &config, None, Some(200));
+        assert!(listed(&fits, 200), "200 fits and is listed");
+        let fits = fitting_max_split_sizes(&workload, &config, None, Some(765));
+        assert!(!listed(&fits, 765), "765 still runs out of memory");
+        assert_eq!(
+            fits,
+            fitting_max_split_sizes(&workload, &config, None, None)
+        );
     }
 }

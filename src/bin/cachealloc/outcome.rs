@@ -54,6 +54,9 @@ pub struct ReplayJson {
     /// When the replay ran out of memory: the settings that replay without any OOM (null when
     /// there was no OOM).
     pub fitting_settings: Option<Vec<FittingJson>>,
+    /// The `max_split_size_mb` the out-of-memory report suggests, replayed like the others
+    /// (null when there was no OOM or the report suggests no value).
+    pub report_suggestion: Option<SuggestionJson>,
     #[serde(skip)]
     pub stats: DeviceStats,
     #[serde(skip)]
@@ -78,6 +81,13 @@ impl From<FittingSetting> for FittingJson {
             num_alloc_retries: f.num_alloc_retries,
         }
     }
+}
+
+/// The out-of-memory report's suggested setting and whether replaying under it fits.
+#[derive(Clone, Debug, Serialize)]
+pub struct SuggestionJson {
+    pub conf: String,
+    pub fits: bool,
 }
 
 /// Where the workload came from and how it was replayed.
@@ -124,13 +134,24 @@ impl ReplayJson {
             recorded_retries: ctx.recorded.retries,
             recorded_oom: ctx.recorded.oom,
             fitting_settings: None,
+            report_suggestion: None,
             stats: out.stats.clone(),
             oom_report: out.first_oom.map(|o| o.report),
         }
     }
 
-    /// Attach the settings found to fit after an OOM.
+    /// Attach the settings found to fit after an OOM (the report's suggestion among those
+    /// tried).
     pub fn with_fits(mut self, fits: Option<Vec<FittingSetting>>) -> Self {
+        let suggested = self
+            .oom_report
+            .as_ref()
+            .and_then(OomReport::suggested_max_split_size_mb);
+        if let (Some(fits), Some(mb)) = (&fits, suggested) {
+            let conf = format!("max_split_size_mb:{mb}");
+            let fits = fits.iter().any(|f| f.conf == conf);
+            self.report_suggestion = Some(SuggestionJson { conf, fits });
+        }
         self.fitting_settings = fits.map(|f| f.into_iter().map(FittingJson::from).collect());
         self
     }
@@ -207,14 +228,19 @@ impl ReplayJson {
             t += &format!("\nFirst out-of-memory{at}:\n{report}\n");
         }
         if let Some(fits) = &self.fitting_settings {
-            t += &fits_text(fits);
+            t += &fits_text(fits, self.report_suggestion.as_ref());
         }
         t
     }
 }
 
-fn fits_text(fits: &[FittingJson]) -> String {
-    let tried = MAX_SPLIT_CANDIDATES_MB.map(|mb| mb.to_string()).join(", ");
+fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> String {
+    let mut tried: Vec<String> = MAX_SPLIT_CANDIDATES_MB.map(|mb| mb.to_string()).into();
+    let suggested_mb = suggestion.map(|s| s.conf.trim_start_matches("max_split_size_mb:"));
+    if let Some(mb) = suggested_mb.filter(|mb| !tried.iter().any(|t| t == mb)) {
+        tried.push(mb.to_string());
+    }
+    let tried = tried.join(", ");
     if fits.is_empty() {
         return format!(
             "\nNo max_split_size_mb value tried ({tried}) avoids the out-of-memory on this \
@@ -225,12 +251,24 @@ fn fits_text(fits: &[FittingJson]) -> String {
         "\nSettings that avoid every out-of-memory here, each verified by replaying:\n",
     );
     for f in fits {
+        let note = if suggestion.is_some_and(|s| s.conf == f.conf) {
+            " (the report's suggestion)"
+        } else {
+            ""
+        };
         t += &format!(
-            "  --conf {:<24} peak reserved {}, {} cudaMalloc, {} retries\n",
+            "  --conf {:<24} peak reserved {}, {} cudaMalloc, {} retries{note}\n",
             f.conf,
             format_size(f.peak_reserved_bytes),
             f.num_device_alloc,
             f.num_alloc_retries
+        );
+    }
+    if let Some(s) = suggestion.filter(|s| !s.fits) {
+        t += &format!(
+            "  ({}, the report's first guess, was replayed too and still runs out of memory \
+             here.)\n",
+            s.conf
         );
     }
     t
