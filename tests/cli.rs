@@ -210,13 +210,13 @@ fn bad_input_exits_2_with_a_clear_message() {
 
 #[test]
 fn an_oom_comes_with_settings_verified_to_fit() {
-    let v = json(&cachealloc(&[
-        "synth",
-        "transformer",
-        "--capacity",
-        "5800MiB",
-        "--json",
-    ]));
+    // The transformer workload on a device of `capacity`, with extra options.
+    let synth = |capacity: &str, extra: &[&str]| {
+        let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
+        args.extend_from_slice(extra);
+        json(&cachealloc(&args))
+    };
+    let v = synth("5800MiB", &[]);
     assert!(
         v["num_ooms"].as_u64().unwrap() > 0,
         "default settings run out of memory here"
@@ -227,15 +227,7 @@ fn an_oom_comes_with_settings_verified_to_fit() {
     assert!(!fits.is_empty());
     // Each suggestion, replayed on its own, really avoids every OOM.
     let conf = fits[0]["conf"].as_str().unwrap();
-    let again = json(&cachealloc(&[
-        "synth",
-        "transformer",
-        "--capacity",
-        "5800MiB",
-        "--conf",
-        conf,
-        "--json",
-    ]));
+    let again = synth("5800MiB", &["--conf", conf]);
     assert_eq!(again["num_ooms"], 0, "{conf}");
     assert_eq!(again["peak_reserved_bytes"], fits[0]["peak_reserved_bytes"]);
     // The report's own suggestion was replayed too, and whether it fits is what replaying it
@@ -244,28 +236,14 @@ fn an_oom_comes_with_settings_verified_to_fit() {
     let conf = suggestion["conf"]
         .as_str()
         .expect("a fragmentation OOM suggests a value");
-    let alone = json(&cachealloc(&[
-        "synth",
-        "transformer",
-        "--capacity",
-        "5800MiB",
-        "--conf",
-        conf,
-        "--json",
-    ]));
+    let alone = synth("5800MiB", &["--conf", conf]);
     assert_eq!(
         suggestion["fits"].as_bool(),
         Some(alone["num_ooms"] == 0),
         "{conf}"
     );
     // No OOM, no suggestions.
-    let fine = json(&cachealloc(&[
-        "synth",
-        "transformer",
-        "--capacity",
-        "8GiB",
-        "--json",
-    ]));
+    let fine = synth("8GiB", &[]);
     assert!(fine["fitting_settings"].is_null());
     assert!(fine["report_suggestion"].is_null());
 }
