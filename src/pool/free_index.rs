@@ -12,11 +12,11 @@
 //! A class that grows long (many free blocks of one size, interleaved with live ones: the same
 //! tensor shape freed layer after layer) would make each search linear in its length. When a
 //! search or a removal meets a class longer than `LONG_CLASS`, the class's entries are filed
-//! into an ordered map shared by the index's long classes, where every operation is
-//! logarithmic. Blocks freed afterwards are listed in the class's vector again, so a search of
-//! a class with filed entries takes the better of its vector's best and the map's; the class
-//! leaves the map when its last filed entry is taken. A class that never grew long pays a test
-//! of its filed count per search and a length check when an entry is taken.
+//! into an ordered map of its own, where every operation is logarithmic. Blocks freed
+//! afterwards are listed in the class's vector again, so a search of a class with filed entries
+//! takes the better of its vector's best and the map's; the map is dropped when its last entry
+//! is taken. A class that never grew long pays a test of its map pointer per search and a
+//! length check when an entry is taken.
 
 use super::block::BlockId;
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ const CLASSES_PER_OCTAVE: usize = 1 << MANTISSA_BITS;
 /// Enough classes for sizes up to 2^60 bytes.
 const NUM_CLASSES: usize = 400;
 const BITMAP_WORDS: usize = NUM_CLASSES.div_ceil(64);
-/// A class whose vector is longer than this when searched is filed into the ordered map.
+/// A class whose vector is longer than this when searched is filed into its ordered map.
 const LONG_CLASS: usize = 32;
 /// A class with filed entries has its listed entries filed too when they are more than this.
 const FILED_CLASS_LISTED: usize = 8;
@@ -62,16 +62,25 @@ fn class_of(size: u64) -> usize {
     class.min(NUM_CLASSES - 1)
 }
 
-/// One size class: its listed entries and how many of its entries are filed.
+/// Entries of a class that grew long: (size, address) → block.
+type Filed = BTreeMap<(u64, u64), BlockId>;
+
+/// One size class: its listed entries and, once it grew long, its filed ones.
 #[derive(Debug, Default)]
 struct SizeClass {
-    /// The entries not filed in the index's ordered map, in no order.
+    /// The entries not filed, in no order.
     listed: Vec<FreeEntry>,
-    /// Number of its entries filed in the ordered map.
-    filed: u32,
+    /// The filed entries; `None` when there are none (boxed: most classes never have any).
+    filed: Option<Box<Filed>>,
 }
 
-/// A filed entry as the index hands it out (an item of the ordered map).
+impl SizeClass {
+    fn has_filed(&self) -> bool {
+        self.filed.is_some()
+    }
+}
+
+/// A filed entry as the index hands it out (an item of a class's ordered map).
 fn filed_entry((&(size, addr), &id): (&(u64, u64), &BlockId)) -> FreeEntry {
     FreeEntry { size, addr, id }
 }
@@ -81,7 +90,7 @@ fn filed_entry((&(size, addr), &id): (&(u64, u64), &BlockId)) -> FreeEntry {
 enum Slot {
     /// In a class's listed entries: (class, position).
     Listed(usize, usize),
-    /// Filed in the ordered map.
+    /// Filed in its class's ordered map.
     Filed(FreeEntry),
 }
 
@@ -93,8 +102,6 @@ pub struct FreeIndex {
     classes: Box<[SizeClass; NUM_CLASSES]>,
     /// Classes with at least one entry, short or long.
     bitmap: [u64; BITMAP_WORDS],
-    /// Entries of the classes that grew long: (size, address) → block.
-    ordered: BTreeMap<(u64, u64), BlockId>,
     len: usize,
 }
 
@@ -103,7 +110,6 @@ impl Default for FreeIndex {
         Self {
             classes: Box::new(std::array::from_fn(|_| SizeClass::default())),
             bitmap: [0; BITMAP_WORDS],
-            ordered: BTreeMap::new(),
             len: 0,
         }
     }
@@ -133,7 +139,7 @@ impl FreeIndex {
                 self.take_at(class, pos);
                 true
             }
-            None if self.classes[class].filed != 0 => self.remove_filed(class, size, addr),
+            None if self.classes[class].has_filed() => self.remove_filed(class, size, addr),
             _ => false,
         }
     }
@@ -181,7 +187,7 @@ impl FreeIndex {
     #[inline]
     fn find_lower_bound(&self, class: usize, min_size: u64) -> Option<Slot> {
         let listed = smallest_at_least(&self.classes[class].listed, min_size);
-        if self.classes[class].filed != 0 {
+        if self.classes[class].has_filed() {
             if let Some(found) = self.best_with_filed(class, min_size, listed) {
                 return Some(found);
             }
@@ -190,7 +196,7 @@ impl FreeIndex {
         }
         let next = self.next_nonempty(class + 1)?;
         let listed = smallest_at_least(&self.classes[next].listed, 0);
-        if self.classes[next].filed != 0 {
+        if self.classes[next].has_filed() {
             return self.best_with_filed(next, min_size, listed);
         }
         Some(Slot::Listed(next, listed.expect("non-empty class")))
@@ -201,12 +207,11 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn best_with_filed(&self, class: usize, min_size: u64, listed: Option<usize>) -> Option<Slot> {
-        let filed = self
-            .ordered
-            .range((min_size, 0)..)
-            .next()
-            .map(filed_entry)
-            .filter(|e| class_of(e.size) == class);
+        let filed = self.classes[class]
+            .filed
+            .as_ref()
+            .and_then(|f| f.range((min_size, 0)..).next())
+            .map(filed_entry);
         match (listed, filed) {
             (Some(pos), Some(f)) if self.classes[class].listed[pos].key() > f.key() => {
                 Some(Slot::Filed(f))
@@ -220,7 +225,7 @@ impl FreeIndex {
     fn take_at(&mut self, class: usize, pos: usize) -> FreeEntry {
         let size_class = &mut self.classes[class];
         let entry = size_class.listed.swap_remove(pos);
-        if size_class.listed.is_empty() && size_class.filed == 0 {
+        if size_class.listed.is_empty() && !size_class.has_filed() {
             self.bitmap[class / 64] &= !(1 << (class % 64));
         }
         if size_class.listed.len() > LONG_CLASS {
@@ -230,14 +235,14 @@ impl FreeIndex {
         entry
     }
 
-    /// Move the listed entries of `class` into the ordered map: a scan of it grew long.
+    /// Move the listed entries of `class` into its ordered map: a scan of it grew long.
     #[cold]
     #[inline(never)]
     fn file(&mut self, class: usize) {
         let size_class = &mut self.classes[class];
-        size_class.filed += size_class.listed.len() as u32;
+        let filed = size_class.filed.get_or_insert_default();
         for e in size_class.listed.drain(..) {
-            self.ordered.insert((e.size, e.addr), e.id);
+            filed.insert((e.size, e.addr), e.id);
         }
     }
 
@@ -245,13 +250,18 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn remove_filed(&mut self, class: usize, size: u64, addr: u64) -> bool {
-        if self.ordered.remove(&(size, addr)).is_none() {
+        let size_class = &mut self.classes[class];
+        let Some(filed) = size_class.filed.as_mut() else {
+            return false;
+        };
+        if filed.remove(&(size, addr)).is_none() {
             return false;
         }
-        let size_class = &mut self.classes[class];
-        size_class.filed -= 1;
-        if size_class.filed == 0 && size_class.listed.is_empty() {
-            self.bitmap[class / 64] &= !(1 << (class % 64));
+        if filed.is_empty() {
+            size_class.filed = None;
+            if size_class.listed.is_empty() {
+                self.bitmap[class / 64] &= !(1 << (class % 64));
+            }
         }
         self.len -= 1;
         // Entries listed since the class was filed: file them too once they are several, or
@@ -284,12 +294,13 @@ impl FreeIndex {
     /// Entries in (size, address) order (collected and sorted: for the cold paths — release, GC,
     /// reports, the invariant walker).
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = FreeEntry> + '_ {
-        let ordered = self.ordered.iter().map(filed_entry);
         let mut all: Vec<FreeEntry> = self
             .classes
             .iter()
-            .flat_map(|c| c.listed.iter().copied())
-            .chain(ordered)
+            .flat_map(|c| {
+                let filed = c.filed.iter().flat_map(|f| f.iter().map(filed_entry));
+                c.listed.iter().copied().chain(filed)
+            })
             .collect();
         all.sort_unstable_by_key(FreeEntry::key);
         all.into_iter()
@@ -336,7 +347,7 @@ mod tests {
     }
 
     /// Many free blocks of a few equal sizes (one tensor shape freed layer after layer): the
-    /// classes grow long, are filed into the ordered map, and every answer stays exact.
+    /// classes grow long, are filed into their ordered maps, and every answer stays exact.
     #[test]
     fn long_classes_are_filed_and_answer_like_an_ordered_set() {
         let mut index = FreeIndex::default();
@@ -381,7 +392,7 @@ mod tests {
                     }
                 }
             }
-            filed_at_some_point |= !index.ordered.is_empty();
+            filed_at_some_point |= index.classes.iter().any(SizeClass::has_filed);
             let expect = set.range((probe, 0)..).next().copied();
             assert_eq!(index.lower_bound(probe).map(|e| (e.size, e.addr)), expect);
             assert_eq!(index.len(), set.len());
