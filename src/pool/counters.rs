@@ -480,6 +480,26 @@ mod tests {
         }
     }
 
+    /// One pending-free test in `allocation_made` guards both active counters: a malloc while
+    /// a free is pending raises the peaks of `active` and of `active_bytes`.
+    #[test]
+    fn a_malloc_with_a_pending_free_raises_both_active_peaks() {
+        let mut c = Counters::new(-1);
+        c.allocation_made(PoolKind::Large, 4096, 4000, false);
+        // Its free is deferred: it leaves `allocation` but stays active.
+        c.allocation.decrease(PoolKind::Large, 1);
+        c.allocated_bytes.decrease(PoolKind::Large, 4096);
+        c.active.pend(PoolKind::Large, 1);
+        c.active_bytes.pend(PoolKind::Large, 4096);
+        c.allocation_made(PoolKind::Large, 8192, 8000, false);
+        let s = c.snapshot();
+        assert_eq!(s.active.all.current, 2);
+        assert_eq!(s.active.all.peak, 2);
+        assert_eq!(s.active_bytes.all.current, 4096 + 8192);
+        assert_eq!(s.active_bytes.large_pool.peak, 4096 + 8192);
+        assert_eq!(s.allocated_bytes.all.peak, 8192);
+    }
+
     #[test]
     fn snapshot_carries_scalars_and_resets() {
         let mut c = Counters::new(-1);

@@ -264,10 +264,12 @@ fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> Strin
             f.num_alloc_retries
         );
     }
+    // (A candidate that fails is one that still runs out of memory, or, with a start state
+    // rebuilt from a snapshot, one under which that state cannot exist.)
     if let Some(s) = suggestion.filter(|s| !s.fits) {
         t += &format!(
-            "  ({}, the report's first guess, was replayed too and still runs out of memory \
-             here.)\n",
+            "  ({}, the report's first guess, was tried too and does not avoid the \
+             out-of-memory here.)\n",
             s.conf
         );
     }
