@@ -18,6 +18,18 @@ pub struct FittingSetting {
     pub num_alloc_retries: u64,
 }
 
+/// The values tried, in order: the standard candidates, then `also_try` when it is not one of
+/// them.
+pub fn candidates_mb(also_try: Option<u64>) -> impl Iterator<Item = u64> {
+    let extra = also_try.filter(|mb| !MAX_SPLIT_CANDIDATES_MB.contains(mb));
+    MAX_SPLIT_CANDIDATES_MB.into_iter().chain(extra)
+}
+
+/// The setting `max_split_size_mb:MB` in `CACHEALLOC_CONF` syntax.
+pub fn max_split_conf(mb: u64) -> String {
+    format!("max_split_size_mb:{mb}")
+}
+
 /// The `max_split_size_mb` values (other settings as in `config`) under which `workload`
 /// replays without any OOM, ordered by peak reserved memory: the standard candidates, and
 /// `also_try` (the out-of-memory report's own suggestion) when it is not one of them.
@@ -28,17 +40,13 @@ pub fn fitting_max_split_sizes(
     start: Option<&StartLayout>,
     also_try: Option<u64>,
 ) -> Vec<FittingSetting> {
-    let extra = also_try.filter(|mb| !MAX_SPLIT_CANDIDATES_MB.contains(mb));
-    let mut found: Vec<FittingSetting> = MAX_SPLIT_CANDIDATES_MB
-        .iter()
-        .copied()
-        .chain(extra)
+    let mut found: Vec<FittingSetting> = candidates_mb(also_try)
         .filter_map(|mb| {
             let mut trial = config.clone();
             trial.settings.max_split_size = mb << 20;
             let out = replay(workload, &trial, start).ok()?;
             (out.stats.num_ooms == 0).then(|| FittingSetting {
-                conf: format!("max_split_size_mb:{mb}"),
+                conf: max_split_conf(mb),
                 peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
                 num_device_alloc: out.stats.num_device_alloc,
                 num_alloc_retries: out.stats.num_alloc_retries,
@@ -109,10 +117,8 @@ mod tests {
     #[test]
     fn the_reports_suggestion_is_tried_as_well() {
         let (workload, config) = transformer_on(5800 << 20);
-        let listed = |fits: &[FittingSetting], mb: u64| {
-            fits.iter()
-                .any(|f| f.conf == format!("max_split_size_mb:{mb}"))
-        };
+        let listed =
+            |fits: &[FittingSetting], mb: u64| fits.iter().any(|f| f.conf == max_split_conf(mb));
         // 200 MiB is not a standard candidate and fits here; 765 MiB does not fit.
         let fits = fitting_max_split_sizes(&workload, &config, None, Some(200));
         assert!(listed(&fits, 200), "200 fits and is listed");

@@ -3,7 +3,7 @@
 use cachealloc::pool::{DeviceId, DeviceStats, OomReport, format_size};
 use cachealloc::report::memory_summary;
 use cachealloc::trace::ReplayOutcome;
-use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_CANDIDATES_MB};
+use cachealloc::trace::fit::{FittingSetting, candidates_mb, max_split_conf};
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -88,6 +88,9 @@ impl From<FittingSetting> for FittingJson {
 pub struct SuggestionJson {
     pub conf: String,
     pub fits: bool,
+    /// The value in `conf`.
+    #[serde(skip)]
+    pub mb: u64,
 }
 
 /// Where the workload came from and how it was replayed.
@@ -148,9 +151,9 @@ impl ReplayJson {
             .as_ref()
             .and_then(OomReport::suggested_max_split_size_mb);
         if let (Some(fits), Some(mb)) = (&fits, suggested) {
-            let conf = format!("max_split_size_mb:{mb}");
+            let conf = max_split_conf(mb);
             let fits = fits.iter().any(|f| f.conf == conf);
-            self.report_suggestion = Some(SuggestionJson { conf, fits });
+            self.report_suggestion = Some(SuggestionJson { conf, fits, mb });
         }
         self.fitting_settings = fits.map(|f| f.into_iter().map(FittingJson::from).collect());
         self
@@ -235,11 +238,9 @@ impl ReplayJson {
 }
 
 fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> String {
-    let mut tried: Vec<String> = MAX_SPLIT_CANDIDATES_MB.map(|mb| mb.to_string()).into();
-    let suggested_mb = suggestion.map(|s| s.conf.trim_start_matches("max_split_size_mb:"));
-    if let Some(mb) = suggested_mb.filter(|mb| !tried.iter().any(|t| t == mb)) {
-        tried.push(mb.to_string());
-    }
+    let tried: Vec<String> = candidates_mb(suggestion.map(|s| s.mb))
+        .map(|mb| mb.to_string())
+        .collect();
     let tried = tried.join(", ");
     if fits.is_empty() {
         return format!(
