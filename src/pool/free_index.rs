@@ -90,8 +90,8 @@ fn filed_entry((&(size, addr), &id): (&(u64, u64), &BlockId)) -> FreeEntry {
 enum Slot {
     /// In a class's listed entries: (class, position).
     Listed(usize, usize),
-    /// Filed in its class's ordered map.
-    Filed(FreeEntry),
+    /// In a class's ordered map: (class, entry).
+    Filed(usize, FreeEntry),
 }
 
 /// Free blocks of one pool and stream.
@@ -163,11 +163,11 @@ impl FreeIndex {
                 }
                 Some(self.take_at(class, pos))
             }
-            Slot::Filed(entry) => {
+            Slot::Filed(class, entry) => {
                 if !accept(&entry) {
                     return None;
                 }
-                self.remove_filed(class_of(entry.size), entry.size, entry.addr);
+                self.remove_filed(class, entry.size, entry.addr);
                 Some(entry)
             }
         }
@@ -177,7 +177,7 @@ impl FreeIndex {
     pub fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
         Some(match self.find_lower_bound(class_of(min_size), min_size)? {
             Slot::Listed(class, pos) => self.classes[class].listed[pos],
-            Slot::Filed(entry) => entry,
+            Slot::Filed(_, entry) => entry,
         })
     }
 
@@ -214,10 +214,10 @@ impl FreeIndex {
             .map(filed_entry);
         match (listed, filed) {
             (Some(pos), Some(f)) if self.classes[class].listed[pos].key() > f.key() => {
-                Some(Slot::Filed(f))
+                Some(Slot::Filed(class, f))
             }
             (Some(pos), _) => Some(Slot::Listed(class, pos)),
-            (None, f) => f.map(Slot::Filed),
+            (None, f) => f.map(|f| Slot::Filed(class, f)),
         }
     }
 

@@ -375,7 +375,7 @@ fn a_pool_emptied_by_empty_cache_starts_over_like_a_fresh_one() {
 }
 
 /// Hundreds of free blocks of one size, none of them adjacent (a live spacer between each):
-/// the size class grows long and moves to the index's ordered map; the pool still hands out
+/// the size class grows long and moves to its ordered map; the pool still hands out
 /// the lowest address first, as PyTorch's (size, address)-ordered set does, including blocks
 /// freed after the class moved.
 #[test]
