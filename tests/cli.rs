@@ -242,6 +242,7 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         Some(alone["num_ooms"] == 0),
         "{conf}"
     );
+    assert_eq!(suggestion["fits"], true, "{conf} should fit this workload");
     // No OOM, no suggestions.
     let fine = synth("8GiB", &[]);
     assert!(fine["fitting_settings"].is_null());

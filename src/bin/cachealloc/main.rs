@@ -197,8 +197,8 @@ fn fits_after_oom(
     config: &ReplayConfig,
     start: Option<&cachealloc::trace::StartLayout>,
 ) -> Option<Vec<FittingSetting>> {
-    let suggested = out.first_oom.as_ref()?.report.suggested_max_split_size_mb();
-    Some(fitting_max_split_sizes(workload, config, start, suggested))
+    out.first_oom.as_ref()?;
+    Some(fitting_max_split_sizes(workload, config, start))
 }
 
 fn render(result: ReplayJson, json: bool) -> String {

@@ -3,7 +3,7 @@
 use cachealloc::pool::{DeviceId, DeviceStats, OomReport, format_size};
 use cachealloc::report::memory_summary;
 use cachealloc::trace::ReplayOutcome;
-use cachealloc::trace::fit::{FittingSetting, candidates_mb, max_split_conf};
+use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, max_split_conf};
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -88,9 +88,6 @@ impl From<FittingSetting> for FittingJson {
 pub struct SuggestionJson {
     pub conf: String,
     pub fits: bool,
-    /// The value in `conf`.
-    #[serde(skip)]
-    pub mb: u64,
 }
 
 /// Where the workload came from and how it was replayed.
@@ -153,7 +150,7 @@ impl ReplayJson {
         if let (Some(fits), Some(mb)) = (&fits, suggested) {
             let conf = max_split_conf(mb);
             let fits = fits.iter().any(|f| f.conf == conf);
-            self.report_suggestion = Some(SuggestionJson { conf, fits, mb });
+            self.report_suggestion = Some(SuggestionJson { conf, fits });
         }
         self.fitting_settings = fits.map(|f| f.into_iter().map(FittingJson::from).collect());
         self
@@ -238,9 +235,7 @@ impl ReplayJson {
 }
 
 fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> String {
-    let tried: Vec<String> = candidates_mb(suggestion.map(|s| s.mb))
-        .map(|mb| mb.to_string())
-        .collect();
+    let tried: Vec<String> = MAX_SPLIT_LADDER_MB.iter().map(u64::to_string).collect();
     let tried = tried.join(", ");
     if fits.is_empty() {
         return format!(
@@ -269,8 +264,8 @@ fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> Strin
     // rebuilt from a snapshot, one under which that state cannot exist.)
     if let Some(s) = suggestion.filter(|s| !s.fits) {
         t += &format!(
-            "  ({}, the report's first guess, was tried too and does not avoid the \
-             out-of-memory here.)\n",
+            "  ({}, the report's suggestion, was tried and does not avoid the out-of-memory \
+             here.)\n",
             s.conf
         );
     }

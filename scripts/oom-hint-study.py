@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""How often does the OOM report's `max_split_size_mb` suggestion avoid the OOM?
+
+Replays every real trace (../shared/traces/real or $CACHEALLOC_TRACES) and a set of synthetic
+runs on devices between their peak allocated and peak reserved memory, where fragmentation
+out-of-memory errors happen. For each fragmentation OOM it reads the report (the request, the
+largest free cached block, the value the report suggests), lets `cachealloc` replay the
+standard values (1024 ... 20) to see which fit, and counts, for the report's rule and for
+alternatives, how often the value a rule names is one that fits.
+
+Usage: cargo build --release && scripts/oom-hint-study.py [NAME-FILTER]   (several minutes)
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "cachealloc")
+TRACES = os.environ.get("CACHEALLOC_TRACES") or os.path.join(ROOT, "..", "shared", "traces", "real")
+UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+LADDER = [1024, 512, 256, 128, 64, 48, 32, 20]
+# Devices between peak allocated (0) and peak reserved (1) of an unlimited replay.
+FRACTIONS = [0.03, 0.06, 0.1, 0.15, 0.25, 0.4]
+
+
+def size(text):
+    value, unit = text.split()
+    return float(value) * UNITS[unit]
+
+
+def ladder_at_most(mib):
+    return next((mb for mb in LADDER if mb <= mib), LADDER[-1])
+
+
+# Rules, from the report's figures (MiB): the one the report uses first.
+RULES = {
+    "largest free block, down to a standard value (the report's rule)": lambda req, lf: ladder_at_most(lf),
+    "the request's size (the earlier rule)": lambda req, lf: max(20, int(req)),
+    "half the request, down to a standard value": lambda req, lf: ladder_at_most(req / 2),
+    "always 128": lambda req, lf: 128,
+    "always 20": lambda req, lf: 20,
+}
+
+
+def run(source, capacity, conf=None, as_json=True):
+    cmd = [BIN] + source + ["--capacity", str(int(capacity))]
+    if conf:
+        cmd += ["--conf", conf]
+    if as_json:
+        cmd.append("--json")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode not in (0, 1):
+        return None
+    return json.loads(done.stdout) if as_json else done.stdout
+
+
+def fits(source, capacity, mb):
+    out = run(source, capacity, f"max_split_size_mb:{mb}")
+    return out is not None and out["num_ooms"] == 0
+
+
+def study(name, source):
+    base = run(source, 1 << 50)
+    if base is None:
+        return []
+    allocated, reserved = base["peak_allocated_bytes"], base["peak_reserved_bytes"]
+    cases = []
+    for fraction in FRACTIONS:
+        capacity = allocated + fraction * (reserved - allocated)
+        text = run(source, capacity, as_json=False)
+        if not text or "Hint: Fragmentation:" not in text:
+            continue
+        request = re.search(r"Request: ([\d.]+ \w+) \(", text)
+        largest = re.search(r"Largest free cached blocks: ([\d.]+ \w+)", text)
+        suggested = re.search(r"max_split_size_mb:(\d+): blocks of", text)
+        req_mib = size(request.group(1)) / 2**20
+        lf_mib = size(largest.group(1)) / 2**20 if largest else 0.0
+        fitting = [int(f["conf"].split(":")[1]) for f in run(source, capacity)["fitting_settings"]]
+        named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}
+        verdict = {rule: (mb in fitting) if mb in LADDER else fits(source, capacity, mb)
+                   for rule, mb in named.items()}
+        report_value = int(suggested.group(1)) if suggested else None
+        cases.append({"name": name, "fraction": fraction, "fitting": fitting,
+                      "named": named, "fits": verdict, "report": report_value})
+        print(f"{name} at {fraction:.2f}: request {req_mib:.1f} MiB, largest free {lf_mib:.1f} MiB,"
+              f" report says {report_value}, fitting {fitting}", flush=True)
+    return cases
+
+
+def sources():
+    for seed in range(1, 9):
+        yield f"synth transformer seed {seed}", ["synth", "transformer", "--seed", str(seed)]
+    for seed in range(1, 4):
+        yield f"synth loguniform seed {seed}", ["synth", "loguniform:ops=50000", "--seed", str(seed)]
+    for path in sorted(glob.glob(os.path.join(TRACES, "**", "*"), recursive=True)):
+        if os.path.isfile(path) and path.endswith((".pickle", ".pkl", ".json")):
+            yield os.path.relpath(path, TRACES), ["replay", path]
+
+
+def main():
+    if not os.access(BIN, os.X_OK):
+        sys.exit(f"{BIN} not found: run cargo build --release first")
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
+    cases = [c for name, src in sources() if only in name for c in study(name, src)]
+    helpable = [c for c in cases if c["fitting"]]
+    print(f"\n{len(cases)} fragmentation OOMs; in {len(helpable)} some standard value fits.")
+    for rule in RULES:
+        hits = sum(c["fits"][rule] for c in helpable)
+        print(f"  {rule}: fits in {hits} of {len(helpable)}")
+    agree = sum(c["report"] == c["named"][next(iter(RULES))] for c in cases)
+    print(f"The report named the first rule's value in {agree} of {len(cases)}.")
+
+
+if __name__ == "__main__":
+    main()
