@@ -6,9 +6,10 @@ runs on devices between their peak allocated and peak reserved memory, where fra
 out-of-memory errors happen. For each fragmentation OOM it reads the report (the request, the
 largest free cached block, the value the report suggests), lets `cachealloc` replay the
 standard values (1024 ... 20) to see which fit, and counts, for the report's rule and for
-alternatives, how often the value a rule names is one that fits.
+alternatives, how often the value a rule names is one that fits — and what it costs: its
+cudaMalloc calls over the fewest any fitting value needs.
 
-Usage: cargo build --release && scripts/oom-hint-study.py [NAME-FILTER]   (several minutes)
+Usage: cargo build --release && scripts/oom-hint-study.py [NAME-FILTER]   (about a minute)
 """
 import glob
 import json
@@ -35,9 +36,10 @@ def ladder_at_most(mib):
     return next((mb for mb in LADDER if mb <= mib), LADDER[-1])
 
 
-# Rules, from the report's figures (MiB): the one the report uses first.
+# Rules, from the report's figures (MiB): the one the report uses first (None: no value named).
 RULES = {
-    "largest free block, down to a standard value (the report's rule)": lambda req, lf: ladder_at_most(lf),
+    "largest free block, down to a standard value (the report's rule)":
+        lambda req, lf: ladder_at_most(lf) if lf >= LADDER[-1] else None,
     "the request's size (the earlier rule)": lambda req, lf: max(20, int(req)),
     "half the request, down to a standard value": lambda req, lf: ladder_at_most(req / 2),
     "always 128": lambda req, lf: 128,
@@ -57,9 +59,10 @@ def run(source, capacity, conf=None, as_json=True):
     return json.loads(done.stdout) if as_json else done.stdout
 
 
-def fits(source, capacity, mb):
+def device_allocs_if_fits(source, capacity, mb):
+    """cudaMalloc calls of a replay under `mb` that avoids every OOM, else None."""
     out = run(source, capacity, f"max_split_size_mb:{mb}")
-    return out is not None and out["num_ooms"] == 0
+    return out["num_device_alloc"] if out is not None and out["num_ooms"] == 0 else None
 
 
 def study(name, source):
@@ -76,17 +79,23 @@ def study(name, source):
         request = re.search(r"Request: ([\d.]+ \w+) \(", text)
         largest = re.search(r"Largest free cached blocks: ([\d.]+ \w+)", text)
         suggested = re.search(r"max_split_size_mb:(\d+): blocks of", text)
+        named_none = "Hint: Fragmentation:" in text and not suggested
         req_mib = size(request.group(1)) / 2**20
         lf_mib = size(largest.group(1)) / 2**20 if largest else 0.0
-        fitting = [int(f["conf"].split(":")[1]) for f in run(source, capacity)["fitting_settings"]]
+        fitting = {int(f["conf"].split(":")[1]): f["num_device_alloc"]
+                   for f in run(source, capacity)["fitting_settings"]}
         named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}
-        verdict = {rule: (mb in fitting) if mb in LADDER else fits(source, capacity, mb)
-                   for rule, mb in named.items()}
+        # cudaMalloc calls under each rule's value when it fits, else None.
+        allocs = {rule: None if mb is None
+                  else fitting.get(mb) if mb in LADDER
+                  else device_allocs_if_fits(source, capacity, mb)
+                  for rule, mb in named.items()}
         report_value = int(suggested.group(1)) if suggested else None
-        cases.append({"name": name, "fraction": fraction, "fitting": fitting,
-                      "named": named, "fits": verdict, "report": report_value})
+        cases.append({"name": name, "fraction": fraction, "fitting": fitting, "named": named,
+                      "allocs": allocs, "report": report_value, "named_none": named_none,
+                      "oom": (name, round(req_mib, 2), round(lf_mib, 2))})
         print(f"{name} at {fraction:.2f}: request {req_mib:.1f} MiB, largest free {lf_mib:.1f} MiB,"
-              f" report says {report_value}, fitting {fitting}", flush=True)
+              f" report says {report_value}, fitting {sorted(fitting, reverse=True)}", flush=True)
     return cases
 
 
@@ -106,12 +115,20 @@ def main():
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     cases = [c for name, src in sources() if only in name for c in study(name, src)]
     helpable = [c for c in cases if c["fitting"]]
-    print(f"\n{len(cases)} fragmentation OOMs; in {len(helpable)} some standard value fits.")
+    distinct = len({c["oom"] for c in helpable})
+    print(f"\n{len(cases)} fragmentation OOMs; in {len(helpable)} some standard value fits "
+          f"({distinct} distinct OOMs: the same one recurs at several device sizes; in "
+          f"{sum(len(c['fitting']) == len(LADDER) for c in helpable)} every value fits).")
+    print("rule: fits in / cases; cudaMalloc calls over the fewest of any fitting value (mean)")
     for rule in RULES:
-        hits = sum(c["fits"][rule] for c in helpable)
-        print(f"  {rule}: fits in {hits} of {len(helpable)}")
-    agree = sum(c["report"] == c["named"][next(iter(RULES))] for c in cases)
-    print(f"The report named the first rule's value in {agree} of {len(cases)}.")
+        hits = [c for c in helpable if c["allocs"][rule] is not None]
+        extra = [c["allocs"][rule] / min(c["fitting"].values()) for c in hits]
+        mean = sum(extra) / len(extra) if extra else float("nan")
+        print(f"  {rule}: {len(hits)} / {len(helpable)}; {mean:.2f}x")
+    first = next(iter(RULES))
+    agree = sum(c["report"] == c["named"][first] for c in cases)
+    print(f"The report named the first rule's value in {agree} of {len(cases)} "
+          f"({sum(c['named_none'] for c in cases)} times no value: no free block of 20 MiB).")
 
 
 if __name__ == "__main__":

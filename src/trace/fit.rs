@@ -119,7 +119,10 @@ mod tests {
         let mb = report
             .suggested_max_split_size_mb()
             .expect("a fragmentation OOM suggests a value");
-        assert!(MAX_SPLIT_LADDER_MB.contains(&mb));
+        assert!(
+            MAX_SPLIT_LADDER_MB.contains(&mb),
+            "{mb} is not a standard value"
+        );
         let fits = fitting_max_split_sizes(&workload, &config, None);
         assert!(
             fits.iter().any(|f| f.conf == max_split_conf(mb)),
