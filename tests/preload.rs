@@ -98,6 +98,35 @@ fn out_of_memory_answers_2_and_the_program_goes_on() {
     assert!(log.contains("WARN"), "{log}");
 }
 
+/// The user's path through a fragmentation OOM: the report names a `max_split_size_mb`, and the
+/// same program run again with it gets its memory.
+#[test]
+fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
+    let capacity = ("FAKECUDART_CAPACITY", "256MiB");
+    let out = check("fragmentation", &[capacity]);
+    let log = stderr(&out);
+    assert_eq!(number_after(&stdout(&out), "last request:"), 2, "{log}");
+    assert!(log.contains("Hint: Fragmentation:"), "{log}");
+    let key = "CACHEALLOC_CONF=max_split_size_mb:";
+    let at = log
+        .find(key)
+        .unwrap_or_else(|| panic!("no suggestion in:\n{log}"))
+        + key.len();
+    let mb: String = log[at..].chars().take_while(char::is_ascii_digit).collect();
+    assert_eq!(
+        mb, "32",
+        "the largest standard value within the 40 MiB free pieces"
+    );
+    let conf = format!("max_split_size_mb:{mb}");
+    let again = check("fragmentation", &[capacity, ("CACHEALLOC_CONF", &conf)]);
+    assert_eq!(number_after(&stdout(&again), "last request:"), 0, "{conf}");
+    assert!(
+        !stderr(&again).contains("out of memory"),
+        "{}",
+        stderr(&again)
+    );
+}
+
 #[test]
 fn foreign_pointers_and_null_are_forwarded_untouched() {
     check("foreign", &[]);

@@ -114,6 +114,26 @@ static void scenario_oom(void) {
     CHECK_CODE(cudaFree(b), cudaSuccess);
 }
 
+/* Fragmentation (FAKECUDART_CAPACITY=256MiB): two 100 MiB segments, each cut by a live 60 MiB
+ * block, leave 80 MiB free in 40 MiB pieces and 56 MiB on the device, so a third 100 MiB
+ * request runs out of memory under the default settings. Prints that request's answer: the
+ * test reruns with the report's suggested max_split_size_mb and expects success. */
+static void scenario_fragmentation(void) {
+    void *big = NULL, *first = NULL, *second = NULL, *last = NULL;
+    CHECK_CODE(cudaMalloc(&big, 100 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(big), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&first, 60 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&big, 100 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(big), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&second, 60 * MIB), cudaSuccess);
+    cudaError_t answer = cudaMalloc(&last, 100 * MIB);
+    printf("last request: %d\n", (int)answer);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    if (answer == cudaSuccess) CHECK_CODE(cudaFree(last), cudaSuccess);
+    CHECK_CODE(cudaFree(first), cudaSuccess);
+    CHECK_CODE(cudaFree(second), cudaSuccess);
+}
+
 /* Memory the pool does not own, and cudaFree(NULL), go to the runtime untouched. */
 static void scenario_foreign(void) {
     void *managed = NULL, *pitched = NULL, *pooled = NULL;
@@ -324,6 +344,7 @@ struct scenario {
 static const struct scenario scenarios[] = {
     {"churn", scenario_churn},
     {"oom", scenario_oom},
+    {"fragmentation", scenario_fragmentation},
     {"foreign", scenario_foreign},
     {"double_free", scenario_double_free},
     {"reset", scenario_reset},
