@@ -10,26 +10,23 @@ alternatives, how often the value a rule names is one that fits — and what it 
 cudaMalloc calls over the fewest any fitting value needs.
 
 Usage: cargo build --release && scripts/oom-hint-study.py [NAME-FILTER]   (about a minute)
+Environment: CACHEALLOC_BIN (default target/release/cachealloc), STUDY_FRACTIONS (device sizes
+as fractions of the way from peak allocated to peak reserved, e.g. "0.1,0.25").
 """
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "cachealloc")
+BIN = os.environ.get("CACHEALLOC_BIN") or os.path.join(ROOT, "target", "release", "cachealloc")
 TRACES = os.environ.get("CACHEALLOC_TRACES") or os.path.join(ROOT, "..", "shared", "traces", "real")
-UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 LADDER = [1024, 512, 256, 128, 64, 48, 32, 20]
 # Devices between peak allocated (0) and peak reserved (1) of an unlimited replay.
-FRACTIONS = [0.03, 0.06, 0.1, 0.15, 0.25, 0.4]
-
-
-def size(text):
-    value, unit = text.split()
-    return float(value) * UNITS[unit]
+FRACTIONS = [float(f) for f in
+             os.environ.get("STUDY_FRACTIONS", "0.03,0.06,0.1,0.15,0.25,0.4").split(",")]
+MIB = 1 << 20
 
 
 def ladder_at_most(mib):
@@ -40,23 +37,21 @@ def ladder_at_most(mib):
 RULES = {
     "largest free block, down to a standard value (the report's rule)":
         lambda req, lf: ladder_at_most(lf) if lf >= LADDER[-1] else None,
-    "the request's size (the earlier rule)": lambda req, lf: max(20, int(req)),
+    "the request's size (the earlier rule)": lambda req, lf: max(20, int(req)),  # rounded, MiB
     "half the request, down to a standard value": lambda req, lf: ladder_at_most(req / 2),
     "always 128": lambda req, lf: 128,
     "always 20": lambda req, lf: 20,
 }
 
 
-def run(source, capacity, conf=None, as_json=True):
-    cmd = [BIN] + source + ["--capacity", str(int(capacity))]
+def run(source, capacity, conf=None):
+    cmd = [BIN] + source + ["--capacity", str(int(capacity)), "--json"]
     if conf:
         cmd += ["--conf", conf]
-    if as_json:
-        cmd.append("--json")
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode not in (0, 1):
         return None
-    return json.loads(done.stdout) if as_json else done.stdout
+    return json.loads(done.stdout)
 
 
 def device_allocs_if_fits(source, capacity, mb):
@@ -73,26 +68,23 @@ def study(name, source):
     cases = []
     for fraction in FRACTIONS:
         capacity = allocated + fraction * (reserved - allocated)
-        text = run(source, capacity, as_json=False)
-        if not text or "Hint: Fragmentation:" not in text:
+        out = run(source, capacity)
+        report = out and out["first_oom_report"]
+        if not report or report["kind"] != "fragmentation":
             continue
-        request = re.search(r"Request: ([\d.]+ \w+) \(", text)
-        largest = re.search(r"Largest free cached blocks: ([\d.]+ \w+)", text)
-        suggested = re.search(r"max_split_size_mb:(\d+): blocks of", text)
-        named_none = "Hint: Fragmentation:" in text and not suggested
-        req_mib = size(request.group(1)) / 2**20
-        lf_mib = size(largest.group(1)) / 2**20 if largest else 0.0
+        req_mib = report["rounded_bytes"] / MIB
+        lf_mib = max(report["largest_free_blocks"], default=0) / MIB
         fitting = {int(f["conf"].split(":")[1]): f["num_device_alloc"]
-                   for f in run(source, capacity)["fitting_settings"]}
+                   for f in out["fitting_settings"]}
         named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}
         # cudaMalloc calls under each rule's value when it fits, else None.
         allocs = {rule: None if mb is None
                   else fitting.get(mb) if mb in LADDER
                   else device_allocs_if_fits(source, capacity, mb)
                   for rule, mb in named.items()}
-        report_value = int(suggested.group(1)) if suggested else None
+        report_value = report["suggested_max_split_size_mb"]
         cases.append({"name": name, "fraction": fraction, "fitting": fitting, "named": named,
-                      "allocs": allocs, "report": report_value, "named_none": named_none,
+                      "allocs": allocs, "report": report_value,
                       "oom": (name, round(req_mib, 2), round(lf_mib, 2))})
         print(f"{name} at {fraction:.2f}: request {req_mib:.1f} MiB, largest free {lf_mib:.1f} MiB,"
               f" report says {report_value}, fitting {sorted(fitting, reverse=True)}", flush=True)
@@ -128,7 +120,7 @@ def main():
     first = next(iter(RULES))
     agree = sum(c["report"] == c["named"][first] for c in cases)
     print(f"The report named the first rule's value in {agree} of {len(cases)} "
-          f"({sum(c['named_none'] for c in cases)} times no value: no free block of 20 MiB).")
+          f"({sum(c['report'] is None for c in cases)} times no value: no free block of 20 MiB).")
 
 
 if __name__ == "__main__":

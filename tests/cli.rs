@@ -243,8 +243,54 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         "{conf}"
     );
     assert_eq!(suggestion["fits"], true, "{conf} should fit this workload");
+    // The report itself, with the figures its conclusion rests on.
+    let report = &v["first_oom_report"];
+    assert_eq!(report["kind"], "fragmentation");
+    let mb = report["suggested_max_split_size_mb"].as_u64().unwrap();
+    assert_eq!(conf, format!("max_split_size_mb:{mb}"));
+    let largest = report["largest_free_blocks"][0].as_u64().unwrap();
+    assert!(mb << 20 <= largest && largest < report["rounded_bytes"].as_u64().unwrap());
+    assert!(
+        report["text"]
+            .as_str()
+            .unwrap()
+            .contains("Hint: Fragmentation")
+    );
     // No OOM, no suggestions.
     let fine = synth("8GiB", &[]);
     assert!(fine["fitting_settings"].is_null());
     assert!(fine["report_suggestion"].is_null());
+    assert!(fine["first_oom_report"].is_null());
+}
+
+/// A bounded run of `scripts/oom-hint-study.py` (one workload, one device size): it reads the
+/// JSON report and the fit search, and counts the report's own value as fitting.
+#[test]
+fn the_oom_hint_study_runs_on_one_workload() {
+    let out = Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/oom-hint-study.py"))
+        .arg("synth transformer seed 1")
+        .env("CACHEALLOC_BIN", env!("CARGO_BIN_EXE_cachealloc"))
+        .env("STUDY_FRACTIONS", "0.1")
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("synth transformer seed 1 at 0.10:") && text.contains("report says 128"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 fragmentation OOMs; in 1 some standard value fits"),
+        "{text}"
+    );
+    assert!(text.contains("(the report's rule): 1 / 1;"), "{text}");
+    assert!(
+        text.contains("named the first rule's value in 1 of 1"),
+        "{text}"
+    );
 }

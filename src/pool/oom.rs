@@ -24,7 +24,7 @@
 //!   smaller than it. Replaying every fragmentation OOM of the real traces and of synthetic
 //!   runs at several device sizes (`scripts/oom-hint-study.py`): of the 69 cases where some
 //!   standard value avoids the OOM (30 distinct OOMs; in 37 cases every value does), this
-//!   value avoids it in 60, the request's size in 36. A constant 20 also avoids it in 60, but
+//!   value avoids it in 60, the request's size in 41. A constant 20 also avoids it in 60, but
 //!   at 1.95× the cudaMalloc calls of the cheapest fitting value, against 1.05× for this one.
 //!   PyTorch's other remedy, `expandable_segments`, is not offered: cachealloc does not
 //!   implement it yet.

@@ -1,6 +1,6 @@
 //! What `replay` and `synth` print: one record, rendered as JSON or as a readable summary.
 
-use cachealloc::pool::{DeviceId, DeviceStats, OomReport, format_size};
+use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
 use cachealloc::report::memory_summary;
 use cachealloc::trace::ReplayOutcome;
 use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, max_split_conf};
@@ -57,6 +57,8 @@ pub struct ReplayJson {
     /// The `max_split_size_mb` the out-of-memory report suggests, replayed like the others
     /// (null when there was no OOM or the report suggests no value).
     pub report_suggestion: Option<SuggestionJson>,
+    /// The first out-of-memory report (null when there was none).
+    pub first_oom_report: Option<OomReportJson>,
     #[serde(skip)]
     pub stats: DeviceStats,
     #[serde(skip)]
@@ -79,6 +81,47 @@ impl From<FittingSetting> for FittingJson {
             peak_reserved_bytes: f.peak_reserved_bytes,
             num_device_alloc: f.num_device_alloc,
             num_alloc_retries: f.num_alloc_retries,
+        }
+    }
+}
+
+/// An out-of-memory report: its figures, what it concludes, and its text.
+#[derive(Clone, Debug, Serialize)]
+pub struct OomReportJson {
+    /// `exhausted` (live memory alone exceeds what the device offers), `untracked` (memory
+    /// outside the allocator holds what is missing) or `fragmentation`.
+    pub kind: &'static str,
+    pub requested_bytes: u64,
+    pub rounded_bytes: u64,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub device_total_bytes: u64,
+    pub device_free_bytes: u64,
+    /// Sizes of the largest free cached blocks, largest first (at most 16).
+    pub largest_free_blocks: Vec<u64>,
+    /// The `max_split_size_mb` the hint suggests (null when it suggests none).
+    pub suggested_max_split_size_mb: Option<u64>,
+    /// The report as the summary and the library's log print it.
+    pub text: String,
+}
+
+impl From<&OomReport> for OomReportJson {
+    fn from(r: &OomReport) -> Self {
+        OomReportJson {
+            kind: match r.hint() {
+                OomHint::Exhausted { .. } => "exhausted",
+                OomHint::Untracked { .. } => "untracked",
+                OomHint::Fragmentation { .. } => "fragmentation",
+            },
+            requested_bytes: r.requested,
+            rounded_bytes: r.rounded,
+            allocated_bytes: r.allocated,
+            reserved_bytes: r.reserved,
+            device_total_bytes: r.device_total,
+            device_free_bytes: r.device_free,
+            largest_free_blocks: r.largest_free_blocks.clone(),
+            suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
+            text: r.to_string(),
         }
     }
 }
@@ -135,6 +178,7 @@ impl ReplayJson {
             recorded_oom: ctx.recorded.oom,
             fitting_settings: None,
             report_suggestion: None,
+            first_oom_report: out.first_oom.as_ref().map(|o| (&o.report).into()),
             stats: out.stats.clone(),
             oom_report: out.first_oom.map(|o| o.report),
         }
