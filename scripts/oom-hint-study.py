@@ -25,7 +25,7 @@ TRACES = os.environ.get("CACHEALLOC_TRACES") or os.path.join(ROOT, "..", "shared
 LADDER = [1024, 512, 256, 128, 64, 48, 32, 20]
 # Devices between peak allocated (0) and peak reserved (1) of an unlimited replay.
 FRACTIONS = [float(f) for f in
-             os.environ.get("STUDY_FRACTIONS", "0.03,0.06,0.1,0.15,0.25,0.4").split(",")]
+             os.environ.get("STUDY_FRACTIONS", "0.03,0.06,0.1,0.15,0.25,0.4").split(",") if f.strip()]
 MIB = 1 << 20
 
 
@@ -69,11 +69,13 @@ def study(name, source):
     for fraction in FRACTIONS:
         capacity = allocated + fraction * (reserved - allocated)
         out = run(source, capacity)
+        if out is not None and "first_oom_report" not in out:
+            sys.exit(f"{BIN} is too old: its JSON has no first_oom_report")
         report = out and out["first_oom_report"]
         if not report or report["kind"] != "fragmentation":
             continue
         req_mib = report["rounded_bytes"] / MIB
-        lf_mib = max(report["largest_free_blocks"], default=0) / MIB
+        lf_mib = max(report["largest_free_block_bytes"], default=0) / MIB
         fitting = {int(f["conf"].split(":")[1]): f["num_device_alloc"]
                    for f in out["fitting_settings"]}
         named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}

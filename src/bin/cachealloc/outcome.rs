@@ -61,8 +61,6 @@ pub struct ReplayJson {
     pub first_oom_report: Option<OomReportJson>,
     #[serde(skip)]
     pub stats: DeviceStats,
-    #[serde(skip)]
-    pub oom_report: Option<OomReport>,
 }
 
 /// A setting verified to replay without an OOM.
@@ -93,12 +91,16 @@ pub struct OomReportJson {
     pub kind: &'static str,
     pub requested_bytes: u64,
     pub rounded_bytes: u64,
+    /// The segment the pool tried to obtain from the device.
+    pub segment_bytes: u64,
     pub allocated_bytes: u64,
     pub reserved_bytes: u64,
     pub device_total_bytes: u64,
     pub device_free_bytes: u64,
-    /// Sizes of the largest free cached blocks, largest first (at most 16).
-    pub largest_free_blocks: Vec<u64>,
+    /// The `per_process_memory_fraction` limit, when one is set.
+    pub allowed_maximum_bytes: Option<u64>,
+    /// Sizes in bytes of the largest free cached blocks, largest first (at most 16).
+    pub largest_free_block_bytes: Vec<u64>,
     /// The `max_split_size_mb` the hint suggests (null when it suggests none).
     pub suggested_max_split_size_mb: Option<u64>,
     /// The report as the summary and the library's log print it.
@@ -115,11 +117,13 @@ impl From<&OomReport> for OomReportJson {
             },
             requested_bytes: r.requested,
             rounded_bytes: r.rounded,
+            segment_bytes: r.alloc_size,
             allocated_bytes: r.allocated,
             reserved_bytes: r.reserved,
             device_total_bytes: r.device_total,
             device_free_bytes: r.device_free,
-            largest_free_blocks: r.largest_free_blocks.clone(),
+            allowed_maximum_bytes: r.allowed_maximum,
+            largest_free_block_bytes: r.largest_free_blocks.clone(),
             suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
             text: r.to_string(),
         }
@@ -180,7 +184,6 @@ impl ReplayJson {
             report_suggestion: None,
             first_oom_report: out.first_oom.as_ref().map(|o| (&o.report).into()),
             stats: out.stats.clone(),
-            oom_report: out.first_oom.map(|o| o.report),
         }
     }
 
@@ -188,9 +191,9 @@ impl ReplayJson {
     /// tried).
     pub fn with_fits(mut self, fits: Option<Vec<FittingSetting>>) -> Self {
         let suggested = self
-            .oom_report
+            .first_oom_report
             .as_ref()
-            .and_then(OomReport::suggested_max_split_size_mb);
+            .and_then(|r| r.suggested_max_split_size_mb);
         if let (Some(fits), Some(mb)) = (&fits, suggested) {
             let conf = max_split_conf(mb);
             let fits = fits.iter().any(|f| f.conf == conf);
@@ -264,12 +267,12 @@ impl ReplayJson {
         }
         t += "\n";
         t += &memory_summary(&self.stats, DeviceId(self.device), false);
-        if let Some(report) = &self.oom_report {
+        if let Some(report) = &self.first_oom_report {
             let at = self
                 .first_oom_event_index
                 .map(|i| format!(" at event {i}"))
                 .unwrap_or_default();
-            t += &format!("\nFirst out-of-memory{at}:\n{report}\n");
+            t += &format!("\nFirst out-of-memory{at}:\n{}\n", report.text);
         }
         if let Some(fits) = &self.fitting_settings {
             t += &fits_text(fits, self.report_suggestion.as_ref());
