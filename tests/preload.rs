@@ -125,6 +125,49 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
         "{}",
         stderr(&again)
     );
+    // Not recorded: the report says how to record the run to replay it.
+    assert!(
+        log.contains("record it (add trace:PATH to CACHEALLOC_CONF"),
+        "{log}"
+    );
+}
+
+/// A recorded run's OOM report names the replay command, and that command, run after the
+/// program has ended, lists the values that avoid the OOM — the report's among them.
+#[test]
+fn a_recorded_oom_names_the_replay_that_finds_the_settings_that_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = format!("trace:{}/run-%p.jsonl", dir.path().display());
+    let out = check(
+        "fragmentation",
+        &[
+            ("FAKECUDART_CAPACITY", "256MiB"),
+            ("CACHEALLOC_CONF", &conf),
+        ],
+    );
+    let log = stderr(&out);
+    let start = log
+        .find("`cachealloc replay ")
+        .unwrap_or_else(|| panic!("no replay command in:\n{log}"))
+        + 1;
+    let command = &log[start..start + log[start..].find('`').unwrap()];
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    assert!(
+        args[0] == "replay"
+            && args[1].starts_with(&dir.path().display().to_string())
+            && args.contains(&"--faithful"),
+        "{command}"
+    );
+    let replayed = std::process::Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+        .args(&args)
+        .arg("--json")
+        .output()
+        .expect("cachealloc runs");
+    let v: serde_json::Value = serde_json::from_slice(&replayed.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&replayed.stderr)));
+    assert_eq!(v["num_ooms"], 1, "the replay meets the recorded OOM");
+    assert_eq!(v["report_suggestion"]["conf"], "max_split_size_mb:32");
+    assert_eq!(v["report_suggestion"]["fits"], true);
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 use crate::backend::BackendError;
 use crate::backend::cuda::runtime::{CudaError, codes};
-use crate::global::{ShimError, panics};
-use crate::pool::Error;
+use crate::global::{ShimError, panics, recording_path};
+use crate::pool::{DeviceId, Error};
 
 /// The code for `err`, logging what the program should know (an OOM report once, at warn).
 ///
@@ -18,7 +18,7 @@ use crate::pool::Error;
 pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
     match err {
         ShimError::Pool(Error::OutOfMemory(report)) => {
-            tracing::warn!("{call}: {report}");
+            tracing::warn!("{call}: {report}\n{}", replay_advice(report.device));
             codes::MEMORY_ALLOCATION
         }
         ShimError::Pool(Error::Backend(BackendError::OutOfMemory)) => codes::MEMORY_ALLOCATION,
@@ -51,6 +51,23 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             tracing::error!("{call}: {e}");
             codes::UNKNOWN
         }
+    }
+}
+
+/// The OOM report's last line: how to find the settings that fit this very run — the replay
+/// command when the run is being recorded, else how to record it.
+fn replay_advice(device: DeviceId) -> String {
+    match recording_path() {
+        Some(path) => format!(
+            "This run is recorded to {path}: once it has ended, `cachealloc replay {path} \
+             --device {} --faithful` replays it and lists the max_split_size_mb values that \
+             avoid this out-of-memory.",
+            device.0
+        ),
+        None => "To find the values that fit this run, record it (add trace:PATH to \
+                 CACHEALLOC_CONF; %p in PATH is the process id) and replay the file with \
+                 `cachealloc replay PATH --faithful`."
+            .to_string(),
     }
 }
 

@@ -17,3 +17,4 @@ mod trace_file;
 pub use error::ShimError;
 pub use exit_stats::{render_json, render_text};
 pub use interpose::Routed;
+pub use trace_file::recording_path;

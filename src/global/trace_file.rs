@@ -58,6 +58,14 @@ pub fn start(config: &Config) {
     });
 }
 
+/// The file this process records to while recording is on (`None` without `trace:`, or once
+/// writing it failed).
+pub fn recording_path() -> Option<&'static str> {
+    let r = RECORDER.get()?;
+    let file = r.file.lock().unwrap_or_else(|p| p.into_inner());
+    (!matches!(*file, FileState::Failed)).then_some(r.path.as_str())
+}
+
 /// A sink for the pool of `device` when recording is on.
 pub fn sink(device: DeviceId) -> Option<DeviceSink> {
     RECORDER.get().map(|r| r.buffer.sink(device.0))
