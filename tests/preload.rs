@@ -125,10 +125,22 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
         "{}",
         stderr(&again)
     );
-    // Not recorded: the report says how to record the run to replay it.
+    // Not recorded: the report says how to record the run, with its settings, to replay it.
     assert!(
-        log.contains("record it (add trace:PATH to CACHEALLOC_CONF"),
+        log.contains("run it again with CACHEALLOC_CONF=trace:/tmp/cachealloc-%p.jsonl "),
         "{log}"
+    );
+    let tuned = check(
+        "fragmentation",
+        &[
+            capacity,
+            ("PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:4"),
+        ],
+    );
+    let log = stderr(&tuned);
+    assert!(
+        log.contains("CACHEALLOC_CONF=roundup_power2_divisions:4,trace:/tmp/cachealloc-%p.jsonl"),
+        "the settings in force carry over:\n{log}"
     );
 }
 

@@ -39,7 +39,9 @@ pub mod values;
 mod tests;
 
 pub use error::{ConfigError, Problem};
-pub use options::{OPTIONS, OptionSpec, render_help, render_markdown_table, render_values};
+pub use options::{
+    OPTIONS, OptionSpec, render_conf, render_help, render_markdown_table, render_values,
+};
 pub use path::expand_pid;
 
 use crate::pool::Settings;

@@ -403,6 +403,19 @@ pub fn render_values(config: &Config) -> String {
     out
 }
 
+/// The options of `config` that differ from their defaults, in `CACHEALLOC_CONF` syntax: the
+/// value that gives another run the same settings whichever variable they came from.
+pub fn render_conf(config: &Config) -> String {
+    OPTIONS
+        .iter()
+        .filter_map(|o| {
+            let value = o.current(config);
+            (value != o.default_text()).then(|| format!("{}:{value}", o.name))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -490,6 +490,43 @@ fn conf_flag_has_cachealloc_conf_meaning() {
     );
 }
 
+/// `render_conf` gives another run the same settings: every option set away from its default,
+/// in `CACHEALLOC_CONF` syntax, parses back to the same configuration.
+#[test]
+fn render_conf_parses_back_to_the_same_settings() {
+    assert_eq!(render_conf(&Config::default()), "");
+    let text = "max_split_size_mb:128,max_non_split_rounding_mb:64,\
+                roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6,\
+                per_process_memory_fraction:0.5,free_sync:none,stats:json,\
+                stats_file:/tmp/s-%p.json,trace:/tmp/t-%p.jsonl,count_cached_as_free:True";
+    let c = conf(text).unwrap();
+    let rendered = render_conf(&c);
+    let again = conf(&rendered).unwrap();
+    assert_eq!(again, c, "{rendered}");
+    // Every option was set away from its default (expandable_segments is not implemented and
+    // stays off), so each is named.
+    for o in options::OPTIONS
+        .iter()
+        .filter(|o| o.name != "expandable_segments")
+    {
+        let named = rendered.starts_with(&format!("{}:", o.name))
+            || rendered.contains(&format!(",{}:", o.name));
+        assert!(named, "{} missing from {rendered}", o.name);
+    }
+    // From PYTORCH_CUDA_ALLOC_CONF too: the same settings, now for CACHEALLOC_CONF.
+    let from_pytorch = Config::from_lookup(env(&[(
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "max_split_size_mb:256,roundup_power2_divisions:4",
+    )]))
+    .unwrap();
+    let rendered = render_conf(&from_pytorch);
+    assert_eq!(
+        conf(&rendered).unwrap().settings,
+        from_pytorch.settings,
+        "{rendered}"
+    );
+}
+
 #[test]
 fn render_values_shows_the_effective_settings() {
     let c = conf("max_split_size_mb:128,free_sync:none").unwrap();

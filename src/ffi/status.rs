@@ -3,7 +3,8 @@
 
 use crate::backend::BackendError;
 use crate::backend::cuda::runtime::{CudaError, codes};
-use crate::global::{ShimError, panics, recording_path};
+use crate::config::render_conf;
+use crate::global::{ShimError, init, panics, recording_path};
 use crate::pool::{DeviceId, Error};
 
 /// The code for `err`, logging what the program should know (an OOM report once, at warn).
@@ -64,10 +65,21 @@ fn replay_advice(device: DeviceId) -> String {
              avoid this out-of-memory.",
             device.0
         ),
-        None => "To find the values that fit this run, record it (add trace:PATH to \
-                 CACHEALLOC_CONF; %p in PATH is the process id) and replay the file with \
-                 `cachealloc replay PATH --faithful`."
-            .to_string(),
+        None => {
+            // The same settings, wherever they came from, plus the recording.
+            let settings = init::active_config().map(render_conf).unwrap_or_default();
+            let conf = [settings.as_str(), "trace:/tmp/cachealloc-%p.jsonl"]
+                .into_iter()
+                .filter(|part| !part.is_empty())
+                .collect::<Vec<_>>()
+                .join(",");
+            format!(
+                "To find the values that fit this run, run it again with \
+                 CACHEALLOC_CONF={conf} (%p is the process id) and replay the file with \
+                 `cachealloc replay /tmp/cachealloc-PID.jsonl --device {} --faithful`.",
+                device.0
+            )
+        }
     }
 }
 
