@@ -3,7 +3,7 @@
 
 use crate::backend::BackendError;
 use crate::backend::cuda::runtime::{CudaError, codes};
-use crate::config::render_conf;
+use crate::config::{Config, render_conf};
 use crate::global::{ShimError, init, panics, recording_path};
 use crate::pool::{DeviceId, Error};
 
@@ -66,8 +66,16 @@ fn replay_advice(device: DeviceId) -> String {
             device.0
         ),
         None => {
-            // The same settings, wherever they came from, plus the recording.
-            let settings = init::active_config().map(render_conf).unwrap_or_default();
+            // The same settings, wherever they came from, plus the recording (in place of a
+            // `trace:` whose file could not be written).
+            let settings = init::active_config()
+                .map(|config| {
+                    render_conf(&Config {
+                        trace: None,
+                        ..config.clone()
+                    })
+                })
+                .unwrap_or_default();
             let conf = [settings.as_str(), "trace:/tmp/cachealloc-%p.jsonl"]
                 .into_iter()
                 .filter(|part| !part.is_empty())
