@@ -2,6 +2,7 @@
 //! failures and a clock for pending work. Deterministic; used by tests, replay and benchmarks.
 
 use super::{Backend, BackendError, Fence, MemInfo};
+use crate::pool::segment_map::SegmentMap;
 use crate::pool::{DeviceId, DevicePtr};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -43,7 +44,7 @@ pub struct SimDevice {
     used: u64,
     placement: Placement,
     /// Live segments: address → size.
-    segments: BTreeMap<u64, u64>,
+    segments: SegmentMap,
     /// Free parts of the managed address space `[ADDRESS_BASE, ADDRESS_TOP)`: start → end.
     free_ranges: BTreeMap<u64, u64>,
     /// Recorded `(size, address)` of upcoming segment allocations, in order.
@@ -68,7 +69,7 @@ impl SimDevice {
             foreign_used: 0,
             used: 0,
             placement: Placement::TopDown,
-            segments: BTreeMap::new(),
+            segments: SegmentMap::default(),
             free_ranges: BTreeMap::from([(ADDRESS_BASE, ADDRESS_TOP)]),
             address_hints: VecDeque::new(),
             injected_failures: VecDeque::new(),
@@ -120,7 +121,7 @@ impl SimDevice {
 
     /// Live segments as `(address, size)`, in address order.
     pub fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.segments.iter().map(|(a, s)| (*a, *s))
+        self.segments.iter()
     }
 
     /// Queue the address a recording's driver gave an allocation of `size` bytes. An allocation
@@ -162,12 +163,11 @@ impl SimDevice {
             Some(end) => end,
             None => return false,
         };
-        if let Some((a, s)) = self.segments.range(..end).next_back()
-            && a + s > addr
-        {
-            return false;
-        }
-        true
+        // The segment with the highest start below `end` must end at or before `addr`.
+        let below = end
+            .checked_sub(1)
+            .and_then(|last| self.segments.at_or_below(last));
+        below.is_none_or(|(a, s)| a + s <= addr)
     }
 
     /// Take `[addr, addr + size)` out of the free ranges (the part inside the managed space).
@@ -265,9 +265,9 @@ impl Backend for SimDevice {
     }
 
     fn release(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
-        match self.segments.get(&ptr.addr()) {
-            Some(&s) if s == size => {
-                self.segments.remove(&ptr.addr());
+        match self.segments.get(ptr.addr()) {
+            Some(s) if s == size => {
+                self.segments.remove(ptr.addr());
                 self.uncarve(ptr.addr(), size);
                 self.used -= size;
                 self.counters.frees += 1;

@@ -17,11 +17,12 @@ use super::oom::OomReport;
 use super::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, pool_for, round_size, round_to_block, segment_size,
 };
+use super::segment_map::SegmentMap;
 use super::settings::Settings;
 use super::stats::DeviceStats;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::{Backend, BackendError, Fence};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 /// How many of the largest free blocks an OOM report lists.
 const OOM_REPORT_BLOCKS: usize = 16;
@@ -88,7 +89,7 @@ pub struct DeviceAllocator<B: Backend> {
     /// Live allocations (allocated or pending) by address.
     pub(super) allocations: AddressMap,
     /// Segments obtained from the device: start address → size.
-    pub(super) segments: BTreeMap<u64, u64>,
+    pub(super) segments: SegmentMap,
     /// Freed blocks waiting for their fence, oldest first.
     pub(super) pending: VecDeque<(Fence, BlockId)>,
     pub(super) stats: Counters,
@@ -122,7 +123,7 @@ impl<B: Backend> DeviceAllocator<B> {
             small: StreamPools::default(),
             large: StreamPools::default(),
             allocations: AddressMap::default(),
-            segments: BTreeMap::new(),
+            segments: SegmentMap::default(),
             pending: VecDeque::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
@@ -232,10 +233,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Whether `addr` lies inside a segment of this pool.
     pub fn contains(&self, addr: u64) -> bool {
-        self.segments
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(start, size)| addr < start + size)
+        self.segments.contains(addr)
     }
 
     /// Move every pending block whose fence is done back to its pool.

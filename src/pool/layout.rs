@@ -156,12 +156,13 @@ impl<B: Backend> DeviceAllocator<B> {
             return bad("empty segment or address 0".into());
         }
         let end = seed.addr.checked_add(seed.size);
-        let overlaps = end.is_none()
-            || self
-                .segments
-                .range(..end.unwrap_or(u64::MAX))
-                .next_back()
-                .is_some_and(|(a, s)| a + s > seed.addr);
+        // Overlapping: the segment with the highest start below this one's end reaches past
+        // its start.
+        let overlaps = end.is_none_or(|end| {
+            self.segments
+                .at_or_below(end - 1)
+                .is_some_and(|(a, s)| a + s > seed.addr)
+        });
         if overlaps {
             return bad("overlaps an existing segment".into());
         }

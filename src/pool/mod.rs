@@ -16,6 +16,7 @@ pub mod layout;
 pub mod oom;
 mod release;
 pub mod rounding;
+pub(crate) mod segment_map;
 pub mod settings;
 pub mod stats;
 pub mod types;

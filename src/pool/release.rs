@@ -159,7 +159,7 @@ impl<B: Backend> DeviceAllocator<B> {
             .get_mut(block.stream)
             .remove(block.size, block.addr);
         self.blocks.remove(id);
-        self.segments.remove(&block.addr);
+        self.segments.remove(block.addr);
         self.total_reserved -= block.size;
         self.stats.segment.decrease(block.pool, 1);
         self.stats.reserved_bytes.decrease(block.pool, block.size);

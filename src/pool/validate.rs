@@ -23,8 +23,8 @@ impl<B: Backend> DeviceAllocator<B> {
                 return Err(format!("segment {:#x} overlaps the previous one", seg.addr));
             }
             prev_end = seg.addr + seg.size;
-            match self.segments.get(&seg.addr) {
-                Some(&size) if size == seg.size => {}
+            match self.segments.get(seg.addr) {
+                Some(size) if size == seg.size => {}
                 other => {
                     return Err(format!(
                         "segment {:#x}: blocks add up to {} but the segment table says {other:?}",

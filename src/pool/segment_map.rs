@@ -1,0 +1,118 @@
+//! `SegmentMap`: the segments obtained from the device, start address → size — which segment
+//! holds an address (every `cudaFree` through the shim asks, to find the owning device), and
+//! the bookkeeping of each new or released segment.
+//!
+//! A vector sorted by start address, highest first. The driver hands out new segments mostly
+//! top-down, below the ones already there, so a new segment is usually appended; a lookup is a
+//! binary search over contiguous memory. An insert or removal elsewhere moves the entries
+//! after it, which is never more than a small fraction of the `cudaMalloc` or `cudaFree` that
+//! comes with it.
+
+/// Segments: (start, size), sorted by start, descending.
+#[derive(Debug, Default, Clone)]
+pub struct SegmentMap {
+    by_start_desc: Vec<(u64, u64)>,
+}
+
+impl SegmentMap {
+    pub fn len(&self) -> usize {
+        self.by_start_desc.len()
+    }
+
+    /// Position of the first segment starting at or below `addr`.
+    fn first_at_or_below(&self, addr: u64) -> usize {
+        self.by_start_desc
+            .partition_point(|&(start, _)| start > addr)
+    }
+
+    /// Record a segment; its start must not be in the map.
+    pub fn insert(&mut self, start: u64, size: u64) {
+        let at = self.first_at_or_below(start);
+        debug_assert!(self.by_start_desc.get(at).is_none_or(|&(s, _)| s != start));
+        self.by_start_desc.insert(at, (start, size));
+    }
+
+    /// Forget the segment starting at `start`; its size, if it was there.
+    pub fn remove(&mut self, start: u64) -> Option<u64> {
+        let at = self.first_at_or_below(start);
+        match self.by_start_desc.get(at) {
+            Some(&(s, size)) if s == start => {
+                self.by_start_desc.remove(at);
+                Some(size)
+            }
+            _ => None,
+        }
+    }
+
+    /// The size of the segment starting exactly at `start`.
+    pub fn get(&self, start: u64) -> Option<u64> {
+        match self.by_start_desc.get(self.first_at_or_below(start)) {
+            Some(&(s, size)) if s == start => Some(size),
+            _ => None,
+        }
+    }
+
+    /// The segment with the highest start at or below `addr`: (start, size).
+    pub fn at_or_below(&self, addr: u64) -> Option<(u64, u64)> {
+        self.by_start_desc
+            .get(self.first_at_or_below(addr))
+            .copied()
+    }
+
+    /// (start, size) of every segment, in address order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.by_start_desc.iter().rev().copied()
+    }
+
+    /// Whether `addr` lies inside a segment.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.at_or_below(addr)
+            .is_some_and(|(start, size)| addr - start < size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn behaves_as_an_ordered_map_in_any_insertion_order() {
+        let mut map = SegmentMap::default();
+        let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Top-down mostly (as the driver places segments), sometimes anywhere.
+            let start = if i % 4 == 0 {
+                (x % 4096 + 1) << 21
+            } else {
+                (4097 - (i % 4096)) << 21
+            };
+            let size = ((x >> 32) % 3 + 1) << 20;
+            match model.remove(&start) {
+                Some(was) => assert_eq!(map.remove(start), Some(was), "remove {start:#x}"),
+                None => {
+                    map.insert(start, size);
+                    model.insert(start, size);
+                }
+            }
+            assert_eq!(map.len(), model.len());
+            let probe = (x >> 8) % (4100 << 21);
+            assert_eq!(map.get(probe), model.get(&probe).copied());
+            let below = model.range(..=probe).next_back().map(|(&s, &z)| (s, z));
+            assert_eq!(map.at_or_below(probe), below, "at_or_below {probe:#x}");
+            assert_eq!(
+                map.contains(probe),
+                below.is_some_and(|(s, z)| probe < s + z)
+            );
+        }
+        assert_eq!(map.remove(1), None);
+        assert!(
+            map.iter().eq(model.into_iter()),
+            "iterates in address order"
+        );
+    }
+}
