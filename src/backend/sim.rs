@@ -159,15 +159,7 @@ impl SimDevice {
     }
 
     fn range_is_free(&self, addr: u64, size: u64) -> bool {
-        let end = match addr.checked_add(size) {
-            Some(end) => end,
-            None => return false,
-        };
-        // The segment with the highest start below `end` must end at or before `addr`.
-        let below = end
-            .checked_sub(1)
-            .and_then(|last| self.segments.at_or_below(last));
-        below.is_none_or(|(a, s)| a + s <= addr)
+        !self.segments.overlaps(addr, size)
     }
 
     /// Take `[addr, addr + size)` out of the free ranges (the part inside the managed space).

@@ -155,15 +155,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if seed.addr == 0 || seed.size == 0 || seed.blocks.is_empty() {
             return bad("empty segment or address 0".into());
         }
-        let end = seed.addr.checked_add(seed.size);
-        // Overlapping: the segment with the highest start below this one's end reaches past
-        // its start.
-        let overlaps = end.is_none_or(|end| {
-            self.segments
-                .at_or_below(end - 1)
-                .is_some_and(|(a, s)| a + s > seed.addr)
-        });
-        if overlaps {
+        if self.segments.overlaps(seed.addr, seed.size) {
             return bad("overlaps an existing segment".into());
         }
         let mut cursor = seed.addr;

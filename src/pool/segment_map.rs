@@ -64,6 +64,18 @@ impl SegmentMap {
         self.by_start_desc.iter().rev().copied()
     }
 
+    /// Whether `[start, start + size)` shares an address with a segment (true when it would
+    /// run past the end of the address space): the segment with the highest start below its
+    /// end reaches past its start.
+    pub fn overlaps(&self, start: u64, size: u64) -> bool {
+        let Some(end) = start.checked_add(size) else {
+            return true;
+        };
+        end.checked_sub(1)
+            .and_then(|last| self.at_or_below(last))
+            .is_some_and(|(s, z)| s + z > start)
+    }
+
     /// Whether `addr` lies inside a segment.
     pub fn contains(&self, addr: u64) -> bool {
         self.at_or_below(addr)
@@ -108,8 +120,19 @@ mod tests {
                 map.contains(probe),
                 below.is_some_and(|(s, z)| probe < s + z)
             );
+            let len = (x >> 40) % (3 << 21) + 1;
+            let overlapping = model.range(..probe + len).next_back();
+            assert_eq!(
+                map.overlaps(probe, len),
+                overlapping.is_some_and(|(&s, &z)| s + z > probe),
+                "overlaps {probe:#x} + {len:#x}"
+            );
         }
         assert_eq!(map.remove(1), None);
+        assert!(
+            map.overlaps(u64::MAX, 2),
+            "past the end of the address space"
+        );
         assert!(
             map.iter().eq(model.into_iter()),
             "iterates in address order"
