@@ -55,6 +55,9 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
     }
 }
 
+/// Where the OOM report suggests recording a run that is not recorded (`%p` = process id).
+const SUGGESTED_TRACE: &str = "/tmp/cachealloc-%p.jsonl";
+
 /// The OOM report's last line: how to find the settings that fit this very run — the replay
 /// command when the run is being recorded, else how to record it.
 fn replay_advice(device: DeviceId) -> String {
@@ -76,15 +79,17 @@ fn replay_advice(device: DeviceId) -> String {
                     })
                 })
                 .unwrap_or_default();
-            let conf = [settings.as_str(), "trace:/tmp/cachealloc-%p.jsonl"]
-                .into_iter()
-                .filter(|part| !part.is_empty())
-                .collect::<Vec<_>>()
-                .join(",");
+            let trace = format!("trace:{SUGGESTED_TRACE}");
+            let conf = if settings.is_empty() {
+                trace
+            } else {
+                format!("{settings},{trace}")
+            };
             format!(
                 "To find the values that fit this run, run it again with \
                  CACHEALLOC_CONF={conf} (%p is the process id) and replay the file with \
-                 `cachealloc replay /tmp/cachealloc-PID.jsonl --device {} --faithful`.",
+                 `cachealloc replay {} --device {} --faithful`.",
+                SUGGESTED_TRACE.replace("%p", "PID"),
                 device.0
             )
         }

@@ -282,8 +282,7 @@ impl ReplayJson {
 }
 
 fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> String {
-    let tried: Vec<String> = MAX_SPLIT_LADDER_MB.iter().map(u64::to_string).collect();
-    let tried = tried.join(", ");
+    let tried = MAX_SPLIT_LADDER_MB.map(|mb| mb.to_string()).join(", ");
     if fits.is_empty() {
         return format!(
             "\nNo max_split_size_mb value tried ({tried}) avoids the out-of-memory on this \
