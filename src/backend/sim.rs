@@ -356,6 +356,71 @@ mod tests {
         assert!(sim.fence_done(f).unwrap());
     }
 
+    /// The free ranges and the live segments tile the managed address space: in address order
+    /// they alternate without gaps or overlaps, and no two free ranges touch (each is merged
+    /// with its free neighbours).
+    fn assert_tiled(sim: &SimDevice) {
+        let mut pieces: Vec<(u64, u64, bool)> = sim
+            .free_ranges
+            .iter()
+            .map(|(&s, &e)| (s, e, true))
+            .chain(sim.segments().map(|(s, len)| (s, s + len, false)))
+            .filter(|&(s, e, _)| e > ADDRESS_BASE && s < ADDRESS_TOP)
+            .collect();
+        pieces.sort_unstable();
+        let mut at = ADDRESS_BASE;
+        let mut last_free = false;
+        for (s, e, free) in pieces {
+            assert_eq!(s.max(ADDRESS_BASE), at, "gap or overlap at {at:#x}");
+            assert!(!(free && last_free), "free ranges touch at {s:#x}");
+            at = e.min(ADDRESS_TOP);
+            last_free = free;
+        }
+        assert_eq!(at, ADDRESS_TOP, "the space is not covered to its top");
+    }
+
+    #[test]
+    fn free_ranges_stay_merged_through_allocations_releases_and_claims() {
+        for placement in [Placement::TopDown, Placement::BottomUp] {
+            let mut sim = SimDevice::new(u64::MAX).with_placement(placement);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for _ in 0..3000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let size = (1 + x % 7) * 2 * MIB;
+                match (x >> 32) % 5 {
+                    0 | 1 => live.push((sim.allocate(size).unwrap().addr(), size)),
+                    2 => {
+                        // A claim anywhere in the space, taken only where it is free.
+                        let addr = ADDRESS_BASE + ((x >> 20) % 4096) * 2 * MIB;
+                        if sim.claim(addr, size) {
+                            live.push((addr, size));
+                        }
+                    }
+                    _ if !live.is_empty() => {
+                        let (addr, size) = live.swap_remove((x >> 40) as usize % live.len());
+                        sim.release(DevicePtr::new(addr).unwrap(), size).unwrap();
+                    }
+                    _ => {}
+                }
+                assert_tiled(&sim);
+            }
+            for (addr, size) in live {
+                sim.release(DevicePtr::new(addr).unwrap(), size).unwrap();
+            }
+            assert_eq!(
+                sim.free_ranges
+                    .iter()
+                    .map(|(&s, &e)| (s, e))
+                    .collect::<Vec<_>>(),
+                [(ADDRESS_BASE, ADDRESS_TOP)],
+                "everything released is one free range again"
+            );
+        }
+    }
+
     #[test]
     fn address_hints_are_used_when_free() {
         let mut sim = SimDevice::new(u64::MAX);
