@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Where the pool's time goes next to offset-allocator: `cargo bench --bench pool_speed` built
+# four ways from the current commit, with benches/experiments/parity-duties.patch applied in a
+# scratch worktree — as is; without the statistics updates; with frees that name the block
+# instead of its address (no address map: offset-allocator's free gets its node the same way);
+# and without both. The variants' passes alternate, so a machine that speeds up or slows down
+# affects all alike. Each prints its table row for every workload, with the ratio columns.
+# Usage: scripts/bench-decomposition.sh [ROW-FILTER] [ROUNDS]   (about 5 minutes for all rows)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+filter=${1:-}
+rounds=${2:-2}
+work=$(mktemp -d)
+tree="$work/tree"
+cleanup() { git worktree remove --force "$tree" >/dev/null 2>&1 || true; rm -rf "$work"; }
+trap cleanup EXIT
+git worktree add --detach "$tree" HEAD >/dev/null 2>&1
+if ! git -C "$tree" apply "$PWD/benches/experiments/parity-duties.patch" 2>"$work/apply.err"; then
+  echo "benches/experiments/parity-duties.patch no longer applies to this commit:" >&2
+  cat "$work/apply.err" >&2
+  exit 2
+fi
+# Real traces, as the bench finds them from the main tree.
+export CACHEALLOC_TRACES=${CACHEALLOC_TRACES:-$(cd .. && pwd)/shared/traces/real}
+
+variants=("as-is" "no-stats" "no-address-map" "no-stats-no-address-map")
+for v in "${variants[@]}"; do
+  env_vars=()
+  [[ $v == *no-stats* ]] && env_vars+=(CACHEALLOC_EXPERIMENT_NO_STATS=1)
+  [[ $v == *no-address-map* ]] && env_vars+=(CACHEALLOC_EXPERIMENT_NO_ADDRESS_MAP=1)
+  exe=$( cd "$tree" && env "${env_vars[@]}" CARGO_TARGET_DIR="$work/target" \
+    cargo bench --bench pool_speed --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "pool_speed" and m.get("executable"):
+        print(m["executable"])')
+  cp "$exe" "$work/bench-$v"
+done
+
+args=(--reps 5 --no-replay)
+[ -n "$filter" ] && args+=(--only "$filter")
+for round in $(seq 1 "$rounds"); do
+  for v in "${variants[@]}"; do
+    echo "## round $round: $v"
+    "$work/bench-$v" "${args[@]}"
+    echo
+  done
+done
