@@ -9,12 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind not found (apt-get install valgrind)" >&2; exit 2; }
 
-bench=$(cargo bench --bench pool_speed --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "pool_speed" and m.get("executable"):
-        print(m["executable"])')
+bench=$(scripts/pool-speed-exe.sh)
 rows=("log-uniform" "transformer" "equal-size" "decomfl" "cs336-wedsonlin" "ftcourse" "sqattn" "cs336-magma27")
 [ $# -gt 0 ] && rows=("$1")
 work=$(mktemp -d)
