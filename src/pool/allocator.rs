@@ -7,8 +7,8 @@
 //! coalesce with free neighbours. Releasing memory and garbage collection live in `release.rs`;
 //! inspection, seeding and the invariant walker in their own files.
 
-use super::address_map::AddressMap;
-use super::block::{Block, BlockArena, BlockId, BlockState, NIL};
+use super::block::{Block, BlockId, BlockState, NIL};
+use super::block_table::{BlockTable, Moved};
 use super::counters::Counters;
 use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
@@ -83,11 +83,10 @@ impl StreamPools {
 pub struct DeviceAllocator<B: Backend> {
     pub(super) backend: B,
     pub(super) settings: Settings,
-    pub(super) blocks: BlockArena,
+    /// Every block, found by its start address (live allocations included).
+    pub(super) blocks: BlockTable,
     pub(super) small: StreamPools,
     pub(super) large: StreamPools,
-    /// Live allocations (allocated or pending) by address.
-    pub(super) allocations: AddressMap,
     /// Segments obtained from the device: start address → size.
     pub(super) segments: SegmentMap,
     /// Freed blocks waiting for their fence, oldest first.
@@ -119,10 +118,9 @@ impl<B: Backend> DeviceAllocator<B> {
         Self {
             backend,
             settings,
-            blocks: BlockArena::default(),
+            blocks: BlockTable::default(),
             small: StreamPools::default(),
             large: StreamPools::default(),
-            allocations: AddressMap::default(),
             segments: SegmentMap::default(),
             pending: VecDeque::new(),
             stats: Counters::new(max_split_size),
@@ -177,6 +175,10 @@ impl<B: Backend> DeviceAllocator<B> {
             return Err(Error::RequestTooLarge { size });
         }
         self.process_pending()?;
+        // A malloc stores at most two new blocks (a segment's, and the remainder of a split).
+        if !self.blocks.has_room(2) {
+            self.make_block_room(2);
+        }
         let rounded = if self.divided_rounding {
             round_size(&self.settings, size)
         } else {
@@ -192,21 +194,23 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        let addr = ptr.addr();
-        match self.allocations.remove(addr) {
-            Some(id) if self.blocks.get(id).state == BlockState::Allocated => {
-                self.take_allocation(id);
-                self.free_block(id);
-                Ok(())
-            }
-            Some(id) => {
-                self.allocations.insert(addr, id);
-                Err(Error::InvalidPointer {
-                    addr,
-                    reason: BadPointer::AlreadyFreed,
-                })
-            }
-            None => Err(self.not_an_allocation(addr)),
+        let id = self.lookup_allocation(ptr)?;
+        self.take_allocation(id);
+        self.free_block(id);
+        Ok(())
+    }
+
+    /// Rebuild the block table so that `n` blocks fit, and follow the blocks to their new ids
+    /// in the free indexes and the pending queue. Called where no block id is held.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn make_block_room(&mut self, n: usize) {
+        let moved: Moved = self.blocks.make_room(n);
+        for (_, index) in self.small.streams.iter_mut().chain(&mut self.large.streams) {
+            index.follow_moved_blocks(&moved);
+        }
+        for (_, id) in self.pending.iter_mut() {
+            *id = moved.id(*id);
         }
     }
 
@@ -226,7 +230,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The size of the live allocation starting at `ptr`, if there is one.
     pub fn allocation_size(&self, ptr: DevicePtr) -> Option<u64> {
-        let id = self.allocations.get(ptr.addr())?;
+        let id = self.blocks.find(ptr.addr())?;
         let block = self.blocks.get(id);
         (block.state == BlockState::Allocated).then_some(block.size)
     }
@@ -414,9 +418,6 @@ impl<B: Backend> DeviceAllocator<B> {
     #[inline]
     fn alloc_found_block(&mut self, found: FreeEntry, size: u64, rounded: u64) -> DevicePtr {
         let (id, addr) = (found.id, found.addr);
-        // First, so that the map's memory is fetched together with the block's (the insert
-        // needs only the address and the id, which the free index had).
-        self.allocations.insert(addr, id);
         let b = self.blocks.get(id);
         let (pool, stream, next) = (b.pool, b.stream, b.next);
         let mut block_size = b.size;
@@ -476,15 +477,19 @@ impl<B: Backend> DeviceAllocator<B> {
         self.pools_mut(pool).get_mut(stream).insert(entry);
     }
 
+    /// The allocated block starting at `ptr`, or why there is none.
+    #[inline]
     fn lookup_allocation(&self, ptr: DevicePtr) -> Result<BlockId, Error> {
         let addr = ptr.addr();
-        match self.allocations.get(addr) {
-            Some(id) if self.blocks.get(id).state == BlockState::Allocated => Ok(id),
-            Some(_) => Err(Error::InvalidPointer {
+        let found = self.blocks.find(addr);
+        match found.map(|id| (id, self.blocks.get(id).state)) {
+            Some((id, BlockState::Allocated)) => Ok(id),
+            Some((_, BlockState::Pending)) => Err(Error::InvalidPointer {
                 addr,
                 reason: BadPointer::AlreadyFreed,
             }),
-            None => Err(self.not_an_allocation(addr)),
+            // A free block starting here: the allocation was freed (and maybe merged).
+            Some((_, BlockState::Free)) | None => Err(self.not_an_allocation(addr)),
         }
     }
 
@@ -503,10 +508,9 @@ impl<B: Backend> DeviceAllocator<B> {
     /// A pending block's fence is done: forget the allocation and return the block to its pool.
     pub(super) fn complete_pending(&mut self, id: BlockId) {
         let b = self.blocks.get(id);
-        let (addr, pool, size) = (b.addr, b.pool, b.size);
+        let (pool, size) = (b.pool, b.size);
         self.stats.active.complete(pool, 1);
         self.stats.active_bytes.complete(pool, size);
-        self.allocations.remove(addr);
         self.free_block(id);
     }
 
@@ -528,7 +532,8 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// PyTorch's `free_block`: coalesce with free neighbours and return to the pool. The
-    /// caller has removed block `id` from the allocation map.
+    /// merged block keeps the slot of the lowest of the blocks it is made of (its address is
+    /// theirs), and the others leave the table.
     #[inline(always)]
     pub(super) fn free_block(&mut self, id: BlockId) {
         let b = self.blocks.get(id);
@@ -546,26 +551,29 @@ impl<B: Backend> DeviceAllocator<B> {
         };
         let index = pools.get_mut(stream);
         let blocks = &mut self.blocks;
+        let mut merged_id = id;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         if let Some(p) = take_free_neighbour(blocks, index, prev) {
+            // The free block below absorbs this one (its prev link stays as it is).
+            blocks.remove(id);
+            merged_id = prev;
             addr = p.addr;
             prev = p.prev;
             size += p.size;
-            // (A missing neighbour's link lands in the sentinel.)
-            blocks.get_mut(p.prev).next = id;
             net_blocks -= 1;
             net_bytes -= p.size as i64;
         }
         if let Some(n) = take_free_neighbour(blocks, index, next) {
+            blocks.remove(next);
             next = n.next;
             size += n.size;
-            blocks.get_mut(n.next).prev = id;
             net_blocks -= 1;
             net_bytes -= n.size as i64;
         }
-        let merged = blocks.get_mut(id);
-        merged.addr = addr;
+        // (When there is no next block, this writes the sentinel's link.)
+        blocks.get_mut(next).prev = merged_id;
+        let merged = blocks.get_mut(merged_id);
         merged.size = size;
         merged.prev = prev;
         merged.next = next;
@@ -573,7 +581,11 @@ impl<B: Backend> DeviceAllocator<B> {
         merged.requested = 0;
         merged.gc_count_base = self.large_searches;
         let split = merged.is_split();
-        index.insert(FreeEntry { size, addr, id });
+        index.insert(FreeEntry {
+            size,
+            addr,
+            id: merged_id,
+        });
         net_blocks += i64::from(split);
         net_bytes += if split { size as i64 } else { 0 };
         self.stats.inactive_split.apply(pool, net_blocks);
@@ -629,10 +641,11 @@ struct Neighbour {
     next: BlockId,
 }
 
-/// Take neighbour `id` out of the arena and `index` if it is a free block.
+/// Take neighbour `id` out of `index` if it is a free block (the caller decides which of the
+/// merged blocks leaves the table).
 #[inline(always)]
 fn take_free_neighbour(
-    blocks: &mut BlockArena,
+    blocks: &BlockTable,
     index: &mut FreeIndex,
     id: BlockId,
 ) -> Option<Neighbour> {
@@ -648,6 +661,5 @@ fn take_free_neighbour(
         next: b.next,
     };
     index.remove(n.size, n.addr);
-    blocks.remove(id);
     Some(n)
 }

@@ -19,6 +19,7 @@
 //! length check when an entry is taken.
 
 use super::block::BlockId;
+use super::block_table::Moved;
 use std::collections::BTreeMap;
 use std::hint::select_unpredictable;
 
@@ -271,6 +272,18 @@ impl FreeIndex {
             self.file(class);
         }
         true
+    }
+
+    /// The block table was rebuilt: name each entry's block by its new id.
+    pub fn follow_moved_blocks(&mut self, moved: &Moved) {
+        for class in self.classes.iter_mut() {
+            for e in class.listed.iter_mut() {
+                e.id = moved.id(e.id);
+            }
+            for id in class.filed.iter_mut().flat_map(|f| f.values_mut()) {
+                *id = moved.id(*id);
+            }
+        }
     }
 
     fn next_nonempty(&self, from: usize) -> Option<usize> {

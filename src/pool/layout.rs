@@ -97,6 +97,9 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn adopt_segment(&mut self, seed: &SegmentSeed) -> Result<Vec<DevicePtr>, Error> {
         self.check_seed(seed)?;
         let split = seed.blocks.len() > 1;
+        if !self.blocks.has_room(seed.blocks.len()) {
+            self.make_block_room(seed.blocks.len());
+        }
         let mut ids: Vec<BlockId> = Vec::with_capacity(seed.blocks.len());
         let mut allocated = Vec::new();
         for b in &seed.blocks {
@@ -129,7 +132,6 @@ impl<B: Backend> DeviceAllocator<B> {
                 let block = self.blocks.get_mut(id);
                 block.state = BlockState::Allocated;
                 block.requested = b.requested;
-                self.allocations.insert(b.addr, id);
                 let oversize = b.size >= self.settings.max_split_size;
                 self.stats
                     .allocation_made(pool, b.size, b.requested, oversize);

@@ -4,9 +4,9 @@
 //! module wraps it in a lock.
 #![forbid(unsafe_code)]
 
-mod address_map;
 mod allocator;
 pub mod block;
+mod block_table;
 mod counters;
 pub mod error;
 pub mod event;

@@ -68,6 +68,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 self.blocks.len()
             ));
         }
+        self.blocks.check()?;
         self.check_links()?;
         self.check_indexes()?;
         self.check_stats(&recount)
@@ -125,24 +126,6 @@ impl<B: Backend> DeviceAllocator<B> {
             .count();
         if free != indexed.len() {
             return Err(format!("{free} free blocks but {} indexed", indexed.len()));
-        }
-        let live = self
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.state != BlockState::Free)
-            .count();
-        if live != self.allocations.len() {
-            return Err(format!(
-                "{live} live blocks but {} in the allocation map",
-                self.allocations.len()
-            ));
-        }
-        for (addr, id) in self.allocations.iter() {
-            if self.blocks.get(id).addr != addr {
-                return Err(format!(
-                    "allocation map entry {addr:#x} points at another block"
-                ));
-            }
         }
         let pending = self
             .blocks
