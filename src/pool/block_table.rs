@@ -73,6 +73,23 @@ impl Default for BlockTable {
     }
 }
 
+/// Tables up to this many slots keep at most a quarter of them taken (by blocks and
+/// tombstones): a lookup then finds its block in the first slot it reads nearly always —
+/// half full, the time per operation was 2-5% higher on the benchmark rows. That costs
+/// 512-1024 bytes of table per block; larger tables fill up to half, so that a program with
+/// millions of small blocks pays 256-512.
+const SPARSE_UP_TO_SLOTS: usize = 1 << 20;
+
+/// How many slots of a table of `slots` may be taken.
+#[inline]
+fn max_taken(slots: usize) -> usize {
+    if slots <= SPARSE_UP_TO_SLOTS {
+        slots / 4
+    } else {
+        slots / 2
+    }
+}
+
 /// Whether a slot's address is that of a block (not empty, a tombstone or the sentinel).
 #[inline]
 fn holds_block(addr: u64) -> bool {
@@ -125,19 +142,19 @@ impl BlockTable {
     /// Whether `n` inserts fit without a rebuild.
     #[inline]
     pub fn has_room(&self, n: usize) -> bool {
-        // At most a quarter of the slots taken by blocks and tombstones: a lookup then finds
-        // its block in the first slot it reads nearly always (half full, the time per
-        // operation was 2-5% higher on the benchmark rows).
-        4 * (self.len + self.tombstones + n) <= self.slots.len()
+        self.len + self.tombstones + n <= max_taken(self.slots.len())
     }
 
-    /// Rebuild so that `n` inserts fit, with blocks filling at most an eighth of the slots
-    /// (a larger table when they fill more), returning where each block went.
+    /// Rebuild so that `n` inserts fit, with blocks taking at most half of what may be taken
+    /// (the rest is for tombstones before the next rebuild), in a larger table when they
+    /// need it; returns where each block went.
     #[cold]
     #[inline(never)]
     pub fn make_room(&mut self, n: usize) -> Moved {
-        let needed = 8 * (self.len + n + 1);
-        let slots = needed.next_power_of_two().max(self.slots.len());
+        let mut slots = self.slots.len();
+        while 2 * (self.len + n + 1) > max_taken(slots) {
+            slots *= 2;
+        }
         let old = std::mem::replace(self, Self::with_slots(slots));
         let mut moved = vec![NIL; old.slots.len()];
         for (id, block) in old.iter() {
