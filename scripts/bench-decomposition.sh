@@ -2,8 +2,8 @@
 # Where the pool's time goes next to offset-allocator: `cargo bench --bench pool_speed` built
 # four ways from the current commit, with benches/experiments/parity-duties.patch applied in a
 # scratch worktree — as is; without the statistics updates; with frees that name the block
-# instead of its address (no address map: offset-allocator's free gets its node the same way);
-# and without both. The variants' passes alternate, so a machine that speeds up or slows down
+# instead of its address (no address lookup: offset-allocator's free gets its node the same
+# way); and without both. The variants' passes alternate, so a machine that speeds up or slows down
 # affects all alike. Each prints its table row for every workload, with the ratio columns.
 # The patch makes the harness keep each allocation's block id beside its pointer in every
 # variant (the as-is build measured 1.81-1.83x on log-uniform, the unpatched bench 1.79-1.84x).
@@ -27,11 +27,11 @@ fi
 # Real traces, as the bench finds them from the main tree.
 export CACHEALLOC_TRACES=${CACHEALLOC_TRACES:-$(cd .. && pwd)/shared/traces/real}
 
-variants=("as-is" "no-stats" "no-address-map" "no-stats-no-address-map")
+variants=("as-is" "no-stats" "no-address-lookup" "no-stats-no-address-lookup")
 for v in "${variants[@]}"; do
   env_vars=()
   [[ $v == *no-stats* ]] && env_vars+=(CACHEALLOC_EXPERIMENT_NO_STATS=1)
-  [[ $v == *no-address-map* ]] && env_vars+=(CACHEALLOC_EXPERIMENT_NO_ADDRESS_MAP=1)
+  [[ $v == *no-address-lookup* ]] && env_vars+=(CACHEALLOC_EXPERIMENT_NO_ADDRESS_LOOKUP=1)
   exe=$(cd "$tree" && env "${env_vars[@]}" CARGO_TARGET_DIR="$work/target" "$main/scripts/pool-speed-exe.sh")
   cp "$exe" "$work/bench-$v"
 done
