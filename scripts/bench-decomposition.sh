@@ -6,8 +6,9 @@
 # way); and without both. The variants' passes alternate, so a machine that speeds up or slows down
 # affects all alike. Each prints its table row for every workload, with the ratio columns.
 # The patch makes the harness keep each allocation's block id beside its pointer in every
-# variant (the as-is build measured 1.81-1.83x on log-uniform, the unpatched bench 1.79-1.84x).
-# Usage: scripts/bench-decomposition.sh [ROW-FILTER] [ROUNDS]   (about 6 minutes for all rows
+# variant, which costs the pool 1-3 ns per operation (the as-is build measured 1.73-1.76x on
+# log-uniform, the unpatched bench 1.69-1.72x).
+# Usage: scripts/bench-decomposition.sh [ROW-FILTER] [ROUNDS]   (about 3 minutes for all rows
 # and two rounds)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -258,6 +258,12 @@ fn bad_frees_are_refused_and_foreign_pointers_named() {
     ));
     let foreign = DevicePtr::new(0x1000).unwrap();
     assert_eq!(p.free(foreign), Err(Error::NotOwned { addr: 0x1000 }));
+    // The highest addresses are the block table's own markers: never taken for a block.
+    for addr in [u64::MAX, u64::MAX - 1] {
+        let ptr = DevicePtr::new(addr).unwrap();
+        assert_eq!(p.free(ptr), Err(Error::NotOwned { addr }));
+        assert_eq!(p.allocation_size(ptr), None);
+    }
     p.validate().unwrap();
     assert_eq!(p.allocation_size(b), Some(8192));
 }

@@ -1,8 +1,9 @@
 //! The invariant walker: checks the whole pool after any step (tests call it constantly).
 //!
 //! No overlap between segments; blocks tile each segment with symmetric neighbour links; no two
-//! free neighbours left unmerged; the free indexes hold exactly the free blocks; the allocation
-//! map holds exactly the allocated and pending blocks; every stat equals a recount.
+//! free neighbours left unmerged; the free indexes hold exactly the free blocks; the block table
+//! finds every block at its slot; the pending queue names exactly the pending blocks; every
+//! stat equals a recount.
 
 use super::allocator::DeviceAllocator;
 use super::block::{BlockState, NIL};
@@ -127,15 +128,19 @@ impl<B: Backend> DeviceAllocator<B> {
         if free != indexed.len() {
             return Err(format!("{free} free blocks but {} indexed", indexed.len()));
         }
-        let pending = self
+        let pending: HashSet<_> = self
             .blocks
             .iter()
             .filter(|(_, b)| b.state == BlockState::Pending)
-            .count();
-        if pending != self.pending.len() {
+            .map(|(id, _)| id)
+            .collect();
+        let queued: HashSet<_> = self.pending.iter().map(|&(_, id)| id).collect();
+        if queued != pending || self.pending.len() != pending.len() {
             return Err(format!(
-                "{pending} pending blocks but {} queued",
-                self.pending.len()
+                "{} pending blocks, {} queue entries naming {} blocks, not all of them pending",
+                pending.len(),
+                self.pending.len(),
+                queued.len()
             ));
         }
         Ok(())
