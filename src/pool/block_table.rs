@@ -28,6 +28,9 @@ const TOMBSTONE: u64 = u64::MAX - 1;
 const SENTINEL_ADDR: u64 = u64::MAX;
 /// Slots of a new table (a power of two).
 const INITIAL_SLOTS: usize = 16;
+/// `clear` keeps a table of up to this many slots (4 MiB) as it is, and replaces a larger one
+/// with one this size.
+const KEPT_SLOTS: usize = 1 << 16;
 
 /// The block in slot `NIL`: never free, linked to nothing, part of no segment.
 const SENTINEL: Block = Block {
@@ -75,9 +78,9 @@ impl Default for BlockTable {
 
 /// Tables up to this many slots keep at most a quarter of them taken (by blocks and
 /// tombstones): a lookup then finds its block in the first slot it reads nearly always —
-/// half full, the time per operation was 2-5% higher on the benchmark rows. That costs
-/// 512-1024 bytes of table per block; larger tables fill up to half, so that a program with
-/// millions of small blocks pays 256-512.
+/// half full, the time per operation was 3-4% higher on two benchmark rows. With the room a
+/// rebuild leaves for tombstones, that is 4-16 slots (256-1024 bytes) per block; larger tables
+/// fill up to half, so that a program with millions of small blocks pays 128-512 bytes.
 const SPARSE_UP_TO_SLOTS: usize = 1 << 20;
 
 /// How many slots of a table of `slots` may be taken.
@@ -181,7 +184,7 @@ impl BlockTable {
             "{:#x} stored twice",
             block.addr
         );
-        debug_assert!(self.has_room(0), "the pool made room first");
+        debug_assert!(self.has_room(1), "the pool made room first");
         let mut slot = self.home(block.addr);
         loop {
             let here = self.slots[slot].addr;
@@ -207,20 +210,35 @@ impl BlockTable {
         );
         self.len -= 1;
         let mut slot = id as usize;
-        if self.slots[self.next_slot(slot)].addr != EMPTY {
+        if self.slots[self.after(slot)].addr != EMPTY {
             self.slots[slot].addr = TOMBSTONE;
             self.tombstones += 1;
             return;
         }
         self.slots[slot].addr = EMPTY;
         loop {
-            slot = (slot + self.slots.len() - 1) & (self.slots.len() - 1);
+            slot = self.before(slot);
             if self.slots[slot].addr != TOMBSTONE {
                 break;
             }
             self.slots[slot].addr = EMPTY;
             self.tombstones -= 1;
         }
+    }
+
+    /// The slot a probe reads after `slot` that can end it: probes pass over the sentinel.
+    #[inline]
+    fn after(&self, slot: usize) -> usize {
+        let next = self.next_slot(slot);
+        next + usize::from(next == NIL as usize)
+    }
+
+    /// The slot whose `after` is `slot` (`slot` is not the sentinel's).
+    #[inline]
+    fn before(&self, slot: usize) -> usize {
+        let mask = self.slots.len() - 1;
+        let prev = (slot + mask) & mask;
+        if prev == NIL as usize { mask } else { prev }
     }
 
     /// Live blocks with their ids, in slot order (for the cold paths).
@@ -250,8 +268,14 @@ impl BlockTable {
         &mut self.slots[id as usize]
     }
 
-    /// Forget every block, keeping the storage.
+    /// Forget every block, keeping the storage up to `KEPT_SLOTS` slots (a pool emptied
+    /// between the steps of a job refills to about the same size; the memory of a rare peak
+    /// goes back).
     pub fn clear(&mut self) {
+        if self.slots.len() > KEPT_SLOTS {
+            *self = Self::with_slots(KEPT_SLOTS);
+            return;
+        }
         self.slots.fill(VACANT);
         self.slots[NIL as usize] = SENTINEL;
         self.len = 0;
@@ -267,15 +291,27 @@ impl BlockTable {
         self.len == 0
     }
 
-    /// Slots that are neither blocks nor empty: the sentinel and the tombstones.
+    /// Slots left as tombstones (the sentinel is not one).
     #[cfg(test)]
     fn tombstones(&self) -> usize {
         self.tombstones
     }
 
-    /// `Err` naming the first slot that a lookup of its own address would not find, or a
-    /// miscount (for `validate()`).
+    /// `Err` naming the first slot that a lookup of its own address would not find, a
+    /// miscount, more slots taken than allowed, or a changed sentinel (for `validate()`).
     pub fn check(&self) -> Result<(), String> {
+        let sentinel = self.slots[NIL as usize];
+        if sentinel.addr != SENTINEL_ADDR || sentinel.state == BlockState::Free {
+            return Err("block table's sentinel was overwritten".into());
+        }
+        if !self.has_room(0) {
+            return Err(format!(
+                "block table has {} blocks and {} tombstones in {} slots, over its limit",
+                self.len,
+                self.tombstones,
+                self.slots.len()
+            ));
+        }
         for (id, b) in self.iter() {
             if self.find(b.addr) != Some(id) {
                 return Err(format!("block {:#x} is not found at its slot", b.addr));
@@ -361,6 +397,59 @@ mod tests {
         table.clear();
         assert!(table.is_empty() && table.iter().next().is_none());
         assert_ne!(table.get(NIL).state, BlockState::Free);
+    }
+
+    #[test]
+    fn removals_around_the_table_end_and_the_sentinel_leave_no_tombstones_behind() {
+        let fresh = BlockTable::default();
+        let last = INITIAL_SLOTS - 1;
+        // Two addresses whose probes start in the last slot: the second wraps past the
+        // sentinel in slot 0 to slot 1.
+        let mut homed_last = (1..)
+            .map(|k: u64| k << 9)
+            .filter(|&a| fresh.home(a) == last);
+        let (a, b) = (homed_last.next().unwrap(), homed_last.next().unwrap());
+        for order in [[a, b], [b, a]] {
+            let mut table = BlockTable::default();
+            let ida = table.insert(free_block(a));
+            let idb = table.insert(free_block(b));
+            assert_eq!(
+                (ida, idb),
+                (last as BlockId, 1),
+                "b wrapped past the sentinel"
+            );
+            for addr in order {
+                table.remove(table.find(addr).unwrap());
+                table.check().expect("consistent");
+                assert_eq!(table.find(addr), None);
+            }
+            assert_eq!(
+                table.tombstones(),
+                0,
+                "removing {order:#x?} left tombstones"
+            );
+            assert!(table.has_room(INITIAL_SLOTS / 4));
+        }
+        // A lone block in the last slot: the slot after it (past the sentinel) is empty.
+        let mut table = BlockTable::default();
+        let id = table.insert(free_block(a));
+        table.remove(id);
+        assert_eq!(table.tombstones(), 0);
+    }
+
+    #[test]
+    fn clearing_keeps_a_small_table_and_gives_back_a_large_one() {
+        let mut table = BlockTable::default();
+        table.make_room(KEPT_SLOTS);
+        assert!(table.slots.len() > KEPT_SLOTS);
+        table.insert(free_block(512));
+        table.clear();
+        assert_eq!(table.slots.len(), KEPT_SLOTS);
+        assert!(table.is_empty() && table.find(512).is_none());
+        table.insert(free_block(512));
+        table.clear();
+        assert_eq!(table.slots.len(), KEPT_SLOTS, "kept");
+        table.check().expect("consistent");
     }
 
     #[test]

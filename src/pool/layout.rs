@@ -157,6 +157,9 @@ impl<B: Backend> DeviceAllocator<B> {
         if seed.addr == 0 || seed.size == 0 || seed.blocks.is_empty() {
             return bad("empty segment or address 0".into());
         }
+        let Some(end) = seed.addr.checked_add(seed.size) else {
+            return bad("runs past the end of the address space".into());
+        };
         if self.segments.overlaps(seed.addr, seed.size) {
             return bad("overlaps an existing segment".into());
         }
@@ -179,9 +182,17 @@ impl<B: Backend> DeviceAllocator<B> {
                 return bad(format!("two adjacent free blocks at {:#x}", b.addr));
             }
             prev_free = !b.allocated;
-            cursor += b.size;
+            match cursor.checked_add(b.size) {
+                Some(next) if next <= end => cursor = next,
+                _ => {
+                    return bad(format!(
+                        "block at {:#x} of {} bytes runs past the segment's end",
+                        b.addr, b.size
+                    ));
+                }
+            }
         }
-        if cursor != seed.addr + seed.size {
+        if cursor != end {
             return bad("blocks do not add up to the segment size".into());
         }
         let mss = self.settings.max_split_size;

@@ -44,8 +44,8 @@ impl<B: Backend> DeviceAllocator<B> {
         self.release_blocks(PoolKind::Large)?;
         self.release_blocks(PoolKind::Small)?;
         if self.blocks.is_empty() {
-            // Nothing left: block ids start over from 0 (in address order of the next
-            // segments, as in a fresh pool) while the storage keeps its capacity.
+            // Nothing left (so no id is held anywhere): start the table over, keeping its
+            // storage unless it is large.
             self.blocks.clear();
         }
         Ok(())

@@ -309,6 +309,40 @@ fn pending_frees_are_not_reused_until_their_fence_completes() {
 }
 
 #[test]
+fn seeds_whose_blocks_run_past_their_segment_are_refused() {
+    let mut p = pool();
+    let block = |addr: u64, size: u64| BlockSeed {
+        addr,
+        size,
+        requested: 0,
+        allocated: true,
+    };
+    // The second block's end wraps around the address space to the segment's end.
+    let wrapping = SegmentSeed {
+        addr: 1 << 62,
+        size: 1 << 62,
+        stream: S0,
+        pool: PoolKind::Large,
+        blocks: vec![block(1 << 62, 3 << 62), block(0, 1 << 63)],
+    };
+    let past_end = SegmentSeed {
+        addr: u64::MAX - (4 << 20) + 1,
+        size: 8 << 20,
+        blocks: vec![block(u64::MAX - (4 << 20) + 1, 8 << 20)],
+        ..wrapping.clone()
+    };
+    for seed in [wrapping, past_end] {
+        let refused = p.adopt_segment(&seed);
+        assert!(
+            matches!(&refused, Err(Error::InvalidSeed(why)) if why.contains("past")),
+            "{refused:?}"
+        );
+    }
+    p.validate().unwrap();
+    assert_eq!(p.stats().segment.all.current, 0);
+}
+
+#[test]
 fn adopted_segments_behave_like_their_own() {
     let mut p = pool();
     assert!(p.backend_mut().claim(0x7f00_0000_0000, 20 * MIB));
