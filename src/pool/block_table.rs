@@ -10,12 +10,13 @@
 //! A block keeps its slot for as long as it lives — its start address never changes: a split
 //! keeps the front, a merge keeps the lowest block — so ids held by the free indexes and the
 //! pending queue stay valid. Only a rebuild moves blocks; it happens when the pool asks for
-//! room (`make_room`) at the start of an operation, when no id is held on the way, and it
-//! returns the old → new ids for the holders to follow.
+//! room (`make_room`) at the start of a malloc or of a segment's adoption, when no id is held
+//! on the way, and it returns the old → new ids for the holders to follow.
 //!
-//! Linear probing; a removed block leaves a tombstone only when a probe could pass through
-//! its slot to a later block (the next slot is taken), and a removal that empties a slot also
-//! empties the tombstones just before it, so tombstones stay few.
+//! Linear probing (passing over the sentinel in slot 0); a removed block leaves a tombstone
+//! only when a probe could pass through its slot to a later block (the next slot is taken),
+//! and a removal that empties a slot also empties the tombstones just before it, so
+//! tombstones stay few.
 
 use super::block::{Block, BlockId, BlockState, NIL};
 use super::types::{PoolKind, StreamId};
