@@ -8,7 +8,7 @@
 //! inspection, seeding and the invariant walker in their own files.
 
 use super::block::{Block, BlockId, BlockState, NIL};
-use super::block_table::{BlockTable, Moved};
+use super::block_table::BlockTable;
 use super::counters::Counters;
 use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
@@ -176,9 +176,7 @@ impl<B: Backend> DeviceAllocator<B> {
         }
         self.process_pending()?;
         // A malloc stores at most two new blocks (a segment's, and the remainder of a split).
-        if !self.blocks.has_room(2) {
-            self.make_block_room(2);
-        }
+        self.reserve_blocks(2);
         let rounded = if self.divided_rounding {
             round_size(&self.settings, size)
         } else {
@@ -200,12 +198,19 @@ impl<B: Backend> DeviceAllocator<B> {
         Ok(())
     }
 
-    /// Rebuild the block table so that `n` blocks fit, and follow the blocks to their new ids
-    /// in the free indexes and the pending queue. Called where no block id is held.
+    /// Make room for `n` new blocks. Called where no block id is held: when the table has to
+    /// be rebuilt, the free indexes and the pending queue follow the blocks to their new ids.
+    #[inline]
+    pub(super) fn reserve_blocks(&mut self, n: usize) {
+        if !self.blocks.has_room(n) {
+            self.make_block_room(n);
+        }
+    }
+
     #[cold]
     #[inline(never)]
-    pub(super) fn make_block_room(&mut self, n: usize) {
-        let moved: Moved = self.blocks.make_room(n);
+    fn make_block_room(&mut self, n: usize) {
+        let moved = self.blocks.make_room(n);
         for (_, index) in self.small.streams.iter_mut().chain(&mut self.large.streams) {
             index.follow_moved_blocks(&moved);
         }

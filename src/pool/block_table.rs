@@ -62,7 +62,7 @@ impl Moved {
 }
 
 /// The pool's blocks, by start address.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct BlockTable {
     slots: Vec<Block>,
     /// 64 − log2(number of slots): a hash's top bits pick the home slot.

@@ -97,9 +97,7 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn adopt_segment(&mut self, seed: &SegmentSeed) -> Result<Vec<DevicePtr>, Error> {
         self.check_seed(seed)?;
         let split = seed.blocks.len() > 1;
-        if !self.blocks.has_room(seed.blocks.len()) {
-            self.make_block_room(seed.blocks.len());
-        }
+        self.reserve_blocks(seed.blocks.len());
         let mut ids: Vec<BlockId> = Vec::with_capacity(seed.blocks.len());
         let mut allocated = Vec::new();
         for b in &seed.blocks {
