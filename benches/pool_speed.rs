@@ -7,6 +7,8 @@
 //! Further options (used by scripts/bench-instructions.sh): `--reps N` passes per allocator,
 //! `--only TEXT` rows whose name contains TEXT, `--no-replay` skips the replay-speed column.
 
+#[path = "../tests/support/ci.rs"]
+mod ci;
 mod support;
 #[path = "../tests/support/traces.rs"]
 #[allow(dead_code)] // the bench uses only the folder lookup

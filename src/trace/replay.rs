@@ -63,8 +63,9 @@ pub struct ReplayOutcome {
     pub allocs_with_recorded_addr: u64,
     pub allocs_at_recorded_addr: u64,
     pub frees: u64,
-    /// Frees of allocations that are not live in the replay (made before recording started,
-    /// or refused by an OOM in this replay); skipped.
+    /// Frees of allocations that are not live in the replay, skipped: allocations refused by
+    /// an OOM in this replay. (The workloads made from recordings leave out frees of memory
+    /// allocated before recording began; the recording's figures count those.)
     pub skipped_frees: u64,
     pub empty_cache_calls: u64,
     pub first_oom: Option<OomAt>,

@@ -25,6 +25,10 @@ use super::workload::Workload;
 use std::fmt;
 use std::str::FromStr;
 
+/// The most operations a synthetic workload may have: ten times the benchmark's log-uniform
+/// trace, about half a gigabyte of operations in memory.
+pub const MAX_OPS: u64 = 10_000_000;
+
 /// Which built-in workload to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SynthKind {
@@ -185,6 +189,7 @@ mod tests {
         assert!(err("transformer:layers").contains("key=value"));
         assert!(err("loguniform:free_p=1.5").contains("free_p"));
         assert!(err("loguniform:min=4096,max=512").contains("min"));
+        assert!(err("loguniform:ops=99999999999").contains("at most 10000000"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! them, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod ci;
 pub mod fake_cudart;
 pub mod real_cudart;
 pub mod shim;

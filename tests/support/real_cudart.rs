@@ -12,6 +12,7 @@
 //!
 //! The wheel ships no unversioned `libcudart.so` link, so programs link `-l:libcudart.so.12`.
 
+use super::ci::running_under_ci;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,11 +72,6 @@ pub fn find_real_cudart() -> Result<PathBuf, String> {
             venv_lib.display()
         )
     })
-}
-
-/// `$CI` set to anything but an empty string, `false` or `0`.
-pub fn running_under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
 /// Compiles the C program `source` against the real runtime at `library` (linked

@@ -14,6 +14,8 @@ pub struct Recorded {
     pub segment_frees: Option<u64>,
     pub retries: Option<u64>,
     pub oom: Option<RecordedOomJson>,
+    /// Frees in the trace of memory allocated before recording began.
+    pub orphan_frees: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -35,7 +37,11 @@ pub struct ReplayJson {
     pub allocs: u64,
     pub allocs_at_recorded_addr: Option<u64>,
     pub frees: u64,
+    /// Frees in the trace of memory allocated before recording began: skipped in plain mode,
+    /// replayed against the rebuilt start state in faithful mode.
     pub orphan_frees: u64,
+    /// Frees of allocations that failed with an out-of-memory in this replay (skipped).
+    pub frees_of_failed_allocs: u64,
     pub empty_cache_calls: u64,
     pub peak_allocated_bytes: i64,
     pub peak_requested_bytes: i64,
@@ -161,7 +167,8 @@ impl ReplayJson {
             allocs: out.allocs,
             allocs_at_recorded_addr: ctx.faithful.then_some(out.allocs_at_recorded_addr),
             frees: out.frees,
-            orphan_frees: out.skipped_frees,
+            orphan_frees: ctx.recorded.orphan_frees,
+            frees_of_failed_allocs: out.skipped_frees,
             empty_cache_calls: out.empty_cache_calls,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
             peak_requested_bytes: s.requested_bytes.all.peak,
@@ -227,8 +234,16 @@ impl ReplayJson {
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
         }
+        let orphans = match self.mode {
+            "faithful" => "freed from the rebuilt start state",
+            _ => "skipped",
+        };
+        let failed = match self.frees_of_failed_allocs {
+            0 => String::new(),
+            n => format!(", {n} frees of allocations that ran out of memory skipped"),
+        };
         t += &format!(
-            "  events: {} ({} allocations, {} frees, {} frees of memory from before the trace skipped, {} empty_cache calls)\n",
+            "  events: {} ({} allocations, {} frees, {} frees of memory from before the trace {orphans}{failed}, {} empty_cache calls)\n",
             self.events, self.allocs, self.frees, self.orphan_frees, self.empty_cache_calls
         );
         t += &format!(

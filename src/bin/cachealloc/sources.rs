@@ -88,5 +88,6 @@ pub(crate) fn recorded_figures(f: &RecordedFigures) -> Recorded {
             size: o.size,
             device_free: o.device_free,
         }),
+        orphan_frees: f.orphan_frees as u64,
     }
 }

@@ -7,8 +7,8 @@
 //! and oversize segments are all exercised. Frees count as operations: the workload has exactly
 //! `ops` operations.
 
-use super::SynthError;
 use super::params::{check, fraction, gib, unknown, whole};
+use super::{MAX_OPS, SynthError};
 use crate::pool::StreamId;
 use crate::trace::rng::SplitMix64;
 use crate::trace::workload::{AllocId, Op, Workload};
@@ -66,6 +66,12 @@ impl LogUniformParams {
             format!(
                 "loguniform free_p={} must be from 0 to 1",
                 self.free_probability
+            )
+        })?;
+        check(self.ops as u64 <= MAX_OPS, || {
+            format!(
+                "loguniform ops={} is more than a synthetic workload may have (at most {MAX_OPS})",
+                self.ops
             )
         })?;
         check(self.budget > 0, || {

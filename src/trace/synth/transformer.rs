@@ -18,8 +18,8 @@
 //! norm statistics and scalars stay under 1 MiB: a changing mix of large blocks interleaved with
 //! small ones, which is what fragments a caching pool across steps.
 
-use super::SynthError;
 use super::params::{check, range, unknown, whole};
+use super::{MAX_OPS, SynthError};
 use crate::pool::StreamId;
 use crate::pool::rounding::MAX_REQUEST;
 use crate::trace::rng::SplitMix64;
@@ -74,6 +74,10 @@ const KEYS: &[&str] = &[
     "steps",
     "dtype_bytes",
 ];
+
+/// Operations generated, counted: 12 once, 36 per layer (weights and optimizer state), 54 per
+/// step and 128 per layer and step; none of these depends on sizes. `most_ops` rounds each up.
+const OPS_BOUND: [u64; 4] = [16, 40, 60, 130];
 
 /// Bytes of an fp32 element (optimizer state, norm statistics, log-probabilities).
 const FP32: u64 = 4; // bytes
@@ -145,7 +149,22 @@ impl TransformerParams {
         check(
             self.largest_tensor().is_some_and(|b| b < MAX_REQUEST),
             || "transformer parameters make a tensor of 1 EiB or more".into(),
-        )
+        )?;
+        let ops = self.most_ops();
+        check(ops <= MAX_OPS, || {
+            format!(
+                "transformer layers={} and steps={} make up to {ops} operations, more than a \
+                 synthetic workload may have (at most {MAX_OPS}): use fewer layers or steps",
+                self.layers, self.steps
+            )
+        })
+    }
+
+    /// An upper bound on the number of operations (see `OPS_BOUND`).
+    fn most_ops(&self) -> u64 {
+        let (layers, steps) = (u64::from(self.layers), u64::from(self.steps));
+        let [once, per_layer, per_step, per_layer_step] = OPS_BOUND;
+        once + per_layer * layers + steps * (per_step + per_layer_step * layers)
     }
 
     /// The largest tensor at `seq_max`, or `None` on overflow. Every other size is a product
@@ -451,6 +470,40 @@ fn step(e: &mut Emitter, p: &TransformerParams, numels: &[u64], seq: u64) {
 mod tests {
     use super::*;
     use crate::pool::rounding::SMALL_SIZE;
+
+    /// The bound that refuses oversized specs holds for every shape: it is what keeps a
+    /// refused spec from being one that would have fit.
+    #[test]
+    fn most_ops_bounds_the_operations_generated() {
+        for (layers, steps, batch, seq) in [
+            (1, 1, 1, 1),
+            (2, 3, 4, 64),
+            (12, 2, 8, 2048),
+            (40, 1, 1, 16),
+            (24, 8, 2, 32),
+        ] {
+            let p = TransformerParams {
+                layers,
+                steps,
+                batch,
+                seq_min: seq,
+                seq_max: seq,
+                ..TransformerParams::default()
+            };
+            let ops = generate(&p, 1).workload.ops.len() as u64;
+            assert!(
+                ops <= p.most_ops(),
+                "{layers} layers, {steps} steps: {ops} ops"
+            );
+            assert!(
+                ops * 10 > p.most_ops() * 9,
+                "bound too loose: {ops} vs {}",
+                p.most_ops()
+            );
+        }
+        let err = "transformer:layers=100000".parse::<crate::trace::synth::SynthSpec>();
+        assert!(err.unwrap_err().0.contains("at most 10000000"));
+    }
 
     fn tiny() -> TransformerParams {
         TransformerParams {
