@@ -27,6 +27,8 @@ echo
 echo "== 1b. the same binary under LD_PRELOAD=target/release/libcachealloc.so"
 echo "       (CACHEALLOC_CONF=stats:text prints the allocator's statistics at exit)"
 CACHEALLOC_CONF=stats:text LD_PRELOAD="$PWD/target/release/libcachealloc.so" "$work/solver"
+echo "       (Active but not Allocated at exit: blocks the program freed whose reuse waits, under"
+echo "       the default free_sync:device, for the next device synchronization; not a leak.)"
 
 echo
 echo "== 2. offline: replay a synthetic transformer training run on a 7 GiB device"
@@ -35,8 +37,8 @@ target/release/cachealloc synth transformer --capacity 7GiB | sed -n '1,6p'
 echo "       ... and with --conf max_split_size_mb:256"
 target/release/cachealloc synth transformer --capacity 7GiB --conf max_split_size_mb:256 | sed -n '2,6p'
 echo
-echo "== 3. the same run on a 5.8 GiB device: the out-of-memory report, and the settings that"
-echo "       fit, each verified by replaying"
+echo "== 3. the same run on a 5800 MiB (5.66 GiB) device: the out-of-memory report, and the"
+echo "       settings that fit, each verified by replaying"
 target/release/cachealloc synth transformer --capacity 5800MiB | sed -n '/^First out-of-memory/,$p'
 echo
 echo "Next: replay your own PyTorch snapshot with target/release/cachealloc replay snapshot.pickle"

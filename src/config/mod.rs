@@ -210,6 +210,23 @@ impl Config {
         self.trace.as_deref().map(|t| expand_pid(t, pid))
     }
 
+    /// The keys set away from their defaults that configure the preloaded library around the
+    /// pool (how frees wait, what is printed or recorded): a replay on the simulated device has
+    /// no use for them.
+    pub fn library_keys_set(&self) -> Vec<&'static str> {
+        let default = Config::default();
+        [
+            ("free_sync", self.free_sync != default.free_sync),
+            ("stats", self.stats != default.stats),
+            ("stats_file", self.stats_file.is_some()),
+            ("trace", self.trace.is_some()),
+            ("count_cached_as_free", self.count_cached_as_free),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect()
+    }
+
     /// Turn off settings that parse but that cachealloc does not implement yet, returning one
     /// warning for each, to be shown to the user. Today: `expandable_segments:True` (segments
     /// are then obtained with cudaMalloc, PyTorch's native policy). Accepting the key keeps an

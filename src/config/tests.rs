@@ -582,3 +582,15 @@ fn unsupported_expandable_segments_is_dropped_with_a_warning() {
     assert!(!c.settings.expandable_segments);
     assert!(c.drop_unsupported().is_empty());
 }
+
+#[test]
+fn library_keys_are_told_apart_from_pool_settings() {
+    let c = conf("max_split_size_mb:128,free_sync:none,trace:/tmp/t.jsonl").unwrap();
+    assert_eq!(c.library_keys_set(), vec!["free_sync", "trace"]);
+    assert!(
+        conf("max_split_size_mb:128")
+            .unwrap()
+            .library_keys_set()
+            .is_empty()
+    );
+}

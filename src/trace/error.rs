@@ -66,7 +66,7 @@ impl fmt::Display for TraceError {
             TraceError::Io { path, source } => write!(f, "{path}: cannot read file: {source}"),
             TraceError::NotPickle { path, detail } => write!(
                 f,
-                "{path}: not a Python pickle ({detail}); expected a file written by \
+                "{path}: not a Python pickle: {detail}; expected a memory snapshot written by \
                  torch.cuda.memory._dump_snapshot"
             ),
             TraceError::NotSnapshot { path, detail } => write!(

@@ -93,6 +93,23 @@ impl Pickle {
             .map(|(_, v)| *v)
     }
 
+    /// The value as an error message shows it: its type, and for a number or a short string
+    /// the value itself as Python writes it (`int -5`, `float 1.5`, `str 'abc'`, `list`).
+    pub fn describe(&self, value: PyValue) -> String {
+        let ty = self.type_name(value);
+        match value {
+            PyValue::None => ty.to_string(),
+            PyValue::Bool(b) => format!("{ty} {}", if b { "True" } else { "False" }),
+            PyValue::Int(v) => format!("{ty} {v}"),
+            PyValue::HugeInt => format!("{ty} wider than 128 bits"),
+            PyValue::Float(v) => format!("{ty} {v}"),
+            PyValue::Obj(_) => match self.as_str(value) {
+                Some(text) if text.chars().count() <= 40 => format!("{ty} {text:?}"),
+                _ => ty.to_string(),
+            },
+        }
+    }
+
     /// Python's name for the value's type (for error messages).
     pub fn type_name(&self, value: PyValue) -> &'static str {
         match value {

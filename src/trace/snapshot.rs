@@ -55,11 +55,56 @@ fn decode_pickle(bytes: &[u8], source: &str) -> Result<Pickle, TraceError> {
     if bytes.is_empty() {
         return Err(not_pickle("the file is empty".into()));
     }
-    match catch_unwind(AssertUnwindSafe(|| decode(bytes))) {
-        Ok(Ok(pickle)) => Ok(pickle),
-        Ok(Err(detail)) => Err(not_pickle(detail)),
-        Err(_) => Err(not_pickle("the decoder failed on these bytes".into())),
+    let detail = match catch_unwind(AssertUnwindSafe(|| decode(bytes))) {
+        Ok(Ok(pickle)) => return Ok(pickle),
+        Ok(Err(detail)) => detail,
+        Err(_) => "the decoder failed on these bytes".into(),
+    };
+    // A file of another kind is named for what it is; a damaged pickle keeps the decoder's
+    // account of where it broke.
+    Err(not_pickle(foreign_kind(bytes).unwrap_or(detail)))
+}
+
+/// What a file that did not decode as a pickle is, when it is a kind people mistake for a
+/// snapshot: compressed, a `torch.save` archive, JSON (a snapshot named `.json` is still a
+/// pickle), or other text. `None` for anything else.
+fn foreign_kind(bytes: &[u8]) -> Option<String> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return Some("it is gzip-compressed, decompress it first (gunzip)".into());
     }
+    if bytes.starts_with(b"PK\x03\x04") {
+        return Some(
+            "it is a zip archive, as torch.save writes; a memory snapshot is a plain pickle".into(),
+        );
+    }
+    let head = &bytes[..bytes.len().min(4096)];
+    let text = match std::str::from_utf8(head) {
+        Ok(text) => text,
+        // A multi-byte character cut at the end of the head is still text.
+        Err(e) if e.valid_up_to() + 4 > head.len() => {
+            std::str::from_utf8(&head[..e.valid_up_to()]).ok()?
+        }
+        Err(_) => return None,
+    };
+    if text.chars().any(|c| c.is_control() && !c.is_whitespace()) {
+        return None;
+    }
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        return Some(
+            "it is JSON text, a profiler trace perhaps (PyTorch's memory snapshots are \
+             pickles, even when named .json)"
+                .into(),
+        );
+    }
+    let first_line: String = trimmed
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(60)
+        .collect();
+    Some(format!("it is text, starting {first_line:?}"))
 }
 
 /// A non-negative integer that fits in 64 bits.
@@ -120,8 +165,8 @@ impl<'a> Reader<'a> {
         let value = self.field(d, name, at)?;
         as_u64(value).ok_or_else(|| {
             self.bad(format!(
-                "{at}: '{name}' must be a non-negative integer below 2^64, found {} {value:?}",
-                self.p.type_name(value)
+                "{at}: '{name}' must be a non-negative integer below 2^64, found {}",
+                self.p.describe(value)
             ))
         })
     }
@@ -263,8 +308,8 @@ impl<'a> Reader<'a> {
                 Some("large") => PoolKind::Large,
                 _ => {
                     return Err(self.bad(format!(
-                        "{at}: 'segment_type' must be \"small\" or \"large\", found {:?}",
-                        self.p.as_str(v).unwrap_or(self.p.type_name(v))
+                        "{at}: 'segment_type' must be \"small\" or \"large\", found {}",
+                        self.p.describe(v)
                     )));
                 }
             },
@@ -569,6 +614,47 @@ mod tests {
             let err = error_of(&good[..n]);
             assert!(matches!(err, TraceError::NotPickle { .. }), "{n}: {err}");
         }
+    }
+
+    /// Files people mistake for snapshots are named for what they are.
+    #[test]
+    fn foreign_files_are_named_for_what_they_are() {
+        let cases: [(&[u8], &str); 5] = [
+            (
+                b"\x1f\x8b\x08\x00\x00\x00",
+                "gzip-compressed, decompress it first",
+            ),
+            (b"PK\x03\x04\x14\x00", "zip archive, as torch.save writes"),
+            (b"  {\"traceEvents\": []}", "JSON text"),
+            (
+                b"id,lower,upper,size\n0,1,2,3\n",
+                "text, starting \"id,lower,upper,size\"",
+            ),
+            (b"\xa1\xff\x00garbage", "unknown opcode 0xa1 at byte 0"),
+        ];
+        for (data, says) in cases {
+            let err = error_of(data).to_string();
+            assert!(err.contains(says), "{err:?} should say {says:?}");
+            assert!(
+                err.starts_with("bad.pickle: not a Python pickle: "),
+                "{err}"
+            );
+        }
+        // A protocol-0 pickle is text too, and still read as a pickle.
+        assert!(!matches!(
+            error_of(b"(dp0\nVsegments\np1\n(lp2\ns."),
+            TraceError::NotPickle { .. }
+        ));
+    }
+
+    /// A malformed field is shown as Python writes it, not as the decoder stores it.
+    #[test]
+    fn bad_fields_show_their_python_value() {
+        let err = error_of(&bytes(&snapshot(vec![entry("alloc", SEG, -5, vec![])]))).to_string();
+        assert!(
+            err.contains("'size' must be a non-negative integer below 2^64, found int -5"),
+            "{err}"
+        );
     }
 
     #[test]

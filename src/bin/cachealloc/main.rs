@@ -44,10 +44,13 @@ enum Command {
 #[derive(clap::Args)]
 struct Common {
     /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "max_split_size_mb:128".
+    /// Replays read only this option: the CACHEALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF
+    /// variables configure the preloaded library.
     #[arg(long)]
     conf: Option<String>,
-    /// Device capacity (24GiB, 512MiB, bytes). Default: unlimited (faithful: from the trace).
-    #[arg(long, value_parser = size::parse_size)]
+    /// Device capacity (24GiB, 512MiB, bytes). Default: unlimited (replay --faithful: from the
+    /// trace).
+    #[arg(long, value_parser = size::parse_capacity, allow_negative_numbers = true)]
     capacity: Option<u64>,
     /// Print one JSON object instead of the readable summary.
     #[arg(long)]
@@ -121,6 +124,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 .map_err(|e: cachealloc::trace::synth::SynthError| e.0)?;
             let workload = spec.generate(args.seed).map_err(|e| e.0)?;
             let (config, settings_text) = replay_config(&args.common)?;
+            warn_fraction_without_capacity(&config);
             let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
             let fits = fits_after_oom(&out, &workload, &config, None);
             let ctx = Context {
@@ -151,6 +155,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 config.capacity = args.common.capacity.or(loaded.capacity);
                 config.address_hints = loaded.address_hints.clone();
             }
+            warn_fraction_without_capacity(&config);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref())
                 .map_err(|e| format!("{}: {e}", args.trace.display()))?;
             let fits = fits_after_oom(&out, &loaded.workload, &config, loaded.start.as_ref());
@@ -177,6 +182,14 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     for warning in config.drop_unsupported() {
         eprintln!("cachealloc: warning: {warning}");
     }
+    let library_keys = config.library_keys_set();
+    if !library_keys.is_empty() {
+        eprintln!(
+            "cachealloc: warning: --conf {}: these configure the preloaded library, not the \
+             pool, and have no effect on a replay",
+            library_keys.join(", ")
+        );
+    }
     let placement = match common.placement {
         PlacementArg::TopDown => Placement::TopDown,
         PlacementArg::BottomUp => Placement::BottomUp,
@@ -188,6 +201,20 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
+}
+
+/// `per_process_memory_fraction` limits the pool to a fraction of the device's capacity, which
+/// a replay without one does not have.
+fn warn_fraction_without_capacity(config: &ReplayConfig) {
+    let fraction = config.settings.per_process_memory_fraction;
+    // (A fraction of 0 allows nothing of any device, unlimited or not.)
+    if config.capacity.is_none() && fraction > 0.0 && fraction < 1.0 {
+        eprintln!(
+            "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
+             capacity, and this replay's device is unlimited: give --capacity for the limit to \
+             apply"
+        );
+    }
 }
 
 /// After a replay that ran out of memory, the `max_split_size_mb` values that would have fit.

@@ -234,18 +234,29 @@ impl ReplayJson {
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
         }
-        let orphans = match self.mode {
-            "faithful" => "freed from the rebuilt start state",
-            _ => "skipped",
-        };
-        let failed = match self.frees_of_failed_allocs {
-            0 => String::new(),
-            n => format!(", {n} frees of allocations that ran out of memory skipped"),
-        };
-        t += &format!(
-            "  events: {} ({} allocations, {} frees, {} frees of memory from before the trace {orphans}{failed}, {} empty_cache calls)\n",
-            self.events, self.allocs, self.frees, self.orphan_frees, self.empty_cache_calls
-        );
+        let mut parts = vec![
+            format!("{} allocations", self.allocs),
+            format!("{} frees", self.frees),
+        ];
+        match self.mode {
+            "synthetic" => {}
+            "faithful" => parts.push(format!(
+                "{} frees of memory from before the trace freed from the rebuilt start state",
+                self.orphan_frees
+            )),
+            _ => parts.push(format!(
+                "{} frees of memory from before the trace skipped",
+                self.orphan_frees
+            )),
+        }
+        if self.frees_of_failed_allocs > 0 {
+            parts.push(format!(
+                "{} frees of allocations that ran out of memory skipped",
+                self.frees_of_failed_allocs
+            ));
+        }
+        parts.push(format!("{} empty_cache calls", self.empty_cache_calls));
+        t += &format!("  events: {} ({})\n", self.events, parts.join(", "));
         t += &format!(
             "  peak allocated {} | peak requested {} | peak reserved {} | final reserved {}\n",
             fs(self.peak_allocated_bytes),
@@ -285,7 +296,11 @@ impl ReplayJson {
         if let Some(report) = &self.first_oom_report {
             let at = self
                 .first_oom_event_index
-                .map(|i| format!(" at event {i}"))
+                .map(|i| match self.mode {
+                    // A trace's index counts all of its entries (segment calls included).
+                    "synthetic" => format!(" at operation {i}"),
+                    _ => format!(" at trace entry {i}"),
+                })
                 .unwrap_or_default();
             t += &format!("\nFirst out-of-memory{at}:\n{}\n", report.text);
         }

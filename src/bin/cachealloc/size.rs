@@ -20,8 +20,8 @@ const UNITS: [(&str, f64); 13] = [
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let bad = || {
         format!(
-            "invalid size {text:?}: expected bytes or a number with a unit \
-             (KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 24GiB or 512MiB"
+            "invalid size {text:?}: expected a whole number of bytes or a number with a unit \
+             (KiB, MiB, GiB, TiB or K, M, G, T; KB, MB, GB, TB), e.g. 24GiB or 512MiB"
         )
     };
     let t = text.trim();
@@ -47,15 +47,26 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     }
     let value: f64 = number.parse().map_err(|_| bad())?;
     let bytes = value * factor;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 || bytes.fract() != 0.0 {
         return Err(bad());
     }
-    Ok(bytes.round() as u64)
+    Ok(bytes as u64)
+}
+
+/// Parse a device capacity: a size of at least one byte.
+pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!(
+            "invalid capacity {text:?}: a device needs more than 0 bytes (omit --capacity for an \
+             unlimited one)"
+        )),
+        bytes => Ok(bytes),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_capacity, parse_size};
 
     #[test]
     fn accepts_binary_decimal_and_plain_sizes() {
@@ -69,12 +80,28 @@ mod tests {
 
     #[test]
     fn rejects_junk_with_the_allowed_forms() {
-        for bad in ["", "GiB", "12 parsecs", "-1", "1e99GiB"] {
+        for bad in ["", "GiB", "12 parsecs", "-1", "1e99GiB", "0.5B", "1.3"] {
             let err = parse_size(bad).unwrap_err();
             assert!(
-                err.contains("expected bytes or a number with a unit"),
+                err.contains("expected a whole number of bytes or a number with a unit"),
                 "{err}"
             );
         }
+        assert_eq!(parse_size("24G"), Ok(24 << 30));
+    }
+
+    #[test]
+    fn a_capacity_is_more_than_nothing() {
+        assert!(
+            parse_capacity("0")
+                .unwrap_err()
+                .contains("more than 0 bytes")
+        );
+        assert!(
+            parse_capacity("0GiB")
+                .unwrap_err()
+                .contains("more than 0 bytes")
+        );
+        assert_eq!(parse_capacity("1"), Ok(1));
     }
 }
