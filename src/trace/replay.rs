@@ -67,6 +67,9 @@ pub struct ReplayOutcome {
     /// an OOM in this replay. (The workloads made from recordings leave out frees of memory
     /// allocated before recording began; the recording's figures count those.)
     pub skipped_frees: u64,
+    /// Requests of 1 EB or more, which PyTorch refuses with an out-of-memory error before the
+    /// pool sees them (no statistic moves); refused here the same way, and their frees skipped.
+    pub requests_too_large: u64,
     pub empty_cache_calls: u64,
     pub first_oom: Option<OomAt>,
     pub stats: DeviceStats,
@@ -115,6 +118,7 @@ pub fn replay(
         allocs_at_recorded_addr: 0,
         frees: 0,
         skipped_frees: 0,
+        requests_too_large: 0,
         empty_cache_calls: 0,
         first_oom: None,
         stats: DeviceStats::default(),
@@ -138,6 +142,7 @@ pub fn replay(
                         *live_slot(&mut live, id) = Some(ptr);
                     }
                     Err(Error::OutOfMemory(report)) => note_oom(&mut out, workload, i, *report),
+                    Err(Error::RequestTooLarge { .. }) => out.requests_too_large += 1,
                     Err(e) => return Err(e),
                 }
             }
@@ -265,5 +270,21 @@ mod tests {
             out.skipped_frees, 1,
             "the failed allocation's free is skipped"
         );
+    }
+
+    /// A request of 1 EB or more is refused as PyTorch refuses it, and the replay goes on.
+    #[test]
+    fn a_request_over_1_eb_is_refused_and_the_replay_goes_on() {
+        let w = workload(vec![
+            alloc(0, u64::MAX),
+            alloc(1, 5 * MIB),
+            Op::Free { id: 0 },
+            Op::Free { id: 1 },
+        ]);
+        let out = replay(&w, &ReplayConfig::default(), None).unwrap();
+        assert_eq!(out.requests_too_large, 1);
+        assert_eq!((out.frees, out.skipped_frees), (1, 1));
+        assert_eq!(out.stats.num_ooms, 0, "PyTorch counts no OOM for it");
+        assert_eq!(out.stats.allocation.all.allocated, 1);
     }
 }

@@ -42,6 +42,8 @@ pub struct ReplayJson {
     pub orphan_frees: u64,
     /// Frees of allocations that failed with an out-of-memory in this replay (skipped).
     pub frees_of_failed_allocs: u64,
+    /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
+    pub requests_too_large: u64,
     pub empty_cache_calls: u64,
     pub peak_allocated_bytes: i64,
     pub peak_requested_bytes: i64,
@@ -169,6 +171,7 @@ impl ReplayJson {
             frees: out.frees,
             orphan_frees: ctx.recorded.orphan_frees,
             frees_of_failed_allocs: out.skipped_frees,
+            requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
             peak_requested_bytes: s.requested_bytes.all.peak,
@@ -253,6 +256,12 @@ impl ReplayJson {
             parts.push(format!(
                 "{} frees of allocations that ran out of memory skipped",
                 self.frees_of_failed_allocs
+            ));
+        }
+        if self.requests_too_large > 0 {
+            parts.push(format!(
+                "{} requests of 1 EB or more refused",
+                self.requests_too_large
             ));
         }
         parts.push(format!("{} empty_cache calls", self.empty_cache_calls));
