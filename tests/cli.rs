@@ -58,6 +58,7 @@ fn synth_json_is_deterministic_and_complete() {
         "events",
         "orphan_frees",
         "frees_of_failed_allocs",
+        "requests_too_large",
         "peak_allocated_bytes",
         "peak_requested_bytes",
         "peak_reserved_bytes",
@@ -116,6 +117,14 @@ fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
     assert_eq!(v["num_device_alloc"], v["recorded_segment_allocs"]);
     assert_eq!(v["num_device_free"], v["recorded_segment_frees"]);
     assert_eq!(v["peak_reserved_bytes"], v["recorded_peak_reserved_bytes"]);
+    let text = String::from_utf8(
+        cachealloc(&["replay", t.to_str().unwrap(), "--capacity", "22470.375MiB"]).stdout,
+    )
+    .unwrap();
+    assert!(
+        text.contains("First out-of-memory at trace entry 1117:"),
+        "{text}"
+    );
     // Without a capacity the same trace fits: the what-if default is an unlimited device.
     let free = json(&cachealloc(&["replay", t.to_str().unwrap(), "--json"]));
     assert_eq!(free["num_ooms"], 0);
@@ -222,6 +231,18 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec!["synth".into(), "--capacity".into(), "12 parsecs".into()],
             "invalid size",
+        ),
+        (
+            vec!["synth".into(), "--capacity".into(), "-5GiB".into()],
+            "invalid size \"-5GiB\"",
+        ),
+        (
+            vec!["synth".into(), "--capacity".into(), "0".into()],
+            "a device needs more than 0 bytes",
+        ),
+        (
+            vec!["synth".into(), "loguniform:ops=99999999999".into()],
+            "at most 10000000",
         ),
         (
             vec![
@@ -341,5 +362,40 @@ fn the_oom_hint_study_runs_on_one_workload() {
     assert!(
         text.contains("named the first rule's value in 1 of 1"),
         "{text}"
+    );
+}
+
+/// Options that cannot act on a replay are named in a warning, and the replay still runs.
+#[test]
+fn options_without_effect_on_a_replay_are_warned_about() {
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "free_sync:none,trace:/tmp/unused.jsonl,per_process_memory_fraction:0.5",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--conf free_sync, trace: these configure the preloaded library"),
+        "{err}"
+    );
+    assert!(
+        err.contains("per_process_memory_fraction limits a fraction of the device's capacity"),
+        "{err}"
+    );
+    let quiet = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--capacity",
+        "8GiB",
+        "--conf",
+        "per_process_memory_fraction:0.5",
+    ]);
+    assert!(quiet.status.success());
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
     );
 }

@@ -94,7 +94,7 @@ impl Pickle {
     }
 
     /// The value as an error message shows it: its type, and for a number or a short string
-    /// the value itself as Python writes it (`int -5`, `float 1.5`, `str 'abc'`, `list`).
+    /// the value itself (`int -5`, `float 1.0`, `str "abc"`, `list`).
     pub fn describe(&self, value: PyValue) -> String {
         let ty = self.type_name(value);
         match value {
@@ -102,6 +102,8 @@ impl Pickle {
             PyValue::Bool(b) => format!("{ty} {}", if b { "True" } else { "False" }),
             PyValue::Int(v) => format!("{ty} {v}"),
             PyValue::HugeInt => format!("{ty} wider than 128 bits"),
+            // Written as Python writes it: 1.0, not 1.
+            PyValue::Float(v) if v.is_finite() && v.fract() == 0.0 => format!("{ty} {v:.1}"),
             PyValue::Float(v) => format!("{ty} {v}"),
             PyValue::Obj(_) => match self.as_str(value) {
                 Some(text) if text.chars().count() <= 40 => format!("{ty} {text:?}"),

@@ -163,6 +163,7 @@ pub fn replay(
                     match pool.malloc(size, stream) {
                         Ok(ptr) => pool.free(ptr)?,
                         Err(Error::OutOfMemory(report)) => note_oom(&mut out, workload, i, *report),
+                        Err(Error::RequestTooLarge { .. }) => out.requests_too_large += 1,
                         Err(e) => return Err(e),
                     }
                 }

@@ -60,8 +60,9 @@ fn decode_pickle(bytes: &[u8], source: &str) -> Result<Pickle, TraceError> {
         Ok(Err(detail)) => detail,
         Err(_) => "the decoder failed on these bytes".into(),
     };
-    // A file of another kind is named for what it is; a damaged pickle keeps the decoder's
-    // account of where it broke.
+    // A file of another kind is named for what it is; a damaged pickle of the binary protocols
+    // PyTorch writes keeps the decoder's account of where it broke (a damaged protocol-0
+    // pickle, which is text, is called text).
     Err(not_pickle(foreign_kind(bytes).unwrap_or(detail)))
 }
 
@@ -80,12 +81,13 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
     let head = &bytes[..bytes.len().min(4096)];
     let text = match std::str::from_utf8(head) {
         Ok(text) => text,
-        // A multi-byte character cut at the end of the head is still text.
-        Err(e) if e.valid_up_to() + 4 > head.len() => {
-            std::str::from_utf8(&head[..e.valid_up_to()]).ok()?
-        }
+        // A multi-byte character cut off by the end of the head is still text.
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).ok()?,
         Err(_) => return None,
     };
+    if text.trim().is_empty() {
+        return None;
+    }
     if text.chars().any(|c| c.is_control() && !c.is_whitespace()) {
         return None;
     }
@@ -619,7 +621,9 @@ mod tests {
     /// Files people mistake for snapshots are named for what they are.
     #[test]
     fn foreign_files_are_named_for_what_they_are() {
-        let cases: [(&[u8], &str); 5] = [
+        let cases: [(&[u8], &str); 7] = [
+            (b"\x80\x04", "truncated"),
+            (b"\xff", "unknown opcode 0xff"),
             (
                 b"\x1f\x8b\x08\x00\x00\x00",
                 "gzip-compressed, decompress it first",

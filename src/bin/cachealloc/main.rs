@@ -50,7 +50,7 @@ struct Common {
     conf: Option<String>,
     /// Device capacity (24GiB, 512MiB, bytes). Default: unlimited (replay --faithful: from the
     /// trace).
-    #[arg(long, value_parser = size::parse_capacity, allow_negative_numbers = true)]
+    #[arg(long, value_parser = size::parse_capacity, allow_hyphen_values = true)]
     capacity: Option<u64>,
     /// Print one JSON object instead of the readable summary.
     #[arg(long)]
@@ -135,6 +135,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 capacity: args.common.capacity,
                 recorded: Default::default(),
                 faithful: false,
+                orphans_replayed: false,
             };
             Ok(render(
                 ReplayJson::new(ctx, out).with_fits(fits),
@@ -165,6 +166,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 mode: if args.faithful { "faithful" } else { "plain" },
                 settings: settings_text,
                 capacity: config.capacity,
+                orphans_replayed: loaded.start.is_some(),
                 recorded: loaded.recorded,
                 faithful: args.faithful,
             };

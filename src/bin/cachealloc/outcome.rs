@@ -37,8 +37,9 @@ pub struct ReplayJson {
     pub allocs: u64,
     pub allocs_at_recorded_addr: Option<u64>,
     pub frees: u64,
-    /// Frees in the trace of memory allocated before recording began: skipped in plain mode,
-    /// replayed against the rebuilt start state in faithful mode.
+    /// Frees in the trace of memory allocated before recording began: skipped in plain mode;
+    /// in a faithful replay of a snapshot they free blocks of the rebuilt start state, and are
+    /// part of `frees`.
     pub orphan_frees: u64,
     /// Frees of allocations that failed with an out-of-memory in this replay (skipped).
     pub frees_of_failed_allocs: u64,
@@ -69,6 +70,9 @@ pub struct ReplayJson {
     pub first_oom_report: Option<OomReportJson>,
     #[serde(skip)]
     pub stats: DeviceStats,
+    /// Whether the orphan frees were replayed (against a rebuilt start state).
+    #[serde(skip)]
+    pub orphans_replayed: bool,
 }
 
 /// A setting verified to replay without an OOM.
@@ -154,6 +158,9 @@ pub struct Context {
     pub capacity: Option<u64>,
     pub recorded: Recorded,
     pub faithful: bool,
+    /// The replay started from the state rebuilt from the snapshot, so frees of memory from
+    /// before the trace were replayed.
+    pub orphans_replayed: bool,
 }
 
 impl ReplayJson {
@@ -194,6 +201,7 @@ impl ReplayJson {
             report_suggestion: None,
             first_oom_report: out.first_oom.as_ref().map(|o| (&o.report).into()),
             stats: out.stats.clone(),
+            orphans_replayed: ctx.orphans_replayed,
         }
     }
 
@@ -237,20 +245,21 @@ impl ReplayJson {
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
         }
-        let mut parts = vec![
-            format!("{} allocations", self.allocs),
-            format!("{} frees", self.frees),
-        ];
-        match self.mode {
-            "synthetic" => {}
-            "faithful" => parts.push(format!(
-                "{} frees of memory from before the trace freed from the rebuilt start state",
-                self.orphan_frees
-            )),
-            _ => parts.push(format!(
-                "{} frees of memory from before the trace skipped",
-                self.orphan_frees
-            )),
+        let mut parts = vec![format!("{} allocations", self.allocs)];
+        if self.orphans_replayed {
+            parts.push(format!(
+                "{} frees, {} of them of memory from before the trace, freed from the rebuilt \
+                 start state",
+                self.frees, self.orphan_frees
+            ));
+        } else {
+            parts.push(format!("{} frees", self.frees));
+            if self.mode != "synthetic" {
+                parts.push(format!(
+                    "{} frees of memory from before the trace skipped",
+                    self.orphan_frees
+                ));
+            }
         }
         if self.frees_of_failed_allocs > 0 {
             parts.push(format!(

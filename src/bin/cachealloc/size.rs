@@ -47,10 +47,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     }
     let value: f64 = number.parse().map_err(|_| bad())?;
     let bytes = value * factor;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 || bytes.fract() != 0.0 {
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err(bad());
     }
-    Ok(bytes as u64)
+    // A fraction of a larger unit is rounded to whole bytes (5.8GiB); bytes come whole.
+    if factor == 1.0 && bytes.fract() != 0.0 {
+        return Err(format!(
+            "invalid size {text:?}: not a whole number of bytes (a fraction needs a larger unit, \
+             e.g. 5.8GiB)"
+        ));
+    }
+    Ok(bytes.round() as u64)
 }
 
 /// Parse a device capacity: a size of at least one byte.
@@ -80,7 +87,7 @@ mod tests {
 
     #[test]
     fn rejects_junk_with_the_allowed_forms() {
-        for bad in ["", "GiB", "12 parsecs", "-1", "1e99GiB", "0.5B", "1.3"] {
+        for bad in ["", "GiB", "12 parsecs", "-1", "-5GiB", "1e99GiB"] {
             let err = parse_size(bad).unwrap_err();
             assert!(
                 err.contains("expected a whole number of bytes or a number with a unit"),
@@ -88,6 +95,11 @@ mod tests {
             );
         }
         assert_eq!(parse_size("24G"), Ok(24 << 30));
+        for fraction in ["0.5B", "1.3"] {
+            let err = parse_size(fraction).unwrap_err();
+            assert!(err.contains("not a whole number of bytes"), "{err}");
+        }
+        assert_eq!(parse_size("5.8GiB"), Ok(6_227_702_579));
     }
 
     #[test]

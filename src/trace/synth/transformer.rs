@@ -162,9 +162,11 @@ impl TransformerParams {
 
     /// An upper bound on the number of operations (see `OPS_BOUND`).
     fn most_ops(&self) -> u64 {
-        let (layers, steps) = (u64::from(self.layers), u64::from(self.steps));
-        let [once, per_layer, per_step, per_layer_step] = OPS_BOUND;
-        once + per_layer * layers + steps * (per_step + per_layer_step * layers)
+        // In 128 bits: u32 layers and steps cannot overflow it.
+        let (layers, steps) = (u128::from(self.layers), u128::from(self.steps));
+        let [once, per_layer, per_step, per_layer_step] = OPS_BOUND.map(u128::from);
+        let ops = once + per_layer * layers + steps * (per_step + per_layer_step * layers);
+        u64::try_from(ops).unwrap_or(u64::MAX)
     }
 
     /// The largest tensor at `seq_max`, or `None` on overflow. Every other size is a product
@@ -501,8 +503,15 @@ mod tests {
                 p.most_ops()
             );
         }
-        let err = "transformer:layers=100000".parse::<crate::trace::synth::SynthSpec>();
-        assert!(err.unwrap_err().0.contains("at most 10000000"));
+        for spec in [
+            "transformer:layers=100000",
+            // 130 · layers · steps wraps around 2^64 to about 1.7 million.
+            "transformer:layers=4294922792,steps=33038552",
+            "transformer:layers=4294967295,steps=4294967295",
+        ] {
+            let err = spec.parse::<crate::trace::synth::SynthSpec>().unwrap_err();
+            assert!(err.0.contains("at most 10000000"), "{spec}: {err}");
+        }
     }
 
     fn tiny() -> TransformerParams {
