@@ -141,9 +141,7 @@ pub fn replay(
                         }
                         *live_slot(&mut live, id) = Some(ptr);
                     }
-                    Err(Error::OutOfMemory(report)) => note_oom(&mut out, workload, i, *report),
-                    Err(Error::RequestTooLarge { .. }) => out.requests_too_large += 1,
-                    Err(e) => return Err(e),
+                    Err(e) => note_refusal(&mut out, workload, i, e)?,
                 }
             }
             Op::Free { id } => match live.get_mut(id as usize).and_then(Option::take) {
@@ -162,9 +160,7 @@ pub fn replay(
                 if config.capacity.is_some() {
                     match pool.malloc(size, stream) {
                         Ok(ptr) => pool.free(ptr)?,
-                        Err(Error::OutOfMemory(report)) => note_oom(&mut out, workload, i, *report),
-                        Err(Error::RequestTooLarge { .. }) => out.requests_too_large += 1,
-                        Err(e) => return Err(e),
+                        Err(e) => note_refusal(&mut out, workload, i, e)?,
                     }
                 }
             }
@@ -185,6 +181,22 @@ fn live_slot(live: &mut Vec<Option<DevicePtr>>, id: AllocId) -> &mut Option<Devi
         live.resize(i + 1, None);
     }
     &mut live[i]
+}
+
+/// A malloc failed: count it when the program would have been refused (an out-of-memory, or a
+/// request of 1 EB or more) and the replay goes on; any other error ends the replay.
+fn note_refusal(
+    out: &mut ReplayOutcome,
+    workload: &Workload,
+    op_index: usize,
+    error: Error,
+) -> Result<(), Error> {
+    match error {
+        Error::OutOfMemory(report) => note_oom(out, workload, op_index, *report),
+        Error::RequestTooLarge { .. } => out.requests_too_large += 1,
+        e => return Err(e),
+    }
+    Ok(())
 }
 
 fn note_oom(out: &mut ReplayOutcome, workload: &Workload, op_index: usize, report: OomReport) {
