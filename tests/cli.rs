@@ -149,7 +149,7 @@ fn faithful_replay_lands_every_allocation_at_its_recorded_address() {
     // Plain replay starts empty: frees of memory allocated before recording are counted, skipped.
     let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap()]).stdout).unwrap();
     assert!(
-        text.contains("frees of memory from before the trace skipped"),
+        text.contains("1 free of memory from before the trace skipped"),
         "{text}"
     );
 }
@@ -398,4 +398,45 @@ fn options_without_effect_on_a_replay_are_warned_about() {
         "{}",
         String::from_utf8_lossy(&quiet.stderr)
     );
+}
+
+/// A trace that allocates twice at one address without a free between (a free is missing):
+/// the plain replay frees the earlier allocation there, as the recorded program must have,
+/// instead of keeping it live to the end, and says so.
+#[test]
+fn an_allocation_at_a_live_address_frees_the_earlier_one() {
+    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
+    let event = |t: u32, action: &str, addr: u64, size: u64| {
+        format!(
+            r#"{{"t_us":{t},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":0}}"#
+        )
+    };
+    let base = 0x7f00_0000_0000u64;
+    let lines = [
+        header.to_string(),
+        event(1, "segment_alloc", base, 20 << 20),
+        event(2, "alloc", base, 4 << 20),
+        event(3, "alloc", base, 4 << 20),
+        event(4, "free_requested", base, 4 << 20),
+        event(5, "free_completed", base, 4 << 20),
+    ];
+    let path = std::env::temp_dir().join(format!(
+        "cachealloc-missing-free-{}.jsonl",
+        std::process::id()
+    ));
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--json"]));
+    assert_eq!(v["missing_frees"], 1);
+    assert_eq!(v["allocs"], 2);
+    assert_eq!(v["frees"], 2);
+    assert_eq!(v["peak_allocated_bytes"], 4 << 20);
+    let out = cachealloc(&["replay", p]);
+    std::fs::remove_file(&path).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("2 allocations, 2 frees, 0 frees of memory from before the trace skipped, 1 allocation at an address still live in the trace"),
+        "{text}"
+    );
+    assert!(text.contains("0 empty_cache calls"), "{text}");
 }

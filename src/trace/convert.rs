@@ -10,9 +10,11 @@
 //!   segment calls.
 //!
 //! Two modes. **Plain**: replay from an empty pool; frees of addresses allocated before
-//! recording began ("orphan frees") are skipped (counted in the figures). **Faithful**: replay
-//! from the rebuilt start state ([`StartState`]); blocks live at trace start that the trace frees
-//! carry ids `0..k` and trace allocations continue from `k`, so no free is an orphan.
+//! recording began ("orphan frees") are skipped (counted in the figures), and an allocation at
+//! an address still live (the trace lacks a free) frees the earlier allocation first.
+//! **Faithful**: replay from the rebuilt start state ([`StartState`]); blocks live at trace
+//! start that the trace frees carry ids `0..k` and trace allocations continue from `k`, so no
+//! free is an orphan; an allocation at a live address is an error.
 //! `source_index` is the index of the trace entry each op came from.
 
 use rustc_hash::FxHashMap;
@@ -88,11 +90,17 @@ fn build(
             Action::Alloc => {
                 let id = next_id;
                 next_id += 1;
-                if live.insert(entry.addr, Some(id)).is_some() && strict {
-                    return Err(fail(
-                        index,
-                        format!("alloc at {:#x}, which is already live", entry.addr),
-                    ));
+                match live.insert(entry.addr, Some(id)) {
+                    Some(_) if strict => {
+                        return Err(fail(
+                            index,
+                            format!("alloc at {:#x}, which is already live", entry.addr),
+                        ));
+                    }
+                    // The trace lacks the earlier allocation's free: free it here, where the
+                    // recorded program must have freed it.
+                    Some(Some(earlier)) => workload.push(Op::Free { id: earlier }, index),
+                    _ => {}
                 }
                 workload.push(
                     Op::Alloc {
@@ -259,5 +267,36 @@ mod tests {
             err.contains("test.pickle") && err.contains("entry 8") && err.contains("no segment"),
             "{err}"
         );
+    }
+
+    /// Two allocations at one address with no free between: plain mode frees the earlier one
+    /// there (the recorded program must have), faithful mode refuses the recording.
+    #[test]
+    fn an_alloc_at_a_live_address_frees_the_earlier_one_in_plain_mode() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 3 * MIB),
+                entry(Action::Alloc, BASE, 3 * MIB),
+                entry(Action::FreeCompleted, BASE, 3 * MIB),
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let w = rec.plain();
+        let alloc = |id| Op::Alloc {
+            id,
+            size: 3 * MIB,
+            stream: StreamId(0),
+            recorded_addr: Some(BASE),
+        };
+        assert_eq!(
+            w.ops,
+            vec![alloc(0), Op::Free { id: 0 }, alloc(1), Op::Free { id: 1 }]
+        );
+        assert_eq!(w.source_index, vec![1, 2, 2, 3]);
+        assert_eq!(rec.figures().missing_frees, 1);
+        assert_eq!(sample().figures().missing_frees, 0);
+        let err = rec.faithful().unwrap_err().to_string();
+        assert!(err.contains("cannot be replayed faithfully"), "{err}");
     }
 }

@@ -34,6 +34,9 @@ pub struct RecordedFigures {
     pub frees: usize,
     /// Frees of addresses not allocated during the trace (allocated before recording began).
     pub orphan_frees: usize,
+    /// Allocations at an address the trace had not freed since its last allocation there: a
+    /// free is missing (a trace written by PyTorch has none).
+    pub missing_frees: usize,
     /// cudaMalloc calls (`segment_alloc`).
     pub recorded_segment_allocs: usize,
     /// cudaFree calls (`segment_free`), from `empty_cache()` and from the OOM ladder.
@@ -121,9 +124,12 @@ impl DeviceRecording {
         let free_action = self.free_action();
         let mut live = rustc_hash::FxHashSet::default();
         let mut orphan_frees = 0;
+        let mut missing_frees = 0;
         for e in entries {
             if e.action == Action::Alloc {
-                live.insert(e.addr);
+                if !live.insert(e.addr) {
+                    missing_frees += 1;
+                }
             } else if e.action == free_action && !live.remove(&e.addr) {
                 orphan_frees += 1;
             }
@@ -133,6 +139,7 @@ impl DeviceRecording {
             allocs: count(Action::Alloc),
             frees: count(free_action),
             orphan_frees,
+            missing_frees,
             recorded_segment_allocs: count(Action::SegmentAlloc),
             recorded_segment_frees: count(Action::SegmentFree),
             recorded_segment_maps: count(Action::SegmentMap),

@@ -16,6 +16,8 @@ pub struct Recorded {
     pub oom: Option<RecordedOomJson>,
     /// Frees in the trace of memory allocated before recording began.
     pub orphan_frees: u64,
+    /// Allocations at an address still live in the trace (its free is missing).
+    pub missing_frees: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -43,6 +45,9 @@ pub struct ReplayJson {
     pub orphan_frees: u64,
     /// Frees of allocations that failed with an out-of-memory in this replay (skipped).
     pub frees_of_failed_allocs: u64,
+    /// Allocations the trace makes at an address it has not freed since its last allocation
+    /// there: the plain replay frees the earlier allocation first (part of `frees`).
+    pub missing_frees: u64,
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
@@ -178,6 +183,7 @@ impl ReplayJson {
             frees: out.frees,
             orphan_frees: ctx.recorded.orphan_frees,
             frees_of_failed_allocs: out.skipped_frees,
+            missing_frees: ctx.recorded.missing_frees,
             requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
@@ -245,35 +251,43 @@ impl ReplayJson {
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
         }
-        let mut parts = vec![format!("{} allocations", self.allocs)];
+        let mut parts = vec![counted(self.allocs, "allocation")];
         if self.orphans_replayed {
             parts.push(format!(
-                "{} frees, {} of them of memory from before the trace, freed from the rebuilt \
-                 start state",
-                self.frees, self.orphan_frees
+                "{}, {} of them of memory from before the trace, freed from the rebuilt start \
+                 state",
+                counted(self.frees, "free"),
+                self.orphan_frees
             ));
         } else {
-            parts.push(format!("{} frees", self.frees));
+            parts.push(counted(self.frees, "free"));
             if self.mode != "synthetic" {
                 parts.push(format!(
-                    "{} frees of memory from before the trace skipped",
-                    self.orphan_frees
+                    "{} of memory from before the trace skipped",
+                    counted(self.orphan_frees, "free")
                 ));
             }
         }
+        if self.missing_frees > 0 {
+            parts.push(format!(
+                "{} at an address still live in the trace (its free is missing; the earlier \
+                 allocation was freed there)",
+                counted(self.missing_frees, "allocation")
+            ));
+        }
         if self.frees_of_failed_allocs > 0 {
             parts.push(format!(
-                "{} frees of allocations that ran out of memory skipped",
-                self.frees_of_failed_allocs
+                "{} of allocations that ran out of memory skipped",
+                counted(self.frees_of_failed_allocs, "free")
             ));
         }
         if self.requests_too_large > 0 {
             parts.push(format!(
-                "{} requests of 1 EB or more refused",
-                self.requests_too_large
+                "{} of 1 EB or more refused",
+                counted(self.requests_too_large, "request")
             ));
         }
-        parts.push(format!("{} empty_cache calls", self.empty_cache_calls));
+        parts.push(counted(self.empty_cache_calls, "empty_cache call"));
         t += &format!("  events: {} ({})\n", self.events, parts.join(", "));
         t += &format!(
             "  peak allocated {} | peak requested {} | peak reserved {} | final reserved {}\n",
@@ -368,4 +382,13 @@ fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> Strin
 
 fn opt(v: Option<u64>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+}
+
+/// `n` and the noun, plural unless `n` is 1: "1 free", "3 frees".
+fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

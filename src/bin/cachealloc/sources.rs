@@ -89,5 +89,6 @@ pub(crate) fn recorded_figures(f: &RecordedFigures) -> Recorded {
             device_free: o.device_free,
         }),
         orphan_frees: f.orphan_frees as u64,
+        missing_frees: f.missing_frees as u64,
     }
 }

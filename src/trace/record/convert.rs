@@ -52,6 +52,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         allocs: 0,
         frees: 0,
         orphan_frees: 0,
+        missing_frees: 0,
         recorded_segment_allocs: 0,
         recorded_segment_frees: 0,
         recorded_segment_maps: 0,
@@ -87,7 +88,11 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
                 figures.allocs += 1;
                 let id = next_id;
                 next_id += 1;
-                live.insert(e.addr, id);
+                if let Some(earlier) = live.insert(e.addr, id) {
+                    // The recording lacks the earlier allocation's free: free it here.
+                    figures.missing_frees += 1;
+                    workload.push(Op::Free { id: earlier }, index);
+                }
                 workload.push(
                     Op::Alloc {
                         id,
