@@ -72,7 +72,9 @@ fn log_filter(value: Option<String>) -> Result<String, ConfigError> {
 pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigError> {
     let source = config.source;
     let variable = source.name();
-    let entries = syntax::parse_entries(text).map_err(|m| ConfigError::syntax(variable, m))?;
+    let allowed = |key: &str| options::find(key).map(|spec| spec.allowed());
+    let entries =
+        syntax::parse_entries(text, &allowed).map_err(|m| ConfigError::syntax(variable, m))?;
     let carriers: &[Carrier] = if source.is_pytorch() {
         &[Carrier::Shared]
     } else {

@@ -15,7 +15,8 @@
 //!   PyTorch would reject them there;
 //! - PyTorch-only keys (`backend`, `pinned_*`, ...) are accepted and ignored, with a debug log
 //!   line, in every variable — also in `CACHEALLOC_CONF`, so a PyTorch tuning can be copied over
-//!   unchanged; their values are not checked (PyTorch checks them);
+//!   unchanged; their values are not checked (PyTorch checks them); the one that would change
+//!   the policy (`large_segment_size_mb`) is ignored with a warning instead;
 //! - any other key is an error naming the allowed keys.
 //!
 //! A key given twice takes its last value; `roundup_power2_divisions` lists apply on top of the
@@ -229,7 +230,8 @@ impl Config {
 
     /// Turn off settings that parse but that cachealloc does not implement yet, returning one
     /// warning for each, to be shown to the user. Today: `expandable_segments:True` (segments
-    /// are then obtained with cudaMalloc, PyTorch's native policy). Accepting the key keeps an
+    /// are then obtained with cudaMalloc, PyTorch's native policy) and the ignored PyTorch keys
+    /// that would change the policy (`large_segment_size_mb`). Accepting the key keeps an
     /// existing `PYTORCH_CUDA_ALLOC_CONF` usable; the warning keeps the substitution visible.
     pub fn drop_unsupported(&mut self) -> Vec<String> {
         let mut warnings = Vec::new();
@@ -240,6 +242,14 @@ impl Config {
                  segments (PyTorch's native policy: one cudaMalloc per segment)",
                 self.source.name()
             ));
+        }
+        for (key, instead) in options::POLICY_KEYS_NOT_SUPPORTED {
+            if self.ignored_keys.iter().any(|k| k == key) {
+                warnings.push(format!(
+                    "{}: {key} is not supported by cachealloc yet; {instead}",
+                    self.source.name()
+                ));
+            }
         }
         warnings
     }

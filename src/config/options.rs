@@ -65,7 +65,24 @@ pub struct OptionSpec {
 impl OptionSpec {
     /// Store the value in `config`, or say what is allowed.
     pub(crate) fn apply(&self, config: &mut Config, value: &Value) -> Result<(), String> {
-        (self.apply)(config, value)
+        (self.apply)(config, value).map_err(|why| {
+            if why == values::NOT_A_LIST {
+                format!("{why}; allowed: {}", self.allowed())
+            } else {
+                why
+            }
+        })
+    }
+
+    /// What a value may be, with its unit: "integer >= 20 (MB)".
+    pub fn allowed(&self) -> String {
+        // `value` is written for the README (Markdown); messages show it without the backticks.
+        let value = self.value.replace('`', "");
+        if self.unit.is_empty() {
+            value
+        } else {
+            format!("{value} ({})", self.unit)
+        }
     }
 
     /// The option's value in `config`, as a user would read it.
@@ -96,7 +113,16 @@ pub const PYTORCH_ONLY_KEYS: &[&str] = &[
     "graph_capture_record_stream_reuse",
     "throw_on_cudamalloc_oom",
     "large_segment_size_mb",
+    "expandable_segments_reserve",
+    "expandable_segments_reserve_by_class",
 ];
+
+/// PyTorch-only keys that change the policy PyTorch would follow: ignoring them is worth a
+/// warning (see `Config::drop_unsupported`), with what cachealloc does instead.
+pub const POLICY_KEYS_NOT_SUPPORTED: &[(&str, &str)] = &[(
+    "large_segment_size_mb",
+    "large segments stay 20 MiB (PyTorch's default) and max_split_size_mb's minimum stays 20",
+)];
 
 /// Every option, in the order of the README table.
 pub static OPTIONS: &[OptionSpec] = &[
@@ -340,9 +366,15 @@ pub fn render_markdown_table() -> String {
     let ignored: Vec<String> = PYTORCH_ONLY_KEYS.iter().map(|k| format!("`{k}`")).collect();
     out.push_str(&format!(
         "PyTorch-only keys are accepted and ignored (a debug log line says so), in any of the \
-         variables: {}.\n",
+         variables: {}.",
         ignored.join(", ")
     ));
+    for (key, instead) in POLICY_KEYS_NOT_SUPPORTED {
+        out.push_str(&format!(
+            " `{key}` changes PyTorch's policy, so ignoring it is a warning: {instead}."
+        ));
+    }
+    out.push('\n');
     out.push('\n');
     out.push_str("| Variable | Default | Meaning |\n");
     out.push_str("|---|---|---|\n");

@@ -116,21 +116,34 @@ impl Cursor {
 }
 
 /// Parse `text` into its `key:value` pairs, in order. The error is a message without the
-/// variable name (the caller adds it).
-pub fn parse_entries(text: &str) -> Result<Vec<Entry>, String> {
+/// variable name (the caller adds it); `allowed` says what a key's value may be, for the
+/// message about a missing value.
+pub fn parse_entries(
+    text: &str,
+    allowed: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<Entry>, String> {
     let mut cur = Cursor {
         tokens: tokenize(text),
         at: 0,
     };
     let mut entries = Vec::new();
     while cur.peek().is_some() {
+        if cur.peek() == Some(",") {
+            return Err("expected a key, found ',' (an empty entry: remove the extra ',')".into());
+        }
         let key = cur.word("expected a key")?;
         cur.expect(":", &format!("after key '{key}'"))?;
         let value = if cur.peek() == Some("[") {
             cur.at += 1;
             Value::List(parse_list(&mut cur, &key)?)
         } else {
-            Value::Scalar(cur.word(&format!("missing value after '{key}:'"))?)
+            Value::Scalar(
+                cur.word(&format!("missing value after '{key}:'"))
+                    .map_err(|e| match allowed(&key) {
+                        Some(what) => format!("{e}; allowed: {what}"),
+                        None => e,
+                    })?,
+            )
         };
         if cur.peek().is_some() {
             let context = format!(
@@ -210,7 +223,7 @@ mod tests {
 
     #[test]
     fn pairs_and_lists_parse_in_order() {
-        let entries = parse_entries("a:1, b:[256:1,>:8],c:x").unwrap();
+        let entries = parse_entries("a:1, b:[256:1,>:8],c:x", &|_| None).unwrap();
         assert_eq!(entries[0], scalar("a", "1"));
         assert_eq!(
             entries[1].value,
@@ -221,20 +234,32 @@ mod tests {
 
     #[test]
     fn trailing_commas_and_empty_lists_are_accepted_like_pytorch() {
-        assert_eq!(parse_entries("a:1,").unwrap(), vec![scalar("a", "1")]);
         assert_eq!(
-            parse_entries("a:[1:2,]").unwrap()[0].value,
+            parse_entries("a:1,", &|_| None).unwrap(),
+            vec![scalar("a", "1")]
+        );
+        assert_eq!(
+            parse_entries("a:[1:2,]", &|_| None).unwrap()[0].value,
             Value::List(vec![("1".into(), "2".into())])
         );
-        assert_eq!(parse_entries("a:[]").unwrap()[0].value, Value::List(vec![]));
-        assert!(parse_entries("").unwrap().is_empty());
+        assert_eq!(
+            parse_entries("a:[]", &|_| None).unwrap()[0].value,
+            Value::List(vec![])
+        );
+        assert!(parse_entries("", &|_| None).unwrap().is_empty());
     }
 
     #[test]
     fn structure_errors_name_what_was_expected_and_found() {
         let cases = [
-            (",a:1", "expected a key, found ','"),
-            ("a:1,,b:2", "expected a key, found ','"),
+            (
+                ",a:1",
+                "expected a key, found ',' (an empty entry: remove the extra ',')",
+            ),
+            (
+                "a:1,,b:2",
+                "expected a key, found ',' (an empty entry: remove the extra ',')",
+            ),
             ("a", "expected ':' after key 'a', found the end of the text"),
             ("a,b:1", "expected ':' after key 'a', found ','"),
             ("a:", "missing value after 'a:', found the end of the text"),
@@ -275,7 +300,11 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            assert_eq!(parse_entries(text).unwrap_err(), want, "input {text:?}");
+            assert_eq!(
+                parse_entries(text, &|_| None).unwrap_err(),
+                want,
+                "input {text:?}"
+            );
         }
     }
 }

@@ -82,7 +82,10 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         (
             c,
             "max_split_size_mb:[20:1]",
-            format!("{c}: max_split_size_mb:[20:1]: expects a single value, not a list"),
+            format!(
+                "{c}: max_split_size_mb:[20:1]: expects a single value, not a list; allowed: \
+                 integer >= 20 (MB)"
+            ),
         ),
         (
             p,
@@ -141,14 +144,14 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             c,
             "roundup_power2_divisions:3",
             format!(
-                "{c}: roundup_power2_divisions:3: divisions must be a power of 2 (1, 2, 4, 8, ...)"
+                "{c}: roundup_power2_divisions:3: divisions must be a power of 2 (1, 2, 4, 8, ...); to round no size to divisions, leave the key out"
             ),
         ),
         (
             c,
             "roundup_power2_divisions:0",
             format!(
-                "{c}: roundup_power2_divisions:0: divisions must be a power of 2 (1, 2, 4, 8, ...)"
+                "{c}: roundup_power2_divisions:0: divisions must be a power of 2 (1, 2, 4, 8, ...); to round no size to divisions, leave the key out"
             ),
         ),
         (
@@ -219,7 +222,10 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         (
             c,
             "stats_file:[a:b]",
-            format!("{c}: stats_file:[a:b]: expects a single value, not a list"),
+            format!(
+                "{c}: stats_file:[a:b]: expects a single value, not a list; allowed: path (%p = \
+                 process id)"
+            ),
         ),
         // keys
         (
@@ -269,9 +275,16 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         (
             c,
             "max_split_size_mb:",
-            format!("{c}: missing value after 'max_split_size_mb:', found the end of the text"),
+            format!(
+                "{c}: missing value after 'max_split_size_mb:', found the end of the text; \
+                 allowed: integer >= 20 (MB)"
+            ),
         ),
-        (c, ",stats:text", format!("{c}: expected a key, found ','")),
+        (
+            c,
+            ",stats:text",
+            format!("{c}: expected a key, found ',' (an empty entry: remove the extra ',')"),
+        ),
         (
             c,
             "stats_file:/tmp/a:b",
@@ -581,6 +594,35 @@ fn unsupported_expandable_segments_is_dropped_with_a_warning() {
     );
     assert!(!c.settings.expandable_segments);
     assert!(c.drop_unsupported().is_empty());
+}
+
+/// Ignoring a key that would change PyTorch's policy is said out loud; the keys of an
+/// expandable-segments tuning are ignored quietly (expandable segments themselves warn).
+#[test]
+fn ignored_policy_keys_warn_and_expandable_reserve_keys_are_ignored() {
+    let mut c = Config::from_lookup(|k| {
+        (k == "PYTORCH_CUDA_ALLOC_CONF").then(|| {
+            "large_segment_size_mb:64,expandable_segments_reserve:0.5,\
+             expandable_segments_reserve_by_class:4G"
+                .to_string()
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        c.drop_unsupported(),
+        [
+            "PYTORCH_CUDA_ALLOC_CONF: large_segment_size_mb is not supported by cachealloc yet; \
+          large segments stay 20 MiB (PyTorch's default) and max_split_size_mb's minimum stays 20"
+        ]
+    );
+    assert_eq!(
+        c.ignored_keys,
+        [
+            "large_segment_size_mb",
+            "expandable_segments_reserve",
+            "expandable_segments_reserve_by_class"
+        ]
+    );
 }
 
 #[test]

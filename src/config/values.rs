@@ -14,11 +14,14 @@ pub const MB: u64 = 1 << 20; // 1 MiB
 /// Smallest `max_split_size_mb` / `max_non_split_rounding_mb` PyTorch accepts (`kLargeBuffer / kMB`).
 pub const MIN_SPLIT_SIZE_MB: u64 = LARGE_BUFFER / MB; // 20 MB
 
-/// The single token of a scalar option, or "expects a single value" for a list.
+/// What `scalar` says about a list (`OptionSpec::apply` adds what the option allows).
+pub const NOT_A_LIST: &str = "expects a single value, not a list";
+
+/// The single token of a scalar option, or `NOT_A_LIST` for a list.
 pub fn scalar(value: &Value) -> Result<&str, String> {
     match value {
         Value::Scalar(s) => Ok(s),
-        Value::List(_) => Err("expects a single value, not a list".to_string()),
+        Value::List(_) => Err(NOT_A_LIST.to_string()),
     }
 }
 
@@ -112,7 +115,11 @@ pub fn apply_roundup_divisions(
             let allowed = "a power of 2 (1, 2, 4, 8, ...) or a list [MB:divisions,...,>:divisions]";
             let n = whole_number(text, allowed)?;
             if !n.is_power_of_two() {
-                return Err("divisions must be a power of 2 (1, 2, 4, 8, ...)".to_string());
+                return Err(
+                    "divisions must be a power of 2 (1, 2, 4, 8, ...); to round no size to \
+                     divisions, leave the key out"
+                        .to_string(),
+                );
             }
             table.fill(n);
             return Ok(());
@@ -279,9 +286,6 @@ mod tests {
             choice(&s("B"), &choices),
             Err("must be one of a, b".to_string())
         );
-        assert_eq!(
-            choice(&list(&[]), &choices),
-            Err("expects a single value, not a list".to_string())
-        );
+        assert_eq!(choice(&list(&[]), &choices), Err(NOT_A_LIST.to_string()));
     }
 }

@@ -1,0 +1,187 @@
+//! Damaged recordings never panic: truncations and random byte changes of a real snapshot
+//! either load or give an error, and recordings with fields set to extreme or inconsistent
+//! values replay (plain, with a capacity, faithful) to a result or an error.
+//!
+//! Each test runs 300 damaged copies; `CACHEALLOC_CORRUPT_ROUNDS=N` runs N
+//! (`scripts/corrupt-long.sh`).
+
+mod support;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use support::traces::trace;
+
+use cachealloc::trace::recording::Action;
+use cachealloc::trace::{DeviceRecording, ReplayConfig, parse_snapshot, replay, replay_faithful};
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Damaged copies per test.
+fn rounds() -> usize {
+    std::env::var("CACHEALLOC_CORRUPT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+}
+
+const SMALL_TRACE: &str = "cs336-magma27/15883f2/memory_snapshot.pickle";
+
+fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!("panicked on {what}: {msg}");
+        }
+    }
+}
+
+#[test]
+fn truncated_and_corrupted_snapshots_load_or_give_an_error() {
+    let Some(path) = trace(SMALL_TRACE) else {
+        return;
+    };
+    let bytes = std::fs::read(&path).unwrap();
+    let mut rng = Rng(0x5eed);
+    for _ in 0..rounds() {
+        let cut = rng.below(bytes.len());
+        let r = no_panic(&format!("truncation at {cut}"), || {
+            parse_snapshot(&bytes[..cut], "cut.pickle")
+        });
+        assert!(r.is_err(), "a snapshot cut at byte {cut} loaded");
+    }
+    for _ in 0..rounds() {
+        let mut damaged = bytes.clone();
+        let mut places = Vec::new();
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(damaged.len());
+            damaged[at] = rng.next() as u8;
+            places.push(at);
+        }
+        let loaded = no_panic(&format!("bytes changed at {places:?}"), || {
+            parse_snapshot(&damaged, "damaged.pickle")
+        });
+        if let Ok(snap) = loaded {
+            for rec in snap.traced_devices() {
+                replay_every_way(rec, &format!("bytes changed at {places:?}"));
+            }
+        }
+    }
+}
+
+/// Values that break assumptions: zero, unaligned, huge, near overflow.
+fn extreme(rng: &mut Rng, like: u64) -> u64 {
+    match rng.below(7) {
+        0 => 0,
+        1 => 1,
+        2 => u64::MAX,
+        3 => u64::MAX - like,
+        4 => 1 << 60,
+        5 => like.wrapping_add(rng.next() % 4096),
+        _ => rng.next(),
+    }
+}
+
+const ACTIONS: [Action; 7] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::Oom,
+    Action::Snapshot,
+];
+
+fn replay_every_way(rec: &DeviceRecording, what: &str) {
+    let plain = no_panic(&format!("{what}: plain()"), || rec.plain());
+    no_panic(&format!("{what}: figures()"), || rec.figures());
+    for capacity in [None, Some(64 << 20), Some(1 << 30)] {
+        let config = ReplayConfig {
+            capacity,
+            ..ReplayConfig::default()
+        };
+        let _ = no_panic(
+            &format!("{what}: plain replay, capacity {capacity:?}"),
+            || replay(&plain, &config, None),
+        );
+    }
+    let _ = no_panic(&format!("{what}: faithful replay"), || {
+        replay_faithful(rec, &ReplayConfig::default())
+    });
+}
+
+#[test]
+fn recordings_with_extreme_fields_replay_or_give_an_error() {
+    let Some(path) = trace(SMALL_TRACE) else {
+        return;
+    };
+    let snap = cachealloc::trace::read_snapshot(&path).unwrap();
+    let original = snap.traced_devices().next().unwrap().clone();
+    let mut rng = Rng(0xdead_beef);
+    for round in 0..rounds() {
+        let mut rec = original.clone();
+        let mut changes = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            let n = rec.entries.len();
+            match rng.below(6) {
+                0 => {
+                    let i = rng.below(n);
+                    rec.entries[i].size = extreme(&mut rng, rec.entries[i].size);
+                    changes.push(format!("entry {i} size {}", rec.entries[i].size));
+                }
+                1 => {
+                    let i = rng.below(n);
+                    rec.entries[i].addr = extreme(&mut rng, rec.entries[i].addr);
+                    changes.push(format!("entry {i} addr {:#x}", rec.entries[i].addr));
+                }
+                2 => {
+                    let i = rng.below(n);
+                    rec.entries[i].action = ACTIONS[rng.below(ACTIONS.len())];
+                    changes.push(format!("entry {i} action {:?}", rec.entries[i].action));
+                }
+                3 => {
+                    let i = rng.below(n);
+                    rec.entries.remove(i);
+                    changes.push(format!("entry {i} removed"));
+                }
+                4 => {
+                    let (i, j) = (rng.below(n), rng.below(n));
+                    rec.entries.swap(i, j);
+                    changes.push(format!("entries {i} and {j} swapped"));
+                }
+                _ => {
+                    if rec.segments.is_empty() {
+                        continue;
+                    }
+                    let s = rng.below(rec.segments.len());
+                    let seg = &mut rec.segments[s];
+                    if rng.below(2) == 0 || seg.blocks.is_empty() {
+                        seg.total_size = extreme(&mut rng, seg.total_size);
+                        changes.push(format!("segment {s} size {}", seg.total_size));
+                    } else {
+                        let b = rng.below(seg.blocks.len());
+                        seg.blocks[b].size = extreme(&mut rng, seg.blocks[b].size);
+                        changes.push(format!("segment {s} block {b} size {}", seg.blocks[b].size));
+                    }
+                }
+            }
+        }
+        replay_every_way(&rec, &format!("round {round}: {}", changes.join(", ")));
+    }
+}
