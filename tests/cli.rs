@@ -74,9 +74,21 @@ fn synth_json_is_deterministic_and_complete() {
         "fitting_settings",
         "report_suggestion",
         "first_oom_report",
+        "memory_stats",
     ] {
         assert!(a.get(key).is_some(), "missing {key}");
     }
+    // PyTorch's flattened statistics: 9 stat arrays and 2 oversize stats, 4 figures each, over
+    // all / large_pool / small_pool for the arrays, plus 6 counters.
+    let stats = a["memory_stats"].as_object().unwrap();
+    assert_eq!(stats.len(), 9 * 3 * 4 + 2 * 4 + 6);
+    assert_eq!(stats["allocated_bytes.all.peak"], a["peak_allocated_bytes"]);
+    assert_eq!(
+        stats["reserved_bytes.all.current"],
+        a["final_reserved_bytes"]
+    );
+    assert_eq!(stats["num_device_alloc"], a["num_device_alloc"]);
+    assert_eq!(stats["max_split_size"], -1);
     assert!(
         a["peak_reserved_bytes"].as_u64().unwrap() >= a["peak_allocated_bytes"].as_u64().unwrap()
     );
@@ -318,11 +330,54 @@ fn an_oom_comes_with_settings_verified_to_fit() {
             .unwrap()
             .contains("Hint: Fragmentation")
     );
+    assert!(v["gets_furthest"].is_null(), "settings fit: nothing to add");
     // No OOM, no suggestions.
     let fine = synth("8GiB", &[]);
     assert!(fine["fitting_settings"].is_null());
     assert!(fine["report_suggestion"].is_null());
     assert!(fine["first_oom_report"].is_null());
+    assert!(fine["gets_furthest"].is_null());
+}
+
+/// When no value fits, the search still says which value gets past this out-of-memory and
+/// where that one runs out itself (so "more memory, not other splitting" is said only when
+/// no value gets past it), and the figure is what replaying that value alone shows.
+#[test]
+fn without_a_fit_the_value_that_gets_furthest_is_named() {
+    let synth = |capacity: &str, extra: &[&str]| {
+        let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
+        args.extend_from_slice(extra);
+        json(&cachealloc(&args))
+    };
+    let v = synth("4.7GiB", &[]);
+    assert_eq!(v["fitting_settings"].as_array().map(Vec::len), Some(0));
+    let further = &v["gets_furthest"];
+    let conf = further["conf"]
+        .as_str()
+        .expect("a value gets past this OOM");
+    let at = further["first_oom_event_index"].as_u64().unwrap();
+    assert!(at > v["first_oom_event_index"].as_u64().unwrap());
+    let alone = synth("4.7GiB", &["--conf", conf]);
+    assert_eq!(alone["first_oom_event_index"], at);
+    let text =
+        String::from_utf8(cachealloc(&["synth", "transformer", "--capacity", "4.7GiB"]).stdout)
+            .unwrap();
+    assert!(
+        text.contains(&format!(
+            "--conf {conf} gets past this one, and runs out of memory itself at operation {at}"
+        )),
+        "{text}"
+    );
+    // Live memory alone exceeds this device: no value gets anywhere.
+    let v = synth("2GiB", &[]);
+    assert!(v["gets_furthest"].is_null());
+    let text =
+        String::from_utf8(cachealloc(&["synth", "transformer", "--capacity", "2GiB"]).stdout)
+            .unwrap();
+    assert!(
+        text.contains("nor gets past this out-of-memory: it needs more memory"),
+        "{text}"
+    );
 }
 
 /// A bounded run of `scripts/oom-hint-study.py` (one workload, one device size): it reads the

@@ -612,11 +612,9 @@ impl<B: Backend> DeviceAllocator<B> {
             stream,
             device_free: info.free,
         });
-        let mut free_sizes: Vec<u64> = self
-            .small
-            .streams
-            .iter()
-            .chain(&self.large.streams)
+        let indexes = || self.small.streams.iter().chain(&self.large.streams);
+        let free_blocks = indexes().map(|(_, index)| index.len()).sum();
+        let mut free_sizes: Vec<u64> = indexes()
             .flat_map(|(_, index)| index.iter_desc().take(OOM_REPORT_BLOCKS).map(|e| e.size))
             .collect();
         free_sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -633,6 +631,7 @@ impl<B: Backend> DeviceAllocator<B> {
             reserved: self.stats.reserved_bytes.current_all().max(0) as u64,
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,
+            free_blocks,
             max_split_size: self.settings.max_split_size,
         }))
     }

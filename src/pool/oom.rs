@@ -67,6 +67,8 @@ pub struct OomReport {
     pub allowed_maximum: Option<u64>,
     /// Sizes of the free cached blocks on this device, largest first (at most 16).
     pub largest_free_blocks: Vec<u64>,
+    /// How many free cached blocks the device has (all of them, listed or not).
+    pub free_blocks: usize,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
 }
@@ -306,10 +308,7 @@ impl fmt::Display for OomReport {
                 .take(LISTED_FREE_BLOCKS)
                 .map(|&size| format_size(size))
                 .collect();
-            let more = self
-                .largest_free_blocks
-                .len()
-                .saturating_sub(LISTED_FREE_BLOCKS);
+            let more = self.free_blocks.saturating_sub(listed.len());
             write!(f, "Largest free cached blocks: {}", listed.join(", "))?;
             if more > 0 {
                 write!(f, " (and {more} smaller)")?;
@@ -340,6 +339,7 @@ mod tests {
             reserved: 78 * GIB,
             allowed_maximum: None,
             largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
+            free_blocks: 5,
             max_split_size: u64::MAX,
         }
     }
@@ -408,6 +408,7 @@ mod tests {
             rounded: 12 * GIB,
             alloc_size: 12 * GIB,
             largest_free_blocks: vec![],
+            free_blocks: 0,
             ..fragmented()
         };
         assert_eq!(report.untracked(), 30 * GIB);
@@ -467,6 +468,7 @@ mod tests {
     fn suggestion_with_largest_free_block(largest: u64) -> Option<u64> {
         let report = OomReport {
             largest_free_blocks: vec![largest, largest / 2],
+            free_blocks: 2,
             ..fragmented()
         };
         match report.hint() {
@@ -498,6 +500,7 @@ mod tests {
         for current in [None, Some(4096)] {
             let report = OomReport {
                 largest_free_blocks: vec![8 * MIB, 2 * MIB],
+                free_blocks: 2,
                 max_split_size: current.map_or(u64::MAX, |mb| mb * MIB),
                 ..fragmented()
             };
@@ -512,6 +515,7 @@ mod tests {
         }
         let none_free = OomReport {
             largest_free_blocks: vec![],
+            free_blocks: 0,
             ..fragmented()
         };
         assert_eq!(none_free.suggested_max_split_size_mb(), None);

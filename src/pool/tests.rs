@@ -196,6 +196,35 @@ fn out_of_memory_reports_and_leaves_the_pool_intact() {
     free(&mut p, small);
 }
 
+/// The report lists the largest free blocks and counts all the others, beyond the 16 it keeps.
+#[test]
+fn out_of_memory_report_counts_every_free_block() {
+    let mut p = pool_with(64 * MIB, Settings::default());
+    // One 20 MiB segment cut into ten pieces of just over 1 MiB and its tail; every second
+    // piece freed: five free blocks between live ones.
+    let pieces: Vec<DevicePtr> = (0..10).map(|_| alloc(&mut p, MIB + 512)).collect();
+    for ptr in pieces.iter().step_by(2) {
+        free(&mut p, *ptr);
+    }
+    // Small blocks in a 2 MiB segment, every second one freed: 64 more free blocks.
+    let small: Vec<DevicePtr> = (0..128).map(|_| alloc(&mut p, 8192)).collect();
+    for ptr in small.iter().step_by(2) {
+        free(&mut p, *ptr);
+    }
+    let free_blocks = p.small.entries().len() + p.large.entries().len();
+    assert!(free_blocks > 16, "{free_blocks}");
+    let Error::OutOfMemory(report) = p.malloc(50 * MIB, S0).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.free_blocks, free_blocks);
+    assert_eq!(report.largest_free_blocks.len(), 16);
+    let text = report.to_string();
+    assert!(
+        text.contains(&format!("(and {} smaller)", free_blocks - 4)),
+        "{text}"
+    );
+}
+
 #[test]
 fn per_process_memory_fraction_limits_without_asking_the_device() {
     let settings = Settings {

@@ -23,30 +23,79 @@ pub fn max_split_conf(mb: u64) -> String {
     format!("max_split_size_mb:{mb}")
 }
 
-/// The standard `max_split_size_mb` values (other settings as in `config`) under which
-/// `workload` replays without any OOM, ordered by peak reserved memory. Values under which the
-/// replay cannot even start (a start state that cannot exist under them) are skipped.
+/// A setting that gets past the first OOM of the replay it was tried for, but runs out of
+/// memory later.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GetsFurther {
+    pub conf: String,
+    /// Its own first OOM: the workload's op index, and the trace entry when there is one.
+    pub first_oom_op: usize,
+    pub first_oom_source: Option<usize>,
+}
+
+/// What replaying under the standard `max_split_size_mb` values found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MaxSplitSearch {
+    /// The values that replay without any OOM, by peak reserved memory.
+    pub fits: Vec<FittingSetting>,
+    /// Of the others, the one whose first OOM comes latest, if later than the replay's own.
+    pub gets_furthest: Option<GetsFurther>,
+}
+
+/// Replay `workload` under each standard `max_split_size_mb` value (other settings as in
+/// `config`). `first_oom_op` is the op of the first OOM under `config` itself. Values under
+/// which the replay cannot even start (a start state that cannot exist under them) are
+/// skipped.
+pub fn search_max_split_sizes(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+    first_oom_op: usize,
+) -> MaxSplitSearch {
+    let mut fits = Vec::new();
+    let mut gets_furthest: Option<GetsFurther> = None;
+    for mb in MAX_SPLIT_LADDER_MB {
+        let mut trial = config.clone();
+        trial.settings.max_split_size = mb << 20;
+        let Ok(out) = replay(workload, &trial, start) else {
+            continue;
+        };
+        match &out.first_oom {
+            None => fits.push(FittingSetting {
+                conf: max_split_conf(mb),
+                peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+                num_device_alloc: out.stats.num_device_alloc,
+                num_alloc_retries: out.stats.num_alloc_retries,
+            }),
+            Some(oom) => {
+                let best = gets_furthest
+                    .as_ref()
+                    .map_or(first_oom_op, |g| g.first_oom_op);
+                if oom.op_index > best {
+                    gets_furthest = Some(GetsFurther {
+                        conf: max_split_conf(mb),
+                        first_oom_op: oom.op_index,
+                        first_oom_source: oom.source_index,
+                    });
+                }
+            }
+        }
+    }
+    fits.sort_by_key(|f| f.peak_reserved_bytes);
+    MaxSplitSearch {
+        fits,
+        gets_furthest,
+    }
+}
+
+/// The standard `max_split_size_mb` values under which `workload` replays without any OOM,
+/// ordered by peak reserved memory (see `search_max_split_sizes`).
 pub fn fitting_max_split_sizes(
     workload: &Workload,
     config: &ReplayConfig,
     start: Option<&StartLayout>,
 ) -> Vec<FittingSetting> {
-    let mut found: Vec<FittingSetting> = MAX_SPLIT_LADDER_MB
-        .into_iter()
-        .filter_map(|mb| {
-            let mut trial = config.clone();
-            trial.settings.max_split_size = mb << 20;
-            let out = replay(workload, &trial, start).ok()?;
-            (out.stats.num_ooms == 0).then(|| FittingSetting {
-                conf: max_split_conf(mb),
-                peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
-                num_device_alloc: out.stats.num_device_alloc,
-                num_alloc_retries: out.stats.num_alloc_retries,
-            })
-        })
-        .collect();
-    found.sort_by_key(|f| f.peak_reserved_bytes);
-    found
+    search_max_split_sizes(workload, config, start, usize::MAX).fits
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ mod sources;
 
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, options};
-use cachealloc::trace::fit::{FittingSetting, fitting_max_split_sizes};
+use cachealloc::trace::fit::{MaxSplitSearch, search_max_split_sizes};
 use cachealloc::trace::{ReplayConfig, replay};
 use clap::{Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
@@ -225,9 +225,14 @@ fn fits_after_oom(
     workload: &cachealloc::trace::Workload,
     config: &ReplayConfig,
     start: Option<&cachealloc::trace::StartLayout>,
-) -> Option<Vec<FittingSetting>> {
-    out.first_oom.as_ref()?;
-    Some(fitting_max_split_sizes(workload, config, start))
+) -> Option<MaxSplitSearch> {
+    let first_oom = out.first_oom.as_ref()?;
+    Some(search_max_split_sizes(
+        workload,
+        config,
+        start,
+        first_oom.op_index,
+    ))
 }
 
 fn render(result: ReplayJson, json: bool) -> String {

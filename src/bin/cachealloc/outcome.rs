@@ -1,9 +1,9 @@
 //! What `replay` and `synth` print: one record, rendered as JSON or as a readable summary.
 
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
-use cachealloc::report::memory_summary;
+use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
-use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, max_split_conf};
+use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, MaxSplitSearch, max_split_conf};
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -68,11 +68,17 @@ pub struct ReplayJson {
     /// When the replay ran out of memory: the settings that replay without any OOM (null when
     /// there was no OOM).
     pub fitting_settings: Option<Vec<FittingJson>>,
+    /// When no setting fits: the `max_split_size_mb` value that gets furthest past this
+    /// replay's first OOM before running out of memory itself (null when none gets past it).
+    pub gets_furthest: Option<GetsFurtherJson>,
     /// The `max_split_size_mb` the out-of-memory report suggests, replayed like the others
     /// (null when there was no OOM or the report suggests no value).
     pub report_suggestion: Option<SuggestionJson>,
     /// The first out-of-memory report (null when there was none).
     pub first_oom_report: Option<OomReportJson>,
+    /// Every statistic at the end of the replay, under the flattened keys of
+    /// `torch.cuda.memory_stats()` (`"allocated_bytes.all.peak"`, …).
+    pub memory_stats: serde_json::Value,
     #[serde(skip)]
     pub stats: DeviceStats,
     /// Whether the orphan frees were replayed (against a rebuilt start state).
@@ -118,6 +124,8 @@ pub struct OomReportJson {
     pub allowed_maximum_bytes: Option<u64>,
     /// Sizes in bytes of the largest free cached blocks, largest first (at most 16).
     pub largest_free_block_bytes: Vec<u64>,
+    /// How many free cached blocks the device had (listed or not).
+    pub free_blocks: usize,
     /// The `max_split_size_mb` the hint suggests (null when it suggests none).
     pub suggested_max_split_size_mb: Option<u64>,
     /// The report as the summary and the library's log print it.
@@ -141,10 +149,19 @@ impl From<&OomReport> for OomReportJson {
             device_free_bytes: r.device_free,
             allowed_maximum_bytes: r.allowed_maximum,
             largest_free_block_bytes: r.largest_free_blocks.clone(),
+            free_blocks: r.free_blocks,
             suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
             text: r.to_string(),
         }
     }
+}
+
+/// A setting that gets past the replay's first OOM, and where it runs out of memory itself.
+#[derive(Clone, Debug, Serialize)]
+pub struct GetsFurtherJson {
+    pub conf: String,
+    /// Counted like `first_oom_event_index`.
+    pub first_oom_event_index: usize,
 }
 
 /// The out-of-memory report's suggested setting and whether replaying under it fits.
@@ -204,8 +221,10 @@ impl ReplayJson {
             recorded_retries: ctx.recorded.retries,
             recorded_oom: ctx.recorded.oom,
             fitting_settings: None,
+            gets_furthest: None,
             report_suggestion: None,
             first_oom_report: out.first_oom.as_ref().map(|o| (&o.report).into()),
+            memory_stats: stats_json(&out.stats),
             stats: out.stats.clone(),
             orphans_replayed: ctx.orphans_replayed,
         }
@@ -213,7 +232,17 @@ impl ReplayJson {
 
     /// Attach the settings found to fit after an OOM (the report's suggestion among those
     /// tried).
-    pub fn with_fits(mut self, fits: Option<Vec<FittingSetting>>) -> Self {
+    pub fn with_fits(mut self, search: Option<MaxSplitSearch>) -> Self {
+        let (fits, gets_furthest) = match search {
+            Some(s) => (Some(s.fits), s.gets_furthest),
+            None => (None, None),
+        };
+        if fits.as_ref().is_some_and(Vec::is_empty) {
+            self.gets_furthest = gets_furthest.map(|g| GetsFurtherJson {
+                conf: g.conf,
+                first_oom_event_index: g.first_oom_source.unwrap_or(g.first_oom_op),
+            });
+        }
         let suggested = self
             .first_oom_report
             .as_ref()
@@ -328,28 +357,58 @@ impl ReplayJson {
         if let Some(report) = &self.first_oom_report {
             let at = self
                 .first_oom_event_index
-                .map(|i| match self.mode {
-                    // A trace's index counts all of its entries (segment calls included).
-                    "synthetic" => format!(" at operation {i}"),
-                    _ => format!(" at trace entry {i}"),
-                })
+                .map(|i| format!(" at {}", event_at(self.mode, i)))
                 .unwrap_or_default();
             t += &format!("\nFirst out-of-memory{at}:\n{}\n", report.text);
         }
         if let Some(fits) = &self.fitting_settings {
-            t += &fits_text(fits, self.report_suggestion.as_ref());
+            t += &fits_text(
+                fits,
+                self.report_suggestion.as_ref(),
+                self.gets_furthest.as_ref(),
+                self.mode,
+            );
         }
         t
     }
 }
 
-fn fits_text(fits: &[FittingJson], suggestion: Option<&SuggestionJson>) -> String {
+/// Where an event is, in words: "trace entry N" or, for a synthetic workload, "operation N".
+fn event_at(mode: &str, index: usize) -> String {
+    match mode {
+        // A trace's index counts all of its entries (segment calls included).
+        "synthetic" => format!("operation {index}"),
+        _ => format!("trace entry {index}"),
+    }
+}
+
+fn fits_text(
+    fits: &[FittingJson],
+    suggestion: Option<&SuggestionJson>,
+    gets_furthest: Option<&GetsFurtherJson>,
+    mode: &str,
+) -> String {
     let tried = MAX_SPLIT_LADDER_MB.map(|mb| mb.to_string()).join(", ");
     if fits.is_empty() {
-        return format!(
-            "\nNo max_split_size_mb value tried ({tried}) avoids the out-of-memory on this \
-             device: it needs more memory, not other splitting.\n"
+        let mut t = format!(
+            "\nNo max_split_size_mb value tried ({tried}) lets this workload run without an \
+             out-of-memory on this device"
         );
+        match gets_furthest {
+            Some(g) => {
+                t += &format!(
+                    ". --conf {} gets past this one, and runs out of memory itself at {}: \
+                     splitting less helps, but the workload needs more memory as well.\n",
+                    g.conf,
+                    event_at(mode, g.first_oom_event_index)
+                );
+            }
+            None => {
+                t += ", nor gets past this out-of-memory: it needs more memory, not other \
+                            splitting.\n"
+            }
+        }
+        return t;
     }
     let mut t = String::from(
         "\nSettings that avoid every out-of-memory here, each verified by replaying:\n",
