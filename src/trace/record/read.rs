@@ -115,18 +115,26 @@ fn device_entry(devices: &mut Vec<DeviceEvents>, device: i32) -> &mut Vec<Event>
 }
 
 fn parse_header(text: &str) -> Result<(Header, Settings), String> {
+    // The format's name first: a file of another format is named as such, not as a broken
+    // header of ours.
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(text)
+        && let Some(format) = fields.get("format")
+        && format != FORMAT_NAME
+    {
+        let named = match format.as_str() {
+            Some(name) => format!("'{name}'"),
+            None => format.to_string(),
+        };
+        return Err(format!(
+            "the header names format {named}, expected '{FORMAT_NAME}'"
+        ));
+    }
     let header: Header = serde_json::from_str(text).map_err(|e| {
         format!(
             "the first line is not a {FORMAT_NAME} header ({e}); it must hold format, version, \
              pid, devices, settings and free_sync"
         )
     })?;
-    if header.format != FORMAT_NAME {
-        return Err(format!(
-            "the header names format '{}', expected '{FORMAT_NAME}'",
-            header.format
-        ));
-    }
     if header.version != FORMAT_VERSION {
         return Err(format!(
             "format version {} is not supported (this cachealloc reads version {FORMAT_VERSION})",
