@@ -262,6 +262,27 @@ fn a_configuration_error_is_reported_once_and_allocations_fail_with_3() {
     assert_eq!(log.lines().count(), 1, "one message: {log}");
 }
 
+/// A PyTorch tuning that `CACHEALLOC_CONF` shadows is named in a warning when the pool starts.
+#[test]
+fn a_shadowed_pytorch_tuning_is_warned_about() {
+    let out = check(
+        "churn",
+        &[
+            ("CACHEALLOC_CONF", "free_sync:none"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"),
+        ],
+    );
+    let log = stderr(&out);
+    assert!(
+        log.contains(
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+             max_split_size_mb:128 is not in force"
+        ),
+        "{log}"
+    );
+    assert_eq!(log.lines().count(), 1, "one message: {log}");
+}
+
 #[test]
 fn a_process_that_never_calls_cuda_is_untouched() {
     // A broken configuration must not matter to a program that never calls CUDA.

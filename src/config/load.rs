@@ -22,14 +22,38 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
     if config.disabled {
         return Ok(config);
     }
-    for source in CONF_SOURCES {
+    let mut sources = CONF_SOURCES.into_iter();
+    for source in sources.by_ref() {
         if let Some(text) = lookup(source.name()) {
             config.source = source;
             apply_conf(&mut config, &text)?;
             break;
         }
     }
+    // Lower-precedence variables are not read; note the allocator tuning they would carry.
+    for source in sources {
+        if let Some(text) = lookup(source.name()) {
+            let shared = shared_entries(&text);
+            if !shared.is_empty() {
+                config.unread.push((source, shared));
+            }
+        }
+    }
     Ok(config)
+}
+
+/// The entries of `text` with keys shared with PyTorch (`max_split_size_mb:128`, ...), as
+/// written; all of them when the text does not parse.
+fn shared_entries(text: &str) -> String {
+    let Ok(entries) = syntax::parse_entries(text, &|_| None) else {
+        return text.trim().to_string();
+    };
+    entries
+        .iter()
+        .filter(|e| options::find(&e.key).is_some_and(|s| s.carrier == Carrier::Shared))
+        .map(|e| format!("{}:{}", e.key, e.value.as_written()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `CACHEALLOC_DISABLE`: `1` disables; `0`, empty or unset enables; anything else is an error.

@@ -160,6 +160,9 @@ pub struct Config {
     pub source: ConfigSource,
     /// PyTorch-only keys that were present and ignored, in order of appearance.
     pub ignored_keys: Vec<String>,
+    /// Variables set but not read (a variable before them in precedence was set), with the
+    /// allocator keys they hold: a tuning the user may think is in force.
+    pub unread: Vec<(ConfigSource, String)>,
 }
 
 impl Default for Config {
@@ -175,6 +178,7 @@ impl Default for Config {
             log_filter: options::DEFAULT_LOG_FILTER.to_string(),
             source: ConfigSource::Defaults,
             ignored_keys: Vec::new(),
+            unread: Vec::new(),
         }
     }
 }
@@ -226,6 +230,23 @@ impl Config {
         .into_iter()
         .filter_map(|(key, set)| set.then_some(key))
         .collect()
+    }
+
+    /// One warning per variable that holds allocator keys but was not read, because a variable
+    /// before it in precedence was set.
+    pub fn unread_warnings(&self) -> Vec<String> {
+        self.unread
+            .iter()
+            .map(|(source, keys)| {
+                format!(
+                    "{} is set, so {} is not read: its {keys} is not in force (copy it into {} \
+                     to keep it)",
+                    self.source.name(),
+                    source.name(),
+                    self.source.name()
+                )
+            })
+            .collect()
     }
 
     /// Turn off settings that parse but that cachealloc does not implement yet, returning one

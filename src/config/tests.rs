@@ -636,3 +636,49 @@ fn library_keys_are_told_apart_from_pool_settings() {
             .is_empty()
     );
 }
+
+/// A tuning in a variable that is not read (one before it in precedence is set) is named in a
+/// warning; a lower variable with only PyTorch-only keys, or none set, gives none.
+#[test]
+fn a_tuning_in_an_unread_variable_is_warned_about() {
+    let c = Config::from_lookup(env(&[
+        (CONF_VAR, "stats:text"),
+        (
+            PYTORCH_CUDA_CONF_VAR,
+            "backend:native,max_split_size_mb:128",
+        ),
+        (PYTORCH_CONF_VAR, "backend:native"),
+    ]))
+    .unwrap();
+    assert!(!c.settings.has_max_split_size());
+    assert_eq!(
+        c.unread_warnings(),
+        [
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+          max_split_size_mb:128 is not in force (copy it into CACHEALLOC_CONF to keep it)"
+        ]
+    );
+    let c = Config::from_lookup(env(&[
+        (PYTORCH_CUDA_CONF_VAR, "max_split_size_mb:64"),
+        (
+            PYTORCH_CONF_VAR,
+            "garbage_collection_threshold:0.6,max_split_size_mb:128",
+        ),
+    ]))
+    .unwrap();
+    assert_eq!(c.settings.max_split_size, 64 * MIB);
+    assert_eq!(
+        c.unread_warnings(),
+        [
+            "PYTORCH_CUDA_ALLOC_CONF is set, so PYTORCH_ALLOC_CONF is not read: its \
+          garbage_collection_threshold:0.6,max_split_size_mb:128 is not in force (copy it into \
+          PYTORCH_CUDA_ALLOC_CONF to keep it)"
+        ]
+    );
+    let quiet = Config::from_lookup(env(&[
+        (CONF_VAR, "stats:text"),
+        (PYTORCH_CUDA_CONF_VAR, "backend:native"),
+    ]))
+    .unwrap();
+    assert!(quiet.unread_warnings().is_empty());
+}

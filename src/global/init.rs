@@ -50,6 +50,9 @@ fn decide() -> Mode {
         Ok(config) if config.disabled => Mode::PassThrough,
         Ok(mut config) => {
             logging::install(&config.log_filter);
+            for warning in config.unread_warnings() {
+                tracing::warn!("{warning}");
+            }
             for warning in config.drop_unsupported() {
                 tracing::warn!("{warning}");
             }

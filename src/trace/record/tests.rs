@@ -215,7 +215,11 @@ const HEADER: &str = r#"{"format":"cachealloc-trace","version":1,"pid":1,"device
 fn broken_files_name_the_line_and_what_was_wrong() {
     let cases: &[(String, &str, &str)] = &[
         (String::new(), "line 1", "empty"),
-        ("{\"format\":\"other\"}\n".into(), "line 1", "format 'other'"),
+        (
+            "{\"format\":\"other\"}\n".into(),
+            "line 1",
+            "format 'other'",
+        ),
         ("{\"pid\":1}\n".into(), "line 1", "header"),
         (
             HEADER.replace("cachealloc-trace", "rmm-log") + "\n",
