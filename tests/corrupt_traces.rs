@@ -2,7 +2,7 @@
 //! either load or give an error, and recordings with fields set to extreme or inconsistent
 //! values replay (plain, with a capacity, faithful) to a result or an error.
 //!
-//! Each test runs 300 damaged copies; `CACHEALLOC_CORRUPT_ROUNDS=N` runs N
+//! Each test runs 200 damaged copies; `CACHEALLOC_CORRUPT_ROUNDS=N` runs N
 //! (`scripts/corrupt-long.sh`).
 
 mod support;
@@ -33,10 +33,24 @@ fn rounds() -> usize {
     std::env::var("CACHEALLOC_CORRUPT_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
+        .unwrap_or(200)
 }
 
-const SMALL_TRACE: &str = "cs336-magma27/15883f2/memory_snapshot.pickle";
+/// The recordings damaged, each with the fraction of the rounds it gets: a small one with
+/// little but allocations, and a larger one with frees of memory from before the trace,
+/// `empty_cache()` bursts and retries (slower to load and replay, so fewer rounds).
+const TRACES: [(&str, usize); 2] = [
+    ("octree-nca/752276c/my_snapshot.pickle", 1),
+    ("cs336-magma27/15883f2/memory_snapshot.pickle", 8),
+];
+
+/// Each trace found, with its share of `rounds()`.
+fn traces() -> Vec<(std::path::PathBuf, usize)> {
+    TRACES
+        .iter()
+        .filter_map(|&(rel, share)| Some((trace(rel)?, rounds().div_ceil(share))))
+        .collect()
+}
 
 fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -54,19 +68,22 @@ fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
 
 #[test]
 fn truncated_and_corrupted_snapshots_load_or_give_an_error() {
-    let Some(path) = trace(SMALL_TRACE) else {
-        return;
-    };
-    let bytes = std::fs::read(&path).unwrap();
+    for (path, rounds) in traces() {
+        damage_bytes(&path, rounds);
+    }
+}
+
+fn damage_bytes(path: &std::path::Path, rounds: usize) {
+    let bytes = std::fs::read(path).unwrap();
     let mut rng = Rng(0x5eed);
-    for _ in 0..rounds() {
+    for _ in 0..rounds {
         let cut = rng.below(bytes.len());
         let r = no_panic(&format!("truncation at {cut}"), || {
             parse_snapshot(&bytes[..cut], "cut.pickle")
         });
         assert!(r.is_err(), "a snapshot cut at byte {cut} loaded");
     }
-    for _ in 0..rounds() {
+    for _ in 0..rounds {
         let mut damaged = bytes.clone();
         let mut places = Vec::new();
         for _ in 0..1 + rng.below(4) {
@@ -85,14 +102,16 @@ fn truncated_and_corrupted_snapshots_load_or_give_an_error() {
     }
 }
 
-/// Values that break assumptions: zero, unaligned, huge, near overflow.
+/// Values that break assumptions: zero, unaligned, huge (just under and at the 1 EB that no
+/// request reaches), near overflow.
 fn extreme(rng: &mut Rng, like: u64) -> u64 {
-    match rng.below(7) {
+    match rng.below(8) {
         0 => 0,
         1 => 1,
         2 => u64::MAX,
         3 => u64::MAX - like,
         4 => 1 << 60,
+        7 => (1 << 60) - 1 - rng.next() % (1 << 40),
         5 => like.wrapping_add(rng.next() % 4096),
         _ => rng.next(),
     }
@@ -128,13 +147,16 @@ fn replay_every_way(rec: &DeviceRecording, what: &str) {
 
 #[test]
 fn recordings_with_extreme_fields_replay_or_give_an_error() {
-    let Some(path) = trace(SMALL_TRACE) else {
-        return;
-    };
-    let snap = cachealloc::trace::read_snapshot(&path).unwrap();
+    for (path, rounds) in traces() {
+        damage_fields(&path, rounds);
+    }
+}
+
+fn damage_fields(path: &std::path::Path, rounds: usize) {
+    let snap = cachealloc::trace::read_snapshot(path).unwrap();
     let original = snap.traced_devices().next().unwrap().clone();
     let mut rng = Rng(0xdead_beef);
-    for round in 0..rounds() {
+    for round in 0..rounds {
         let mut rec = original.clone();
         let mut changes = Vec::new();
         for _ in 0..1 + rng.below(3) {

@@ -180,7 +180,10 @@ impl DeviceRecording {
 
     /// Bytes reserved at the end of the recording (sum of end-state segment sizes).
     pub fn end_reserved_bytes(&self) -> u64 {
-        self.segments.iter().map(|s| s.total_size).sum()
+        // Saturating: a damaged file's sizes must not wrap around.
+        self.segments
+            .iter()
+            .fold(0u64, |sum, s| sum.saturating_add(s.total_size))
     }
 
     /// A short name: file and device.

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use super::error::TraceError;
 use super::recording::{Action, DeviceRecording};
 use super::workload::AllocId;
-use crate::pool::rounding::{SMALL_BUFFER, round_size};
+use crate::pool::rounding::{MAX_REQUEST, SMALL_BUFFER, round_size};
 use crate::pool::{PoolKind, Settings, StreamId};
 
 /// A large-pool block is split only if more than this would remain.
@@ -174,6 +174,16 @@ struct WalkSegment {
     blocks: BTreeMap<u64, WalkBlock>,
 }
 
+/// Whether `size` bytes at `addr` can be memory of a device: below the 1 EB that no request
+/// reaches, and not past the end of the address space.
+fn in_address_space(addr: u64, size: u64) -> bool {
+    size < MAX_REQUEST && addr.checked_add(size).is_some()
+}
+
+fn beyond_address_space(addr: u64, size: u64) -> String {
+    format!("{size} bytes at {addr:#x} reach beyond any device's address space")
+}
+
 /// Rebuild the state at trace start of one device (blocks' ids assigned in address order to
 /// the live blocks the trace frees).
 pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError> {
@@ -194,6 +204,13 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
                 format!("device {} entry {index}: {detail}", rec.device.0),
             )
         };
+        let sized = matches!(
+            entry.action,
+            Action::Alloc | Action::SegmentAlloc | Action::SegmentFree
+        ) || entry.action == free_action;
+        if sized && !in_address_space(entry.addr, entry.size) {
+            return Err(fail(beyond_address_space(entry.addr, entry.size)));
+        }
         match entry.action {
             Action::Alloc => walk.undo_alloc(entry.addr, entry.size).map_err(fail)?,
             a if a == free_action => walk
@@ -245,6 +262,23 @@ impl Walk {
     fn from_end_state(rec: &DeviceRecording) -> Result<Self, TraceError> {
         let mut segments = BTreeMap::new();
         for seg in &rec.segments {
+            if let Some(b) = seg
+                .blocks
+                .iter()
+                .find(|b| !in_address_space(b.address, b.size))
+                .map(|b| (b.address, b.size))
+                .or((!in_address_space(seg.address, seg.total_size))
+                    .then_some((seg.address, seg.total_size)))
+            {
+                return Err(TraceError::inconsistent(
+                    &rec.source,
+                    format!(
+                        "end-state segment {:#x}: {}",
+                        seg.address,
+                        beyond_address_space(b.0, b.1)
+                    ),
+                ));
+            }
             let mut blocks = BTreeMap::new();
             for b in seg.blocks.iter().filter(|b| b.state.is_occupied()) {
                 blocks.insert(
@@ -257,7 +291,10 @@ impl Walk {
                     },
                 );
             }
-            let covered: u64 = seg.blocks.iter().map(|b| b.size).sum();
+            let covered = seg
+                .blocks
+                .iter()
+                .fold(0u64, |sum, b| sum.saturating_add(b.size));
             if covered != seg.total_size {
                 return Err(TraceError::inconsistent(
                     &rec.source,
