@@ -2,38 +2,42 @@
 //! either load or give an error, and recordings with fields set to extreme or inconsistent
 //! values replay (plain, with a capacity, faithful) to a result or an error.
 //!
-//! Each test runs 200 damaged copies; `CACHEALLOC_CORRUPT_ROUNDS=N` runs N
-//! (`scripts/corrupt-long.sh`).
+//! Each test damages the small recording 200 times and the larger one 25 times;
+//! `CACHEALLOC_CORRUPT_ROUNDS=N` makes that N and N/8 (`scripts/corrupt-long.sh`).
 
 mod support;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use support::traces::trace;
 
+use cachealloc::trace::pickle::decode;
 use cachealloc::trace::recording::Action;
+use cachealloc::trace::rng::SplitMix64;
 use cachealloc::trace::{DeviceRecording, ReplayConfig, parse_snapshot, replay, replay_faithful};
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
+/// The project's deterministic generator, with indexes as `usize`.
+struct Rng(SplitMix64);
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n as u64) as usize
     }
 }
 
-/// Damaged copies per test.
+/// Damaged copies of the small recording (`CACHEALLOC_CORRUPT_ROUNDS`, default 200).
 fn rounds() -> usize {
-    std::env::var("CACHEALLOC_CORRUPT_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200)
+    match std::env::var("CACHEALLOC_CORRUPT_ROUNDS") {
+        Ok(text) => text.parse().unwrap_or_else(|_| {
+            panic!("CACHEALLOC_CORRUPT_ROUNDS={text}: expected a whole number of rounds")
+        }),
+        Err(_) => 200,
+    }
 }
 
 /// The recordings damaged, each with the fraction of the rounds it gets: a small one with
@@ -75,9 +79,14 @@ fn truncated_and_corrupted_snapshots_load_or_give_an_error() {
 
 fn damage_bytes(path: &std::path::Path, rounds: usize) {
     let bytes = std::fs::read(path).unwrap();
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     for _ in 0..rounds {
         let cut = rng.below(bytes.len());
+        // The decoder itself first: `parse_snapshot` turns a panic inside it into an error.
+        let decoded = no_panic(&format!("decoding, truncated at {cut}"), || {
+            decode(&bytes[..cut])
+        });
+        assert!(decoded.is_err(), "a pickle cut at byte {cut} decoded");
         let r = no_panic(&format!("truncation at {cut}"), || {
             parse_snapshot(&bytes[..cut], "cut.pickle")
         });
@@ -91,6 +100,9 @@ fn damage_bytes(path: &std::path::Path, rounds: usize) {
             damaged[at] = rng.next() as u8;
             places.push(at);
         }
+        let _ = no_panic(&format!("decoding, bytes changed at {places:?}"), || {
+            decode(&damaged)
+        });
         let loaded = no_panic(&format!("bytes changed at {places:?}"), || {
             parse_snapshot(&damaged, "damaged.pickle")
         });
@@ -155,17 +167,23 @@ fn recordings_with_extreme_fields_replay_or_give_an_error() {
 fn damage_fields(path: &std::path::Path, rounds: usize) {
     let snap = cachealloc::trace::read_snapshot(path).unwrap();
     let original = snap.traced_devices().next().unwrap().clone();
-    let mut rng = Rng(0xdead_beef);
+    let mut rng = Rng::new(0xdead_beef);
     for round in 0..rounds {
         let mut rec = original.clone();
         let mut changes = Vec::new();
         for _ in 0..1 + rng.below(3) {
             let n = rec.entries.len();
-            match rng.below(6) {
+            match rng.below(7) {
                 0 => {
                     let i = rng.below(n);
                     rec.entries[i].size = extreme(&mut rng, rec.entries[i].size);
                     changes.push(format!("entry {i} size {}", rec.entries[i].size));
+                }
+                6 => {
+                    let i = rng.below(n);
+                    let free = rec.entries[i].device_free.unwrap_or(0);
+                    rec.entries[i].device_free = Some(extreme(&mut rng, free));
+                    changes.push(format!("entry {i} device_free {free}"));
                 }
                 1 => {
                     let i = rng.below(n);
@@ -193,13 +211,27 @@ fn damage_fields(path: &std::path::Path, rounds: usize) {
                     }
                     let s = rng.below(rec.segments.len());
                     let seg = &mut rec.segments[s];
-                    if rng.below(2) == 0 || seg.blocks.is_empty() {
-                        seg.total_size = extreme(&mut rng, seg.total_size);
-                        changes.push(format!("segment {s} size {}", seg.total_size));
-                    } else {
-                        let b = rng.below(seg.blocks.len());
-                        seg.blocks[b].size = extreme(&mut rng, seg.blocks[b].size);
-                        changes.push(format!("segment {s} block {b} size {}", seg.blocks[b].size));
+                    let b = rng.below(seg.blocks.len().max(1));
+                    match (rng.below(4), seg.blocks.get_mut(b)) {
+                        (0, _) | (_, None) => {
+                            seg.total_size = extreme(&mut rng, seg.total_size);
+                            changes.push(format!("segment {s} size {}", seg.total_size));
+                        }
+                        (1, _) => {
+                            seg.address = extreme(&mut rng, seg.address);
+                            changes.push(format!("segment {s} address {:#x}", seg.address));
+                        }
+                        (2, Some(block)) => {
+                            block.size = extreme(&mut rng, block.size);
+                            changes.push(format!("segment {s} block {b} size {}", block.size));
+                        }
+                        (_, Some(block)) => {
+                            block.address = extreme(&mut rng, block.address);
+                            changes.push(format!(
+                                "segment {s} block {b} address {:#x}",
+                                block.address
+                            ));
+                        }
                     }
                 }
             }

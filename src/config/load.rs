@@ -33,24 +33,31 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
     // Lower-precedence variables are not read; note the allocator tuning they would carry.
     for source in sources {
         if let Some(text) = lookup(source.name()) {
-            let shared = shared_entries(&text);
-            if !shared.is_empty() {
-                config.unread.push((source, shared));
+            let not_in_force = entries_not_in_force(&config, &text);
+            if !not_in_force.is_empty() {
+                config.unread.push((source, not_in_force));
             }
         }
     }
     Ok(config)
 }
 
-/// The entries of `text` with keys shared with PyTorch (`max_split_size_mb:128`, ...), as
-/// written; all of them when the text does not parse.
-fn shared_entries(text: &str) -> String {
+/// The entries of `text` with keys shared with PyTorch (`max_split_size_mb:128`, ...) whose
+/// value differs from what `config` holds, as written; the whole text when it does not parse.
+fn entries_not_in_force(config: &Config, text: &str) -> String {
     let Ok(entries) = syntax::parse_entries(text, &|_| None) else {
         return text.trim().to_string();
     };
     entries
         .iter()
-        .filter(|e| options::find(&e.key).is_some_and(|s| s.carrier == Carrier::Shared))
+        .filter(|e| {
+            options::find(&e.key).is_some_and(|spec| {
+                let mut applied = config.clone();
+                spec.carrier == Carrier::Shared
+                    && (spec.apply(&mut applied, &e.value).is_err()
+                        || applied.settings != config.settings)
+            })
+        })
         .map(|e| format!("{}:{}", e.key, e.value.as_written()))
         .collect::<Vec<_>>()
         .join(",")

@@ -78,7 +78,8 @@ impl OptionSpec {
     pub fn allowed(&self) -> String {
         // `value` is written for the README (Markdown); messages show it without the backticks.
         let value = self.value.replace('`', "");
-        if self.unit.is_empty() {
+        // A value that explains itself in brackets already names its unit.
+        if self.unit.is_empty() || value.contains('(') {
             value
         } else {
             format!("{value} ({})", self.unit)

@@ -681,4 +681,28 @@ fn a_tuning_in_an_unread_variable_is_warned_about() {
     ]))
     .unwrap();
     assert!(quiet.unread_warnings().is_empty());
+    // The tuning copied over, as the warning advises: nothing left out, no warning; a key
+    // with another value is still named.
+    let copied = Config::from_lookup(env(&[
+        (CONF_VAR, "stats:text,max_split_size_mb:128"),
+        (
+            PYTORCH_CUDA_CONF_VAR,
+            "max_split_size_mb:128,garbage_collection_threshold:0.6",
+        ),
+    ]))
+    .unwrap();
+    assert_eq!(
+        copied.unread_warnings(),
+        [
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+          garbage_collection_threshold:0.6 is not in force (copy it into CACHEALLOC_CONF to keep \
+          it)"
+        ]
+    );
+    let copied = Config::from_lookup(env(&[
+        (CONF_VAR, "max_split_size_mb:128"),
+        (PYTORCH_CUDA_CONF_VAR, "max_split_size_mb:128"),
+    ]))
+    .unwrap();
+    assert!(copied.unread_warnings().is_empty());
 }

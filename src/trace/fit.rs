@@ -1,6 +1,7 @@
 //! Settings that fit: when a replay runs out of memory, replay the same workload under other
-//! `max_split_size_mb` values and report the ones that avoid every OOM. The suggestion is then a
-//! measured fact about this workload on this device, not a rule of thumb. The values tried are
+//! `max_split_size_mb` values and report the ones that avoid every OOM — or, when none does, the
+//! one that gets furthest past the first. The suggestion is then a measured fact about this
+//! workload on this device, not a rule of thumb. The values tried are
 //! the standard ones the OOM report picks its suggestion from, so the report's value is always
 //! among them.
 
@@ -28,9 +29,10 @@ pub fn max_split_conf(mb: u64) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GetsFurther {
     pub conf: String,
-    /// Its own first OOM: the workload's op index, and the trace entry when there is one.
+    /// Its own first OOM: the workload's op index.
     pub first_oom_op: usize,
-    pub first_oom_source: Option<usize>,
+    /// The same place as a user counts it (`OomAt::event_index`).
+    pub first_oom_event_index: usize,
 }
 
 /// What replaying under the standard `max_split_size_mb` values found.
@@ -75,7 +77,7 @@ pub fn search_max_split_sizes(
                     gets_furthest = Some(GetsFurther {
                         conf: max_split_conf(mb),
                         first_oom_op: oom.op_index,
-                        first_oom_source: oom.source_index,
+                        first_oom_event_index: oom.event_index(),
                     });
                 }
             }
@@ -86,16 +88,6 @@ pub fn search_max_split_sizes(
         fits,
         gets_furthest,
     }
-}
-
-/// The standard `max_split_size_mb` values under which `workload` replays without any OOM,
-/// ordered by peak reserved memory (see `search_max_split_sizes`).
-pub fn fitting_max_split_sizes(
-    workload: &Workload,
-    config: &ReplayConfig,
-    start: Option<&StartLayout>,
-) -> Vec<FittingSetting> {
-    search_max_split_sizes(workload, config, start, usize::MAX).fits
 }
 
 #[cfg(test)]
@@ -115,6 +107,15 @@ mod tests {
         (workload, config)
     }
 
+    /// The search after the first OOM of the workload under `config`.
+    fn search(workload: &Workload, config: &ReplayConfig) -> MaxSplitSearch {
+        let baseline = replay(workload, config, None).unwrap();
+        let first_oom = baseline
+            .first_oom
+            .expect("an out-of-memory to search after");
+        search_max_split_sizes(workload, config, None, first_oom.op_index)
+    }
+
     #[test]
     fn finds_max_split_sizes_that_turn_a_fragmentation_oom_into_a_fit() {
         let (workload, config) = transformer_on(5800 << 20);
@@ -123,7 +124,7 @@ mod tests {
             baseline.stats.num_ooms > 0,
             "the default settings run out of memory here"
         );
-        let fits = fitting_max_split_sizes(&workload, &config, None);
+        let fits = search(&workload, &config).fits;
         assert!(!fits.is_empty());
         for fit in &fits {
             let mb: u64 = fit
@@ -153,7 +154,35 @@ mod tests {
     #[test]
     fn nothing_fits_when_live_memory_exceeds_the_device() {
         let (workload, config) = transformer_on(2 << 30);
-        assert!(fitting_max_split_sizes(&workload, &config, None).is_empty());
+        let found = search(&workload, &config);
+        assert!(found.fits.is_empty());
+        assert_eq!(found.gets_furthest, None, "no value gets past exhaustion");
+    }
+
+    /// Between fitting and exhaustion: no value fits, and the one named as getting furthest
+    /// runs out where the search says, later than the default settings, and no other value
+    /// gets further.
+    #[test]
+    fn without_a_fit_the_value_that_gets_furthest_is_named() {
+        let (workload, config) = transformer_on(4812 << 20);
+        let first = replay(&workload, &config, None).unwrap().first_oom.unwrap();
+        let found = search(&workload, &config);
+        assert!(found.fits.is_empty());
+        let furthest = found
+            .gets_furthest
+            .expect("a value gets past the first OOM");
+        assert!(furthest.first_oom_op > first.op_index);
+        for mb in MAX_SPLIT_LADDER_MB {
+            let mut trial = config.clone();
+            trial.settings.max_split_size = mb << 20;
+            let oom = replay(&workload, &trial, None).unwrap().first_oom.unwrap();
+            if max_split_conf(mb) == furthest.conf {
+                assert_eq!(oom.op_index, furthest.first_oom_op);
+                assert_eq!(oom.event_index(), furthest.first_oom_event_index);
+            } else {
+                assert!(oom.op_index <= furthest.first_oom_op, "{mb} gets further");
+            }
+        }
     }
 
     /// On the demo's fragmentation OOM the report's suggestion is one of the values that fit
@@ -172,7 +201,7 @@ mod tests {
             MAX_SPLIT_LADDER_MB.contains(&mb),
             "{mb} is not a standard value"
         );
-        let fits = fitting_max_split_sizes(&workload, &config, None);
+        let fits = search(&workload, &config).fits;
         assert!(
             fits.iter().any(|f| f.conf == max_split_conf(mb)),
             "max_split_size_mb:{mb} does not fit: {fits:?}"

@@ -54,6 +54,13 @@ pub struct OomAt {
     pub report: OomReport,
 }
 
+impl OomAt {
+    /// Where the OOM happened as a user counts: the trace entry, else the operation.
+    pub fn event_index(&self) -> usize {
+        self.source_index.unwrap_or(self.op_index)
+    }
+}
+
 /// What a replay did.
 #[derive(Clone, Debug)]
 pub struct ReplayOutcome {

@@ -327,10 +327,12 @@ impl Walk {
 
     fn undo_alloc(&mut self, addr: u64, requested: u64) -> Result<(), String> {
         let (_, seg) = self.segment_at(addr)?;
-        let block = seg
-            .blocks
-            .remove(&addr)
-            .ok_or_else(|| format!("alloc at {addr:#x}, but no block is live there later"))?;
+        let block = seg.blocks.remove(&addr).ok_or_else(|| {
+            format!(
+                "alloc at {addr:#x}, but no block is live there later (is a free missing \
+                     from the trace?)"
+            )
+        })?;
         if block.requested != requested {
             return Err(format!(
                 "alloc at {addr:#x} of {requested} bytes, but the block there later holds {}",

@@ -46,7 +46,8 @@ pub struct ReplayJson {
     /// Frees of allocations that failed with an out-of-memory in this replay (skipped).
     pub frees_of_failed_allocs: u64,
     /// Allocations the trace makes at an address it has not freed since its last allocation
-    /// there: the plain replay frees the earlier allocation first (part of `frees`).
+    /// there: the replay adds a free of the earlier allocation before each (counted in `events`
+    /// and in `frees`, or in `frees_of_failed_allocs` when that allocation failed).
     pub missing_frees: u64,
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
@@ -211,10 +212,7 @@ impl ReplayJson {
             num_device_free: s.num_device_free,
             num_alloc_retries: s.num_alloc_retries,
             num_ooms: s.num_ooms,
-            first_oom_event_index: out
-                .first_oom
-                .as_ref()
-                .map(|o| o.source_index.unwrap_or(o.op_index)),
+            first_oom_event_index: out.first_oom.as_ref().map(|o| o.event_index()),
             recorded_peak_reserved_bytes: ctx.recorded.peak_reserved_bytes,
             recorded_segment_allocs: ctx.recorded.segment_allocs,
             recorded_segment_frees: ctx.recorded.segment_frees,
@@ -240,7 +238,7 @@ impl ReplayJson {
         if fits.as_ref().is_some_and(Vec::is_empty) {
             self.gets_furthest = gets_furthest.map(|g| GetsFurtherJson {
                 conf: g.conf,
-                first_oom_event_index: g.first_oom_source.unwrap_or(g.first_oom_op),
+                first_oom_event_index: g.first_oom_event_index,
             });
         }
         let suggested = self
@@ -299,9 +297,14 @@ impl ReplayJson {
         }
         if self.missing_frees > 0 {
             parts.push(format!(
-                "{} at an address still live in the trace (its free is missing; the earlier \
-                 allocation was freed there)",
-                counted(self.missing_frees, "allocation")
+                "{} at an address still live in the trace (a free of the earlier allocation, \
+                 missing from the trace, was added before {})",
+                counted(self.missing_frees, "allocation"),
+                if self.missing_frees == 1 {
+                    "it"
+                } else {
+                    "each"
+                }
             ));
         }
         if self.frees_of_failed_allocs > 0 {
@@ -367,6 +370,7 @@ impl ReplayJson {
                 self.report_suggestion.as_ref(),
                 self.gets_furthest.as_ref(),
                 self.mode,
+                !self.settings.is_empty(),
             );
         }
         t
@@ -387,31 +391,34 @@ fn fits_text(
     suggestion: Option<&SuggestionJson>,
     gets_furthest: Option<&GetsFurtherJson>,
     mode: &str,
+    other_settings: bool,
 ) -> String {
     let tried = MAX_SPLIT_LADDER_MB.map(|mb| mb.to_string()).join(", ");
+    // Each value was tried with the replay's other settings unchanged.
+    let others = if other_settings {
+        " (other settings as in this replay)"
+    } else {
+        ""
+    };
     if fits.is_empty() {
         let mut t = format!(
             "\nNo max_split_size_mb value tried ({tried}) lets this workload run without an \
-             out-of-memory on this device"
+             out-of-memory on this device{others}: it needs more memory."
         );
         match gets_furthest {
             Some(g) => {
                 t += &format!(
-                    ". --conf {} gets past this one, and runs out of memory itself at {}: \
-                     splitting less helps, but the workload needs more memory as well.\n",
+                    " With {} it gets past this out-of-memory and first runs out at {}.\n",
                     g.conf,
                     event_at(mode, g.first_oom_event_index)
                 );
             }
-            None => {
-                t += ", nor gets past this out-of-memory: it needs more memory, not other \
-                            splitting.\n"
-            }
+            None => t += " No value gets past this out-of-memory.\n",
         }
         return t;
     }
-    let mut t = String::from(
-        "\nSettings that avoid every out-of-memory here, each verified by replaying:\n",
+    let mut t = format!(
+        "\nSettings that avoid every out-of-memory here{others}, each verified by replaying:\n"
     );
     for f in fits {
         let note = if suggestion.is_some_and(|s| s.conf == f.conf) {
