@@ -282,14 +282,15 @@ fn bad_input_exits_2_with_a_clear_message() {
     }
 }
 
+/// The transformer workload's JSON on a device of `capacity`, with extra options.
+fn synth(capacity: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
+    args.extend_from_slice(extra);
+    json(&cachealloc(&args))
+}
+
 #[test]
 fn an_oom_comes_with_settings_verified_to_fit() {
-    // The transformer workload on a device of `capacity`, with extra options.
-    let synth = |capacity: &str, extra: &[&str]| {
-        let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
-        args.extend_from_slice(extra);
-        json(&cachealloc(&args))
-    };
     let v = synth("5800MiB", &[]);
     assert!(
         v["num_ooms"].as_u64().unwrap() > 0,
@@ -340,15 +341,10 @@ fn an_oom_comes_with_settings_verified_to_fit() {
 }
 
 /// When no value fits, the search still says which value gets past this out-of-memory and
-/// where that one runs out itself (so "more memory, not other splitting" is said only when
-/// no value gets past it), and the figure is what replaying that value alone shows.
+/// where that one runs out itself, and the figure is what replaying that value alone shows;
+/// when live memory alone exceeds the device, no value gets past it.
 #[test]
 fn without_a_fit_the_value_that_gets_furthest_is_named() {
-    let synth = |capacity: &str, extra: &[&str]| {
-        let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
-        args.extend_from_slice(extra);
-        json(&cachealloc(&args))
-    };
     let v = synth("4.7GiB", &[]);
     assert_eq!(v["fitting_settings"].as_array().map(Vec::len), Some(0));
     let further = &v["gets_furthest"];
