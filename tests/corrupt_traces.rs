@@ -7,9 +7,9 @@
 
 mod support;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use support::traces::trace;
 
+use cachealloc::global::panics::catch;
 use cachealloc::trace::pickle::decode;
 use cachealloc::trace::recording::Action;
 use cachealloc::trace::rng::SplitMix64;
@@ -56,18 +56,9 @@ fn traces() -> Vec<(std::path::PathBuf, usize)> {
         .collect()
 }
 
+/// Run `f`, failing the test with `what` and the panic's message and place if it panics.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(v) => v,
-        Err(e) => {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!("panicked on {what}: {msg}");
-        }
-    }
+    catch(f).unwrap_or_else(|panic| panic!("panicked on {what}: {panic}"))
 }
 
 #[test]

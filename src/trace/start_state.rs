@@ -262,20 +262,18 @@ impl Walk {
     fn from_end_state(rec: &DeviceRecording) -> Result<Self, TraceError> {
         let mut segments = BTreeMap::new();
         for seg in &rec.segments {
-            if let Some(b) = seg
-                .blocks
-                .iter()
-                .find(|b| !in_address_space(b.address, b.size))
-                .map(|b| (b.address, b.size))
-                .or((!in_address_space(seg.address, seg.total_size))
-                    .then_some((seg.address, seg.total_size)))
+            // Its blocks, then the segment itself.
+            let ranges = seg.blocks.iter().map(|b| (b.address, b.size));
+            if let Some((addr, size)) = ranges
+                .chain([(seg.address, seg.total_size)])
+                .find(|&(addr, size)| !in_address_space(addr, size))
             {
                 return Err(TraceError::inconsistent(
                     &rec.source,
                     format!(
                         "end-state segment {:#x}: {}",
                         seg.address,
-                        beyond_address_space(b.0, b.1)
+                        beyond_address_space(addr, size)
                     ),
                 ));
             }
@@ -330,7 +328,7 @@ impl Walk {
         let block = seg.blocks.remove(&addr).ok_or_else(|| {
             format!(
                 "alloc at {addr:#x}, but no block is live there later (is a free missing \
-                     from the trace?)"
+                 from the trace?)"
             )
         })?;
         if block.requested != requested {
@@ -619,6 +617,37 @@ mod tests {
         // A free outside every segment.
         let rec = recording(vec![entry(Action::FreeCompleted, 512, 512)], vec![]);
         assert!(reconstruct_start(&rec).is_err());
+    }
+
+    /// Sizes no device can hold are refused by name instead of wrapping around: in the end
+    /// state (a block, or the segment) and in an entry.
+    #[test]
+    fn sizes_beyond_the_address_space_are_refused() {
+        let beyond = |rec: &DeviceRecording| reconstruct_start(rec).unwrap_err().to_string();
+        let block = recording(
+            vec![],
+            vec![segment(BASE, 20 * MIB, &[(0, u64::MAX, 0, false)])],
+        );
+        let err = beyond(&block);
+        assert!(
+            err.contains(&format!("{} bytes at {BASE:#x} reach beyond", u64::MAX)),
+            "{err}"
+        );
+        let whole = recording(vec![], vec![segment(u64::MAX - MIB, 20 * MIB, &[])]);
+        assert!(
+            beyond(&whole).contains("reach beyond"),
+            "{}",
+            beyond(&whole)
+        );
+        let free = recording(
+            vec![entry(Action::FreeCompleted, BASE, u64::MAX)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let err = beyond(&free);
+        assert!(
+            err.contains("entry 0") && err.contains("reach beyond"),
+            "{err}"
+        );
     }
 
     #[test]
