@@ -16,9 +16,12 @@
 //! Linear probing (passing over the sentinel in slot 0); a removed block leaves a tombstone
 //! only when a probe could pass through its slot to a later block (the next slot is taken),
 //! and a removal that empties a slot also empties the tombstones just before it, so
-//! tombstones stay few.
+//! tombstones stay few. Which slots are empty, taken or tombstones is also kept in a byte per
+//! slot (`SlotMarks`): an insert finds its slot and a removal inspects the slots around its
+//! own there, without reading table slots (cache lines) that hold nothing the operation needs.
 
 use super::block::{Block, BlockId, BlockState, NIL};
+use super::slot_marks::SlotMarks;
 use super::types::{PoolKind, StreamId};
 
 /// Address of an empty slot (no block starts at address 0).
@@ -65,6 +68,9 @@ impl Moved {
 #[derive(Debug)]
 pub struct BlockTable {
     slots: Vec<Block>,
+    /// Which slots hold blocks and which are tombstones, so that inserts and removals read
+    /// no slot but their own.
+    marks: SlotMarks,
     /// 64 − log2(number of slots): a hash's top bits pick the home slot.
     shift: u32,
     len: usize,
@@ -105,11 +111,13 @@ impl BlockTable {
         debug_assert!(slots.is_power_of_two() && slots >= INITIAL_SLOTS);
         let mut table = Self {
             slots: vec![VACANT; slots],
+            marks: SlotMarks::new(slots),
             shift: 64 - slots.trailing_zeros(),
             len: 0,
             tombstones: 0,
         };
         table.slots[NIL as usize] = SENTINEL;
+        table.marks.hold(NIL as usize);
         table
     }
 
@@ -186,15 +194,8 @@ impl BlockTable {
             block.addr
         );
         debug_assert!(self.has_room(1), "the pool made room first");
-        let mut slot = self.home(block.addr);
-        loop {
-            let here = self.slots[slot].addr;
-            if here == EMPTY || here == TOMBSTONE {
-                self.tombstones -= usize::from(here == TOMBSTONE);
-                break;
-            }
-            slot = self.next_slot(slot);
-        }
+        let slot = self.marks.first_open(self.home(block.addr));
+        self.tombstones -= usize::from(self.marks.hold(slot));
         self.slots[slot] = block;
         self.len += 1;
         slot as BlockId
@@ -211,18 +212,21 @@ impl BlockTable {
         );
         self.len -= 1;
         let mut slot = id as usize;
-        if self.slots[self.after(slot)].addr != EMPTY {
+        if !self.marks.is_empty(self.after(slot)) {
             self.slots[slot].addr = TOMBSTONE;
+            self.marks.bury(slot);
             self.tombstones += 1;
             return;
         }
         self.slots[slot].addr = EMPTY;
+        self.marks.clear(slot);
         loop {
             slot = self.before(slot);
-            if self.slots[slot].addr != TOMBSTONE {
+            if !self.marks.is_tomb(slot) {
                 break;
             }
             self.slots[slot].addr = EMPTY;
+            self.marks.clear(slot);
             self.tombstones -= 1;
         }
     }
@@ -279,6 +283,8 @@ impl BlockTable {
         }
         self.slots.fill(VACANT);
         self.slots[NIL as usize] = SENTINEL;
+        self.marks = SlotMarks::new(self.slots.len());
+        self.marks.hold(NIL as usize);
         self.len = 0;
         self.tombstones = 0;
     }
@@ -312,6 +318,16 @@ impl BlockTable {
                 self.tombstones,
                 self.slots.len()
             ));
+        }
+        for (slot, b) in self.slots.iter().enumerate() {
+            let marked = (self.marks.is_held(slot), self.marks.is_tomb(slot));
+            let expected = (b.addr != EMPTY && b.addr != TOMBSTONE, b.addr == TOMBSTONE);
+            if marked != expected {
+                return Err(format!(
+                    "block table slot {slot} is marked (held, tombstone) = {marked:?}, holds {:#x}",
+                    b.addr
+                ));
+            }
         }
         for (id, b) in self.iter() {
             if self.find(b.addr) != Some(id) {

@@ -18,6 +18,7 @@ mod release;
 pub mod rounding;
 pub(crate) mod segment_map;
 pub mod settings;
+mod slot_marks;
 pub mod stats;
 pub mod types;
 mod validate;
