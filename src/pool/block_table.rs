@@ -83,21 +83,14 @@ impl Default for BlockTable {
     }
 }
 
-/// Tables up to this many slots keep at most a quarter of them taken (by blocks and
-/// tombstones): a lookup then finds its block in the first slot it reads nearly always —
-/// half full, the time per operation was 3-4% higher on two benchmark rows. With the room a
-/// rebuild leaves for tombstones, that is 4-16 slots (256-1024 bytes) per block; larger tables
-/// fill up to half, so that a program with millions of small blocks pays 128-512 bytes.
-const SPARSE_UP_TO_SLOTS: usize = 1 << 20;
-
-/// How many slots of a table of `slots` may be taken.
+/// How many slots of a table of `slots` may be taken (by blocks and tombstones): half. With the
+/// room a rebuild leaves for tombstones, that is 2-8 slots (128-512 bytes) per block. (Before
+/// the slot marks, tables kept to a quarter: inserts and removals read the slots around their
+/// own, and half full cost 3-4% more time per operation on two benchmark rows; with the marks,
+/// alternating runs show no difference.)
 #[inline]
 fn max_taken(slots: usize) -> usize {
-    if slots <= SPARSE_UP_TO_SLOTS {
-        slots / 4
-    } else {
-        slots / 2
-    }
+    slots / 2
 }
 
 /// Whether a slot's address is that of a block (not empty, a tombstone or the sentinel).
