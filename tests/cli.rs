@@ -321,6 +321,9 @@ fn an_oom_comes_with_settings_verified_to_fit() {
     // The report itself, with the figures its conclusion rests on.
     let report = &v["first_oom_report"];
     assert_eq!(report["kind"], "fragmentation");
+    // One stream: nothing is cached for another.
+    assert_eq!(report["other_streams_free_bytes"], 0);
+    assert_eq!(report["other_streams_largest_free_block_bytes"], 0);
     let mb = report["suggested_max_split_size_mb"].as_u64().unwrap();
     assert_eq!(conf, format!("max_split_size_mb:{mb}"));
     let largest = report["largest_free_block_bytes"][0].as_u64().unwrap();

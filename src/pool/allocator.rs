@@ -619,6 +619,10 @@ impl<B: Backend> DeviceAllocator<B> {
             .collect();
         free_sizes.sort_unstable_by(|a, b| b.cmp(a));
         free_sizes.truncate(OOM_REPORT_BLOCKS);
+        let other_streams: Vec<u64> = indexes()
+            .filter(|(s, _)| *s != stream)
+            .flat_map(|(_, index)| index.iter().map(|e| e.size))
+            .collect();
         Error::OutOfMemory(Box::new(OomReport {
             device: self.backend.device(),
             stream,
@@ -632,6 +636,8 @@ impl<B: Backend> DeviceAllocator<B> {
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,
             free_blocks,
+            other_streams_free: other_streams.iter().sum(),
+            other_streams_largest_free_block: other_streams.iter().copied().max().unwrap_or(0),
             max_split_size: self.settings.max_split_size,
         }))
     }

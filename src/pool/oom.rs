@@ -8,6 +8,10 @@
 //!   No policy can help: live memory must shrink.
 //! - Untracked: it would fit in the capacity, but not in reserved + free, because memory outside
 //!   cachealloc (other processes, CUDA contexts, other allocators) holds the difference.
+//! - Other stream: it fits in reserved-but-unallocated + free, and a free cached block is large
+//!   enough, but it belongs to another stream. PyTorch's pools reuse a block only on the stream
+//!   it was allocated on, and a split segment cannot be released while part of it is live, so
+//!   the remedy is to allocate on one stream, not an allocator setting.
 //! - Fragmentation: it fits in reserved-but-unallocated + free, yet no free block (and no new
 //!   segment) is large enough. By the time the report is built the ladder has released every
 //!   fully free segment, so the unallocated reserved bytes sit in split segments next to live
@@ -69,6 +73,10 @@ pub struct OomReport {
     pub largest_free_blocks: Vec<u64>,
     /// How many free cached blocks the device has (all of them, listed or not).
     pub free_blocks: usize,
+    /// Free cached bytes held for streams other than the request's (a block is reused only on
+    /// the stream it was allocated on), and the largest such block; 0 when none.
+    pub other_streams_free: u64,
+    pub other_streams_largest_free_block: u64,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
 }
@@ -107,6 +115,16 @@ pub enum OomHint {
         suggested_max_split_size_mb: Option<u64>,
         /// The `max_split_size_mb` in force, when set.
         current_max_split_size_mb: Option<u64>,
+    },
+    /// As fragmentation, but a free block large enough is cached for another stream: PyTorch's
+    /// pools reuse a block only on the stream it was allocated on.
+    OtherStream {
+        /// Rounded size of the request.
+        request: u64,
+        unallocated: u64,
+        device_free: u64,
+        /// The largest free block cached for another stream.
+        largest_other_stream_block: u64,
     },
 }
 
@@ -156,6 +174,14 @@ impl OomReport {
             return OomHint::Untracked {
                 untracked: self.untracked(),
                 missing: needed - obtainable,
+            };
+        }
+        if self.other_streams_largest_free_block >= self.rounded {
+            return OomHint::OtherStream {
+                request: self.rounded,
+                unallocated: self.unallocated(),
+                device_free: self.device_free,
+                largest_other_stream_block: self.other_streams_largest_free_block,
             };
         }
         let current_mb = (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB);
@@ -213,6 +239,23 @@ impl fmt::Display for OomHint {
                  Free that memory or run on a less busy GPU.",
                 format_size(untracked),
                 format_size(missing)
+            ),
+            OomHint::OtherStream {
+                request,
+                unallocated,
+                device_free,
+                largest_other_stream_block,
+            } => write!(
+                f,
+                "Cached for another stream: {} reserved but unallocated plus {} free on the \
+                 device would hold this {} block, and a free cached block of {} would too, but \
+                 it belongs to another stream: a block is reused only on the stream it was \
+                 allocated on. Allocating these tensors on one stream (marking their use on \
+                 others with record_stream) lets their memory be reused.",
+                format_size(unallocated),
+                format_size(device_free),
+                format_size(request),
+                format_size(largest_other_stream_block)
             ),
             OomHint::Fragmentation {
                 request,
@@ -315,6 +358,14 @@ impl fmt::Display for OomReport {
             }
             writeln!(f, ".")?;
         }
+        if self.other_streams_free > 0 {
+            writeln!(
+                f,
+                "Cached for other streams (this request cannot use it): {}, the largest block {}.",
+                format_size(self.other_streams_free),
+                format_size(self.other_streams_largest_free_block)
+            )?;
+        }
         write!(f, "Hint: {}", self.hint())
     }
 }
@@ -340,6 +391,8 @@ mod tests {
             allowed_maximum: None,
             largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
             free_blocks: 5,
+            other_streams_free: 0,
+            other_streams_largest_free_block: 0,
             max_split_size: u64::MAX,
         }
     }
@@ -409,6 +462,8 @@ mod tests {
             alloc_size: 12 * GIB,
             largest_free_blocks: vec![],
             free_blocks: 0,
+            other_streams_free: 0,
+            other_streams_largest_free_block: 0,
             ..fragmented()
         };
         assert_eq!(report.untracked(), 30 * GIB);
@@ -516,6 +571,8 @@ mod tests {
         let none_free = OomReport {
             largest_free_blocks: vec![],
             free_blocks: 0,
+            other_streams_free: 0,
+            other_streams_largest_free_block: 0,
             ..fragmented()
         };
         assert_eq!(none_free.suggested_max_split_size_mb(), None);

@@ -225,6 +225,38 @@ fn out_of_memory_report_counts_every_free_block() {
     );
 }
 
+/// A free block large enough for the request, cached for another stream, is named as the cause
+/// (not fragmentation), with what the other streams hold.
+#[test]
+fn out_of_memory_names_a_block_cached_for_another_stream() {
+    let mut p = pool_with(30 * MIB, Settings::default());
+    // Stream 1: an 8 MiB allocation in a 20 MiB segment leaves a 12 MiB free block that cannot
+    // be released (its segment is split and partly live).
+    let live = p.malloc(8 * MIB, StreamId(1)).unwrap();
+    let Error::OutOfMemory(report) = p.malloc(12 * MIB, StreamId(2)).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    p.validate().unwrap();
+    assert_eq!(report.other_streams_free, 12 * MIB);
+    assert_eq!(report.other_streams_largest_free_block, 12 * MIB);
+    assert!(
+        matches!(report.hint(), OomHint::OtherStream { largest_other_stream_block, .. }
+            if largest_other_stream_block == 12 * MIB),
+        "{:?}",
+        report.hint()
+    );
+    assert_eq!(report.suggested_max_split_size_mb(), None);
+    let text = report.to_string();
+    assert!(
+        text.contains("Cached for other streams (this request cannot use it): 12.00 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("it belongs to another stream"), "{text}");
+    // On the stream that cached it, the same request is served from that block.
+    let served = p.malloc(12 * MIB, StreamId(1)).unwrap();
+    assert_eq!(served.addr(), live.addr() + 8 * MIB);
+}
+
 #[test]
 fn per_process_memory_fraction_limits_without_asking_the_device() {
     let settings = Settings {

@@ -111,7 +111,8 @@ impl From<FittingSetting> for FittingJson {
 #[derive(Clone, Debug, Serialize)]
 pub struct OomReportJson {
     /// `exhausted` (live memory alone exceeds what the device offers), `untracked` (memory
-    /// outside the allocator holds what is missing) or `fragmentation`.
+    /// outside the allocator holds what is missing), `other_stream` (a free block large enough
+    /// is cached for another stream) or `fragmentation`.
     pub kind: &'static str,
     pub requested_bytes: u64,
     pub rounded_bytes: u64,
@@ -127,6 +128,10 @@ pub struct OomReportJson {
     pub largest_free_block_bytes: Vec<u64>,
     /// How many free cached blocks the device had (listed or not).
     pub free_blocks: usize,
+    /// Free cached bytes held for streams other than the request's, which it cannot use.
+    pub other_streams_free_bytes: u64,
+    /// The largest of those blocks (0 when none).
+    pub other_streams_largest_free_block_bytes: u64,
     /// The `max_split_size_mb` the hint suggests (null when it suggests none).
     pub suggested_max_split_size_mb: Option<u64>,
     /// The report as the summary and the library's log print it.
@@ -140,6 +145,7 @@ impl From<&OomReport> for OomReportJson {
                 OomHint::Exhausted { .. } => "exhausted",
                 OomHint::Untracked { .. } => "untracked",
                 OomHint::Fragmentation { .. } => "fragmentation",
+                OomHint::OtherStream { .. } => "other_stream",
             },
             requested_bytes: r.requested,
             rounded_bytes: r.rounded,
@@ -151,6 +157,8 @@ impl From<&OomReport> for OomReportJson {
             allowed_maximum_bytes: r.allowed_maximum,
             largest_free_block_bytes: r.largest_free_blocks.clone(),
             free_blocks: r.free_blocks,
+            other_streams_free_bytes: r.other_streams_free,
+            other_streams_largest_free_block_bytes: r.other_streams_largest_free_block,
             suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
             text: r.to_string(),
         }
