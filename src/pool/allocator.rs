@@ -619,7 +619,11 @@ impl<B: Backend> DeviceAllocator<B> {
             .collect();
         free_sizes.sort_unstable_by(|a, b| b.cmp(a));
         free_sizes.truncate(OOM_REPORT_BLOCKS);
-        let other_streams: Vec<u64> = indexes()
+        // Blocks the request could have used were they cached for its stream: those of its pool.
+        let other_streams: Vec<u64> = self
+            .pools(pool_for(rounded))
+            .streams
+            .iter()
             .filter(|(s, _)| *s != stream)
             .flat_map(|(_, index)| index.iter().map(|e| e.size))
             .collect();

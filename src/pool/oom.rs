@@ -73,8 +73,9 @@ pub struct OomReport {
     pub largest_free_blocks: Vec<u64>,
     /// How many free cached blocks the device has (all of them, listed or not).
     pub free_blocks: usize,
-    /// Free cached bytes held for streams other than the request's (a block is reused only on
-    /// the stream it was allocated on), and the largest such block; 0 when none.
+    /// Free cached bytes of the request's pool held for streams other than the request's (a
+    /// block is reused only on the stream it was allocated on), and the largest such block; 0
+    /// when none.
     pub other_streams_free: u64,
     pub other_streams_largest_free_block: u64,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
@@ -361,7 +362,8 @@ impl fmt::Display for OomReport {
         if self.other_streams_free > 0 {
             writeln!(
                 f,
-                "Cached for other streams (this request cannot use it): {}, the largest block {}.",
+                "Cached in this pool for other streams (this request cannot use it): {}, the \
+                 largest block {}.",
                 format_size(self.other_streams_free),
                 format_size(self.other_streams_largest_free_block)
             )?;

@@ -248,13 +248,35 @@ fn out_of_memory_names_a_block_cached_for_another_stream() {
     assert_eq!(report.suggested_max_split_size_mb(), None);
     let text = report.to_string();
     assert!(
-        text.contains("Cached for other streams (this request cannot use it): 12.00 MiB"),
+        text.contains(
+            "Cached in this pool for other streams (this request cannot use it): 12.00 MiB"
+        ),
         "{text}"
     );
     assert!(text.contains("it belongs to another stream"), "{text}");
     // On the stream that cached it, the same request is served from that block.
     let served = p.malloc(12 * MIB, StreamId(1)).unwrap();
     assert_eq!(served.addr(), live.addr() + 8 * MIB);
+}
+
+/// A small-pool block on another stream could not serve a large-pool request on any stream:
+/// it is not named as the cause.
+#[test]
+fn out_of_memory_ignores_other_streams_blocks_of_the_other_pool() {
+    let mut p = pool_with(16 * MIB, Settings::default());
+    // Stream 1: 512 bytes from a 2 MiB small segment leave a free block of 2 MiB - 512.
+    let _live = p.malloc(512, StreamId(1)).unwrap();
+    // Stream 2: 1.5 MiB is a large-pool request (its 20 MiB segment does not fit).
+    let Error::OutOfMemory(report) = p.malloc(3 * MIB / 2, StreamId(2)).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.largest_free_blocks, vec![2 * MIB - 512]);
+    assert_eq!(report.other_streams_free, 0);
+    assert!(
+        !matches!(report.hint(), OomHint::OtherStream { .. }),
+        "{:?}",
+        report.hint()
+    );
 }
 
 #[test]

@@ -128,7 +128,7 @@ pub struct OomReportJson {
     pub largest_free_block_bytes: Vec<u64>,
     /// How many free cached blocks the device had (listed or not).
     pub free_blocks: usize,
-    /// Free cached bytes held for streams other than the request's, which it cannot use.
+    /// Free cached bytes of the request's pool held for other streams, which it cannot use.
     pub other_streams_free_bytes: u64,
     /// The largest of those blocks (0 when none).
     pub other_streams_largest_free_block_bytes: u64,
