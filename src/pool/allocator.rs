@@ -293,11 +293,8 @@ impl<B: Backend> DeviceAllocator<B> {
         let mss = self.settings.max_split_size;
         let rounding = self.settings.max_non_split_rounding;
         let index = self.pools_mut(pool).get_mut(stream);
-        let found = index.take_lower_bound(size, |found| {
-            let oversize_for_small = size < mss && found.size >= mss;
-            let too_wasteful = size >= mss && found.size >= size.saturating_add(rounding);
-            !oversize_for_small && !too_wasteful
-        })?;
+        let found =
+            index.take_lower_bound(size, |found| may_serve(size, found.size, mss, rounding))?;
         Some(found)
     }
 
@@ -619,14 +616,29 @@ impl<B: Backend> DeviceAllocator<B> {
             .collect();
         free_sizes.sort_unstable_by(|a, b| b.cmp(a));
         free_sizes.truncate(OOM_REPORT_BLOCKS);
-        // Blocks the request could have used were they cached for its stream: those of its pool.
-        let other_streams: Vec<u64> = self
-            .pools(pool_for(rounded))
+        let pool = self.pools(pool_for(rounded));
+        let pool_largest_free_block = pool
+            .streams
+            .iter()
+            .filter_map(|(_, index)| index.iter_desc().next().map(|e| e.size))
+            .max()
+            .unwrap_or(0);
+        let other_streams: Vec<(u64, StreamId)> = pool
             .streams
             .iter()
             .filter(|(s, _)| *s != stream)
-            .flat_map(|(_, index)| index.iter().map(|e| e.size))
+            .flat_map(|(s, index)| index.iter().map(move |e| (e.size, *s)))
             .collect();
+        // The block the request would have taken had it been cached for its stream.
+        let (mss, rounding) = (
+            self.settings.max_split_size,
+            self.settings.max_non_split_rounding,
+        );
+        let other_stream_fit = other_streams
+            .iter()
+            .filter(|&&(size, _)| size >= rounded && may_serve(rounded, size, mss, rounding))
+            .min()
+            .map(|&(size, s)| (s, size));
         Error::OutOfMemory(Box::new(OomReport {
             device: self.backend.device(),
             stream,
@@ -640,11 +652,28 @@ impl<B: Backend> DeviceAllocator<B> {
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,
             free_blocks,
-            other_streams_free: other_streams.iter().sum(),
-            other_streams_largest_free_block: other_streams.iter().copied().max().unwrap_or(0),
+            pool_largest_free_block,
+            other_streams_free: other_streams.iter().map(|&(size, _)| size).sum(),
+            other_streams_largest_free_block: other_streams
+                .iter()
+                .map(|&(size, _)| size)
+                .max()
+                .unwrap_or(0),
+            other_stream_fit,
             max_split_size: self.settings.max_split_size,
         }))
     }
+}
+
+/// PyTorch's `max_split_size` rules for a cached block found for a request (both rounded): a
+/// request below `max_split_size` takes no block at or above it, and one at or above it takes
+/// no block `max_non_split_rounding` or more larger than itself.
+#[inline]
+fn may_serve(request: u64, block: u64, max_split_size: u64, max_non_split_rounding: u64) -> bool {
+    let oversize_for_small = request < max_split_size && block >= max_split_size;
+    let too_wasteful =
+        request >= max_split_size && block >= request.saturating_add(max_non_split_rounding);
+    !oversize_for_small && !too_wasteful
 }
 
 /// A free neighbour's place in its segment, as merging needs it.

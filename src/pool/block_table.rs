@@ -84,10 +84,12 @@ impl Default for BlockTable {
 }
 
 /// How many slots of a table of `slots` may be taken (by blocks and tombstones): half. With the
-/// room a rebuild leaves for tombstones, that is 2-8 slots (128-512 bytes) per block. (Before
-/// the slot marks, tables kept to a quarter: inserts and removals read the slots around their
-/// own, and half full cost 3-4% more time per operation on two benchmark rows; with the marks,
-/// alternating runs show no difference.)
+/// room a rebuild leaves for tombstones, that is 2-8 slots (128-512 bytes, and 2-8 bytes of
+/// marks) per block. Before the slot marks, tables kept to a quarter: half full cost 3-4% more
+/// time per operation on two benchmark rows, as more lookups miss their first slot (and
+/// inserts and removals then read more slots). With the marks, alternating runs show no
+/// difference, though callgrind's simulated mispredictions per operation rise (log-uniform
+/// 2.76 to 3.00: longer lookups).
 #[inline]
 fn max_taken(slots: usize) -> usize {
     slots / 2
@@ -276,7 +278,7 @@ impl BlockTable {
         }
         self.slots.fill(VACANT);
         self.slots[NIL as usize] = SENTINEL;
-        self.marks = SlotMarks::new(self.slots.len());
+        self.marks.clear_all();
         self.marks.hold(NIL as usize);
         self.len = 0;
         self.tombstones = 0;
@@ -381,6 +383,9 @@ mod tests {
             }
             assert_eq!(table.find(addr), model.get(&addr).copied(), "step {i}");
             assert_eq!(table.len(), model.len());
+            if i % 1000 == 0 {
+                table.check().expect("consistent");
+            }
         }
         table.check().expect("consistent");
         for (&addr, &id) in &model {

@@ -73,11 +73,17 @@ pub struct OomReport {
     pub largest_free_blocks: Vec<u64>,
     /// How many free cached blocks the device has (all of them, listed or not).
     pub free_blocks: usize,
+    /// The largest free cached block of the request's pool (any stream; 0 when none): blocks
+    /// of the other pool can serve no request of this one, whatever the settings.
+    pub pool_largest_free_block: u64,
     /// Free cached bytes of the request's pool held for streams other than the request's (a
-    /// block is reused only on the stream it was allocated on), and the largest such block; 0
-    /// when none.
+    /// block is reused only on the stream it was allocated on), and the largest such block (0
+    /// when none).
     pub other_streams_free: u64,
     pub other_streams_largest_free_block: u64,
+    /// The block of another stream that would have served the request, had it been cached for
+    /// the request's stream: its stream and size.
+    pub other_stream_fit: Option<(StreamId, u64)>,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
 }
@@ -108,7 +114,7 @@ pub enum OomHint {
         unallocated: u64,
         /// Free bytes on the device.
         device_free: u64,
-        /// The largest free cached block (0 when none).
+        /// The largest free cached block of the request's pool (0 when none).
         largest_free_block: u64,
         /// The `max_split_size_mb` to try (the largest standard value at or below the largest
         /// free block), or `None` when one at or below it is already set or every free block is
@@ -124,8 +130,9 @@ pub enum OomHint {
         request: u64,
         unallocated: u64,
         device_free: u64,
-        /// The largest free block cached for another stream.
-        largest_other_stream_block: u64,
+        /// The block of another stream that would have served it, and that stream.
+        other_stream_block: u64,
+        other_stream: StreamId,
     },
 }
 
@@ -177,16 +184,17 @@ impl OomReport {
                 missing: needed - obtainable,
             };
         }
-        if self.other_streams_largest_free_block >= self.rounded {
+        if let Some((other_stream, block)) = self.other_stream_fit {
             return OomHint::OtherStream {
                 request: self.rounded,
                 unallocated: self.unallocated(),
                 device_free: self.device_free,
-                largest_other_stream_block: self.other_streams_largest_free_block,
+                other_stream_block: block,
+                other_stream,
             };
         }
         let current_mb = (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB);
-        let largest_free_block = self.largest_free_blocks.iter().copied().max().unwrap_or(0);
+        let largest_free_block = self.pool_largest_free_block;
         // None when every free block is below the smallest value: no setting keeps such
         // pieces whole.
         let suggested = MAX_SPLIT_LADDER_MB
@@ -245,18 +253,21 @@ impl fmt::Display for OomHint {
                 request,
                 unallocated,
                 device_free,
-                largest_other_stream_block,
+                other_stream_block,
+                other_stream,
             } => write!(
                 f,
                 "Cached for another stream: {} reserved but unallocated plus {} free on the \
                  device would hold this {} block, and a free cached block of {} would too, but \
-                 it belongs to another stream: a block is reused only on the stream it was \
-                 allocated on. Allocating these tensors on one stream (marking their use on \
-                 others with record_stream) lets their memory be reused.",
+                 it belongs to stream {:#x}: a block is reused only on the stream it was \
+                 allocated on. Allocating these tensors on the stream that freed that memory, \
+                 or all of them on one stream, lets it be reused; `cachealloc replay` of a \
+                 recorded trace shows whether any setting helps.",
                 format_size(unallocated),
                 format_size(device_free),
                 format_size(request),
-                format_size(largest_other_stream_block)
+                format_size(other_stream_block),
+                other_stream.0
             ),
             OomHint::Fragmentation {
                 request,
@@ -269,12 +280,20 @@ impl fmt::Display for OomHint {
                 write!(
                     f,
                     "Fragmentation: {} reserved but unallocated plus {} free on the device \
-                     would hold this {} block, but the largest free cached block is {}. ",
+                     would hold this {} block, but ",
                     format_size(unallocated),
                     format_size(device_free),
                     format_size(request),
-                    format_size(largest_free_block)
                 )?;
+                if largest_free_block == 0 {
+                    f.write_str("no block of its pool is cached free. ")?;
+                } else {
+                    write!(
+                        f,
+                        "the largest free cached block of its pool is {}. ",
+                        format_size(largest_free_block)
+                    )?;
+                }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
                     (Some(mb), _) => write!(
@@ -393,8 +412,10 @@ mod tests {
             allowed_maximum: None,
             largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
             free_blocks: 5,
+            pool_largest_free_block: 600 * MIB,
             other_streams_free: 0,
             other_streams_largest_free_block: 0,
+            other_stream_fit: None,
             max_split_size: u64::MAX,
         }
     }
@@ -464,8 +485,10 @@ mod tests {
             alloc_size: 12 * GIB,
             largest_free_blocks: vec![],
             free_blocks: 0,
+            pool_largest_free_block: 0,
             other_streams_free: 0,
             other_streams_largest_free_block: 0,
+            other_stream_fit: None,
             ..fragmented()
         };
         assert_eq!(report.untracked(), 30 * GIB);
@@ -510,7 +533,7 @@ mod tests {
              (and 1 smaller).",
             "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
              the device would hold this 1000.00 MiB block, but the largest free cached block \
-             is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:512: blocks of \
+             of its pool is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:512: blocks of \
              512 MiB or more are then never split, so free memory is no longer left in pieces \
              that large cut from bigger segments, and when the device cannot supply a new \
              segment, cached blocks of 512 MiB or more that the request cannot use are released \
@@ -525,6 +548,7 @@ mod tests {
     fn suggestion_with_largest_free_block(largest: u64) -> Option<u64> {
         let report = OomReport {
             largest_free_blocks: vec![largest, largest / 2],
+            pool_largest_free_block: largest,
             free_blocks: 2,
             ..fragmented()
         };
@@ -557,6 +581,7 @@ mod tests {
         for current in [None, Some(4096)] {
             let report = OomReport {
                 largest_free_blocks: vec![8 * MIB, 2 * MIB],
+                pool_largest_free_block: 8 * MIB,
                 free_blocks: 2,
                 max_split_size: current.map_or(u64::MAX, |mb| mb * MIB),
                 ..fragmented()
@@ -573,8 +598,10 @@ mod tests {
         let none_free = OomReport {
             largest_free_blocks: vec![],
             free_blocks: 0,
+            pool_largest_free_block: 0,
             other_streams_free: 0,
             other_streams_largest_free_block: 0,
+            other_stream_fit: None,
             ..fragmented()
         };
         assert_eq!(none_free.suggested_max_split_size_mb(), None);

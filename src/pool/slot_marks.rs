@@ -65,6 +65,11 @@ impl SlotMarks {
         self.marks[slot] = EMPTY;
     }
 
+    /// Every slot empty again.
+    pub fn clear_all(&mut self) {
+        self.marks.fill(EMPTY);
+    }
+
     /// The first slot at or after `from`, wrapping around, that holds no block (empty or a
     /// tombstone); the table must have one.
     #[inline]
@@ -73,6 +78,7 @@ impl SlotMarks {
         let mut slot = from;
         while self.marks[slot] == HELD {
             slot = (slot + 1) & mask;
+            debug_assert!(slot != from, "no open slot: the table is full");
         }
         slot
     }

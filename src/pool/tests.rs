@@ -233,15 +233,26 @@ fn out_of_memory_names_a_block_cached_for_another_stream() {
     // Stream 1: an 8 MiB allocation in a 20 MiB segment leaves a 12 MiB free block that cannot
     // be released (its segment is split and partly live).
     let live = p.malloc(8 * MIB, StreamId(1)).unwrap();
+    // 512 bytes more than that block: it would not have served the request on any stream.
+    let Error::OutOfMemory(report) = p.malloc(12 * MIB + 1, StreamId(2)).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.other_stream_fit, None);
+    assert!(
+        matches!(report.hint(), OomHint::Fragmentation { .. }),
+        "{:?}",
+        report.hint()
+    );
     let Error::OutOfMemory(report) = p.malloc(12 * MIB, StreamId(2)).unwrap_err() else {
         panic!("expected an out-of-memory error")
     };
     p.validate().unwrap();
+    assert_eq!(report.other_stream_fit, Some((StreamId(1), 12 * MIB)));
     assert_eq!(report.other_streams_free, 12 * MIB);
     assert_eq!(report.other_streams_largest_free_block, 12 * MIB);
     assert!(
-        matches!(report.hint(), OomHint::OtherStream { largest_other_stream_block, .. }
-            if largest_other_stream_block == 12 * MIB),
+        matches!(report.hint(), OomHint::OtherStream { other_stream_block, other_stream, .. }
+            if other_stream_block == 12 * MIB && other_stream == StreamId(1)),
         "{:?}",
         report.hint()
     );
@@ -253,10 +264,35 @@ fn out_of_memory_names_a_block_cached_for_another_stream() {
         ),
         "{text}"
     );
-    assert!(text.contains("it belongs to another stream"), "{text}");
+    assert!(text.contains("it belongs to stream 0x1"), "{text}");
     // On the stream that cached it, the same request is served from that block.
     let served = p.malloc(12 * MIB, StreamId(1)).unwrap();
     assert_eq!(served.addr(), live.addr() + 8 * MIB);
+}
+
+/// A block of another stream that `max_split_size` forbids to the request (a request below it
+/// takes no block at or above it) is not named as the cause: it would not have served the
+/// request on its own stream either.
+#[test]
+fn out_of_memory_names_no_other_stream_block_that_max_split_size_forbids() {
+    let settings = Settings {
+        max_split_size: 10 * MIB,
+        ..Settings::default()
+    };
+    let mut p = pool_with(30 * MIB, settings);
+    // Stream 1: 8 MiB (below max_split_size) is split from a 20 MiB segment: a free 12 MiB
+    // block, at or above max_split_size.
+    let _live = p.malloc(8 * MIB, StreamId(1)).unwrap();
+    let Error::OutOfMemory(report) = p.malloc(9 * MIB, StreamId(2)).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.other_streams_free, 12 * MIB);
+    assert_eq!(report.other_stream_fit, None);
+    assert!(
+        !matches!(report.hint(), OomHint::OtherStream { .. }),
+        "{:?}",
+        report.hint()
+    );
 }
 
 /// A small-pool block on another stream could not serve a large-pool request on any stream:
@@ -272,10 +308,22 @@ fn out_of_memory_ignores_other_streams_blocks_of_the_other_pool() {
     };
     assert_eq!(report.largest_free_blocks, vec![2 * MIB - 512]);
     assert_eq!(report.other_streams_free, 0);
+    // The hint speaks of the large pool only, where nothing is free.
     assert!(
-        !matches!(report.hint(), OomHint::OtherStream { .. }),
+        matches!(
+            report.hint(),
+            OomHint::Fragmentation {
+                largest_free_block: 0,
+                ..
+            }
+        ),
         "{:?}",
         report.hint()
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("but no block of its pool is cached free."),
+        "{text}"
     );
 }
 
