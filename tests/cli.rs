@@ -499,3 +499,42 @@ fn an_allocation_at_a_live_address_frees_the_earlier_one() {
     );
     assert!(text.contains("0 empty_cache calls"), "{text}");
 }
+
+/// A two-stream trace whose second stream runs out of memory while a free block large enough
+/// is cached for the first: the report names that stream as the cause, in the text and the JSON.
+#[test]
+fn an_out_of_memory_beside_a_block_cached_for_another_stream_says_so() {
+    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
+    let event = |t: u32, action: &str, addr: u64, size: u64, stream: u32| {
+        format!(
+            r#"{{"t_us":{t},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":{stream}}}"#
+        )
+    };
+    let base = 0x7f00_0000_0000u64;
+    let lines = [
+        header.to_string(),
+        // Stream 1 keeps 8 MiB of a 20 MiB segment: 12 MiB stay cached for it.
+        event(1, "alloc", base, 8 << 20, 1),
+        // Stream 2 asks for 12 MiB on a 30 MiB device: 10 MiB are free.
+        event(2, "alloc", base + (64 << 20), 12 << 20, 2),
+    ];
+    let path = std::env::temp_dir().join(format!(
+        "cachealloc-other-stream-{}.jsonl",
+        std::process::id()
+    ));
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--capacity", "30MiB", "--json"]));
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(v["num_ooms"], 1);
+    let report = &v["first_oom_report"];
+    assert_eq!(report["kind"], "other_stream");
+    assert_eq!(report["other_streams_free_bytes"], 12 << 20);
+    assert_eq!(report["other_streams_largest_free_block_bytes"], 12 << 20);
+    assert_eq!(
+        report["suggested_max_split_size_mb"],
+        serde_json::Value::Null
+    );
+    let text = report["text"].as_str().unwrap();
+    assert!(text.contains("it belongs to stream 0x1"), "{text}");
+}
