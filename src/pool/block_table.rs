@@ -83,16 +83,25 @@ impl Default for BlockTable {
     }
 }
 
-/// How many slots of a table of `slots` may be taken (by blocks and tombstones): half. With the
-/// room a rebuild leaves for tombstones, that is 2-8 slots (128-512 bytes, and 2-8 bytes of
-/// marks) per block. Before the slot marks, tables kept to a quarter: half full cost 3-4% more
-/// time per operation on two benchmark rows, as more lookups miss their first slot (and
-/// inserts and removals then read more slots). With the marks, alternating runs show no
-/// difference, though callgrind's simulated mispredictions per operation rise (log-uniform
-/// 2.76 to 3.00: longer lookups).
+/// Tables up to this many slots keep at most a quarter of them taken (by blocks and
+/// tombstones): a lookup then finds its block in the first slot it reads nearly always. Half
+/// full cost 3-4% more time per operation on two benchmark rows before the slot marks; with
+/// them, log-uniform showed no difference but the small real traces leaned slower (ftcourse
+/// 1.45x against 1.38x and 1.40x against 1.29x in two sets of alternating runs), and
+/// callgrind's simulated mispredictions rose (longer lookups). With the room a rebuild leaves
+/// for tombstones, that is 4-16 slots (256-1024 bytes, and 4-16 bytes of marks) per block;
+/// larger tables fill up to half, so that a program with millions of small blocks pays
+/// 128-512 bytes.
+const SPARSE_UP_TO_SLOTS: usize = 1 << 20;
+
+/// How many slots of a table of `slots` may be taken.
 #[inline]
 fn max_taken(slots: usize) -> usize {
-    slots / 2
+    if slots <= SPARSE_UP_TO_SLOTS {
+        slots / 4
+    } else {
+        slots / 2
+    }
 }
 
 /// Whether a slot's address is that of a block (not empty, a tombstone or the sentinel).

@@ -533,8 +533,8 @@ mod tests {
              (and 1 smaller).",
             "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
              the device would hold this 1000.00 MiB block, but the largest free cached block \
-             of its pool is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:512: blocks of \
-             512 MiB or more are then never split, so free memory is no longer left in pieces \
+             of its pool is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:512: \
+             blocks of 512 MiB or more are then never split, so free memory is no longer left in pieces \
              that large cut from bigger segments, and when the device cannot supply a new \
              segment, cached blocks of 512 MiB or more that the request cannot use are released \
              first. `cachealloc replay` of a recorded trace finds the values that fit.",

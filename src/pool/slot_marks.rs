@@ -1,15 +1,15 @@
 //! `SlotMarks`: one byte per block-table slot (empty, holding a block or the sentinel, or a
-//! tombstone), kept beside the table so that placing and removing a block need not read other
-//! slots of the table.
+//! tombstone), kept beside the table so that placing and removing a block need not read other slots
+//! of the table.
 //!
-//! An insert takes the first slot at or after the home slot that holds no block, and a removal
-//! asks whether the slot after it is empty and which slots before it are tombstones. Read from
-//! the slots themselves, each of those is a cache line of the table that the operation does not
-//! otherwise need, and the table outgrows the caches long before its blocks do (64 bytes per
-//! slot, at most half of them taken). On the log-uniform benchmark those reads were 0.54 of the
-//! pool's 0.78 simulated last-level read misses per operation (callgrind, a 512 KiB last level);
-//! the marks are 1/64 of the table's size. A byte rather than two bits: the same instruction
-//! count as reading the slots, where bit arithmetic added 7-17 per operation.
+//! An insert takes the first slot at or after the home slot that holds no block, and a removal asks
+//! whether the slot after it is empty and which slots before it are tombstones. Read from the slots
+//! themselves, each of those is a cache line of the table that the operation does not otherwise
+//! need, and the table outgrows the caches long before its blocks do (64 bytes per slot, at most a
+//! quarter of them taken). On the log-uniform benchmark those reads were 0.54 of the pool's 0.78
+//! simulated last-level read misses per operation (callgrind, a 512 KiB last level); the marks are
+//! 1/64 of the table's size. A byte rather than two bits: the same instruction count as reading the
+//! slots, where bit arithmetic added 7-17 per operation.
 
 const EMPTY: u8 = 0;
 const HELD: u8 = 1;
