@@ -114,6 +114,9 @@ pub enum OomHint {
         unallocated: u64,
         /// Free bytes on the device.
         device_free: u64,
+        /// The segment a new block for the request takes (larger than the request for requests
+        /// of 1-10 MiB, which get 20 MiB segments).
+        segment: u64,
         /// The largest free cached block of the request's pool (0 when none).
         largest_free_block: u64,
         /// The `max_split_size_mb` to try (the largest standard value at or below the largest
@@ -204,11 +207,21 @@ impl OomReport {
             request: self.rounded,
             unallocated: self.unallocated(),
             device_free: self.device_free,
+            segment: self.alloc_size,
             largest_free_block,
             suggested_max_split_size_mb: suggested
                 .filter(|&mb| current_mb.is_none_or(|current| current > mb)),
             current_max_split_size_mb: current_mb,
         }
+    }
+}
+
+/// Why a new segment is larger than the block it is obtained for (PyTorch's segment sizes).
+fn segment_rule(segment: u64) -> &'static str {
+    match segment {
+        s if s == 2 * MIB => "requests up to 1 MiB share 2 MiB segments",
+        s if s == 20 * MIB => "requests of 1-10 MiB get 20 MiB segments",
+        _ => "larger requests get segments rounded up to 2 MiB",
     }
 }
 
@@ -273,6 +286,7 @@ impl fmt::Display for OomHint {
                 request,
                 unallocated,
                 device_free,
+                segment,
                 largest_free_block,
                 suggested_max_split_size_mb,
                 current_max_split_size_mb,
@@ -292,6 +306,15 @@ impl fmt::Display for OomHint {
                         f,
                         "the largest free cached block of its pool is {}. ",
                         format_size(largest_free_block)
+                    )?;
+                }
+                if device_free >= request && device_free < segment {
+                    write!(
+                        f,
+                        "The device's free memory would hold the block itself, but a new \
+                         segment for it takes {} ({}). ",
+                        format_size(segment),
+                        segment_rule(segment)
                     )?;
                 }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
@@ -474,6 +497,44 @@ mod tests {
         assert!(text.contains("per_process_memory_fraction"), "{text}");
     }
 
+    /// A request whose block would fit in the device's free memory but whose new segment would
+    /// not says so, with the segment rule that applies.
+    #[test]
+    fn a_segment_larger_than_the_free_memory_is_named() {
+        let small = OomReport {
+            requested: 4096,
+            rounded: 4096,
+            alloc_size: 2 * MIB,
+            device_free: MIB,
+            ..fragmented()
+        };
+        let text = small.hint().to_string();
+        assert!(
+            text.contains(
+                "a new segment for it takes 2.00 MiB (requests up to 1 MiB share 2 MiB segments)"
+            ),
+            "{text}"
+        );
+        let large = OomReport {
+            rounded: 21 * MIB + 512,
+            alloc_size: 22 * MIB,
+            device_free: 21 * MIB + 512,
+            ..fragmented()
+        };
+        let text = large.hint().to_string();
+        assert!(
+            text.contains("(larger requests get segments rounded up to 2 MiB)"),
+            "{text}"
+        );
+        // The usual case, the free memory below the block itself: no such sentence.
+        assert!(
+            !fragmented()
+                .hint()
+                .to_string()
+                .contains("would hold the block itself")
+        );
+    }
+
     #[test]
     fn memory_held_by_others_is_untracked() {
         // 30 GiB used outside cachealloc; without it the 12 GiB request would fit.
@@ -516,6 +577,7 @@ mod tests {
                 request: 1000 * MIB,
                 unallocated: 18 * GIB,
                 device_free: 512 * MIB,
+                segment: 1000 * MIB,
                 largest_free_block: 600 * MIB,
                 suggested_max_split_size_mb: Some(512),
                 current_max_split_size_mb: None,

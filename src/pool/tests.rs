@@ -325,6 +325,13 @@ fn out_of_memory_ignores_other_streams_blocks_of_the_other_pool() {
         text.contains("but no block of its pool is cached free."),
         "{text}"
     );
+    assert!(
+        text.contains(
+            "The device's free memory would hold the block itself, but a new segment for it \
+             takes 20.00 MiB (requests of 1-10 MiB get 20 MiB segments)."
+        ),
+        "{text}"
+    );
 }
 
 #[test]
