@@ -455,31 +455,39 @@ fn options_without_effect_on_a_replay_are_warned_about() {
     );
 }
 
+/// A cachealloc trace file of device 0 in the temporary directory, one event per
+/// (action, address, size, stream), a microsecond apart.
+fn write_trace(name: &str, events: &[(&str, u64, u64, u32)]) -> std::path::PathBuf {
+    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
+    let mut lines = vec![header.to_string()];
+    for (t, (action, addr, size, stream)) in events.iter().enumerate() {
+        lines.push(format!(
+            r#"{{"t_us":{},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":{stream}}}"#,
+            t + 1
+        ));
+    }
+    let file = format!("cachealloc-{name}-{}.jsonl", std::process::id());
+    let path = std::env::temp_dir().join(file);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
 /// A trace that allocates twice at one address without a free between (a free is missing):
 /// the plain replay frees the earlier allocation there, as the recorded program must have,
 /// instead of keeping it live to the end, and says so.
 #[test]
 fn an_allocation_at_a_live_address_frees_the_earlier_one() {
-    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
-    let event = |t: u32, action: &str, addr: u64, size: u64| {
-        format!(
-            r#"{{"t_us":{t},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":0}}"#
-        )
-    };
     let base = 0x7f00_0000_0000u64;
-    let lines = [
-        header.to_string(),
-        event(1, "segment_alloc", base, 20 << 20),
-        event(2, "alloc", base, 4 << 20),
-        event(3, "alloc", base, 4 << 20),
-        event(4, "free_requested", base, 4 << 20),
-        event(5, "free_completed", base, 4 << 20),
-    ];
-    let path = std::env::temp_dir().join(format!(
-        "cachealloc-missing-free-{}.jsonl",
-        std::process::id()
-    ));
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let path = write_trace(
+        "missing-free",
+        &[
+            ("segment_alloc", base, 20 << 20, 0),
+            ("alloc", base, 4 << 20, 0),
+            ("alloc", base, 4 << 20, 0),
+            ("free_requested", base, 4 << 20, 0),
+            ("free_completed", base, 4 << 20, 0),
+        ],
+    );
     let p = path.to_str().unwrap();
     let v = json(&cachealloc(&["replay", p, "--json"]));
     assert_eq!(v["missing_frees"], 1);
@@ -504,25 +512,16 @@ fn an_allocation_at_a_live_address_frees_the_earlier_one() {
 /// is cached for the first: the report names that stream as the cause, in the text and the JSON.
 #[test]
 fn an_out_of_memory_beside_a_block_cached_for_another_stream_says_so() {
-    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
-    let event = |t: u32, action: &str, addr: u64, size: u64, stream: u32| {
-        format!(
-            r#"{{"t_us":{t},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":{stream}}}"#
-        )
-    };
     let base = 0x7f00_0000_0000u64;
-    let lines = [
-        header.to_string(),
-        // Stream 1 keeps 8 MiB of a 20 MiB segment: 12 MiB stay cached for it.
-        event(1, "alloc", base, 8 << 20, 1),
-        // Stream 2 asks for 12 MiB on a 30 MiB device: 10 MiB are free.
-        event(2, "alloc", base + (64 << 20), 12 << 20, 2),
-    ];
-    let path = std::env::temp_dir().join(format!(
-        "cachealloc-other-stream-{}.jsonl",
-        std::process::id()
-    ));
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let path = write_trace(
+        "other-stream",
+        &[
+            // Stream 1 keeps 8 MiB of a 20 MiB segment: 12 MiB stay cached for it.
+            ("alloc", base, 8 << 20, 1),
+            // Stream 2 asks for 12 MiB on a 30 MiB device: 10 MiB are free.
+            ("alloc", base + (64 << 20), 12 << 20, 2),
+        ],
+    );
     let p = path.to_str().unwrap();
     let v = json(&cachealloc(&["replay", p, "--capacity", "30MiB", "--json"]));
     std::fs::remove_file(&path).unwrap();

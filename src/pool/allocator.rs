@@ -617,18 +617,21 @@ impl<B: Backend> DeviceAllocator<B> {
         free_sizes.sort_unstable_by(|a, b| b.cmp(a));
         free_sizes.truncate(OOM_REPORT_BLOCKS);
         let pool = self.pools(pool_for(rounded));
-        let pool_largest_free_block = pool
-            .streams
-            .iter()
-            .filter_map(|(_, index)| index.iter_desc().next().map(|e| e.size))
-            .max()
-            .unwrap_or(0);
         let other_streams: Vec<(u64, StreamId)> = pool
             .streams
             .iter()
             .filter(|(s, _)| *s != stream)
             .flat_map(|(s, index)| index.iter().map(move |e| (e.size, *s)))
             .collect();
+        let other_streams_largest_free_block = other_streams
+            .iter()
+            .map(|&(size, _)| size)
+            .max()
+            .unwrap_or(0);
+        let own_largest = pool
+            .get(stream)
+            .and_then(|index| index.iter_desc().next())
+            .map_or(0, |e| e.size);
         // The block the request would have taken had it been cached for its stream.
         let (mss, rounding) = (
             self.settings.max_split_size,
@@ -652,13 +655,9 @@ impl<B: Backend> DeviceAllocator<B> {
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,
             free_blocks,
-            pool_largest_free_block,
+            pool_largest_free_block: own_largest.max(other_streams_largest_free_block),
             other_streams_free: other_streams.iter().map(|&(size, _)| size).sum(),
-            other_streams_largest_free_block: other_streams
-                .iter()
-                .map(|&(size, _)| size)
-                .max()
-                .unwrap_or(0),
+            other_streams_largest_free_block,
             other_stream_fit,
             max_split_size: self.settings.max_split_size,
         }))

@@ -37,6 +37,7 @@
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
 
 use super::format::format_size;
+use super::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 use super::types::{DeviceId, StreamId};
 use std::fmt;
 
@@ -114,8 +115,7 @@ pub enum OomHint {
         unallocated: u64,
         /// Free bytes on the device.
         device_free: u64,
-        /// The segment a new block for the request takes (larger than the request for requests
-        /// of 1-10 MiB, which get 20 MiB segments).
+        /// The segment a new block for the request takes (`rounding::segment_size`).
         segment: u64,
         /// The largest free cached block of the request's pool (0 when none).
         largest_free_block: u64,
@@ -216,11 +216,12 @@ impl OomReport {
     }
 }
 
-/// Why a new segment is larger than the block it is obtained for (PyTorch's segment sizes).
+/// Why a new segment is larger than the block it is obtained for: the rule of
+/// `rounding::segment_size` that gave it.
 fn segment_rule(segment: u64) -> &'static str {
     match segment {
-        s if s == 2 * MIB => "requests up to 1 MiB share 2 MiB segments",
-        s if s == 20 * MIB => "requests of 1-10 MiB get 20 MiB segments",
+        SMALL_BUFFER => "requests up to 1 MiB share 2 MiB segments",
+        LARGE_BUFFER => "requests of 1-10 MiB get 20 MiB segments",
         _ => "larger requests get segments rounded up to 2 MiB",
     }
 }
@@ -547,9 +548,6 @@ mod tests {
             largest_free_blocks: vec![],
             free_blocks: 0,
             pool_largest_free_block: 0,
-            other_streams_free: 0,
-            other_streams_largest_free_block: 0,
-            other_stream_fit: None,
             ..fragmented()
         };
         assert_eq!(report.untracked(), 30 * GIB);
@@ -596,10 +594,10 @@ mod tests {
             "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
              the device would hold this 1000.00 MiB block, but the largest free cached block \
              of its pool is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:512: \
-             blocks of 512 MiB or more are then never split, so free memory is no longer left in pieces \
-             that large cut from bigger segments, and when the device cannot supply a new \
-             segment, cached blocks of 512 MiB or more that the request cannot use are released \
-             first. `cachealloc replay` of a recorded trace finds the values that fit.",
+             blocks of 512 MiB or more are then never split, so free memory is no longer left \
+             in pieces that large cut from bigger segments, and when the device cannot supply a \
+             new segment, cached blocks of 512 MiB or more that the request cannot use are \
+             released first. `cachealloc replay` of a recorded trace finds the values that fit.",
         ]
         .join("\n");
         assert_eq!(report.to_string(), expected);
@@ -661,9 +659,6 @@ mod tests {
             largest_free_blocks: vec![],
             free_blocks: 0,
             pool_largest_free_block: 0,
-            other_streams_free: 0,
-            other_streams_largest_free_block: 0,
-            other_stream_fit: None,
             ..fragmented()
         };
         assert_eq!(none_free.suggested_max_split_size_mb(), None);
