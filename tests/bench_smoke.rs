@@ -39,7 +39,7 @@ fn the_warmed_pool_replays_like_a_fresh_one() {
         let stats = pool.stats();
         (
             placed,
-            stats.num_device_alloc,
+            stats.counts.num_device_alloc,
             stats.reserved_bytes.all.peak,
         )
     };
@@ -77,7 +77,7 @@ fn the_equal_size_churn_reuses_a_thousand_equal_cached_blocks() {
         (blocks.filter(|b| b.state == BlockState::Free && b.size == SIZE)).count()
     };
     assert_eq!(free_blocks(&pool), PAIRS as usize / 2);
-    let segments = pool.stats().num_device_alloc;
+    let segments = pool.stats().counts.num_device_alloc;
     let mut placed = Vec::new();
     support::run_pool(&mut pool, &mut live, &ops[SETUP_OPS..], |ptr| {
         placed.push(ptr.addr())
@@ -85,7 +85,7 @@ fn the_equal_size_churn_reuses_a_thousand_equal_cached_blocks() {
     pool.validate().unwrap();
     assert_eq!(free_blocks(&pool), PAIRS as usize / 2);
     assert_eq!(
-        pool.stats().num_device_alloc,
+        pool.stats().counts.num_device_alloc,
         segments,
         "the churn grew the pool"
     );

@@ -51,17 +51,17 @@ fn check_file(file: &Path) -> Vec<String> {
         );
         check(
             "cudaMalloc calls",
-            s.num_device_alloc,
+            s.counts.num_device_alloc,
             rec_fig.recorded_segment_allocs as u64,
         );
         check(
             "cudaFree calls",
-            s.num_device_free,
+            s.counts.num_device_free,
             rec_fig.recorded_segment_frees as u64,
         );
         check(
             "retries",
-            s.num_alloc_retries,
+            s.counts.num_alloc_retries,
             rec_fig.recorded_retries as u64,
         );
         check(
@@ -83,9 +83,9 @@ fn check_file(file: &Path) -> Vec<String> {
         eprintln!(
             "{name}: peak reserved {} MiB, {} cudaMalloc, {} cudaFree, {} retries, {}/{} at recorded address",
             s.reserved_bytes.all.peak >> 20,
-            s.num_device_alloc,
-            s.num_device_free,
-            s.num_alloc_retries,
+            s.counts.num_device_alloc,
+            s.counts.num_device_free,
+            s.counts.num_alloc_retries,
             out.allocs_at_recorded_addr,
             out.allocs_with_recorded_addr
         );

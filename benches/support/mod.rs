@@ -168,7 +168,7 @@ pub fn replay_rate(workload: &Workload, reps: usize) -> f64 {
     for _ in 0..reps {
         let start = Instant::now();
         let out = replay(workload, &config, None).expect("plain replay succeeds");
-        std::hint::black_box(out.stats.num_device_alloc);
+        std::hint::black_box(out.stats.counts.num_device_alloc);
         best = best.min(start.elapsed().as_secs_f64());
     }
     workload.ops.len() as f64 / best

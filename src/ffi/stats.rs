@@ -68,11 +68,11 @@ impl CacheallocStats {
             cached_free_bytes,
             allocations: count(stats.allocation.all.current),
             segments: count(stats.segment.all.current),
-            num_alloc_retries: stats.num_alloc_retries,
-            num_ooms: stats.num_ooms,
-            num_device_alloc: stats.num_device_alloc,
-            num_device_free: stats.num_device_free,
-            num_sync_all_streams: stats.num_sync_all_streams,
+            num_alloc_retries: stats.counts.num_alloc_retries,
+            num_ooms: stats.counts.num_ooms,
+            num_device_alloc: stats.counts.num_device_alloc,
+            num_device_free: stats.counts.num_device_free,
+            num_sync_all_streams: stats.counts.num_sync_all_streams,
         }
     }
 

@@ -368,7 +368,7 @@ impl<B: Backend> DeviceAllocator<B> {
         is_retry: bool,
     ) -> Result<Option<BlockId>, Error> {
         if is_retry {
-            self.stats.num_alloc_retries += 1;
+            self.stats.counts.num_alloc_retries += 1;
         }
         if let Some(max) = self.allowed_maximum
             && self.total_reserved.saturating_add(alloc_size) > max
@@ -398,7 +398,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if alloc_size >= self.settings.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
-        self.stats.num_device_alloc += 1;
+        self.stats.counts.num_device_alloc += 1;
         self.emit(|| PoolEvent::SegmentAlloc {
             ptr,
             size: alloc_size,
@@ -603,7 +603,7 @@ impl<B: Backend> DeviceAllocator<B> {
         alloc_size: u64,
     ) -> Error {
         let info = self.backend.mem_info().unwrap_or_default();
-        self.stats.num_ooms += 1;
+        self.stats.counts.num_ooms += 1;
         self.emit(|| PoolEvent::Oom {
             size: rounded,
             stream,

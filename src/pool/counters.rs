@@ -12,7 +12,7 @@
 //! likewise): an `ActiveCounter` stores only that pending part and, while anything is pending,
 //! the peak of the sum — so a malloc or a free with nothing pending does not touch it at all.
 
-use super::stats::{DeviceStats, Stat, StatArray};
+use super::stats::{Counts, DeviceStats, Stat, StatArray};
 use super::types::PoolKind;
 
 #[inline]
@@ -219,11 +219,7 @@ pub struct Counters {
     pub requested_bytes: PoolCounter,
     pub oversize_allocations: Stat,
     pub oversize_segments: Stat,
-    pub num_alloc_retries: u64,
-    pub num_ooms: u64,
-    pub num_sync_all_streams: u64,
-    pub num_device_alloc: u64,
-    pub num_device_free: u64,
+    pub counts: Counts,
     /// The `max_split_size` in force; `-1` when unlimited (as PyTorch reports it).
     pub max_split_size: i64,
 }
@@ -250,11 +246,7 @@ impl Counters {
             requested_bytes: self.requested_bytes.snapshot(),
             oversize_allocations: self.oversize_allocations,
             oversize_segments: self.oversize_segments,
-            num_alloc_retries: self.num_alloc_retries,
-            num_ooms: self.num_ooms,
-            num_sync_all_streams: self.num_sync_all_streams,
-            num_device_alloc: self.num_device_alloc,
-            num_device_free: self.num_device_free,
+            counts: self.counts,
             max_split_size: self.max_split_size,
         }
     }
@@ -316,11 +308,7 @@ impl Counters {
         self.active_bytes.reset_accumulated();
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
-        self.num_alloc_retries = 0;
-        self.num_ooms = 0;
-        self.num_sync_all_streams = 0;
-        self.num_device_alloc = 0;
-        self.num_device_free = 0;
+        self.counts = Counts::default();
     }
 }
 
@@ -504,7 +492,7 @@ mod tests {
     fn snapshot_carries_scalars_and_resets() {
         let mut c = Counters::new(-1);
         c.reserved_bytes.increase(PoolKind::Large, 4096);
-        c.num_device_alloc += 1;
+        c.counts.num_device_alloc += 1;
         c.reserved_bytes.decrease(PoolKind::Large, 4096);
         let s = c.snapshot();
         assert_eq!(s.reserved_bytes.all.peak, 4096);
@@ -514,6 +502,6 @@ mod tests {
         c.reset_peak();
         let s = c.snapshot();
         assert_eq!(s.reserved_bytes.all, Stat::default());
-        assert_eq!(s.num_device_alloc, 0);
+        assert_eq!(s.counts.num_device_alloc, 0);
     }
 }

@@ -34,5 +34,5 @@ pub use format::format_size;
 pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentView};
 pub use oom::{OomHint, OomReport};
 pub use settings::Settings;
-pub use stats::{DeviceStats, Stat, StatArray};
+pub use stats::{Counts, DeviceStats, Stat, StatArray};
 pub use types::{DeviceId, DevicePtr, PoolKind, StreamId};

@@ -23,7 +23,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Wait for the device and move every pending block back to its pool.
     pub(super) fn synchronize_pending(&mut self) -> Result<(), Error> {
-        self.stats.num_sync_all_streams += 1;
+        self.stats.counts.num_sync_all_streams += 1;
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -166,7 +166,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if block.size >= self.settings.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        self.stats.num_device_free += 1;
+        self.stats.counts.num_device_free += 1;
         self.emit(|| PoolEvent::SegmentFree {
             ptr,
             size: block.size,

@@ -88,13 +88,38 @@ pub struct DeviceStats {
     pub requested_bytes: StatArray,
     pub oversize_allocations: Stat,
     pub oversize_segments: Stat,
-    pub num_alloc_retries: u64,
-    pub num_ooms: u64,
-    pub num_sync_all_streams: u64,
-    pub num_device_alloc: u64,
-    pub num_device_free: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
     /// The `max_split_size` in force; `-1` when unlimited (as PyTorch reports it).
     pub max_split_size: i64,
+}
+
+/// The plain event counts reported beside the stat arrays (reset with the running totals).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Mallocs that released every fully free segment and asked the device again.
+    pub num_alloc_retries: u64,
+    /// Mallocs that failed for lack of memory.
+    pub num_ooms: u64,
+    /// Waits for every pending free to complete (PyTorch's `synchronize_and_free_events`).
+    pub num_sync_all_streams: u64,
+    /// Segments obtained from the device (cudaMalloc calls).
+    pub num_device_alloc: u64,
+    /// Segments returned to the device (cudaFree calls).
+    pub num_device_free: u64,
+}
+
+impl Counts {
+    /// `(key, value)` under PyTorch's names.
+    pub fn entries(&self) -> [(&'static str, u64); 5] {
+        [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ]
+    }
 }
 
 impl DeviceStats {
@@ -123,14 +148,9 @@ impl DeviceStats {
         }
         push_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
         push_stat(&mut out, "oversize_segments", &self.oversize_segments);
-        out.push(("num_alloc_retries".into(), self.num_alloc_retries as i64));
-        out.push(("num_ooms".into(), self.num_ooms as i64));
-        out.push((
-            "num_sync_all_streams".into(),
-            self.num_sync_all_streams as i64,
-        ));
-        out.push(("num_device_alloc".into(), self.num_device_alloc as i64));
-        out.push(("num_device_free".into(), self.num_device_free as i64));
+        for (key, value) in self.counts.entries() {
+            out.push((key.into(), value as i64));
+        }
         out.push(("max_split_size".into(), self.max_split_size));
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out

@@ -54,7 +54,7 @@ fn small_request_splits_a_2_mib_segment_and_merges_back() {
     p.empty_cache().unwrap();
     p.validate().unwrap();
     assert_eq!(p.stats().reserved_bytes.all.current, 0);
-    assert_eq!(p.stats().num_device_free, 1);
+    assert_eq!(p.stats().counts.num_device_free, 1);
 }
 
 #[test]
@@ -78,7 +78,7 @@ fn requests_under_10_mib_share_a_20_mib_segment() {
     let a = alloc(&mut p, 5 * MIB);
     let b = alloc(&mut p, 5 * MIB);
     assert_eq!(b.addr(), a.addr() + 5 * MIB);
-    assert_eq!(p.stats().num_device_alloc, 1);
+    assert_eq!(p.stats().counts.num_device_alloc, 1);
     assert_eq!(
         p.stats().inactive_split_bytes.large_pool.current,
         10 * MIB as i64
@@ -93,7 +93,7 @@ fn blocks_of_another_stream_are_never_reused() {
     let b = p.malloc(4 * MIB, StreamId(2)).unwrap();
     p.validate().unwrap();
     assert_ne!(a, b);
-    assert_eq!(p.stats().num_device_alloc, 2);
+    assert_eq!(p.stats().counts.num_device_alloc, 2);
     let c = p.malloc(4 * MIB, StreamId(1)).unwrap();
     assert_eq!(a, c, "same stream reuses its cached block");
 }
@@ -132,7 +132,7 @@ fn max_split_size_keeps_oversize_blocks_for_large_requests() {
     // A small request may not take (and split) the oversize block.
     let b = alloc(&mut p, 10 * MIB);
     assert_ne!(b, a);
-    assert_eq!(p.stats().num_device_alloc, 2);
+    assert_eq!(p.stats().counts.num_device_alloc, 2);
     // A request within max_non_split_rounding (20 MiB) of it may, unsplit.
     let c = alloc(&mut p, 90 * MIB);
     assert_eq!(c, a);
@@ -150,9 +150,9 @@ fn miss_ladder_releases_cached_segments_and_counts_one_retry() {
     free(&mut p, a);
     let b = alloc(&mut p, 80 * MIB);
     let s = p.stats();
-    assert_eq!(s.num_alloc_retries, 1);
-    assert_eq!(s.num_device_free, 1);
-    assert_eq!(s.num_ooms, 0);
+    assert_eq!(s.counts.num_alloc_retries, 1);
+    assert_eq!(s.counts.num_device_free, 1);
+    assert_eq!(s.counts.num_ooms, 0);
     assert_eq!(p.allocation_size(b), Some(80 * MIB));
 }
 
@@ -169,8 +169,8 @@ fn oversize_release_frees_largest_cached_blocks_without_a_retry() {
     free(&mut p, b);
     alloc(&mut p, 60 * MIB);
     let s = p.stats();
-    assert_eq!(s.num_device_free, 2, "50 MiB then 30 MiB released");
-    assert_eq!(s.num_alloc_retries, 0);
+    assert_eq!(s.counts.num_device_free, 2, "50 MiB then 30 MiB released");
+    assert_eq!(s.counts.num_alloc_retries, 0);
 }
 
 #[test]
@@ -191,7 +191,7 @@ fn out_of_memory_reports_and_leaves_the_pool_intact() {
     assert_eq!(report.reserved, 62 * MIB);
     assert_eq!(report.largest_free_blocks, vec![2 * MIB - 1024]);
     let s = p.stats();
-    assert_eq!((s.num_ooms, s.num_alloc_retries), (1, 1));
+    assert_eq!((s.counts.num_ooms, s.counts.num_alloc_retries), (1, 1));
     free(&mut p, live);
     free(&mut p, small);
 }
@@ -361,7 +361,7 @@ fn garbage_collection_releases_aged_cached_blocks() {
     // Reserved 300 MiB > 0.5 × 500 MiB: the next miss collects every block of mean age or more.
     alloc(&mut p, 150 * MIB);
     let s = p.stats();
-    assert_eq!(s.num_device_free, 3);
+    assert_eq!(s.counts.num_device_free, 3);
     assert_eq!(s.reserved_bytes.all.current, 150 * MIB as i64);
 }
 
@@ -433,7 +433,7 @@ fn pending_frees_are_not_reused_until_their_fence_completes() {
     assert_eq!(b, a);
     assert_eq!(p.backend().counters().synchronizes, 1);
     assert_eq!(
-        p.stats().num_device_alloc,
+        p.stats().counts.num_device_alloc,
         2,
         "no growth while a block was only pending"
     );
@@ -506,7 +506,7 @@ fn adopted_segments_behave_like_their_own() {
     };
     let live = p.adopt_segment(&seed).unwrap();
     p.validate().unwrap();
-    assert_eq!(p.stats().num_device_alloc, 0);
+    assert_eq!(p.stats().counts.num_device_alloc, 0);
     assert_eq!(p.stats().inactive_split_bytes.all.current, 14 * MIB as i64);
     assert_eq!(alloc(&mut p, 14 * MIB).addr(), 0x7f00_0060_0000);
     free(&mut p, live[0]);
@@ -561,7 +561,7 @@ fn many_equal_free_blocks_are_reused_lowest_address_first() {
             d
         })
         .collect();
-    let segments = p.stats().num_device_alloc;
+    let segments = p.stats().counts.num_device_alloc;
     // Free 200 of them in a scattered order (7 and 300 are coprime: no block twice).
     let mut freed: Vec<u64> = Vec::new();
     for i in 0..200 {
@@ -595,7 +595,7 @@ fn many_equal_free_blocks_are_reused_lowest_address_first() {
         assert_eq!(alloc(&mut p, size).addr(), expect);
     }
     assert_eq!(
-        p.stats().num_device_alloc,
+        p.stats().counts.num_device_alloc,
         segments,
         "no segment added while blocks were free"
     );

@@ -23,12 +23,16 @@ pub fn stats_json_string(stats: &DeviceStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::Counts;
 
     #[test]
     fn keys_are_pytorch_flattened_names() {
         let mut stats = DeviceStats {
             max_split_size: -1,
-            num_ooms: 3,
+            counts: Counts {
+                num_ooms: 3,
+                ..Counts::default()
+            },
             ..DeviceStats::default()
         };
         stats.allocated_bytes.all.increase(512);

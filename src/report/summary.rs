@@ -50,7 +50,7 @@ pub fn memory_summary(stats: &DeviceStats, device: DeviceId, abbreviated: bool) 
         "-".repeat(WIDTH),
         format!(
             "  {:9} CUDA OOMs: {:<12} | {:6} cudaMalloc retries: {:<8}  ",
-            "", stats.num_ooms, "", stats.num_alloc_retries
+            "", stats.counts.num_ooms, "", stats.counts.num_alloc_retries
         ),
         "=".repeat(WIDTH),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
@@ -94,6 +94,7 @@ fn row(name: &str, stat: &Stat, reference: &Stat, format: Formatter) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::Counts;
 
     fn stat(current: i64, peak: i64, allocated: i64, freed: i64) -> Stat {
         Stat {
@@ -109,8 +110,11 @@ mod tests {
         const MIB: i64 = 1 << 20;
         const GIB: i64 = 1 << 30;
         let mut stats = DeviceStats {
-            num_ooms: 2,
-            num_alloc_retries: 17,
+            counts: Counts {
+                num_ooms: 2,
+                num_alloc_retries: 17,
+                ..Counts::default()
+            },
             max_split_size: -1,
             ..DeviceStats::default()
         };

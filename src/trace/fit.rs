@@ -66,8 +66,8 @@ pub fn search_max_split_sizes(
             None => fits.push(FittingSetting {
                 conf: max_split_conf(mb),
                 peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
-                num_device_alloc: out.stats.num_device_alloc,
-                num_alloc_retries: out.stats.num_alloc_retries,
+                num_device_alloc: out.stats.counts.num_device_alloc,
+                num_alloc_retries: out.stats.counts.num_alloc_retries,
             }),
             Some(oom) => {
                 let best = gets_furthest
@@ -121,7 +121,7 @@ mod tests {
         let (workload, config) = transformer_on(5800 << 20);
         let baseline = replay(&workload, &config, None).unwrap();
         assert!(
-            baseline.stats.num_ooms > 0,
+            baseline.stats.counts.num_ooms > 0,
             "the default settings run out of memory here"
         );
         let fits = search(&workload, &config).fits;
@@ -136,7 +136,7 @@ mod tests {
             trial.settings.max_split_size = mb << 20;
             let again = replay(&workload, &trial, None).unwrap();
             assert_eq!(
-                again.stats.num_ooms, 0,
+                again.stats.counts.num_ooms, 0,
                 "{} was reported as fitting",
                 fit.conf
             );
@@ -208,6 +208,13 @@ mod tests {
         );
         let mut at_request = config.clone();
         at_request.settings.max_split_size = report.rounded / MIB * MIB;
-        assert!(replay(&workload, &at_request, None).unwrap().stats.num_ooms > 0);
+        assert!(
+            replay(&workload, &at_request, None)
+                .unwrap()
+                .stats
+                .counts
+                .num_ooms
+                > 0
+        );
     }
 }

@@ -263,8 +263,8 @@ mod tests {
         .unwrap();
         assert_eq!(out.allocs, 3);
         assert_eq!(out.skipped_frees, 1);
-        assert_eq!(out.stats.num_device_alloc, 2);
-        assert_eq!(out.stats.num_device_free, 2);
+        assert_eq!(out.stats.counts.num_device_alloc, 2);
+        assert_eq!(out.stats.counts.num_device_free, 2);
         assert_eq!(out.stats.reserved_bytes.all.peak, 50 * MIB as i64);
         assert_eq!(out.stats.requested_bytes.all.peak, 35 * MIB as i64);
         assert_eq!(out.final_segments, 0);
@@ -285,7 +285,7 @@ mod tests {
         let out = replay(&w, &config, None).unwrap();
         let oom = out.first_oom.expect("second allocation cannot fit");
         assert_eq!((oom.op_index, oom.source_index), (1, Some(11)));
-        assert_eq!(out.stats.num_ooms, 1);
+        assert_eq!(out.stats.counts.num_ooms, 1);
         assert_eq!(
             out.skipped_frees, 1,
             "the failed allocation's free is skipped"
@@ -304,7 +304,7 @@ mod tests {
         let out = replay(&w, &ReplayConfig::default(), None).unwrap();
         assert_eq!(out.requests_too_large, 1);
         assert_eq!((out.frees, out.skipped_frees), (1, 1));
-        assert_eq!(out.stats.num_ooms, 0, "PyTorch counts no OOM for it");
+        assert_eq!(out.stats.counts.num_ooms, 0, "PyTorch counts no OOM for it");
         assert_eq!(out.stats.allocation.all.allocated, 1);
     }
 }

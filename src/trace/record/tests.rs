@@ -85,11 +85,11 @@ fn a_replay_of_the_written_trace_reproduces_the_recording() {
         let recorded = pool.stats();
         assert_eq!(
             rec.figures.recorded_segment_allocs as u64,
-            recorded.num_device_alloc
+            recorded.counts.num_device_alloc
         );
         assert_eq!(
             rec.figures.recorded_segment_frees as u64,
-            recorded.num_device_free
+            recorded.counts.num_device_free
         );
         assert_eq!(
             rec.figures.recorded_peak_reserved_bytes as i64,
@@ -110,18 +110,21 @@ fn a_replay_of_the_written_trace_reproduces_the_recording() {
         };
         let out = replay(&rec.workload, &config, None).unwrap();
         assert_eq!(
-            out.stats.num_device_alloc, recorded.num_device_alloc,
+            out.stats.counts.num_device_alloc, recorded.counts.num_device_alloc,
             "seed {seed}"
         );
         assert_eq!(
-            out.stats.num_device_free, recorded.num_device_free,
+            out.stats.counts.num_device_free, recorded.counts.num_device_free,
             "seed {seed}"
         );
         assert_eq!(
             out.stats.reserved_bytes.all.peak, recorded.reserved_bytes.all.peak,
             "seed {seed}"
         );
-        assert_eq!(out.stats.num_ooms, recorded.num_ooms, "seed {seed}");
+        assert_eq!(
+            out.stats.counts.num_ooms, recorded.counts.num_ooms,
+            "seed {seed}"
+        );
         assert_eq!(out.allocs_with_recorded_addr, out.allocs);
         assert_eq!(out.allocs_at_recorded_addr, out.allocs, "seed {seed}");
         assert_eq!(
@@ -150,7 +153,7 @@ fn the_mix_exercises_every_action() {
             "{action:?} missing from the recording"
         );
     }
-    assert!(pool.stats().num_ooms > 0);
+    assert!(pool.stats().counts.num_ooms > 0);
     let rec = device0(&trace);
     let oom = rec.figures.recorded_oom.unwrap();
     assert_eq!(events[oom.event_index].action, Action::Oom);
