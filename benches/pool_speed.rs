@@ -4,8 +4,13 @@
 //! `cargo bench --bench pool_speed` (`-- --quick` for a short run). Real traces are read from
 //! `$CACHEALLOC_TRACES` or `../shared/traces/real` when present.
 //!
-//! Further options (used by scripts/bench-instructions.sh): `--reps N` passes per allocator,
-//! `--only TEXT` rows whose name contains TEXT, `--no-replay` skips the replay-speed column.
+//! Each row times alternating pairs of passes (the pool's, then offset-allocator's): at least 7,
+//! and more until the pool's passes add up to half a second (at most 3,000 pairs), so that the
+//! short real traces are timed over hundreds of pairs (`--quick`: at least 3, 0.05 s, 300).
+//!
+//! Further options (used by scripts/bench-instructions.sh and scripts/bench-decomposition.sh):
+//! `--reps N` exactly N pairs, `--only TEXT` rows whose name contains TEXT, `--no-replay` skips
+//! the replay-speed column.
 
 #[path = "../tests/support/ci.rs"]
 mod ci;
@@ -16,7 +21,7 @@ mod traces;
 
 use cachealloc::trace::read_snapshot;
 use cachealloc::trace::synth::{SynthKind, SynthSpec};
-use support::{Row, print_table};
+use support::{Reps, Row, print_table};
 use traces::traces_dir;
 
 /// The real traces with the most allocations (plain replay: from an empty device).
@@ -31,7 +36,7 @@ const REAL_TRACES: [&str; 5] = [
 /// Command-line options (cargo bench adds `--bench`, ignored here).
 struct Options {
     quick: bool,
-    reps: usize,
+    reps: Reps,
     only: Option<String>,
     replay: bool,
 }
@@ -45,13 +50,25 @@ impl Options {
             Some(v.unwrap_or_else(|| panic!("{flag} needs a value")).clone())
         };
         let quick = args.iter().any(|a| a == "--quick");
-        let reps = value("--reps").map_or(if quick { 3 } else { 7 }, |v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("--reps takes a count, not {v:?}"))
-        });
+        let reps = match value("--reps") {
+            Some(v) => Reps::Exactly(
+                v.parse()
+                    .unwrap_or_else(|_| panic!("--reps takes a count, not {v:?}")),
+            ),
+            None if quick => Reps::Until {
+                min: 3,
+                budget: 0.05,
+                max: 300,
+            },
+            None => Reps::Until {
+                min: 7,
+                budget: 0.5,
+                max: 3000,
+            },
+        };
         Options {
             quick,
-            reps: reps.max(1),
+            reps,
             only: value("--only"),
             replay: !args.iter().any(|a| a == "--no-replay"),
         }

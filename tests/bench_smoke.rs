@@ -12,7 +12,7 @@ use cachealloc::trace::synth::SynthSpec;
 fn harness_times_both_allocators_on_the_same_sequence() {
     let spec: SynthSpec = "loguniform:ops=20000".parse().unwrap();
     let workload = spec.generate(3).unwrap();
-    let row = support::Row::measure_with("smoke", &workload, 1, true);
+    let row = support::Row::measure_with("smoke", &workload, support::Reps::Exactly(1), true);
     assert_eq!(row.ops, 20000);
     assert!(row.pool.median_ns > 0.0 && row.offset.median_ns > 0.0);
     // One repetition: the paired ratio is that pass's ratio.
@@ -20,6 +20,23 @@ fn harness_times_both_allocators_on_the_same_sequence() {
     assert!((row.paired_ratio - single).abs() < 1e-9 * single);
     assert!(row.replay_ops_per_s > 0.0);
     support::print_table(&[row]);
+}
+
+/// The default repetitions: at least `min` pairs, more until the pool's passes fill the
+/// budget, never more than `max`.
+#[test]
+fn repetitions_stop_at_the_minimum_the_budget_or_the_maximum() {
+    let spec: SynthSpec = "loguniform:ops=2000".parse().unwrap();
+    let workload = spec.generate(7).unwrap();
+    let pairs = |reps| support::Row::measure_with("reps", &workload, reps, false).pairs;
+    let until = |min, budget, max| support::Reps::Until { min, budget, max };
+    // A spent budget: the minimum.
+    assert_eq!(pairs(until(2, 0.0, 50)), 2);
+    // A budget no run reaches: the maximum.
+    assert_eq!(pairs(until(1, 1e9, 4)), 4);
+    // In between: more than the minimum, because 2,000 operations take far less than 20 ms.
+    let n = pairs(until(1, 0.02, 100_000));
+    assert!(n > 1 && n < 100_000, "{n} pairs");
 }
 
 /// The timed pass starts from a warmed pool (tables sized by an untimed pass, then emptied):

@@ -140,17 +140,41 @@ pub fn offset_allocator_pass(
     (ns, alloc)
 }
 
+/// How many alternating pairs of passes to time.
+#[derive(Clone, Copy, Debug)]
+pub enum Reps {
+    /// Exactly this many pairs (the instruction counts and the smoke test want one).
+    Exactly(usize),
+    /// At least `min` pairs, and more until the pool's passes add up to `budget` seconds, up to
+    /// `max` pairs: a real trace of a few thousand operations is timed over hundreds of short
+    /// pairs instead of a few, so that one interruption or slow moment of the machine moves
+    /// the medians little.
+    Until { min: usize, budget: f64, max: usize },
+}
+
+impl Reps {
+    fn done(&self, pairs: usize, pool_seconds: f64) -> bool {
+        match *self {
+            Reps::Exactly(n) => pairs >= n.max(1),
+            Reps::Until { min, budget, max } => {
+                pairs >= max || (pairs >= min.max(1) && pool_seconds >= budget)
+            }
+        }
+    }
+}
+
 /// Both allocators over the same operations, their passes alternating so that a machine that
 /// speeds up or slows down during the run affects both alike: (pool, offset-allocator, the
-/// median over the repetitions of the ratio of each pair of passes run back to back).
-pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing, f64) {
-    let mut pool = Vec::with_capacity(reps);
-    let mut offset = Vec::with_capacity(reps);
-    let mut paired = Vec::with_capacity(reps);
-    for _ in 0..reps {
+/// median over the repetitions of the ratio of each pair of passes run back to back, the
+/// number of pairs).
+pub fn time_both(ops: &[Op], num_ids: usize, reps: Reps) -> (Timing, Timing, f64, usize) {
+    let (mut pool, mut offset, mut paired) = (Vec::new(), Vec::new(), Vec::new());
+    let mut pool_seconds = 0.0;
+    while !reps.done(pool.len(), pool_seconds) {
         let warm = warm_pool(ops, num_ids);
         let (pool_ns, used) = pool_pass(warm, untimed_table(num_ids), ops);
         pool.push(pool_ns);
+        pool_seconds += pool_ns * ops.len() as f64 * 1e-9;
         drop(used);
         let fresh = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 1 << 20);
         let (offset_ns, used) = offset_allocator_pass(fresh, untimed_table(num_ids), ops);
@@ -158,7 +182,13 @@ pub fn time_both(ops: &[Op], num_ids: usize, reps: usize) -> (Timing, Timing, f6
         paired.push(pool_ns / offset_ns);
         drop(used);
     }
-    (timing(pool), timing(offset), timing(paired).median_ns)
+    let pairs = pool.len();
+    (
+        timing(pool),
+        timing(offset),
+        timing(paired).median_ns,
+        pairs,
+    )
 }
 
 /// Replay speed of the whole replay path (ops per second, best of `reps`).
@@ -182,23 +212,26 @@ pub struct Row {
     pub offset: Timing,
     /// Median of the per-repetition ratios (pool pass / the offset-allocator pass after it).
     pub paired_ratio: f64,
+    /// Pairs of passes timed.
+    pub pairs: usize,
     pub replay_ops_per_s: f64,
 }
 
 impl Row {
     /// Time both allocators on `workload`, and (with `with_replay`) the whole replay path;
     /// without it the replay speed is reported as 0.
-    pub fn measure_with(name: &str, workload: &Workload, reps: usize, with_replay: bool) -> Row {
+    pub fn measure_with(name: &str, workload: &Workload, reps: Reps, with_replay: bool) -> Row {
         let ops = alloc_free_ops(workload);
-        let (pool, offset, paired_ratio) = time_both(&ops, workload.num_ids as usize, reps);
+        let (pool, offset, paired_ratio, pairs) = time_both(&ops, workload.num_ids as usize, reps);
         Row {
             name: name.to_string(),
             ops: ops.len(),
             pool,
             offset,
             paired_ratio,
+            pairs,
             replay_ops_per_s: if with_replay {
-                replay_rate(workload, reps)
+                replay_rate(workload, pairs)
             } else {
                 0.0
             },
@@ -212,14 +245,15 @@ impl Row {
 
 pub fn print_table(rows: &[Row]) {
     println!(
-        "| workload | ops | cachealloc ns/op (min / median) | offset-allocator ns/op (min / median) | ratio (median) | ratio (paired passes, median) | replay Mops/s |"
+        "| workload | ops | pairs | cachealloc ns/op (min / median) | offset-allocator ns/op (min / median) | ratio (median) | ratio (paired passes, median) | replay Mops/s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!(
-            "| {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {:.1} |",
+            "| {} | {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2}x | {:.2}x | {:.1} |",
             r.name,
             r.ops,
+            r.pairs,
             r.pool.min_ns,
             r.pool.median_ns,
             r.offset.min_ns,
