@@ -334,7 +334,8 @@ fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
     // every fitting entry: no block is u64::MAX bytes long.
     let (mut best, mut best_size, mut best_addr) = (usize::MAX, u64::MAX, u64::MAX);
     for (i, e) in list.iter().enumerate() {
-        let smaller = (e.size < best_size) | ((e.size == best_size) & (e.addr < best_addr));
+        let smaller = ((u128::from(e.size) << 64) | u128::from(e.addr))
+            < ((u128::from(best_size) << 64) | u128::from(best_addr));
         let better = (e.size >= min_size) & smaller;
         best = select_unpredictable(better, i, best);
         best_size = select_unpredictable(better, e.size, best_size);
