@@ -137,9 +137,75 @@ fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
         text.contains("First out-of-memory at trace entry 1117:"),
         "{text}"
     );
+    // The recording's own failed request is one of the events, and named.
+    assert_eq!(v["recorded_oom_requests"], 1);
+    assert!(
+        text.contains("1 failed request of the recording, requested again"),
+        "{text}"
+    );
     // Without a capacity the same trace fits: the what-if default is an unlimited device.
     let free = json(&cachealloc(&["replay", t.to_str().unwrap(), "--json"]));
     assert_eq!(free["num_ooms"], 0);
+    let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("not requested again (no capacity)"), "{text}");
+}
+
+/// The out-of-memory report names the device that was replayed, not device 0.
+#[test]
+fn an_oom_report_names_the_replayed_device() {
+    let Some(t) = trace("code_location/52e52b2/memory_snapshot.pickle") else {
+        return;
+    };
+    let out = cachealloc(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--device",
+        "2",
+        "--capacity",
+        "12GiB",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("device ID 2"), "{text}");
+    assert!(text.contains("GPU 2 has a total capacity"), "{text}");
+}
+
+/// Snapshots of the memory state alone (no allocation in their trace) and a capacity below
+/// what a faithful replay starts with are refused with exit code 2, not replayed as nothing.
+#[test]
+fn nothing_to_replay_and_a_capacity_below_the_start_state_are_refused() {
+    let cases = [
+        (
+            "flexgen-llm-inference/41810ba/oom_snapshot.pickle",
+            &[][..],
+            "holds no allocation or free: nothing to replay",
+        ),
+        (
+            "flexgen-llm-inference/41810ba/oom_snapshot.pickle",
+            &["--faithful"][..],
+            "holds no allocation or free: nothing to replay",
+        ),
+        (
+            "sketchkv2/b118ae0/my_snapshot.pickle",
+            &[][..],
+            "only 1 free of memory allocated before it began: replay it with --faithful",
+        ),
+        (
+            "cs336-magma27/15883f2/memory_snapshot.pickle",
+            &["--faithful", "--capacity", "1GiB"][..],
+            "more than the device capacity of 1024.00 MiB",
+        ),
+    ];
+    for (rel, extra, needle) in cases {
+        let Some(t) = trace(rel) else {
+            continue;
+        };
+        let mut args = vec!["replay", t.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = cachealloc(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
 }
 
 #[test]
@@ -251,6 +317,14 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec!["synth".into(), "--capacity".into(), "0".into()],
             "a device needs more than 0 bytes",
+        ),
+        (
+            vec![
+                "synth".into(),
+                "--capacity".into(),
+                "99999999999999999999999".into(),
+            ],
+            "too large (at most 18446744073709551615 bytes)",
         ),
         (
             vec!["synth".into(), "loguniform:ops=99999999999".into()],

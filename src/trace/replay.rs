@@ -7,13 +7,16 @@
 use super::workload::{AllocId, Op, Workload};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{
-    DeviceAllocator, DevicePtr, DeviceStats, Error, OomReport, SegmentSeed, Settings,
+    DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, OomReport, SegmentSeed, Settings,
+    format_size,
 };
 
 /// How to replay.
 #[derive(Clone, Debug)]
 pub struct ReplayConfig {
     pub settings: Settings,
+    /// The device the replay stands for (named in reports).
+    pub device: DeviceId,
     /// Device capacity in bytes; `None` = unlimited.
     pub capacity: Option<u64>,
     pub placement: Placement,
@@ -27,6 +30,7 @@ impl Default for ReplayConfig {
     fn default() -> Self {
         Self {
             settings: Settings::default(),
+            device: DeviceId(0),
             capacity: None,
             placement: Placement::TopDown,
             address_hints: Vec::new(),
@@ -78,6 +82,9 @@ pub struct ReplayOutcome {
     /// pool sees them (no statistic moves); refused here the same way, and their frees skipped.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
+    /// The recording's own failed requests (its `oom` entries), each requested again when the
+    /// replay has a capacity (and freed at once if it fits).
+    pub recorded_oom_requests: u64,
     pub first_oom: Option<OomAt>,
     pub stats: DeviceStats,
     pub final_segments: usize,
@@ -89,13 +96,24 @@ pub fn replay(
     config: &ReplayConfig,
     start: Option<&StartLayout>,
 ) -> Result<ReplayOutcome, Error> {
-    let mut sim =
-        SimDevice::new(config.capacity.unwrap_or(u64::MAX)).with_placement(config.placement);
+    let capacity = config.capacity.unwrap_or(u64::MAX);
+    let mut sim = SimDevice::new(capacity)
+        .with_device(config.device)
+        .with_placement(config.placement);
     for &(size, addr) in &config.address_hints {
         sim.push_address_hint(size, addr);
     }
     let mut live: Vec<Option<DevicePtr>> = vec![None; workload.num_ids as usize];
     if let Some(start) = start {
+        let held: u64 = start.segments.iter().map(|seg| seg.size).sum();
+        if held > capacity {
+            return Err(Error::InvalidSeed(format!(
+                "the segments live at trace start hold {} ({held} bytes), more than the device \
+                 capacity of {} ({capacity} bytes); give a larger capacity",
+                format_size(held),
+                format_size(capacity)
+            )));
+        }
         for seg in &start.segments {
             if !sim.claim(seg.addr, seg.size) {
                 return Err(Error::InvalidSeed(format!(
@@ -127,6 +145,7 @@ pub fn replay(
         skipped_frees: 0,
         requests_too_large: 0,
         empty_cache_calls: 0,
+        recorded_oom_requests: 0,
         first_oom: None,
         stats: DeviceStats::default(),
         final_segments: 0,
@@ -164,6 +183,7 @@ pub fn replay(
             }
             Op::Oom { size, stream, .. } => {
                 // The recording's failed request: probe it when the capacity is known.
+                out.recorded_oom_requests += 1;
                 if config.capacity.is_some() {
                     match pool.malloc(size, stream) {
                         Ok(ptr) => pool.free(ptr)?,
@@ -280,11 +300,19 @@ mod tests {
         w.source_index = vec![10, 11, 12];
         let config = ReplayConfig {
             capacity: Some(100 * MIB),
+            device: DeviceId(3),
             ..Default::default()
         };
         let out = replay(&w, &config, None).unwrap();
         let oom = out.first_oom.expect("second allocation cannot fit");
         assert_eq!((oom.op_index, oom.source_index), (1, Some(11)));
+        // The report names the device the replay stands for.
+        assert_eq!(oom.report.device, DeviceId(3));
+        assert!(
+            oom.report
+                .to_string()
+                .contains("GPU 3 has a total capacity")
+        );
         assert_eq!(out.stats.counts.num_ooms, 1);
         assert_eq!(
             out.skipped_frees, 1,

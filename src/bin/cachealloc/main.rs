@@ -48,8 +48,8 @@ struct Common {
     /// variables configure the preloaded library.
     #[arg(long)]
     conf: Option<String>,
-    /// Device capacity (24GiB, 512MiB, bytes). Default: unlimited (replay --faithful: from the
-    /// trace).
+    /// Device capacity: 24GiB, 512MiB (KiB..TiB and K..T are powers of 1024, KB..TB powers of
+    /// 1000) or bytes. Default: unlimited.
     #[arg(long, value_parser = size::parse_capacity, allow_hyphen_values = true)]
     capacity: Option<u64>,
     /// Print one JSON object instead of the readable summary.
@@ -67,8 +67,8 @@ struct ReplayArgs {
     /// Which device's trace to replay (default: the first device with a trace).
     #[arg(long)]
     device: Option<i32>,
-    /// Reproduce the recording exactly: rebuild the state at trace start, use the trace's
-    /// capacity and segment addresses, replay its explicit empty_cache() calls.
+    /// Reproduce the recording exactly: rebuild the state at trace start, use the recording's
+    /// settings, device capacity (unless --capacity is given) and segment addresses.
     #[arg(long)]
     faithful: bool,
     #[command(flatten)]
@@ -78,7 +78,9 @@ struct ReplayArgs {
 #[derive(clap::Args)]
 struct SynthArgs {
     /// The workload: transformer or loguniform, optionally with parameters
-    /// (e.g. "transformer:layers=24,seq=512-4096").
+    /// (e.g. "transformer:layers=24,seq=512-4096"). transformer takes layers, hidden, heads,
+    /// vocab, batch, seq (a range of sequence lengths), steps and dtype_bytes; loguniform takes
+    /// ops, min and max (sizes in bytes), free_p and budget_gib.
     #[arg(default_value = "transformer")]
     spec: String,
     /// Seed of the generator (same seed, same workload).
@@ -156,6 +158,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 config.capacity = args.common.capacity.or(loaded.capacity);
                 config.address_hints = loaded.address_hints.clone();
             }
+            config.device = cachealloc::pool::DeviceId(loaded.device);
             warn_fraction_without_capacity(&config);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref())
                 .map_err(|e| format!("{}: {e}", args.trace.display()))?;

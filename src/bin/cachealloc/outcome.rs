@@ -52,6 +52,9 @@ pub struct ReplayJson {
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
+    /// The recording's failed requests (`oom` entries), requested again when the replay has a
+    /// capacity.
+    pub recorded_oom_requests: u64,
     pub peak_allocated_bytes: i64,
     pub peak_requested_bytes: i64,
     pub peak_reserved_bytes: i64,
@@ -212,6 +215,7 @@ impl ReplayJson {
             missing_frees: ctx.recorded.missing_frees,
             requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
+            recorded_oom_requests: out.recorded_oom_requests,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
             peak_requested_bytes: s.requested_bytes.all.peak,
             peak_reserved_bytes: s.reserved_bytes.all.peak,
@@ -328,6 +332,17 @@ impl ReplayJson {
             ));
         }
         parts.push(counted(self.empty_cache_calls, "empty_cache call"));
+        if self.recorded_oom_requests > 0 {
+            parts.push(format!(
+                "{} of the recording, {}",
+                counted(self.recorded_oom_requests, "failed request"),
+                if self.capacity_bytes.is_some() {
+                    "requested again"
+                } else {
+                    "not requested again (no capacity)"
+                }
+            ));
+        }
         t += &format!("  events: {} ({})\n", self.events, parts.join(", "));
         t += &format!(
             "  peak allocated {} | peak requested {} | peak reserved {} | final reserved {}\n",

@@ -21,7 +21,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let bad = || {
         format!(
             "invalid size {text:?}: expected a whole number of bytes or a number with a unit \
-             (KiB, MiB, GiB, TiB or K, M, G, T; KB, MB, GB, TB), e.g. 24GiB or 512MiB"
+             (KiB, MiB, GiB, TiB or K, M, G, T: powers of 1024; KB, MB, GB, TB: powers of \
+             1000), e.g. 24GiB or 512MiB"
+        )
+    };
+    let too_large = || {
+        format!(
+            "invalid size {text:?}: too large (at most {} bytes)",
+            u64::MAX
         )
     };
     let t = text.trim();
@@ -43,12 +50,13 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
             .ok_or_else(bad)?
     };
     if !number.contains('.') && factor == 1.0 {
-        return number.parse::<u64>().map_err(|_| bad());
+        // Only digits here: a failure is an overflow.
+        return number.parse::<u64>().map_err(|_| too_large());
     }
     let value: f64 = number.parse().map_err(|_| bad())?;
     let bytes = value * factor;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(bad());
+    if bytes >= u64::MAX as f64 {
+        return Err(too_large());
     }
     // A fraction of a larger unit is rounded to whole bytes (5.8GiB); bytes come whole.
     if factor == 1.0 && bytes.fract() != 0.0 {
@@ -100,6 +108,22 @@ mod tests {
             assert!(err.contains("not a whole number of bytes"), "{err}");
         }
         assert_eq!(parse_size("5.8GiB"), Ok(6_227_702_579));
+    }
+
+    #[test]
+    fn sizes_beyond_u64_say_so() {
+        for huge in [
+            "99999999999999999999999",
+            "18446744073709551616",
+            "16777216TiB",
+        ] {
+            let err = parse_size(huge).unwrap_err();
+            assert!(
+                err.contains("too large (at most 18446744073709551615 bytes)"),
+                "{err}"
+            );
+        }
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
     }
 
     #[test]

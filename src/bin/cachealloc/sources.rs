@@ -4,7 +4,9 @@
 use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
 use cachealloc::pool::Settings;
-use cachealloc::trace::{DeviceRecording, RecordedFigures, StartLayout, Workload, read_snapshot};
+use cachealloc::trace::{
+    DeviceRecording, Op, RecordedFigures, StartLayout, Workload, read_snapshot,
+};
 use std::path::Path;
 
 /// A trace ready to replay.
@@ -55,6 +57,14 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
     let recorded_settings = rec.settings.as_ref().map(|s| s.to_settings());
     if faithful {
         let f = rec.faithful().map_err(|e| e.to_string())?;
+        if !f
+            .workload
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. } | Op::Oom { .. }))
+        {
+            return Err(nothing_to_replay(path, rec, 0));
+        }
         Ok(Loaded {
             device: rec.device.0,
             workload: f.workload,
@@ -65,15 +75,47 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             recorded_settings,
         })
     } else {
+        let workload = rec.plain();
+        if !workload.ops.iter().any(|op| matches!(op, Op::Alloc { .. })) {
+            return Err(nothing_to_replay(path, rec, rec.figures().orphan_frees));
+        }
         Ok(Loaded {
             device: rec.device.0,
-            workload: rec.plain(),
+            workload,
             start: None,
             capacity: None,
             address_hints: Vec::new(),
             recorded,
             recorded_settings,
         })
+    }
+}
+
+/// The error for a trace without the allocations a replay needs; `orphan_frees` counts its
+/// frees of memory allocated before it began (which only a faithful replay can apply).
+fn nothing_to_replay(path: &Path, rec: &DeviceRecording, orphan_frees: usize) -> String {
+    let (path, device) = (path.display(), rec.device.0);
+    let entries = match rec.entries.len() {
+        1 => "1 entry".to_string(),
+        n => format!("{n} entries"),
+    };
+    if orphan_frees > 0 {
+        let (frees, them) = if orphan_frees == 1 {
+            ("free", "it")
+        } else {
+            ("frees", "them")
+        };
+        format!(
+            "{path}: device {device}'s trace ({entries}) holds no allocation, only \
+             {orphan_frees} {frees} of memory allocated before it began: replay it with \
+             --faithful, which applies {them} to the snapshot's state"
+        )
+    } else {
+        format!(
+            "{path}: device {device}'s trace ({entries}) holds no allocation or free: nothing to \
+             replay (the snapshot records the memory state alone; an allocation trace needs \
+             torch.cuda.memory._record_memory_history)"
+        )
     }
 }
 
