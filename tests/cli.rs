@@ -611,3 +611,29 @@ fn an_out_of_memory_beside_a_block_cached_for_another_stream_says_so() {
     let text = report["text"].as_str().unwrap();
     assert!(text.contains("it belongs to stream 0x1"), "{text}");
 }
+
+/// The trace of a program killed while writing it ends in a cut-off line: the replay warns and
+/// replays the lines before it.
+#[test]
+fn a_trace_cut_off_mid_line_replays_its_complete_lines() {
+    let base = 0x7f00_0000_0000u64;
+    let path = write_trace(
+        "cut-off",
+        &[
+            ("segment_alloc", base, 2 << 20, 0),
+            ("alloc", base, 4096, 0),
+            ("alloc", base + 4096, 4096, 0),
+        ],
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, &text[..text.len() - 25]).unwrap();
+    let out = cachealloc(&["replay", path.to_str().unwrap(), "--json"]);
+    std::fs::remove_file(&path).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 4 is cut off") && err.contains("replaying the lines before it"),
+        "{err}"
+    );
+    let v = json(&out);
+    assert_eq!(v["allocs"], 1, "the whole alloc line, not the cut one");
+}

@@ -35,6 +35,13 @@ pub fn is_recorded_trace(path: &Path) -> bool {
 /// Read `path` and prepare device `device` (default: the first device with events).
 pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
     let trace = read_recorded_trace(path).map_err(|e| e.to_string())?;
+    if let Some(line) = trace.cut_off_line {
+        eprintln!(
+            "cachealloc: warning: {}: line {line} is cut off (the recording stopped in the \
+             middle of it, as when the program is killed); replaying the lines before it",
+            path.display()
+        );
+    }
     let traced: Vec<&DeviceEvents> = trace.traced_devices().collect();
     let chosen = match device {
         Some(d) => traced.iter().find(|t| t.device.0 == d).copied(),

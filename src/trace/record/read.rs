@@ -3,7 +3,10 @@
 //!
 //! A broken file fails at its first bad line with the file name, the line number and what was
 //! wrong. Blank lines are skipped. Times must not go backwards (a file is one process's
-//! recording; two files pasted together are refused rather than replayed as one).
+//! recording; two files pasted together are refused rather than replayed as one). One thing is
+//! forgiven: a last line that is cut off (no newline, not a whole event), which is what a
+//! process killed while its trace was being written leaves; it is left out and reported
+//! (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
 use super::{Action, Event, FORMAT_NAME, FORMAT_VERSION, Header};
 use crate::config::Config;
@@ -29,6 +32,9 @@ pub struct RecordedTrace {
     pub settings: Settings,
     /// Every device named by the header or by an event, by ordinal.
     pub devices: Vec<DeviceEvents>,
+    /// The number of the last line when it was cut off (no newline, not a whole event) and left
+    /// out.
+    pub cut_off_line: Option<usize>,
 }
 
 impl RecordedTrace {
@@ -50,20 +56,32 @@ pub fn read_recorded_trace(path: &Path) -> Result<RecordedTrace, TraceError> {
 
 /// Parse a trace from `reader`; `source` names it in messages.
 pub fn parse_recorded_trace(
-    reader: impl BufRead,
+    mut reader: impl BufRead,
     source: &str,
 ) -> Result<RecordedTrace, TraceError> {
-    let mut lines = reader.lines().enumerate();
     let bad = |line: usize, detail: String| TraceError::bad_line(source, line, detail);
-    let (header, settings) = match lines.next() {
+    // One line, with whether it ended with a newline; `None` at the end of the file.
+    let mut read_line = |line: usize| -> Result<Option<(String, bool)>, TraceError> {
+        let mut text = String::new();
+        match reader.read_line(&mut text) {
+            Ok(0) => Ok(None),
+            Ok(_) => {
+                let complete = text.ends_with('\n');
+                let trimmed = text.trim_end_matches(['\n', '\r']).len();
+                text.truncate(trimmed);
+                Ok(Some((text, complete)))
+            }
+            Err(e) => Err(bad(line, format!("cannot read the line: {e}"))),
+        }
+    };
+    let (header, settings) = match read_line(1)? {
         None => {
             return Err(bad(
                 1,
                 format!("the file is empty; the first line must be a {FORMAT_NAME} header"),
             ));
         }
-        Some((_, text)) => {
-            let text = text.map_err(|e| bad(1, format!("cannot read the line: {e}")))?;
+        Some((text, _)) => {
             parse_header(text.trim_start_matches('\u{feff}')).map_err(|d| bad(1, d))?
         }
     };
@@ -72,13 +90,22 @@ pub fn parse_recorded_trace(
         device_entry(&mut devices, d);
     }
     let mut last_t = 0u64;
-    for (index, text) in lines {
-        let line = index + 1;
-        let text = text.map_err(|e| bad(line, format!("cannot read the line: {e}")))?;
+    let mut cut_off_line = None;
+    let mut line = 1;
+    while let Some((text, complete)) = read_line(line + 1)? {
+        line += 1;
         if text.trim().is_empty() {
             continue;
         }
-        let event = parse_event(&text).map_err(|d| bad(line, d))?;
+        let event = match parse_event(&text) {
+            Ok(event) => event,
+            // Only the file's last line can lack its newline: the writer stopped mid-line.
+            Err(_) if !complete => {
+                cut_off_line = Some(line);
+                break;
+            }
+            Err(d) => return Err(bad(line, d)),
+        };
         if event.t_us < last_t {
             return Err(bad(
                 line,
@@ -97,6 +124,7 @@ pub fn parse_recorded_trace(
         header,
         settings,
         devices,
+        cut_off_line,
     })
 }
 

@@ -204,6 +204,34 @@ fn device_reset_frees_what_was_live_and_resets_reserved() {
     assert_eq!(out.stats.reserved_bytes.all.current, 2 * MIB as i64);
 }
 
+/// A process killed while its trace was written leaves a last line cut off: the complete
+/// lines replay, and the cut line is reported rather than refusing the whole file.
+#[test]
+fn a_cut_off_last_line_is_left_out_and_reported() {
+    let event = |t: u64, action: &str, addr: u64| {
+        format!(
+            "{{\"t_us\":{t},\"device\":0,\"action\":\"{action}\",\"addr\":{addr},\"size\":1024,\"stream\":0}}\n"
+        )
+    };
+    let whole = format!(
+        "{HEADER}\n{}{}{}",
+        event(1, "alloc", 1 << 21),
+        event(2, "alloc", 1 << 22),
+        event(3, "free_completed", 1 << 21)
+    );
+    let cut = &whole[..whole.len() - 20];
+    let trace = parse_recorded_trace(cut.as_bytes(), "cut.trace").expect("complete lines read");
+    assert_eq!(trace.cut_off_line, Some(4));
+    assert_eq!(trace.devices[0].events.len(), 2, "the two whole events");
+    let full = parse_recorded_trace(whole.as_bytes(), "whole.trace").unwrap();
+    assert_eq!(full.cut_off_line, None);
+    assert_eq!(full.devices[0].events.len(), 3);
+    // A last line without its newline that is a whole event is kept.
+    let unterminated = parse_recorded_trace(whole.trim_end().as_bytes(), "t.trace").unwrap();
+    assert_eq!(unterminated.cut_off_line, None);
+    assert_eq!(unterminated.devices[0].events.len(), 3);
+}
+
 fn error_of(text: &str) -> String {
     match parse_recorded_trace(text.as_bytes(), "bad.trace") {
         Err(e @ TraceError::BadLine { .. }) => e.to_string(),
@@ -276,7 +304,8 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "backwards",
         ),
         (
-            format!("{HEADER}\n{{\"t_us\":1,\"dev"),
+            // Broken inside the file (the line has its newline): refused.
+            format!("{HEADER}\n{{\"t_us\":1,\"dev\n"),
             "line 2",
             "not an event",
         ),
