@@ -65,7 +65,7 @@ struct ReplayArgs {
     /// The trace: a PyTorch snapshot (a pickle; some are named .json) or a cachealloc trace.
     trace: PathBuf,
     /// Which device's trace to replay (default: the first device with a trace).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     device: Option<i32>,
     /// Reproduce the recording exactly: rebuild the state at trace start, use the recording's
     /// settings, device capacity (unless --capacity is given) and segment addresses.
@@ -84,7 +84,7 @@ struct SynthArgs {
     #[arg(default_value = "transformer")]
     spec: String,
     /// Seed of the generator (same seed, same workload).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     seed: u64,
     #[command(flatten)]
     common: Common,
