@@ -54,7 +54,8 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
 }
 
 /// Release every fully free cached segment of `device` to the driver (after waiting for pending
-/// frees), like `torch.cuda.empty_cache()`.
+/// frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
+/// (`cudaErrorInvalidDevice`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
     boundary("cachealloc_empty_cache", codes::UNKNOWN, || {
@@ -67,7 +68,8 @@ pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
 
 /// Fill `*out` with the statistics of `device`. Set `out->size = sizeof(CacheallocStats)`
 /// first: only fields that fit in that size are written; `size` and `version` are written back.
-/// A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`).
+/// A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`); a device the process does
+/// not have: 101 (`cudaErrorInvalidDevice`).
 ///
 /// # Safety
 /// `out` is NULL or points to at least `out->size` writable bytes.
@@ -111,7 +113,7 @@ pub unsafe extern "C" fn cachealloc_get_stats(device: c_int, out: *mut Cacheallo
 /// Write the statistics of `device` as JSON (PyTorch's `memory_stats()` keys) into `buf`, like
 /// `snprintf`: at most `len - 1` bytes plus a terminating NUL when `len > 0`. Returns the length
 /// of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 for a
-/// device ordinal out of range.
+/// device the process does not have.
 ///
 /// # Safety
 /// `buf` is valid for writing `len` bytes (it may be NULL when `len` is 0).
@@ -141,7 +143,8 @@ pub unsafe extern "C" fn cachealloc_stats_json(
     })
 }
 
-/// Reset the peak values of `device`'s statistics to their current values.
+/// Reset the peak values of `device`'s statistics to their current values. A device the process
+/// does not have: 101 (`cudaErrorInvalidDevice`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
     boundary("cachealloc_reset_peak_stats", codes::UNKNOWN, || {

@@ -4,7 +4,7 @@
 
 use super::status::{boundary, to_code};
 use crate::backend::cuda::runtime::{CudaError, codes};
-use crate::global::{Routed, forward, interpose};
+use crate::global::{Routed, forward, interpose, last_error};
 use std::ffi::c_void;
 
 /// `cudaMalloc`: served from the current device's pool. A NULL out-pointer and size 0 are
@@ -27,7 +27,7 @@ pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> C
             }
             // SAFETY: the program's own arguments, forwarded unchanged.
             Ok(Routed::Forward) => unsafe { forward::malloc(dev_ptr, size) },
-            Err(e) => to_code("cudaMalloc", e),
+            Err(e) => last_error::record(to_code("cudaMalloc", e)),
         }
     })
 }
@@ -44,7 +44,7 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> CudaError {
             Ok(Routed::Pool(())) => codes::SUCCESS,
             // SAFETY: the program's own pointer, forwarded unchanged.
             Ok(Routed::Forward) => unsafe { forward::free(dev_ptr) },
-            Err(e) => to_code("cudaFree", e),
+            Err(e) => last_error::record(to_code("cudaFree", e)),
         }
     })
 }
@@ -94,4 +94,17 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
         }
         code
     })
+}
+
+/// `cudaGetLastError`: the calling thread's last error, the runtime's or one an interposed call
+/// answered itself (whichever came last), then cleared.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaGetLastError() -> CudaError {
+    boundary("cudaGetLastError", codes::UNKNOWN, last_error::take)
+}
+
+/// `cudaPeekAtLastError`: the same error as `cudaGetLastError`, not cleared.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaPeekAtLastError() -> CudaError {
+    boundary("cudaPeekAtLastError", codes::UNKNOWN, last_error::peek)
 }

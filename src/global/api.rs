@@ -65,12 +65,38 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
 /// Release every fully free cached segment of `device`.
 pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
     let _inside = inside()?;
-    if active()?.is_none() {
+    let Some((_, rt)) = active()? else {
         return Ok(());
-    }
+    };
+    check_device(rt, device)?;
     let emptied = pools::with_pool(device, |pool| pool.empty_cache());
     trace_file::flush();
     emptied?.unwrap_or(Ok(())).map_err(ShimError::from)
+}
+
+/// `device` is an ordinal the pools cover and one the runtime has: else the runtime's
+/// `cudaErrorInvalidDevice` (101), as `cachealloc_malloc` on such a device answers. (For the
+/// statistics and cache calls, not the hot path: one `cudaGetDeviceCount` each.)
+fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
+    if pools::epochs(device).is_none() {
+        return Err(ShimError::InvalidArgument(DEVICE_RANGE));
+    }
+    let mut count: std::ffi::c_int = 0;
+    // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
+    let code = unsafe { (rt.get_device_count)(&mut count) };
+    if code != codes::SUCCESS {
+        return Err(ShimError::Runtime {
+            code,
+            call: "cudaGetDeviceCount",
+        });
+    }
+    if device.0 >= count {
+        return Err(ShimError::Runtime {
+            code: codes::INVALID_DEVICE,
+            call: "cudaGetDeviceCount (no such device)",
+        });
+    }
+    Ok(())
 }
 
 /// Statistics of `device` and its cached free bytes (zeros before its first allocation).
@@ -79,9 +105,10 @@ pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
     if pools::epochs(device).is_none() {
         return Err(ShimError::InvalidArgument(DEVICE_RANGE));
     }
-    let Some((config, _)) = active()? else {
+    let Some((config, rt)) = active()? else {
         return Ok((DeviceStats::default(), 0));
     };
+    check_device(rt, device)?;
     let found = pools::with_pool(device, |pool| (pool.stats(), pool.cached_free_bytes()))?;
     Ok(found.unwrap_or_else(|| {
         let max_split_size = if config.settings.has_max_split_size() {
@@ -100,7 +127,8 @@ pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
 /// Reset the peaks of `device`'s statistics to their current values.
 pub fn reset_peak_stats(device: DeviceId) -> Result<(), ShimError> {
     let _inside = inside()?;
-    if active()?.is_some() {
+    if let Some((_, rt)) = active()? {
+        check_device(rt, device)?;
         pools::with_pool(device, |pool| pool.reset_peak_stats())?;
     }
     Ok(())

@@ -64,3 +64,21 @@ pub fn device_synchronize() -> CudaError {
         None => codes::INITIALIZATION_ERROR,
     }
 }
+
+/// The real `cudaGetLastError()` (success without a runtime: no runtime call has failed).
+pub fn get_last_error() -> CudaError {
+    match real() {
+        // SAFETY: no arguments; it reads and resets the calling thread's last error.
+        Some(rt) => unsafe { (rt.get_last_error)() },
+        None => codes::SUCCESS,
+    }
+}
+
+/// The real `cudaPeekAtLastError()` (success without a runtime).
+pub fn peek_at_last_error() -> CudaError {
+    match real() {
+        // SAFETY: no arguments; it only reads the calling thread's last error.
+        Some(rt) => unsafe { (rt.peek_at_last_error)() },
+        None => codes::SUCCESS,
+    }
+}

@@ -8,6 +8,7 @@ mod exit_stats;
 pub mod forward;
 pub mod init;
 pub mod interpose;
+pub mod last_error;
 mod logging;
 pub mod panics;
 pub mod pools;

@@ -98,6 +98,17 @@ int main(int argc, char **argv) {
     CHECK(stats.reserved_bytes == 0);
     CHECK(fakecudart_device_bytes_in_use(0) == 0);
     CHECK(cachealloc_get_stats(99, &stats) == 1);
+    /* An ordinal the pools cover but the process does not have (the fake has 2 devices): the
+     * runtime's cudaErrorInvalidDevice, as cachealloc_malloc answers there; out of range: 1. */
+    void *nowhere = NULL;
+    CHECK(cachealloc_malloc(&nowhere, 4096, 7, NULL) == 101);
+    CHECK(cachealloc_get_stats(7, &stats) == 101);
+    CHECK(cachealloc_stats_json(7, NULL, 0) == 0);
+    CHECK(cachealloc_empty_cache(7) == 101);
+    CHECK(cachealloc_reset_peak_stats(5) == 101);
+    CHECK(cachealloc_empty_cache(64) == 1);
+    CHECK(cachealloc_reset_peak_stats(-1) == 1);
+    CHECK(cachealloc_get_stats(1, &stats) == 0); /* a device without a pool: zeros */
 
     printf("ok c_api\n");
     return 0;

@@ -91,8 +91,10 @@ static void scenario_churn(void) {
            (unsigned long long)counter("frees"));
 }
 
-/* Out of memory answers exactly 2, leaves no sticky error, and the program can go on. A request
- * that fits only after the cache is flushed succeeds and leaves no sticky error either. */
+/* Out of memory answers exactly 2 and, as the runtime's own failed cudaMalloc does, leaves 2 as
+ * the last error until cudaGetLastError() reads it; the program can go on. A request that fits
+ * only after the cache is flushed succeeds and leaves no error: the runtime's failure on the
+ * way was the library's, recovered from. */
 static void scenario_oom(void) {
     void *a = NULL, *b = NULL, *c = NULL;
     /* FAKECUDART_CAPACITY=64MiB */
@@ -100,6 +102,8 @@ static void scenario_oom(void) {
     b = (void *)0x1234;
     CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaErrorMemoryAllocation);
     CHECK(b == (void *)0x1234); /* out-pointer untouched */
+    CHECK_CODE(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaFree(a), cudaSuccess);
     /* a is cached (40 MiB); 50 MiB fits only once the cache is released: the first real
@@ -128,6 +132,7 @@ static void scenario_fragmentation(void) {
     CHECK_CODE(cudaMalloc(&second, 60 * MIB), cudaSuccess);
     cudaError_t answer = cudaMalloc(&last, 100 * MIB);
     printf("last request: %d\n", (int)answer);
+    CHECK_CODE(cudaGetLastError(), answer);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     if (answer == cudaSuccess) CHECK_CODE(cudaFree(last), cudaSuccess);
     CHECK_CODE(cudaFree(first), cudaSuccess);
@@ -169,7 +174,13 @@ static void scenario_double_free(void) {
     uint64_t frees = counter("frees"), failed = counter("free_failures");
     CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(cudaFree(p), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue); /* as the runtime's own refusal */
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaFree((char *)q + 512), cudaErrorInvalidValue);
+    /* A newer error of the runtime's own comes first. */
+    CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK(counter("frees") == frees);           /* nothing reached the runtime */
     CHECK(counter("free_failures") == failed);
     CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
@@ -264,6 +275,8 @@ static void scenario_config_error(void) {
     void *p = NULL, *managed = NULL;
     CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaErrorInitializationError);
     CHECK_CODE(cudaMalloc(&p, 2 * MIB), cudaErrorInitializationError);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInitializationError);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK(counter("mallocs") == 0);
     CHECK_CODE(cudaMallocManaged(&managed, MIB, 1), cudaSuccess);
     CHECK_CODE(cudaFree(managed), cudaSuccess);

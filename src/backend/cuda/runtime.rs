@@ -30,6 +30,7 @@ pub mod codes {
     pub const INVALID_VALUE: CudaError = 1;
     pub const MEMORY_ALLOCATION: CudaError = 2;
     pub const INITIALIZATION_ERROR: CudaError = 3;
+    pub const INVALID_DEVICE: CudaError = 101;
     pub const NOT_READY: CudaError = 600;
     pub const UNKNOWN: CudaError = 999;
 }
@@ -45,6 +46,7 @@ type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
 type FreeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CudaError;
 type GetDeviceFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
+type GetDeviceCountFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
 type SetDeviceFn = unsafe extern "C" fn(c_int) -> CudaError;
 type VoidFn = unsafe extern "C" fn() -> CudaError;
 type EventCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CudaError;
@@ -59,10 +61,12 @@ pub struct Runtime {
     pub free: FreeFn,
     pub mem_get_info: MemGetInfoFn,
     pub get_device: GetDeviceFn,
+    pub get_device_count: GetDeviceCountFn,
     pub set_device: SetDeviceFn,
     pub device_synchronize: VoidFn,
     pub device_reset: VoidFn,
     pub get_last_error: VoidFn,
+    pub peek_at_last_error: VoidFn,
     pub event_create_with_flags: EventCreateFn,
     pub event_record: EventRecordFn,
     pub event_query: EventFn,
@@ -126,6 +130,9 @@ impl Runtime {
                 get_device: std::mem::transmute::<*mut c_void, GetDeviceFn>(
                     finder.find(c"cudaGetDevice")?,
                 ),
+                get_device_count: std::mem::transmute::<*mut c_void, GetDeviceCountFn>(
+                    finder.find(c"cudaGetDeviceCount")?,
+                ),
                 set_device: std::mem::transmute::<*mut c_void, SetDeviceFn>(
                     finder.find(c"cudaSetDevice")?,
                 ),
@@ -137,6 +144,9 @@ impl Runtime {
                 ),
                 get_last_error: std::mem::transmute::<*mut c_void, VoidFn>(
                     finder.find(c"cudaGetLastError")?,
+                ),
+                peek_at_last_error: std::mem::transmute::<*mut c_void, VoidFn>(
+                    finder.find(c"cudaPeekAtLastError")?,
                 ),
                 event_create_with_flags: std::mem::transmute::<*mut c_void, EventCreateFn>(
                     finder.find(c"cudaEventCreateWithFlags")?,
