@@ -2,7 +2,7 @@
 //! answer `cudaErrorInitializationError` (3), as documented in `backend::cuda::runtime`.
 
 use super::init::mode;
-use crate::backend::cuda::runtime::{CudaError, Runtime, codes, runtime};
+use crate::backend::cuda::runtime::{CudaError, Runtime, VoidFn, codes, runtime};
 use std::ffi::c_void;
 
 fn real() -> Option<&'static Runtime> {
@@ -47,38 +47,33 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CudaError {
     }
 }
 
+/// A no-argument function of the real runtime (`function` picks it), or `without` when the
+/// process has no runtime.
+fn no_arguments(function: impl FnOnce(&Runtime) -> VoidFn, without: CudaError) -> CudaError {
+    match real() {
+        // SAFETY: the picked function takes no arguments (its C signature is `VoidFn`'s).
+        Some(rt) => unsafe { function(rt)() },
+        None => without,
+    }
+}
+
 /// The real `cudaDeviceReset()`.
 pub fn device_reset() -> CudaError {
-    match real() {
-        // SAFETY: no arguments.
-        Some(rt) => unsafe { (rt.device_reset)() },
-        None => codes::INITIALIZATION_ERROR,
-    }
+    no_arguments(|rt| rt.device_reset, codes::INITIALIZATION_ERROR)
 }
 
 /// The real `cudaDeviceSynchronize()`.
 pub fn device_synchronize() -> CudaError {
-    match real() {
-        // SAFETY: no arguments.
-        Some(rt) => unsafe { (rt.device_synchronize)() },
-        None => codes::INITIALIZATION_ERROR,
-    }
+    no_arguments(|rt| rt.device_synchronize, codes::INITIALIZATION_ERROR)
 }
 
-/// The real `cudaGetLastError()` (success without a runtime: no runtime call has failed).
+/// The real `cudaGetLastError()`, which also clears it (success without a runtime: no runtime
+/// call has failed).
 pub fn get_last_error() -> CudaError {
-    match real() {
-        // SAFETY: no arguments; it reads and resets the calling thread's last error.
-        Some(rt) => unsafe { (rt.get_last_error)() },
-        None => codes::SUCCESS,
-    }
+    no_arguments(|rt| rt.get_last_error, codes::SUCCESS)
 }
 
 /// The real `cudaPeekAtLastError()` (success without a runtime).
 pub fn peek_at_last_error() -> CudaError {
-    match real() {
-        // SAFETY: no arguments; it only reads the calling thread's last error.
-        Some(rt) => unsafe { (rt.peek_at_last_error)() },
-        None => codes::SUCCESS,
-    }
+    no_arguments(|rt| rt.peek_at_last_error, codes::SUCCESS)
 }

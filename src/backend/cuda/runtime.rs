@@ -48,7 +48,8 @@ type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CudaError;
 type GetDeviceFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
 type GetDeviceCountFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
 type SetDeviceFn = unsafe extern "C" fn(c_int) -> CudaError;
-type VoidFn = unsafe extern "C" fn() -> CudaError;
+/// A runtime function without arguments (`cudaDeviceSynchronize`, `cudaGetLastError`, ...).
+pub type VoidFn = unsafe extern "C" fn() -> CudaError;
 type EventCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CudaError;
 type EventRecordFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
