@@ -286,9 +286,9 @@ else
     chunk=$OOM_CHUNK_GPU
     [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
     if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" &&
-        [[ "$out" =~ chunks=([0-9]+)\ oom_rc=2 ]]; then
+        [[ "$out" =~ chunks=([0-9]+)\ oom_rc=2\ last_error=2 ]]; then
         row "$oom_check" "allocate until 2, free, continue" \
-            "cudaMalloc answered 2 after ${BASH_REMATCH[1]} × $(fmt_bytes "$chunk"); freed and allocated again: ok" "$on"
+            "cudaMalloc answered 2 after ${BASH_REMATCH[1]} × $(fmt_bytes "$chunk"), cudaGetLastError 2 as the runtime's own; freed and allocated again: ok" "$on"
     else
         row "$oom_check" "allocate until 2, free, continue" "FAILED: $(why_failed)" "$on"
     fi

@@ -6,7 +6,8 @@
  *   oom_check CHUNK_BYTES MAX_CHUNKS
  *
  * Prints  chunks=N oom_rc=2 last_error=E realloc=0 after_free_all=0  and exits 0 when every
- * step after the OOM succeeded; exits 1 (with what went wrong) otherwise. */
+ * step after the OOM succeeded; exits 1 (with what went wrong) otherwise. E is 2 when the last
+ * error is the one a failed cudaMalloc leaves (the runtime's, and under the shim its own). */
 #include "cudart_subset.h"
 
 #include <stdio.h>
