@@ -104,7 +104,8 @@ int cachealloc_free(void *ptr);
 /**
  * Release every fully free cached segment of `device` to the driver (after waiting for pending
  * frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
- * (`cudaErrorInvalidDevice`).
+ * (`cudaErrorInvalidDevice`; checked while the library is active, not under
+ * `CACHEALLOC_DISABLE=1`).
  */
 int cachealloc_empty_cache(int device);
 
@@ -112,7 +113,7 @@ int cachealloc_empty_cache(int device);
  * Fill `*out` with the statistics of `device`. Set `out->size = sizeof(CacheallocStats)`
  * first: only fields that fit in that size are written; `size` and `version` are written back.
  * A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`); a device the process does
- * not have: 101 (`cudaErrorInvalidDevice`).
+ * not have: 101 (`cudaErrorInvalidDevice`; checked while the library is active).
  *
  * # Safety
  * `out` is NULL or points to at least `out->size` writable bytes.
@@ -123,7 +124,7 @@ int cachealloc_get_stats(int device, struct CacheallocStats *out);
  * Write the statistics of `device` as JSON (PyTorch's `memory_stats()` keys) into `buf`, like
  * `snprintf`: at most `len - 1` bytes plus a terminating NUL when `len > 0`. Returns the length
  * of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 for a
- * device the process does not have.
+ * device the process does not have (checked while the library is active).
  *
  * # Safety
  * `buf` is valid for writing `len` bytes (it may be NULL when `len` is 0).
@@ -132,7 +133,7 @@ size_t cachealloc_stats_json(int device, char *buf, size_t len);
 
 /**
  * Reset the peak values of `device`'s statistics to their current values. A device the process
- * does not have: 101 (`cudaErrorInvalidDevice`).
+ * does not have: 101 (`cudaErrorInvalidDevice`; checked while the library is active).
  */
 int cachealloc_reset_peak_stats(int device);
 

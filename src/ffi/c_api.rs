@@ -55,7 +55,8 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
 
 /// Release every fully free cached segment of `device` to the driver (after waiting for pending
 /// frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
-/// (`cudaErrorInvalidDevice`).
+/// (`cudaErrorInvalidDevice`; checked while the library is active, not under
+/// `CACHEALLOC_DISABLE=1`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
     boundary("cachealloc_empty_cache", codes::UNKNOWN, || {
@@ -69,7 +70,7 @@ pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
 /// Fill `*out` with the statistics of `device`. Set `out->size = sizeof(CacheallocStats)`
 /// first: only fields that fit in that size are written; `size` and `version` are written back.
 /// A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`); a device the process does
-/// not have: 101 (`cudaErrorInvalidDevice`).
+/// not have: 101 (`cudaErrorInvalidDevice`; checked while the library is active).
 ///
 /// # Safety
 /// `out` is NULL or points to at least `out->size` writable bytes.
@@ -113,7 +114,7 @@ pub unsafe extern "C" fn cachealloc_get_stats(device: c_int, out: *mut Cacheallo
 /// Write the statistics of `device` as JSON (PyTorch's `memory_stats()` keys) into `buf`, like
 /// `snprintf`: at most `len - 1` bytes plus a terminating NUL when `len > 0`. Returns the length
 /// of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 for a
-/// device the process does not have.
+/// device the process does not have (checked while the library is active).
 ///
 /// # Safety
 /// `buf` is valid for writing `len` bytes (it may be NULL when `len` is 0).
@@ -144,7 +145,7 @@ pub unsafe extern "C" fn cachealloc_stats_json(
 }
 
 /// Reset the peak values of `device`'s statistics to their current values. A device the process
-/// does not have: 101 (`cudaErrorInvalidDevice`).
+/// does not have: 101 (`cudaErrorInvalidDevice`; checked while the library is active).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
     boundary("cachealloc_reset_peak_stats", codes::UNKNOWN, || {

@@ -14,6 +14,7 @@ use crate::pool::{DeviceId, Error};
 /// - a double free, an interior pointer, a pointer the C API does not own, a bad argument: 1
 ///   `cudaErrorInvalidValue`;
 /// - a real runtime error: its own code, unchanged;
+/// - a device the process does not have: 101 `cudaErrorInvalidDevice`;
 /// - invalid configuration, no runtime in the process: 3 `cudaErrorInitializationError`;
 /// - an internal inconsistency: 999 `cudaErrorUnknown`.
 pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
@@ -47,6 +48,10 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
         e @ ShimError::InvalidArgument(_) => {
             tracing::warn!("{call}: {e}");
             codes::INVALID_VALUE
+        }
+        e @ ShimError::NoSuchDevice => {
+            tracing::warn!("{call}: {e}");
+            codes::INVALID_DEVICE
         }
         e @ ShimError::PoolBroken(..) => {
             tracing::error!("{call}: {e}");

@@ -10,7 +10,7 @@ use super::pools;
 use super::reentry;
 use super::trace_file;
 use crate::backend::cuda::device_guard::DeviceGuard;
-use crate::backend::cuda::runtime::{Runtime, codes, runtime};
+use crate::backend::cuda::runtime::{self, Runtime, codes, runtime};
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, StreamId};
 use std::ffi::c_void;
 
@@ -85,16 +85,15 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
     // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
     let code = unsafe { (rt.get_device_count)(&mut count) };
     if code != codes::SUCCESS {
+        // The program did not make this call: its error must not stay as its last error.
+        runtime::clear_last_error(rt);
         return Err(ShimError::Runtime {
             code,
             call: "cudaGetDeviceCount",
         });
     }
     if device.0 >= count {
-        return Err(ShimError::Runtime {
-            code: codes::INVALID_DEVICE,
-            call: "cudaGetDeviceCount (no such device)",
-        });
+        return Err(ShimError::NoSuchDevice);
     }
     Ok(())
 }

@@ -17,6 +17,8 @@ pub enum ShimError {
     NoRuntime,
     /// An argument the C API does not accept.
     InvalidArgument(&'static str),
+    /// A device ordinal the process does not have (`cudaErrorInvalidDevice`, as the runtime).
+    NoSuchDevice,
     /// The device's pool was left inconsistent by an earlier internal failure.
     PoolBroken(DeviceId, String),
 }
@@ -35,6 +37,7 @@ impl fmt::Display for ShimError {
             ShimError::ConfigInvalid => write!(f, "the cachealloc configuration is invalid"),
             ShimError::NoRuntime => write!(f, "no CUDA runtime found in this process"),
             ShimError::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
+            ShimError::NoSuchDevice => write!(f, "no such device in this process"),
             ShimError::PoolBroken(device, why) => write!(
                 f,
                 "the pool of device {} is inconsistent after an internal error ({why}); \

@@ -105,7 +105,11 @@ pub fn replay(
     }
     let mut live: Vec<Option<DevicePtr>> = vec![None; workload.num_ids as usize];
     if let Some(start) = start {
-        let held: u64 = start.segments.iter().map(|seg| seg.size).sum();
+        let held = start
+            .segments
+            .iter()
+            .try_fold(0u64, |sum, seg| sum.checked_add(seg.size))
+            .unwrap_or(u64::MAX);
         if held > capacity {
             return Err(Error::InvalidSeed(format!(
                 "the segments live at trace start hold {} ({held} bytes), more than the device \

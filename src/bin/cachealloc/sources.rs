@@ -76,7 +76,11 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         })
     } else {
         let workload = rec.plain();
-        if !workload.ops.iter().any(|op| matches!(op, Op::Alloc { .. })) {
+        if !workload
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Alloc { .. } | Op::Oom { .. }))
+        {
             return Err(nothing_to_replay(path, rec, rec.figures().orphan_frees));
         }
         Ok(Loaded {

@@ -60,20 +60,24 @@ pub fn parse_recorded_trace(
     source: &str,
 ) -> Result<RecordedTrace, TraceError> {
     let bad = |line: usize, detail: String| TraceError::bad_line(source, line, detail);
-    // One line, with whether it ended with a newline; `None` at the end of the file.
-    let mut read_line = |line: usize| -> Result<Option<(String, bool)>, TraceError> {
-        let mut text = String::new();
-        match reader.read_line(&mut text) {
+    // One line (`None` when it is not UTF-8 text), with whether it ended with a newline; `None`
+    // at the end of the file.
+    type Line = (Option<String>, bool);
+    let mut read_line = |line: usize| -> Result<Option<Line>, TraceError> {
+        let mut bytes = Vec::new();
+        match reader.read_until(b'\n', &mut bytes) {
             Ok(0) => Ok(None),
             Ok(_) => {
-                let complete = text.ends_with('\n');
-                let trimmed = text.trim_end_matches(['\n', '\r']).len();
-                text.truncate(trimmed);
-                Ok(Some((text, complete)))
+                let complete = bytes.ends_with(b"\n");
+                while bytes.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+                    bytes.pop();
+                }
+                Ok(Some((String::from_utf8(bytes).ok(), complete)))
             }
             Err(e) => Err(bad(line, format!("cannot read the line: {e}"))),
         }
     };
+    let not_text = |line: usize| bad(line, "not UTF-8 text".to_string());
     let (header, settings) = match read_line(1)? {
         None => {
             return Err(bad(
@@ -82,6 +86,7 @@ pub fn parse_recorded_trace(
             ));
         }
         Some((text, _)) => {
+            let text = text.ok_or_else(|| not_text(1))?;
             parse_header(text.trim_start_matches('\u{feff}')).map_err(|d| bad(1, d))?
         }
     };
@@ -94,6 +99,15 @@ pub fn parse_recorded_trace(
     let mut line = 1;
     while let Some((text, complete)) = read_line(line + 1)? {
         line += 1;
+        let text = match text {
+            Some(text) => text,
+            // A last line cut inside a multi-byte character.
+            None if !complete => {
+                cut_off_line = Some(line);
+                break;
+            }
+            None => return Err(not_text(line)),
+        };
         if text.trim().is_empty() {
             continue;
         }

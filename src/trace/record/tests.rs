@@ -226,6 +226,18 @@ fn a_cut_off_last_line_is_left_out_and_reported() {
     let full = parse_recorded_trace(whole.as_bytes(), "whole.trace").unwrap();
     assert_eq!(full.cut_off_line, None);
     assert_eq!(full.devices[0].events.len(), 3);
+    // A tail of bytes that are not text, as a crash can leave: cut off too; inside the file,
+    // refused.
+    let mut garbage = whole.as_bytes().to_vec();
+    garbage.extend_from_slice(b"{\"t_us\":4,\xff\xfe");
+    let trace = parse_recorded_trace(&garbage[..], "garbage.trace").expect("whole lines read");
+    assert_eq!(
+        (trace.cut_off_line, trace.devices[0].events.len()),
+        (Some(5), 3)
+    );
+    garbage.push(b'\n');
+    let err = parse_recorded_trace(&garbage[..], "garbage.trace").unwrap_err();
+    assert!(err.to_string().contains("line 5") && err.to_string().contains("not UTF-8"));
     // A last line without its newline that is a whole event is kept.
     let unterminated = parse_recorded_trace(whole.trim_end().as_bytes(), "t.trace").unwrap();
     assert_eq!(unterminated.cut_off_line, None);
