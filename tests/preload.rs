@@ -72,6 +72,25 @@ fn without_the_shim_every_call_reaches_the_runtime() {
     assert_eq!(number_after(&stdout(&out), "fake mallocs"), 1000);
 }
 
+/// cudaGetLastError and cudaPeekAtLastError (interposed) answer an out-of-memory the same way
+/// whether the library serves the calls or passes them through.
+#[test]
+fn the_last_error_after_an_oom_is_the_same_served_or_passed_through() {
+    check("last_error", &[("FAKECUDART_CAPACITY", "64MiB")]);
+    let out = check(
+        "last_error",
+        &[
+            ("FAKECUDART_CAPACITY", "64MiB"),
+            ("CACHEALLOC_DISABLE", "1"),
+        ],
+    );
+    assert!(
+        stderr(&out).is_empty(),
+        "pass-through is silent: {}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn disabled_library_passes_every_call_through() {
     let out = check(

@@ -354,7 +354,24 @@ struct scenario {
     void (*run)(void);
 };
 
+/* The last error after an out-of-memory answer (FAKECUDART_CAPACITY=64MiB), the same whether
+ * the library serves the calls or passes them through (CACHEALLOC_DISABLE=1): 2, shown by
+ * cudaPeekAtLastError, returned once by cudaGetLastError. */
+static void scenario_last_error(void) {
+    void *a = NULL, *b = NULL;
+    CHECK_CODE(cudaMalloc(&a, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaPeekAtLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+}
+
 static const struct scenario scenarios[] = {
+    {"last_error", scenario_last_error},
     {"churn", scenario_churn},
     {"oom", scenario_oom},
     {"fragmentation", scenario_fragmentation},
