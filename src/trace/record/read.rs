@@ -54,6 +54,9 @@ pub fn read_recorded_trace(path: &Path) -> Result<RecordedTrace, TraceError> {
     parse_recorded_trace(std::io::BufReader::new(file), &name)
 }
 
+/// What a line that is not text is told.
+const NOT_TEXT: &str = "not UTF-8 text";
+
 /// Parse a trace from `reader`; `source` names it in messages.
 pub fn parse_recorded_trace(
     mut reader: impl BufRead,
@@ -77,7 +80,6 @@ pub fn parse_recorded_trace(
             Err(e) => Err(bad(line, format!("cannot read the line: {e}"))),
         }
     };
-    let not_text = |line: usize| bad(line, "not UTF-8 text".to_string());
     let (header, settings) = match read_line(1)? {
         None => {
             return Err(bad(
@@ -86,7 +88,7 @@ pub fn parse_recorded_trace(
             ));
         }
         Some((text, _)) => {
-            let text = text.ok_or_else(|| not_text(1))?;
+            let text = text.ok_or_else(|| bad(1, NOT_TEXT.to_string()))?;
             parse_header(text.trim_start_matches('\u{feff}')).map_err(|d| bad(1, d))?
         }
     };
@@ -99,21 +101,15 @@ pub fn parse_recorded_trace(
     let mut line = 1;
     while let Some((text, complete)) = read_line(line + 1)? {
         line += 1;
-        let text = match text {
-            Some(text) => text,
-            // A last line cut inside a multi-byte character.
-            None if !complete => {
-                cut_off_line = Some(line);
-                break;
-            }
-            None => return Err(not_text(line)),
+        let parsed = match text {
+            Some(text) if text.trim().is_empty() => continue,
+            Some(text) => parse_event(&text),
+            None => Err(NOT_TEXT.to_string()),
         };
-        if text.trim().is_empty() {
-            continue;
-        }
-        let event = match parse_event(&text) {
+        let event = match parsed {
             Ok(event) => event,
-            // Only the file's last line can lack its newline: the writer stopped mid-line.
+            // Only the file's last line can lack its newline: the writer stopped mid-line (maybe
+            // inside a multi-byte character).
             Err(_) if !complete => {
                 cut_off_line = Some(line);
                 break;
