@@ -10,7 +10,9 @@
 //!
 //! Further options (used by scripts/bench-instructions.sh and scripts/bench-decomposition.sh):
 //! `--reps N` exactly N pairs, `--only TEXT` rows whose name contains TEXT, `--no-replay` skips
-//! the replay-speed column.
+//! the replay-speed column, `--loguniform PARAMS` changes the log-uniform row's workload
+//! parameters (as `cachealloc synth loguniform:PARAMS` takes them, e.g. `budget_gib=10`: how
+//! many allocations stay live; used by scripts/bench-live-set.sh).
 
 #[path = "../tests/support/ci.rs"]
 mod ci;
@@ -39,6 +41,8 @@ struct Options {
     reps: Reps,
     only: Option<String>,
     replay: bool,
+    /// Parameters for the log-uniform workload, over the defaults (or `--quick`'s size).
+    loguniform: Option<String>,
 }
 
 impl Options {
@@ -71,6 +75,7 @@ impl Options {
             reps,
             only: value("--only"),
             replay: !args.iter().any(|a| a == "--no-replay"),
+            loguniform: value("--loguniform"),
         }
     }
 
@@ -89,11 +94,26 @@ fn main() {
 
     let name = "synthetic log-uniform 512 B–256 MiB";
     if options.wants(name) {
-        let mut spec = SynthSpec::new(SynthKind::LogUniform);
+        let mut params: Vec<&str> = Vec::new();
         if quick {
-            spec = "loguniform:ops=100000".parse().expect("valid spec");
+            params.push("ops=100000");
         }
-        measure(name, &spec.generate(42).expect("valid spec"));
+        params.extend(options.loguniform.as_deref());
+        let spec: SynthSpec = if params.is_empty() {
+            SynthSpec::new(SynthKind::LogUniform)
+        } else {
+            let text = format!("loguniform:{}", params.join(","));
+            text.parse()
+                .unwrap_or_else(|e| panic!("--loguniform: {text}: {e}"))
+        };
+        let workload = spec.generate(42).expect("valid spec");
+        match &options.loguniform {
+            Some(p) => {
+                let live = mean_live(&workload);
+                measure(&format!("{name} ({p}; {live:.0} live)"), &workload);
+            }
+            None => measure(name, &workload),
+        }
     }
 
     let name = "synthetic transformer training";
@@ -127,4 +147,19 @@ fn main() {
     }
 
     print_table(&rows);
+}
+
+/// The number of live allocations, averaged over the workload's operations.
+fn mean_live(workload: &cachealloc::trace::Workload) -> f64 {
+    use cachealloc::trace::Op;
+    let (mut live, mut sum) = (0i64, 0i64);
+    for op in &workload.ops {
+        match op {
+            Op::Alloc { .. } => live += 1,
+            Op::Free { .. } => live -= 1,
+            Op::EmptyCache | Op::Oom { .. } => {}
+        }
+        sum += live;
+    }
+    sum as f64 / workload.ops.len().max(1) as f64
 }
