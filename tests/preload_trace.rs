@@ -100,6 +100,29 @@ fn a_recorded_trace_replays_to_what_the_shim_did() {
         assert_eq!(out["peak_reserved_bytes"], *peak, "{extra:?}");
     }
 
+    // Frees still waiting for their fence at exit are named, and the replay (which frees on
+    // completion) ends with them allocated: its allocated figures are the shim's active ones.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let count = |action: &str| text.matches(&format!("\"action\":\"{action}\"")).count();
+    let pending = count("free_requested") - count("free_completed");
+    assert!(pending > 0, "the mix exits with frees pending: {stats}");
+    let plain = replay_json(&trace, &[]);
+    assert_eq!(plain["pending_frees"], pending, "{plain}");
+    for (replayed, shim) in [
+        ("allocated_bytes.all.current", "active_bytes.all.current"),
+        ("allocation.all.current", "active.all.current"),
+    ] {
+        assert_eq!(plain["memory_stats"][replayed], stats[shim], "{replayed}");
+    }
+    let summary = stdout(&replay(&[trace.to_str().unwrap()]));
+    assert!(
+        summary.contains(&format!(
+            "{pending} allocations whose free was still waiting for device work when the \
+             recording ended"
+        )),
+        "{summary}"
+    );
+
     let faithful = replay_json(&trace, &["--faithful"]);
     let allocs = faithful["allocs"].as_u64().unwrap();
     assert!(allocs > 1000, "the mix allocates often: {faithful}");

@@ -18,6 +18,8 @@ pub struct Recorded {
     pub orphan_frees: u64,
     /// Allocations at an address still live in the trace (its free is missing).
     pub missing_frees: u64,
+    /// Allocations whose free was requested but had not completed when the recording ended.
+    pub pending_frees: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -49,6 +51,10 @@ pub struct ReplayJson {
     /// there: the replay adds a free of the earlier allocation before each (counted in `events`
     /// and in `frees`, or in `frees_of_failed_allocs` when that allocation failed).
     pub missing_frees: u64,
+    /// Allocations whose free the program requested but that had not completed (waiting for
+    /// device work) when the recording ended: still allocated at the end of the replay, so its
+    /// final allocated bytes count them and the recording's final statistics do not.
+    pub pending_frees: u64,
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
@@ -213,6 +219,7 @@ impl ReplayJson {
             orphan_frees: ctx.recorded.orphan_frees,
             frees_of_failed_allocs: out.skipped_frees,
             missing_frees: ctx.recorded.missing_frees,
+            pending_frees: ctx.recorded.pending_frees,
             requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
             recorded_oom_requests: out.recorded_oom_requests,
@@ -317,6 +324,13 @@ impl ReplayJson {
                 } else {
                     "each"
                 }
+            ));
+        }
+        if self.pending_frees > 0 {
+            parts.push(format!(
+                "{} whose free was still waiting for device work when the recording ended \
+                 (allocated at the end of the replay)",
+                counted(self.pending_frees, "allocation")
             ));
         }
         if self.frees_of_failed_allocs > 0 {

@@ -136,5 +136,6 @@ pub(crate) fn recorded_figures(f: &RecordedFigures) -> Recorded {
         }),
         orphan_frees: f.orphan_frees as u64,
         missing_frees: f.missing_frees as u64,
+        pending_frees: f.pending_frees as u64,
     }
 }

@@ -26,7 +26,7 @@ use crate::pool::{Settings, StreamId};
 use crate::trace::capacity::CapacityEstimate;
 use crate::trace::figures::{RecordedFigures, RecordedOom};
 use crate::trace::workload::{AllocId, Op, Workload};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// What a replay needs from one device's recording.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +53,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         frees: 0,
         orphan_frees: 0,
         missing_frees: 0,
+        pending_frees: 0,
         recorded_segment_allocs: 0,
         recorded_segment_frees: 0,
         recorded_segment_maps: 0,
@@ -67,6 +68,8 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
     let collects = settings.garbage_collection_threshold > 0.0;
     let mut segment_addresses = Vec::new();
     let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
+    // Addresses whose free was requested and has not completed yet.
+    let mut pending = FxHashSet::default();
     let mut next_id: AllocId = 0;
     let mut reserved = 0u64;
     let mut in_empty_cache = false;
@@ -91,6 +94,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
                 if let Some(earlier) = live.insert(e.addr, id) {
                     // The recording lacks the earlier allocation's free: free it here.
                     figures.missing_frees += 1;
+                    pending.remove(&e.addr);
                     workload.push(Op::Free { id: earlier }, index);
                 }
                 workload.push(
@@ -105,12 +109,17 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
             }
             Action::FreeCompleted => {
                 figures.frees += 1;
+                pending.remove(&e.addr);
                 match live.remove(&e.addr) {
                     Some(id) => workload.push(Op::Free { id }, index),
                     None => figures.orphan_frees += 1,
                 }
             }
-            Action::FreeRequested => {}
+            Action::FreeRequested => {
+                if live.contains_key(&e.addr) {
+                    pending.insert(e.addr);
+                }
+            }
             Action::SegmentAlloc => {
                 figures.recorded_segment_allocs += 1;
                 segment_addresses.push((e.size, e.addr));
@@ -144,6 +153,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
                 workload.push(Op::EmptyCache, index);
             }
             Action::DeviceReset => {
+                pending.clear();
                 let mut ids: Vec<AllocId> = live.drain().map(|(_, id)| id).collect();
                 ids.sort_unstable();
                 for id in ids {
@@ -161,6 +171,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         };
     }
     figures.end_reserved_bytes = reserved;
+    figures.pending_frees = pending.len();
     let capacity = match (&figures.recorded_oom, failed_level) {
         (Some(oom), _) => Some(CapacityEstimate::Exact {
             bytes: oom.reserved_bytes.saturating_add(oom.device_free),
