@@ -117,6 +117,40 @@ fn out_of_memory_answers_2_and_the_program_goes_on() {
     assert!(log.contains("WARN"), "{log}");
 }
 
+/// `CACHEALLOC_LOG=cachealloc::device=debug` shows the pool's own device calls in order: the
+/// segment it obtained, the failed request, the release of the cached segment that let the
+/// next request fit, and that request's segment — and the default log shows none of them.
+#[test]
+fn the_debug_log_shows_the_pools_device_calls() {
+    let capacity = ("FAKECUDART_CAPACITY", "64MiB");
+    let log = stderr(&check(
+        "oom",
+        &[capacity, ("CACHEALLOC_LOG", "cachealloc::device=debug")],
+    ));
+    let expected = [
+        "device 0: cudaMalloc 40.00 MiB at 0x",
+        "device 0: out of memory: 40.00 MiB requested (rounded), 24.00 MiB free on the device",
+        "device 0: cudaFree 40.00 MiB at 0x",
+        "device 0: cudaMalloc 50.00 MiB at 0x",
+    ];
+    let mut from = 0;
+    for line in expected {
+        let at = log[from..]
+            .find(line)
+            .unwrap_or_else(|| panic!("no {line:?} after byte {from} of:\n{log}"));
+        from += at + line.len();
+    }
+    // The last 40 MiB request is served from the cached 50 MiB segment: no third cudaMalloc.
+    assert_eq!(log.matches("cudaMalloc ").count(), 2, "{log}");
+    assert!(
+        !log.contains("CUDA out of memory"),
+        "only device lines:\n{log}"
+    );
+
+    let quiet = stderr(&check("oom", &[capacity]));
+    assert!(!quiet.contains("device 0: cudaMalloc"), "{quiet}");
+}
+
 /// The user's path through a fragmentation OOM: the report names a `max_split_size_mb`, and the
 /// same program run again with it gets its memory.
 #[test]

@@ -300,7 +300,9 @@ pub static VARIABLES: &[VariableSpec] = &[
     VariableSpec {
         name: LOG_VAR,
         default: DEFAULT_LOG_FILTER,
-        doc: "Log filter in `tracing` EnvFilter syntax, for example `cachealloc=debug`.",
+        doc: "Log filter in `tracing` EnvFilter syntax, for example `cachealloc=debug`; \
+              `cachealloc::device=debug` logs the pool's own cudaMalloc/cudaFree calls, \
+              out-of-memory failures and `empty_cache` calls.",
     },
 ];
 

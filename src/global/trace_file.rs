@@ -14,9 +14,15 @@
 //!   loses the lines still buffered.
 //! - A file that cannot be created or written turns recording off with one message on stderr;
 //!   the program runs on.
+//!
+//! The same buffer feeds the device-call log: when `CACHEALLOC_LOG` enables debug lines for
+//! `cachealloc::device` (`debug`, `cachealloc=debug`), the buffer is kept even without
+//! `trace:`, and each flush logs the pool's cudaMalloc and cudaFree calls, out-of-memory
+//! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
+//! lines.
 
 use crate::config::Config;
-use crate::pool::DeviceId;
+use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
 use crate::trace::record::{Action, Event, Header, settings_text, write_events, write_header};
 use std::fs::File;
@@ -26,11 +32,17 @@ use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 /// Bytes the file writer gathers before a write system call.
 const WRITE_BUFFER: usize = 64 << 10; // 64 KiB
 
+/// Target of the device-call log lines.
+const DEVICE_LOG: &str = "cachealloc::device";
+
 static RECORDER: OnceLock<Recorder> = OnceLock::new();
 
 struct Recorder {
     buffer: Arc<EventBuffer>,
-    path: String,
+    /// The trace file (`None`: no `trace:`, the buffer only feeds the device-call log).
+    path: Option<String>,
+    /// Whether each flush logs the pool's device calls (debug lines for `DEVICE_LOG`).
+    log_device_calls: bool,
     settings: String,
     free_sync: &'static str,
     file: Mutex<FileState>,
@@ -44,14 +56,18 @@ enum FileState {
     Failed,
 }
 
-/// Start recording when `config` asks for it (once per process).
+/// Start recording when `config` asks for it, or when the log shows device calls (once per
+/// process; after the log's subscriber is installed).
 pub fn start(config: &Config) {
-    let Some(path) = config.trace_path(std::process::id()) else {
+    let path = config.trace_path(std::process::id());
+    let log_device_calls = tracing::enabled!(target: DEVICE_LOG, tracing::Level::DEBUG);
+    if path.is_none() && !log_device_calls {
         return;
-    };
+    }
     let _ = RECORDER.set(Recorder {
         buffer: EventBuffer::new(),
         path,
+        log_device_calls,
         settings: settings_text(&config.settings),
         free_sync: config.free_sync.name(),
         file: Mutex::new(FileState::NotCreated),
@@ -62,8 +78,9 @@ pub fn start(config: &Config) {
 /// writing it failed).
 pub fn recording_path() -> Option<&'static str> {
     let r = RECORDER.get()?;
+    let path = r.path.as_deref()?;
     let file = r.file.lock().unwrap_or_else(|p| p.into_inner());
-    (!matches!(*file, FileState::Failed)).then_some(r.path.as_str())
+    (!matches!(*file, FileState::Failed)).then_some(path)
 }
 
 /// A sink for the pool of `device` when recording is on.
@@ -110,6 +127,12 @@ impl Recorder {
     fn write(&self, file: &mut FileState, at_exit: bool) {
         // Taken under the file lock, so batches reach the file in the order they were taken.
         let events = self.buffer.take();
+        if self.log_device_calls {
+            log_device_calls(&events);
+        }
+        let Some(path) = &self.path else {
+            return;
+        };
         if events.is_empty() && !at_exit {
             return;
         }
@@ -118,7 +141,7 @@ impl Recorder {
             if events.is_empty() {
                 return;
             }
-            match File::create(&self.path) {
+            match File::create(path) {
                 Ok(f) => *file = FileState::Open(BufWriter::with_capacity(WRITE_BUFFER, f)),
                 Err(e) => return self.fail(file, "create", &e),
             }
@@ -154,7 +177,37 @@ impl Recorder {
         let _ = writeln!(
             std::io::stderr(),
             "cachealloc: cannot {what} the trace file {}: {error}; recording is off",
-            self.path
+            self.path.as_deref().unwrap_or_default()
         );
+    }
+}
+
+/// One debug line per device call among `events` (allocations and frees are not logged).
+fn log_device_calls(events: &[Event]) {
+    for e in events {
+        let d = e.device;
+        match e.action {
+            Action::SegmentAlloc => tracing::debug!(
+                target: DEVICE_LOG,
+                "device {d}: cudaMalloc {} at {:#x} (stream {:#x})",
+                format_size(e.size),
+                e.addr,
+                e.stream
+            ),
+            Action::SegmentFree => tracing::debug!(
+                target: DEVICE_LOG,
+                "device {d}: cudaFree {} at {:#x}",
+                format_size(e.size),
+                e.addr
+            ),
+            Action::Oom => tracing::debug!(
+                target: DEVICE_LOG,
+                "device {d}: out of memory: {} requested (rounded), {} free on the device",
+                format_size(e.size),
+                format_size(e.device_free.unwrap_or(0))
+            ),
+            Action::EmptyCache => tracing::debug!(target: DEVICE_LOG, "device {d}: empty_cache"),
+            _ => {}
+        }
     }
 }
