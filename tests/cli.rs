@@ -208,6 +208,52 @@ fn nothing_to_replay_and_a_capacity_below_the_start_state_are_refused() {
     }
 }
 
+/// A faithful replay's search names the values under which the recorded start state cannot
+/// exist instead of counting them as tried, and every value it lists as fitting, passed back
+/// as `--conf`, replays without an out-of-memory.
+#[test]
+fn a_faithful_search_names_the_values_it_cannot_replay() {
+    let Some(t) =
+        trace("cs336-wedsonlin/8630bcf/results/medium_512_training_memory_snapshot.pickle")
+    else {
+        return;
+    };
+    let args = [
+        "replay",
+        t.to_str().unwrap(),
+        "--faithful",
+        "--capacity",
+        "11.75GiB",
+    ];
+    let v = json(&cachealloc(&[&args[..], &["--json"]].concat()));
+    assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(
+        v["max_split_sizes_not_replayable"],
+        serde_json::json!([32, 20])
+    );
+    let suggestion = &v["report_suggestion"];
+    assert_eq!(suggestion["conf"], "max_split_size_mb:32", "{suggestion}");
+    assert_eq!(suggestion["tried"], false, "{suggestion}");
+    let fits = v["fitting_settings"].as_array().unwrap();
+    assert!(!fits.is_empty());
+    for fit in fits {
+        let conf = fit["conf"].as_str().unwrap();
+        let again = json(&cachealloc(
+            &[&args[..], &["--conf", conf, "--json"]].concat(),
+        ));
+        assert_eq!(again["num_ooms"], 0, "{conf}");
+        assert_eq!(
+            again["peak_reserved_bytes"], fit["peak_reserved_bytes"],
+            "{conf}"
+        );
+    }
+    let text = String::from_utf8(cachealloc(&args).stdout).unwrap();
+    assert!(
+        text.contains("(max_split_size_mb:32, the report's suggestion, cannot be replayed"),
+        "{text}"
+    );
+}
+
 #[test]
 fn faithful_replay_lands_every_allocation_at_its_recorded_address() {
     let Some(t) = trace("sqattn/126d2e6/cuda_memory_snapshot.pickle") else {
@@ -437,8 +483,8 @@ fn without_a_fit_the_value_that_gets_furthest_is_named() {
             .unwrap();
     assert!(
         text.contains(&format!(
-            "it needs more memory. With {conf} it gets past this out-of-memory and first runs out \
-             at operation {at}."
+            "it needs more memory. With --conf {conf} it gets past this out-of-memory and first \
+             runs out at operation {at}."
         )),
         "{text}"
     );

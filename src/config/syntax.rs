@@ -23,7 +23,12 @@ pub struct Entry {
 /// A value as written: one token, or a bracketed list of `a:b` pairs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
-    Scalar(String),
+    /// One token; `spaced` when whitespace between its characters was dropped (`my dir` reads
+    /// as `mydir`), which matters for a path.
+    Scalar {
+        text: String,
+        spaced: bool,
+    },
     List(Vec<(String, String)>),
 }
 
@@ -31,7 +36,7 @@ impl Value {
     /// The value as it would be written back (`20`, `[256:1,>:8]`), for messages.
     pub fn as_written(&self) -> String {
         match self {
-            Value::Scalar(s) => s.clone(),
+            Value::Scalar { text, .. } => text.clone(),
             Value::List(items) => {
                 let inner: Vec<String> = items.iter().map(|(a, b)| format!("{a}:{b}")).collect();
                 format!("[{}]", inner.join(","))
@@ -51,20 +56,32 @@ fn is_c_space(ch: char) -> bool {
 
 /// Split `text` into tokens exactly as PyTorch's `ConfigTokenizer` does.
 pub fn tokenize(text: &str) -> Vec<String> {
+    tokenize_marked(text).into_iter().map(|(t, _)| t).collect()
+}
+
+/// The tokens of `text`, each with whether whitespace between its characters was dropped.
+fn tokenize_marked(text: &str) -> Vec<(String, bool)> {
     let mut tokens = Vec::new();
     let mut buffer = String::new();
+    // Whitespace seen since the buffer's last character, and inside the buffer so far.
+    let (mut pending_space, mut spaced) = (false, false);
     for ch in text.chars() {
         if matches!(ch, ',' | ':' | '[' | ']') {
             if !buffer.is_empty() {
-                tokens.push(std::mem::take(&mut buffer));
+                tokens.push((std::mem::take(&mut buffer), spaced));
             }
-            tokens.push(ch.to_string());
-        } else if !is_c_space(ch) {
+            tokens.push((ch.to_string(), false));
+            (pending_space, spaced) = (false, false);
+        } else if is_c_space(ch) {
+            pending_space = true;
+        } else {
+            spaced |= pending_space && !buffer.is_empty();
+            pending_space = false;
             buffer.push(ch);
         }
     }
     if !buffer.is_empty() {
-        tokens.push(buffer);
+        tokens.push((buffer, spaced));
     }
     tokens
 }
@@ -72,6 +89,8 @@ pub fn tokenize(text: &str) -> Vec<String> {
 /// A cursor over the tokens that names what it found in its messages.
 struct Cursor {
     tokens: Vec<String>,
+    /// Per token: whitespace between its characters was dropped.
+    spaced: Vec<bool>,
     at: usize,
 }
 
@@ -122,8 +141,10 @@ pub fn parse_entries(
     text: &str,
     allowed: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<Entry>, String> {
+    let (tokens, spaced) = tokenize_marked(text).into_iter().unzip();
     let mut cur = Cursor {
-        tokens: tokenize(text),
+        tokens,
+        spaced,
         at: 0,
     };
     let mut entries = Vec::new();
@@ -137,13 +158,16 @@ pub fn parse_entries(
             cur.at += 1;
             Value::List(parse_list(&mut cur, &key)?)
         } else {
-            Value::Scalar(
+            let text =
                 cur.word(&format!("missing value after '{key}:'"))
                     .map_err(|e| match allowed(&key) {
                         Some(what) => format!("{e}; allowed: {what}"),
                         None => e,
-                    })?,
-            )
+                    })?;
+            Value::Scalar {
+                text,
+                spaced: cur.spaced[cur.at - 1],
+            }
         };
         if cur.peek().is_some() {
             let context = format!(
@@ -205,7 +229,10 @@ mod tests {
     fn scalar(key: &str, value: &str) -> Entry {
         Entry {
             key: key.into(),
-            value: Value::Scalar(value.into()),
+            value: Value::Scalar {
+                text: value.into(),
+                spaced: false,
+            },
         }
     }
 
@@ -218,6 +245,9 @@ mod tests {
             ]
         );
         assert_eq!(tokenize("max_split _size_mb"), ["max_split_size_mb"]);
+        let marked = tokenize_marked(" a b :c ,d");
+        let spaced: Vec<bool> = marked.iter().map(|(_, s)| *s).collect();
+        assert_eq!(spaced, [true, false, false, false, false], "{marked:?}");
         assert!(tokenize(" \t\n").is_empty());
     }
 

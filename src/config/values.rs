@@ -20,7 +20,7 @@ pub const NOT_A_LIST: &str = "expects a single value, not a list";
 /// The single token of a scalar option, or `NOT_A_LIST` for a list.
 pub fn scalar(value: &Value) -> Result<&str, String> {
     match value {
-        Value::Scalar(s) => Ok(s),
+        Value::Scalar { text, .. } => Ok(text),
         Value::List(_) => Err(NOT_A_LIST.to_string()),
     }
 }
@@ -94,8 +94,15 @@ pub fn choice<T: Copy>(value: &Value, choices: &[(&str, T)]) -> Result<T, String
         })
 }
 
-/// A path; `%p` is expanded later (see `path`).
+/// A path; `%p` is expanded later (see `path`). Whitespace inside it is refused: the syntax
+/// drops it (as PyTorch's does), so the file would silently land elsewhere.
 pub fn path(value: &Value) -> Result<String, String> {
+    if let Value::Scalar { text, spaced: true } = value {
+        return Err(format!(
+            "a path cannot contain whitespace (the syntax drops it, so it would read as \
+             '{text}'); allowed: a path without whitespace, ',', ':', '[' or ']'"
+        ));
+    }
     scalar(value).map(str::to_string)
 }
 
@@ -111,7 +118,7 @@ pub fn apply_roundup_divisions(
     value: &Value,
 ) -> Result<(), String> {
     let items = match value {
-        Value::Scalar(text) => {
+        Value::Scalar { text, .. } => {
             let allowed = "a power of 2 (1, 2, 4, 8, ...) or a list [MB:divisions,...,>:divisions]";
             let n = whole_number(text, allowed)?;
             if !n.is_power_of_two() {
@@ -165,7 +172,10 @@ mod tests {
     use super::*;
 
     fn s(text: &str) -> Value {
-        Value::Scalar(text.to_string())
+        Value::Scalar {
+            text: text.to_string(),
+            spaced: false,
+        }
     }
 
     fn list(items: &[(&str, &str)]) -> Value {

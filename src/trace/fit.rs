@@ -5,29 +5,45 @@
 //! the standard ones the OOM report picks its suggestion from, so the report's value is always
 //! among them.
 
+use super::record::settings_text;
 use super::replay::{ReplayConfig, StartLayout, replay};
 use super::workload::Workload;
+use crate::pool::Settings;
 pub use crate::pool::oom::MAX_SPLIT_LADDER_MB;
 
 /// One setting that replays without an OOM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FittingSetting {
-    /// In `CACHEALLOC_CONF` syntax, e.g. `max_split_size_mb:128`.
+    pub max_split_size_mb: u64,
+    /// Every setting of the replay that found it, in `CACHEALLOC_CONF` syntax (the keys that
+    /// differ from the defaults), e.g. `max_split_size_mb:128,roundup_power2_divisions:4`:
+    /// what `--conf` or `CACHEALLOC_CONF` must say to reproduce it.
     pub conf: String,
     pub peak_reserved_bytes: u64,
     pub num_device_alloc: u64,
     pub num_alloc_retries: u64,
 }
 
-/// The setting `max_split_size_mb:MB` in `CACHEALLOC_CONF` syntax.
-pub fn max_split_conf(mb: u64) -> String {
-    format!("max_split_size_mb:{mb}")
+/// `settings` with `max_split_size_mb` set to `mb`.
+fn with_max_split(settings: &Settings, mb: u64) -> Settings {
+    Settings {
+        max_split_size: mb << 20,
+        ..settings.clone()
+    }
+}
+
+/// `settings` with `max_split_size_mb:MB`, in `CACHEALLOC_CONF` syntax (the keys that differ
+/// from the defaults).
+pub fn max_split_conf(settings: &Settings, mb: u64) -> String {
+    settings_text(&with_max_split(settings, mb))
 }
 
 /// A setting that gets past the first OOM of the replay it was tried for, but runs out of
 /// memory later.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GetsFurther {
+    pub max_split_size_mb: u64,
+    /// As in `FittingSetting::conf`.
     pub conf: String,
     /// Its own first OOM: the workload's op index.
     pub first_oom_op: usize,
@@ -36,18 +52,30 @@ pub struct GetsFurther {
 }
 
 /// What replaying under the standard `max_split_size_mb` values found.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MaxSplitSearch {
     /// The values that replay without any OOM, by peak reserved memory.
     pub fits: Vec<FittingSetting>,
     /// Of the others, the one whose first OOM comes latest, if later than the replay's own.
     pub gets_furthest: Option<GetsFurther>,
+    /// Values under which the replay cannot start: the start state rebuilt from a snapshot
+    /// holds blocks that could not exist under them (not tried).
+    pub cannot_start: Vec<u64>,
+    /// The settings of the replay searched from (every value was tried with them).
+    pub settings: Settings,
+}
+
+impl MaxSplitSearch {
+    /// The replay's settings with `max_split_size_mb:MB`, in `CACHEALLOC_CONF` syntax.
+    pub fn conf_for(&self, mb: u64) -> String {
+        max_split_conf(&self.settings, mb)
+    }
 }
 
 /// Replay `workload` under each standard `max_split_size_mb` value (other settings as in
 /// `config`). `first_oom_op` is the op of the first OOM under `config` itself. Values under
 /// which the replay cannot even start (a start state that cannot exist under them) are
-/// skipped.
+/// listed in `cannot_start`.
 pub fn search_max_split_sizes(
     workload: &Workload,
     config: &ReplayConfig,
@@ -56,15 +84,19 @@ pub fn search_max_split_sizes(
 ) -> MaxSplitSearch {
     let mut fits = Vec::new();
     let mut gets_furthest: Option<GetsFurther> = None;
+    let mut cannot_start = Vec::new();
     for mb in MAX_SPLIT_LADDER_MB {
         let mut trial = config.clone();
-        trial.settings.max_split_size = mb << 20;
+        trial.settings = with_max_split(&config.settings, mb);
         let Ok(out) = replay(workload, &trial, start) else {
+            cannot_start.push(mb);
             continue;
         };
+        let conf = settings_text(&trial.settings);
         match &out.first_oom {
             None => fits.push(FittingSetting {
-                conf: max_split_conf(mb),
+                max_split_size_mb: mb,
+                conf,
                 peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
                 num_device_alloc: out.stats.counts.num_device_alloc,
                 num_alloc_retries: out.stats.counts.num_alloc_retries,
@@ -75,7 +107,8 @@ pub fn search_max_split_sizes(
                     .map_or(first_oom_op, |g| g.first_oom_op);
                 if oom.op_index > best {
                     gets_furthest = Some(GetsFurther {
-                        conf: max_split_conf(mb),
+                        max_split_size_mb: mb,
+                        conf,
                         first_oom_op: oom.op_index,
                         first_oom_event_index: oom.event_index(),
                     });
@@ -87,12 +120,15 @@ pub fn search_max_split_sizes(
     MaxSplitSearch {
         fits,
         gets_furthest,
+        cannot_start,
+        settings: config.settings.clone(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::trace::synth::{SynthKind, SynthSpec};
 
     const MIB: u64 = 1 << 20;
@@ -127,13 +163,10 @@ mod tests {
         let fits = search(&workload, &config).fits;
         assert!(!fits.is_empty());
         for fit in &fits {
-            let mb: u64 = fit
-                .conf
-                .trim_start_matches("max_split_size_mb:")
-                .parse()
-                .unwrap();
+            // The setting as printed, read back as `--conf` reads it, reproduces the fit.
             let mut trial = config.clone();
-            trial.settings.max_split_size = mb << 20;
+            trial.settings = Config::parse_conf_str(&fit.conf).unwrap().settings;
+            assert_eq!(trial.settings.max_split_size, fit.max_split_size_mb << 20);
             let again = replay(&workload, &trial, None).unwrap();
             assert_eq!(
                 again.stats.counts.num_ooms, 0,
@@ -176,7 +209,8 @@ mod tests {
             let mut trial = config.clone();
             trial.settings.max_split_size = mb << 20;
             let oom = replay(&workload, &trial, None).unwrap().first_oom.unwrap();
-            if max_split_conf(mb) == furthest.conf {
+            if mb == furthest.max_split_size_mb {
+                assert_eq!(furthest.conf, format!("max_split_size_mb:{mb}"));
                 assert_eq!(oom.op_index, furthest.first_oom_op);
                 assert_eq!(oom.event_index(), furthest.first_oom_event_index);
             } else {
@@ -203,7 +237,7 @@ mod tests {
         );
         let fits = search(&workload, &config).fits;
         assert!(
-            fits.iter().any(|f| f.conf == max_split_conf(mb)),
+            fits.iter().any(|f| f.max_split_size_mb == mb),
             "max_split_size_mb:{mb} does not fit: {fits:?}"
         );
         let mut at_request = config.clone();
@@ -216,5 +250,42 @@ mod tests {
                 .num_ooms
                 > 0
         );
+    }
+
+    /// With other settings in force, each value's `conf` carries them too: pasted as `--conf`
+    /// it replays the same run (the search keeps them; `--conf` replaces all settings).
+    #[test]
+    fn a_fitting_conf_keeps_the_other_settings() {
+        let (workload, mut config) = transformer_on(6000 << 20);
+        config.settings = Config::parse_conf_str("roundup_power2_divisions:4")
+            .unwrap()
+            .settings;
+        let baseline = replay(&workload, &config, None).unwrap();
+        let Some(first_oom) = baseline.first_oom else {
+            panic!("expected an out-of-memory under roundup_power2_divisions:4");
+        };
+        let found = search_max_split_sizes(&workload, &config, None, first_oom.op_index);
+        assert!(!found.fits.is_empty() && found.cannot_start.is_empty());
+        for fit in &found.fits {
+            assert!(
+                fit.conf.contains("roundup_power2_divisions:4"),
+                "{}",
+                fit.conf
+            );
+            let trial = ReplayConfig {
+                settings: Config::parse_conf_str(&fit.conf).unwrap().settings,
+                ..config.clone()
+            };
+            let again = replay(&workload, &trial, None).unwrap();
+            assert_eq!(again.stats.counts.num_ooms, 0, "{}", fit.conf);
+            assert_eq!(
+                again.stats.reserved_bytes.all.peak as u64,
+                fit.peak_reserved_bytes
+            );
+            assert_eq!(
+                max_split_conf(&config.settings, fit.max_split_size_mb),
+                fit.conf
+            );
+        }
     }
 }

@@ -3,7 +3,7 @@
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
 use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
-use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, MaxSplitSearch, max_split_conf};
+use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, MaxSplitSearch};
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -84,6 +84,10 @@ pub struct ReplayJson {
     /// The `max_split_size_mb` the out-of-memory report suggests, replayed like the others
     /// (null when there was no OOM or the report suggests no value).
     pub report_suggestion: Option<SuggestionJson>,
+    /// The `max_split_size_mb` values the search could not replay: the start state rebuilt
+    /// from the snapshot holds blocks that could not exist under them (null when there was no
+    /// search).
+    pub max_split_sizes_not_replayable: Option<Vec<u64>>,
     /// The first out-of-memory report (null when there was none).
     pub first_oom_report: Option<OomReportJson>,
     /// Every statistic at the end of the replay, under the flattened keys of
@@ -187,6 +191,9 @@ pub struct GetsFurtherJson {
 pub struct SuggestionJson {
     pub conf: String,
     pub fits: bool,
+    /// False when the value could not be replayed at all: the start state rebuilt from the
+    /// snapshot holds blocks that could not exist under it.
+    pub tried: bool,
 }
 
 /// Where the workload came from and how it was replayed.
@@ -240,6 +247,7 @@ impl ReplayJson {
             fitting_settings: None,
             gets_furthest: None,
             report_suggestion: None,
+            max_split_sizes_not_replayable: None,
             first_oom_report: out.first_oom.as_ref().map(|o| (&o.report).into()),
             memory_stats: stats_json(&out.stats),
             stats: out.stats.clone(),
@@ -250,13 +258,12 @@ impl ReplayJson {
     /// Attach the settings found to fit after an OOM (the report's suggestion among those
     /// tried).
     pub fn with_fits(mut self, search: Option<MaxSplitSearch>) -> Self {
-        let (fits, gets_furthest) = match search {
-            Some(s) => (Some(s.fits), s.gets_furthest),
-            None => (None, None),
+        let Some(search) = search else {
+            return self;
         };
-        if fits.as_ref().is_some_and(Vec::is_empty) {
-            self.gets_furthest = gets_furthest.map(|g| GetsFurtherJson {
-                conf: g.conf,
+        if search.fits.is_empty() {
+            self.gets_furthest = search.gets_furthest.as_ref().map(|g| GetsFurtherJson {
+                conf: g.conf.clone(),
                 first_oom_event_index: g.first_oom_event_index,
             });
         }
@@ -264,12 +271,15 @@ impl ReplayJson {
             .first_oom_report
             .as_ref()
             .and_then(|r| r.suggested_max_split_size_mb);
-        if let (Some(fits), Some(mb)) = (&fits, suggested) {
-            let conf = max_split_conf(mb);
-            let fits = fits.iter().any(|f| f.conf == conf);
-            self.report_suggestion = Some(SuggestionJson { conf, fits });
+        if let Some(mb) = suggested {
+            self.report_suggestion = Some(SuggestionJson {
+                conf: search.conf_for(mb),
+                fits: search.fits.iter().any(|f| f.max_split_size_mb == mb),
+                tried: !search.cannot_start.contains(&mb),
+            });
         }
-        self.fitting_settings = fits.map(|f| f.into_iter().map(FittingJson::from).collect());
+        self.max_split_sizes_not_replayable = Some(search.cannot_start.clone());
+        self.fitting_settings = Some(search.fits.into_iter().map(FittingJson::from).collect());
         self
     }
 
@@ -406,8 +416,10 @@ impl ReplayJson {
                 fits,
                 self.report_suggestion.as_ref(),
                 self.gets_furthest.as_ref(),
+                self.max_split_sizes_not_replayable
+                    .as_deref()
+                    .unwrap_or(&[]),
                 self.mode,
-                !self.settings.is_empty(),
             );
         }
         t
@@ -427,36 +439,56 @@ fn fits_text(
     fits: &[FittingJson],
     suggestion: Option<&SuggestionJson>,
     gets_furthest: Option<&GetsFurtherJson>,
+    not_replayable: &[u64],
     mode: &str,
-    other_settings: bool,
 ) -> String {
-    let tried = MAX_SPLIT_LADDER_MB.map(|mb| mb.to_string()).join(", ");
-    // Each value was tried with the replay's other settings unchanged.
-    let others = if other_settings {
-        " (other settings as in this replay)"
+    let listed = |values: &mut dyn Iterator<Item = u64>| {
+        values
+            .map(|mb| mb.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let tried = listed(
+        &mut MAX_SPLIT_LADDER_MB
+            .into_iter()
+            .filter(|mb| !not_replayable.contains(mb)),
+    );
+    // Values the recorded start state rules out were not replayed: say so, and which.
+    let untried = if not_replayable.is_empty() {
+        String::new()
     } else {
-        ""
+        format!(
+            "  (max_split_size_mb values {} were not tried: the start state rebuilt from the \
+             snapshot holds blocks that could not exist under {}.)\n",
+            listed(&mut not_replayable.iter().copied()),
+            if not_replayable.len() == 1 {
+                "it"
+            } else {
+                "them"
+            }
+        )
     };
     if fits.is_empty() {
         let mut t = format!(
-            "\nNo max_split_size_mb value tried ({tried}) lets this workload run without an \
-             out-of-memory on this device{others}: it needs more memory."
+            "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) lets \
+             this workload run without an out-of-memory on this device: it needs more memory."
         );
         match gets_furthest {
             Some(g) => {
                 t += &format!(
-                    " With {} it gets past this out-of-memory and first runs out at {}.\n",
+                    " With --conf {} it gets past this out-of-memory and first runs out at {}.\n",
                     g.conf,
                     event_at(mode, g.first_oom_event_index)
                 );
             }
             None => t += " No value gets past this out-of-memory.\n",
         }
-        return t;
+        return t + &untried;
     }
-    let mut t = format!(
-        "\nSettings that avoid every out-of-memory here{others}, each verified by replaying:\n"
-    );
+    let mut t = "\nSettings that avoid every out-of-memory here, each verified by replaying \
+                 (max_split_size_mb values with this replay's other settings):\n"
+        .to_string();
+    let width = fits.iter().map(|f| f.conf.len()).max().unwrap_or(0);
     for f in fits {
         let note = if suggestion.is_some_and(|s| s.conf == f.conf) {
             " (the report's suggestion)"
@@ -464,23 +496,31 @@ fn fits_text(
             ""
         };
         t += &format!(
-            "  --conf {:<24} peak reserved {}, {} cudaMalloc, {} retries{note}\n",
+            "  --conf {:<width$}  peak reserved {}, {} cudaMalloc, {} retries{note}\n",
             f.conf,
             format_size(f.peak_reserved_bytes),
             f.num_device_alloc,
             f.num_alloc_retries
         );
     }
-    // (A candidate that fails is one that still runs out of memory, or, with a start state
-    // rebuilt from a snapshot, one under which that state cannot exist.)
-    if let Some(s) = suggestion.filter(|s| !s.fits) {
-        t += &format!(
-            "  ({}, the report's suggestion, was tried and does not avoid the out-of-memory \
-             here.)\n",
-            s.conf
-        );
+    match suggestion {
+        Some(s) if !s.tried => {
+            t += &format!(
+                "  ({}, the report's suggestion, cannot be replayed from this recording's start \
+                 state.)\n",
+                s.conf
+            );
+        }
+        Some(s) if !s.fits => {
+            t += &format!(
+                "  ({}, the report's suggestion, was tried and does not avoid the \
+                 out-of-memory here.)\n",
+                s.conf
+            );
+        }
+        _ => {}
     }
-    t
+    t + &untried
 }
 
 fn opt(v: Option<u64>) -> String {
