@@ -76,7 +76,7 @@ def study(name, source):
             continue
         req_mib = report["rounded_bytes"] / MIB
         lf_mib = max(report["largest_free_block_bytes"], default=0) / MIB
-        fitting = {int(f["conf"].split(":")[1]): f["num_device_alloc"]
+        fitting = {f["max_split_size_mb"]: f["num_device_alloc"]
                    for f in out["fitting_settings"]}
         named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}
         # cudaMalloc calls under each rule's value when it fits, else None.

@@ -103,6 +103,8 @@ pub struct ReplayJson {
 /// A setting verified to replay without an OOM.
 #[derive(Clone, Debug, Serialize)]
 pub struct FittingJson {
+    pub max_split_size_mb: u64,
+    /// Every setting of the replay with this value: a complete `--conf` value.
     pub conf: String,
     pub peak_reserved_bytes: u64,
     pub num_device_alloc: u64,
@@ -112,6 +114,7 @@ pub struct FittingJson {
 impl From<FittingSetting> for FittingJson {
     fn from(f: FittingSetting) -> Self {
         FittingJson {
+            max_split_size_mb: f.max_split_size_mb,
             conf: f.conf,
             peak_reserved_bytes: f.peak_reserved_bytes,
             num_device_alloc: f.num_device_alloc,
@@ -181,6 +184,8 @@ impl From<&OomReport> for OomReportJson {
 /// A setting that gets past the replay's first OOM, and where it runs out of memory itself.
 #[derive(Clone, Debug, Serialize)]
 pub struct GetsFurtherJson {
+    pub max_split_size_mb: u64,
+    /// A complete `--conf` value, as in `FittingJson`.
     pub conf: String,
     /// Counted like `first_oom_event_index`.
     pub first_oom_event_index: usize,
@@ -263,6 +268,7 @@ impl ReplayJson {
         };
         if search.fits.is_empty() {
             self.gets_furthest = search.gets_furthest.as_ref().map(|g| GetsFurtherJson {
+                max_split_size_mb: g.max_split_size_mb,
                 conf: g.conf.clone(),
                 first_oom_event_index: g.first_oom_event_index,
             });
