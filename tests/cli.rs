@@ -573,6 +573,49 @@ fn options_without_effect_on_a_replay_are_warned_about() {
         "{}",
         String::from_utf8_lossy(&quiet.stderr)
     );
+    // A garbage-collection threshold acts only under a fraction limit; a fraction of 0
+    // refuses everything.
+    let stderr_of = |conf: &str| {
+        let out = cachealloc(&[
+            "synth",
+            "transformer:steps=1",
+            "--capacity",
+            "8GiB",
+            "--conf",
+            conf,
+        ]);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = stderr_of("garbage_collection_threshold:0.5");
+    assert!(err.contains("this replay never collects"), "{err}");
+    assert!(
+        stderr_of("garbage_collection_threshold:0.5,per_process_memory_fraction:0.9").is_empty()
+    );
+    let err = stderr_of("per_process_memory_fraction:0");
+    assert!(err.contains("allows no memory at all"), "{err}");
+}
+
+/// A faithful replay whose start state cannot exist under --conf's settings says how to ask
+/// the what-if question instead.
+#[test]
+fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
+    let Some(t) = trace("cs336-magma27/15883f2/memory_snapshot.pickle") else {
+        return;
+    };
+    let path = t.to_str().unwrap();
+    let out = cachealloc(&[
+        "replay",
+        path,
+        "--faithful",
+        "--conf",
+        "max_split_size_mb:64",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot exist under these settings"), "{err}");
+    assert!(err.contains("drop --faithful"), "{err}");
+    let plain = cachealloc(&["replay", path, "--conf", "max_split_size_mb:64"]);
+    assert!(plain.status.success());
 }
 
 /// A cachealloc trace file of device 0 in the temporary directory, one event per

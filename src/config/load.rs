@@ -134,7 +134,8 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
                 value = %entry.value.as_written(),
                 "ignoring PyTorch-only allocator key"
             );
-            config.ignored_keys.push(entry.key);
+            let value = entry.value.as_written();
+            config.ignored.push((entry.key, value));
         } else {
             let allowed = options::keys_for(carriers);
             let suggestion = closest(key, &allowed);

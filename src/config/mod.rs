@@ -158,8 +158,9 @@ pub struct Config {
     pub log_filter: String,
     /// Which variable the options came from.
     pub source: ConfigSource,
-    /// PyTorch-only keys that were present and ignored, in order of appearance.
-    pub ignored_keys: Vec<String>,
+    /// PyTorch-only keys that were present and ignored, with their values as written, in
+    /// order of appearance.
+    pub ignored: Vec<(String, String)>,
     /// Variables set but not read (a variable before them in precedence was set), with the
     /// allocator keys they hold: a tuning the user may think is in force.
     pub unread: Vec<(ConfigSource, String)>,
@@ -177,7 +178,7 @@ impl Default for Config {
             disabled: false,
             log_filter: options::DEFAULT_LOG_FILTER.to_string(),
             source: ConfigSource::Defaults,
-            ignored_keys: Vec::new(),
+            ignored: Vec::new(),
             unread: Vec::new(),
         }
     }
@@ -264,14 +265,42 @@ impl Config {
                 self.source.name()
             ));
         }
-        for (key, instead) in options::POLICY_KEYS_NOT_SUPPORTED {
-            if self.ignored_keys.iter().any(|k| k == key) {
+        for p in options::POLICY_KEYS_NOT_SUPPORTED {
+            let set = self
+                .ignored
+                .iter()
+                .any(|(k, v)| k == p.key && p.value.is_none_or(|value| v == value));
+            if set {
+                let written = match p.value {
+                    Some(value) => format!("{}:{value}", p.key),
+                    None => p.key.to_string(),
+                };
                 warnings.push(format!(
-                    "{}: {key} is not supported by cachealloc yet; {instead}",
-                    self.source.name()
+                    "{}: {written} is not supported by cachealloc yet; {}",
+                    self.source.name(),
+                    p.instead
                 ));
             }
         }
         warnings
+    }
+
+    /// Warnings about library options that are set but do nothing as set (today:
+    /// `stats_file` without `stats`).
+    pub fn ineffective_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let (Some(path), StatsOutput::Off) = (&self.stats_file, self.stats) {
+            warnings.push(format!(
+                "{}: stats_file:{path} has no effect without stats:json or stats:text (the \
+                 statistics are written at exit only when stats is set)",
+                self.source.name()
+            ));
+        }
+        warnings
+    }
+
+    /// The ignored PyTorch-only keys, in order of appearance.
+    pub fn ignored_keys(&self) -> Vec<&str> {
+        self.ignored.iter().map(|(k, _)| k.as_str()).collect()
     }
 }

@@ -118,12 +118,36 @@ pub const PYTORCH_ONLY_KEYS: &[&str] = &[
     "expandable_segments_reserve_by_class",
 ];
 
-/// PyTorch-only keys that change the policy PyTorch would follow: ignoring them is worth a
-/// warning (see `Config::drop_unsupported`), with what cachealloc does instead.
-pub const POLICY_KEYS_NOT_SUPPORTED: &[(&str, &str)] = &[(
-    "large_segment_size_mb",
-    "large segments stay 20 MiB (PyTorch's default) and max_split_size_mb's minimum stays 20",
-)];
+/// A PyTorch-only key that changes the policy PyTorch would follow, so that ignoring it is
+/// worth a warning (see `Config::drop_unsupported`).
+pub struct IgnoredPolicyKey {
+    pub key: &'static str,
+    /// The value that changes the policy (`None`: any value).
+    pub value: Option<&'static str>,
+    /// What cachealloc does instead.
+    pub instead: &'static str,
+}
+
+pub const POLICY_KEYS_NOT_SUPPORTED: &[IgnoredPolicyKey] = &[
+    IgnoredPolicyKey {
+        key: "large_segment_size_mb",
+        value: None,
+        instead: "large segments stay 20 MiB (PyTorch's default) and max_split_size_mb's \
+                  minimum stays 20",
+    },
+    IgnoredPolicyKey {
+        key: "backend",
+        value: Some("cudaMallocAsync"),
+        instead: "PyTorch then allocates with cudaMallocAsync, which cachealloc neither serves \
+                  nor replays: its pool and replays follow the native caching allocator",
+    },
+    IgnoredPolicyKey {
+        key: "throw_on_cudamalloc_oom",
+        value: Some("True"),
+        instead: "a request over the per_process_memory_fraction limit takes the native path \
+                  (release cached blocks, retry) before it fails",
+    },
+];
 
 /// Every option, in the order of the README table.
 pub static OPTIONS: &[OptionSpec] = &[
@@ -372,9 +396,14 @@ pub fn render_markdown_table() -> String {
          variables: {}.",
         ignored.join(", ")
     ));
-    for (key, instead) in POLICY_KEYS_NOT_SUPPORTED {
+    for p in POLICY_KEYS_NOT_SUPPORTED {
+        let written = match p.value {
+            Some(value) => format!("{}:{value}", p.key),
+            None => p.key.to_string(),
+        };
         out.push_str(&format!(
-            " `{key}` changes PyTorch's policy, so ignoring it is a warning: {instead}."
+            " `{written}` changes PyTorch's policy, so ignoring it is a warning: {}.",
+            p.instead
         ));
     }
     out.push('\n');

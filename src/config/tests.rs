@@ -458,7 +458,7 @@ fn pytorch_only_keys_are_ignored_in_every_variable() {
         assert_eq!(c.settings.max_split_size, 64 * MIB, "{var}");
         assert!(c.settings.expandable_segments, "{var}");
         assert_eq!(
-            c.ignored_keys,
+            c.ignored_keys(),
             [
                 "backend",
                 "pinned_num_register_threads",
@@ -470,7 +470,7 @@ fn pytorch_only_keys_are_ignored_in_every_variable() {
     }
     // Their values are PyTorch's to check, including lists.
     let c = conf("pinned_num_register_threads:3,backend:[a:b]").unwrap();
-    assert_eq!(c.ignored_keys, ["pinned_num_register_threads", "backend"]);
+    assert_eq!(c.ignored_keys(), ["pinned_num_register_threads", "backend"]);
 }
 
 #[test]
@@ -510,7 +510,7 @@ fn conf_flag_has_cachealloc_conf_meaning() {
     assert_eq!(c.source, ConfigSource::CommandLine);
     assert_eq!(c.free_sync, FreeSync::Event);
     assert_eq!(c.settings.max_split_size, 40 * MIB);
-    assert_eq!(c.ignored_keys, ["backend"]);
+    assert_eq!(c.ignored_keys(), ["backend"]);
     let e = Config::parse_conf_str("max_split_size_mb:1").unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -631,13 +631,53 @@ fn ignored_policy_keys_warn_and_expandable_reserve_keys_are_ignored() {
         ]
     );
     assert_eq!(
-        c.ignored_keys,
+        c.ignored_keys(),
         [
             "large_segment_size_mb",
             "expandable_segments_reserve",
             "expandable_segments_reserve_by_class"
         ]
     );
+}
+
+/// `backend:cudaMallocAsync` and `throw_on_cudamalloc_oom:True` change what PyTorch would do,
+/// so ignoring them warns; their harmless values (`native`, `False`) do not.
+#[test]
+fn policy_values_of_ignored_keys_warn() {
+    let source = "PYTORCH_CUDA_ALLOC_CONF";
+    let with = |text: &'static str| {
+        Config::from_lookup(move |k| (k == source).then(|| text.to_string()))
+            .unwrap()
+            .drop_unsupported()
+    };
+    assert_eq!(
+        with("backend:cudaMallocAsync,throw_on_cudamalloc_oom:True"),
+        [
+            "PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is not supported by cachealloc yet; \
+             PyTorch then allocates with cudaMallocAsync, which cachealloc neither serves nor \
+             replays: its pool and replays follow the native caching allocator",
+            "PYTORCH_CUDA_ALLOC_CONF: throw_on_cudamalloc_oom:True is not supported by cachealloc \
+             yet; a request over the per_process_memory_fraction limit takes the native path \
+             (release cached blocks, retry) before it fails",
+        ]
+    );
+    assert!(with("backend:native,throw_on_cudamalloc_oom:False").is_empty());
+}
+
+#[test]
+fn a_stats_file_without_stats_is_a_warning() {
+    let warned = conf("stats_file:/tmp/s.json")
+        .unwrap()
+        .ineffective_warnings();
+    assert_eq!(
+        warned,
+        [
+            "CACHEALLOC_CONF: stats_file:/tmp/s.json has no effect without stats:json or \
+             stats:text (the statistics are written at exit only when stats is set)"
+        ]
+    );
+    let quiet = conf("stats:json,stats_file:/tmp/s.json").unwrap();
+    assert!(quiet.ineffective_warnings().is_empty());
 }
 
 #[test]

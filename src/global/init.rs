@@ -56,7 +56,10 @@ fn decide() -> Mode {
             for warning in config.drop_unsupported() {
                 tracing::warn!("{warning}");
             }
-            for key in &config.ignored_keys {
+            for warning in config.ineffective_warnings() {
+                tracing::warn!("{warning}");
+            }
+            for key in config.ignored_keys() {
                 tracing::debug!(
                     "{}: ignoring PyTorch-only key '{key}'",
                     config.source.name()

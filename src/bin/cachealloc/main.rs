@@ -126,7 +126,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 .map_err(|e: cachealloc::trace::synth::SynthError| e.0)?;
             let workload = spec.generate(args.seed).map_err(|e| e.0)?;
             let (config, settings_text) = replay_config(&args.common)?;
-            warn_fraction_without_capacity(&config);
+            warn_ineffective_settings(&config);
             let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
             let fits = fits_after_oom(&out, &workload, &config, None);
             let ctx = Context {
@@ -159,9 +159,17 @@ fn run(cli: Cli) -> Result<String, String> {
                 config.address_hints = loaded.address_hints.clone();
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
-            warn_fraction_without_capacity(&config);
-            let out = replay(&loaded.workload, &config, loaded.start.as_ref())
-                .map_err(|e| format!("{}: {e}", args.trace.display()))?;
+            warn_ineffective_settings(&config);
+            let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
+                let advice = match e {
+                    cachealloc::pool::Error::InvalidSeed(_) if args.common.conf.is_some() => {
+                        " (the start state is rebuilt under --conf's settings; for a what-if \
+                         replay under other settings, drop --faithful)"
+                    }
+                    _ => "",
+                };
+                format!("{}: {e}{advice}", args.trace.display())
+            })?;
             let fits = fits_after_oom(&out, &loaded.workload, &config, loaded.start.as_ref());
             let ctx = Context {
                 trace: args.trace.display().to_string(),
@@ -210,14 +218,26 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
 
 /// `per_process_memory_fraction` limits the pool to a fraction of the device's capacity, which
 /// a replay without one does not have.
-fn warn_fraction_without_capacity(config: &ReplayConfig) {
-    let fraction = config.settings.per_process_memory_fraction;
-    // (A fraction of 0 allows nothing of any device, unlimited or not.)
-    if config.capacity.is_none() && fraction > 0.0 && fraction < 1.0 {
+/// Warn about settings that do nothing, or refuse everything, on this replay's device.
+fn warn_ineffective_settings(config: &ReplayConfig) {
+    let settings = &config.settings;
+    let fraction = settings.per_process_memory_fraction;
+    if fraction == 0.0 {
+        eprintln!(
+            "cachealloc: warning: per_process_memory_fraction:0 allows no memory at all: every \
+             allocation fails (as in PyTorch)"
+        );
+    } else if config.capacity.is_none() && fraction < 1.0 {
         eprintln!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
              capacity, and this replay's device is unlimited: give --capacity for the limit to \
              apply"
+        );
+    }
+    if settings.garbage_collection_threshold > 0.0 && fraction >= 1.0 {
+        eprintln!(
+            "cachealloc: warning: garbage_collection_threshold acts only under a \
+             per_process_memory_fraction below 1 (as in PyTorch): this replay never collects"
         );
     }
 }
