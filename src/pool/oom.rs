@@ -6,6 +6,9 @@
 //! the device still has free, capped by `per_process_memory_fraction`.
 //! - Exhausted: allocated + the block exceeds even the device capacity (or the fraction limit).
 //!   No policy can help: live memory must shrink.
+//! - Segment too large: the request fits next to what is allocated, but no free block can hold
+//!   it and the segment a new block needs (20 MiB for a 1–10 MiB request) is larger than all the
+//!   memory this process may use. No setting changes segment sizes: a larger device is needed.
 //! - Untracked: it would fit in the capacity, but not in reserved + free, because memory outside
 //!   cachealloc (other processes, CUDA contexts, other allocators) holds the difference.
 //! - Other stream: it fits in reserved-but-unallocated + free, and a free cached block is large
@@ -103,6 +106,17 @@ pub enum OomHint {
         /// The `per_process_memory_fraction` limit is what binds.
         by_fraction_limit: bool,
     },
+    /// The segment a new block for the request needs is larger than all the memory this
+    /// process may use (the device, or the fraction limit): not fragmentation.
+    SegmentTooLarge {
+        /// Rounded size of the request.
+        request: u64,
+        /// The segment it needs (`rounding::segment_size`).
+        segment: u64,
+        /// What this process may use at most.
+        limit: u64,
+        by_fraction_limit: bool,
+    },
     /// The request would fit in the capacity, but memory not tracked by cachealloc (other
     /// processes or contexts on the device) holds what is missing.
     Untracked { untracked: u64, missing: u64 },
@@ -113,8 +127,11 @@ pub enum OomHint {
         request: u64,
         /// Reserved but unallocated bytes (in split segments).
         unallocated: u64,
-        /// Free bytes on the device.
+        /// Free bytes on the device that this process may still use (capped by the fraction
+        /// limit).
         device_free: u64,
+        /// `device_free` is less than the device has: the fraction limit caps it.
+        fraction_capped: bool,
         /// The segment a new block for the request takes (`rounding::segment_size`).
         segment: u64,
         /// The largest free cached block of the request's pool (0 when none).
@@ -132,7 +149,9 @@ pub enum OomHint {
         /// Rounded size of the request.
         request: u64,
         unallocated: u64,
+        /// As in `Fragmentation`.
         device_free: u64,
+        fraction_capped: bool,
         /// The block of another stream that would have served it, and that stream.
         other_stream_block: u64,
         other_stream: StreamId,
@@ -181,17 +200,29 @@ impl OomReport {
                 by_fraction_limit,
             };
         }
+        if self.alloc_size > limit {
+            return OomHint::SegmentTooLarge {
+                request: self.rounded,
+                segment: self.alloc_size,
+                limit,
+                by_fraction_limit,
+            };
+        }
         if needed > obtainable {
             return OomHint::Untracked {
                 untracked: self.untracked(),
                 missing: needed - obtainable,
             };
         }
+        // What the device has free, as far as the fraction limit lets this process use it.
+        let usable_free = self.device_free.min(limit.saturating_sub(self.reserved));
+        let fraction_capped = usable_free < self.device_free;
         if let Some((other_stream, block)) = self.other_stream_fit {
             return OomHint::OtherStream {
                 request: self.rounded,
                 unallocated: self.unallocated(),
-                device_free: self.device_free,
+                device_free: usable_free,
+                fraction_capped,
                 other_stream_block: block,
                 other_stream,
             };
@@ -206,13 +237,23 @@ impl OomReport {
         OomHint::Fragmentation {
             request: self.rounded,
             unallocated: self.unallocated(),
-            device_free: self.device_free,
+            device_free: usable_free,
+            fraction_capped,
             segment: self.alloc_size,
             largest_free_block,
             suggested_max_split_size_mb: suggested
                 .filter(|&mb| current_mb.is_none_or(|current| current > mb)),
             current_max_split_size_mb: current_mb,
         }
+    }
+}
+
+/// Qualifies "free on the device" when the fraction limit caps what this process may use.
+fn within_limit(fraction_capped: bool) -> &'static str {
+    if fraction_capped {
+        " within the per_process_memory_fraction limit"
+    } else {
+        ""
     }
 }
 
@@ -255,6 +296,28 @@ impl fmt::Display for OomHint {
                     )
                 }
             }
+            OomHint::SegmentTooLarge {
+                request,
+                segment,
+                limit,
+                by_fraction_limit,
+            } => {
+                write!(
+                    f,
+                    "Not fragmentation: no free block can hold this {} block, and a new segment \
+                     for it takes {} ({}), more than this process can use at all ({}). ",
+                    format_size(request),
+                    format_size(segment),
+                    segment_rule(segment),
+                    format_size(limit)
+                )?;
+                f.write_str(if by_fraction_limit {
+                    "No allocator setting changes segment sizes: raise \
+                     per_process_memory_fraction or use a larger GPU."
+                } else {
+                    "No allocator setting changes segment sizes: use a larger GPU."
+                })
+            }
             OomHint::Untracked { untracked, missing } => write!(
                 f,
                 "Memory outside cachealloc: {} of this GPU is used by other processes, CUDA \
@@ -267,18 +330,20 @@ impl fmt::Display for OomHint {
                 request,
                 unallocated,
                 device_free,
+                fraction_capped,
                 other_stream_block,
                 other_stream,
             } => write!(
                 f,
                 "Cached for another stream: {} reserved but unallocated plus {} free on the \
-                 device would hold this {} block, and a free cached block of {} would too, but \
+                 device{} would hold this {} block, and a free cached block of {} would too, but \
                  it belongs to stream {:#x}: a block is reused only on the stream it was \
                  allocated on. Allocating these tensors on the stream that freed that memory, \
                  or all of them on one stream, lets it be reused; `cachealloc replay` of a \
                  recorded trace shows whether any setting helps.",
                 format_size(unallocated),
                 format_size(device_free),
+                within_limit(fraction_capped),
                 format_size(request),
                 format_size(other_stream_block),
                 other_stream.0
@@ -287,6 +352,7 @@ impl fmt::Display for OomHint {
                 request,
                 unallocated,
                 device_free,
+                fraction_capped,
                 segment,
                 largest_free_block,
                 suggested_max_split_size_mb,
@@ -294,10 +360,11 @@ impl fmt::Display for OomHint {
             } => {
                 write!(
                     f,
-                    "Fragmentation: {} reserved but unallocated plus {} free on the device \
+                    "Fragmentation: {} reserved but unallocated plus {} free on the device{} \
                      would hold this {} block, but ",
                     format_size(unallocated),
                     format_size(device_free),
+                    within_limit(fraction_capped),
                     format_size(request),
                 )?;
                 if largest_free_block == 0 {
@@ -444,6 +511,69 @@ mod tests {
         }
     }
 
+    /// A 1-10 MiB request needs a 20 MiB segment: on a device (or under a fraction limit)
+    /// smaller than that, with no free block to take it, no setting helps, whatever is
+    /// reserved but unallocated elsewhere.
+    #[test]
+    fn a_segment_larger_than_the_device_is_not_fragmentation() {
+        let report = OomReport {
+            requested: 8 * MIB,
+            rounded: 8 * MIB,
+            alloc_size: 20 * MIB,
+            device_total: 10 * MIB,
+            device_free: 7 * MIB,
+            allocated: MIB,
+            reserved: 2 * MIB,
+            largest_free_blocks: vec![MIB],
+            free_blocks: 1,
+            pool_largest_free_block: 0,
+            ..fragmented()
+        };
+        assert_eq!(
+            report.hint(),
+            OomHint::SegmentTooLarge {
+                request: 8 * MIB,
+                segment: 20 * MIB,
+                limit: 10 * MIB,
+                by_fraction_limit: false,
+            }
+        );
+        assert!(
+            report.to_string().contains(
+                "Hint: Not fragmentation: no free block can hold this 8.00 MiB block, and a new \
+                 segment for it takes 20.00 MiB (requests of 1-10 MiB get 20 MiB segments), more \
+                 than this process can use at all (10.00 MiB). No allocator setting changes \
+                 segment sizes: use a larger GPU."
+            ),
+            "{report}"
+        );
+    }
+
+    /// Under a fraction limit, the fragmentation hint counts only the free device memory the
+    /// limit still allows, and says so.
+    #[test]
+    fn fragmentation_under_a_fraction_limit_counts_what_the_limit_allows() {
+        let report = OomReport {
+            allowed_maximum: Some(78 * GIB + 256 * MIB),
+            ..fragmented()
+        };
+        match report.hint() {
+            OomHint::Fragmentation {
+                device_free,
+                fraction_capped,
+                ..
+            } => assert_eq!((device_free, fraction_capped), (256 * MIB, true)),
+            other => panic!("expected fragmentation: {other:?}"),
+        }
+        assert!(
+            report.to_string().contains(
+                "Fragmentation: 18.00 GiB reserved but unallocated plus 256.00 MiB free on the \
+                 device within the per_process_memory_fraction limit would hold"
+            ),
+            "{report}"
+        );
+    }
+
     #[test]
     fn live_memory_over_capacity_is_exhaustion() {
         let report = OomReport {
@@ -575,6 +705,7 @@ mod tests {
                 request: 1000 * MIB,
                 unallocated: 18 * GIB,
                 device_free: 512 * MIB,
+                fraction_capped: false,
                 segment: 1000 * MIB,
                 largest_free_block: 600 * MIB,
                 suggested_max_split_size_mb: Some(512),

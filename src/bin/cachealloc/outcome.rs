@@ -159,6 +159,7 @@ impl From<&OomReport> for OomReportJson {
         OomReportJson {
             kind: match r.hint() {
                 OomHint::Exhausted { .. } => "exhausted",
+                OomHint::SegmentTooLarge { .. } => "segment_too_large",
                 OomHint::Untracked { .. } => "untracked",
                 OomHint::Fragmentation { .. } => "fragmentation",
                 OomHint::OtherStream { .. } => "other_stream",
