@@ -117,8 +117,8 @@ fn a_recorded_trace_replays_to_what_the_shim_did() {
     let summary = stdout(&replay(&[trace.to_str().unwrap()]));
     assert!(
         summary.contains(&format!(
-            "{pending} allocations whose free was still waiting for device work when the \
-             recording ended"
+            "still allocated at the end: {pending} allocations whose free was waiting for \
+             device work when the recording ended"
         )),
         "{summary}"
     );

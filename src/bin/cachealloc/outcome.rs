@@ -314,52 +314,35 @@ impl ReplayJson {
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
         }
-        let mut parts = vec![counted(self.allocs, "allocation")];
+        // The parts add up to `events`; what the replay left out, or notes about a part, come
+        // after it.
+        let mut allocs = counted(self.allocs, "allocation");
+        if self.requests_too_large > 0 {
+            allocs += &format!(" ({} of 1 EB or more, refused)", self.requests_too_large);
+        }
+        let mut frees = counted(self.frees, "free");
+        let mut of_frees = Vec::new();
         if self.orphans_replayed {
-            parts.push(format!(
-                "{}, {} of them of memory from before the trace, freed from the rebuilt start \
-                 state",
-                counted(self.frees, "free"),
+            of_frees.push(format!(
+                "{} of memory from before the trace, freed from the rebuilt start state",
                 self.orphan_frees
             ));
-        } else {
-            parts.push(counted(self.frees, "free"));
-            if self.mode != "synthetic" {
-                parts.push(format!(
-                    "{} of memory from before the trace skipped",
-                    counted(self.orphan_frees, "free")
-                ));
-            }
         }
         if self.missing_frees > 0 {
-            parts.push(format!(
-                "{} at an address still live in the trace (a free of the earlier allocation, \
-                 missing from the trace, was added before {})",
-                counted(self.missing_frees, "allocation"),
-                if self.missing_frees == 1 {
-                    "it"
-                } else {
-                    "each"
-                }
+            of_frees.push(format!(
+                "{} added: the trace allocates at an address it has not freed since its last \
+                 allocation there, so the replay frees the earlier allocation first",
+                self.missing_frees
             ));
         }
-        if self.pending_frees > 0 {
-            parts.push(format!(
-                "{} whose free was still waiting for device work when the recording ended \
-                 (allocated at the end of the replay)",
-                counted(self.pending_frees, "allocation")
-            ));
+        if !of_frees.is_empty() {
+            frees += &format!(" ({})", of_frees.join("; "));
         }
+        let mut parts = vec![allocs, frees];
         if self.frees_of_failed_allocs > 0 {
             parts.push(format!(
-                "{} of allocations that ran out of memory skipped",
+                "{} of allocations that ran out of memory, skipped",
                 counted(self.frees_of_failed_allocs, "free")
-            ));
-        }
-        if self.requests_too_large > 0 {
-            parts.push(format!(
-                "{} of 1 EB or more refused",
-                counted(self.requests_too_large, "request")
             ));
         }
         parts.push(counted(self.empty_cache_calls, "empty_cache call"));
@@ -375,6 +358,19 @@ impl ReplayJson {
             ));
         }
         t += &format!("  events: {} ({})\n", self.events, parts.join(", "));
+        if !self.orphans_replayed && self.orphan_frees > 0 {
+            t += &format!(
+                "  not replayed: {} of memory from before the trace\n",
+                counted(self.orphan_frees, "free")
+            );
+        }
+        if self.pending_frees > 0 {
+            t += &format!(
+                "  still allocated at the end: {} whose free was waiting for device work when \
+                 the recording ended\n",
+                counted(self.pending_frees, "allocation")
+            );
+        }
         t += &format!(
             "  peak allocated {} | peak requested {} | peak reserved {} | final reserved {}\n",
             fs(self.peak_allocated_bytes),
