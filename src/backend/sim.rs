@@ -8,10 +8,15 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// Segments are aligned to this, like the driver's 2 MiB allocation granularity.
 pub const SEGMENT_ALIGNMENT: u64 = 2 << 20; // 2 MiB
-/// Lowest address the simulated device hands out.
-pub const ADDRESS_BASE: u64 = 0x7f00_0000_0000;
+/// Lowest address the simulated device hands out (addresses are handed out from the top down,
+/// so they look like the driver's `0x7f…` ones; the space below is there for devices larger
+/// than any real one).
+pub const ADDRESS_BASE: u64 = SEGMENT_ALIGNMENT;
 /// One past the highest address the simulated device hands out.
 pub const ADDRESS_TOP: u64 = 0x7fff_0000_0000;
+/// The most memory a simulated device can have (about 128 TiB): a larger capacity, or an
+/// unlimited one, is this much, so that running out of addresses is running out of memory.
+pub const ADDRESS_SPACE: u64 = ADDRESS_TOP - ADDRESS_BASE;
 
 /// How many queued address hints an allocation looks through for one of its size.
 const HINT_LOOKAHEAD: usize = 4;
@@ -60,12 +65,12 @@ pub struct SimDevice {
 }
 
 impl SimDevice {
-    /// A device of `capacity` bytes (use `u64::MAX` for "unlimited"), top-down placement,
-    /// fences done immediately.
+    /// A device of `capacity` bytes (use `u64::MAX` for "unlimited": `ADDRESS_SPACE`, as is
+    /// any larger capacity), top-down placement, fences done immediately.
     pub fn new(capacity: u64) -> Self {
         Self {
             device: DeviceId(0),
-            capacity,
+            capacity: capacity.min(ADDRESS_SPACE),
             foreign_used: 0,
             used: 0,
             placement: Placement::TopDown,
@@ -101,8 +106,9 @@ impl SimDevice {
         self.capacity
     }
 
+    /// As in `new`: at most `ADDRESS_SPACE`.
     pub fn set_capacity(&mut self, capacity: u64) {
-        self.capacity = capacity;
+        self.capacity = capacity.min(ADDRESS_SPACE);
     }
 
     /// Memory used on the device by something other than this allocator.
@@ -322,6 +328,22 @@ mod tests {
         let b = sim.allocate(2 * MIB).unwrap().addr();
         assert_eq!(a, ADDRESS_BASE);
         assert_eq!(b, a + 2 * MIB);
+    }
+
+    /// A device has at most the address space's bytes: 2 TiB fit on an unlimited device, and
+    /// a capacity larger than the space is the space, so that a device out of addresses
+    /// reports itself full.
+    #[test]
+    fn capacity_is_at_most_the_address_space() {
+        let mut sim = SimDevice::new(u64::MAX);
+        assert_eq!(sim.capacity(), ADDRESS_SPACE);
+        let big = sim.allocate(2 << 40).expect("2 TiB fits");
+        assert!(big.addr() >= ADDRESS_BASE && big.addr() + (2 << 40) <= ADDRESS_TOP);
+        sim.set_capacity(u64::MAX / 2);
+        assert_eq!(sim.capacity(), ADDRESS_SPACE);
+        let info = sim.mem_info().unwrap();
+        assert_eq!(info.free, ADDRESS_SPACE - (2 << 40));
+        assert!(sim.allocate(ADDRESS_SPACE).is_err());
     }
 
     #[test]
