@@ -117,6 +117,27 @@ fn out_of_memory_answers_2_and_the_program_goes_on() {
     assert!(log.contains("WARN"), "{log}");
 }
 
+/// A tuning PyTorch accepts with a number not written plainly keeps the program running: the
+/// number is read as PyTorch reads it, and a warning says so.
+#[test]
+fn a_number_pytorch_reads_loosely_is_read_its_way_with_a_warning() {
+    let out = check(
+        "churn",
+        &[
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128MB"),
+            ("SHIM_CHECK_ITERATIONS", "20"),
+        ],
+    );
+    let log = stderr(&out);
+    assert!(
+        log.contains(
+            "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb:128MB: '128MB' is read as 128, as \
+             PyTorch reads it"
+        ),
+        "{log}"
+    );
+}
+
 /// `CACHEALLOC_LOG=cachealloc::device=debug` shows the pool's own device calls in order: the
 /// segment it obtained, the failed request, the release of the cached segment that let the
 /// next request fit, and that request's segment — and the default log shows none of them.

@@ -54,7 +54,7 @@ fn entries_not_in_force(config: &Config, text: &str) -> String {
             options::find(&e.key).is_some_and(|spec| {
                 let mut applied = config.clone();
                 spec.carrier == Carrier::Shared
-                    && (spec.apply(&mut applied, &e.value).is_err()
+                    && (spec.apply(&mut applied, &e.value, &mut Vec::new()).is_err()
                         || applied.settings != config.settings)
             })
         })
@@ -118,15 +118,23 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
                 let problem = Problem::CacheallocOnlyKey { key: entry.key };
                 return Err(ConfigError::new(variable, problem));
             }
-            spec.apply(config, &entry.value).map_err(|why| {
-                let value = entry.value.as_written();
-                let problem = Problem::InvalidValue {
-                    key: entry.key.clone(),
-                    value,
-                    why,
-                };
-                ConfigError::new(variable, problem)
-            })?;
+            let mut notes = Vec::new();
+            spec.apply(config, &entry.value, &mut notes)
+                .map_err(|why| {
+                    let value = entry.value.as_written();
+                    let problem = Problem::InvalidValue {
+                        key: entry.key.clone(),
+                        value,
+                        why,
+                    };
+                    ConfigError::new(variable, problem)
+                })?;
+            let written = entry.value.as_written();
+            for note in notes {
+                config
+                    .reading_notes
+                    .push(format!("{variable}: {key}:{written}: {note}"));
+            }
         } else if PYTORCH_ONLY_KEYS.contains(&key) {
             tracing::debug!(
                 variable,

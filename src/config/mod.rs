@@ -31,6 +31,7 @@
 
 pub mod error;
 mod load;
+pub mod numbers;
 pub mod options;
 pub mod path;
 pub mod syntax;
@@ -161,6 +162,9 @@ pub struct Config {
     /// PyTorch-only keys that were present and ignored, with their values as written, in
     /// order of appearance.
     pub ignored: Vec<(String, String)>,
+    /// Numbers not written plainly, with what they were read as (PyTorch's reading), one
+    /// warning each: "VARIABLE: key:value: 'value' is read as ...".
+    pub reading_notes: Vec<String>,
     /// Variables set but not read (a variable before them in precedence was set), with the
     /// allocator keys they hold: a tuning the user may think is in force.
     pub unread: Vec<(ConfigSource, String)>,
@@ -179,6 +183,7 @@ impl Default for Config {
             log_filter: options::DEFAULT_LOG_FILTER.to_string(),
             source: ConfigSource::Defaults,
             ignored: Vec::new(),
+            reading_notes: Vec::new(),
             unread: Vec::new(),
         }
     }
@@ -285,10 +290,10 @@ impl Config {
         warnings
     }
 
-    /// Warnings about library options that are set but do nothing as set (today:
-    /// `stats_file` without `stats`).
-    pub fn ineffective_warnings(&self) -> Vec<String> {
-        let mut warnings = Vec::new();
+    /// Warnings about numbers not written plainly (what they were read as) and about library
+    /// options that are set but do nothing as set (today: `stats_file` without `stats`).
+    pub fn value_warnings(&self) -> Vec<String> {
+        let mut warnings = self.reading_notes.clone();
         if let (Some(path), StatsOutput::Off) = (&self.stats_file, self.stats) {
             warnings.push(format!(
                 "{}: stats_file:{path} has no effect without stats:json or stats:text (the \

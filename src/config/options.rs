@@ -58,14 +58,20 @@ pub struct OptionSpec {
     pub carrier: Carrier,
     /// One line for the README and `--help`.
     pub doc: &'static str,
-    apply: fn(&mut Config, &Value) -> Result<(), String>,
+    apply: fn(&mut Config, &Value, &mut Vec<String>) -> Result<(), String>,
     show: fn(&Config) -> String,
 }
 
 impl OptionSpec {
     /// Store the value in `config`, or say what is allowed.
-    pub(crate) fn apply(&self, config: &mut Config, value: &Value) -> Result<(), String> {
-        (self.apply)(config, value).map_err(|why| {
+    /// Notes about how a number was read go to `notes` (see `values`).
+    pub(crate) fn apply(
+        &self,
+        config: &mut Config,
+        value: &Value,
+        notes: &mut Vec<String>,
+    ) -> Result<(), String> {
+        (self.apply)(config, value, notes).map_err(|why| {
             if why == values::NOT_A_LIST {
                 format!("{why}; allowed: {}", self.allowed())
             } else {
@@ -157,8 +163,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "MB",
         carrier: Carrier::Shared,
         doc: "Cached blocks this large or larger are never split; limits fragmentation.",
-        apply: |c, v| {
-            c.settings.max_split_size = values::size_mb_at_least_20(v)?;
+        apply: |c, v, notes| {
+            c.settings.max_split_size = values::size_mb_at_least_20(v, notes)?;
             Ok(())
         },
         show: |c| match c.settings.max_split_size {
@@ -172,8 +178,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "MB",
         carrier: Carrier::Shared,
         doc: "An unsplittable cached block serves a smaller request only if it is less than this much larger.",
-        apply: |c, v| {
-            c.settings.max_non_split_rounding = values::size_mb_at_least_20(v)?;
+        apply: |c, v, notes| {
+            c.settings.max_non_split_rounding = values::size_mb_at_least_20(v, notes)?;
             Ok(())
         },
         show: |c| (c.settings.max_non_split_rounding / MB).to_string(),
@@ -184,7 +190,9 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "MB (intervals)",
         carrier: Carrier::Shared,
         doc: "Round request sizes up to one of `div` steps between powers of two; a list sets `div` per size interval, entry `B` covering `[B MB, 2B MB)`.",
-        apply: |c, v| values::apply_roundup_divisions(&mut c.settings.roundup_power2_divisions, v),
+        apply: |c, v, notes| {
+            values::apply_roundup_divisions(&mut c.settings.roundup_power2_divisions, v, notes)
+        },
         show: |c| show_roundup(&c.settings.roundup_power2_divisions),
     },
     OptionSpec {
@@ -193,8 +201,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "fraction",
         carrier: Carrier::Shared,
         doc: "Reclaim cached unused blocks once reserved memory exceeds this fraction of the allowed maximum (acts when `per_process_memory_fraction` < 1).",
-        apply: |c, v| {
-            c.settings.garbage_collection_threshold = values::open_fraction(v)?;
+        apply: |c, v, notes| {
+            c.settings.garbage_collection_threshold = values::open_fraction(v, notes)?;
             Ok(())
         },
         show: |c| match c.settings.garbage_collection_threshold {
@@ -208,7 +216,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Shared,
         doc: "PyTorch's growable segments (driver virtual-memory API). Not implemented yet: accepted, turned off with a warning.",
-        apply: |c, v| {
+        apply: |c, v, _| {
             c.settings.expandable_segments = values::boolean(v)?;
             Ok(())
         },
@@ -220,8 +228,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "fraction",
         carrier: Carrier::Shared,
         doc: "Share of each device's memory the pool may reserve (1 = no limit).",
-        apply: |c, v| {
-            c.settings.per_process_memory_fraction = values::closed_fraction(v)?;
+        apply: |c, v, notes| {
+            c.settings.per_process_memory_fraction = values::closed_fraction(v, notes)?;
             Ok(())
         },
         show: |c| format!("{:?}", c.settings.per_process_memory_fraction),
@@ -232,7 +240,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "When a freed block may be reused: after a device synchronization, after an event on the legacy stream, or at once (PyTorch's single-stream semantics).",
-        apply: |c, v| {
+        apply: |c, v, _| {
             c.free_sync = values::choice(v, &FreeSync::CHOICES)?;
             Ok(())
         },
@@ -244,7 +252,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Print allocator statistics at exit in this format.",
-        apply: |c, v| {
+        apply: |c, v, _| {
             c.stats = values::choice(v, &StatsOutput::CHOICES)?;
             Ok(())
         },
@@ -256,7 +264,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Where `stats` writes; stderr when unset.",
-        apply: |c, v| {
+        apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())
         },
@@ -272,7 +280,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Record allocator events to this file for `cachealloc replay`; off when unset.",
-        apply: |c, v| {
+        apply: |c, v, _| {
             c.trace = Some(values::path(v)?);
             Ok(())
         },
@@ -284,7 +292,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "`cudaMemGetInfo` reports cached, unused bytes as free.",
-        apply: |c, v| {
+        apply: |c, v, _| {
             c.count_cached_as_free = values::boolean(v)?;
             Ok(())
         },

@@ -60,16 +60,22 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         ),
         (
             c,
-            "max_split_size_mb:-1",
+            "max_split_size_mb:MB128",
             format!(
-                "{c}: max_split_size_mb:-1: not a whole number; expected an integer >= 20 (MB)"
+                "{c}: max_split_size_mb:MB128: not a whole number; expected an integer >= 20 (MB)"
             ),
+        ),
+        // read as PyTorch reads it (19), then refused like 19
+        (
+            c,
+            "max_split_size_mb:19.9",
+            format!("{c}: max_split_size_mb:19.9: too small, must be an integer >= 20 (MB)"),
         ),
         (
             c,
-            "max_split_size_mb:20.5",
+            "garbage_collection_threshold:0x1p-1",
             format!(
-                "{c}: max_split_size_mb:20.5: not a whole number; expected an integer >= 20 (MB)"
+                "{c}: garbage_collection_threshold:0x1p-1: hexadecimal numbers are not read; expected a decimal number greater than 0.0 and less than 1.0"
             ),
         ),
         (
@@ -664,11 +670,45 @@ fn policy_values_of_ignored_keys_warn() {
     assert!(with("backend:native,throw_on_cudamalloc_oom:False").is_empty());
 }
 
+/// A value PyTorch accepts is accepted, read as PyTorch reads it (`std::stoull` / `std::stod`:
+/// the number at the start of the text), and the reading is a warning naming the variable.
+#[test]
+fn numbers_pytorch_accepts_are_read_its_way_with_a_warning() {
+    for var in [CONF_VAR, PYTORCH_CUDA_CONF_VAR, PYTORCH_CONF_VAR] {
+        let text = "max_split_size_mb:128MB,roundup_power2_divisions:[256:2.5,>:+4],\
+                    garbage_collection_threshold:0.6abc,per_process_memory_fraction:0.8";
+        let c = Config::from_lookup(env(&[(var, text)])).unwrap();
+        assert_eq!(c.settings.max_split_size, 128 * MIB, "{var}");
+        assert_eq!(c.settings.roundup_power2_divisions[8], 2, "{var}");
+        assert_eq!(c.settings.roundup_power2_divisions[15], 4, "{var}");
+        assert_eq!(c.settings.garbage_collection_threshold, 0.6, "{var}");
+        let warned = c.value_warnings();
+        assert_eq!(warned.len(), 4, "{warned:?}");
+        assert_eq!(
+            warned[0],
+            format!(
+                "{var}: max_split_size_mb:128MB: '128MB' is read as 128, as PyTorch reads it \
+                 (the number at the start of the text); write 128 to say so plainly"
+            )
+        );
+        assert!(warned[3].starts_with(&format!(
+            "{var}: garbage_collection_threshold:0.6abc: '0.6abc' is read as 0.6"
+        )));
+    }
+    // -1 is 2^64 - 1 to PyTorch: unlimited, clamped as PyTorch clamps.
+    let c = conf("max_split_size_mb:-1").unwrap();
+    assert_eq!(c.settings.max_split_size, u64::MAX / MIB * MIB);
+    assert!(
+        conf("max_split_size_mb:128")
+            .unwrap()
+            .value_warnings()
+            .is_empty()
+    );
+}
+
 #[test]
 fn a_stats_file_without_stats_is_a_warning() {
-    let warned = conf("stats_file:/tmp/s.json")
-        .unwrap()
-        .ineffective_warnings();
+    let warned = conf("stats_file:/tmp/s.json").unwrap().value_warnings();
     assert_eq!(
         warned,
         [
@@ -677,7 +717,7 @@ fn a_stats_file_without_stats_is_a_warning() {
         ]
     );
     let quiet = conf("stats:json,stats_file:/tmp/s.json").unwrap();
-    assert!(quiet.ineffective_warnings().is_empty());
+    assert!(quiet.value_warnings().is_empty());
 }
 
 #[test]

@@ -2,10 +2,11 @@
 //! or the sentence that says what is allowed (`ConfigError` adds variable, key and value).
 //!
 //! Shared keys follow PyTorch's `AcceleratorAllocatorConfig` / `CUDAAllocatorConfig` checks with
-//! the same accepted set. Note: PyTorch reads integers with `std::stoull` and numbers with
-//! `std::stod`, which also accept text such as `20abc` or `-1` (wrapping to a huge value); we
-//! accept only plain decimal digits and plain numbers, and say so.
+//! the same accepted set, numbers read as PyTorch reads them (`numbers`). A number that is not
+//! written plainly (`128MB`, `-1`) adds a note to `notes` saying what it was read as; the caller
+//! turns notes into warnings.
 
+use super::numbers::{self, NumberError};
 use super::syntax::Value;
 use crate::pool::rounding::{LARGE_BUFFER, ROUNDUP_INTERVALS};
 
@@ -25,35 +26,64 @@ pub fn scalar(value: &Value) -> Result<&str, String> {
     }
 }
 
-/// A non-negative decimal integer (`what` completes "expected ...").
-fn whole_number(text: &str, what: &str) -> Result<u64, String> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("not a whole number; expected {what}"));
+/// The note for a number read from text that is not the number written plainly.
+fn read_as(text: &str, value: impl std::fmt::Display, wraps: bool) -> String {
+    let wrap = if wraps {
+        ", a '-' wrapping around 2^64"
+    } else {
+        ""
+    };
+    format!(
+        "'{text}' is read as {value}, as PyTorch reads it (the number at the start of the \
+         text{wrap}); write {value} to say so plainly"
+    )
+}
+
+/// A whole number as PyTorch's `std::stoull` reads it (`what` completes "expected ...").
+fn whole_number(text: &str, what: &str, notes: &mut Vec<String>) -> Result<u64, String> {
+    match numbers::whole(text) {
+        Ok(read) => {
+            if !read.plain {
+                notes.push(read_as(text, read.value, text.starts_with('-')));
+            }
+            Ok(read.value)
+        }
+        Err(NumberError::TooLarge) => Err(format!("out of range; expected {what} below 2^64")),
+        Err(_) => Err(format!("not a whole number; expected {what}")),
     }
-    text.parse::<u64>()
-        .map_err(|_| format!("out of range; expected {what} below 2^64"))
 }
 
 /// A size in MB that must be at least 20 MB, returned in bytes. Values above what fits in bytes
 /// are clamped to `u64::MAX / MB` MB, as PyTorch clamps to `SIZE_MAX / kMB`.
-pub fn size_mb_at_least_20(value: &Value) -> Result<u64, String> {
+pub fn size_mb_at_least_20(value: &Value, notes: &mut Vec<String>) -> Result<u64, String> {
     let allowed = format!("an integer >= {MIN_SPLIT_SIZE_MB} (MB)");
-    let mb = whole_number(scalar(value)?, &allowed)?;
+    let mb = whole_number(scalar(value)?, &allowed, notes)?;
     if mb < MIN_SPLIT_SIZE_MB {
         return Err(format!("too small, must be {allowed}"));
     }
     Ok(mb.min(u64::MAX / MB) * MB)
 }
 
-fn number(text: &str, allowed: &str) -> Result<f64, String> {
-    text.parse::<f64>()
-        .map_err(|_| format!("not a number; expected a number {allowed}"))
+/// A number as PyTorch's `std::stod` reads it.
+fn number(text: &str, allowed: &str, notes: &mut Vec<String>) -> Result<f64, String> {
+    match numbers::fraction(text) {
+        Ok(read) => {
+            if !read.plain {
+                notes.push(read_as(text, read.value, false));
+            }
+            Ok(read.value)
+        }
+        Err(NumberError::Hexadecimal) => Err(format!(
+            "hexadecimal numbers are not read; expected a decimal number {allowed}"
+        )),
+        Err(_) => Err(format!("not a number; expected a number {allowed}")),
+    }
 }
 
 /// `garbage_collection_threshold`: 0 < v < 1.
-pub fn open_fraction(value: &Value) -> Result<f64, String> {
+pub fn open_fraction(value: &Value, notes: &mut Vec<String>) -> Result<f64, String> {
     let allowed = "greater than 0.0 and less than 1.0";
-    let v = number(scalar(value)?, allowed)?;
+    let v = number(scalar(value)?, allowed, notes)?;
     if v > 0.0 && v < 1.0 {
         Ok(v)
     } else {
@@ -62,9 +92,9 @@ pub fn open_fraction(value: &Value) -> Result<f64, String> {
 }
 
 /// `per_process_memory_fraction`: 0 ≤ v ≤ 1.
-pub fn closed_fraction(value: &Value) -> Result<f64, String> {
+pub fn closed_fraction(value: &Value, notes: &mut Vec<String>) -> Result<f64, String> {
     let allowed = "in [0.0, 1.0]";
-    let v = number(scalar(value)?, allowed)?;
+    let v = number(scalar(value)?, allowed, notes)?;
     if (0.0..=1.0).contains(&v) {
         Ok(v)
     } else {
@@ -116,11 +146,12 @@ pub fn path(value: &Value) -> Result<String, String> {
 pub fn apply_roundup_divisions(
     table: &mut [u64; ROUNDUP_INTERVALS],
     value: &Value,
+    notes: &mut Vec<String>,
 ) -> Result<(), String> {
     let items = match value {
         Value::Scalar { text, .. } => {
             let allowed = "a power of 2 (1, 2, 4, 8, ...) or a list [MB:divisions,...,>:divisions]";
-            let n = whole_number(text, allowed)?;
+            let n = whole_number(text, allowed, notes)?;
             if !n.is_power_of_two() {
                 return Err(
                     "divisions must be a power of 2 (1, 2, 4, 8, ...); to round no size to \
@@ -137,7 +168,7 @@ pub fn apply_roundup_divisions(
     let mut first_value = true;
     for (interval, divisions) in items {
         let divisions_allowed = "0 (off) or a power of 2";
-        let v = whole_number(divisions, divisions_allowed)
+        let v = whole_number(divisions, divisions_allowed, notes)
             .map_err(|why| format!("divisions '{divisions}' for interval '{interval}': {why}"))?;
         if v != 0 && !v.is_power_of_two() {
             return Err(format!(
@@ -151,7 +182,7 @@ pub fn apply_roundup_divisions(
             continue;
         }
         let interval_allowed = "a power-of-2 size in MB (1, 2, 4, ...) or '>'";
-        let mb = whole_number(interval, interval_allowed)
+        let mb = whole_number(interval, interval_allowed, notes)
             .map_err(|why| format!("interval '{interval}': {why}"))?;
         if !mb.is_power_of_two() {
             return Err(format!("interval {mb} must be {interval_allowed}"));
@@ -189,29 +220,60 @@ mod tests {
 
     fn roundup(value: &Value) -> Result<[u64; ROUNDUP_INTERVALS], String> {
         let mut table = [0; ROUNDUP_INTERVALS];
-        apply_roundup_divisions(&mut table, value).map(|()| table)
+        apply_roundup_divisions(&mut table, value, &mut Vec::new()).map(|()| table)
     }
 
     #[test]
     fn sizes_in_mb_are_stored_in_bytes_and_clamped_like_pytorch() {
-        assert_eq!(size_mb_at_least_20(&s("20")), Ok(20 * MB));
-        assert_eq!(size_mb_at_least_20(&s("512")), Ok(512 * MB));
-        let huge = size_mb_at_least_20(&s("18446744073709551615")).unwrap();
+        assert_eq!(size_mb_at_least_20(&s("20"), &mut Vec::new()), Ok(20 * MB));
+        assert_eq!(
+            size_mb_at_least_20(&s("512"), &mut Vec::new()),
+            Ok(512 * MB)
+        );
+        let huge = size_mb_at_least_20(&s("18446744073709551615"), &mut Vec::new()).unwrap();
         assert_eq!(huge, (u64::MAX / MB) * MB);
-        assert!(size_mb_at_least_20(&s("19")).is_err());
+        assert!(size_mb_at_least_20(&s("19"), &mut Vec::new()).is_err());
+    }
+
+    /// Numbers not written plainly are read as PyTorch reads them, with a note.
+    #[test]
+    fn numbers_are_read_as_pytorch_reads_them_with_a_note() {
+        let mut notes = Vec::new();
+        assert_eq!(size_mb_at_least_20(&s("128MB"), &mut notes), Ok(128 * MB));
+        assert_eq!(
+            size_mb_at_least_20(&s("-1"), &mut notes),
+            Ok((u64::MAX / MB) * MB)
+        );
+        assert_eq!(open_fraction(&s("0.5x"), &mut notes), Ok(0.5));
+        assert_eq!(
+            notes,
+            [
+                "'128MB' is read as 128, as PyTorch reads it (the number at the start of the \
+                 text); write 128 to say so plainly",
+                "'-1' is read as 18446744073709551615, as PyTorch reads it (the number at the \
+                 start of the text, a '-' wrapping around 2^64); write 18446744073709551615 to \
+                 say so plainly",
+                "'0.5x' is read as 0.5, as PyTorch reads it (the number at the start of the \
+                 text); write 0.5 to say so plainly",
+            ]
+        );
+        let mut quiet = Vec::new();
+        assert_eq!(size_mb_at_least_20(&s("128"), &mut quiet), Ok(128 * MB));
+        assert_eq!(roundup(&s("4.5")), Ok([4; ROUNDUP_INTERVALS]));
+        assert!(quiet.is_empty());
     }
 
     #[test]
     fn fractions_respect_open_and_closed_bounds() {
-        assert_eq!(open_fraction(&s("0.5")), Ok(0.5));
-        assert_eq!(open_fraction(&s(".25")), Ok(0.25));
+        assert_eq!(open_fraction(&s("0.5"), &mut Vec::new()), Ok(0.5));
+        assert_eq!(open_fraction(&s(".25"), &mut Vec::new()), Ok(0.25));
         for bad in ["0", "1", "1.0", "-0.1", "NaN", "inf"] {
-            assert!(open_fraction(&s(bad)).is_err(), "{bad}");
+            assert!(open_fraction(&s(bad), &mut Vec::new()).is_err(), "{bad}");
         }
-        assert_eq!(closed_fraction(&s("0")), Ok(0.0));
-        assert_eq!(closed_fraction(&s("1")), Ok(1.0));
+        assert_eq!(closed_fraction(&s("0"), &mut Vec::new()), Ok(0.0));
+        assert_eq!(closed_fraction(&s("1"), &mut Vec::new()), Ok(1.0));
         for bad in ["1.01", "-0.0001", "NaN"] {
-            assert!(closed_fraction(&s(bad)).is_err(), "{bad}");
+            assert!(closed_fraction(&s(bad), &mut Vec::new()).is_err(), "{bad}");
         }
     }
 
@@ -281,7 +343,7 @@ mod tests {
     #[test]
     fn lists_apply_on_top_of_the_current_table() {
         let mut table = [1; ROUNDUP_INTERVALS];
-        apply_roundup_divisions(&mut table, &list(&[("1024", "4")])).unwrap();
+        apply_roundup_divisions(&mut table, &list(&[("1024", "4")]), &mut Vec::new()).unwrap();
         // First entry fills indices 0..=10; 11..=15 keep the previous 1.
         let mut want = [1; ROUNDUP_INTERVALS];
         want[..=10].fill(4);

@@ -56,7 +56,7 @@ fn decide() -> Mode {
             for warning in config.drop_unsupported() {
                 tracing::warn!("{warning}");
             }
-            for warning in config.ineffective_warnings() {
+            for warning in config.value_warnings() {
                 tracing::warn!("{warning}");
             }
             for key in config.ignored_keys() {

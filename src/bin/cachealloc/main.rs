@@ -195,6 +195,9 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     for warning in config.drop_unsupported() {
         eprintln!("cachealloc: warning: {warning}");
     }
+    for note in &config.reading_notes {
+        eprintln!("cachealloc: warning: {note}");
+    }
     let library_keys = config.library_keys_set();
     if !library_keys.is_empty() {
         eprintln!(
