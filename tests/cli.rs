@@ -590,7 +590,10 @@ fn options_without_effect_on_a_replay_are_warned_about() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let err = stderr_of("garbage_collection_threshold:0.5");
-    assert!(err.contains("this replay never collects"), "{err}");
+    assert!(
+        err.contains("without one, no cached block is ever collected"),
+        "{err}"
+    );
     assert!(
         stderr_of("garbage_collection_threshold:0.5,per_process_memory_fraction:0.9").is_empty()
     );
@@ -619,6 +622,19 @@ fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
     assert!(err.contains("drop --faithful"), "{err}");
     let plain = cachealloc(&["replay", path, "--conf", "max_split_size_mb:64"]);
     assert!(plain.status.success());
+    // A start state refused for another reason (the capacity) gets no such advice.
+    let small = cachealloc(&[
+        "replay",
+        path,
+        "--faithful",
+        "--conf",
+        "roundup_power2_divisions:4",
+        "--capacity",
+        "1GiB",
+    ]);
+    assert_eq!(small.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&small.stderr);
+    assert!(!err.contains("drop --faithful"), "{err}");
 }
 
 /// A cachealloc trace file of device 0 in the temporary directory, one event per

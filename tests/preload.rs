@@ -181,7 +181,7 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
     let log = stderr(&out);
     assert_eq!(number_after(&stdout(&out), "last request:"), 2, "{log}");
     assert!(log.contains("Hint: Fragmentation:"), "{log}");
-    let key = "CACHEALLOC_CONF=max_split_size_mb:";
+    let key = "A value to try: max_split_size_mb:";
     let at = log
         .find(key)
         .unwrap_or_else(|| panic!("no suggestion in:\n{log}"))

@@ -30,12 +30,22 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
             break;
         }
     }
-    // Lower-precedence variables are not read; note the allocator tuning they would carry.
+    // Lower-precedence variables are not read; note the allocator tuning they would carry,
+    // and the settings in them that change what PyTorch itself does (it may read them).
     for source in sources {
         if let Some(text) = lookup(source.name()) {
             let not_in_force = entries_not_in_force(&config, &text);
             if !not_in_force.is_empty() {
                 config.unread.push((source, not_in_force));
+            }
+            if source.is_pytorch() {
+                let entries = syntax::parse_entries(&text, &|_| None).unwrap_or_default();
+                for e in entries {
+                    let value = e.value.as_written();
+                    if options::policy_key(&e.key, &value).is_some() {
+                        config.unread_policy.push((source, e.key, value));
+                    }
+                }
             }
         }
     }
@@ -119,21 +129,26 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
                 return Err(ConfigError::new(variable, problem));
             }
             let mut notes = Vec::new();
-            spec.apply(config, &entry.value, &mut notes)
-                .map_err(|why| {
-                    let value = entry.value.as_written();
-                    let problem = Problem::InvalidValue {
-                        key: entry.key.clone(),
-                        value,
-                        why,
-                    };
-                    ConfigError::new(variable, problem)
-                })?;
+            let applied = spec.apply(config, &entry.value, &mut notes);
+            applied.map_err(|why| {
+                // A refused number says what it was read as.
+                let why = match notes.is_empty() {
+                    true => why,
+                    false => format!("{why} ({})", notes.join("; ")),
+                };
+                let value = entry.value.as_written();
+                let problem = Problem::InvalidValue {
+                    key: entry.key.clone(),
+                    value,
+                    why,
+                };
+                ConfigError::new(variable, problem)
+            })?;
             let written = entry.value.as_written();
             for note in notes {
-                config
-                    .reading_notes
-                    .push(format!("{variable}: {key}:{written}: {note}"));
+                config.reading_notes.push(format!(
+                    "{variable}: {key}:{written}: {note}; write it plainly to say so"
+                ));
             }
         } else if PYTORCH_ONLY_KEYS.contains(&key) {
             tracing::debug!(

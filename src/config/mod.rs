@@ -162,6 +162,9 @@ pub struct Config {
     /// PyTorch-only keys that were present and ignored, with their values as written, in
     /// order of appearance.
     pub ignored: Vec<(String, String)>,
+    /// Policy-changing PyTorch-only settings (`options::POLICY_KEYS_NOT_SUPPORTED`) in PyTorch
+    /// variables cachealloc did not read (PyTorch may read them): source, key, value.
+    pub unread_policy: Vec<(ConfigSource, String, String)>,
     /// Numbers not written plainly, with what they were read as (PyTorch's reading), one
     /// warning each: "VARIABLE: key:value: 'value' is read as ...".
     pub reading_notes: Vec<String>,
@@ -183,6 +186,7 @@ impl Default for Config {
             log_filter: options::DEFAULT_LOG_FILTER.to_string(),
             source: ConfigSource::Defaults,
             ignored: Vec::new(),
+            unread_policy: Vec::new(),
             reading_notes: Vec::new(),
             unread: Vec::new(),
         }
@@ -270,19 +274,14 @@ impl Config {
                 self.source.name()
             ));
         }
-        for p in options::POLICY_KEYS_NOT_SUPPORTED {
-            let set = self
-                .ignored
-                .iter()
-                .any(|(k, v)| k == p.key && p.value.is_none_or(|value| v == value));
-            if set {
-                let written = match p.value {
-                    Some(value) => format!("{}:{value}", p.key),
-                    None => p.key.to_string(),
-                };
+        let read = self.ignored.iter().map(|(k, v)| (self.source, k, v));
+        let unread = self.unread_policy.iter().map(|(s, k, v)| (*s, k, v));
+        for (source, key, value) in read.chain(unread) {
+            if let Some(p) = options::policy_key(key, value) {
                 warnings.push(format!(
-                    "{}: {written} is not supported by cachealloc yet; {}",
-                    self.source.name(),
+                    "{}: {} is not supported by cachealloc yet; {}",
+                    source.name(),
+                    p.written(),
                     p.instead
                 ));
             }
@@ -290,10 +289,32 @@ impl Config {
         warnings
     }
 
-    /// Warnings about numbers not written plainly (what they were read as) and about library
-    /// options that are set but do nothing as set (today: `stats_file` without `stats`).
+    /// Warnings about the values: numbers not written plainly (what they were read as), and
+    /// settings that do nothing, or refuse everything, as set (as they would in PyTorch).
     pub fn value_warnings(&self) -> Vec<String> {
         let mut warnings = self.reading_notes.clone();
+        let source = self.source.name();
+        let s = &self.settings;
+        if s.per_process_memory_fraction == 0.0 {
+            warnings.push(format!(
+                "{source}: per_process_memory_fraction:0 allows no memory at all: every \
+                 allocation fails (as in PyTorch)"
+            ));
+        }
+        if s.garbage_collection_threshold > 0.0 && s.per_process_memory_fraction >= 1.0 {
+            warnings.push(format!(
+                "{source}: garbage_collection_threshold acts only under a \
+                 per_process_memory_fraction below 1 (as in PyTorch): without one, no cached \
+                 block is ever collected"
+            ));
+        }
+        warnings
+    }
+
+    /// Warnings about options of the preloaded library that are set but do nothing as set
+    /// (today: `stats_file` without `stats`).
+    pub fn library_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
         if let (Some(path), StatsOutput::Off) = (&self.stats_file, self.stats) {
             warnings.push(format!(
                 "{}: stats_file:{path} has no effect without stats:json or stats:text (the \

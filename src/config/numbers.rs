@@ -25,8 +25,9 @@ pub struct Read<T> {
 pub enum NumberError {
     /// No digits where the number should start (PyTorch throws `std::invalid_argument`).
     NotANumber,
-    /// A whole number of 2^64 or more (PyTorch throws `std::out_of_range`).
-    TooLarge,
+    /// A whole number of 2^64 or more, or a fraction too large or too small for a double
+    /// (PyTorch throws `std::out_of_range`).
+    OutOfRange,
     /// A hexadecimal number (see the module note).
     Hexadecimal,
 }
@@ -44,7 +45,7 @@ pub fn whole(text: &str) -> Result<Read<u64>, NumberError> {
     }
     let magnitude: u64 = unsigned[..digits]
         .parse()
-        .map_err(|_| NumberError::TooLarge)?;
+        .map_err(|_| NumberError::OutOfRange)?;
     Ok(Read {
         value: if negative {
             magnitude.wrapping_neg()
@@ -56,7 +57,8 @@ pub fn whole(text: &str) -> Result<Read<u64>, NumberError> {
 }
 
 /// `std::stod(text)`: the longest number at the start of the text (decimal, with an optional
-/// sign, fraction and exponent, or `inf`, `infinity`, `nan`).
+/// sign, fraction and exponent, or `inf`, `infinity`, `nan`); a number beyond a double's range
+/// either way (`1e400`, `1e-400`, a subnormal) is out of range.
 pub fn fraction(text: &str) -> Result<Read<f64>, NumberError> {
     let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
     if unsigned.starts_with("0x") || unsigned.starts_with("0X") {
@@ -64,16 +66,24 @@ pub fn fraction(text: &str) -> Result<Read<f64>, NumberError> {
     }
     // Rust's parser accepts exactly such a number as a whole text; the longest prefix it
     // accepts is what strtod consumes.
-    (1..=text.len())
+    let (end, value) = (1..=text.len())
         .rev()
         .filter(|&end| text.is_char_boundary(end))
-        .find_map(|end| {
-            text[..end].parse::<f64>().ok().map(|value| Read {
-                value,
-                plain: end == text.len(),
-            })
-        })
-        .ok_or(NumberError::NotANumber)
+        .find_map(|end| text[..end].parse::<f64>().ok().map(|value| (end, value)))
+        .ok_or(NumberError::NotANumber)?;
+    // strtod reports a number beyond a double's range either way (ERANGE), and stod throws.
+    let number = text[..end].to_ascii_lowercase();
+    let mantissa = number.split('e').next().unwrap_or_default();
+    let overflow = value.is_infinite() && !number.contains("inf");
+    let nonzero_digit = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
+    let underflow = value.is_subnormal() || (value == 0.0 && nonzero_digit);
+    if overflow || underflow {
+        return Err(NumberError::OutOfRange);
+    }
+    Ok(Read {
+        value,
+        plain: end == text.len(),
+    })
 }
 
 #[cfg(test)]
@@ -94,7 +104,7 @@ mod tests {
         assert_eq!(whole("-0"), read(0, false));
         assert_eq!(whole("0x10"), read(0, false));
         assert_eq!(whole("18446744073709551615"), read(u64::MAX, true));
-        assert_eq!(whole("18446744073709551616"), Err(NumberError::TooLarge));
+        assert_eq!(whole("18446744073709551616"), Err(NumberError::OutOfRange));
         for text in ["abc", "MB128", "-", "+", ".5", ""] {
             assert_eq!(whole(text), Err(NumberError::NotANumber), "{text:?}");
         }
@@ -112,6 +122,11 @@ mod tests {
         assert_eq!(fraction("inf"), read(f64::INFINITY, true));
         assert!(fraction("nan").unwrap().value.is_nan());
         assert_eq!(fraction("0x1p-1"), Err(NumberError::Hexadecimal));
+        assert_eq!(fraction("0e5"), read(0.0, true));
+        assert_eq!(fraction("0.000"), read(0.0, true));
+        for text in ["1e400", "-1e400", "1e-400", "1e-310"] {
+            assert_eq!(fraction(text), Err(NumberError::OutOfRange), "{text:?}");
+        }
         for text in ["half", "x", "-", "e5", "."] {
             assert_eq!(fraction(text), Err(NumberError::NotANumber), "{text:?}");
         }

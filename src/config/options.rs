@@ -134,6 +134,23 @@ pub struct IgnoredPolicyKey {
     pub instead: &'static str,
 }
 
+impl IgnoredPolicyKey {
+    /// `key` or `key:value`, as the warning names it.
+    pub fn written(&self) -> String {
+        match self.value {
+            Some(value) => format!("{}:{value}", self.key),
+            None => self.key.to_string(),
+        }
+    }
+}
+
+/// The policy-changing entry `key:value` is, if it is one.
+pub fn policy_key(key: &str, value: &str) -> Option<&'static IgnoredPolicyKey> {
+    POLICY_KEYS_NOT_SUPPORTED
+        .iter()
+        .find(|p| p.key == key && p.value.is_none_or(|v| v == value))
+}
+
 pub const POLICY_KEYS_NOT_SUPPORTED: &[IgnoredPolicyKey] = &[
     IgnoredPolicyKey {
         key: "large_segment_size_mb",
@@ -144,8 +161,9 @@ pub const POLICY_KEYS_NOT_SUPPORTED: &[IgnoredPolicyKey] = &[
     IgnoredPolicyKey {
         key: "backend",
         value: Some("cudaMallocAsync"),
-        instead: "PyTorch then allocates with cudaMallocAsync, which cachealloc neither serves \
-                  nor replays: its pool and replays follow the native caching allocator",
+        instead: "cachealloc serves and replays PyTorch's native caching allocator only; a \
+                  PyTorch that reads this setting allocates with cudaMallocAsync instead, which \
+                  cachealloc does not see",
     },
     IgnoredPolicyKey {
         key: "throw_on_cudamalloc_oom",
@@ -405,12 +423,9 @@ pub fn render_markdown_table() -> String {
         ignored.join(", ")
     ));
     for p in POLICY_KEYS_NOT_SUPPORTED {
-        let written = match p.value {
-            Some(value) => format!("{}:{value}", p.key),
-            None => p.key.to_string(),
-        };
         out.push_str(&format!(
-            " `{written}` changes PyTorch's policy, so ignoring it is a warning: {}.",
+            " `{}` changes PyTorch's policy, so ignoring it is a warning: {}.",
+            p.written(),
             p.instead
         ));
     }

@@ -69,7 +69,9 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         (
             c,
             "max_split_size_mb:19.9",
-            format!("{c}: max_split_size_mb:19.9: too small, must be an integer >= 20 (MB)"),
+            format!(
+                "{c}: max_split_size_mb:19.9: too small, must be an integer >= 20 (MB) ('19.9' is read as 19, as PyTorch reads it (the number at the start of the text))"
+            ),
         ),
         (
             c,
@@ -660,14 +662,29 @@ fn policy_values_of_ignored_keys_warn() {
         with("backend:cudaMallocAsync,throw_on_cudamalloc_oom:True"),
         [
             "PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is not supported by cachealloc yet; \
-             PyTorch then allocates with cudaMallocAsync, which cachealloc neither serves nor \
-             replays: its pool and replays follow the native caching allocator",
+             cachealloc serves and replays PyTorch's native caching allocator only; a PyTorch \
+             that reads this setting allocates with cudaMallocAsync instead, which cachealloc \
+             does not see",
             "PYTORCH_CUDA_ALLOC_CONF: throw_on_cudamalloc_oom:True is not supported by cachealloc \
              yet; a request over the per_process_memory_fraction limit takes the native path \
              (release cached blocks, retry) before it fails",
         ]
     );
     assert!(with("backend:native,throw_on_cudamalloc_oom:False").is_empty());
+    // PyTorch reads its own variable even when cachealloc reads CACHEALLOC_CONF: warned too,
+    // under that variable's name.
+    let mut c = Config::from_lookup(|k| match k {
+        "CACHEALLOC_CONF" => Some("max_split_size_mb:64".to_string()),
+        "PYTORCH_CUDA_ALLOC_CONF" => Some("backend:cudaMallocAsync".to_string()),
+        _ => None,
+    })
+    .unwrap();
+    let warned = c.drop_unsupported();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].starts_with("PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is not supported"),
+        "{warned:?}"
+    );
 }
 
 /// A value PyTorch accepts is accepted, read as PyTorch reads it (`std::stoull` / `std::stod`:
@@ -688,7 +705,7 @@ fn numbers_pytorch_accepts_are_read_its_way_with_a_warning() {
             warned[0],
             format!(
                 "{var}: max_split_size_mb:128MB: '128MB' is read as 128, as PyTorch reads it \
-                 (the number at the start of the text); write 128 to say so plainly"
+                 (the number at the start of the text); write it plainly to say so"
             )
         );
         assert!(warned[3].starts_with(&format!(
@@ -708,7 +725,7 @@ fn numbers_pytorch_accepts_are_read_its_way_with_a_warning() {
 
 #[test]
 fn a_stats_file_without_stats_is_a_warning() {
-    let warned = conf("stats_file:/tmp/s.json").unwrap().value_warnings();
+    let warned = conf("stats_file:/tmp/s.json").unwrap().library_warnings();
     assert_eq!(
         warned,
         [
@@ -717,7 +734,7 @@ fn a_stats_file_without_stats_is_a_warning() {
         ]
     );
     let quiet = conf("stats:json,stats_file:/tmp/s.json").unwrap();
-    assert!(quiet.value_warnings().is_empty());
+    assert!(quiet.library_warnings().is_empty());
 }
 
 #[test]

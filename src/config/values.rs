@@ -35,7 +35,7 @@ fn read_as(text: &str, value: impl std::fmt::Display, wraps: bool) -> String {
     };
     format!(
         "'{text}' is read as {value}, as PyTorch reads it (the number at the start of the \
-         text{wrap}); write {value} to say so plainly"
+         text{wrap})"
     )
 }
 
@@ -44,11 +44,12 @@ fn whole_number(text: &str, what: &str, notes: &mut Vec<String>) -> Result<u64, 
     match numbers::whole(text) {
         Ok(read) => {
             if !read.plain {
-                notes.push(read_as(text, read.value, text.starts_with('-')));
+                let wraps = read.value != 0 && text.starts_with('-');
+                notes.push(read_as(text, read.value, wraps));
             }
             Ok(read.value)
         }
-        Err(NumberError::TooLarge) => Err(format!("out of range; expected {what} below 2^64")),
+        Err(NumberError::OutOfRange) => Err(format!("out of range; expected {what} below 2^64")),
         Err(_) => Err(format!("not a whole number; expected {what}")),
     }
 }
@@ -75,6 +76,9 @@ fn number(text: &str, allowed: &str, notes: &mut Vec<String>) -> Result<f64, Str
         }
         Err(NumberError::Hexadecimal) => Err(format!(
             "hexadecimal numbers are not read; expected a decimal number {allowed}"
+        )),
+        Err(NumberError::OutOfRange) => Err(format!(
+            "out of a double's range; expected a number {allowed}"
         )),
         Err(_) => Err(format!("not a number; expected a number {allowed}")),
     }
@@ -249,18 +253,25 @@ mod tests {
             notes,
             [
                 "'128MB' is read as 128, as PyTorch reads it (the number at the start of the \
-                 text); write 128 to say so plainly",
+                 text)",
                 "'-1' is read as 18446744073709551615, as PyTorch reads it (the number at the \
-                 start of the text, a '-' wrapping around 2^64); write 18446744073709551615 to \
-                 say so plainly",
+                 start of the text, a '-' wrapping around 2^64)",
                 "'0.5x' is read as 0.5, as PyTorch reads it (the number at the start of the \
-                 text); write 0.5 to say so plainly",
+                 text)",
             ]
         );
         let mut quiet = Vec::new();
         assert_eq!(size_mb_at_least_20(&s("128"), &mut quiet), Ok(128 * MB));
-        assert_eq!(roundup(&s("4.5")), Ok([4; ROUNDUP_INTERVALS]));
         assert!(quiet.is_empty());
+        let mut zero = Vec::new();
+        assert!(size_mb_at_least_20(&s("-0"), &mut zero).is_err());
+        assert_eq!(zero.len(), 1, "{zero:?}");
+        assert!(!zero[0].contains("wrapping"), "0 does not wrap: {zero:?}");
+        let mut table = [0; ROUNDUP_INTERVALS];
+        let mut noted = Vec::new();
+        apply_roundup_divisions(&mut table, &s("4.5"), &mut noted).unwrap();
+        assert_eq!(table, [4; ROUNDUP_INTERVALS]);
+        assert_eq!(noted.len(), 1, "{noted:?}");
     }
 
     #[test]

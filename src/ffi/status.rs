@@ -36,7 +36,9 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             tracing::debug!("{call}: {inner} failed with CUDA error {code}; passed through");
             code
         }
-        ShimError::Pool(e @ (Error::InvalidSeed(_) | Error::Invariant(_))) => {
+        ShimError::Pool(
+            e @ (Error::InvalidSeed(_) | Error::SeedForbiddenBySettings(_) | Error::Invariant(_)),
+        ) => {
             tracing::error!("{call}: {e}");
             codes::UNKNOWN
         }

@@ -59,6 +59,9 @@ fn decide() -> Mode {
             for warning in config.value_warnings() {
                 tracing::warn!("{warning}");
             }
+            for warning in config.library_warnings() {
+                tracing::warn!("{warning}");
+            }
             for key in config.ignored_keys() {
                 tracing::debug!(
                     "{}: ignoring PyTorch-only key '{key}'",

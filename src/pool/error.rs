@@ -27,8 +27,11 @@ pub enum Error {
     InvalidPointer { addr: u64, reason: BadPointer },
     /// The device failed for a reason other than memory; passed through unchanged.
     Backend(BackendError),
-    /// A start state that cannot exist under the current settings (replay seeding).
+    /// A start state that is not a valid pool state (replay seeding).
     InvalidSeed(String),
+    /// A start state that is valid but that the current settings could not have produced
+    /// (replay seeding under other settings than the recording's).
+    SeedForbiddenBySettings(String),
     /// The invariant walker found the pool inconsistent (a bug; reported, never hidden).
     Invariant(String),
 }
@@ -70,7 +73,9 @@ impl fmt::Display for Error {
                 )
             }
             Error::Backend(e) => write!(f, "{e}"),
-            Error::InvalidSeed(why) => write!(f, "invalid start state: {why}"),
+            Error::InvalidSeed(why) | Error::SeedForbiddenBySettings(why) => {
+                write!(f, "invalid start state: {why}")
+            }
             Error::Invariant(why) => write!(f, "cachealloc internal inconsistency: {why}"),
         }
     }

@@ -198,11 +198,12 @@ impl<B: Backend> DeviceAllocator<B> {
             && seed.blocks.len() > 1
             && let Some(b) = seed.blocks.iter().find(|b| b.allocated && b.size >= mss)
         {
-            return bad(format!(
-                "holds a split-off block of {} bytes, but max_split_size {} forbids splitting \
-                     blocks that large: this start state cannot exist under these settings",
-                b.size, mss
-            ));
+            return Err(Error::SeedForbiddenBySettings(format!(
+                "segment {:#x}: holds a split-off block of {} bytes, but max_split_size {} \
+                 forbids splitting blocks that large: this start state cannot exist under these \
+                 settings",
+                seed.addr, b.size, mss
+            )));
         }
         Ok(())
     }

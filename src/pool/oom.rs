@@ -6,15 +6,16 @@
 //! the device still has free, capped by `per_process_memory_fraction`.
 //! - Exhausted: allocated + the block exceeds even the device capacity (or the fraction limit).
 //!   No policy can help: live memory must shrink.
-//! - Segment too large: the request fits next to what is allocated, but no free block can hold
-//!   it and the segment a new block needs (20 MiB for a 1–10 MiB request) is larger than all the
-//!   memory this process may use. No setting changes segment sizes: a larger device is needed.
-//! - Untracked: it would fit in the capacity, but not in reserved + free, because memory outside
-//!   cachealloc (other processes, CUDA contexts, other allocators) holds the difference.
 //! - Other stream: it fits in reserved-but-unallocated + free, and a free cached block is large
 //!   enough, but it belongs to another stream. PyTorch's pools reuse a block only on the stream
 //!   it was allocated on, and a split segment cannot be released while part of it is live, so
 //!   the remedy is to allocate on one stream, not an allocator setting.
+//! - Segment too large: the request fits next to what is allocated, but no free block of any
+//!   stream can hold it and the segment a new block needs (20 MiB for a 1–10 MiB request) is
+//!   larger than all the memory this process may use. No setting changes segment sizes: a
+//!   larger device is needed.
+//! - Untracked: it would fit in the capacity, but not in reserved + free, because memory outside
+//!   cachealloc (other processes, CUDA contexts, other allocators) holds the difference.
 //! - Fragmentation: it fits in reserved-but-unallocated + free, yet no free block (and no new
 //!   segment) is large enough. By the time the report is built the ladder has released every
 //!   fully free segment, so the unallocated reserved bytes sit in split segments next to live
@@ -200,6 +201,21 @@ impl OomReport {
                 by_fraction_limit,
             };
         }
+        // What the device has free, as far as the fraction limit lets this process use it.
+        let usable_free = self.device_free.min(limit.saturating_sub(self.reserved));
+        let fraction_capped = usable_free < self.device_free;
+        if let Some((other_stream, block)) = self.other_stream_fit {
+            return OomHint::OtherStream {
+                request: self.rounded,
+                unallocated: self.unallocated(),
+                device_free: usable_free,
+                fraction_capped,
+                other_stream_block: block,
+                other_stream,
+            };
+        }
+        // (A block cached for another stream is reserved memory at least the request's size, so
+        // a request with one always fits in what is obtainable: no order between the two.)
         if self.alloc_size > limit {
             return OomHint::SegmentTooLarge {
                 request: self.rounded,
@@ -212,19 +228,6 @@ impl OomReport {
             return OomHint::Untracked {
                 untracked: self.untracked(),
                 missing: needed - obtainable,
-            };
-        }
-        // What the device has free, as far as the fraction limit lets this process use it.
-        let usable_free = self.device_free.min(limit.saturating_sub(self.reserved));
-        let fraction_capped = usable_free < self.device_free;
-        if let Some((other_stream, block)) = self.other_stream_fit {
-            return OomHint::OtherStream {
-                request: self.rounded,
-                unallocated: self.unallocated(),
-                device_free: usable_free,
-                fraction_capped,
-                other_stream_block: block,
-                other_stream,
             };
         }
         let current_mb = (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB);
@@ -389,7 +392,8 @@ impl fmt::Display for OomHint {
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
                     (Some(mb), _) => write!(
                         f,
-                        "A value to try: CACHEALLOC_CONF=max_split_size_mb:{mb}: blocks of {mb} \
+                        "A value to try: max_split_size_mb:{mb} (added to the other settings in \
+                         force): blocks of {mb} \
                          MiB or more are then never split, so free memory is no longer left in \
                          pieces that large cut from bigger segments, and when the device cannot \
                          supply a new segment, cached blocks of {mb} MiB or more that the \
@@ -724,8 +728,8 @@ mod tests {
              (and 1 smaller).",
             "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
              the device would hold this 1000.00 MiB block, but the largest free cached block \
-             of its pool is 600.00 MiB. A value to try: CACHEALLOC_CONF=max_split_size_mb:512: \
-             blocks of 512 MiB or more are then never split, so free memory is no longer left \
+             of its pool is 600.00 MiB. A value to try: max_split_size_mb:512 (added to the \
+             other settings in force): blocks of 512 MiB or more are then never split, so free memory is no longer left \
              in pieces that large cut from bigger segments, and when the device cannot supply a \
              new segment, cached blocks of 512 MiB or more that the request cannot use are \
              released first. `cachealloc replay` of a recorded trace finds the values that fit.",

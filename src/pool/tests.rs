@@ -335,6 +335,44 @@ fn out_of_memory_ignores_other_streams_blocks_of_the_other_pool() {
     );
 }
 
+/// On a device smaller than the 20 MiB segment a 1-10 MiB request needs, the request can be
+/// served only from a cached block: with none of its stream, the hint says no setting helps —
+/// unless another stream caches a block that would serve it, which is then named instead.
+#[test]
+fn a_segment_larger_than_the_device_is_named_after_a_block_of_another_stream() {
+    let mut p = pool_with(16 * MIB, Settings::default());
+    // Stream 1 takes a 14 MiB segment, frees it, then takes 3 MiB of it: 11 MiB stay free,
+    // cached for stream 1.
+    let big = p.malloc(14 * MIB, StreamId(1)).unwrap();
+    p.free(big).unwrap();
+    let _kept = p.malloc(3 * MIB, StreamId(1)).unwrap();
+    let Error::OutOfMemory(report) = p.malloc(8 * MIB, StreamId(2)).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert!(
+        matches!(
+            report.hint(),
+            OomHint::OtherStream {
+                other_stream: StreamId(1),
+                ..
+            }
+        ),
+        "{:?}",
+        report.hint()
+    );
+    // Without that block, nothing on this device can serve it.
+    let mut q = pool_with(16 * MIB, Settings::default());
+    let _small = q.malloc(MIB / 2, StreamId(1)).unwrap();
+    let Error::OutOfMemory(report) = q.malloc(8 * MIB, StreamId(2)).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert!(
+        matches!(report.hint(), OomHint::SegmentTooLarge { segment, .. } if segment == 20 * MIB),
+        "{:?}",
+        report.hint()
+    );
+}
+
 #[test]
 fn per_process_memory_fraction_limits_without_asking_the_device() {
     let settings = Settings {

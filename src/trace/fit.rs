@@ -8,8 +8,8 @@
 use super::record::settings_text;
 use super::replay::{ReplayConfig, StartLayout, replay};
 use super::workload::Workload;
-use crate::pool::Settings;
 pub use crate::pool::oom::MAX_SPLIT_LADDER_MB;
+use crate::pool::{Error, Settings};
 
 /// One setting that replays without an OOM.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,9 +88,15 @@ pub fn search_max_split_sizes(
     for mb in MAX_SPLIT_LADDER_MB {
         let mut trial = config.clone();
         trial.settings = with_max_split(&config.settings, mb);
-        let Ok(out) = replay(workload, &trial, start) else {
-            cannot_start.push(mb);
-            continue;
+        let out = match replay(workload, &trial, start) {
+            Ok(out) => out,
+            Err(Error::SeedForbiddenBySettings(_)) => {
+                cannot_start.push(mb);
+                continue;
+            }
+            // Any other failure is the workload's or the pool's, not this value's: the
+            // baseline replay meets it too.
+            Err(_) => continue,
         };
         let conf = settings_text(&trial.settings);
         match &out.first_oom {

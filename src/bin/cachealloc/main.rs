@@ -126,7 +126,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 .map_err(|e: cachealloc::trace::synth::SynthError| e.0)?;
             let workload = spec.generate(args.seed).map_err(|e| e.0)?;
             let (config, settings_text) = replay_config(&args.common)?;
-            warn_ineffective_settings(&config);
+            warn_fraction_without_capacity(&config);
             let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
             let fits = fits_after_oom(&out, &workload, &config, None);
             let ctx = Context {
@@ -159,10 +159,12 @@ fn run(cli: Cli) -> Result<String, String> {
                 config.address_hints = loaded.address_hints.clone();
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
-            warn_ineffective_settings(&config);
+            warn_fraction_without_capacity(&config);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
                 let advice = match e {
-                    cachealloc::pool::Error::InvalidSeed(_) if args.common.conf.is_some() => {
+                    cachealloc::pool::Error::SeedForbiddenBySettings(_)
+                        if args.common.conf.is_some() =>
+                    {
                         " (the start state is rebuilt under --conf's settings; for a what-if \
                          replay under other settings, drop --faithful)"
                     }
@@ -195,8 +197,8 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     for warning in config.drop_unsupported() {
         eprintln!("cachealloc: warning: {warning}");
     }
-    for note in &config.reading_notes {
-        eprintln!("cachealloc: warning: {note}");
+    for warning in config.value_warnings() {
+        eprintln!("cachealloc: warning: {warning}");
     }
     let library_keys = config.library_keys_set();
     if !library_keys.is_empty() {
@@ -221,26 +223,16 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
 
 /// `per_process_memory_fraction` limits the pool to a fraction of the device's capacity, which
 /// a replay without one does not have.
-/// Warn about settings that do nothing, or refuse everything, on this replay's device.
-fn warn_ineffective_settings(config: &ReplayConfig) {
-    let settings = &config.settings;
-    let fraction = settings.per_process_memory_fraction;
-    if fraction == 0.0 {
-        eprintln!(
-            "cachealloc: warning: per_process_memory_fraction:0 allows no memory at all: every \
-             allocation fails (as in PyTorch)"
-        );
-    } else if config.capacity.is_none() && fraction < 1.0 {
+/// Warn about a fraction limit on an unlimited device (the other settings that do nothing as
+/// set are warned about with the configuration: `Config::value_warnings`).
+fn warn_fraction_without_capacity(config: &ReplayConfig) {
+    let fraction = config.settings.per_process_memory_fraction;
+    // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
+    if config.capacity.is_none() && fraction > 0.0 && fraction < 1.0 {
         eprintln!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
              capacity, and this replay's device is unlimited: give --capacity for the limit to \
              apply"
-        );
-    }
-    if settings.garbage_collection_threshold > 0.0 && fraction >= 1.0 {
-        eprintln!(
-            "cachealloc: warning: garbage_collection_threshold acts only under a \
-             per_process_memory_fraction below 1 (as in PyTorch): this replay never collects"
         );
     }
 }

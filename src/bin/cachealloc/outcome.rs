@@ -316,10 +316,7 @@ impl ReplayJson {
         }
         // The parts add up to `events`; what the replay left out, or notes about a part, come
         // after it.
-        let mut allocs = counted(self.allocs, "allocation");
-        if self.requests_too_large > 0 {
-            allocs += &format!(" ({} of 1 EB or more, refused)", self.requests_too_large);
-        }
+        let allocs = counted(self.allocs, "allocation");
         let mut frees = counted(self.frees, "free");
         let mut of_frees = Vec::new();
         if self.orphans_replayed {
@@ -358,6 +355,12 @@ impl ReplayJson {
             ));
         }
         t += &format!("  events: {} ({})\n", self.events, parts.join(", "));
+        if self.requests_too_large > 0 {
+            t += &format!(
+                "  refused: {} of 1 EB or more (as PyTorch refuses them)\n",
+                counted(self.requests_too_large, "request")
+            );
+        }
         if !self.orphans_replayed && self.orphan_frees > 0 {
             t += &format!(
                 "  not replayed: {} of memory from before the trace\n",
@@ -471,6 +474,13 @@ fn fits_text(
             }
         )
     };
+    if fits.is_empty() && tried.is_empty() {
+        return format!(
+            "\nNo max_split_size_mb value could be tried: the start state rebuilt from the \
+             snapshot holds blocks that could not exist under any of them ({}).\n",
+            listed(&mut not_replayable.iter().copied())
+        );
+    }
     if fits.is_empty() {
         let mut t = format!(
             "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) lets \
