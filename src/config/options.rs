@@ -62,6 +62,9 @@ pub struct OptionSpec {
     show: fn(&Config) -> String,
 }
 
+/// The options whose value may be a bracketed list; every other one takes a single value.
+const LIST_OPTIONS: &[&str] = &["roundup_power2_divisions"];
+
 impl OptionSpec {
     /// Store the value in `config`, or say what is allowed.
     /// Notes about how a number was read go to `notes` (see `values`).
@@ -71,13 +74,14 @@ impl OptionSpec {
         value: &Value,
         notes: &mut Vec<String>,
     ) -> Result<(), String> {
-        (self.apply)(config, value, notes).map_err(|why| {
-            if why == values::NOT_A_LIST {
-                format!("{why}; allowed: {}", self.allowed())
-            } else {
-                why
-            }
-        })
+        if matches!(value, Value::List(_)) && !LIST_OPTIONS.contains(&self.name) {
+            return Err(format!(
+                "{}; allowed: {}",
+                values::NOT_A_LIST,
+                self.allowed()
+            ));
+        }
+        (self.apply)(config, value, notes)
     }
 
     /// What a value may be, with its unit: "integer >= 20 (MB)".

@@ -15,7 +15,8 @@ pub const MB: u64 = 1 << 20; // 1 MiB
 /// Smallest `max_split_size_mb` / `max_non_split_rounding_mb` PyTorch accepts (`kLargeBuffer / kMB`).
 pub const MIN_SPLIT_SIZE_MB: u64 = LARGE_BUFFER / MB; // 20 MB
 
-/// What `scalar` says about a list (`OptionSpec::apply` adds what the option allows).
+/// What a list given to a single-value option is told (`OptionSpec::apply` refuses such a list,
+/// with what the option allows, before the option reads it).
 pub const NOT_A_LIST: &str = "expects a single value, not a list";
 
 /// The single token of a scalar option, or `NOT_A_LIST` for a list.
