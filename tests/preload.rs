@@ -117,6 +117,26 @@ fn out_of_memory_answers_2_and_the_program_goes_on() {
     assert!(log.contains("WARN"), "{log}");
 }
 
+/// CUDA calls made at exit (an atexit handler, a C++ static destructor) are served as at any
+/// other time, whatever the log level: the log's formatter cannot run once the thread's
+/// thread-local storage is gone, and its lines are then dropped instead of aborting the process
+/// (or failing the call with 999, the block leaked).
+#[test]
+fn cuda_calls_at_exit_are_served_whatever_the_log_level() {
+    for log in ["warn", "debug", "cachealloc::device=debug"] {
+        let out = check(
+            "at_exit",
+            &[("FAKECUDART_CAPACITY", "64MiB"), ("CACHEALLOC_LOG", log)],
+        );
+        let text = stdout(&out);
+        assert!(
+            text.contains("at exit: malloc 0 free 0 oom 2"),
+            "{log}: {text}\n{}",
+            stderr(&out)
+        );
+    }
+}
+
 /// A tuning PyTorch accepts with a number not written plainly keeps the program running: the
 /// number is read as PyTorch reads it, and a warning says so.
 #[test]
@@ -163,9 +183,11 @@ fn the_debug_log_shows_the_pools_device_calls() {
     }
     // The last 40 MiB request is served from the cached 50 MiB segment: no third cudaMalloc.
     assert_eq!(log.matches("cudaMalloc ").count(), 2, "{log}");
+    // A filter naming only the device lines keeps the default warnings: the OOM report too.
+    assert_eq!(log.matches("CUDA out of memory").count(), 1, "{log}");
     assert!(
-        !log.contains("CUDA out of memory"),
-        "only device lines:\n{log}"
+        !log.contains("DEBUG cachealloc::global"),
+        "only device debug lines:\n{log}"
     );
 
     let quiet = stderr(&check("oom", &[capacity]));

@@ -151,7 +151,7 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
                 ));
             }
         } else if PYTORCH_ONLY_KEYS.contains(&key) {
-            tracing::debug!(
+            log_event!(debug,
                 variable,
                 key,
                 value = %entry.value.as_written(),

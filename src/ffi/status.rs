@@ -20,43 +20,49 @@ use crate::pool::{DeviceId, Error};
 pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
     match err {
         ShimError::Pool(Error::OutOfMemory(report)) => {
-            tracing::warn!("{call}: {report}\n{}", replay_advice(report.device));
+            log_event!(warn, "{call}: {report}\n{}", replay_advice(report.device));
             codes::MEMORY_ALLOCATION
         }
         ShimError::Pool(Error::Backend(BackendError::OutOfMemory)) => codes::MEMORY_ALLOCATION,
         ShimError::Pool(e @ Error::RequestTooLarge { .. }) => {
-            tracing::warn!("{call}: {e}");
+            log_event!(warn, "{call}: {e}");
             codes::MEMORY_ALLOCATION
         }
         ShimError::Pool(e @ (Error::NotOwned { .. } | Error::InvalidPointer { .. })) => {
-            tracing::warn!("{call}: {e}");
+            log_event!(warn, "{call}: {e}");
             codes::INVALID_VALUE
         }
         ShimError::Pool(Error::Backend(BackendError::Device { code, call: inner })) => {
-            tracing::debug!("{call}: {inner} failed with CUDA error {code}; passed through");
+            log_event!(
+                debug,
+                "{call}: {inner} failed with CUDA error {code}; passed through"
+            );
             code
         }
         ShimError::Pool(
             e @ (Error::InvalidSeed(_) | Error::SeedForbiddenBySettings(_) | Error::Invariant(_)),
         ) => {
-            tracing::error!("{call}: {e}");
+            log_event!(error, "{call}: {e}");
             codes::UNKNOWN
         }
         ShimError::Runtime { code, call: inner } => {
-            tracing::debug!("{call}: {inner} failed with CUDA error {code}; passed through");
+            log_event!(
+                debug,
+                "{call}: {inner} failed with CUDA error {code}; passed through"
+            );
             code
         }
         ShimError::ConfigInvalid | ShimError::NoRuntime => codes::INITIALIZATION_ERROR,
         e @ ShimError::InvalidArgument(_) => {
-            tracing::warn!("{call}: {e}");
+            log_event!(warn, "{call}: {e}");
             codes::INVALID_VALUE
         }
         e @ ShimError::NoSuchDevice => {
-            tracing::warn!("{call}: {e}");
+            log_event!(warn, "{call}: {e}");
             codes::INVALID_DEVICE
         }
         e @ ShimError::PoolBroken(..) => {
-            tracing::error!("{call}: {e}");
+            log_event!(error, "{call}: {e}");
             codes::UNKNOWN
         }
     }
@@ -108,7 +114,7 @@ pub fn boundary<T>(call: &'static str, on_panic: T, body: impl FnOnce() -> T) ->
     match panics::catch(body) {
         Ok(value) => value,
         Err(message) => {
-            tracing::error!("{call}: internal error in cachealloc: {message}");
+            log_event!(error, "{call}: internal error in cachealloc: {message}");
             on_panic
         }
     }

@@ -24,7 +24,7 @@ pub fn register() {
         // preloaded or linked library is never unloaded before exit handlers run).
         let rc = unsafe { libc::atexit(at_exit) };
         if rc != 0 {
-            tracing::warn!("could not register the exit-time statistics report");
+            log_event!(warn, "could not register the exit-time statistics report");
         }
     });
 }

@@ -51,24 +51,26 @@ fn decide() -> Mode {
         Ok(mut config) => {
             logging::install(&config.log_filter);
             for warning in config.unread_warnings() {
-                tracing::warn!("{warning}");
+                log_event!(warn, "{warning}");
             }
             for warning in config.drop_unsupported() {
-                tracing::warn!("{warning}");
+                log_event!(warn, "{warning}");
             }
             for warning in config.value_warnings() {
-                tracing::warn!("{warning}");
+                log_event!(warn, "{warning}");
             }
             for warning in config.library_warnings() {
-                tracing::warn!("{warning}");
+                log_event!(warn, "{warning}");
             }
             for key in config.ignored_keys() {
-                tracing::debug!(
+                log_event!(
+                    debug,
                     "{}: ignoring PyTorch-only key '{key}'",
                     config.source.name()
                 );
             }
-            tracing::debug!(
+            log_event!(
+                debug,
                 "cachealloc active: settings from {}, free_sync:{}",
                 config.source.name(),
                 config.free_sync.name()

@@ -144,7 +144,8 @@ pub fn cuda_device_reset() -> CudaError {
         Some((device, pool))
     });
     if let Some((device, pool)) = dropped {
-        tracing::debug!(
+        log_event!(
+            debug,
             "cudaDeviceReset: dropping the pool of device {} ({} bytes reserved)",
             device.0,
             pool.stats().reserved_bytes.all.current

@@ -9,7 +9,7 @@ pub mod forward;
 pub mod init;
 pub mod interpose;
 pub mod last_error;
-mod logging;
+pub(crate) mod logging;
 pub mod panics;
 pub mod pools;
 pub mod reentry;

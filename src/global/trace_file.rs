@@ -187,26 +187,26 @@ fn log_device_calls(events: &[Event]) {
     for e in events {
         let d = e.device;
         match e.action {
-            Action::SegmentAlloc => tracing::debug!(
+            Action::SegmentAlloc => log_event!(debug,
                 target: DEVICE_LOG,
                 "device {d}: cudaMalloc {} at {:#x} (stream {:#x})",
                 format_size(e.size),
                 e.addr,
                 e.stream
             ),
-            Action::SegmentFree => tracing::debug!(
+            Action::SegmentFree => log_event!(debug,
                 target: DEVICE_LOG,
                 "device {d}: cudaFree {} at {:#x}",
                 format_size(e.size),
                 e.addr
             ),
-            Action::Oom => tracing::debug!(
+            Action::Oom => log_event!(debug,
                 target: DEVICE_LOG,
                 "device {d}: out of memory: {} requested (rounded), {} free on the device",
                 format_size(e.size),
                 format_size(e.device_free.unwrap_or(0))
             ),
-            Action::EmptyCache => tracing::debug!(target: DEVICE_LOG, "device {d}: empty_cache"),
+            Action::EmptyCache => log_event!(debug, target: DEVICE_LOG, "device {d}: empty_cache"),
             _ => {}
         }
     }

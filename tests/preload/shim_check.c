@@ -370,7 +370,29 @@ static void scenario_last_error(void) {
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 
+/* CUDA calls made at exit (FAKECUDART_CAPACITY=64MiB), as a C++ static destructor or an atexit
+ * handler makes them: by then the thread's thread-local storage is destroyed. main logs first (a
+ * failed request: an out-of-memory warning), then the handler asks for a new segment, frees it,
+ * runs into an out-of-memory and empties the cache, printing each answer. */
+static void at_exit_calls(void) {
+    void *late = NULL, *too_big = NULL;
+    cudaError_t got = cudaMalloc(&late, 30 * MIB);
+    cudaError_t freed = got == cudaSuccess ? cudaFree(late) : cudaErrorInvalidValue;
+    cudaError_t oom = cudaMalloc(&too_big, 100 * MIB);
+    printf("at exit: malloc %d free %d oom %d\n", (int)got, (int)freed, (int)oom);
+    fflush(stdout);
+}
+
+static void scenario_at_exit(void) {
+    void *a = NULL, *b = NULL;
+    CHECK(atexit(at_exit_calls) == 0);
+    CHECK_CODE(cudaMalloc(&a, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+}
+
 static const struct scenario scenarios[] = {
+    {"at_exit", scenario_at_exit},
     {"last_error", scenario_last_error},
     {"churn", scenario_churn},
     {"oom", scenario_oom},

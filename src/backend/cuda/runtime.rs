@@ -103,7 +103,8 @@ fn resolve_runtime() -> Option<&'static Runtime> {
         Ok(rt) => Some(RUNTIME.get_or_init(|| rt)),
         Err(missing) => {
             if !REPORTED_MISSING.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
+                log_event!(
+                    warn,
                     "no CUDA runtime found in this process ({missing} is not provided by the next \
                      library nor by a loaded libcudart.so.13/.12/.11.0); CUDA calls answer \
                      cudaErrorInitializationError (3)"
@@ -163,7 +164,7 @@ impl Runtime {
                 ),
             }
         };
-        tracing::debug!("found the CUDA runtime through {route}");
+        log_event!(debug, "found the CUDA runtime through {route}");
         Ok(table)
     }
 }
