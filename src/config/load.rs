@@ -41,7 +41,7 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
             if source.is_pytorch() {
                 let entries = syntax::parse_entries(&text, &|_| None).unwrap_or_default();
                 for e in entries {
-                    let value = e.value.as_written();
+                    let value = e.value.as_read();
                     if options::policy_key(&e.key, &value).is_some() {
                         config.unread_policy.push((source, e.key, value));
                     }
@@ -157,7 +157,7 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
                 value = %entry.value.as_written(),
                 "ignoring PyTorch-only allocator key"
             );
-            let value = entry.value.as_written();
+            let value = entry.value.as_read();
             config.ignored.push((entry.key, value));
         } else {
             let allowed = options::keys_for(carriers);

@@ -23,18 +23,27 @@ pub struct Entry {
 /// A value as written: one token, or a bracketed list of `a:b` pairs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
-    /// One token; `spaced` when whitespace between its characters was dropped (`my dir` reads
-    /// as `mydir`), which matters for a path.
+    /// One token as read (whitespace dropped); `written` is the token as written when
+    /// whitespace between its characters was dropped (`my dir` reads as `mydir`), which
+    /// matters for a path.
     Scalar {
         text: String,
-        spaced: bool,
+        written: Option<String>,
     },
     List(Vec<(String, String)>),
 }
 
 impl Value {
-    /// The value as it would be written back (`20`, `[256:1,>:8]`), for messages.
+    /// The value as the user wrote it (`20`, `my dir`, `[256:1,>:8]`), for messages.
     pub fn as_written(&self) -> String {
+        match self {
+            Value::Scalar { text, written } => written.clone().unwrap_or_else(|| text.clone()),
+            Value::List(_) => self.as_read(),
+        }
+    }
+
+    /// The value as PyTorch reads it: whitespace dropped.
+    pub fn as_read(&self) -> String {
         match self {
             Value::Scalar { text, .. } => text.clone(),
             Value::List(items) => {
@@ -59,38 +68,52 @@ pub fn tokenize(text: &str) -> Vec<String> {
     tokenize_marked(text).into_iter().map(|(t, _)| t).collect()
 }
 
-/// The tokens of `text`, each with whether whitespace between its characters was dropped.
-fn tokenize_marked(text: &str) -> Vec<(String, bool)> {
-    let mut tokens = Vec::new();
-    let mut buffer = String::new();
-    // Whitespace seen since the buffer's last character, and inside the buffer so far.
-    let (mut pending_space, mut spaced) = (false, false);
-    for ch in text.chars() {
-        if matches!(ch, ',' | ':' | '[' | ']') {
-            if !buffer.is_empty() {
-                tokens.push((std::mem::take(&mut buffer), spaced));
-            }
-            tokens.push((ch.to_string(), false));
-            (pending_space, spaced) = (false, false);
-        } else if is_c_space(ch) {
-            pending_space = true;
-        } else {
-            spaced |= pending_space && !buffer.is_empty();
-            pending_space = false;
-            buffer.push(ch);
+/// The tokens of `text`, each with the token as written when whitespace between its
+/// characters was dropped.
+fn tokenize_marked(text: &str) -> Vec<(String, Option<String>)> {
+    /// A token read so far: as read, as written, and whether whitespace was dropped inside.
+    #[derive(Default)]
+    struct Token {
+        read: String,
+        written: String,
+        spaced: bool,
+    }
+    fn finish(tokens: &mut Vec<(String, Option<String>)>, token: Token) {
+        if !token.read.is_empty() {
+            tokens.push((token.read, token.spaced.then_some(token.written)));
         }
     }
-    if !buffer.is_empty() {
-        tokens.push((buffer, spaced));
+    let mut tokens = Vec::new();
+    let mut token = Token::default();
+    // Whitespace after the token's last character so far.
+    let mut pending = String::new();
+    for ch in text.chars() {
+        if matches!(ch, ',' | ':' | '[' | ']') {
+            finish(&mut tokens, std::mem::take(&mut token));
+            tokens.push((ch.to_string(), None));
+            pending.clear();
+        } else if is_c_space(ch) {
+            if !token.read.is_empty() {
+                pending.push(ch);
+            }
+        } else {
+            if !pending.is_empty() {
+                token.spaced = true;
+                token.written.push_str(&std::mem::take(&mut pending));
+            }
+            token.read.push(ch);
+            token.written.push(ch);
+        }
     }
+    finish(&mut tokens, token);
     tokens
 }
 
 /// A cursor over the tokens that names what it found in its messages.
 struct Cursor {
     tokens: Vec<String>,
-    /// Per token: whitespace between its characters was dropped.
-    spaced: Vec<bool>,
+    /// Per token: the token as written, when whitespace between its characters was dropped.
+    written: Vec<Option<String>>,
     at: usize,
 }
 
@@ -141,10 +164,10 @@ pub fn parse_entries(
     text: &str,
     allowed: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<Entry>, String> {
-    let (tokens, spaced) = tokenize_marked(text).into_iter().unzip();
+    let (tokens, written) = tokenize_marked(text).into_iter().unzip();
     let mut cur = Cursor {
         tokens,
-        spaced,
+        written,
         at: 0,
     };
     let mut entries = Vec::new();
@@ -166,7 +189,7 @@ pub fn parse_entries(
                     })?;
             Value::Scalar {
                 text,
-                spaced: cur.spaced[cur.at - 1],
+                written: cur.written[cur.at - 1].clone(),
             }
         };
         if cur.peek().is_some() {
@@ -231,7 +254,7 @@ mod tests {
             key: key.into(),
             value: Value::Scalar {
                 text: value.into(),
-                spaced: false,
+                written: None,
             },
         }
     }
@@ -246,8 +269,8 @@ mod tests {
         );
         assert_eq!(tokenize("max_split _size_mb"), ["max_split_size_mb"]);
         let marked = tokenize_marked(" a b :c ,d");
-        let spaced: Vec<bool> = marked.iter().map(|(_, s)| *s).collect();
-        assert_eq!(spaced, [true, false, false, false, false], "{marked:?}");
+        let written: Vec<Option<&str>> = marked.iter().map(|(_, w)| w.as_deref()).collect();
+        assert_eq!(written, [Some("a b"), None, None, None, None], "{marked:?}");
         assert!(tokenize(" \t\n").is_empty());
     }
 

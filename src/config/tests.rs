@@ -152,14 +152,14 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             c,
             "trace:/tmp/my dir/run.jsonl",
             format!(
-                "{c}: trace:/tmp/mydir/run.jsonl: a path cannot contain whitespace (the syntax drops it, so it would read as '/tmp/mydir/run.jsonl'); allowed: a path without whitespace, ',', ':', '[' or ']'"
+                "{c}: trace:/tmp/my dir/run.jsonl: a path cannot contain whitespace (the syntax drops it, so it would read as '/tmp/mydir/run.jsonl'); allowed: a path without whitespace, ',', ':', '[' or ']'"
             ),
         ),
         (
             c,
             "stats:json,stats_file:/tmp/a\tb.json",
             format!(
-                "{c}: stats_file:/tmp/ab.json: a path cannot contain whitespace (the syntax drops it, so it would read as '/tmp/ab.json'); allowed: a path without whitespace, ',', ':', '[' or ']'"
+                "{c}: stats_file:/tmp/a\tb.json: a path cannot contain whitespace (the syntax drops it, so it would read as '/tmp/ab.json'); allowed: a path without whitespace, ',', ':', '[' or ']'"
             ),
         ),
         // roundup_power2_divisions

@@ -132,7 +132,11 @@ pub fn choice<T: Copy>(value: &Value, choices: &[(&str, T)]) -> Result<T, String
 /// A path; `%p` is expanded later (see `path`). Whitespace inside it is refused: the syntax
 /// drops it (as PyTorch's does), so the file would silently land elsewhere.
 pub fn path(value: &Value) -> Result<String, String> {
-    if let Value::Scalar { text, spaced: true } = value {
+    if let Value::Scalar {
+        text,
+        written: Some(_),
+    } = value
+    {
         return Err(format!(
             "a path cannot contain whitespace (the syntax drops it, so it would read as \
              '{text}'); allowed: a path without whitespace, ',', ':', '[' or ']'"
@@ -210,7 +214,7 @@ mod tests {
     fn s(text: &str) -> Value {
         Value::Scalar {
             text: text.to_string(),
-            spaced: false,
+            written: None,
         }
     }
 
