@@ -30,34 +30,34 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
             break;
         }
     }
-    // Lower-precedence variables are not read; note the allocator tuning they would carry,
-    // and the settings in them that change what PyTorch itself does (it may read them).
+    // Lower-precedence variables (PyTorch's: CACHEALLOC_CONF comes first) are not read; note
+    // the allocator tuning they would carry, and the settings in them that change what PyTorch
+    // itself does (it may read them).
     for source in sources {
-        if let Some(text) = lookup(source.name()) {
-            let not_in_force = entries_not_in_force(&config, &text);
-            if !not_in_force.is_empty() {
-                config.unread.push((source, not_in_force));
-            }
-            if source.is_pytorch() {
-                let entries = syntax::parse_entries(&text, &|_| None).unwrap_or_default();
-                for e in entries {
-                    let value = e.value.as_read();
-                    if options::policy_key(&e.key, &value).is_some() {
-                        config.unread_policy.push((source, e.key, value));
-                    }
-                }
+        let Some(text) = lookup(source.name()) else {
+            continue;
+        };
+        let entries = syntax::parse_entries(&text, &|_| None);
+        let not_in_force = match &entries {
+            Ok(entries) => entries_not_in_force(&config, entries),
+            Err(_) => text.trim().to_string(),
+        };
+        if !not_in_force.is_empty() {
+            config.unread.push((source, not_in_force));
+        }
+        for e in entries.unwrap_or_default() {
+            let value = e.value.as_read();
+            if options::policy_key(&e.key, &value).is_some() {
+                config.unread_policy.push((source, e.key, value));
             }
         }
     }
     Ok(config)
 }
 
-/// The entries of `text` with keys shared with PyTorch (`max_split_size_mb:128`, ...) whose
-/// value differs from what `config` holds, as written; the whole text when it does not parse.
-fn entries_not_in_force(config: &Config, text: &str) -> String {
-    let Ok(entries) = syntax::parse_entries(text, &|_| None) else {
-        return text.trim().to_string();
-    };
+/// The entries with keys shared with PyTorch (`max_split_size_mb:128`, ...) whose value differs
+/// from what `config` holds, as written.
+fn entries_not_in_force(config: &Config, entries: &[syntax::Entry]) -> String {
     entries
         .iter()
         .filter(|e| {
@@ -132,9 +132,10 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
             let applied = spec.apply(config, &entry.value, &mut notes);
             applied.map_err(|why| {
                 // A refused number says what it was read as.
-                let why = match notes.is_empty() {
-                    true => why,
-                    false => format!("{why} ({})", notes.join("; ")),
+                let why = if notes.is_empty() {
+                    why
+                } else {
+                    format!("{why} ({})", notes.join("; "))
                 };
                 let value = entry.value.as_written();
                 let problem = Problem::InvalidValue {
