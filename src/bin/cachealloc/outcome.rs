@@ -448,25 +448,31 @@ fn fits_text(
     not_replayable: &[u64],
     mode: &str,
 ) -> String {
-    let listed = |values: &mut dyn Iterator<Item = u64>| {
+    let listed = |values: &[u64]| {
         values
-            .map(|mb| mb.to_string())
+            .iter()
+            .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let tried = listed(
-        &mut MAX_SPLIT_LADDER_MB
-            .into_iter()
-            .filter(|mb| !not_replayable.contains(mb)),
-    );
+    let tried: Vec<u64> = MAX_SPLIT_LADDER_MB
+        .into_iter()
+        .filter(|mb| !not_replayable.contains(mb))
+        .collect();
+    let (tried, skipped) = (listed(&tried), listed(not_replayable));
+    if tried.is_empty() {
+        return format!(
+            "\nNo max_split_size_mb value could be tried: the start state rebuilt from the \
+             snapshot holds blocks that could not exist under any of them ({skipped}).\n"
+        );
+    }
     // Values the recorded start state rules out were not replayed: say so, and which.
     let untried = if not_replayable.is_empty() {
         String::new()
     } else {
         format!(
-            "  (max_split_size_mb values {} were not tried: the start state rebuilt from the \
-             snapshot holds blocks that could not exist under {}.)\n",
-            listed(&mut not_replayable.iter().copied()),
+            "  (max_split_size_mb values {skipped} were not tried: the start state rebuilt from \
+             the snapshot holds blocks that could not exist under {}.)\n",
             if not_replayable.len() == 1 {
                 "it"
             } else {
@@ -474,13 +480,6 @@ fn fits_text(
             }
         )
     };
-    if fits.is_empty() && tried.is_empty() {
-        return format!(
-            "\nNo max_split_size_mb value could be tried: the start state rebuilt from the \
-             snapshot holds blocks that could not exist under any of them ({}).\n",
-            listed(&mut not_replayable.iter().copied())
-        );
-    }
     if fits.is_empty() {
         let mut t = format!(
             "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) lets \
