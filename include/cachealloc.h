@@ -5,7 +5,15 @@
  *
  * Functions returning int answer cudaError_t codes (0 = cudaSuccess, 1 = cudaErrorInvalidValue,
  * 2 = cudaErrorMemoryAllocation, 3 = cudaErrorInitializationError, other codes come from the
- * CUDA runtime unchanged). `stream` arguments are cudaStream_t values (NULL = default stream).
+ * CUDA runtime unchanged, 101 = cudaErrorInvalidDevice for a device the process does not have).
+ * `stream` arguments are cudaStream_t values (NULL = default stream). A failure is reported by
+ * the return code only: these calls leave cudaGetLastError() as it was (under
+ * CACHEALLOC_DISABLE=1 they are the runtime's own cudaMalloc and cudaFree, which set it).
+ *
+ * The library also exports the runtime functions it interposes (cudaMalloc, cudaFree, ...): a
+ * program linked with it before -lcudart, as pkg-config's flags place it, has its own
+ * cudaMalloc and cudaFree served from the pool too, as under LD_PRELOAD. Put -lcudart first on
+ * the link line to keep them on the runtime.
  */
 
 #ifndef CACHEALLOC_H
@@ -82,12 +90,14 @@ typedef struct CacheallocStats {
 
 #ifdef __cplusplus
 extern "C" {
-#endif // __cplusplus
+#endif /* __cplusplus */
 
 /**
  * Allocate `size` bytes on `device` for use on `stream` (a `cudaStream_t`, NULL = the default
- * stream). Size 0 stores NULL and succeeds. Out of memory: 2 (`cudaErrorMemoryAllocation`),
- * with the report logged; `*ptr` is left unchanged on any error.
+ * stream). Size 0 stores NULL and succeeds, once the configuration, the runtime and the device
+ * check out as for any size. Out of memory: 2 (`cudaErrorMemoryAllocation`), with the report
+ * logged; a device the process does not have: 101 (`cudaErrorInvalidDevice`); `*ptr` is left
+ * unchanged on any error.
  *
  * # Safety
  * `ptr` is NULL (answered with 1) or valid for writing one pointer.
@@ -123,8 +133,10 @@ int cachealloc_get_stats(int device, struct CacheallocStats *out);
 /**
  * Write the statistics of `device` as JSON (PyTorch's `memory_stats()` keys) into `buf`, like
  * `snprintf`: at most `len - 1` bytes plus a terminating NUL when `len > 0`. Returns the length
- * of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 for a
- * device the process does not have (checked while the library is active).
+ * of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 when
+ * there are no statistics to give: a device the process does not have (checked while the
+ * library is active), a configuration error, no CUDA runtime in the process.
+ * `cachealloc_get_stats` returns the reason as a code.
  *
  * # Safety
  * `buf` is valid for writing `len` bytes (it may be NULL when `len` is 0).
@@ -154,7 +166,7 @@ void *cachealloc_torch_malloc(size_t size, int device, void *stream);
 void cachealloc_torch_free(void *ptr, size_t size, int device, void *stream);
 
 #ifdef __cplusplus
-}  // extern "C"
-#endif  // __cplusplus
+}  /* extern "C" */
+#endif  /* __cplusplus */
 
 #endif  /* CACHEALLOC_H */

@@ -7,14 +7,53 @@
 # Then: cc prog.c $(pkg-config --cflags --libs cachealloc)   (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig
 # when PREFIX is not a default pkg-config location), or LD_PRELOAD=PREFIX/lib/libcachealloc.so.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+
+usage() {
+    echo "usage: scripts/install.sh [PREFIX]   (default /usr/local; a relative PREFIX is taken from the current directory)" >&2
+}
+
+case "${1-}" in
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    -*)
+        echo "install.sh: unknown option '$1'" >&2
+        usage
+        exit 2
+        ;;
+esac
+if (($# > 1)); then
+    echo "install.sh: one PREFIX at most, got $#: $*" >&2
+    usage
+    exit 2
+fi
+if (($# == 1)) && [ -z "$1" ]; then
+    # An unset variable passed as "$PREFIX" must not install system-wide without a word.
+    echo "install.sh: PREFIX is empty (omit it to install into /usr/local)" >&2
+    exit 2
+fi
 prefix="${1:-/usr/local}"
+# Paths given relative to where the script was run from, before it moves to the repository.
 case "$prefix" in
     /*) ;;
     *) prefix="$PWD/$prefix" ;;
 esac
-
+# pkg-config's flags are split at whitespace and its files treat # and $ specially: a prefix
+# holding any of them would give a cachealloc.pc whose flags name a path that does not exist.
+case "$prefix" in
+    *[[:space:]\#\$\"\'\\]*)
+        echo "install.sh: PREFIX '$prefix' contains whitespace or one of # \$ \" ' \\, which pkg-config flags cannot carry; choose another prefix" >&2
+        exit 2
+        ;;
+esac
 library="${CACHEALLOC_LIBRARY:-}"
+case "$library" in
+    "" | /*) ;;
+    *) library="$PWD/$library" ;;
+esac
+cd "$(dirname "$0")/.."
+
 if [ -z "$library" ]; then
     cargo build --release --lib
     library="${CARGO_TARGET_DIR:-target}/release/libcachealloc.so"
@@ -25,6 +64,11 @@ version="$(sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 
 install -d "$prefix/lib/pkgconfig" "$prefix/include"
 install -m 755 "$library" "$prefix/lib/libcachealloc.so"
+# The release build keeps debugging information for profiling (17 MB); the installed copy
+# does not need it.
+if command -v strip >/dev/null 2>&1; then
+    strip --strip-debug "$prefix/lib/libcachealloc.so"
+fi
 install -m 644 include/cachealloc.h "$prefix/include/cachealloc.h"
 cat > "$prefix/lib/pkgconfig/cachealloc.pc" <<PC
 prefix=$prefix

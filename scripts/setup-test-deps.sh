@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain, and does nothing when it is all
 # there already (no network then):
-#   - Debian packages: gcc (the fake CUDA runtime and the C test programs), pkg-config,
+#   - Debian packages: gcc (the fake CUDA runtime and the C test programs), g++ (the header is
+#     compiled as C++ too), pkg-config,
 #     binutils (readelf and nm for the symbol-binding tests), python3 and its venv module;
 #   - NVIDIA's real CUDA runtime, libcudart.so.12 from PyPI (nvidia-cuda-runtime-cu12), into the
 #     project-local virtual environment .venv/, where tests/support/real_cudart.rs looks for it.
@@ -22,6 +23,7 @@ log() { printf 'setup-test-deps: %s\n' "$*" >&2; }
 
 missing=()
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 { command -v readelf >/dev/null 2>&1 && command -v nm >/dev/null 2>&1; } || missing+=(binutils)
 if ! command -v python3 >/dev/null 2>&1; then

@@ -22,7 +22,14 @@ fn generate() -> Vec<u8> {
     let bindings = builder.generate().expect("cbindgen generates the header");
     let mut out = Vec::new();
     bindings.write(&mut out);
-    out
+    // cbindgen ends its C++ guards with `//` comments, which C89 does not have (gcc's
+    // `-std=c89 -pedantic-errors` refuses them): the header is written in block comments only.
+    String::from_utf8(out)
+        .expect("cbindgen writes UTF-8")
+        .replace("#endif // __cplusplus", "#endif /* __cplusplus */")
+        .replace("#endif  // __cplusplus", "#endif  /* __cplusplus */")
+        .replace("}  // extern \"C\"", "}  /* extern \"C\" */")
+        .into_bytes()
 }
 
 #[test]
@@ -65,4 +72,47 @@ fn header_declares_the_whole_c_api() {
         !text.contains("cudaMalloc("),
         "interposed runtime functions stay out"
     );
+}
+
+/// The header compiles without a warning in the strictest modes of every C and C++ standard a
+/// program may use, C89 and C++98 included (it is generated: a cbindgen change could break it).
+#[test]
+fn header_compiles_as_strict_c89_to_c17_and_cxx98_to_cxx17() {
+    let dir = std::env::temp_dir().join(format!("cachealloc-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("uses_header.c");
+    std::fs::write(
+        &source,
+        "#include <cachealloc.h>\nint main(void) { CacheallocStats s; s.size = sizeof s; \
+         return cachealloc_get_stats(0, &s) + (int)cachealloc_stats_json(0, 0, 0); }\n",
+    )
+    .unwrap();
+    let include = root().join("include");
+    for (compiler, language, standards) in [
+        ("cc", "c", &["c89", "c99", "c11", "c17"][..]),
+        ("c++", "c++", &["c++98", "c++11", "c++17"][..]),
+    ] {
+        for std in standards {
+            let out = std::process::Command::new(compiler)
+                .args(["-x", language, &format!("-std={std}")])
+                .args([
+                    "-pedantic-errors",
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-fsyntax-only",
+                ])
+                .arg("-I")
+                .arg(&include)
+                .arg(&source)
+                .output()
+                .unwrap_or_else(|e| panic!("{compiler} runs: {e}"));
+            assert!(
+                out.status.success(),
+                "the header does not compile as {std}:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

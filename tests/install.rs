@@ -57,10 +57,14 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
         &args,
     );
 
+    let stats_file = prefix.join("exit-stats.json");
     let out = run_ok(
         fake_cudart::command(&program)
             .arg(env!("CARGO_PKG_VERSION"))
-            .env_remove("CACHEALLOC_CONF")
+            .env(
+                "CACHEALLOC_CONF",
+                format!("stats:json,stats_file:{}", stats_file.display()),
+            )
             .env_remove("CACHEALLOC_DISABLE"),
     );
     assert!(
@@ -69,6 +73,103 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
         stdout(&out),
         stderr(&out)
     );
+    // The devices that served allocations, and not the missing ones the program asked for.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats_file).unwrap()).unwrap();
+    let devices: Vec<i64> = stats["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["device"].as_i64().unwrap())
+        .collect();
+    assert_eq!(devices, [0, 1], "{stats}");
+
+    // The README's link order serves the program's own cudaMalloc from the pool too; with
+    // -lcudart first it stays on the runtime.
+    let source = prefix.join("link_order.c");
+    std::fs::write(
+        &source,
+        "#include <stdio.h>\n#include <cachealloc.h>\n#include <cuda_runtime_api.h>\n\
+         int main(void) { void *p; CacheallocStats s; s.size = sizeof s;\n\
+         if (cudaMalloc(&p, 1 << 20) != 0 || cachealloc_get_stats(0, &s) != 0) return 1;\n\
+         printf(\"pooled %llu\\n\", (unsigned long long)s.allocations);\n\
+         return cudaFree(p); }\n",
+    )
+    .unwrap();
+    let fake = fake_cudart::fake_cudart();
+    let cudart_first: Vec<String> = ["-L".to_string(), fake.lib_dir.display().to_string()]
+        .into_iter()
+        .chain(["-lcudart".to_string()])
+        .chain(args.iter().map(|a| a.to_string()))
+        .collect();
+    let cudart_first: Vec<&str> = cudart_first.iter().map(String::as_str).collect();
+    // As the README writes it: -lcudart kept although every symbol the program uses binds
+    // before it.
+    let readme: Vec<&str> = args.iter().copied().chain(["-Wl,--no-as-needed"]).collect();
+    for (name, link_args, pooled) in [
+        ("link_order_readme", &readme[..], "pooled 1"),
+        ("link_order_cudart_first", &cudart_first[..], "pooled 0"),
+    ] {
+        let program = fake_cudart::compile_c_program(&source, name, link_args);
+        let out = run_ok(fake_cudart::command(&program).env_remove("CACHEALLOC_CONF"));
+        assert_eq!(stdout(&out).trim(), pooled, "{name}: {}", stderr(&out));
+    }
     let _ = std::fs::remove_dir_all(&prefix);
     assert!(Path::new(&program).is_file());
+}
+
+/// `install.sh` reads its arguments as an install script is expected to: a relative prefix (and
+/// a relative `CACHEALLOC_LIBRARY`) from the directory it is run in, an empty prefix (an unset
+/// variable) or an unknown option refused without installing anything, and a prefix that
+/// pkg-config's flags could not name refused with the reason.
+#[test]
+fn install_script_takes_paths_from_the_callers_directory_and_refuses_bad_prefixes() {
+    let work = std::env::temp_dir().join(format!("cachealloc-install-args-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(work.join("built")).unwrap();
+    std::fs::copy(library(), work.join("built/libcachealloc.so")).unwrap();
+    let script = root().join("scripts/install.sh");
+    let install = |args: &[&str]| {
+        Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .current_dir(&work)
+            .env("CACHEALLOC_LIBRARY", "built/libcachealloc.so")
+            .output()
+            .expect("bash runs")
+    };
+
+    let out = install(&["prefix"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for file in [
+        "lib/libcachealloc.so",
+        "include/cachealloc.h",
+        "lib/pkgconfig/cachealloc.pc",
+    ] {
+        assert!(
+            work.join("prefix").join(file).is_file(),
+            "{file} not installed"
+        );
+    }
+    let pc = std::fs::read_to_string(work.join("prefix/lib/pkgconfig/cachealloc.pc")).unwrap();
+    assert!(
+        pc.contains(&format!("prefix={}\n", work.join("prefix").display())),
+        "{pc}"
+    );
+
+    let spaced = work.join("my prefix");
+    for (args, says) in [
+        (vec![""], "PREFIX is empty"),
+        (vec!["--prefix"], "unknown option '--prefix'"),
+        (vec!["a", "b"], "one PREFIX at most"),
+        (vec![spaced.to_str().unwrap()], "contains whitespace"),
+        (vec!["x#y"], "contains whitespace or one of #"),
+    ] {
+        let out = install(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+    assert!(!spaced.exists() && !work.join("x#y").exists());
+    assert!(install(&["--help"]).status.success());
+    let _ = std::fs::remove_dir_all(&work);
 }

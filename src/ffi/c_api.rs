@@ -13,8 +13,10 @@ use crate::pool::{DeviceId, StreamId};
 use std::ffi::{c_char, c_int, c_void};
 
 /// Allocate `size` bytes on `device` for use on `stream` (a `cudaStream_t`, NULL = the default
-/// stream). Size 0 stores NULL and succeeds. Out of memory: 2 (`cudaErrorMemoryAllocation`),
-/// with the report logged; `*ptr` is left unchanged on any error.
+/// stream). Size 0 stores NULL and succeeds, once the configuration, the runtime and the device
+/// check out as for any size. Out of memory: 2 (`cudaErrorMemoryAllocation`), with the report
+/// logged; a device the process does not have: 101 (`cudaErrorInvalidDevice`); `*ptr` is left
+/// unchanged on any error.
 ///
 /// # Safety
 /// `ptr` is NULL (answered with 1) or valid for writing one pointer.
@@ -113,8 +115,10 @@ pub unsafe extern "C" fn cachealloc_get_stats(device: c_int, out: *mut Cacheallo
 
 /// Write the statistics of `device` as JSON (PyTorch's `memory_stats()` keys) into `buf`, like
 /// `snprintf`: at most `len - 1` bytes plus a terminating NUL when `len > 0`. Returns the length
-/// of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 for a
-/// device the process does not have (checked while the library is active).
+/// of the whole JSON text without the NUL (call with `len = 0` to size the buffer), or 0 when
+/// there are no statistics to give: a device the process does not have (checked while the
+/// library is active), a configuration error, no CUDA runtime in the process.
+/// `cachealloc_get_stats` returns the reason as a code.
 ///
 /// # Safety
 /// `buf` is valid for writing `len` bytes (it may be NULL when `len` is 0).

@@ -9,6 +9,7 @@ use super::interpose::{active, new_pool};
 use super::pools;
 use super::reentry;
 use super::trace_file;
+use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{self, Runtime, codes, runtime};
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, StreamId};
@@ -26,15 +27,21 @@ fn real_runtime() -> Result<&'static Runtime, ShimError> {
     runtime().ok_or(ShimError::NoRuntime)
 }
 
-/// Allocate `size` bytes on `device` for `stream`; size 0 gives the null address.
+/// Allocate `size` bytes on `device` for `stream`; size 0 gives the null address (once the
+/// configuration, the runtime and, on a device without a pool yet, the device are known good).
 pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, ShimError> {
     let _inside = inside()?;
-    if size == 0 {
-        return Ok(0);
-    }
     let Some((config, rt)) = active()? else {
         return real_malloc(real_runtime()?, size, device);
     };
+    if !pools::has_pool(device) {
+        // Checked before a pool is made: a device the process does not have gets no pool (and
+        // so no statistics), and no failed cudaSetDevice is left as the program's last error.
+        check_device(rt, device)?;
+    }
+    if size == 0 {
+        return Ok(0);
+    }
     let served = pools::with_pool_or_create(
         device,
         || new_pool(config, rt, device),
@@ -42,7 +49,7 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
     );
     trace_file::flush();
     let served = served?.ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
-    Ok(served?.addr())
+    returned_only(rt, served.map(DevicePtr::addr).map_err(ShimError::from))
 }
 
 /// Return an allocation of the C API to its pool at once. NULL is a no-op; a pointer that no
@@ -52,14 +59,13 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
     let Some(ptr) = DevicePtr::new(addr) else {
         return Ok(());
     };
-    let Some(_) = active()? else {
+    let Some((_, rt)) = active()? else {
         return real_free(real_runtime()?, addr);
     };
     let freed = pools::with_owner(addr, |pool| pool.free(ptr));
     trace_file::flush();
-    freed?
-        .unwrap_or(Err(Error::NotOwned { addr }))
-        .map_err(ShimError::from)
+    let freed = freed?.unwrap_or(Err(Error::NotOwned { addr }));
+    returned_only(rt, freed.map_err(ShimError::from))
 }
 
 /// Release every fully free cached segment of `device`.
@@ -71,15 +77,27 @@ pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
     check_device(rt, device)?;
     let emptied = pools::with_pool(device, |pool| pool.empty_cache());
     trace_file::flush();
-    emptied?.unwrap_or(Ok(())).map_err(ShimError::from)
+    returned_only(rt, emptied?.unwrap_or(Ok(())).map_err(ShimError::from))
 }
 
-/// `device` is an ordinal the pools cover and one the runtime has: else the runtime's
-/// `cudaErrorInvalidDevice` (101), as `cachealloc_malloc` on such a device answers. (For the
-/// statistics and cache calls, not the hot path: one `cudaGetDeviceCount` each.)
+/// The C API reports a failure by its return code only: a runtime call of the pool's that
+/// failed on the way (the code passed through) must not stay as the program's last error.
+fn returned_only<T>(rt: &Runtime, result: Result<T, ShimError>) -> Result<T, ShimError> {
+    if let Err(
+        ShimError::Runtime { .. } | ShimError::Pool(Error::Backend(BackendError::Device { .. })),
+    ) = result
+    {
+        runtime::clear_last_error(rt);
+    }
+    result
+}
+
+/// `device` is an ordinal the runtime has (else `cudaErrorInvalidDevice`, 101, as the runtime's
+/// `cudaSetDevice` answers) and one the pools cover. (Not the hot path: one
+/// `cudaGetDeviceCount` each.)
 fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
-    if pools::epochs(device).is_none() {
-        return Err(ShimError::InvalidArgument(DEVICE_RANGE));
+    if device.0 < 0 {
+        return Err(ShimError::NoSuchDevice);
     }
     let mut count: std::ffi::c_int = 0;
     // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
@@ -95,16 +113,26 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
     if device.0 >= count {
         return Err(ShimError::NoSuchDevice);
     }
-    Ok(())
+    in_pool_range(device)
+}
+
+/// `device` is one of the ordinals the pools cover: a negative one is no device at all (101),
+/// one past the pools is refused as an argument.
+fn in_pool_range(device: DeviceId) -> Result<(), ShimError> {
+    if device.0 < 0 {
+        return Err(ShimError::NoSuchDevice);
+    }
+    match pools::epochs(device) {
+        Some(_) => Ok(()),
+        None => Err(ShimError::InvalidArgument(DEVICE_RANGE)),
+    }
 }
 
 /// Statistics of `device` and its cached free bytes (zeros before its first allocation).
 pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
     let _inside = inside()?;
-    if pools::epochs(device).is_none() {
-        return Err(ShimError::InvalidArgument(DEVICE_RANGE));
-    }
     let Some((config, rt)) = active()? else {
+        in_pool_range(device)?;
         return Ok((DeviceStats::default(), 0));
     };
     check_device(rt, device)?;

@@ -31,6 +31,11 @@ fn index(device: DeviceId) -> Option<usize> {
     usize::try_from(device.0).ok().filter(|&d| d < MAX_DEVICES)
 }
 
+/// Whether `device` has had a pool made (its slot is never emptied again).
+pub fn has_pool(device: DeviceId) -> bool {
+    index(device).is_some_and(|d| USED.load(Ordering::Relaxed) & (1u64 << d) != 0)
+}
+
 /// The synchronization epochs of `device` (`None` for an ordinal without a pool slot).
 pub fn epochs(device: DeviceId) -> Option<&'static SyncEpochs> {
     index(device).map(|d| &EPOCHS[d])

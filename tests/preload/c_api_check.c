@@ -3,6 +3,7 @@
  * `pkg-config --cflags --libs cachealloc`) and uses the C API from include/cachealloc.h, with the
  * fake libcudart.so.12 as the runtime. Prints "ok c_api" when every check held.
  */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,17 +98,26 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_get_stats(0, &stats) == 0);
     CHECK(stats.reserved_bytes == 0);
     CHECK(fakecudart_device_bytes_in_use(0) == 0);
-    CHECK(cachealloc_get_stats(99, &stats) == 1);
-    /* An ordinal the pools cover but the process does not have (the fake has 2 devices): the
-     * runtime's cudaErrorInvalidDevice, as cachealloc_malloc answers there; out of range: 1. */
+    /* Ordinals the process does not have (the fake has 2 devices), negative ones included: the
+     * runtime's cudaErrorInvalidDevice, as its cudaSetDevice answers, from every call. A failed
+     * call makes no pool (device 7 is missing from the exit statistics, checked by the test) and
+     * reports by its return code only: the thread's last error stays clear. */
     void *nowhere = NULL;
+    CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_malloc(&nowhere, 4096, 7, NULL) == 101);
+    CHECK(cudaGetLastError() == 0);
+    CHECK(cachealloc_malloc(&nowhere, 0, 7, NULL) == 101);
+    CHECK(cachealloc_malloc(&nowhere, 4096, -1, NULL) == 101);
+    CHECK(cachealloc_malloc(&nowhere, 4096, INT_MIN, NULL) == 101);
+    CHECK(nowhere == NULL);
     CHECK(cachealloc_get_stats(7, &stats) == 101);
+    CHECK(cachealloc_get_stats(99, &stats) == 101);
     CHECK(cachealloc_stats_json(7, NULL, 0) == 0);
     CHECK(cachealloc_empty_cache(7) == 101);
     CHECK(cachealloc_reset_peak_stats(5) == 101);
-    CHECK(cachealloc_empty_cache(64) == 1);
-    CHECK(cachealloc_reset_peak_stats(-1) == 1);
+    CHECK(cachealloc_empty_cache(64) == 101);
+    CHECK(cachealloc_reset_peak_stats(-1) == 101);
+    CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_get_stats(1, &stats) == 0); /* a device without a pool: zeros */
 
     printf("ok c_api\n");
