@@ -112,6 +112,16 @@ int cachealloc_malloc(void **ptr, size_t size, int device, void *stream);
 int cachealloc_free(void *ptr);
 
 /**
+ * Record that the allocation at `ptr` is also used by work on `stream` (PyTorch's
+ * `Tensor.record_stream`): its `cachealloc_free` then waits for that work before the block is
+ * reused, as an interposed `cudaFree` waits (`free_sync`: under the default `device`, until a
+ * device-wide synchronization the pool makes before it would grow; under `event`, for
+ * blocking streams only; under `none`, not at all). Its own stream or NULL `ptr`: nothing to
+ * do, 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`).
+ */
+int cachealloc_record_stream(void *ptr, void *stream);
+
+/**
  * Release every fully free cached segment of `device` to the driver (after waiting for pending
  * frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
  * (`cudaErrorInvalidDevice`; checked while the library is active, not under
@@ -155,7 +165,11 @@ int cachealloc_reset_peak_stats(int device);
 const char *cachealloc_version(void);
 
 /**
- * PyTorch's `MallocFuncType`: `void* (size_t size, int device, cudaStream_t stream)`.
+ * PyTorch's `MallocFuncType`: `void* (size_t size, int device, cudaStream_t stream)`. A failure
+ * (out of memory, after its report is logged; a configuration error; a device error) is thrown
+ * as a C++ `std::runtime_error` carrying the same text, which PyTorch raises as a Python
+ * `RuntimeError`: it does not check the pointer, and a NULL one would become a tensor at address
+ * 0. Without a C++ runtime in the process, a failure answers NULL.
  */
 void *cachealloc_torch_malloc(size_t size, int device, void *stream);
 
@@ -164,6 +178,19 @@ void *cachealloc_torch_malloc(size_t size, int device, void *stream);
  * The pointer alone identifies the block; `size`, `device` and `stream` are not needed.
  */
 void cachealloc_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/**
+ * The hook for `set_record_stream_fn`, `void (void* ptr, cudaStream_t stream)`, which
+ * `Tensor.record_stream(stream)` calls: the tensor's block is not reused before that stream's
+ * work issued before its free is done (see `cachealloc_record_stream`).
+ */
+void cachealloc_torch_record_stream(void *ptr, void *stream);
+
+/**
+ * The hook for `set_reset_fn`, `void (void)`, which `torch.cuda.empty_cache()` calls: every
+ * device's fully free cached segments go back to the driver (after pending frees complete).
+ */
+void cachealloc_torch_empty_cache(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -134,10 +134,17 @@ if [[ -z "$lib" ]]; then
     lib="$root/target/release/libcachealloc.so"
     if command -v cargo >/dev/null 2>&1; then
         note "cargo build --release --lib"
-        (cd "$root" && cargo build --release --lib --quiet) || lib_problem="cargo build --release --lib failed"
+        if ! (cd "$root" && cargo build --release --lib --quiet); then
+            # A machine without network cannot fetch crates: a library built before still serves.
+            if [[ -f "$lib" ]]; then
+                note "cargo build --release --lib failed; using the library already built at $lib"
+            else
+                lib_problem="cargo build --release --lib failed (build it elsewhere and pass --lib PATH)"
+            fi
+        fi
     fi
 fi
-[[ -z "$lib_problem" && ! -f "$lib" ]] && lib_problem="no $lib (cargo not found to build it)"
+[[ -z "$lib_problem" && ! -f "$lib" ]] && lib_problem="no $lib (cargo not found to build it; pass --lib PATH)"
 exports=""
 if [[ -z "$lib_problem" ]]; then
     exports="$(nm -D --defined-only "$lib" 2>/dev/null | awk '{print $NF}')" ||
@@ -265,17 +272,21 @@ train() {
 }
 
 torch_check="(b) training loop"
+# On a GPU the training rows run PyTorch itself and need neither gcc nor a libcudart of ours;
+# without one they stand in with the C helpers.
+train_problem="$build_problem"
+[[ -n "$gpu_name" ]] && train_problem=""
 if [[ -n "$gpu_name" ]]; then
     train "$torch_check" "PyTorch's own caching" native "" -u LD_PRELOAD
 else
     row "$torch_check" "PyTorch's own caching" "not run: needs torch on a GPU" "$on"
 fi
-train "$torch_check" "PYTORCH_NO_CUDA_MEMORY_CACHING=1, no shim$standin" uncached "$build_problem" \
+train "$torch_check" "PYTORCH_NO_CUDA_MEMORY_CACHING=1, no shim$standin" uncached "$train_problem" \
     -u LD_PRELOAD PYTORCH_NO_CUDA_MEMORY_CACHING=1
 train "$torch_check" "PYTORCH_NO_CUDA_MEMORY_CACHING=1 + LD_PRELOAD shim$standin" uncached \
-    "${build_problem:-$shim_problem}" LD_PRELOAD="$lib" PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    "${train_problem:-$shim_problem}" LD_PRELOAD="$lib" PYTORCH_NO_CUDA_MEMORY_CACHING=1
 train "(c) pluggable allocator" "CUDAPluggableAllocator(cachealloc_torch_malloc)$standin" pluggable \
-    "${build_problem:-$pluggable_problem}" -u LD_PRELOAD
+    "${train_problem:-$pluggable_problem}" -u LD_PRELOAD
 
 # --- (d) out of memory under the shim -----------------------------------------------------------
 

@@ -62,6 +62,9 @@ fn header_declares_the_whole_c_api() {
         "cachealloc_version",
         "cachealloc_torch_malloc",
         "cachealloc_torch_free",
+        "cachealloc_record_stream",
+        "cachealloc_torch_record_stream",
+        "cachealloc_torch_empty_cache",
         "CacheallocStats",
         "CACHEALLOC_STATS_VERSION",
     ] {

@@ -78,6 +78,13 @@ def run_torch(args):
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             args.shim, "cachealloc_torch_malloc", "cachealloc_torch_free"
         )
+        # The hooks the README sets: Tensor.record_stream and torch.cuda.empty_cache().
+        shim = ctypes.CDLL(args.shim)
+        hooks = allocator.allocator()
+        hooks.set_record_stream_fn(
+            ctypes.cast(shim.cachealloc_torch_record_stream, ctypes.c_void_p).value
+        )
+        hooks.set_reset_fn(ctypes.cast(shim.cachealloc_torch_empty_cache, ctypes.c_void_p).value)
         torch.cuda.memory.change_current_allocator(allocator)
 
     device = torch.device("cuda")
@@ -96,6 +103,16 @@ def run_torch(args):
 
     step_ms = timed_steps(args, step, torch.cuda.synchronize)
     peak = torch.cuda.max_memory_reserved() if args.allocator == "native" else None
+    if args.allocator == "pluggable":
+        # A failed allocation must arrive as an exception (a NULL pointer would become a tensor
+        # at address 0), and the reset hook must run.
+        try:
+            torch.empty(1 << 50, dtype=torch.uint8, device=device)
+            raise SystemExit("pluggable allocator: a 1 PiB tensor was allocated")
+        except RuntimeError as e:
+            if "out of memory" not in str(e):
+                raise
+        torch.cuda.empty_cache()
     return step_ms, peak
 
 

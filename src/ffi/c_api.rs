@@ -55,6 +55,22 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
     })
 }
 
+/// Record that the allocation at `ptr` is also used by work on `stream` (PyTorch's
+/// `Tensor.record_stream`): its `cachealloc_free` then waits for that work before the block is
+/// reused, as an interposed `cudaFree` waits (`free_sync`: under the default `device`, until a
+/// device-wide synchronization the pool makes before it would grow; under `event`, for
+/// blocking streams only; under `none`, not at all). Its own stream or NULL `ptr`: nothing to
+/// do, 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+    boundary("cachealloc_record_stream", codes::UNKNOWN, || {
+        api::record_stream(ptr as u64, StreamId(stream as u64)).map_or_else(
+            |e| to_code("cachealloc_record_stream", e),
+            |()| codes::SUCCESS,
+        )
+    })
+}
+
 /// Release every fully free cached segment of `device` to the driver (after waiting for pending
 /// frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
 /// (`cudaErrorInvalidDevice`; checked while the library is active, not under

@@ -4,6 +4,7 @@
 //! (`status`). No policy lives here.
 
 pub mod c_api;
+mod cxx_exception;
 pub mod interpose;
 pub mod stats;
 pub mod status;

@@ -8,6 +8,7 @@ use super::error::ShimError;
 use super::interpose::{active, new_pool};
 use super::pools;
 use super::reentry;
+use super::stream_uses;
 use super::trace_file;
 use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
@@ -62,10 +63,49 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
     let Some((_, rt)) = active()? else {
         return real_free(real_runtime()?, addr);
     };
-    let freed = pools::with_owner(addr, |pool| pool.free(ptr));
+    // A block recorded as used on another stream waits as an interposed cudaFree's does.
+    let deferred = stream_uses::take(addr);
+    let freed = pools::with_owner(addr, |pool| {
+        if deferred {
+            pool.free_deferred(ptr)
+        } else {
+            pool.free(ptr)
+        }
+    });
     trace_file::flush();
     let freed = freed?.unwrap_or(Err(Error::NotOwned { addr }));
     returned_only(rt, freed.map_err(ShimError::from))
+}
+
+/// The allocation at `addr` is used on `stream` as well as on its allocation stream: its free
+/// will wait for that work (see `stream_uses`). Its own stream and NULL change nothing; a
+/// pointer that is not a live allocation of a pool is `Error::NotOwned`.
+pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
+    let _inside = inside()?;
+    let Some(ptr) = DevicePtr::new(addr) else {
+        return Ok(());
+    };
+    if active()?.is_none() {
+        return Ok(());
+    }
+    let allocated_on = pools::with_owner(addr, |pool| pool.allocation_stream(ptr))?.flatten();
+    match allocated_on {
+        Some(own) if own != stream => stream_uses::record(addr),
+        Some(_) => {}
+        None => return Err(ShimError::Pool(Error::NotOwned { addr })),
+    }
+    Ok(())
+}
+
+/// Release every fully free cached segment of every device that has a pool.
+pub fn empty_cache_all() -> Result<(), ShimError> {
+    for d in 0..pools::MAX_DEVICES {
+        let device = DeviceId(d as i32);
+        if pools::has_pool(device) {
+            empty_cache(device)?;
+        }
+    }
+    Ok(())
 }
 
 /// Release every fully free cached segment of `device`.

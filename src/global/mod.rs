@@ -13,6 +13,7 @@ pub(crate) mod logging;
 pub mod panics;
 pub mod pools;
 pub mod reentry;
+mod stream_uses;
 mod trace_file;
 
 pub use error::ShimError;

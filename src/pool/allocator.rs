@@ -240,6 +240,13 @@ impl<B: Backend> DeviceAllocator<B> {
         (block.state == BlockState::Allocated).then_some(block.size)
     }
 
+    /// The stream of the live allocation starting at `ptr`, if there is one.
+    pub fn allocation_stream(&self, ptr: DevicePtr) -> Option<StreamId> {
+        let id = self.blocks.find(ptr.addr())?;
+        let block = self.blocks.get(id);
+        (block.state == BlockState::Allocated).then_some(block.stream)
+    }
+
     /// Whether `addr` lies inside a segment of this pool.
     pub fn contains(&self, addr: u64) -> bool {
         self.segments.contains(addr)

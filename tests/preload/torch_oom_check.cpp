@@ -1,0 +1,28 @@
+/*
+ * torch_oom_check.cpp — calls cachealloc_torch_malloc from C++ as PyTorch's
+ * CUDAPluggableAllocator does, inside a try block: a failed allocation must arrive as a
+ * std::runtime_error (PyTorch raises it as a Python RuntimeError), never as a NULL pointer.
+ * Prints "caught: <what()>" or "returned <pointer>", then whether the allocator still serves
+ * an allocation afterwards.
+ */
+#include <cstdio>
+#include <stdexcept>
+
+#include <cachealloc.h>
+
+int main() {
+    try {
+        void *p = cachealloc_torch_malloc((size_t)1 << 40, 0, NULL);
+        std::printf("returned %p\n", p);
+    } catch (const std::runtime_error &e) {
+        std::printf("caught: %s\n", e.what());
+    }
+    try {
+        void *q = cachealloc_torch_malloc(1 << 20, 0, NULL);
+        std::printf("then: %s\n", q ? "allocated" : "NULL");
+        cachealloc_torch_free(q, 1 << 20, 0, NULL);
+    } catch (const std::runtime_error &e) {
+        std::printf("then: caught\n");
+    }
+    return 0;
+}

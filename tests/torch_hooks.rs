@@ -1,0 +1,133 @@
+//! The pluggable-allocator hooks beyond malloc and free, called as PyTorch calls them, against
+//! the fake runtime's simulated kernels (`tests/preload/torch_hooks_check.c`):
+//! `cachealloc_torch_record_stream` (`set_record_stream_fn`, `Tensor.record_stream`) keeps a
+//! freed block from the next tensor while another stream's work still uses it, and
+//! `cachealloc_torch_empty_cache` (`set_reset_fn`, `torch.cuda.empty_cache()`) gives the cached
+//! segments back. And a failed `cachealloc_torch_malloc` reaches C++ as a `std::runtime_error`
+//! (`tests/preload/torch_oom_check.cpp`), which PyTorch raises as a Python `RuntimeError`,
+//! instead of a NULL pointer it would turn into a tensor at address 0.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use support::fake_cudart;
+use support::shim::{library, run_ok, stderr, stdout};
+
+fn program() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lib = library();
+    let lib_dir = lib.parent().unwrap().display().to_string();
+    fake_cudart::compile_c_program(
+        &root.join("tests/preload/torch_hooks_check.c"),
+        "torch_hooks_check",
+        &[
+            &format!("-I{}", root.join("include").display()),
+            &format!("-L{lib_dir}"),
+            "-lcachealloc",
+            &format!("-Wl,-rpath,{lib_dir}"),
+        ],
+    )
+}
+
+#[test]
+fn a_block_recorded_on_another_stream_waits_for_it_and_empty_cache_releases_everything() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE"),
+    );
+    assert!(
+        stdout(&out).contains("ok torch hooks"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("cachealloc_torch_record_stream"),
+        "a pointer of no allocation is logged: {}",
+        stderr(&out)
+    );
+}
+
+/// What the hook prevents: without it, the block is handed out again at once, while the side
+/// stream's kernel still reads it (PyTorch's own semantics for unrecorded tensors).
+#[test]
+fn without_the_record_the_block_is_reused_while_the_side_stream_still_uses_it() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("unrecorded")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE"),
+    );
+    assert_eq!(
+        stdout(&out).trim(),
+        "reused while busy: 1",
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The C++ program, linked as PyTorch's extension would be: libstdc++ is in the process.
+fn cxx_program() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lib = library();
+    let lib_dir = lib.parent().unwrap();
+    let fake = fake_cudart::fake_cudart();
+    let out = std::env::temp_dir().join(format!("cachealloc-torch-oom-{}", std::process::id()));
+    run_ok(
+        Command::new("c++")
+            .arg("-std=c++17")
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg("-o")
+            .arg(&out)
+            .arg(root.join("tests/preload/torch_oom_check.cpp"))
+            .arg("-L")
+            .arg(lib_dir)
+            .arg("-lcachealloc")
+            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            .arg("-Wl,--no-as-needed")
+            .arg("-L")
+            .arg(&fake.lib_dir)
+            .arg("-lcudart")
+            .arg(format!("-Wl,-rpath,{}", fake.lib_dir.display())),
+    );
+    out
+}
+
+#[test]
+fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
+    let program = cxx_program();
+    let out = run_ok(
+        fake_cudart::command(&program)
+            .env("FAKECUDART_CAPACITY", "1GiB")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE"),
+    );
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("caught: CUDA out of memory. Tried to allocate"),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(text.contains("then: allocated"), "{text}");
+    assert!(
+        stderr(&out).contains("CUDA out of memory"),
+        "the report is logged too"
+    );
+
+    // A configuration error: every allocation throws, naming it.
+    let out = run_ok(
+        fake_cudart::command(&program)
+            .env("CACHEALLOC_CONF", "max_split_size_mb:abc")
+            .env_remove("CACHEALLOC_DISABLE"),
+    );
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("caught: the cachealloc configuration is invalid"),
+        "{text}"
+    );
+    assert!(text.contains("then: caught"), "{text}");
+    let _ = std::fs::remove_file(&program);
+}
