@@ -137,6 +137,40 @@ fn cuda_calls_at_exit_are_served_whatever_the_log_level() {
     }
 }
 
+/// A child forked after cachealloc became active steps aside: its CUDA calls go to the runtime,
+/// and its exit writes neither the parent's buffered trace events a second time nor a
+/// statistics file of the parent's pools under its own process id.
+#[test]
+fn a_forked_child_leaves_the_parents_pools_trace_and_statistics_alone() {
+    let dir = std::env::temp_dir().join(format!("cachealloc-fork-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = format!(
+        "trace:{0}/trace-%p.jsonl,stats:json,stats_file:{0}/stats-%p.json",
+        dir.display()
+    );
+    check("fork", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names.len(),
+        2,
+        "one trace and one statistics file: {names:?}"
+    );
+    let pid = names[0]
+        .trim_start_matches("stats-")
+        .trim_end_matches(".json");
+    assert_eq!(names[1], format!("trace-{pid}.jsonl"), "{names:?}");
+    let trace = std::fs::read_to_string(dir.join(&names[1])).unwrap();
+    let count = |needle: &str| trace.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("\"format\":\"cachealloc-trace\""), 1, "{trace}");
+    assert_eq!(count("\"action\":\"alloc\""), 2, "{trace}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A tuning PyTorch accepts with a number not written plainly keeps the program running: the
 /// number is read as PyTorch reads it, and a warning says so.
 #[test]

@@ -30,6 +30,10 @@ pub fn register() {
 }
 
 extern "C" fn at_exit() {
+    // A forked child's trace buffer and pools are the parent's: the parent writes them.
+    if super::fork::in_forked_child() {
+        return;
+    }
     // Nothing may unwind into libc's exit; a failure here loses the report, nothing else.
     let _ = std::panic::catch_unwind(trace_file::flush_at_exit);
     let _ = std::panic::catch_unwind(write_report);

@@ -9,9 +9,11 @@
 //!   `cachealloc_malloc`) answers `cudaErrorInitializationError` (3); `cudaFree` and the other
 //!   interposed calls still forward, so memory obtained elsewhere can be released.
 //! - otherwise → `Active`: the log subscriber is installed, the `trace` recording started, and,
-//!   when `stats` or `trace` is on, the exit hook registered.
+//!   when `stats` or `trace` is on, the exit hook registered. A child forked from then on sees
+//!   `PassThrough` (`fork`).
 
 use super::exit_stats;
+use super::fork;
 use super::logging;
 use super::trace_file;
 use crate::config::{Config, StatsOutput};
@@ -30,10 +32,15 @@ pub enum Mode {
 }
 
 static MODE: OnceLock<Mode> = OnceLock::new();
+/// The mode of a child forked after cachealloc became active (see `fork`).
+static FORKED_CHILD_MODE: Mode = Mode::PassThrough;
 
-/// The mode, deciding it on first use (after that, one load and a branch, inlined).
+/// The mode, deciding it on first use (after that, two loads and branches, inlined).
 #[inline]
 pub fn mode() -> &'static Mode {
+    if fork::in_forked_child() {
+        return &FORKED_CHILD_MODE;
+    }
     MODE.get_or_init(decide)
 }
 
@@ -75,6 +82,7 @@ fn decide() -> Mode {
                 config.source.name(),
                 config.free_sync.name()
             );
+            fork::watch();
             trace_file::start(&config);
             if config.stats != StatsOutput::Off || config.trace.is_some() {
                 exit_stats::register();

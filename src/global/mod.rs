@@ -5,6 +5,7 @@
 pub mod api;
 pub mod error;
 mod exit_stats;
+mod fork;
 pub mod forward;
 pub mod init;
 pub mod interpose;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cuda_runtime_api.h"
@@ -391,8 +392,37 @@ static void scenario_at_exit(void) {
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 
+/* Children forked while the pool holds a live and a cached block: a worker that exits normally
+ * without calling CUDA, and one that calls cudaMalloc. The second child's request reaches the
+ * runtime (the parent's cached block is not handed out in a process that cannot use it). Both
+ * exit through exit(), so their exit hooks run; the test checks that the parent's trace and
+ * statistics files are the only ones, written once. */
+static void scenario_fork(void) {
+    void *a = NULL, *b = NULL;
+    int status = -1;
+    CHECK_CODE(cudaMalloc(&a, 1 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 3 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    fflush(stdout);
+    pid_t worker = fork();
+    if (worker == 0) exit(0);
+    CHECK(worker > 0);
+    CHECK(waitpid(worker, &status, 0) == worker && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pid_t user = fork();
+    if (user == 0) {
+        uint64_t before = counter("mallocs");
+        void *c = NULL;
+        int forwarded = cudaMalloc(&c, 3 * MIB) == cudaSuccess && counter("mallocs") == before + 1;
+        exit(forwarded ? 0 : 3);
+    }
+    CHECK(user > 0);
+    CHECK(waitpid(user, &status, 0) == user && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+}
+
 static const struct scenario scenarios[] = {
     {"at_exit", scenario_at_exit},
+    {"fork", scenario_fork},
     {"last_error", scenario_last_error},
     {"churn", scenario_churn},
     {"oom", scenario_oom},
