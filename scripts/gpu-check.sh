@@ -254,8 +254,8 @@ train() {
     fi
     if [[ "$out" =~ NOT_RUN\ (.*) ]]; then
         row "$check" "$variant" "not run: ${BASH_REMATCH[1]}" "$on"
-    elif [[ "$out" =~ RESULT\ step_ms=([0-9.]+)\ peak_reserved=([0-9a-z]+) ]]; then
-        local ms=${BASH_REMATCH[1]} peak=${BASH_REMATCH[2]} reserved
+    elif [[ "$out" =~ RESULT\ step_ms=([0-9.]+)\ peak_reserved=([0-9a-z]+)\ loss=([-0-9.e+a-z]+) ]]; then
+        local ms=${BASH_REMATCH[1]} peak=${BASH_REMATCH[2]} loss=${BASH_REMATCH[3]} reserved same
         if [[ "$peak" != none ]]; then
             reserved="peak reserved $(fmt_bytes "$peak")"
         elif [[ "$allocator" == pluggable || "$*" == *LD_PRELOAD=* ]]; then
@@ -265,13 +265,26 @@ train() {
         else
             reserved="peak reserved not tracked (no caching layer)"
         fi
-        row "$check" "$variant" "step ${ms} ms (median), $reserved" "$on"
+        # The last step's loss against PyTorch's own allocator's (same seeds, deterministic
+        # kernels): a block handed out while a kernel still used it would change it.
+        same=""
+        if [[ "$loss" != none && "$allocator" == native ]]; then
+            native_loss=$loss
+        elif [[ "$loss" != none && -n "$native_loss" ]]; then
+            if [[ "$loss" == "$native_loss" ]]; then
+                same=", last loss $loss as with PyTorch's own allocator"
+            else
+                same=", DIFFERENT last loss $loss (PyTorch's own allocator: $native_loss)"
+            fi
+        fi
+        row "$check" "$variant" "step ${ms} ms (median), $reserved$same" "$on"
     else
         row "$check" "$variant" "not run: no result line ($(why_failed))" "$on"
     fi
 }
 
 torch_check="(b) training loop"
+native_loss=""
 # On a GPU the training rows run PyTorch itself and need neither gcc nor a libcudart of ours;
 # without one they stand in with the C helpers.
 train_problem="$build_problem"

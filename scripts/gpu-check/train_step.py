@@ -16,11 +16,14 @@ Backends:
              process (so an LD_PRELOAD shim sees them) or through the pluggable entry points of
              LIB. It exercises the plumbing against the fake runtime; its times are not GPU figures.
 
-Prints one line: "RESULT step_ms=F peak_reserved=BYTES|none" or "NOT_RUN reason".
+Prints one line: "RESULT step_ms=F peak_reserved=BYTES|none loss=F|none" or "NOT_RUN reason".
+The torch backend seeds every generator and runs cuBLAS deterministically, so the last step's
+loss is the same under every allocator unless one hands out memory a kernel still uses.
 """
 
 import argparse
 import ctypes
+import os
 import statistics
 import sys
 import time
@@ -87,6 +90,10 @@ def run_torch(args):
         hooks.set_reset_fn(ctypes.cast(shim.cachealloc_torch_empty_cache, ctypes.c_void_p).value)
         torch.cuda.memory.change_current_allocator(allocator)
 
+    # The same numbers under every allocator: fixed seeds, deterministic cuBLAS.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
     device = torch.device("cuda")
     layers = []
     for _ in range(args.layers):
@@ -94,14 +101,18 @@ def run_torch(args):
     model = torch.nn.Sequential(*layers).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+    losses = []
+
     def step(batch):
         x = torch.randn(batch, args.width, device=device)
         loss = model(x).square().mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        losses[:] = [loss.detach()]
 
     step_ms = timed_steps(args, step, torch.cuda.synchronize)
+    last_loss = losses[-1].item()
     peak = torch.cuda.max_memory_reserved() if args.allocator == "native" else None
     if args.allocator == "pluggable":
         # A failed allocation must arrive as an exception (a NULL pointer would become a tensor
@@ -113,7 +124,7 @@ def run_torch(args):
             if "out of memory" not in str(e):
                 raise
         torch.cuda.empty_cache()
-    return step_ms, peak
+    return step_ms, peak, last_loss
 
 
 # --- ctypes -----------------------------------------------------------------------------------
@@ -189,14 +200,17 @@ def run_ctypes(args):
     step_ms = timed_steps(args, step, sync)
     for block in weights:
         free(block)
-    return step_ms, None
+    return step_ms, None, None
 
 
 def main():
     args = parse_args()
     run = run_torch if args.backend == "torch" else run_ctypes
-    step_ms, peak = run(args)
-    print(f"RESULT step_ms={step_ms:.3f} peak_reserved={'none' if peak is None else peak}")
+    step_ms, peak, loss = run(args)
+    print(
+        f"RESULT step_ms={step_ms:.3f} peak_reserved={'none' if peak is None else peak}"
+        f" loss={'none' if loss is None else repr(loss)}"
+    )
 
 
 if __name__ == "__main__":
