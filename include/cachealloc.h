@@ -5,7 +5,8 @@
  *
  * Functions returning int answer cudaError_t codes (0 = cudaSuccess, 1 = cudaErrorInvalidValue,
  * 2 = cudaErrorMemoryAllocation, 3 = cudaErrorInitializationError, other codes come from the
- * CUDA runtime unchanged, 101 = cudaErrorInvalidDevice for a device the process does not have).
+ * CUDA runtime unchanged, 101 = cudaErrorInvalidDevice for a device the process does not have;
+ * cachealloc has pools for devices 0-63: a device 64 or above that exists answers 1).
  * `stream` arguments are cudaStream_t values (NULL = default stream). A failure is reported by
  * the return code only: these calls leave cudaGetLastError() as it was (under
  * CACHEALLOC_DISABLE=1 they are the runtime's own cudaMalloc and cudaFree, which set it).
@@ -105,7 +106,8 @@ extern "C" {
 int cachealloc_malloc(void **ptr, size_t size, int device, void *stream);
 
 /**
- * Return memory from `cachealloc_malloc` to its pool (immediately reusable on its stream).
+ * Return memory from `cachealloc_malloc` to its pool (immediately reusable on its stream,
+ * unless it was recorded with `cachealloc_record_stream`).
  * NULL is a no-op; a pointer cachealloc does not own, a double free or an interior pointer is
  * 1 (`cudaErrorInvalidValue`) and changes nothing.
  */
@@ -113,11 +115,13 @@ int cachealloc_free(void *ptr);
 
 /**
  * Record that the allocation at `ptr` is also used by work on `stream` (PyTorch's
- * `Tensor.record_stream`): its `cachealloc_free` then waits for that work before the block is
- * reused, as an interposed `cudaFree` waits (`free_sync`: under the default `device`, until a
- * device-wide synchronization the pool makes before it would grow; under `event`, for
- * blocking streams only; under `none`, not at all). Its own stream or NULL `ptr`: nothing to
- * do, 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`).
+ * `Tensor.record_stream`), a stream of the allocation's own device: its `cachealloc_free` then
+ * waits for that work before the block is reused, as an interposed `cudaFree` waits
+ * (`free_sync`: under the default `device`, until a device-wide synchronization the pool makes
+ * before it would grow; under `event`, for blocking streams only; under `none`, not at all).
+ * Its own stream or NULL `ptr`: nothing to do, 0. A pointer that is not a live allocation of
+ * cachealloc: 1 (`cudaErrorInvalidValue`; checked while the library is active — under
+ * `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
  */
 int cachealloc_record_stream(void *ptr, void *stream);
 
@@ -165,13 +169,22 @@ int cachealloc_reset_peak_stats(int device);
 const char *cachealloc_version(void);
 
 /**
- * PyTorch's `MallocFuncType`: `void* (size_t size, int device, cudaStream_t stream)`. A failure
- * (out of memory, after its report is logged; a configuration error; a device error) is thrown
- * as a C++ `std::runtime_error` carrying the same text, which PyTorch raises as a Python
- * `RuntimeError`: it does not check the pointer, and a NULL one would become a tensor at address
- * 0. Without a C++ runtime in the process, a failure answers NULL.
+ * PyTorch's `MallocFuncType`: `void* (size_t size, int device, cudaStream_t stream)`, for
+ * `change_current_allocator`. A failure (out of memory, after its report is logged; a
+ * configuration error; a device error) is thrown as a C++ `std::runtime_error` carrying the same
+ * text, which PyTorch raises as a Python `RuntimeError`: on this path it does not check the
+ * pointer, and a NULL one would become a tensor at address 0. Where no libstdc++ is loaded, a
+ * failure answers NULL. For PyTorch's allocator only: a caller without a C++ handler around
+ * the call (C, ctypes) is terminated by the C++ runtime when a failure is thrown.
  */
 void *cachealloc_torch_malloc(size_t size, int device, void *stream);
+
+/**
+ * The same allocation for a `torch.cuda.MemPool(alloc.allocator())`, whose caller checks for
+ * NULL: a failure answers NULL (the report is logged), and PyTorch then frees the blocks it
+ * caches and retries before raising its own `OutOfMemoryError`. Never throws.
+ */
+void *cachealloc_torch_mempool_malloc(size_t size, int device, void *stream);
 
 /**
  * PyTorch's `FreeFuncType`: `void (void* ptr, size_t size, int device, cudaStream_t stream)`.

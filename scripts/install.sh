@@ -68,6 +68,8 @@ install -m 755 "$library" "$prefix/lib/libcachealloc.so"
 # does not need it.
 if command -v strip >/dev/null 2>&1; then
     strip --strip-debug "$prefix/lib/libcachealloc.so"
+else
+    echo "install.sh: strip not found (binutils): the library is installed with its debugging information" >&2
 fi
 install -m 644 include/cachealloc.h "$prefix/include/cachealloc.h"
 cat > "$prefix/lib/pkgconfig/cachealloc.pc" <<PC

@@ -5,7 +5,10 @@
 //! `cachealloc_torch_empty_cache` (`set_reset_fn`, `torch.cuda.empty_cache()`) gives the cached
 //! segments back. And a failed `cachealloc_torch_malloc` reaches C++ as a `std::runtime_error`
 //! (`tests/preload/torch_oom_check.cpp`), which PyTorch raises as a Python `RuntimeError`,
-//! instead of a NULL pointer it would turn into a tensor at address 0.
+//! instead of a NULL pointer it would turn into a tensor at address 0 — also when, as in a
+//! Python process, libstdc++ and the library are loaded `RTLD_LOCAL`
+//! (`tests/preload/torch_host.c` loading `torch_like.cpp`) — while
+//! `cachealloc_torch_mempool_malloc` answers NULL for PyTorch's MemPool path, which checks it.
 
 mod support;
 
@@ -130,4 +133,50 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
     );
     assert!(text.contains("then: caught"), "{text}");
     let _ = std::fs::remove_file(&program);
+}
+
+/// The process layout of Python with PyTorch: a C host loads a C++ library `RTLD_LOCAL` (its
+/// libstdc++ is not in the global scope), which loads libcachealloc `RTLD_LOCAL` and calls it.
+#[test]
+fn the_exception_is_thrown_where_libstdcxx_is_loaded_locally_as_in_python() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let fake = fake_cudart::fake_cudart();
+    let dir = std::env::temp_dir().join(format!("cachealloc-torch-like-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let torch_like = dir.join("torch_like.so");
+    run_ok(
+        Command::new("c++")
+            .args(["-std=c++17", "-shared", "-fPIC", "-o"])
+            .arg(&torch_like)
+            .arg(root.join("tests/preload/torch_like.cpp"))
+            .arg("-ldl"),
+    );
+    let host = dir.join("torch_host");
+    run_ok(
+        Command::new("cc")
+            .arg("-o")
+            .arg(&host)
+            .arg(root.join("tests/preload/torch_host.c"))
+            .arg("-ldl"),
+    );
+    // The runtime is loaded by the host's environment as PyTorch's would be (preloaded here,
+    // since nothing in the host links it).
+    let out = run_ok(
+        fake_cudart::command(&host)
+            .arg(&torch_like)
+            .arg(library())
+            .env("LD_PRELOAD", fake.lib_dir.join("libcudart.so.12"))
+            .env("FAKECUDART_CAPACITY", "1GiB")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE"),
+    );
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("thrown: CUDA out of memory. Tried to allocate"),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(text.contains("mempool returned NULL"), "{text}");
+    assert!(text.contains("then: allocated"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -45,7 +45,8 @@ pub unsafe extern "C" fn cachealloc_malloc(
     })
 }
 
-/// Return memory from `cachealloc_malloc` to its pool (immediately reusable on its stream).
+/// Return memory from `cachealloc_malloc` to its pool (immediately reusable on its stream,
+/// unless it was recorded with `cachealloc_record_stream`).
 /// NULL is a no-op; a pointer cachealloc does not own, a double free or an interior pointer is
 /// 1 (`cudaErrorInvalidValue`) and changes nothing.
 #[unsafe(no_mangle)]
@@ -56,11 +57,13 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
 }
 
 /// Record that the allocation at `ptr` is also used by work on `stream` (PyTorch's
-/// `Tensor.record_stream`): its `cachealloc_free` then waits for that work before the block is
-/// reused, as an interposed `cudaFree` waits (`free_sync`: under the default `device`, until a
-/// device-wide synchronization the pool makes before it would grow; under `event`, for
-/// blocking streams only; under `none`, not at all). Its own stream or NULL `ptr`: nothing to
-/// do, 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`).
+/// `Tensor.record_stream`), a stream of the allocation's own device: its `cachealloc_free` then
+/// waits for that work before the block is reused, as an interposed `cudaFree` waits
+/// (`free_sync`: under the default `device`, until a device-wide synchronization the pool makes
+/// before it would grow; under `event`, for blocking streams only; under `none`, not at all).
+/// Its own stream or NULL `ptr`: nothing to do, 0. A pointer that is not a live allocation of
+/// cachealloc: 1 (`cudaErrorInvalidValue`; checked while the library is active — under
+/// `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
     boundary("cachealloc_record_stream", codes::UNKNOWN, || {

@@ -1,17 +1,21 @@
 //! Throwing a C++ `std::runtime_error` to PyTorch from the pluggable allocator's malloc.
 //!
-//! PyTorch's `CUDAPluggableAllocator` takes whatever pointer the allocation function returns,
-//! NULL included, and wraps it in a tensor: the next kernel then faults on address 0 and the
-//! CUDA context is lost. A failure must reach it as a C++ exception, as its own allocator's
-//! `OutOfMemoryError` does; PyTorch turns a `std::exception` into a Python `RuntimeError`
-//! carrying its text ("CUDA out of memory. …", which is what OOM handlers look for).
+//! PyTorch's `CUDAPluggableAllocator`, installed with `change_current_allocator`, takes whatever
+//! pointer the allocation function returns, NULL included, and wraps it in a tensor: the next
+//! kernel then faults on address 0 and the CUDA context is lost. A failure must reach it as a
+//! C++ exception, as its own allocator's `OutOfMemoryError` does; PyTorch turns a
+//! `std::exception` into a Python `RuntimeError` carrying its text ("CUDA out of memory. …",
+//! which is what OOM handlers look for).
 //!
-//! The exception is built with the C++ runtime the process has loaded (every PyTorch process
-//! has libstdc++): `__cxa_allocate_exception`, `std::runtime_error`'s constructor from a C
-//! string, and `__cxa_throw`, looked up by name. Where they are missing (a C program, or a C++
-//! runtime other than libstdc++) nothing is thrown and the caller returns NULL as before.
-//! The throw starts in a frame that owns nothing and unwinds through `extern "C-unwind"`
-//! entry points only.
+//! The exception is built with the libstdc++ the process has loaded (every PyTorch process
+//! has it, often loaded `RTLD_LOCAL` with PyTorch's own libraries, so it is found by its soname
+//! with `RTLD_NOLOAD`, not in the global scope): `__cxa_allocate_exception`,
+//! `std::runtime_error`'s constructor from a C string, and `__cxa_throw`, all from that one
+//! library. Where it is not loaded (a C program, a process whose C++ runtime is another one)
+//! nothing is thrown and the caller returns NULL. A caller with libstdc++ loaded and no C++
+//! handler around the call (a C program linked with it, ctypes) is terminated by the C++
+//! runtime: the entry point is documented for PyTorch's allocator only. The throw starts in a
+//! frame that owns nothing and unwinds through `extern "C-unwind"` entry points only.
 
 use std::ffi::{CStr, CString, c_char, c_void};
 
@@ -33,18 +37,32 @@ struct CxxRuntime {
     throw: Throw,
 }
 
-fn symbol(name: &CStr) -> Option<*mut c_void> {
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only searches loaded objects.
-    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+/// The loaded libstdc++, if any (never loads one: `RTLD_NOLOAD`). The handle stays open for the
+/// life of the process, as the library itself does.
+fn loaded_libstdcxx() -> Option<*mut c_void> {
+    // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to an object already loaded.
+    let handle = unsafe {
+        libc::dlopen(
+            c"libstdc++.so.6".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        )
+    };
+    (!handle.is_null()).then_some(handle)
+}
+
+fn symbol(library: *mut c_void, name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: `library` is a live dlopen handle and `name` is NUL-terminated.
+    let found = unsafe { libc::dlsym(library, name.as_ptr()) };
     (!found.is_null()).then_some(found)
 }
 
 fn cxx_runtime() -> Option<CxxRuntime> {
-    let allocate = symbol(c"__cxa_allocate_exception")?;
-    let construct = symbol(c"_ZNSt13runtime_errorC1EPKc")?;
-    let destroy = symbol(c"_ZNSt13runtime_errorD1Ev")?;
-    let type_info = symbol(c"_ZTISt13runtime_error")?;
-    let throw = symbol(c"__cxa_throw")?;
+    let library = loaded_libstdcxx()?;
+    let allocate = symbol(library, c"__cxa_allocate_exception")?;
+    let construct = symbol(library, c"_ZNSt13runtime_errorC1EPKc")?;
+    let destroy = symbol(library, c"_ZNSt13runtime_errorD1Ev")?;
+    let type_info = symbol(library, c"_ZTISt13runtime_error")?;
+    let throw = symbol(library, c"__cxa_throw")?;
     // SAFETY: each symbol is the libstdc++ function of that mangled name, whose C ABI signature
     // is the one transmuted to (the Itanium C++ ABI's, and the complete-object constructor and
     // destructor of std::runtime_error).

@@ -10,48 +10,103 @@
 //! a free is immediate (PyTorch orders reuse on the stream itself), unless the tensor was
 //! recorded on another stream (`Tensor.record_stream`, through `cachealloc_torch_record_stream`
 //! set with `set_record_stream_fn`). `cachealloc_torch_empty_cache` is the hook for
-//! `set_reset_fn`, which `torch.cuda.empty_cache()` calls. Failures cannot be returned as codes
-//! here: malloc answers NULL (an OOM report is logged), the others log the problem.
+//! `set_reset_fn`, which `torch.cuda.empty_cache()` calls.
+//!
+//! A failed allocation reaches PyTorch in the form its calling path checks: installed with
+//! `change_current_allocator`, PyTorch uses the pointer unchecked, so `cachealloc_torch_malloc`
+//! throws (`cxx_exception`); as the allocator of a `torch.cuda.MemPool`, PyTorch's own caching
+//! allocator calls it, checks for NULL, frees what it caches and retries before it raises its
+//! `OutOfMemoryError`, so `cachealloc_torch_mempool_malloc` answers NULL. The other hooks log
+//! their failures.
 
 use super::cxx_exception;
 use super::status::{boundary, to_code};
-use crate::global::api;
+use crate::backend::cuda::runtime::{self, codes};
+use crate::global::{ShimError, api};
 use crate::pool::{DeviceId, StreamId};
 use std::ffi::{c_int, c_void};
 
-/// PyTorch's `MallocFuncType`: `void* (size_t size, int device, cudaStream_t stream)`. A failure
-/// (out of memory, after its report is logged; a configuration error; a device error) is thrown
-/// as a C++ `std::runtime_error` carrying the same text, which PyTorch raises as a Python
-/// `RuntimeError`: it does not check the pointer, and a NULL one would become a tensor at address
-/// 0. Without a C++ runtime in the process, a failure answers NULL.
+/// An allocation for PyTorch: the address, or the text of the failure (logged already; `None`
+/// for an internal error, logged by the panic boundary). The runtime's last error is left clear,
+/// as PyTorch's own allocator leaves it after a failed cudaMalloc.
+fn allocate(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    call: &'static str,
+) -> Result<u64, Option<String>> {
+    let served = boundary(call, Err(None), || {
+        match api::malloc(size, DeviceId(device), StreamId(stream as u64)) {
+            Ok(addr) => Ok(addr),
+            Err(e) => {
+                let text = failure_text(&e, size, device);
+                to_code(call, e);
+                Err(Some(text))
+            }
+        }
+    });
+    if served.is_err()
+        && let Some(rt) = runtime::runtime()
+    {
+        runtime::clear_last_error(rt);
+    }
+    served
+}
+
+/// What PyTorch's exception says: the pool's own text, and for an out-of-memory answer of the
+/// runtime itself (`CACHEALLOC_DISABLE=1`), the words OOM handlers look for.
+fn failure_text(e: &ShimError, size: usize, device: c_int) -> String {
+    match e {
+        ShimError::Runtime {
+            code: codes::MEMORY_ALLOCATION,
+            call,
+        } => format!(
+            "CUDA out of memory. Tried to allocate {size} bytes on device {device}: {call} \
+             answered cudaErrorMemoryAllocation (2)"
+        ),
+        e => e.to_string(),
+    }
+}
+
+/// PyTorch's `MallocFuncType`: `void* (size_t size, int device, cudaStream_t stream)`, for
+/// `change_current_allocator`. A failure (out of memory, after its report is logged; a
+/// configuration error; a device error) is thrown as a C++ `std::runtime_error` carrying the same
+/// text, which PyTorch raises as a Python `RuntimeError`: on this path it does not check the
+/// pointer, and a NULL one would become a tensor at address 0. Where no libstdc++ is loaded, a
+/// failure answers NULL. For PyTorch's allocator only: a caller without a C++ handler around
+/// the call (C, ctypes) is terminated by the C++ runtime when a failure is thrown.
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn cachealloc_torch_malloc(
     size: usize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let served = boundary(
-        "cachealloc_torch_malloc",
-        Err("cachealloc_torch_malloc: internal error in cachealloc (logged)".to_string()),
-        || match api::malloc(size, DeviceId(device), StreamId(stream as u64)) {
-            Ok(addr) => Ok(addr),
-            Err(e) => {
-                let message = e.to_string();
-                to_code("cachealloc_torch_malloc", e);
-                Err(message)
-            }
-        },
-    );
-    match served {
+    match allocate(size, device, stream, "cachealloc_torch_malloc") {
         Ok(addr) => addr as *mut c_void,
-        Err(message) => {
+        Err(text) => {
+            let text = text.unwrap_or_else(|| {
+                "cachealloc_torch_malloc: internal error in cachealloc (logged)".to_string()
+            });
             // SAFETY: PyTorch's allocator calls this function from C++ that handles the
-            // exception as its own allocator's; this frame owns nothing once `message` is
-            // handed over (it is dropped before the throw).
-            unsafe { cxx_exception::throw_runtime_error(message) };
+            // exception as its own allocator's; this frame owns nothing once `text` is handed
+            // over (it is dropped before the throw).
+            unsafe { cxx_exception::throw_runtime_error(text) };
             std::ptr::null_mut()
         }
     }
+}
+
+/// The same allocation for a `torch.cuda.MemPool(alloc.allocator())`, whose caller checks for
+/// NULL: a failure answers NULL (the report is logged), and PyTorch then frees the blocks it
+/// caches and retries before raising its own `OutOfMemoryError`. Never throws.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_torch_mempool_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    allocate(size, device, stream, "cachealloc_torch_mempool_malloc")
+        .map_or(std::ptr::null_mut(), |addr| addr as *mut c_void)
 }
 
 /// PyTorch's `FreeFuncType`: `void (void* ptr, size_t size, int device, cudaStream_t stream)`.

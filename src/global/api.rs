@@ -73,8 +73,23 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
         }
     });
     trace_file::flush();
-    let freed = freed?.unwrap_or(Err(Error::NotOwned { addr }));
-    returned_only(rt, freed.map_err(ShimError::from))
+    let freed = freed.and_then(|f| {
+        f.unwrap_or(Err(Error::NotOwned { addr }))
+            .map_err(ShimError::from)
+    });
+    // A free that failed with the block still allocated keeps its record for the retry.
+    if deferred
+        && !matches!(
+            freed,
+            Ok(())
+                | Err(ShimError::Pool(
+                    Error::NotOwned { .. } | Error::InvalidPointer { .. }
+                ))
+        )
+    {
+        stream_uses::record(addr);
+    }
+    returned_only(rt, freed)
 }
 
 /// The allocation at `addr` is used on `stream` as well as on its allocation stream: its free
@@ -98,14 +113,19 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
 }
 
 /// Release every fully free cached segment of every device that has a pool.
+/// A device that fails does not keep the others from being emptied; the first error is returned.
 pub fn empty_cache_all() -> Result<(), ShimError> {
+    let mut first_error = Ok(());
     for d in 0..pools::MAX_DEVICES {
         let device = DeviceId(d as i32);
-        if pools::has_pool(device) {
-            empty_cache(device)?;
+        if pools::has_pool(device)
+            && let Err(e) = empty_cache(device)
+            && first_error.is_ok()
+        {
+            first_error = Err(e);
         }
     }
-    Ok(())
+    first_error
 }
 
 /// Release every fully free cached segment of `device`.

@@ -6,6 +6,7 @@ use super::forward;
 use super::init::{Mode, mode};
 use super::pools::{self, Pool};
 use super::reentry;
+use super::stream_uses;
 use super::trace_file;
 use crate::backend::cuda::device_guard::current_device;
 use crate::backend::cuda::epoch::SyncEpochs;
@@ -102,6 +103,9 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
         return Ok(Routed::Forward);
     };
     let immediate = config.free_sync == FreeSync::None;
+    // A record of another stream's use (C API, pluggable allocator) ends with the allocation;
+    // this free is deferred anyway, except under free_sync:none, which waits for nothing.
+    stream_uses::take(addr);
     let freed = pools::with_owner(addr, |pool| {
         if immediate {
             pool.free(ptr)
@@ -140,6 +144,7 @@ pub fn cuda_device_reset() -> CudaError {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
         let pool = pools::take(device)?;
+        stream_uses::forget(|addr| pool.contains(addr));
         trace_file::note_device_reset(device);
         Some((device, pool))
     });

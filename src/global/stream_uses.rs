@@ -10,6 +10,9 @@
 //! stream (blocking streams only); under `free_sync:none`, at once. PyTorch's own allocator
 //! records an event on each recorded stream instead and never synchronizes the device.
 //!
+//! Only work on streams of the block's own device is covered: the device-wide synchronization
+//! is the block's device's. An entry goes when its allocation is freed (through the C API, the
+//! pluggable allocator or the interposed `cudaFree`) or its pool is dropped by a device reset.
 //! The set is small (the recorded allocations alive at one moment) and read by every free only
 //! through one atomic load while it is empty.
 
@@ -36,6 +39,16 @@ pub fn record(addr: u64) {
     }
 }
 
+/// Forget the recorded allocations `gone` says are gone (a pool dropped by a device reset).
+pub fn forget(gone: impl Fn(u64) -> bool) {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut list = recorded();
+    list.retain(|&addr| !gone(addr));
+    COUNT.store(list.len(), Ordering::Release);
+}
+
 /// Whether the allocation at `addr` was recorded; forgets it (it is being freed).
 #[inline]
 pub fn take(addr: u64) -> bool {
@@ -49,4 +62,25 @@ pub fn take(addr: u64) -> bool {
     list.swap_remove(pos);
     COUNT.store(list.len(), Ordering::Release);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test owns the process-wide set (tests run in parallel threads).
+    #[test]
+    fn a_record_lasts_until_its_free_or_its_pools_reset() {
+        assert!(!take(0x1000), "nothing recorded");
+        record(0x1000);
+        record(0x1000);
+        record(0x2000);
+        record(0x9000);
+        assert!(take(0x1000), "recorded once, however often");
+        assert!(!take(0x1000), "a free forgets it");
+        forget(|addr| addr < 0x8000);
+        assert!(!take(0x2000), "its pool was reset");
+        assert!(take(0x9000), "another pool's record stays");
+        assert_eq!(COUNT.load(Ordering::Acquire), 0);
+    }
 }

@@ -68,6 +68,8 @@ int main(int argc, char **argv) {
 
     /* A C program has no C++ runtime to throw with: a failed allocation answers NULL. */
     CHECK(cachealloc_torch_malloc((size_t)1 << 50, 0, NULL) == NULL);
+    CHECK(cachealloc_torch_mempool_malloc((size_t)1 << 50, 0, NULL) == NULL);
+    CHECK(cudaGetLastError() == 0);
 
     printf("ok torch hooks\n");
     return 0;
