@@ -45,7 +45,10 @@ RULES = {
 
 
 def run(source, capacity, conf=None):
-    cmd = [BIN] + source + ["--capacity", str(int(capacity)), "--json"]
+    """The replay's JSON, on a device of `capacity` bytes (None: unlimited)."""
+    cmd = [BIN] + source + ["--json"]
+    if capacity is not None:
+        cmd += ["--capacity", str(int(capacity))]
     if conf:
         cmd += ["--conf", conf]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -61,7 +64,7 @@ def device_allocs_if_fits(source, capacity, mb):
 
 
 def study(name, source):
-    base = run(source, 1 << 50)
+    base = run(source, None)
     if base is None:
         return []
     allocated, reserved = base["peak_allocated_bytes"], base["peak_reserved_bytes"]

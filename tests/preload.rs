@@ -137,6 +137,37 @@ fn cuda_calls_at_exit_are_served_whatever_the_log_level() {
     }
 }
 
+/// A free the program has synchronized (its own `cudaDeviceSynchronize`) is complete when the run
+/// ends there: the exit statistics show nothing active and the trace has its `free_completed`.
+#[test]
+fn a_free_the_program_synchronized_is_complete_in_the_exit_statistics_and_trace() {
+    let dir = std::env::temp_dir().join(format!("cachealloc-sync-exit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, stats) = (dir.join("trace.jsonl"), dir.join("stats.json"));
+    let conf = format!(
+        "trace:{},stats:json,stats_file:{}",
+        trace.display(),
+        stats.display()
+    );
+    check("sync_then_exit", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(
+        trace
+            .lines()
+            .filter(|l| l.contains("\"action\":\"free_completed\""))
+            .count(),
+        1,
+        "{trace}"
+    );
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let device = &stats["devices"][0]["stats"];
+    assert_eq!(device["active_bytes.all.current"], 0, "{stats}");
+    assert_eq!(device["allocated_bytes.all.current"], 0, "{stats}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A child forked after cachealloc became active steps aside: its CUDA calls go to the runtime,
 /// and its exit writes neither the parent's buffered trace events a second time nor a
 /// statistics file of the parent's pools under its own process id.

@@ -84,7 +84,7 @@ impl OptionSpec {
         (self.apply)(config, value, notes)
     }
 
-    /// What a value may be, with its unit: "integer >= 20 (MB)".
+    /// What a value may be, with its unit: "integer >= 20 (MiB)".
     pub fn allowed(&self) -> String {
         // `value` is written for the README (Markdown); messages show it without the backticks.
         let value = self.value.replace('`', "");
@@ -182,9 +182,9 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "max_split_size_mb",
         value: "integer >= 20",
-        unit: "MB",
+        unit: "MiB",
         carrier: Carrier::Shared,
-        doc: "Cached blocks this large or larger are never split; limits fragmentation.",
+        doc: "Cached blocks this large or larger are never split; limits fragmentation. (PyTorch 2.1 and 2.2 refuse 20 itself: write 21 or more for them.)",
         apply: |c, v, notes| {
             c.settings.max_split_size = values::size_mb_at_least_20(v, notes)?;
             Ok(())
@@ -197,7 +197,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "max_non_split_rounding_mb",
         value: "integer >= 20",
-        unit: "MB",
+        unit: "MiB",
         carrier: Carrier::Shared,
         doc: "An unsplittable cached block serves a smaller request only if it is less than this much larger.",
         apply: |c, v, notes| {
@@ -209,9 +209,9 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "roundup_power2_divisions",
         value: "power of 2, or list `[MB:div,...,>:div]` (div 0 or a power of 2)",
-        unit: "MB (intervals)",
+        unit: "MiB (intervals)",
         carrier: Carrier::Shared,
-        doc: "Round request sizes up to one of `div` steps between powers of two; a list sets `div` per size interval, entry `B` covering `[B MB, 2B MB)`.",
+        doc: "Round request sizes up to one of `div` steps between powers of two; a list sets `div` per size interval, entry `B` covering `[B MiB, 2B MiB)`.",
         apply: |c, v, notes| {
             values::apply_roundup_divisions(&mut c.settings.roundup_power2_divisions, v, notes)
         },

@@ -44,25 +44,25 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         (
             c,
             "max_split_size_mb:10",
-            format!("{c}: max_split_size_mb:10: too small, must be an integer >= 20 (MB)"),
+            format!("{c}: max_split_size_mb:10: too small, must be an integer >= 20 (MiB)"),
         ),
         (
             c,
             "max_split_size_mb:19",
-            format!("{c}: max_split_size_mb:19: too small, must be an integer >= 20 (MB)"),
+            format!("{c}: max_split_size_mb:19: too small, must be an integer >= 20 (MiB)"),
         ),
         (
             c,
             "max_split_size_mb:abc",
             format!(
-                "{c}: max_split_size_mb:abc: not a whole number; expected an integer >= 20 (MB)"
+                "{c}: max_split_size_mb:abc: not a whole number; expected an integer >= 20 (MiB)"
             ),
         ),
         (
             c,
             "max_split_size_mb:MB128",
             format!(
-                "{c}: max_split_size_mb:MB128: not a whole number; expected an integer >= 20 (MB)"
+                "{c}: max_split_size_mb:MB128: not a whole number; expected an integer >= 20 (MiB)"
             ),
         ),
         // read as PyTorch reads it (19), then refused like 19
@@ -70,7 +70,7 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             c,
             "max_split_size_mb:19.9",
             format!(
-                "{c}: max_split_size_mb:19.9: too small, must be an integer >= 20 (MB) ('19.9' is read as 19, as PyTorch reads it (the number at the start of the text))"
+                "{c}: max_split_size_mb:19.9: too small, must be an integer >= 20 (MiB) ('19.9' is read as 19, as PyTorch reads it (the number at the start of the text))"
             ),
         ),
         (
@@ -84,7 +84,7 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             c,
             "max_split_size_mb:99999999999999999999",
             format!(
-                "{c}: max_split_size_mb:99999999999999999999: out of range; expected an integer >= 20 (MB) below 2^64"
+                "{c}: max_split_size_mb:99999999999999999999: out of range; expected an integer >= 20 (MiB) below 2^64"
             ),
         ),
         (
@@ -92,13 +92,13 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             "max_split_size_mb:[20:1]",
             format!(
                 "{c}: max_split_size_mb:[20:1]: expects a single value, not a list; allowed: \
-                 integer >= 20 (MB)"
+                 integer >= 20 (MiB)"
             ),
         ),
         (
             p,
             "max_non_split_rounding_mb:5",
-            format!("{p}: max_non_split_rounding_mb:5: too small, must be an integer >= 20 (MB)"),
+            format!("{p}: max_non_split_rounding_mb:5: too small, must be an integer >= 20 (MiB)"),
         ),
         // garbage_collection_threshold / per_process_memory_fraction
         (
@@ -300,7 +300,7 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             "max_split_size_mb:",
             format!(
                 "{c}: missing value after 'max_split_size_mb:', found the end of the text; \
-                 allowed: integer >= 20 (MB)"
+                 allowed: integer >= 20 (MiB)"
             ),
         ),
         (
@@ -522,7 +522,7 @@ fn conf_flag_has_cachealloc_conf_meaning() {
     let e = Config::parse_conf_str("max_split_size_mb:1").unwrap_err();
     assert_eq!(
         e.to_string(),
-        "--conf: max_split_size_mb:1: too small, must be an integer >= 20 (MB)"
+        "--conf: max_split_size_mb:1: too small, must be an integer >= 20 (MiB)"
     );
 }
 

@@ -55,10 +55,10 @@ fn whole_number(text: &str, what: &str, notes: &mut Vec<String>) -> Result<u64, 
     }
 }
 
-/// A size in MB that must be at least 20 MB, returned in bytes. Values above what fits in bytes
+/// A size in MiB (PyTorch's "MB") that must be at least 20, returned in bytes. Values above what fits in bytes
 /// are clamped to `u64::MAX / MB` MB, as PyTorch clamps to `SIZE_MAX / kMB`.
 pub fn size_mb_at_least_20(value: &Value, notes: &mut Vec<String>) -> Result<u64, String> {
-    let allowed = format!("an integer >= {MIN_SPLIT_SIZE_MB} (MB)");
+    let allowed = format!("an integer >= {MIN_SPLIT_SIZE_MB} (MiB)");
     let mb = whole_number(scalar(value)?, &allowed, notes)?;
     if mb < MIN_SPLIT_SIZE_MB {
         return Err(format!("too small, must be {allowed}"));

@@ -125,16 +125,41 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
 pub fn cuda_device_synchronize() -> CudaError {
     let ticket = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
-        let epochs: &SyncEpochs = pools::epochs(current_device(rt).ok()?)?;
-        Some((epochs, epochs.begin()))
+        let device = current_device(rt).ok()?;
+        let epochs: &SyncEpochs = pools::epochs(device)?;
+        Some((device, epochs, epochs.begin()))
     });
     let code = forward::device_synchronize();
     if code == codes::SUCCESS
-        && let Some((epochs, ticket)) = ticket
+        && let Some((device, epochs, ticket)) = ticket
     {
         epochs.end(ticket);
+        complete_pending(device);
     }
     code
+}
+
+/// The frees of `device` that were waiting for device work are complete after a device-wide
+/// synchronization: they go back to the pool now, not at its next call, so that a run ending
+/// here reports them freed in its statistics and trace (`free_completed`).
+fn complete_pending(device: DeviceId) {
+    let Some(_inside) = reentry::enter() else {
+        return;
+    };
+    let completed = pools::with_pool(device, |pool| {
+        if pool.pending_frees() > 0 {
+            pool.process_pending()
+        } else {
+            Ok(())
+        }
+    });
+    trace_file::flush();
+    if let Ok(Some(Err(e))) = completed {
+        log_event!(
+            debug,
+            "cudaDeviceSynchronize: completing pending frees: {e}"
+        );
+    }
 }
 
 /// `cudaDeviceReset()`: the current device's pool is dropped (its memory goes with the reset,

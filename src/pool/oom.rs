@@ -469,7 +469,7 @@ impl fmt::Display for OomReport {
             let more = self.free_blocks.saturating_sub(listed.len());
             write!(f, "Largest free cached blocks: {}", listed.join(", "))?;
             if more > 0 {
-                write!(f, " (and {more} smaller)")?;
+                write!(f, " (and {more} more)")?;
             }
             writeln!(f, ".")?;
         }
@@ -725,7 +725,7 @@ mod tests {
             "Memory not tracked by cachealloc (other processes, CUDA contexts, other \
              allocators): 1.50 GiB.",
             "Largest free cached blocks: 600.00 MiB, 300.00 MiB, 20.00 MiB, 2.00 MiB \
-             (and 1 smaller).",
+             (and 1 more).",
             "Hint: Fragmentation: 18.00 GiB reserved but unallocated plus 512.00 MiB free on \
              the device would hold this 1000.00 MiB block, but the largest free cached block \
              of its pool is 600.00 MiB. A value to try: max_split_size_mb:512 (added to the \

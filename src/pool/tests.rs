@@ -220,7 +220,7 @@ fn out_of_memory_report_counts_every_free_block() {
     assert_eq!(report.largest_free_blocks.len(), 16);
     let text = report.to_string();
     assert!(
-        text.contains(&format!("(and {} smaller)", free_blocks - 4)),
+        text.contains(&format!("(and {} more)", free_blocks - 4)),
         "{text}"
     );
 }

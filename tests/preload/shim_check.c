@@ -420,8 +420,18 @@ static void scenario_fork(void) {
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 
+/* A free followed by the program's own cudaDeviceSynchronize, then the end of the run: the
+ * test checks that the exit statistics and the trace show the free completed. */
+static void scenario_sync_then_exit(void) {
+    void *a = NULL;
+    CHECK_CODE(cudaMalloc(&a, 7 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 static const struct scenario scenarios[] = {
     {"at_exit", scenario_at_exit},
+    {"sync_then_exit", scenario_sync_then_exit},
     {"fork", scenario_fork},
     {"last_error", scenario_last_error},
     {"churn", scenario_churn},

@@ -68,7 +68,8 @@ struct ReplayArgs {
     #[arg(long, allow_hyphen_values = true)]
     device: Option<i32>,
     /// Reproduce the recording exactly: rebuild the state at trace start, use the recording's
-    /// settings, device capacity (unless --capacity is given) and segment addresses.
+    /// settings (unless --conf is given: then a what-if from the recorded start state), device
+    /// capacity (unless --capacity is given) and segment addresses.
     #[arg(long)]
     faithful: bool,
     #[command(flatten)]
@@ -147,9 +148,13 @@ fn run(cli: Cli) -> Result<String, String> {
         Command::Replay(args) => {
             let (mut config, mut settings_text) = replay_config(&args.common)?;
             let loaded = sources::load(&args.trace, args.device, args.faithful)?;
-            if args.faithful && args.common.conf.is_none() {
-                // Faithful replay runs with the recording's own settings unless told otherwise.
-                if let Some(recorded) = &loaded.recorded_settings {
+            if args.faithful {
+                // Faithful replay runs with the recording's own settings unless told otherwise:
+                // --conf makes it a what-if from the recorded start state, and says so.
+                if args.common.conf.is_some() {
+                    settings_text =
+                        format!("{settings_text} (from --conf, in place of the recording's)");
+                } else if let Some(recorded) = &loaded.recorded_settings {
                     config.settings = recorded.clone();
                     settings_text = "as recorded".to_string();
                 }

@@ -1,5 +1,7 @@
 //! Byte sizes on the command line: `24GiB`, `512MiB`, `1.5GiB`, `20GB`, plain bytes.
 
+use cachealloc::backend::sim::ADDRESS_SPACE;
+
 const UNITS: [(&str, f64); 13] = [
     ("kib", 1024.0),
     ("mib", 1048576.0),
@@ -68,12 +70,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Parse a device capacity: a size of at least one byte.
+/// Parse a device capacity: at least one byte, and no more than the simulated device's address
+/// space (a larger one could not be simulated: the run would show a capacity it does not have).
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
     match parse_size(text)? {
         0 => Err(format!(
             "invalid capacity {text:?}: a device needs more than 0 bytes (omit --capacity for an \
              unlimited one)"
+        )),
+        bytes if bytes > ADDRESS_SPACE => Err(format!(
+            "invalid capacity {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
+             space (about 128 TiB); give at most that, or omit --capacity for an unlimited device"
         )),
         bytes => Ok(bytes),
     }
@@ -139,5 +146,8 @@ mod tests {
                 .contains("more than 0 bytes")
         );
         assert_eq!(parse_capacity("1"), Ok(1));
+        assert_eq!(parse_capacity("127TiB"), Ok(127 << 40));
+        let refused = parse_capacity("200TiB").unwrap_err();
+        assert!(refused.contains("address space"), "{refused}");
     }
 }
