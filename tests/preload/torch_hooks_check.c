@@ -12,18 +12,11 @@
 
 #include "fakecudart.h"
 
+#include "check.h"
+
 #define MIB ((size_t)1 << 20)
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
-            return 1;                                                                 \
-        }                                                                             \
-    } while (0)
-
-int main(int argc, char **argv) {
-    int record = !(argc == 2 && strcmp(argv[1], "unrecorded") == 0);
+static void run(int record) {
     cudaStream_t side;
     CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == 0);
 
@@ -42,7 +35,7 @@ int main(int argc, char **argv) {
     int reused_while_busy = y == x && fakecudart_range_busy(x, MIB);
     if (!record) {
         printf("reused while busy: %d\n", reused_while_busy);
-        return 0;
+        return;
     }
     CHECK(!reused_while_busy);
 
@@ -70,7 +63,10 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_torch_malloc((size_t)1 << 50, 0, NULL) == NULL);
     CHECK(cachealloc_torch_mempool_malloc((size_t)1 << 50, 0, NULL) == NULL);
     CHECK(cudaGetLastError() == 0);
-
     printf("ok torch hooks\n");
-    return 0;
+}
+
+int main(int argc, char **argv) {
+    run(!(argc == 2 && strcmp(argv[1], "unrecorded") == 0));
+    return failures ? 1 : 0;
 }
