@@ -181,8 +181,8 @@ void *cachealloc_torch_malloc(size_t size, int device, void *stream);
 
 /**
  * The same allocation for a `torch.cuda.MemPool(alloc.allocator())`, whose caller checks for
- * NULL: a failure answers NULL (the report is logged), and PyTorch then frees the blocks it
- * caches and retries before raising its own `OutOfMemoryError`. Never throws.
+ * NULL: a failure answers NULL (the report is logged), and PyTorch raises its own
+ * `OutOfMemoryError` (some versions first free the blocks they cache and retry). Never throws.
  */
 void *cachealloc_torch_mempool_malloc(size_t size, int device, void *stream);
 

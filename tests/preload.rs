@@ -202,6 +202,79 @@ fn a_forked_child_leaves_the_parents_pools_trace_and_statistics_alone() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A parent that has made no pool yet forks a child that uses CUDA: the child keeps
+/// cachealloc, with its own trace and statistics files; the parent, which allocated nothing,
+/// writes no trace and a statistics file of its own.
+#[test]
+fn a_child_forked_before_any_pool_keeps_cachealloc_and_names_its_own_files() {
+    let dir = std::env::temp_dir().join(format!("cachealloc-fork-early-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = format!(
+        "trace:{0}/trace-%p.jsonl,stats:json,stats_file:{0}/stats-%p.json",
+        dir.display()
+    );
+    let out = check("fork_before_pools", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let child = number_after(&stdout(&out), "child ");
+    assert!(
+        dir.join(format!("trace-{child}.jsonl")).is_file(),
+        "the child's trace is named with its pid: {:?}",
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect::<Vec<_>>()
+    );
+    let stats: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("stats-{child}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        stats["devices"][0]["stats"]["num_device_alloc"], 1,
+        "{stats}"
+    );
+    let traces = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("trace-")
+        })
+        .count();
+    assert_eq!(
+        traces, 1,
+        "the parent allocated nothing and records nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child forked while another thread makes the process's first CUDA call (the mode being
+/// decided, the panic hook installed) does not hang on the parent's unfinished initialisation.
+/// Each run is a fresh process; before the fix about one run in fifty hung.
+#[test]
+fn a_child_forked_during_the_first_call_does_not_hang() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let race = fake_cudart::compile_c_program(
+        &root.join("tests/preload/fork_race.c"),
+        "fork_race",
+        &["-pthread"],
+    );
+    let mut hung = 0;
+    for _ in 0..300 {
+        let out = preloaded(&race)
+            .env("CACHEALLOC_CONF", "stats:json,stats_file:/dev/null")
+            .output()
+            .expect("fork_race runs");
+        match out.status.code() {
+            Some(0) => {}
+            Some(2) => hung += 1,
+            _ => panic!("fork_race failed: {out:?}"),
+        }
+    }
+    assert_eq!(hung, 0, "children hung in {hung} of 300 runs");
+}
+
 /// A tuning PyTorch accepts with a number not written plainly keeps the program running: the
 /// number is read as PyTorch reads it, and a warning says so.
 #[test]

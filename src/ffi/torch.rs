@@ -15,9 +15,9 @@
 //! A failed allocation reaches PyTorch in the form its calling path checks: installed with
 //! `change_current_allocator`, PyTorch uses the pointer unchecked, so `cachealloc_torch_malloc`
 //! throws (`cxx_exception`); as the allocator of a `torch.cuda.MemPool`, PyTorch's own caching
-//! allocator calls it, checks for NULL, frees what it caches and retries before it raises its
-//! `OutOfMemoryError`, so `cachealloc_torch_mempool_malloc` answers NULL. The other hooks log
-//! their failures.
+//! allocator calls it and checks for NULL (raising its `OutOfMemoryError`, in some versions after
+//! freeing what it caches and retrying: pytorch#159674), so `cachealloc_torch_mempool_malloc`
+//! answers NULL. The other hooks log their failures.
 
 use super::cxx_exception;
 use super::status::{boundary, to_code};
@@ -97,8 +97,8 @@ pub extern "C-unwind" fn cachealloc_torch_malloc(
 }
 
 /// The same allocation for a `torch.cuda.MemPool(alloc.allocator())`, whose caller checks for
-/// NULL: a failure answers NULL (the report is logged), and PyTorch then frees the blocks it
-/// caches and retries before raising its own `OutOfMemoryError`. Never throws.
+/// NULL: a failure answers NULL (the report is logged), and PyTorch raises its own
+/// `OutOfMemoryError` (some versions first free the blocks they cache and retry). Never throws.
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_torch_mempool_malloc(
     size: usize,

@@ -1,42 +1,73 @@
-//! A child made by `fork()` after cachealloc became active.
+//! A child made by `fork()` from a process where cachealloc holds pools.
 //!
 //! The child inherits the parent's pools (segments of the parent's CUDA context, which the child
 //! cannot use), the trace recorder's buffered events and file, and locks other threads of the
 //! parent may have held at the fork. So in such a child cachealloc steps aside: every call goes
 //! to the runtime as under `CACHEALLOC_DISABLE=1` (the runtime then answers as it does in a
-//! forked child: it works if the parent never created a context, else
-//! `cudaErrorInitializationError`), and the exit hook writes neither the parent's trace again
-//! nor a statistics report of the parent's pools under the child's process id. A worker
-//! process that never touches CUDA (a data-loader worker that exits normally) leaves the
-//! parent's files as they were.
+//! forked child of a process with a CUDA context: `cudaErrorInitializationError`), and the exit
+//! hook writes neither the parent's trace again nor a statistics report of the parent's pools
+//! under the child's process id. A worker process that never touches CUDA (a data-loader
+//! worker that exits normally) leaves the parent's files as they were.
+//!
+//! A parent that has made no pool yet (it only asked `cudaGetLastError`, say) has no CUDA
+//! context of cachealloc's making: its children keep cachealloc, with their own statistics and
+//! their own trace file (`%p` is expanded by the process that creates the file). A child forked
+//! while another thread of the parent was deciding the mode steps aside too: the decision
+//! would never finish in it.
+//!
+//! The handler is registered before the first decision starts, and reads two atomics (it is
+//! async-signal-safe).
 
-use std::sync::Once;
-use std::sync::atomic::{AtomicBool, Ordering};
+use super::pools;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static IN_FORKED_CHILD: AtomicBool = AtomicBool::new(false);
-static REGISTERED: Once = Once::new();
+/// Threads deciding the mode right now.
+static DECIDING: AtomicUsize = AtomicUsize::new(0);
+/// Set by the first `watch`. An atomic, not a `Once`: a child forked while another thread was
+/// registering would wait forever on a `Once` left running.
+static REGISTERED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn child_after_fork() {
-    // Async-signal-safe: one atomic store.
-    IN_FORKED_CHILD.store(true, Ordering::Relaxed);
+    if pools::any_used() || DECIDING.load(Ordering::Relaxed) > 0 {
+        IN_FORKED_CHILD.store(true, Ordering::Relaxed);
+    }
 }
 
-/// Mark children forked from now on (once per process; called when cachealloc becomes active).
+/// A thread deciding the mode, for as long as this lives.
+pub struct Deciding(());
+
+impl Deciding {
+    pub fn begin() -> Self {
+        DECIDING.fetch_add(1, Ordering::SeqCst);
+        Deciding(())
+    }
+}
+
+impl Drop for Deciding {
+    fn drop(&mut self) {
+        DECIDING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Watch the children forked from now on (once per process; before the mode is decided).
 pub fn watch() {
-    REGISTERED.call_once(|| {
-        // SAFETY: `child_after_fork` is an `extern "C" fn()` that lives as long as the library,
-        // which is never unloaded while the process can still fork.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
-        if rc != 0 {
-            log_event!(
-                warn,
-                "could not register the fork handler: a forked child would use the parent's pools"
-            );
-        }
-    });
+    if REGISTERED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    // SAFETY: `child_after_fork` is an `extern "C" fn()` that lives as long as the library,
+    // which is never unloaded while the process can still fork.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
+    if rc != 0 {
+        log_event!(
+            warn,
+            "could not register the fork handler: a forked child would use the parent's pools"
+        );
+    }
 }
 
-/// Whether this process is a child forked after cachealloc became active.
+/// Whether this process is a child forked from a process where cachealloc held pools (or was
+/// deciding its mode).
 #[inline]
 pub fn in_forked_child() -> bool {
     IN_FORKED_CHILD.load(Ordering::Relaxed)

@@ -9,7 +9,7 @@
 //!   `cachealloc_malloc`) answers `cudaErrorInitializationError` (3); `cudaFree` and the other
 //!   interposed calls still forward, so memory obtained elsewhere can be released.
 //! - otherwise → `Active`: the log subscriber is installed, the `trace` recording started, and,
-//!   when `stats` or `trace` is on, the exit hook registered. A child forked from then on sees
+//!   when `stats` or `trace` is on, the exit hook registered. A child forked once pools exist sees
 //!   `PassThrough` (`fork`).
 
 use super::exit_stats;
@@ -41,6 +41,18 @@ pub fn mode() -> &'static Mode {
     if fork::in_forked_child() {
         return &FORKED_CHILD_MODE;
     }
+    match MODE.get() {
+        Some(mode) => mode,
+        None => first_mode(),
+    }
+}
+
+/// The first decision: children forked while it runs are watched (see `fork`).
+#[cold]
+#[inline(never)]
+fn first_mode() -> &'static Mode {
+    fork::watch();
+    let _deciding = fork::Deciding::begin();
     MODE.get_or_init(decide)
 }
 
@@ -82,7 +94,6 @@ fn decide() -> Mode {
                 config.source.name(),
                 config.free_sync.name()
             );
-            fork::watch();
             trace_file::start(&config);
             if config.stats != StatsOutput::Off || config.trace.is_some() {
                 exit_stats::register();

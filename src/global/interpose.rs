@@ -141,12 +141,13 @@ pub fn cuda_device_synchronize() -> CudaError {
 
 /// The frees of `device` that were waiting for device work are complete after a device-wide
 /// synchronization: they go back to the pool now, not at its next call, so that a run ending
-/// here reports them freed in its statistics and trace (`free_completed`).
+/// here reports them freed in its statistics and trace (`free_completed`). Skipped when another
+/// thread holds the pool: its call (or the pool's next) completes them.
 fn complete_pending(device: DeviceId) {
     let Some(_inside) = reentry::enter() else {
         return;
     };
-    let completed = pools::with_pool(device, |pool| {
+    let completed = pools::try_with_pool(device, |pool| {
         if pool.pending_frees() > 0 {
             pool.process_pending()
         } else {
@@ -154,7 +155,7 @@ fn complete_pending(device: DeviceId) {
         }
     });
     trace_file::flush();
-    if let Ok(Some(Err(e))) = completed {
+    if let Some(Err(e)) = completed {
         log_event!(
             debug,
             "cudaDeviceSynchronize: completing pending frees: {e}"

@@ -5,27 +5,33 @@
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, PanicHookInfo};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 thread_local! {
     static IN_BOUNDARY: Cell<bool> = const { Cell::new(false) };
     static LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-static HOOK: Once = Once::new();
+/// Set by the first boundary, which installs the hook. An atomic, not a `Once`: a child forked
+/// while another thread was installing it would wait forever on a `Once` left running. (A
+/// boundary entered by another thread during the installation runs without waiting for it; a
+/// panic there is still caught, and only its location is missing from the log line.)
+static HOOK_INSTALLED: AtomicBool = AtomicBool::new(false);
 
+#[inline]
 fn install_hook() {
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
-            if IN_BOUNDARY.try_with(Cell::get).unwrap_or(false) {
-                let location = info.location().map(|l| l.to_string());
-                let _ = LOCATION.try_with(|cell| cell.replace(location));
-            } else {
-                previous(info);
-            }
-        }));
-    });
+    if HOOK_INSTALLED.load(Ordering::Acquire) || HOOK_INSTALLED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
+        if IN_BOUNDARY.try_with(Cell::get).unwrap_or(false) {
+            let location = info.location().map(|l| l.to_string());
+            let _ = LOCATION.try_with(|cell| cell.replace(location));
+        } else {
+            previous(info);
+        }
+    }));
 }
 
 /// Run `f`; a panic becomes `Err` with its message and location.

@@ -31,6 +31,11 @@ fn index(device: DeviceId) -> Option<usize> {
     usize::try_from(device.0).ok().filter(|&d| d < MAX_DEVICES)
 }
 
+/// Whether any device has had a pool made (read by the fork handler: one atomic load).
+pub fn any_used() -> bool {
+    USED.load(Ordering::Relaxed) != 0
+}
+
 /// Whether `device` has had a pool made (its slot is never emptied again).
 pub fn has_pool(device: DeviceId) -> bool {
     index(device).is_some_and(|d| USED.load(Ordering::Relaxed) & (1u64 << d) != 0)
@@ -95,6 +100,15 @@ pub fn with_pool<R>(
     };
     let mut guard = lock(device, d)?;
     Ok(guard.as_mut().map(f))
+}
+
+/// Run `f` on the pool of `device` if it has one and its lock is free now (for work that the
+/// pool's next call would do anyway: waiting for another thread's pool call is not worth a
+/// dependency between the two threads). A poisoned lock counts as busy.
+pub fn try_with_pool<R>(device: DeviceId, f: impl FnOnce(&mut Pool) -> R) -> Option<R> {
+    let d = index(device)?;
+    let mut guard = POOLS[d].try_lock().ok()?;
+    guard.as_mut().map(f)
 }
 
 /// Run `f` on the pool whose segments contain `addr`, whatever device is current.

@@ -21,7 +21,7 @@
 //! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
 //! lines.
 
-use crate::config::Config;
+use crate::config::{Config, expand_pid};
 use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
 use crate::trace::record::{Action, Event, Header, settings_text, write_events, write_header};
@@ -39,8 +39,12 @@ static RECORDER: OnceLock<Recorder> = OnceLock::new();
 
 struct Recorder {
     buffer: Arc<EventBuffer>,
-    /// The trace file (`None`: no `trace:`, the buffer only feeds the device-call log).
-    path: Option<String>,
+    /// The `trace:` value with `%p` unexpanded (`None`: no `trace:`, the buffer only feeds the
+    /// device-call log).
+    template: Option<String>,
+    /// The file's name, `%p` expanded by the process that first needs it (a child forked before
+    /// its parent recorded anything names its own file).
+    path: OnceLock<String>,
     /// Whether each flush logs the pool's device calls (debug lines for `DEVICE_LOG`).
     log_device_calls: bool,
     settings: String,
@@ -59,14 +63,15 @@ enum FileState {
 /// Start recording when `config` asks for it, or when the log shows device calls (once per
 /// process; after the log's subscriber is installed).
 pub fn start(config: &Config) {
-    let path = config.trace_path(std::process::id());
+    let template = config.trace.clone();
     let log_device_calls = tracing::enabled!(target: DEVICE_LOG, tracing::Level::DEBUG);
-    if path.is_none() && !log_device_calls {
+    if template.is_none() && !log_device_calls {
         return;
     }
     let _ = RECORDER.set(Recorder {
         buffer: EventBuffer::new(),
-        path,
+        template,
+        path: OnceLock::new(),
         log_device_calls,
         settings: settings_text(&config.settings),
         free_sync: config.free_sync.name(),
@@ -78,7 +83,7 @@ pub fn start(config: &Config) {
 /// writing it failed).
 pub fn recording_path() -> Option<&'static str> {
     let r = RECORDER.get()?;
-    let path = r.path.as_deref()?;
+    let path = r.path()?;
     let file = r.file.lock().unwrap_or_else(|p| p.into_inner());
     (!matches!(*file, FileState::Failed)).then_some(path)
 }
@@ -124,13 +129,22 @@ impl Recorder {
         self.write(&mut file, false);
     }
 
+    /// The trace file's name, when recording to a file.
+    fn path(&self) -> Option<&str> {
+        let template = self.template.as_deref()?;
+        Some(
+            self.path
+                .get_or_init(|| expand_pid(template, std::process::id())),
+        )
+    }
+
     fn write(&self, file: &mut FileState, at_exit: bool) {
         // Taken under the file lock, so batches reach the file in the order they were taken.
         let events = self.buffer.take();
         if self.log_device_calls {
             log_device_calls(&events);
         }
-        let Some(path) = &self.path else {
+        let Some(path) = self.path() else {
             return;
         };
         if events.is_empty() && !at_exit {
@@ -177,7 +191,7 @@ impl Recorder {
         let _ = writeln!(
             std::io::stderr(),
             "cachealloc: cannot {what} the trace file {}: {error}; recording is off",
-            self.path.as_deref().unwrap_or_default()
+            self.path().unwrap_or_default()
         );
     }
 }

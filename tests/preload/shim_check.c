@@ -429,8 +429,30 @@ static void scenario_sync_then_exit(void) {
     CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+/* A parent that has asked the library something (cudaGetLastError) but made no pool forks a
+ * child that allocates: the child keeps cachealloc (a freed block is reused without a second
+ * runtime cudaMalloc) and records to its own files, named with its own process id. */
+static void scenario_fork_before_pools(void) {
+    int status = -1;
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        uint64_t before = counter("mallocs");
+        void *c = NULL;
+        int ok = cudaMalloc(&c, 3 * MIB) == cudaSuccess && cudaFree(c) == cudaSuccess &&
+                 cudaMalloc(&c, 3 * MIB) == cudaSuccess && counter("mallocs") == before + 1 &&
+                 cudaFree(c) == cudaSuccess;
+        exit(ok ? 0 : 3);
+    }
+    CHECK(child > 0);
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    printf("child %d\n", (int)child);
+}
+
 static const struct scenario scenarios[] = {
     {"at_exit", scenario_at_exit},
+    {"fork_before_pools", scenario_fork_before_pools},
     {"sync_then_exit", scenario_sync_then_exit},
     {"fork", scenario_fork},
     {"last_error", scenario_last_error},

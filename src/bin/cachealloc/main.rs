@@ -152,6 +152,9 @@ fn run(cli: Cli) -> Result<String, String> {
                 // Faithful replay runs with the recording's own settings unless told otherwise:
                 // --conf makes it a what-if from the recorded start state, and says so.
                 if args.common.conf.is_some() {
+                    if settings_text.is_empty() {
+                        settings_text = "defaults".to_string();
+                    }
                     settings_text =
                         format!("{settings_text} (from --conf, in place of the recording's)");
                 } else if let Some(recorded) = &loaded.recorded_settings {

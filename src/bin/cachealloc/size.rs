@@ -80,7 +80,8 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
         )),
         bytes if bytes > ADDRESS_SPACE => Err(format!(
             "invalid capacity {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
-             space (about 128 TiB); give at most that, or omit --capacity for an unlimited device"
+             space (just under 128 TiB: 127TiB fits, 128TiB does not); give at most that, or \
+             omit --capacity for an unlimited device"
         )),
         bytes => Ok(bytes),
     }

@@ -1,0 +1,48 @@
+/*
+ * fork_race.c — one thread makes the process's first CUDA call (cachealloc decides its mode,
+ * installs its hooks) while the main thread forks; the child then calls cudaMalloc. A child
+ * forked in the middle of that first call must not wait forever on the parent's unfinished
+ * initialisation: it answers within a second or dies of SIGALRM. Exits 0 when the child
+ * answered, 2 when it hung. The test runs it many times, each a fresh process.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cuda_runtime_api.h"
+
+static volatile int go = 0;
+
+static void *first_call(void *arg) {
+    (void)arg;
+    while (!go) {
+    }
+    cudaGetLastError();
+    return NULL;
+}
+
+int main(void) {
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, first_call, NULL) != 0) return 1;
+    go = 1;
+    /* A varying head start, so that over many runs the fork lands all through the first call. */
+    for (volatile int i = 0; i < (getpid() % 200) * 50; i++) {
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(1);
+        void *p = NULL;
+        int rc = cudaMalloc(&p, 1 << 20);
+        _exit(rc == 0 || rc == 3 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    pthread_join(thread, NULL);
+    if (WIFSIGNALED(status)) {
+        printf("child hung (signal %d)\n", WTERMSIG(status));
+        return 2;
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
