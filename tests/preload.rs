@@ -137,21 +137,28 @@ fn cuda_calls_at_exit_are_served_whatever_the_log_level() {
     }
 }
 
+/// A fresh scratch folder for one test's files, and the `CACHEALLOC_CONF` that records the
+/// trace and the JSON statistics of every process into it (`trace-PID.jsonl`,
+/// `stats-PID.json`).
+fn recording_dir(name: &str) -> (PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("cachealloc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = format!(
+        "trace:{0}/trace-%p.jsonl,stats:json,stats_file:{0}/stats-%p.json",
+        dir.display()
+    );
+    (dir, conf)
+}
+
 /// A free the program has synchronized (its own `cudaDeviceSynchronize`) is complete when the run
 /// ends there: the exit statistics show nothing active and the trace has its `free_completed`.
 #[test]
 fn a_free_the_program_synchronized_is_complete_in_the_exit_statistics_and_trace() {
-    let dir = std::env::temp_dir().join(format!("cachealloc-sync-exit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (trace, stats) = (dir.join("trace.jsonl"), dir.join("stats.json"));
-    let conf = format!(
-        "trace:{},stats:json,stats_file:{}",
-        trace.display(),
-        stats.display()
-    );
-    check("sync_then_exit", &[("CACHEALLOC_CONF", conf.as_str())]);
-    let trace = std::fs::read_to_string(&trace).unwrap();
+    let (dir, conf) = recording_dir("sync-exit");
+    let out = check("sync_then_exit", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let pid = number_after(&stdout(&out), "pid ");
+    let trace = std::fs::read_to_string(dir.join(format!("trace-{pid}.jsonl"))).unwrap();
     assert_eq!(
         trace
             .lines()
@@ -160,8 +167,8 @@ fn a_free_the_program_synchronized_is_complete_in_the_exit_statistics_and_trace(
         1,
         "{trace}"
     );
-    let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let stats = std::fs::read_to_string(dir.join(format!("stats-{pid}.json"))).unwrap();
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
     let device = &stats["devices"][0]["stats"];
     assert_eq!(device["active_bytes.all.current"], 0, "{stats}");
     assert_eq!(device["allocated_bytes.all.current"], 0, "{stats}");
@@ -173,13 +180,7 @@ fn a_free_the_program_synchronized_is_complete_in_the_exit_statistics_and_trace(
 /// statistics file of the parent's pools under its own process id.
 #[test]
 fn a_forked_child_leaves_the_parents_pools_trace_and_statistics_alone() {
-    let dir = std::env::temp_dir().join(format!("cachealloc-fork-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = format!(
-        "trace:{0}/trace-%p.jsonl,stats:json,stats_file:{0}/stats-%p.json",
-        dir.display()
-    );
+    let (dir, conf) = recording_dir("fork");
     check("fork", &[("CACHEALLOC_CONF", conf.as_str())]);
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -207,13 +208,7 @@ fn a_forked_child_leaves_the_parents_pools_trace_and_statistics_alone() {
 /// writes no trace and a statistics file of its own.
 #[test]
 fn a_child_forked_before_any_pool_keeps_cachealloc_and_names_its_own_files() {
-    let dir = std::env::temp_dir().join(format!("cachealloc-fork-early-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = format!(
-        "trace:{0}/trace-%p.jsonl,stats:json,stats_file:{0}/stats-%p.json",
-        dir.display()
-    );
+    let (dir, conf) = recording_dir("fork-early");
     let out = check("fork_before_pools", &[("CACHEALLOC_CONF", conf.as_str())]);
     let child = number_after(&stdout(&out), "child ");
     assert!(

@@ -427,6 +427,7 @@ static void scenario_sync_then_exit(void) {
     CHECK_CODE(cudaMalloc(&a, 7 * MIB), cudaSuccess);
     CHECK_CODE(cudaFree(a), cudaSuccess);
     CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    printf("pid %d\n", (int)getpid());
 }
 
 /* A parent that has asked the library something (cudaGetLastError) but made no pool forks a
