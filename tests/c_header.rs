@@ -64,6 +64,7 @@ fn header_declares_the_whole_c_api() {
         "cachealloc_torch_free",
         "cachealloc_record_stream",
         "cachealloc_torch_record_stream",
+        "cachealloc_torch_mempool_malloc",
         "cachealloc_torch_empty_cache",
         "CacheallocStats",
         "CACHEALLOC_STATS_VERSION",
