@@ -116,10 +116,8 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
 /// A device that fails does not keep the others from being emptied; the first error is returned.
 pub fn empty_cache_all() -> Result<(), ShimError> {
     let mut first_error = Ok(());
-    for d in 0..pools::MAX_DEVICES {
-        let device = DeviceId(d as i32);
-        if pools::has_pool(device)
-            && let Err(e) = empty_cache(device)
+    for device in pools::used_devices() {
+        if let Err(e) = empty_cache(device)
             && first_error.is_ok()
         {
             first_error = Err(e);

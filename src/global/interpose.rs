@@ -147,13 +147,7 @@ fn complete_pending(device: DeviceId) {
     let Some(_inside) = reentry::enter() else {
         return;
     };
-    let completed = pools::try_with_pool(device, |pool| {
-        if pool.pending_frees() > 0 {
-            pool.process_pending()
-        } else {
-            Ok(())
-        }
-    });
+    let completed = pools::try_with_pool(device, |pool| pool.process_pending());
     trace_file::flush();
     if let Some(Err(e)) = completed {
         log_event!(

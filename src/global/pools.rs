@@ -41,6 +41,17 @@ pub fn has_pool(device: DeviceId) -> bool {
     index(device).is_some_and(|d| USED.load(Ordering::Relaxed) & (1u64 << d) != 0)
 }
 
+/// The slots of the devices that have had a pool made, in order (one load of `USED`).
+fn used_slots() -> impl Iterator<Item = usize> {
+    let used = USED.load(Ordering::SeqCst);
+    (0..MAX_DEVICES).filter(move |d| used & (1u64 << d) != 0)
+}
+
+/// The devices that have had a pool made, in order.
+pub fn used_devices() -> impl Iterator<Item = DeviceId> {
+    used_slots().map(|d| DeviceId(d as i32))
+}
+
 /// The synchronization epochs of `device` (`None` for an ordinal without a pool slot).
 pub fn epochs(device: DeviceId) -> Option<&'static SyncEpochs> {
     index(device).map(|d| &EPOCHS[d])
@@ -113,8 +124,7 @@ pub fn try_with_pool<R>(device: DeviceId, f: impl FnOnce(&mut Pool) -> R) -> Opt
 
 /// Run `f` on the pool whose segments contain `addr`, whatever device is current.
 pub fn with_owner<R>(addr: u64, f: impl FnOnce(&mut Pool) -> R) -> Result<Option<R>, ShimError> {
-    let used = USED.load(Ordering::SeqCst);
-    for d in (0..MAX_DEVICES).filter(|d| used & (1u64 << d) != 0) {
+    for d in used_slots() {
         let device = DeviceId(d as i32);
         let mut guard = lock(device, d)?;
         if let Some(pool) = guard.as_mut().filter(|pool| pool.contains(addr)) {
@@ -138,9 +148,7 @@ pub fn take(device: DeviceId) -> Option<Pool> {
 /// Statistics of every device that has a pool, without waiting for a lock held elsewhere
 /// (used at exit). Devices whose lock is busy are skipped.
 pub fn stats_snapshot() -> Vec<(DeviceId, DeviceStats)> {
-    let used = USED.load(Ordering::SeqCst);
-    (0..MAX_DEVICES)
-        .filter(|d| used & (1u64 << d) != 0)
+    used_slots()
         .filter_map(|d| {
             let guard = match POOLS[d].try_lock() {
                 Ok(guard) => guard,

@@ -235,16 +235,14 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The size of the live allocation starting at `ptr`, if there is one.
     pub fn allocation_size(&self, ptr: DevicePtr) -> Option<u64> {
-        let id = self.blocks.find(ptr.addr())?;
-        let block = self.blocks.get(id);
-        (block.state == BlockState::Allocated).then_some(block.size)
+        let id = self.lookup_allocation(ptr).ok()?;
+        Some(self.blocks.get(id).size)
     }
 
     /// The stream of the live allocation starting at `ptr`, if there is one.
     pub fn allocation_stream(&self, ptr: DevicePtr) -> Option<StreamId> {
-        let id = self.blocks.find(ptr.addr())?;
-        let block = self.blocks.get(id);
-        (block.state == BlockState::Allocated).then_some(block.stream)
+        let id = self.lookup_allocation(ptr).ok()?;
+        Some(self.blocks.get(id).stream)
     }
 
     /// Whether `addr` lies inside a segment of this pool.
