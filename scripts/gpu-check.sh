@@ -8,7 +8,9 @@
 #       LD_PRELOAD=libcachealloc.so: time per pair and the speedup;
 #   (b) a small PyTorch training loop: PyTorch's own caching vs PYTORCH_NO_CUDA_MEMORY_CACHING=1
 #       alone vs the same under the shim: step time and peak reserved memory;
-#   (c) the same loop with cachealloc's pluggable allocator (CUDAPluggableAllocator);
+#   (c) the same loop with cachealloc's pluggable allocator (CUDAPluggableAllocator), then a
+#       tensor read on a busy side stream, recorded (Tensor.record_stream) and freed: its block
+#       must not be zeroed under the read; and a 1 PiB tensor must raise;
 #   (d) out of memory under the shim: allocate until cudaMalloc answers 2, then free and go on.
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against

@@ -26,6 +26,11 @@ enum Step {
     DeferredFree {
         pick: usize,
     },
+    /// Free recorded on other streams: pending until the device's work completes, never a
+    /// reason to synchronize before growing.
+    FreeAfterStreams {
+        pick: usize,
+    },
     CompleteWork,
     DoubleFree,
     EmptyCache,
@@ -44,6 +49,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         10 => (size_strategy(), 0u64..3).prop_map(|(size, stream)| Step::Alloc { size, stream }),
         6 => any::<usize>().prop_map(|pick| Step::Free { pick }),
         2 => any::<usize>().prop_map(|pick| Step::DeferredFree { pick }),
+        1 => any::<usize>().prop_map(|pick| Step::FreeAfterStreams { pick }),
         1 => Just(Step::CompleteWork),
         1 => Just(Step::DoubleFree),
         1 => Just(Step::EmptyCache),
@@ -157,6 +163,16 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
                 shadow.live.remove(&addr);
                 p.free_deferred(DevicePtr::new(addr).unwrap()).unwrap();
+            }
+            Step::FreeAfterStreams { pick } => {
+                if shadow.live.is_empty() {
+                    continue;
+                }
+                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
+                shadow.live.remove(&addr);
+                let streams = [StreamId(100 + pick as u64 % 3)];
+                let unfenced = p.free_after_streams(DevicePtr::new(addr).unwrap(), &streams);
+                assert_eq!(unfenced, Ok(vec![]));
             }
             Step::CompleteWork => p.backend_mut().complete_work(),
             Step::DoubleFree => {

@@ -1,7 +1,8 @@
 //! The pluggable-allocator hooks beyond malloc and free, called as PyTorch calls them, against
 //! the fake runtime's simulated kernels (`tests/preload/torch_hooks_check.c`):
 //! `cachealloc_torch_record_stream` (`set_record_stream_fn`, `Tensor.record_stream`) keeps a
-//! freed block from the next tensor while another stream's work still uses it, and
+//! freed block from the next tensor while another stream's work still uses it (an event on each
+//! recorded stream, under every `free_sync` policy, and no device synchronization), and
 //! `cachealloc_torch_empty_cache` (`set_reset_fn`, `torch.cuda.empty_cache()`) gives the cached
 //! segments back. And a failed `cachealloc_torch_malloc` reaches C++ as a `std::runtime_error`
 //! (`tests/preload/torch_oom_check.cpp`), which PyTorch raises as a Python `RuntimeError`,
@@ -33,24 +34,33 @@ fn program() -> PathBuf {
     )
 }
 
+/// Under every `free_sync` policy (which is about the interposed `cudaFree`): a recorded block
+/// waits for an event on each recorded stream, non-blocking ones included, without a device
+/// synchronization.
 #[test]
-fn a_block_recorded_on_another_stream_waits_for_it_and_empty_cache_releases_everything() {
-    let out = run_ok(
-        fake_cudart::command(&program())
-            .env_remove("CACHEALLOC_CONF")
-            .env_remove("CACHEALLOC_DISABLE"),
-    );
-    assert!(
-        stdout(&out).contains("ok torch hooks"),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    assert!(
-        stderr(&out).contains("cachealloc_torch_record_stream"),
-        "a pointer of no allocation is logged: {}",
-        stderr(&out)
-    );
+fn a_block_recorded_on_other_streams_waits_for_them_and_empty_cache_releases_everything() {
+    for conf in ["", "free_sync:device", "free_sync:event", "free_sync:none"] {
+        let out = run_ok(
+            fake_cudart::command(&program())
+                .env("CACHEALLOC_CONF", conf)
+                .env_remove("CACHEALLOC_DISABLE"),
+        );
+        let (stdout, stderr) = (stdout(&out), stderr(&out));
+        assert!(
+            stdout.contains("ok torch hooks"),
+            "CACHEALLOC_CONF={conf}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("cachealloc_torch_record_stream"),
+            "a pointer of no allocation is logged: {stderr}"
+        );
+        assert!(
+            stderr.contains(
+                "is not a stream of the allocation's device; work on it is not waited for"
+            ),
+            "a stream of another device is named: {stderr}"
+        );
+    }
 }
 
 /// What the hook prevents: without it, the block is handed out again at once, while the side

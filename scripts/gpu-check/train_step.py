@@ -115,6 +115,7 @@ def run_torch(args):
     last_loss = losses[-1].item()
     peak = torch.cuda.max_memory_reserved() if args.allocator == "native" else None
     if args.allocator == "pluggable":
+        side_stream_check(torch, device)
         # A failed allocation must arrive as an exception (a NULL pointer would become a tensor
         # at address 0), and the reset hook must run.
         try:
@@ -125,6 +126,26 @@ def run_torch(args):
                 raise
         torch.cuda.empty_cache()
     return step_ms, peak, last_loss
+
+
+def side_stream_check(torch, device):
+    """Tensor.record_stream through the hook: a tensor read on a busy side stream and freed must
+    not be handed to the next tensor before that stream's work is done (its block would be
+    zeroed under the read)."""
+    side = torch.cuda.Stream()
+    n = 1 << 20
+    x = torch.ones(n, device=device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # keeps the side stream busy for a while
+        y = x * 2
+    x.record_stream(side)
+    del x
+    z = torch.zeros(n, device=device)  # same size: x's block, were it reusable
+    side.synchronize()
+    if not bool((y == 2).all()):
+        raise SystemExit("pluggable allocator: a recorded tensor's block was reused under a read")
+    del y, z
 
 
 # --- ctypes -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 pub mod cuda;
 pub mod sim;
 
-use crate::pool::{DeviceId, DevicePtr};
+use crate::pool::{DeviceId, DevicePtr, StreamId};
 use std::fmt;
 
 /// Free and total device memory, as `cudaMemGetInfo` reports them.
@@ -20,6 +20,15 @@ pub struct MemInfo {
 /// once the backend reports the fence done. The value is opaque to the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fence(pub u64);
+
+/// A fence over the work of named streams (`Backend::record_stream_fence`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamFence {
+    pub fence: Fence,
+    /// Streams the fence could not cover (the runtime refused to record on them: streams of
+    /// another device). Their work is not waited for.
+    pub unfenced: Vec<StreamId>,
+}
 
 /// What a backend call can fail with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +79,13 @@ pub trait Backend {
     /// Record a fence after all work issued so far that may touch a block being freed.
     fn record_fence(&mut self) -> Result<Fence, BackendError>;
 
-    /// Whether the work before `fence` has finished. Never blocks.
+    /// Record a fence after all work issued so far on each of `streams` (the streams a block
+    /// being freed was recorded as used on, `Tensor.record_stream`), whatever the free policy.
+    /// It completes by itself, as that work finishes: the pool polls it and never synchronizes
+    /// the device for it.
+    fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError>;
+
+    /// Whether the work before `fence` (of either kind) has finished. Never blocks.
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError>;
 
     /// Wait until all work issued so far has finished; afterwards every recorded fence is done.

@@ -1,9 +1,9 @@
 //! A simulated device: a capacity, an address space laid out like the driver's, injectable
 //! failures and a clock for pending work. Deterministic; used by tests, replay and benchmarks.
 
-use super::{Backend, BackendError, Fence, MemInfo};
+use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
 use crate::pool::segment_map::SegmentMap;
-use crate::pool::{DeviceId, DevicePtr};
+use crate::pool::{DeviceId, DevicePtr, StreamId};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Segments are aligned to this, like the driver's 2 MiB allocation granularity.
@@ -290,6 +290,14 @@ impl Backend for SimDevice {
         let fence = Fence(self.next_fence);
         self.next_fence += 1;
         Ok(fence)
+    }
+
+    /// The simulated device has one queue of work: a stream fence is one of its fences.
+    fn record_stream_fence(&mut self, _streams: &[StreamId]) -> Result<StreamFence, BackendError> {
+        Ok(StreamFence {
+            fence: self.record_fence()?,
+            unfenced: Vec::new(),
+        })
     }
 
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {

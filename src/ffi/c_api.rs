@@ -58,10 +58,10 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
 
 /// Record that the allocation at `ptr` is also used by work on `stream` (PyTorch's
 /// `Tensor.record_stream`), a stream of the allocation's own device: its `cachealloc_free` then
-/// waits for that work before the block is reused, as an interposed `cudaFree` waits
-/// (`free_sync`: under the default `device`, until a device-wide synchronization the pool makes
-/// before it would grow; under `event`, for blocking streams only; under `none`, not at all).
-/// Its own stream or NULL `ptr`: nothing to do, 0. A pointer that is not a live allocation of
+/// records an event on each recorded stream, and the block is reused once they have completed,
+/// as PyTorch's allocator does (under any `free_sync`; the pool never synchronizes the device
+/// for them). The stream must stay alive until that free. A stream of another device cannot be
+/// waited for: the free logs a warning. Its own stream or NULL `ptr`: nothing to do, 0. A pointer that is not a live allocation of
 /// cachealloc: 1 (`cudaErrorInvalidValue`; checked while the library is active — under
 /// `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
 #[unsafe(no_mangle)]

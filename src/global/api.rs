@@ -63,22 +63,20 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
     let Some((_, rt)) = active()? else {
         return real_free(real_runtime()?, addr);
     };
-    // A block recorded as used on another stream waits as an interposed cudaFree's does.
-    let deferred = stream_uses::take(addr);
-    let freed = pools::with_owner(addr, |pool| {
-        if deferred {
-            pool.free_deferred(ptr)
-        } else {
-            pool.free(ptr)
-        }
+    // A block recorded as used on other streams waits for their work (see `stream_uses`).
+    let recorded = stream_uses::take(addr);
+    let freed = pools::with_owner(addr, |pool| match &recorded {
+        Some(streams) => pool.free_after_streams(ptr, streams),
+        None => pool.free(ptr).map(|()| Vec::new()),
     });
     trace_file::flush();
     let freed = freed.and_then(|f| {
         f.unwrap_or(Err(Error::NotOwned { addr }))
             .map_err(ShimError::from)
     });
+    let freed = freed.map(|unfenced| warn_unfenced(addr, &unfenced));
     // A free that failed with the block still allocated keeps its record for the retry.
-    if deferred
+    if let Some(streams) = &recorded
         && !matches!(
             freed,
             Ok(())
@@ -87,14 +85,14 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
                 ))
         )
     {
-        stream_uses::record(addr);
+        stream_uses::restore(addr, streams);
     }
     returned_only(rt, freed)
 }
 
 /// The allocation at `addr` is used on `stream` as well as on its allocation stream: its free
-/// will wait for that work (see `stream_uses`). Its own stream and NULL change nothing; a
-/// pointer that is not a live allocation of a pool is `Error::NotOwned`.
+/// will wait for the work issued on `stream` until then (see `stream_uses`). Its own stream and
+/// NULL change nothing; a pointer that is not a live allocation of a pool is `Error::NotOwned`.
 pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
     let _inside = inside()?;
     let Some(ptr) = DevicePtr::new(addr) else {
@@ -105,11 +103,24 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
     }
     let allocated_on = pools::with_owner(addr, |pool| pool.allocation_stream(ptr))?.flatten();
     match allocated_on {
-        Some(own) if own != stream => stream_uses::record(addr),
+        Some(own) if own != stream => stream_uses::record(addr, stream),
         Some(_) => {}
         None => return Err(ShimError::Pool(Error::NotOwned { addr })),
     }
     Ok(())
+}
+
+/// A recorded free could not wait for these streams (the runtime refused to record an event of
+/// the block's device on them).
+fn warn_unfenced(addr: u64, unfenced: &[StreamId]) {
+    for stream in unfenced {
+        log_event!(
+            warn,
+            "free of {addr:#x}: its recorded stream {:#x} is not a stream of the allocation's \
+             device; work on it is not waited for before the block is reused",
+            stream.0
+        );
+    }
 }
 
 /// Release every fully free cached segment of every device that has a pool.

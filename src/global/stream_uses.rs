@@ -1,42 +1,63 @@
-//! Allocations of the C API and the pluggable allocator that the program recorded as used on a
-//! stream other than their allocation's (`Tensor.record_stream` in PyTorch).
+//! Allocations of the C API and the pluggable allocator that the program recorded as used on
+//! streams other than their allocation's (`Tensor.record_stream` in PyTorch), with those streams.
 //!
 //! Those frees are immediate otherwise: a block belongs to its allocation stream and the next
 //! allocation on that stream is ordered after the freed one's work. Work on another stream is
-//! not, so the free of a recorded block is deferred, as an interposed `cudaFree` is: under the
-//! default `free_sync:device` the block is reused after a device-wide synchronization that
-//! started after the free (the pool makes one before it would grow while frees are pending),
-//! which waits for every stream; under `free_sync:event`, after an event on the legacy default
-//! stream (blocking streams only); under `free_sync:none`, at once. PyTorch's own allocator
-//! records an event on each recorded stream instead and never synchronizes the device.
+//! not, so the free of a recorded block records an event on each recorded stream and the block
+//! is reused once they have completed, as PyTorch's own allocator does — under every `free_sync`
+//! policy (which is about the interposed `cudaFree`, whose streams are unknown), and without a
+//! device-wide synchronization. A stream of another device cannot carry an event of the block's
+//! device: its work is not waited for, and the free logs a warning.
 //!
-//! Only work on streams of the block's own device is covered: the device-wide synchronization
-//! is the block's device's. An entry goes when its allocation is freed (through the C API, the
-//! pluggable allocator or the interposed `cudaFree`) or its pool is dropped by a device reset.
-//! The set is small (the recorded allocations alive at one moment) and read by every free only
-//! through one atomic load while it is empty.
+//! An entry goes when its allocation is freed (through the C API, the pluggable allocator or the
+//! interposed `cudaFree`) or its pool is dropped by a device reset. The set is small (the
+//! recorded allocations alive at one moment) and read by every free only through one atomic load
+//! while it is empty.
 
+use crate::pool::StreamId;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-static RECORDED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// Recorded allocations by address, each with the streams recorded for it.
+static RECORDED: Mutex<Vec<(u64, Vec<StreamId>)>> = Mutex::new(Vec::new());
 /// `RECORDED`'s length, readable without the lock.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
-fn recorded() -> std::sync::MutexGuard<'static, Vec<u64>> {
-    // A panic while the lock was held leaves a list of addresses, still consistent.
+type Recorded = std::sync::MutexGuard<'static, Vec<(u64, Vec<StreamId>)>>;
+
+fn recorded() -> Recorded {
+    // A panic while the lock was held leaves a list of addresses and streams, still consistent.
     RECORDED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The allocation at `addr` is used on another stream too.
-pub fn record(addr: u64) {
+fn publish(list: &Recorded) {
+    COUNT.store(list.len(), Ordering::Release);
+}
+
+/// The allocation at `addr` is used on `stream` too.
+pub fn record(addr: u64, stream: StreamId) {
+    restore(addr, &[stream]);
+}
+
+/// Record `streams` for the allocation at `addr` (each once, however often recorded).
+pub fn restore(addr: u64, streams: &[StreamId]) {
     let mut list = recorded();
-    if !list.contains(&addr) {
-        list.push(addr);
-        COUNT.store(list.len(), Ordering::Release);
+    let pos = match list.iter().position(|(a, _)| *a == addr) {
+        Some(pos) => pos,
+        None => {
+            list.push((addr, Vec::new()));
+            list.len() - 1
+        }
+    };
+    let uses = &mut list[pos].1;
+    for &stream in streams {
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
     }
+    publish(&list);
 }
 
 /// Forget the recorded allocations `gone` says are gone (a pool dropped by a device reset).
@@ -45,23 +66,21 @@ pub fn forget(gone: impl Fn(u64) -> bool) {
         return;
     }
     let mut list = recorded();
-    list.retain(|&addr| !gone(addr));
-    COUNT.store(list.len(), Ordering::Release);
+    list.retain(|&(addr, _)| !gone(addr));
+    publish(&list);
 }
 
-/// Whether the allocation at `addr` was recorded; forgets it (it is being freed).
+/// The streams recorded for the allocation at `addr`, if any; forgets them (it is being freed).
 #[inline]
-pub fn take(addr: u64) -> bool {
+pub fn take(addr: u64) -> Option<Vec<StreamId>> {
     if COUNT.load(Ordering::Acquire) == 0 {
-        return false;
+        return None;
     }
     let mut list = recorded();
-    let Some(pos) = list.iter().position(|&a| a == addr) else {
-        return false;
-    };
-    list.swap_remove(pos);
-    COUNT.store(list.len(), Ordering::Release);
-    true
+    let pos = list.iter().position(|&(a, _)| a == addr)?;
+    let (_, streams) = list.swap_remove(pos);
+    publish(&list);
+    Some(streams)
 }
 
 #[cfg(test)]
@@ -71,16 +90,24 @@ mod tests {
     /// One test owns the process-wide set (tests run in parallel threads).
     #[test]
     fn a_record_lasts_until_its_free_or_its_pools_reset() {
-        assert!(!take(0x1000), "nothing recorded");
-        record(0x1000);
-        record(0x1000);
-        record(0x2000);
-        record(0x9000);
-        assert!(take(0x1000), "recorded once, however often");
-        assert!(!take(0x1000), "a free forgets it");
+        let (s1, s2) = (StreamId(0x51), StreamId(0x52));
+        assert_eq!(take(0x1000), None, "nothing recorded");
+        record(0x1000, s1);
+        record(0x1000, s2);
+        record(0x1000, s1);
+        record(0x2000, s1);
+        record(0x9000, s2);
+        assert_eq!(take(0x1000), Some(vec![s1, s2]), "each stream once");
+        assert_eq!(take(0x1000), None, "a free forgets it");
+        restore(0x1000, &[s2, s1]);
+        assert_eq!(
+            take(0x1000),
+            Some(vec![s2, s1]),
+            "a failed free restores them"
+        );
         forget(|addr| addr < 0x8000);
-        assert!(!take(0x2000), "its pool was reset");
-        assert!(take(0x9000), "another pool's record stays");
+        assert_eq!(take(0x2000), None, "its pool was reset");
+        assert_eq!(take(0x9000), Some(vec![s2]), "another pool's record stays");
         assert_eq!(COUNT.load(Ordering::Acquire), 0);
     }
 }

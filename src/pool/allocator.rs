@@ -21,7 +21,7 @@ use super::segment_map::SegmentMap;
 use super::settings::Settings;
 use super::stats::DeviceStats;
 use super::types::{DevicePtr, PoolKind, StreamId};
-use crate::backend::{Backend, BackendError, Fence};
+use crate::backend::{Backend, BackendError, Fence, StreamFence};
 use std::collections::VecDeque;
 
 /// How many of the largest free blocks an OOM report lists.
@@ -89,8 +89,13 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) large: StreamPools,
     /// Segments obtained from the device: start address → size.
     pub(super) segments: SegmentMap,
-    /// Freed blocks waiting for their fence, oldest first.
+    /// Freed blocks waiting for their fence (`free_deferred`), oldest first. While any wait,
+    /// the pool synchronizes the device before it grows.
     pub(super) pending: VecDeque<(Fence, BlockId)>,
+    /// Freed blocks waiting for the streams they were recorded as used on
+    /// (`free_after_streams`), oldest first. Only polled, as PyTorch polls their events: the
+    /// pool grows rather than synchronize for them (an out-of-memory retry still does).
+    pub(super) stream_pending: VecDeque<(Fence, BlockId)>,
     pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
     pub(super) total_reserved: u64,
@@ -123,6 +128,7 @@ impl<B: Backend> DeviceAllocator<B> {
             large: StreamPools::default(),
             segments: SegmentMap::default(),
             pending: VecDeque::new(),
+            stream_pending: VecDeque::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
             allowed_maximum: None,
@@ -166,7 +172,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Number of freed blocks still waiting for their fence.
     pub fn pending_frees(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.stream_pending.len()
     }
 
     /// Allocate `size` bytes on `stream`. Size 0 gets a minimum-size block.
@@ -214,7 +220,7 @@ impl<B: Backend> DeviceAllocator<B> {
         for (_, index) in self.small.streams.iter_mut().chain(&mut self.large.streams) {
             index.follow_moved_blocks(&moved);
         }
-        for (_, id) in self.pending.iter_mut() {
+        for (_, id) in self.pending.iter_mut().chain(&mut self.stream_pending) {
             *id = moved.id(*id);
         }
     }
@@ -224,13 +230,33 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn free_deferred(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let id = self.lookup_allocation(ptr)?;
         let fence = self.backend.record_fence()?;
+        self.pend(id);
+        self.pending.push_back((fence, id));
+        Ok(())
+    }
+
+    /// Free an allocation that work on `streams` (other than its own) may still use: the block
+    /// stays pending until that work, issued before now, has finished. Returns the streams the
+    /// backend could not wait for (see `StreamFence`).
+    pub fn free_after_streams(
+        &mut self,
+        ptr: DevicePtr,
+        streams: &[StreamId],
+    ) -> Result<Vec<StreamId>, Error> {
+        let id = self.lookup_allocation(ptr)?;
+        let StreamFence { fence, unfenced } = self.backend.record_stream_fence(streams)?;
+        self.pend(id);
+        self.stream_pending.push_back((fence, id));
+        Ok(unfenced)
+    }
+
+    /// The allocation `id` is handed back, its block not yet reusable.
+    fn pend(&mut self, id: BlockId) {
         self.take_allocation(id);
         let b = self.blocks.get(id);
         self.stats.active.pend(b.pool, 1);
         self.stats.active_bytes.pend(b.pool, b.size);
         self.blocks.get_mut(id).state = BlockState::Pending;
-        self.pending.push_back((fence, id));
-        Ok(())
     }
 
     /// The size of the live allocation starting at `ptr`, if there is one.
@@ -250,13 +276,22 @@ impl<B: Backend> DeviceAllocator<B> {
         self.segments.contains(addr)
     }
 
-    /// Move every pending block whose fence is done back to its pool.
+    /// Move every pending block whose fence is done back to its pool. Each queue is taken in
+    /// order up to its first fence not done: a later free's fence is not checked before an
+    /// earlier one's (as PyTorch checks each stream's events in order).
     pub fn process_pending(&mut self) -> Result<(), Error> {
         while let Some(&(fence, id)) = self.pending.front() {
             if !self.backend.fence_done(fence)? {
                 break;
             }
             self.pending.pop_front();
+            self.complete_pending(id);
+        }
+        while let Some(&(fence, id)) = self.stream_pending.front() {
+            if !self.backend.fence_done(fence)? {
+                break;
+            }
+            self.stream_pending.pop_front();
             self.complete_pending(id);
         }
         Ok(())

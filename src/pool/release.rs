@@ -24,11 +24,14 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Wait for the device and move every pending block back to its pool.
     pub(super) fn synchronize_pending(&mut self) -> Result<(), Error> {
         self.stats.counts.num_sync_all_streams += 1;
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.stream_pending.is_empty() {
             return Ok(());
         }
         self.backend.synchronize()?;
         while let Some((_, id)) = self.pending.pop_front() {
+            self.complete_pending(id);
+        }
+        while let Some((_, id)) = self.stream_pending.pop_front() {
             self.complete_pending(id);
         }
         Ok(())

@@ -485,6 +485,46 @@ fn pending_frees_are_not_reused_until_their_fence_completes() {
     assert_eq!(p.pending_frees(), 0);
 }
 
+/// A free recorded on other streams is polled like PyTorch's events: the pool grows rather than
+/// synchronize for it; it is reused once its fence completes, or after an out-of-memory retry's
+/// synchronization.
+#[test]
+fn frees_after_streams_are_polled_never_synchronized_for_growth() {
+    let sim = SimDevice::new(60 * MIB).with_pending_work();
+    let mut p = DeviceAllocator::new(sim, Settings::default());
+    let side = [StreamId(7), StreamId(8)];
+    let a = p.malloc(10 * MIB, S0).unwrap();
+    let keep = p.malloc(10 * MIB, S0).unwrap();
+    assert_eq!(p.free_after_streams(a, &side), Ok(vec![]));
+    p.validate().unwrap();
+    assert_eq!(p.pending_frees(), 1);
+    assert_eq!(
+        p.stats().active.all.current,
+        2,
+        "a pending block stays active"
+    );
+    let grown = p.malloc(10 * MIB, S0).unwrap();
+    assert_ne!(grown, a);
+    assert_eq!(p.backend().counters().synchronizes, 0, "grew instead");
+    assert_eq!(p.stats().counts.num_device_alloc, 3);
+    p.backend_mut().complete_work();
+    assert_eq!(
+        p.malloc(10 * MIB, S0).unwrap(),
+        a,
+        "reused once its fence is done"
+    );
+    p.validate().unwrap();
+    // 30 of the device's 60 MiB reserved and in use: a 40 MiB request fails, and the miss
+    // ladder's synchronization completes the recorded free that is still pending, whose
+    // segment is then released to make room.
+    p.free_after_streams(keep, &side).unwrap();
+    p.malloc(40 * MIB, S0).unwrap();
+    assert_eq!(p.backend().counters().synchronizes, 1);
+    assert_eq!(p.pending_frees(), 0);
+    assert_eq!(p.stats().counts.num_device_free, 1);
+    p.validate().unwrap();
+}
+
 #[test]
 fn seeds_whose_blocks_run_past_their_segment_are_refused() {
     let mut p = pool();

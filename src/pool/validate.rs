@@ -134,12 +134,17 @@ impl<B: Backend> DeviceAllocator<B> {
             .filter(|(_, b)| b.state == BlockState::Pending)
             .map(|(id, _)| id)
             .collect();
-        let queued: HashSet<_> = self.pending.iter().map(|&(_, id)| id).collect();
-        if queued != pending || self.pending.len() != pending.len() {
+        let queued: HashSet<_> = self
+            .pending
+            .iter()
+            .chain(&self.stream_pending)
+            .map(|&(_, id)| id)
+            .collect();
+        if queued != pending || self.pending_frees() != pending.len() {
             return Err(format!(
                 "{} pending blocks, {} queue entries naming {} blocks, not all of them pending",
                 pending.len(),
-                self.pending.len(),
+                self.pending_frees(),
                 queued.len()
             ));
         }

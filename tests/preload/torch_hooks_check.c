@@ -2,9 +2,11 @@
  * torch_hooks_check.c — calls the pluggable-allocator entry points as PyTorch does
  * (cachealloc_torch_malloc/free, and the hooks set with set_record_stream_fn and set_reset_fn),
  * with the fake runtime's simulated kernels standing in for device work. Prints "ok torch hooks"
- * when every check held; with the argument "unrecorded" it frees without recording the side
- * stream and prints whether the block came back while the side stream's work still used it.
+ * when every check held, under any free_sync policy (CACHEALLOC_CONF); with the argument
+ * "unrecorded" it frees without recording the side stream and prints whether the block came back
+ * while the side stream's work still used it.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,6 +32,7 @@ static void run(int record) {
         cachealloc_torch_record_stream(x, side);
     }
     cachealloc_torch_free(x, MIB, 0, NULL);
+    uint64_t syncs = fakecudart_counter("device_syncs");
     void *y = cachealloc_torch_malloc(MIB, 0, NULL);
     CHECK(y != NULL);
     int reused_while_busy = y == x && fakecudart_range_busy(x, MIB);
@@ -38,6 +41,51 @@ static void run(int record) {
         return;
     }
     CHECK(!reused_while_busy);
+    /* The pool grows rather than synchronize the device for a recorded free (PyTorch polls its
+     * events), and the block comes back once the side stream's work is done. */
+    void *w = cachealloc_torch_malloc(MIB, 0, NULL);
+    CHECK(w != NULL && w != x && fakecudart_range_busy(x, MIB));
+    CHECK(fakecudart_counter("device_syncs") == syncs);
+    fakecudart_advance(1000000);
+    /* Two blocks of this size are free now, x and the rest of w's segment: two tensors take
+     * both (whichever order their addresses have), with no new segment. */
+    void *v1 = cachealloc_torch_malloc(MIB, 0, NULL);
+    void *v2 = cachealloc_torch_malloc(MIB, 0, NULL);
+    CHECK(v1 == x || v2 == x);
+    cachealloc_torch_free(v1 == x ? v2 : v1, MIB, 0, NULL);
+    void *v = x;
+
+    /* Recorded on two side streams: reused only when both are done. */
+    cudaStream_t side2;
+    CHECK(cudaStreamCreateWithFlags(&side2, cudaStreamNonBlocking) == 0);
+    CHECK(fakecudart_launch(v, MIB, side, 1000) == 0);
+    CHECK(fakecudart_launch(v, MIB, side2, 3000) == 0);
+    cachealloc_torch_record_stream(v, side);
+    cachealloc_torch_record_stream(v, side2);
+    cachealloc_torch_record_stream(v, side);
+    cachealloc_torch_free(v, MIB, 0, NULL);
+    fakecudart_advance(2000);
+    void *u = cachealloc_torch_malloc(MIB, 0, NULL);
+    CHECK(u != x && fakecudart_range_busy(x, MIB));
+    fakecudart_advance(1000);
+    void *t = cachealloc_torch_malloc(MIB, 0, NULL);
+    CHECK(t == x);
+    CHECK(fakecudart_counter("device_syncs") == syncs);
+    cachealloc_torch_free(t, MIB, 0, NULL);
+    cachealloc_torch_free(u, MIB, 0, NULL);
+    cachealloc_torch_free(w, MIB, 0, NULL);
+
+    /* A stream of another device cannot carry an event of this one: the free goes through
+     * (with a warning), and leaves no error behind. */
+    cudaStream_t elsewhere;
+    CHECK(cudaSetDevice(1) == 0);
+    CHECK(cudaStreamCreate(&elsewhere) == 0);
+    CHECK(cudaSetDevice(0) == 0);
+    void *a = NULL;
+    CHECK(cachealloc_malloc(&a, MIB, 0, NULL) == 0);
+    CHECK(cachealloc_record_stream(a, elsewhere) == 0);
+    CHECK(cachealloc_free(a) == 0);
+    CHECK(cudaGetLastError() == 0);
 
     /* Recording the allocation's own stream defers nothing: the block comes back at once. */
     void *z = cachealloc_torch_malloc(3 * MIB, 0, NULL);

@@ -16,8 +16,8 @@ pub mod epoch;
 pub mod events;
 pub mod runtime;
 
-use super::{Backend, BackendError, Fence, MemInfo};
-use crate::pool::{DeviceId, DevicePtr};
+use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
+use crate::pool::{DeviceId, DevicePtr, StreamId};
 use device_guard::DeviceGuard;
 use epoch::SyncEpochs;
 use events::EventFences;
@@ -35,17 +35,27 @@ pub enum FencePolicy {
     Immediate,
 }
 
+/// Marks a fence of `stream_events` (the policy's fences never reach this bit).
+const STREAM_FENCE: u64 = 1 << 63;
+
 /// One CUDA device, reached through the real runtime.
 #[derive(Debug)]
 pub struct CudaBackend {
     rt: &'static Runtime,
     device: DeviceId,
     fences: FencePolicy,
+    /// The fences of frees recorded on other streams: an event on each (any policy).
+    stream_events: EventFences,
 }
 
 impl CudaBackend {
     pub fn new(rt: &'static Runtime, device: DeviceId, fences: FencePolicy) -> Self {
-        Self { rt, device, fences }
+        Self {
+            rt,
+            device,
+            fences,
+            stream_events: EventFences::default(),
+        }
     }
 
     fn enter(&self) -> Result<DeviceGuard<'static>, BackendError> {
@@ -136,7 +146,25 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError> {
+        let _on_device = self.enter()?;
+        let (fence, unfenced) = self
+            .stream_events
+            .record_on(self.rt, streams)
+            .map_err(device_error)?;
+        Ok(StreamFence {
+            fence: Fence(fence | STREAM_FENCE),
+            unfenced,
+        })
+    }
+
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {
+        if fence.0 & STREAM_FENCE != 0 {
+            return self
+                .stream_events
+                .done(self.rt, fence.0 & !STREAM_FENCE)
+                .map_err(device_error);
+        }
         match &mut self.fences {
             FencePolicy::DeviceSync(epochs) => Ok(epochs.done(fence.0)),
             FencePolicy::LegacyStreamEvent(events) => {
@@ -169,6 +197,7 @@ impl Backend for CudaBackend {
             FencePolicy::LegacyStreamEvent(events) => events.all_done(self.rt),
             FencePolicy::Immediate => {}
         }
+        self.stream_events.all_done(self.rt);
         Ok(())
     }
 }

@@ -31,6 +31,8 @@ pub mod codes {
     pub const MEMORY_ALLOCATION: CudaError = 2;
     pub const INITIALIZATION_ERROR: CudaError = 3;
     pub const INVALID_DEVICE: CudaError = 101;
+    /// Also what `cudaEventRecord` answers for a stream of another device than the event's.
+    pub const INVALID_RESOURCE_HANDLE: CudaError = 400;
     pub const NOT_READY: CudaError = 600;
     pub const UNKNOWN: CudaError = 999;
 }
