@@ -56,7 +56,8 @@ fn a_block_recorded_on_other_streams_waits_for_them_and_empty_cache_releases_eve
         );
         assert!(
             stderr.contains(
-                "is not a stream of the allocation's device; work on it is not waited for"
+                "is not waited for before the block is reused (cudaEventRecord failed with CUDA \
+                 error 400"
             ),
             "a stream of another device is named: {stderr}"
         );

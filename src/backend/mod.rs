@@ -25,9 +25,9 @@ pub struct Fence(pub u64);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamFence {
     pub fence: Fence,
-    /// Streams the fence could not cover (the runtime refused to record on them: streams of
-    /// another device). Their work is not waited for.
-    pub unfenced: Vec<StreamId>,
+    /// Streams the fence could not cover, with what the device answered (the runtime refuses to
+    /// record an event on a stream of another device). Their work is not waited for.
+    pub unfenced: Vec<(StreamId, BackendError)>,
 }
 
 /// What a backend call can fail with.
@@ -81,9 +81,13 @@ pub trait Backend {
 
     /// Record a fence after all work issued so far on each of `streams` (the streams a block
     /// being freed was recorded as used on, `Tensor.record_stream`), whatever the free policy.
-    /// It completes by itself, as that work finishes: the pool polls it and never synchronizes
-    /// the device for it.
+    /// It completes as that work finishes, each stream's part on its own: stream fences may be
+    /// done in any order.
     fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError>;
+
+    /// Look at the device for stream fences that have completed since the last call; until
+    /// then `fence_done` answers from what was seen. Never blocks.
+    fn poll_fences(&mut self) -> Result<(), BackendError>;
 
     /// Whether the work before `fence` (of either kind) has finished. Never blocks.
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError>;

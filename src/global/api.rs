@@ -74,19 +74,13 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
         f.unwrap_or(Err(Error::NotOwned { addr }))
             .map_err(ShimError::from)
     });
-    let freed = freed.map(|unfenced| warn_unfenced(addr, &unfenced));
     // A free that failed with the block still allocated keeps its record for the retry.
-    if let Some(streams) = &recorded
-        && !matches!(
-            freed,
-            Ok(())
-                | Err(ShimError::Pool(
-                    Error::NotOwned { .. } | Error::InvalidPointer { .. }
-                ))
-        )
+    if let (Some(streams), Err(e)) = (&recorded, &freed)
+        && !matches!(e, ShimError::Pool(e) if e.is_bad_pointer())
     {
         stream_uses::restore(addr, streams);
     }
+    let freed = freed.map(|unfenced| stream_uses::warn_unfenced(addr, &unfenced));
     returned_only(rt, freed)
 }
 
@@ -108,19 +102,6 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
         None => return Err(ShimError::Pool(Error::NotOwned { addr })),
     }
     Ok(())
-}
-
-/// A recorded free could not wait for these streams (the runtime refused to record an event of
-/// the block's device on them).
-fn warn_unfenced(addr: u64, unfenced: &[StreamId]) {
-    for stream in unfenced {
-        log_event!(
-            warn,
-            "free of {addr:#x}: its recorded stream {:#x} is not a stream of the allocation's \
-             device; work on it is not waited for before the block is reused",
-            stream.0
-        );
-    }
 }
 
 /// Release every fully free cached segment of every device that has a pool.

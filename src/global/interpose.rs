@@ -11,7 +11,7 @@ use super::trace_file;
 use crate::backend::cuda::device_guard::current_device;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::backend::cuda::events::EventFences;
-use crate::backend::cuda::runtime::{CudaError, Runtime, codes, runtime};
+use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_LEGACY, codes, runtime};
 use crate::backend::cuda::{CudaBackend, FencePolicy};
 use crate::config::{Config, FreeSync};
 use crate::pool::{DeviceAllocator, DeviceId, DevicePtr, StreamId};
@@ -102,20 +102,37 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
     let Some(ptr) = DevicePtr::new(addr) else {
         return Ok(Routed::Forward);
     };
-    let immediate = config.free_sync == FreeSync::None;
-    // A record of another stream's use (C API, pluggable allocator) ends with the allocation;
-    // this free is deferred anyway, except under free_sync:none, which waits for nothing.
-    stream_uses::take(addr);
-    let freed = pools::with_owner(addr, |pool| {
-        if immediate {
-            pool.free(ptr)
-        } else {
-            pool.free_deferred(ptr)
+    // A record of other streams' use (C API, pluggable allocator) ends with the allocation, and
+    // this free waits for those streams too, unless the policy's own fence covers them (a
+    // device-wide synchronization does).
+    let recorded = stream_uses::take(addr);
+    let freed = pools::with_owner(addr, |pool| match (config.free_sync, &recorded) {
+        (FreeSync::None, None) => pool.free(ptr).map(|()| Vec::new()),
+        (FreeSync::Device, _) | (FreeSync::Event, None) => {
+            pool.free_deferred(ptr).map(|()| Vec::new())
         }
+        (FreeSync::Event, Some(streams)) => {
+            let legacy = StreamId(STREAM_LEGACY as u64);
+            let with_legacy: Vec<StreamId> = streams.iter().copied().chain([legacy]).collect();
+            pool.free_after_streams(ptr, &with_legacy)
+        }
+        (FreeSync::None, Some(streams)) => pool.free_after_streams(ptr, streams),
     });
     trace_file::flush();
     match freed? {
-        Some(result) => Ok(Routed::Pool(result?)),
+        Some(Ok(unfenced)) => {
+            stream_uses::warn_unfenced(addr, &unfenced);
+            Ok(Routed::Pool(()))
+        }
+        Some(Err(e)) => {
+            // Failed with the block still allocated: the record stays for the retry.
+            if let Some(streams) = &recorded
+                && !e.is_bad_pointer()
+            {
+                stream_uses::restore(addr, streams);
+            }
+            Err(e.into())
+        }
         None => Ok(Routed::Forward),
     }
 }

@@ -7,13 +7,19 @@
 //! is reused once they have completed, as PyTorch's own allocator does — under every `free_sync`
 //! policy (which is about the interposed `cudaFree`, whose streams are unknown), and without a
 //! device-wide synchronization. A stream of another device cannot carry an event of the block's
-//! device: its work is not waited for, and the free logs a warning.
+//! device: its work is not waited for (PyTorch's allocator records on the stream's own device,
+//! which it knows), and the free logs a warning.
+//!
+//! An interposed `cudaFree` of a recorded allocation waits for its policy's fence and for the
+//! recorded streams (under `free_sync:device` the device-wide synchronization covers them).
 //!
 //! An entry goes when its allocation is freed (through the C API, the pluggable allocator or the
-//! interposed `cudaFree`) or its pool is dropped by a device reset. The set is small (the
+//! interposed `cudaFree`; a free that fails with the allocation still live puts it back) or its
+//! pool is dropped by a device reset. The set is small (the
 //! recorded allocations alive at one moment) and read by every free only through one atomic load
 //! while it is empty.
 
+use crate::backend::BackendError;
 use crate::pool::StreamId;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -81,6 +87,18 @@ pub fn take(addr: u64) -> Option<Vec<StreamId>> {
     let (_, streams) = list.swap_remove(pos);
     publish(&list);
     Some(streams)
+}
+
+/// A recorded free could not wait for these streams: say so, with the device's answer.
+pub fn warn_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
+    for (stream, answer) in unfenced {
+        log_event!(
+            warn,
+            "free of {addr:#x}: the work of its recorded stream {:#x} is not waited for before \
+             the block is reused ({answer}: a stream of another device than the allocation's?)",
+            stream.0
+        );
+    }
 }
 
 #[cfg(test)]

@@ -93,8 +93,9 @@ pub struct DeviceAllocator<B: Backend> {
     /// the pool synchronizes the device before it grows.
     pub(super) pending: VecDeque<(Fence, BlockId)>,
     /// Freed blocks waiting for the streams they were recorded as used on
-    /// (`free_after_streams`), oldest first. Only polled, as PyTorch polls their events: the
-    /// pool grows rather than synchronize for them (an out-of-memory retry still does).
+    /// (`free_after_streams`), in no order (their fences complete in any order). Only polled,
+    /// as PyTorch polls their events: the pool grows rather than synchronize for them (the
+    /// out-of-memory retry and `empty_cache` still synchronize, as PyTorch's do).
     pub(super) stream_pending: VecDeque<(Fence, BlockId)>,
     pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
@@ -237,12 +238,12 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Free an allocation that work on `streams` (other than its own) may still use: the block
     /// stays pending until that work, issued before now, has finished. Returns the streams the
-    /// backend could not wait for (see `StreamFence`).
+    /// backend could not wait for, with its answer (see `StreamFence`).
     pub fn free_after_streams(
         &mut self,
         ptr: DevicePtr,
         streams: &[StreamId],
-    ) -> Result<Vec<StreamId>, Error> {
+    ) -> Result<Vec<(StreamId, BackendError)>, Error> {
         let id = self.lookup_allocation(ptr)?;
         let StreamFence { fence, unfenced } = self.backend.record_stream_fence(streams)?;
         self.pend(id);
@@ -276,9 +277,9 @@ impl<B: Backend> DeviceAllocator<B> {
         self.segments.contains(addr)
     }
 
-    /// Move every pending block whose fence is done back to its pool. Each queue is taken in
-    /// order up to its first fence not done: a later free's fence is not checked before an
-    /// earlier one's (as PyTorch checks each stream's events in order).
+    /// Move every pending block whose fence is done back to its pool. `pending` is taken in
+    /// order up to its first fence not done (the policies' fences complete in order); every
+    /// entry of `stream_pending` is checked, after one poll of the device.
     pub fn process_pending(&mut self) -> Result<(), Error> {
         while let Some(&(fence, id)) = self.pending.front() {
             if !self.backend.fence_done(fence)? {
@@ -287,12 +288,24 @@ impl<B: Backend> DeviceAllocator<B> {
             self.pending.pop_front();
             self.complete_pending(id);
         }
-        while let Some(&(fence, id)) = self.stream_pending.front() {
-            if !self.backend.fence_done(fence)? {
-                break;
+        if !self.stream_pending.is_empty() {
+            self.process_stream_pending()?;
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn process_stream_pending(&mut self) -> Result<(), Error> {
+        self.backend.poll_fences()?;
+        let mut i = 0;
+        while let Some(&(fence, id)) = self.stream_pending.get(i) {
+            if self.backend.fence_done(fence)? {
+                self.stream_pending.swap_remove_back(i);
+                self.complete_pending(id);
+            } else {
+                i += 1;
             }
-            self.stream_pending.pop_front();
-            self.complete_pending(id);
         }
         Ok(())
     }

@@ -36,6 +36,14 @@ pub enum Error {
     Invariant(String),
 }
 
+impl Error {
+    /// The pointer handed to a free was no live allocation of the pool (so the free changed
+    /// nothing, and nothing of that allocation is left to keep).
+    pub fn is_bad_pointer(&self) -> bool {
+        matches!(self, Error::NotOwned { .. } | Error::InvalidPointer { .. })
+    }
+}
+
 impl From<BackendError> for Error {
     fn from(e: BackendError) -> Self {
         Error::Backend(e)

@@ -87,6 +87,39 @@ static void run(int record) {
     CHECK(cachealloc_free(a) == 0);
     CHECK(cudaGetLastError() == 0);
 
+    /* Recorded frees complete each on its own: a block whose stream is done is reused while an
+     * earlier free still waits for a busy stream. On a stream of their own, p1 and p2 fill one
+     * 2 MiB segment. */
+    cudaStream_t own;
+    CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == 0);
+    void *p1 = cachealloc_torch_malloc(MIB, 0, own);
+    void *p2 = cachealloc_torch_malloc(MIB, 0, own);
+    CHECK(fakecudart_launch(p1, MIB, side, 1000000) == 0);
+    CHECK(fakecudart_launch(p2, MIB, side2, 1000) == 0);
+    cachealloc_torch_record_stream(p1, side);
+    cachealloc_torch_record_stream(p2, side2);
+    cachealloc_torch_free(p1, MIB, 0, own);
+    cachealloc_torch_free(p2, MIB, 0, own);
+    fakecudart_advance(2000);
+    void *q = cachealloc_torch_malloc(MIB, 0, own);
+    CHECK(q == p2);
+    cachealloc_torch_free(q, MIB, 0, own);
+
+    /* The program's own cudaFree of a recorded allocation waits for the recorded stream too.
+     * c and c2 fill a segment of another stream; c is freed while the side stream reads it. */
+    cudaStream_t own2;
+    CHECK(cudaStreamCreateWithFlags(&own2, cudaStreamNonBlocking) == 0);
+    void *c = NULL, *c2 = NULL, *d = NULL;
+    CHECK(cachealloc_malloc(&c, MIB, 0, own2) == 0);
+    CHECK(cachealloc_malloc(&c2, MIB, 0, own2) == 0);
+    CHECK(fakecudart_launch(c, MIB, side, 5000) == 0);
+    CHECK(cachealloc_record_stream(c, side) == 0);
+    CHECK(cudaFree(c) == 0);
+    CHECK(cachealloc_malloc(&d, MIB, 0, own2) == 0);
+    CHECK(!(d == c && fakecudart_range_busy(c, MIB)));
+    CHECK(cachealloc_free(d) == 0);
+    CHECK(cachealloc_free(c2) == 0);
+
     /* Recording the allocation's own stream defers nothing: the block comes back at once. */
     void *z = cachealloc_torch_malloc(3 * MIB, 0, NULL);
     cachealloc_torch_record_stream(z, NULL);

@@ -15,6 +15,7 @@ pub mod device_guard;
 pub mod epoch;
 pub mod events;
 pub mod runtime;
+pub mod stream_events;
 
 use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
 use crate::pool::{DeviceId, DevicePtr, StreamId};
@@ -23,6 +24,7 @@ use epoch::SyncEpochs;
 use events::EventFences;
 use runtime::{CudaError, Runtime, codes};
 use std::ffi::c_void;
+use stream_events::StreamEvents;
 
 /// When a freed block may be reused (the backend side of `free_sync`).
 #[derive(Debug)]
@@ -45,7 +47,7 @@ pub struct CudaBackend {
     device: DeviceId,
     fences: FencePolicy,
     /// The fences of frees recorded on other streams: an event on each (any policy).
-    stream_events: EventFences,
+    stream_events: StreamEvents,
 }
 
 impl CudaBackend {
@@ -54,7 +56,7 @@ impl CudaBackend {
             rt,
             device,
             fences,
-            stream_events: EventFences::default(),
+            stream_events: StreamEvents::default(),
         }
     }
 
@@ -148,22 +150,33 @@ impl Backend for CudaBackend {
 
     fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError> {
         let _on_device = self.enter()?;
-        let (fence, unfenced) = self
+        let (fence, refused) = self
             .stream_events
-            .record_on(self.rt, streams)
+            .record(self.rt, streams)
             .map_err(device_error)?;
+        let unfenced = refused
+            .into_iter()
+            .map(|(stream, code)| {
+                let error = BackendError::Device {
+                    code,
+                    call: "cudaEventRecord",
+                };
+                (stream, error)
+            })
+            .collect();
         Ok(StreamFence {
             fence: Fence(fence | STREAM_FENCE),
             unfenced,
         })
     }
 
+    fn poll_fences(&mut self) -> Result<(), BackendError> {
+        self.stream_events.poll(self.rt).map_err(device_error)
+    }
+
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {
         if fence.0 & STREAM_FENCE != 0 {
-            return self
-                .stream_events
-                .done(self.rt, fence.0 & !STREAM_FENCE)
-                .map_err(device_error);
+            return Ok(self.stream_events.done(fence.0 & !STREAM_FENCE));
         }
         match &mut self.fences {
             FencePolicy::DeviceSync(epochs) => Ok(epochs.done(fence.0)),
