@@ -17,8 +17,8 @@
 //! later, e.g. by a Python import) but is reported only once.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 /// A `cudaError_t` value.
 pub type CudaError = c_int;
@@ -84,7 +84,11 @@ const SONAMES: [&CStr; 4] = [
     c"libcudart.so",
 ];
 
-static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+/// The runtime found, published once and never freed. An atomic pointer, not a `OnceLock`: a
+/// child forked while another thread of the parent was publishing would wait forever on a
+/// `OnceLock` left running; here it sees either nothing (and looks the runtime up itself) or
+/// the published table.
+static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(null_mut());
 static REPORTED_MISSING: AtomicBool = AtomicBool::new(false);
 
 /// The real runtime, or `None` when no loaded runtime provides every function (reported once
@@ -92,17 +96,39 @@ static REPORTED_MISSING: AtomicBool = AtomicBool::new(false);
 /// inlined into every interposed call; the lookup itself stays out of line.
 #[inline]
 pub fn runtime() -> Option<&'static Runtime> {
-    match RUNTIME.get() {
-        Some(rt) => Some(rt),
-        None => resolve_runtime(),
+    let published = RUNTIME.load(Ordering::Acquire);
+    if published.is_null() {
+        return resolve_runtime();
     }
+    // SAFETY: a non-null `RUNTIME` comes from `Box::into_raw` in `resolve_runtime`, was fully
+    // written before it was published (release/acquire), and is never freed.
+    Some(unsafe { &*published })
 }
 
 #[cold]
 #[inline(never)]
 fn resolve_runtime() -> Option<&'static Runtime> {
     match Runtime::resolve() {
-        Ok(rt) => Some(RUNTIME.get_or_init(|| rt)),
+        Ok(rt) => {
+            let fresh = Box::into_raw(Box::new(rt));
+            let published = match RUNTIME.compare_exchange(
+                null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => fresh,
+                Err(earlier) => {
+                    // Another thread published first: this lookup's table was never shared.
+                    // SAFETY: `fresh` came from `Box::into_raw` just above and nothing else
+                    // holds it.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    earlier
+                }
+            };
+            // SAFETY: `published` is the table in `RUNTIME`, never freed (see `runtime`).
+            Some(unsafe { &*published })
+        }
         Err(missing) => {
             if !REPORTED_MISSING.swap(true, Ordering::Relaxed) {
                 log_event!(

@@ -35,6 +35,7 @@
  *  - cudaMemcpy and cudaMemset act as actions on the legacy default stream followed by a wait for
  *    it; they check that the device side of the copy lies inside one live allocation.
  *  - Thread safe: one mutex guards the state. Environment variables are read at the first call.
+ *    Fork safe: a fork waits for the mutex, so the child never inherits it held.
  *
  * Test-only entry points (call counters, the clock, capacity and failure injection) are declared
  * in fakecudart.h.

@@ -23,11 +23,23 @@ struct fake_state fake;
 __thread int fake_current_device;
 
 static __thread cudaError_t last_error;
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+/* Set (under state_lock) once init() has run. */
+static int initialized;
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void lock(void) { pthread_mutex_lock(&state_lock); }
 void unlock(void) { pthread_mutex_unlock(&state_lock); }
+
+/* fork() from a thread while another one holds the state lock (or is reading the environment at
+ * the first call) must leave the child a usable library, as a forked process's own calls then
+ * would otherwise wait forever: the forking thread takes the lock first, and both processes
+ * release it after. */
+static void before_fork(void) { lock(); }
+static void after_fork(void) { unlock(); }
+
+__attribute__((constructor)) static void register_fork_handlers(void) {
+    pthread_atfork(before_fork, after_fork, after_fork);
+}
 
 cudaError_t record(cudaError_t rc) {
     if (rc != cudaSuccess && rc != cudaErrorNotReady)
@@ -122,7 +134,16 @@ static void init(void) {
     }
 }
 
-void fake_init_once(void) { pthread_once(&init_once, init); }
+void fake_init_once(void) {
+    if (__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
+        return;
+    lock();
+    if (!initialized) {
+        init();
+        __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    }
+    unlock();
+}
 
 cudaError_t cudaGetLastError(void) {
     fake_init_once();
