@@ -103,8 +103,9 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
         return Ok(Routed::Forward);
     };
     // A record of other streams' use (C API, pluggable allocator) ends with the allocation, and
-    // this free waits for those streams too, unless the policy's own fence covers them (a
-    // device-wide synchronization does).
+    // this free waits for those streams too, unless the policy's own fence covers them (under
+    // `device`, a device-wide synchronization: it covers every stream of the block's device, but
+    // not another device's, and the pool makes it before growing, as for any cudaFree).
     let recorded = stream_uses::take(addr);
     let freed = pools::with_owner(addr, |pool| match (config.free_sync, &recorded) {
         (FreeSync::None, None) => pool.free(ptr).map(|()| Vec::new()),
@@ -119,20 +120,23 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
         (FreeSync::None, Some(streams)) => pool.free_after_streams(ptr, streams),
     });
     trace_file::flush();
+    // Failed with the block still allocated: the record stays for the retry.
+    let still_allocated = match &freed {
+        Ok(None | Some(Ok(_))) => false,
+        Ok(Some(Err(e))) => !e.is_bad_pointer(),
+        Err(_) => true,
+    };
+    if let Some(streams) = &recorded
+        && still_allocated
+    {
+        stream_uses::restore(addr, streams);
+    }
     match freed? {
         Some(Ok(unfenced)) => {
             stream_uses::warn_unfenced(addr, &unfenced);
             Ok(Routed::Pool(()))
         }
-        Some(Err(e)) => {
-            // Failed with the block still allocated: the record stays for the retry.
-            if let Some(streams) = &recorded
-                && !e.is_bad_pointer()
-            {
-                stream_uses::restore(addr, streams);
-            }
-            Err(e.into())
-        }
+        Some(Err(e)) => Err(e.into()),
         None => Ok(Routed::Forward),
     }
 }

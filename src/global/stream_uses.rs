@@ -11,7 +11,9 @@
 //! which it knows), and the free logs a warning.
 //!
 //! An interposed `cudaFree` of a recorded allocation waits for its policy's fence and for the
-//! recorded streams (under `free_sync:device` the device-wide synchronization covers them).
+//! recorded streams; under `free_sync:device` it waits as any interposed `cudaFree` does, for a
+//! device-wide synchronization (which covers every stream of the block's device, and which the
+//! pool makes before growing).
 //!
 //! An entry goes when its allocation is freed (through the C API, the pluggable allocator or the
 //! interposed `cudaFree`; a free that fails with the allocation still live puts it back) or its

@@ -8,6 +8,7 @@
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cachealloc.h>
@@ -118,6 +119,21 @@ static void run(int record) {
     CHECK(cachealloc_malloc(&d, MIB, 0, own2) == 0);
     CHECK(!(d == c && fakecudart_range_busy(c, MIB)));
     CHECK(cachealloc_free(d) == 0);
+    /* ... and for its policy's fence: with work on a blocking stream (which the legacy default
+     * stream waits for: free_sync:event's fence) and an idle recorded stream, the block is not
+     * reused under that work either (free_sync:none waits for no unrecorded stream). */
+    const char *conf = getenv("CACHEALLOC_CONF");
+    if (!(conf && strstr(conf, "free_sync:none"))) {
+        cudaStream_t blocking;
+        CHECK(cudaStreamCreate(&blocking) == 0);
+        CHECK(cachealloc_malloc(&c, MIB, 0, own2) == 0);
+        CHECK(fakecudart_launch(c, MIB, blocking, 5000) == 0);
+        CHECK(cachealloc_record_stream(c, side2) == 0);
+        CHECK(cudaFree(c) == 0);
+        CHECK(cachealloc_malloc(&d, MIB, 0, own2) == 0);
+        CHECK(!(d == c && fakecudart_range_busy(c, MIB)));
+        CHECK(cachealloc_free(d) == 0);
+    }
     CHECK(cachealloc_free(c2) == 0);
 
     /* Recording the allocation's own stream defers nothing: the block comes back at once. */

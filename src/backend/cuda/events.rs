@@ -11,8 +11,9 @@ use super::runtime::{CudaError, Runtime, STREAM_LEGACY, codes};
 use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 
-/// Idle events kept for reuse; beyond this, completed events are destroyed.
-const IDLE_EVENTS_KEPT: usize = 64;
+/// Idle events kept for reuse; beyond this, completed events are destroyed. (At 64, a stress
+/// run of 8 threads recording frees on side streams created and destroyed some 22,000 events.)
+const IDLE_EVENTS_KEPT: usize = 1024;
 
 /// A `cudaEvent_t` handle (stored as an address; owned by one device's backend).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -171,6 +171,9 @@ impl Backend for CudaBackend {
     }
 
     fn poll_fences(&mut self) -> Result<(), BackendError> {
+        // On the device, as PyTorch queries and releases its events: a completed event may be
+        // destroyed here.
+        let _on_device = self.enter()?;
         self.stream_events.poll(self.rt).map_err(device_error)
     }
 
