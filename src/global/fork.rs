@@ -15,8 +15,12 @@
 //! while another thread of the parent was deciding the mode steps aside too: the decision
 //! would never finish in it.
 //!
-//! The handler is registered before the first decision starts, and reads two atomics (it is
-//! async-signal-safe).
+//! The handler is registered when the library is loaded (a constructor), before any thread of
+//! the program can call it, and reads two atomics (it is async-signal-safe). Registered at the
+//! first call instead, it could miss a fork another thread made at that moment: glibc runs after
+//! a fork only the handlers registered before the fork's prepare phase began, so a child forked
+//! just as the first decision started waited forever on it (3 of 300 runs of the race test in a
+//! debug build).
 
 use super::pools;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,9 +28,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 static IN_FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 /// Threads deciding the mode right now.
 static DECIDING: AtomicUsize = AtomicUsize::new(0);
-/// Set by the first `watch`. An atomic, not a `Once`: a child forked while another thread was
-/// registering would wait forever on a `Once` left running.
-static REGISTERED: AtomicBool = AtomicBool::new(false);
+/// Set when the handler could not be registered (reported at the first decision).
+static UNWATCHED: AtomicBool = AtomicBool::new(false);
+/// Set once that report was made.
+static UNWATCHED_REPORTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn child_after_fork() {
     if pools::any_used() || DECIDING.load(Ordering::Relaxed) > 0 {
@@ -50,15 +55,24 @@ impl Drop for Deciding {
     }
 }
 
-/// Watch the children forked from now on (once per process; before the mode is decided).
-pub fn watch() {
-    if REGISTERED.swap(true, Ordering::SeqCst) {
-        return;
-    }
+/// Register the fork handler when the library is loaded. Only libc is called: the Rust runtime
+/// may not be set up yet.
+// SAFETY (of running before main): the function calls `pthread_atfork` and stores an atomic,
+// neither of which needs anything the Rust runtime sets up.
+#[ctor::ctor(unsafe)]
+fn watch_forks() {
     // SAFETY: `child_after_fork` is an `extern "C" fn()` that lives as long as the library,
     // which is never unloaded while the process can still fork.
     let rc = unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
     if rc != 0 {
+        UNWATCHED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Say once, when the mode is first decided (the log is set up then), that forked children are
+/// not watched, if the handler could not be registered.
+pub fn report_if_unwatched() {
+    if UNWATCHED.load(Ordering::Relaxed) && !UNWATCHED_REPORTED.swap(true, Ordering::Relaxed) {
         log_event!(
             warn,
             "could not register the fork handler: a forked child would use the parent's pools"

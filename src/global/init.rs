@@ -47,11 +47,10 @@ pub fn mode() -> &'static Mode {
     }
 }
 
-/// The first decision: children forked while it runs are watched (see `fork`).
+/// The first decision: children forked while it runs step aside (see `fork`).
 #[cold]
 #[inline(never)]
 fn first_mode() -> &'static Mode {
-    fork::watch();
     let _deciding = fork::Deciding::begin();
     MODE.get_or_init(decide)
 }
@@ -69,6 +68,7 @@ fn decide() -> Mode {
         Ok(config) if config.disabled => Mode::PassThrough,
         Ok(mut config) => {
             logging::install(&config.log_filter);
+            fork::report_if_unwatched();
             for warning in config.unread_warnings() {
                 log_event!(warn, "{warning}");
             }
