@@ -64,21 +64,34 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
         return real_free(real_runtime()?, addr);
     };
     // A block recorded as used on other streams waits for their work (see `stream_uses`).
-    let recorded = stream_uses::take(addr);
-    let freed = pools::with_owner(addr, |pool| match &recorded {
-        Some(streams) => pool.free_after_streams(ptr, streams),
-        None => pool.free(ptr).map(|()| Vec::new()),
+    if let Some(streams) = stream_uses::take(addr) {
+        return free_recorded(rt, ptr, streams);
+    }
+    let freed = pools::with_owner(addr, |pool| pool.free(ptr));
+    trace_file::flush();
+    let freed = freed.and_then(|f| {
+        f.unwrap_or(Err(Error::NotOwned { addr }))
+            .map_err(ShimError::from)
     });
+    returned_only(rt, freed)
+}
+
+/// `free` of an allocation recorded as used on `streams`.
+#[cold]
+#[inline(never)]
+fn free_recorded(rt: &Runtime, ptr: DevicePtr, streams: Vec<StreamId>) -> Result<(), ShimError> {
+    let addr = ptr.addr();
+    let freed = pools::with_owner(addr, |pool| pool.free_after_streams(ptr, &streams));
     trace_file::flush();
     let freed = freed.and_then(|f| {
         f.unwrap_or(Err(Error::NotOwned { addr }))
             .map_err(ShimError::from)
     });
     // A free that failed with the block still allocated keeps its record for the retry.
-    if let (Some(streams), Err(e)) = (&recorded, &freed)
+    if let Err(e) = &freed
         && !matches!(e, ShimError::Pool(e) if e.is_bad_pointer())
     {
-        stream_uses::restore(addr, streams);
+        stream_uses::restore(addr, &streams);
     }
     let freed = freed.map(|unfenced| stream_uses::warn_unfenced(addr, &unfenced));
     returned_only(rt, freed)

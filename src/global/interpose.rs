@@ -102,22 +102,45 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
     let Some(ptr) = DevicePtr::new(addr) else {
         return Ok(Routed::Forward);
     };
-    // A record of other streams' use (C API, pluggable allocator) ends with the allocation, and
-    // this free waits for those streams too, unless the policy's own fence covers them (under
-    // `device`, a device-wide synchronization: it covers every stream of the block's device, but
-    // not another device's, and the pool makes it before growing, as for any cudaFree).
-    let recorded = stream_uses::take(addr);
-    let freed = pools::with_owner(addr, |pool| match (config.free_sync, &recorded) {
-        (FreeSync::None, None) => pool.free(ptr).map(|()| Vec::new()),
-        (FreeSync::Device, _) | (FreeSync::Event, None) => {
-            pool.free_deferred(ptr).map(|()| Vec::new())
+    // A record of other streams' use (C API, pluggable allocator) ends with the allocation.
+    if let Some(streams) = stream_uses::take(addr) {
+        return cuda_free_recorded(config, ptr, streams);
+    }
+    let immediate = config.free_sync == FreeSync::None;
+    let freed = pools::with_owner(addr, |pool| {
+        if immediate {
+            pool.free(ptr)
+        } else {
+            pool.free_deferred(ptr)
         }
-        (FreeSync::Event, Some(streams)) => {
+    });
+    trace_file::flush();
+    match freed? {
+        Some(result) => Ok(Routed::Pool(result?)),
+        None => Ok(Routed::Forward),
+    }
+}
+
+/// `cudaFree` of an allocation recorded as used on `streams`: it waits for those streams too,
+/// unless the policy's own fence covers them (under `device`, a device-wide synchronization: it
+/// covers every stream of the block's device, but not another device's, and the pool makes it
+/// before growing, as for any cudaFree).
+#[cold]
+#[inline(never)]
+fn cuda_free_recorded(
+    config: &Config,
+    ptr: DevicePtr,
+    streams: Vec<StreamId>,
+) -> Result<Routed<()>, ShimError> {
+    let addr = ptr.addr();
+    let freed = pools::with_owner(addr, |pool| match config.free_sync {
+        FreeSync::Device => pool.free_deferred(ptr).map(|()| Vec::new()),
+        FreeSync::Event => {
             let legacy = StreamId(STREAM_LEGACY as u64);
             let with_legacy: Vec<StreamId> = streams.iter().copied().chain([legacy]).collect();
             pool.free_after_streams(ptr, &with_legacy)
         }
-        (FreeSync::None, Some(streams)) => pool.free_after_streams(ptr, streams),
+        FreeSync::None => pool.free_after_streams(ptr, &streams),
     });
     trace_file::flush();
     // Failed with the block still allocated: the record stays for the retry.
@@ -126,10 +149,8 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
         Ok(Some(Err(e))) => !e.is_bad_pointer(),
         Err(_) => true,
     };
-    if let Some(streams) = &recorded
-        && still_allocated
-    {
-        stream_uses::restore(addr, streams);
+    if still_allocated {
+        stream_uses::restore(addr, &streams);
     }
     match freed? {
         Some(Ok(unfenced)) => {

@@ -84,6 +84,12 @@ pub fn take(addr: u64) -> Option<Vec<StreamId>> {
     if COUNT.load(Ordering::Acquire) == 0 {
         return None;
     }
+    take_recorded(addr)
+}
+
+#[cold]
+#[inline(never)]
+fn take_recorded(addr: u64) -> Option<Vec<StreamId>> {
     let mut list = recorded();
     let pos = list.iter().position(|&(a, _)| a == addr)?;
     let (_, streams) = list.swap_remove(pos);
@@ -92,7 +98,16 @@ pub fn take(addr: u64) -> Option<Vec<StreamId>> {
 }
 
 /// A recorded free could not wait for these streams: say so, with the device's answer.
+#[inline]
 pub fn warn_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
+    if !unfenced.is_empty() {
+        warn_each_unfenced(addr, unfenced);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn warn_each_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
     for (stream, answer) in unfenced {
         log_event!(
             warn,

@@ -252,6 +252,7 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// The allocation `id` is handed back, its block not yet reusable.
+    #[inline]
     fn pend(&mut self, id: BlockId) {
         self.take_allocation(id);
         let b = self.blocks.get(id);

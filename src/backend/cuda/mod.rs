@@ -137,6 +137,7 @@ impl Backend for CudaBackend {
         }
     }
 
+    #[inline]
     fn record_fence(&mut self) -> Result<Fence, BackendError> {
         match &mut self.fences {
             FencePolicy::DeviceSync(epochs) => Ok(Fence(epochs.fence())),
@@ -177,6 +178,7 @@ impl Backend for CudaBackend {
         self.stream_events.poll(self.rt).map_err(device_error)
     }
 
+    #[inline]
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {
         if fence.0 & STREAM_FENCE != 0 {
             return Ok(self.stream_events.done(fence.0 & !STREAM_FENCE));

@@ -110,6 +110,10 @@ impl StreamEvents {
 
     /// After a device-wide synchronization every recorded event has completed.
     pub fn all_done(&mut self, rt: &Runtime) {
+        if self.outstanding.is_empty() {
+            // Nothing recorded is outstanding, and queues hold only outstanding events.
+            return;
+        }
         for (_, queue) in self.queues.drain() {
             for (event, _) in queue {
                 self.idle.put(rt, event);
