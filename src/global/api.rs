@@ -80,20 +80,13 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
 #[cold]
 #[inline(never)]
 fn free_recorded(rt: &Runtime, ptr: DevicePtr, streams: Vec<StreamId>) -> Result<(), ShimError> {
-    let addr = ptr.addr();
-    let freed = pools::with_owner(addr, |pool| pool.free_after_streams(ptr, &streams));
-    trace_file::flush();
+    let freed = stream_uses::free_recorded(ptr, streams, |pool, streams| {
+        pool.free_after_streams(ptr, streams)
+    });
     let freed = freed.and_then(|f| {
-        f.unwrap_or(Err(Error::NotOwned { addr }))
+        f.unwrap_or(Err(Error::NotOwned { addr: ptr.addr() }))
             .map_err(ShimError::from)
     });
-    // A free that failed with the block still allocated keeps its record for the retry.
-    if let Err(e) = &freed
-        && !matches!(e, ShimError::Pool(e) if e.is_bad_pointer())
-    {
-        stream_uses::restore(addr, &streams);
-    }
-    let freed = freed.map(|unfenced| stream_uses::warn_unfenced(addr, &unfenced));
     returned_only(rt, freed)
 }
 

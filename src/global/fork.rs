@@ -28,10 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 static IN_FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 /// Threads deciding the mode right now.
 static DECIDING: AtomicUsize = AtomicUsize::new(0);
-/// Set when the handler could not be registered (reported at the first decision).
+/// Set when the handler could not be registered (reported by the mode's decision).
 static UNWATCHED: AtomicBool = AtomicBool::new(false);
-/// Set once that report was made.
-static UNWATCHED_REPORTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn child_after_fork() {
     if pools::any_used() || DECIDING.load(Ordering::Relaxed) > 0 {
@@ -69,10 +67,10 @@ fn watch_forks() {
     }
 }
 
-/// Say once, when the mode is first decided (the log is set up then), that forked children are
-/// not watched, if the handler could not be registered.
+/// Say that forked children are not watched, if the handler could not be registered. Called by
+/// the mode's decision, which runs once per process, once the log is set up.
 pub fn report_if_unwatched() {
-    if UNWATCHED.load(Ordering::Relaxed) && !UNWATCHED_REPORTED.swap(true, Ordering::Relaxed) {
+    if UNWATCHED.load(Ordering::Relaxed) {
         log_event!(
             warn,
             "could not register the fork handler: a forked child would use the parent's pools"

@@ -132,32 +132,17 @@ fn cuda_free_recorded(
     ptr: DevicePtr,
     streams: Vec<StreamId>,
 ) -> Result<Routed<()>, ShimError> {
-    let addr = ptr.addr();
-    let freed = pools::with_owner(addr, |pool| match config.free_sync {
+    let freed = stream_uses::free_recorded(ptr, streams, |pool, streams| match config.free_sync {
         FreeSync::Device => pool.free_deferred(ptr).map(|()| Vec::new()),
         FreeSync::Event => {
             let legacy = StreamId(STREAM_LEGACY as u64);
             let with_legacy: Vec<StreamId> = streams.iter().copied().chain([legacy]).collect();
             pool.free_after_streams(ptr, &with_legacy)
         }
-        FreeSync::None => pool.free_after_streams(ptr, &streams),
+        FreeSync::None => pool.free_after_streams(ptr, streams),
     });
-    trace_file::flush();
-    // Failed with the block still allocated: the record stays for the retry.
-    let still_allocated = match &freed {
-        Ok(None | Some(Ok(_))) => false,
-        Ok(Some(Err(e))) => !e.is_bad_pointer(),
-        Err(_) => true,
-    };
-    if still_allocated {
-        stream_uses::restore(addr, &streams);
-    }
     match freed? {
-        Some(Ok(unfenced)) => {
-            stream_uses::warn_unfenced(addr, &unfenced);
-            Ok(Routed::Pool(()))
-        }
-        Some(Err(e)) => Err(e.into()),
+        Some(result) => Ok(Routed::Pool(result?)),
         None => Ok(Routed::Forward),
     }
 }

@@ -21,8 +21,11 @@
 //! recorded allocations alive at one moment) and read by every free only through one atomic load
 //! while it is empty.
 
+use super::error::ShimError;
+use super::pools::{self, Pool};
+use super::trace_file;
 use crate::backend::BackendError;
-use crate::pool::StreamId;
+use crate::pool::{DevicePtr, Error, StreamId};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -97,17 +100,32 @@ fn take_recorded(addr: u64) -> Option<Vec<StreamId>> {
     Some(streams)
 }
 
-/// A recorded free could not wait for these streams: say so, with the device's answer.
-#[inline]
-pub fn warn_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
-    if !unfenced.is_empty() {
-        warn_each_unfenced(addr, unfenced);
+/// Free the allocation at `ptr`, taken from the set with its recorded `streams`, in the pool
+/// that owns it: `free` frees it there (given the streams) and returns the streams it could not
+/// wait for, which are logged. A free that fails with the allocation still live puts the record
+/// back for the retry. `None`: no pool owns `ptr`. (The C API's free and the interposed
+/// `cudaFree` differ only in `free` and in what they do without an owner.)
+pub fn free_recorded(
+    ptr: DevicePtr,
+    streams: Vec<StreamId>,
+    free: impl FnOnce(&mut Pool, &[StreamId]) -> Result<Vec<(StreamId, BackendError)>, Error>,
+) -> Result<Option<Result<(), Error>>, ShimError> {
+    let addr = ptr.addr();
+    let freed = pools::with_owner(addr, |pool| free(pool, &streams));
+    trace_file::flush();
+    let still_allocated = match &freed {
+        Ok(None | Some(Ok(_))) => false,
+        Ok(Some(Err(e))) => !e.is_bad_pointer(),
+        Err(_) => true,
+    };
+    if still_allocated {
+        restore(addr, &streams);
     }
+    Ok(freed?.map(|result| result.map(|unfenced| warn_unfenced(addr, &unfenced))))
 }
 
-#[cold]
-#[inline(never)]
-fn warn_each_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
+/// A recorded free could not wait for these streams: say so, with the device's answer.
+fn warn_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
     for (stream, answer) in unfenced {
         log_event!(
             warn,
