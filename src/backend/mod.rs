@@ -85,9 +85,11 @@ pub trait Backend {
     /// done in any order.
     fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError>;
 
-    /// Look at the device for stream fences that have completed since the last call; until
-    /// then `fence_done` answers from what was seen. Never blocks.
-    fn poll_fences(&mut self) -> Result<(), BackendError>;
+    /// Look at the device for stream fences that have completed since the last call and
+    /// append them to `done`, each once (a fence the pool has already seen done through
+    /// `synchronize` may be among them); until then `fence_done` answers from what was seen.
+    /// Fences found done before an `Err` are appended too. Never blocks.
+    fn poll_fences(&mut self, done: &mut Vec<Fence>) -> Result<(), BackendError>;
 
     /// Whether the work before `fence` (of either kind) has finished. Never blocks.
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError>;

@@ -61,6 +61,8 @@ pub struct SimDevice {
     completed_fences: u64,
     /// When true, every fence is done as soon as it is recorded (no asynchronous work).
     fences_complete_immediately: bool,
+    /// Stream fences not yet reported done by `poll_fences`, oldest first.
+    stream_fences: VecDeque<Fence>,
     counters: SimCounters,
 }
 
@@ -81,6 +83,7 @@ impl SimDevice {
             next_fence: 1,
             completed_fences: u64::MAX,
             fences_complete_immediately: true,
+            stream_fences: VecDeque::new(),
             counters: SimCounters::default(),
         }
     }
@@ -294,14 +297,23 @@ impl Backend for SimDevice {
 
     /// The simulated device has one queue of work: a stream fence is one of its fences.
     fn record_stream_fence(&mut self, _streams: &[StreamId]) -> Result<StreamFence, BackendError> {
+        let fence = self.record_fence()?;
+        self.stream_fences.push_back(fence);
         Ok(StreamFence {
-            fence: self.record_fence()?,
+            fence,
             unfenced: Vec::new(),
         })
     }
 
-    /// Fences are answered from the clock: nothing to look at.
-    fn poll_fences(&mut self) -> Result<(), BackendError> {
+    /// Fences are answered from the clock: the stream fences below it are done.
+    fn poll_fences(&mut self, done: &mut Vec<Fence>) -> Result<(), BackendError> {
+        while let Some(&fence) = self.stream_fences.front() {
+            if !self.fence_done(fence)? {
+                break;
+            }
+            self.stream_fences.pop_front();
+            done.push(fence);
+        }
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use super::settings::Settings;
 use super::stats::DeviceStats;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::{Backend, BackendError, Fence, StreamFence};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 /// How many of the largest free blocks an OOM report lists.
 const OOM_REPORT_BLOCKS: usize = 16;
@@ -93,10 +93,13 @@ pub struct DeviceAllocator<B: Backend> {
     /// the pool synchronizes the device before it grows.
     pub(super) pending: VecDeque<(Fence, BlockId)>,
     /// Freed blocks waiting for the streams they were recorded as used on
-    /// (`free_after_streams`), in no order (their fences complete in any order). Only polled,
-    /// as PyTorch polls their events: the pool grows rather than synchronize for them (the
-    /// out-of-memory retry and `empty_cache` still synchronize, as PyTorch's do).
-    pub(super) stream_pending: VecDeque<(Fence, BlockId)>,
+    /// (`free_after_streams`), by fence, which is in order of freeing (their fences complete
+    /// in any order). Only polled, as PyTorch polls their events: the pool grows rather than
+    /// synchronize for them (the out-of-memory retry and `empty_cache` still synchronize, as
+    /// PyTorch's do).
+    pub(super) stream_pending: BTreeMap<Fence, BlockId>,
+    /// Stream fences a poll found done (kept to reuse its storage).
+    fences_done: Vec<Fence>,
     pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
     pub(super) total_reserved: u64,
@@ -129,7 +132,8 @@ impl<B: Backend> DeviceAllocator<B> {
             large: StreamPools::default(),
             segments: SegmentMap::default(),
             pending: VecDeque::new(),
-            stream_pending: VecDeque::new(),
+            stream_pending: BTreeMap::new(),
+            fences_done: Vec::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
             allowed_maximum: None,
@@ -221,7 +225,8 @@ impl<B: Backend> DeviceAllocator<B> {
         for (_, index) in self.small.streams.iter_mut().chain(&mut self.large.streams) {
             index.follow_moved_blocks(&moved);
         }
-        for (_, id) in self.pending.iter_mut().chain(&mut self.stream_pending) {
+        let queued = self.pending.iter_mut().map(|(_, id)| id);
+        for id in queued.chain(self.stream_pending.values_mut()) {
             *id = moved.id(*id);
         }
     }
@@ -247,7 +252,7 @@ impl<B: Backend> DeviceAllocator<B> {
         let id = self.lookup_allocation(ptr)?;
         let StreamFence { fence, unfenced } = self.backend.record_stream_fence(streams)?;
         self.pend(id);
-        self.stream_pending.push_back((fence, id));
+        self.stream_pending.insert(fence, id);
         Ok(unfenced)
     }
 
@@ -279,8 +284,9 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// Move every pending block whose fence is done back to its pool. `pending` is taken in
-    /// order up to its first fence not done (the policies' fences complete in order); every
-    /// entry of `stream_pending` is checked, after one poll of the device.
+    /// order up to its first fence not done (the policies' fences complete in order); from
+    /// `stream_pending`, the blocks whose fences one poll of the device found done, in order of
+    /// freeing, so that a poll costs what completed rather than what waits.
     pub fn process_pending(&mut self) -> Result<(), Error> {
         while let Some(&(fence, id)) = self.pending.front() {
             if !self.backend.fence_done(fence)? {
@@ -298,17 +304,17 @@ impl<B: Backend> DeviceAllocator<B> {
     #[cold]
     #[inline(never)]
     fn process_stream_pending(&mut self) -> Result<(), Error> {
-        self.backend.poll_fences()?;
-        let mut i = 0;
-        while let Some(&(fence, id)) = self.stream_pending.get(i) {
-            if self.backend.fence_done(fence)? {
-                self.stream_pending.swap_remove_back(i);
+        let mut done = std::mem::take(&mut self.fences_done);
+        let polled = self.backend.poll_fences(&mut done);
+        done.sort_unstable();
+        for fence in done.drain(..) {
+            // A fence already completed by a synchronization is no longer held.
+            if let Some(id) = self.stream_pending.remove(&fence) {
                 self.complete_pending(id);
-            } else {
-                i += 1;
             }
         }
-        Ok(())
+        self.fences_done = done;
+        Ok(polled?)
     }
 
     /// Give the event to the sink, if one is installed; the event is built only then, so the

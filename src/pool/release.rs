@@ -31,7 +31,7 @@ impl<B: Backend> DeviceAllocator<B> {
         while let Some((_, id)) = self.pending.pop_front() {
             self.complete_pending(id);
         }
-        while let Some((_, id)) = self.stream_pending.pop_front() {
+        while let Some((_, id)) = self.stream_pending.pop_first() {
             self.complete_pending(id);
         }
         Ok(())

@@ -526,6 +526,32 @@ fn frees_after_streams_are_polled_never_synchronized_for_growth() {
 }
 
 #[test]
+fn a_poll_completes_only_the_recorded_frees_still_waiting() {
+    let sim = SimDevice::new(u64::MAX).with_pending_work();
+    let mut p = DeviceAllocator::new(sim, Settings::default());
+    let side = [StreamId(7)];
+    let early: Vec<_> = (0..2).map(|_| p.malloc(4096, S0).unwrap()).collect();
+    for &ptr in &early {
+        p.free_after_streams(ptr, &side).unwrap();
+    }
+    // empty_cache synchronizes: both come back without a poll, whose next answer still names
+    // their fences.
+    p.empty_cache().unwrap();
+    assert_eq!(p.pending_frees(), 0);
+    let late = p.malloc(4096, S0).unwrap();
+    let keep = p.malloc(4096, S0).unwrap();
+    p.free_after_streams(late, &side).unwrap();
+    assert_eq!(p.malloc(4096, S0).unwrap().addr(), keep.addr() + 4096);
+    p.backend_mut().complete_work();
+    let reused = p.malloc(4096, S0).unwrap();
+    assert_eq!(reused, late, "its fence polled done");
+    assert_eq!(p.pending_frees(), 0);
+    p.free(reused).unwrap();
+    assert_eq!(p.stats().active.all.current, 2, "keep and the third");
+    p.validate().unwrap();
+}
+
+#[test]
 fn seeds_whose_blocks_run_past_their_segment_are_refused() {
     let mut p = pool();
     let block = |addr: u64, size: u64| BlockSeed {

@@ -137,8 +137,8 @@ impl<B: Backend> DeviceAllocator<B> {
         let queued: HashSet<_> = self
             .pending
             .iter()
-            .chain(&self.stream_pending)
             .map(|&(_, id)| id)
+            .chain(self.stream_pending.values().copied())
             .collect();
         if queued != pending || self.pending_frees() != pending.len() {
             return Err(format!(

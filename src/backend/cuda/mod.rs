@@ -171,11 +171,14 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn poll_fences(&mut self) -> Result<(), BackendError> {
+    fn poll_fences(&mut self, done: &mut Vec<Fence>) -> Result<(), BackendError> {
         // On the device, as PyTorch queries and releases its events: a completed event may be
         // destroyed here.
         let _on_device = self.enter()?;
-        self.stream_events.poll(self.rt).map_err(device_error)
+        let mut completed = Vec::new();
+        let polled = self.stream_events.poll(self.rt, &mut completed);
+        done.extend(completed.into_iter().map(|f| Fence(f | STREAM_FENCE)));
+        polled.map_err(device_error)
     }
 
     #[inline]

@@ -74,8 +74,12 @@ impl StreamEvents {
     }
 
     /// Retire the events that have completed since the last poll: each stream's, in order, up
-    /// to its first one still running.
-    pub fn poll(&mut self, rt: &Runtime) -> Result<(), (CudaError, &'static str)> {
+    /// to its first one still running. Appends to `done` each fence whose last event this was.
+    pub fn poll(
+        &mut self,
+        rt: &Runtime,
+        done: &mut Vec<u64>,
+    ) -> Result<(), (CudaError, &'static str)> {
         let Self {
             queues,
             outstanding,
@@ -95,6 +99,7 @@ impl StreamEvents {
                     *left -= 1;
                     if *left == 0 {
                         outstanding.remove(&fence);
+                        done.push(fence);
                     }
                 }
             }
