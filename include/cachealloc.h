@@ -115,19 +115,21 @@ int cachealloc_free(void *ptr);
 
 /**
  * Record that the allocation at `ptr` is also used by work on `stream` (PyTorch's
- * `Tensor.record_stream`), a stream of the allocation's own device that stays alive until the
- * allocation is freed. Its `cachealloc_free` then records an event on each recorded stream,
- * and the block is reused once they have completed, as with PyTorch's allocator, whatever
- * `free_sync` says: the pool obtains new memory rather than wait for them (a device
- * synchronization it makes anyway, as in its out-of-memory retry or `cachealloc_empty_cache`,
- * completes them). A stream of another device cannot be waited for (the free logs a warning).
- * The program's own `cudaFree` of it waits for the recorded streams too, and, as any
- * interposed `cudaFree`, for the `free_sync` policy's fence (under `device`, a device-wide
- * synchronization). Its own stream or NULL `ptr`: nothing to do, 0. A pointer
- * that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
+ * `Tensor.record_stream`), a stream that stays alive until the allocation is freed. Its
+ * `cachealloc_free` then records an event on each recorded stream, and the block is reused
+ * once they have completed, as with PyTorch's allocator, whatever `free_sync` says: the pool
+ * obtains new memory rather than wait for them (a synchronization it makes anyway, as in its
+ * out-of-memory retry or `cachealloc_empty_cache`, completes them). A stream of another device
+ * gets an event of that device (with a runtime older than CUDA 12.8, which cannot name a
+ * stream's device, it is not waited for, and the free logs a warning). The program's own
+ * `cudaFree` of it waits for the recorded streams too, and, as any interposed `cudaFree`, for
+ * the `free_sync` policy's fence (under `device`, a device-wide synchronization, which covers
+ * the streams of the allocation's device only). Its own stream or NULL `ptr`: nothing to do,
+ * 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
  * library is active — under `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
  */
-int cachealloc_record_stream(void *ptr, void *stream);
+int cachealloc_record_stream(void *ptr,
+                             void *stream);
 
 /**
  * Release every fully free cached segment of `device` to the driver (after waiting for pending

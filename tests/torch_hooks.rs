@@ -2,7 +2,8 @@
 //! the fake runtime's simulated kernels (`tests/preload/torch_hooks_check.c`):
 //! `cachealloc_torch_record_stream` (`set_record_stream_fn`, `Tensor.record_stream`) keeps a
 //! freed block from the next tensor while another stream's work still uses it (an event on each
-//! recorded stream, under every `free_sync` policy, and no device synchronization), and
+//! recorded stream, on that stream's device, under every `free_sync` policy, and no device
+//! synchronization), and
 //! `cachealloc_torch_empty_cache` (`set_reset_fn`, `torch.cuda.empty_cache()`) gives the cached
 //! segments back. And a failed `cachealloc_torch_malloc` reaches C++ as a `std::runtime_error`
 //! (`tests/preload/torch_oom_check.cpp`), which PyTorch raises as a Python `RuntimeError`,
@@ -59,7 +60,7 @@ fn a_block_recorded_on_other_streams_waits_for_them_and_empty_cache_releases_eve
                 "is not waited for before the block is reused (cudaEventRecord failed with CUDA \
                  error 400"
             ),
-            "a stream of another device is named: {stderr}"
+            "a stream that cannot be waited for is named: {stderr}"
         );
     }
 }

@@ -25,8 +25,9 @@ pub struct Fence(pub u64);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamFence {
     pub fence: Fence,
-    /// Streams the fence could not cover, with what the device answered (the runtime refuses to
-    /// record an event on a stream of another device). Their work is not waited for.
+    /// Streams the fence could not cover, with what the device answered (a destroyed stream, or
+    /// one of another device whose device the runtime cannot name). Their work is not waited
+    /// for.
     pub unfenced: Vec<(StreamId, BackendError)>,
 }
 

@@ -185,11 +185,17 @@ fn complete_pending(device: DeviceId) {
 }
 
 /// `cudaDeviceReset()`: the current device's pool is dropped (its memory goes with the reset,
-/// nothing is freed one by one), then the reset is forwarded.
+/// nothing is freed one by one), other devices' pools forget their events of it, then the reset
+/// is forwarded.
 pub fn cuda_device_reset() -> CudaError {
     let dropped = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
+        // Other devices' pools may wait on events of this device (tensors of theirs recorded
+        // on its streams): the reset destroys those events and ends that work.
+        for other in pools::used_devices().filter(|&d| d != device) {
+            let _ = pools::with_pool(other, |pool| pool.backend_mut().forget_device(device));
+        }
         let pool = pools::take(device)?;
         stream_uses::forget(|addr| pool.contains(addr));
         trace_file::note_device_reset(device);

@@ -6,9 +6,10 @@
 //! not, so the free of a recorded block records an event on each recorded stream and the block
 //! is reused once they have completed, as PyTorch's own allocator does — under every `free_sync`
 //! policy (which is about the interposed `cudaFree`, whose streams are unknown), and without a
-//! device-wide synchronization. A stream of another device cannot carry an event of the block's
-//! device: its work is not waited for (PyTorch's allocator records on the stream's own device,
-//! which it knows), and the free logs a warning.
+//! device-wide synchronization. A stream of another device gets an event of its own device, as
+//! PyTorch's allocator records on the stream's device; where the runtime cannot name that device
+//! (`cudaStreamGetDevice` is new in CUDA 12.8), the stream's work is not waited for, and the free
+//! logs a warning.
 //!
 //! An interposed `cudaFree` of a recorded allocation waits for its policy's fence and for the
 //! recorded streams; under `free_sync:device` it waits as any interposed `cudaFree` does, for a
@@ -130,7 +131,8 @@ fn warn_unfenced(addr: u64, unfenced: &[(StreamId, BackendError)]) {
         log_event!(
             warn,
             "free of {addr:#x}: the work of its recorded stream {:#x} is not waited for before \
-             the block is reused ({answer}: a stream of another device than the allocation's?)",
+             the block is reused ({answer}: a destroyed stream, or one of another device with a \
+             runtime older than CUDA 12.8, which cannot name its device?)",
             stream.0
         );
     }

@@ -76,17 +76,71 @@ static void run(int record) {
     cachealloc_torch_free(u, MIB, 0, NULL);
     cachealloc_torch_free(w, MIB, 0, NULL);
 
-    /* A stream of another device cannot carry an event of this one: the free goes through
-     * (with a warning), and leaves no error behind. */
-    cudaStream_t elsewhere;
+    /* A tensor recorded on a stream of another device waits for an event of that device on
+     * that stream, as PyTorch records on the stream's own device; the program's current device
+     * stays as it was. On a stream of their own, a and a2 fill one 2 MiB segment. */
+    cudaStream_t home, elsewhere;
+    CHECK(cudaStreamCreateWithFlags(&home, cudaStreamNonBlocking) == 0);
     CHECK(cudaSetDevice(1) == 0);
-    CHECK(cudaStreamCreate(&elsewhere) == 0);
+    CHECK(cudaStreamCreateWithFlags(&elsewhere, cudaStreamNonBlocking) == 0);
     CHECK(cudaSetDevice(0) == 0);
-    void *a = NULL;
-    CHECK(cachealloc_malloc(&a, MIB, 0, NULL) == 0);
+    void *a = NULL, *a2 = NULL, *b = NULL, *a3 = NULL;
+    CHECK(cachealloc_malloc(&a, MIB, 0, home) == 0);
+    CHECK(cachealloc_malloc(&a2, MIB, 0, home) == 0);
+    CHECK(fakecudart_launch(a, MIB, elsewhere, 5000) == 0);
     CHECK(cachealloc_record_stream(a, elsewhere) == 0);
     CHECK(cachealloc_free(a) == 0);
+    CHECK(cachealloc_malloc(&b, MIB, 0, home) == 0);
+    CHECK(b != a && fakecudart_range_busy(a, MIB));
+    fakecudart_advance(5000);
+    /* Two blocks of this size are free now, a and the rest of b's segment. */
+    void *a4 = NULL;
+    CHECK(cachealloc_malloc(&a3, MIB, 0, home) == 0);
+    CHECK(cachealloc_malloc(&a4, MIB, 0, home) == 0);
+    CHECK(a3 == a || a4 == a);
+    CHECK(fakecudart_counter("device_syncs") == syncs);
+    int current = -1;
+    CHECK(cudaGetDevice(&current) == 0 && current == 0);
     CHECK(cudaGetLastError() == 0);
+    CHECK(cachealloc_free(a3 == a ? a4 : a3) == 0);
+    CHECK(cachealloc_free(a) == 0);
+    CHECK(cachealloc_free(b) == 0);
+
+    /* The other device is reset while a block waits for its stream: that work is gone, so the
+     * block comes back, and the event it waited on (destroyed by the reset) is not touched
+     * again: an event the program creates next may have its handle (not in the fake, which
+     * counts the calls instead). */
+    CHECK(cachealloc_malloc(&a, MIB, 0, home) == 0);
+    CHECK(fakecudart_launch(a, MIB, elsewhere, 1000000) == 0);
+    CHECK(cachealloc_record_stream(a, elsewhere) == 0);
+    CHECK(cachealloc_free(a) == 0);
+    cudaEvent_t mine;
+    CHECK(cudaSetDevice(1) == 0);
+    CHECK(cudaDeviceReset() == 0);
+    CHECK(cudaEventCreate(&mine) == 0);
+    CHECK(cudaSetDevice(0) == 0);
+    uint64_t stale = fakecudart_counter("stale_event_calls");
+    CHECK(cachealloc_malloc(&a3, MIB, 0, home) == 0);
+    CHECK(a3 == a);
+    CHECK(fakecudart_counter("stale_event_calls") == stale);
+    CHECK(cudaEventQuery(mine) == 0);
+    CHECK(cudaGetLastError() == 0);
+    CHECK(cachealloc_free(a3) == 0);
+    CHECK(cachealloc_free(a2) == 0);
+
+    /* A stream whose device the runtime cannot name (here a destroyed one; a runtime before
+     * CUDA 12.8 has no cudaStreamGetDevice for another device's stream) is not waited for: the
+     * free goes through with a warning, and leaves no error behind. */
+    cudaStream_t gone;
+    CHECK(cudaStreamCreate(&gone) == 0);
+    CHECK(cudaStreamDestroy(gone) == 0);
+    CHECK(cachealloc_malloc(&a, 3 * MIB, 0, NULL) == 0);
+    CHECK(cachealloc_record_stream(a, gone) == 0);
+    CHECK(cachealloc_free(a) == 0);
+    CHECK(cudaGetLastError() == 0);
+    CHECK(cachealloc_malloc(&a3, 3 * MIB, 0, NULL) == 0);
+    CHECK(a3 == a);
+    CHECK(cachealloc_free(a3) == 0);
 
     /* Recorded frees complete each on its own: a block whose stream is done is reused while an
      * earlier free still waits for a busy stream. On a stream of their own, p1 and p2 fill one
@@ -149,12 +203,24 @@ static void run(int record) {
     CHECK(cachealloc_record_stream(&local, side) == 1);
     cachealloc_torch_record_stream(&local, side); /* logged, nothing else */
 
-    /* torch.cuda.empty_cache(): the hook gives every fully free segment back. */
+    /* torch.cuda.empty_cache(): the hook gives every fully free segment back, after waiting
+     * for recorded streams, another device's too (this device's synchronization does not cover
+     * it; its work runs past all of this device's). */
+    cudaStream_t elsewhere2;
+    CHECK(cudaSetDevice(1) == 0);
+    CHECK(cudaStreamCreateWithFlags(&elsewhere2, cudaStreamNonBlocking) == 0);
+    CHECK(cudaSetDevice(0) == 0);
+    void *e = NULL;
+    CHECK(cachealloc_malloc(&e, MIB, 0, home) == 0);
+    CHECK(fakecudart_launch(e, MIB, elsewhere2, 3000000) == 0);
+    CHECK(cachealloc_record_stream(e, elsewhere2) == 0);
+    CHECK(cachealloc_free(e) == 0);
     cachealloc_torch_free(y, MIB, 0, NULL);
     CHECK(fakecudart_device_bytes_in_use(0) > 0);
     cachealloc_torch_empty_cache();
     CHECK(fakecudart_device_bytes_in_use(0) == 0);
     CHECK(!fakecudart_range_busy(x, MIB));
+    CHECK(!fakecudart_range_busy(e, MIB));
 
     /* A C program has no C++ runtime to throw with: a failed allocation answers NULL. */
     CHECK(cachealloc_torch_malloc((size_t)1 << 50, 0, NULL) == NULL);

@@ -201,6 +201,10 @@ pub fn compile_c_program(source: &Path, name: &str, extra_args: &[&str]) -> Path
 /// removed, so each run starts from the documented defaults.
 pub fn command(program: &Path) -> Command {
     let mut cmd = Command::new(program);
+    // cargo runs tests with target/<profile> on LD_LIBRARY_PATH, which outranks the programs'
+    // run paths: a libcachealloc.so left there by an earlier `cargo build` would be loaded
+    // instead of the one this test run built.
+    cmd.env_remove("LD_LIBRARY_PATH");
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("FAKECUDART_") {
             cmd.env_remove(key);

@@ -91,7 +91,7 @@ impl EventFences {
 }
 
 /// A new event of the current device, without timing.
-fn create(rt: &Runtime) -> Result<EventHandle, (CudaError, &'static str)> {
+pub(super) fn create(rt: &Runtime) -> Result<EventHandle, (CudaError, &'static str)> {
     let mut event: *mut c_void = std::ptr::null_mut();
     // SAFETY: `event` is a valid out-pointer; the flag is a documented event flag.
     let code =
@@ -118,7 +118,13 @@ pub(super) fn query(rt: &Runtime, event: EventHandle) -> CudaError {
 }
 
 /// Destroy an event that has completed and is referenced nowhere any more.
-fn destroy(rt: &Runtime, event: EventHandle) {
+pub(super) fn destroy(rt: &Runtime, event: EventHandle) {
     // SAFETY: `event` is live (created by `create`, destroyed only here, once).
     let _ = unsafe { (rt.event_destroy)(event.0 as *mut c_void) };
+}
+
+/// Wait until `event` has completed.
+pub(super) fn synchronize(rt: &Runtime, event: EventHandle) -> CudaError {
+    // SAFETY: `event` is a live, recorded event; the wait ends when its work has.
+    unsafe { (rt.event_synchronize)(event.0 as *mut c_void) }
 }

@@ -60,6 +60,12 @@ impl CudaBackend {
         }
     }
 
+    /// `device`, another one, is being reset: the events this backend recorded on its streams
+    /// go with it, and count as complete.
+    pub fn forget_device(&mut self, device: DeviceId) {
+        self.stream_events.forget_device(device);
+    }
+
     fn enter(&self) -> Result<DeviceGuard<'static>, BackendError> {
         enter(self.rt, self.device)
     }
@@ -153,7 +159,7 @@ impl Backend for CudaBackend {
         let _on_device = self.enter()?;
         let (fence, refused) = self
             .stream_events
-            .record(self.rt, streams)
+            .record(self.rt, self.device, streams)
             .map_err(device_error)?;
         let unfenced = refused
             .into_iter()

@@ -12,7 +12,8 @@
 //!    loaded `RTLD_LOCAL` by a dlopened module (a Python extension, a ctypes library);
 //!    `RTLD_NOLOAD` finds that already-loaded copy without loading a second one.
 //!
-//! A table is complete or absent: when a function is missing the runtime counts as not found.
+//! A table is complete or absent: when a function is missing the runtime counts as not found
+//! (except `cudaStreamGetDevice`, new in CUDA 12.8, which is optional).
 //! Success is cached for the life of the process; failure is not (a runtime may be loaded
 //! later, e.g. by a Python import) but is reported only once.
 
@@ -55,6 +56,7 @@ pub type VoidFn = unsafe extern "C" fn() -> CudaError;
 type EventCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CudaError;
 type EventRecordFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
+type StreamGetDeviceFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
 
 /// The real runtime's entry points the library uses. Each field is the address of the named
 /// runtime function, with that function's C signature.
@@ -74,6 +76,10 @@ pub struct Runtime {
     pub event_record: EventRecordFn,
     pub event_query: EventFn,
     pub event_destroy: EventFn,
+    pub event_synchronize: EventFn,
+    /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have (the only function
+    /// the table may lack).
+    pub stream_get_device: Option<StreamGetDeviceFn>,
 }
 
 /// Sonames tried with `RTLD_NOLOAD`, newest first.
@@ -190,6 +196,13 @@ impl Runtime {
                 event_destroy: std::mem::transmute::<*mut c_void, EventFn>(
                     finder.find(c"cudaEventDestroy")?,
                 ),
+                event_synchronize: std::mem::transmute::<*mut c_void, EventFn>(
+                    finder.find(c"cudaEventSynchronize")?,
+                ),
+                stream_get_device: finder
+                    .find(c"cudaStreamGetDevice")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, StreamGetDeviceFn>(f)),
             }
         };
         log_event!(debug, "found the CUDA runtime through {route}");

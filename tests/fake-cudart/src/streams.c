@@ -15,6 +15,7 @@ static struct CUevent_st *resolve_event_locked(cudaEvent_t e) {
     for (struct CUevent_st *it = fake.events; it != NULL; it = it->next)
         if (it == e)
             return it;
+    fake.counters.stale_event_calls++;
     return NULL;
 }
 
@@ -57,6 +58,18 @@ cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags) {
     struct CUstream_st *s = resolve_stream_locked(hStream);
     if (s != NULL)
         *flags = s->flags;
+    unlock();
+    return record(s != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device) {
+    ENTER();
+    if (device == NULL)
+        return record(cudaErrorInvalidValue);
+    lock();
+    struct CUstream_st *s = resolve_stream_locked(hStream);
+    if (s != NULL)
+        *device = s->device;
     unlock();
     return record(s != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle);
 }
