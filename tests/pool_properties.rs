@@ -31,6 +31,11 @@ enum Step {
     FreeAfterStreams {
         pick: usize,
     },
+    /// Free behind a fence, then recorded streams (an interposed cudaFree of a recorded
+    /// allocation under free_sync:device).
+    DeferredFreeAfterStreams {
+        pick: usize,
+    },
     CompleteWork,
     DoubleFree,
     EmptyCache,
@@ -50,6 +55,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         6 => any::<usize>().prop_map(|pick| Step::Free { pick }),
         2 => any::<usize>().prop_map(|pick| Step::DeferredFree { pick }),
         1 => any::<usize>().prop_map(|pick| Step::FreeAfterStreams { pick }),
+        1 => any::<usize>().prop_map(|pick| Step::DeferredFreeAfterStreams { pick }),
         1 => Just(Step::CompleteWork),
         1 => Just(Step::DoubleFree),
         1 => Just(Step::EmptyCache),
@@ -173,6 +179,16 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 let streams = [StreamId(100 + pick as u64 % 3)];
                 let unfenced = p.free_after_streams(DevicePtr::new(addr).unwrap(), &streams);
                 assert_eq!(unfenced, Ok(vec![]));
+            }
+            Step::DeferredFreeAfterStreams { pick } => {
+                if shadow.live.is_empty() {
+                    continue;
+                }
+                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
+                shadow.live.remove(&addr);
+                let streams = [StreamId(100 + pick as u64 % 3)];
+                let ptr = DevicePtr::new(addr).unwrap();
+                assert_eq!(p.free_deferred_after_streams(ptr, &streams), Ok(vec![]));
             }
             Step::CompleteWork => p.backend_mut().complete_work(),
             Step::DoubleFree => {

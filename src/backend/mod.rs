@@ -95,6 +95,13 @@ pub trait Backend {
     /// Whether the work before `fence` (of either kind) has finished. Never blocks.
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError>;
 
-    /// Wait until all work issued so far has finished; afterwards every recorded fence is done.
+    /// Wait until all work issued so far on the device has finished; afterwards every fence of
+    /// `record_fence` is done, and so is every stream fence whose streams are all of this
+    /// device (`poll_fences` reports them).
     fn synchronize(&mut self) -> Result<(), BackendError>;
+
+    /// After `synchronize`: wait also for the work of every stream fence on other devices'
+    /// streams (before memory is given back: the out-of-memory retry, `empty_cache`);
+    /// afterwards every stream fence is done.
+    fn wait_stream_fences(&mut self) -> Result<(), BackendError>;
 }

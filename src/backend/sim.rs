@@ -326,6 +326,11 @@ impl Backend for SimDevice {
         self.complete_work();
         Ok(())
     }
+
+    /// The simulated device has one queue of work: `synchronize` completed it all.
+    fn wait_stream_fences(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -121,10 +121,10 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
     }
 }
 
-/// `cudaFree` of an allocation recorded as used on `streams`: it waits for those streams too,
-/// unless the policy's own fence covers them (under `device`, a device-wide synchronization: it
-/// covers every stream of the block's device, but not another device's, and the pool makes it
-/// before growing, as for any cudaFree).
+/// `cudaFree` of an allocation recorded as used on `streams`: it waits for the policy's fence and
+/// for those streams too (under `device`, the device-wide synchronization, which the pool makes
+/// before growing as for any cudaFree, covers every stream of the block's device; the streams'
+/// events are then waited for only on another device's streams).
 #[cold]
 #[inline(never)]
 fn cuda_free_recorded(
@@ -133,7 +133,7 @@ fn cuda_free_recorded(
     streams: Vec<StreamId>,
 ) -> Result<Routed<()>, ShimError> {
     let freed = stream_uses::free_recorded(ptr, streams, |pool, streams| match config.free_sync {
-        FreeSync::Device => pool.free_deferred(ptr).map(|()| Vec::new()),
+        FreeSync::Device => pool.free_deferred_after_streams(ptr, streams),
         FreeSync::Event => {
             let legacy = StreamId(STREAM_LEGACY as u64);
             let with_legacy: Vec<StreamId> = streams.iter().copied().chain([legacy]).collect();
@@ -185,18 +185,17 @@ fn complete_pending(device: DeviceId) {
 }
 
 /// `cudaDeviceReset()`: the current device's pool is dropped (its memory goes with the reset,
-/// nothing is freed one by one), other devices' pools forget their events of it, then the reset
-/// is forwarded.
+/// nothing is freed one by one; the events it recorded on other devices' streams are destroyed),
+/// the reset is forwarded, and when it succeeded other devices' pools forget their events of
+/// this device.
 pub fn cuda_device_reset() -> CudaError {
+    let mut reset_device = None;
     let dropped = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
-        // Other devices' pools may wait on events of this device (tensors of theirs recorded
-        // on its streams): the reset destroys those events and ends that work.
-        for other in pools::used_devices().filter(|&d| d != device) {
-            let _ = pools::with_pool(other, |pool| pool.backend_mut().forget_device(device));
-        }
-        let pool = pools::take(device)?;
+        reset_device = Some(device);
+        let mut pool = pools::take(device)?;
+        pool.backend_mut().destroy_events_elsewhere();
         stream_uses::forget(|addr| pool.contains(addr));
         trace_file::note_device_reset(device);
         Some((device, pool))
@@ -211,7 +210,25 @@ pub fn cuda_device_reset() -> CudaError {
         drop(pool);
         trace_file::flush();
     }
-    forward::device_reset()
+    let code = forward::device_reset();
+    if code == codes::SUCCESS
+        && let Some(device) = reset_device
+    {
+        forget_events_of(device);
+    }
+    code
+}
+
+/// Other devices' pools may wait on events of `device` (tensors of theirs recorded on its
+/// streams): its reset destroyed those events and ended that work. Until now a poll that met
+/// one took the runtime's "invalid handle" answer for the same.
+fn forget_events_of(device: DeviceId) {
+    let Some(_inside) = reentry::enter() else {
+        return;
+    };
+    for other in pools::used_devices().filter(|&d| d != device) {
+        let _ = pools::with_pool(other, |pool| pool.backend_mut().forget_device(device));
+    }
 }
 
 /// Bytes to add to `cudaMemGetInfo`'s free memory: with `count_cached_as_free:True`, the

@@ -14,6 +14,7 @@ use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
 use super::free_index::{FreeEntry, FreeIndex};
 use super::oom::OomReport;
+use super::release::StreamWait;
 use super::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, pool_for, round_size, round_to_block, segment_size,
 };
@@ -98,6 +99,9 @@ pub struct DeviceAllocator<B: Backend> {
     /// synchronize for them (the out-of-memory retry and `empty_cache` still synchronize, as
     /// PyTorch's do).
     pub(super) stream_pending: BTreeMap<Fence, BlockId>,
+    /// Blocks in `pending` that, once their fence is done, still wait for the stream fence
+    /// here (`free_deferred_after_streams`).
+    pub(super) then_streams: BTreeMap<BlockId, Fence>,
     /// Stream fences a poll found done (kept to reuse its storage).
     fences_done: Vec<Fence>,
     pub(super) stats: Counters,
@@ -133,6 +137,7 @@ impl<B: Backend> DeviceAllocator<B> {
             segments: SegmentMap::default(),
             pending: VecDeque::new(),
             stream_pending: BTreeMap::new(),
+            then_streams: BTreeMap::new(),
             fences_done: Vec::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
@@ -229,6 +234,11 @@ impl<B: Backend> DeviceAllocator<B> {
         for id in queued.chain(self.stream_pending.values_mut()) {
             *id = moved.id(*id);
         }
+        let then_streams = std::mem::take(&mut self.then_streams);
+        self.then_streams = then_streams
+            .into_iter()
+            .map(|(id, fence)| (moved.id(id), fence))
+            .collect();
     }
 
     /// Free an allocation whose block may still be used by device work issued before now: the
@@ -254,6 +264,39 @@ impl<B: Backend> DeviceAllocator<B> {
         self.pend(id);
         self.stream_pending.insert(fence, id);
         Ok(unfenced)
+    }
+
+    /// `free_deferred` of an allocation that work on `streams` may also use, which the backend's
+    /// fence may not cover (another device's stream): the block waits for that fence, then for
+    /// the streams' work as in `free_after_streams`. Returns the streams the backend could not
+    /// wait for.
+    pub fn free_deferred_after_streams(
+        &mut self,
+        ptr: DevicePtr,
+        streams: &[StreamId],
+    ) -> Result<Vec<(StreamId, BackendError)>, Error> {
+        let id = self.lookup_allocation(ptr)?;
+        let fence = self.backend.record_fence()?;
+        let StreamFence {
+            fence: after,
+            unfenced,
+        } = self.backend.record_stream_fence(streams)?;
+        self.pend(id);
+        self.pending.push_back((fence, id));
+        self.then_streams.insert(id, after);
+        Ok(unfenced)
+    }
+
+    /// The fence of `pending` block `id` is done: the block is reusable, unless it still waits
+    /// for a stream fence (`free_deferred_after_streams`) not seen done yet, in `stream_pending`.
+    pub(super) fn pending_fence_done(&mut self, id: BlockId) {
+        if let Some(fence) = self.then_streams.remove(&id)
+            && self.backend.fence_done(fence) != Ok(true)
+        {
+            self.stream_pending.insert(fence, id);
+            return;
+        }
+        self.complete_pending(id);
     }
 
     /// The allocation `id` is handed back, its block not yet reusable.
@@ -293,7 +336,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 break;
             }
             self.pending.pop_front();
-            self.complete_pending(id);
+            self.pending_fence_done(id);
         }
         if !self.stream_pending.is_empty() {
             self.process_stream_pending()?;
@@ -303,7 +346,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     #[cold]
     #[inline(never)]
-    fn process_stream_pending(&mut self) -> Result<(), Error> {
+    pub(super) fn process_stream_pending(&mut self) -> Result<(), Error> {
         let mut done = std::mem::take(&mut self.fences_done);
         let polled = self.backend.poll_fences(&mut done);
         done.sort_unstable();
@@ -370,7 +413,7 @@ impl<B: Backend> DeviceAllocator<B> {
     ) -> Result<FreeEntry, Error> {
         // Use ready blocks first; synchronize before growing when frees are still pending.
         if !self.pending.is_empty() {
-            self.synchronize_pending()?;
+            self.synchronize_pending(StreamWait::ThisDevice)?;
             if let Some(found) = self.get_free_block(pool, stream, rounded) {
                 return Ok(found);
             }

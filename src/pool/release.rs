@@ -11,35 +11,55 @@ use super::event::PoolEvent;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::Backend;
 
+/// Which recorded frees a synchronization waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StreamWait {
+    /// Every one, other devices' streams included (before memory is given back: PyTorch's
+    /// `synchronize_and_free_events`).
+    Every,
+    /// Those the device synchronization covered (before growing).
+    ThisDevice,
+}
+
 impl<B: Backend> DeviceAllocator<B> {
     /// Release every fully free segment to the device (`torch.cuda.empty_cache()`), after
     /// waiting for pending frees. The `EmptyCache` event comes after the frees completed by the
     /// wait and before the releases, so a recorded trace replays in the same order.
     pub fn empty_cache(&mut self) -> Result<(), Error> {
-        self.synchronize_pending()?;
+        self.synchronize_pending(StreamWait::Every)?;
         self.emit(|| PoolEvent::EmptyCache);
         self.release_whole_segments()
     }
 
-    /// Wait for the device and move every pending block back to its pool.
-    pub(super) fn synchronize_pending(&mut self) -> Result<(), Error> {
+    /// Wait for the device and move every pending block back to its pool; of the recorded frees
+    /// (`free_after_streams`), those whose streams `wait` says to wait for.
+    pub(super) fn synchronize_pending(&mut self, wait: StreamWait) -> Result<(), Error> {
         self.stats.counts.num_sync_all_streams += 1;
         if self.pending.is_empty() && self.stream_pending.is_empty() {
             return Ok(());
         }
         self.backend.synchronize()?;
         while let Some((_, id)) = self.pending.pop_front() {
-            self.complete_pending(id);
+            self.pending_fence_done(id);
         }
-        while let Some((_, id)) = self.stream_pending.pop_first() {
-            self.complete_pending(id);
+        if self.stream_pending.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        match wait {
+            StreamWait::Every => {
+                self.backend.wait_stream_fences()?;
+                while let Some((_, id)) = self.stream_pending.pop_first() {
+                    self.complete_pending(id);
+                }
+                Ok(())
+            }
+            StreamWait::ThisDevice => self.process_stream_pending(),
+        }
     }
 
     /// PyTorch's `release_cached_blocks` for the default pool.
     pub(super) fn release_cached_blocks(&mut self) -> Result<(), Error> {
-        self.synchronize_pending()?;
+        self.synchronize_pending(StreamWait::Every)?;
         self.release_whole_segments()
     }
 

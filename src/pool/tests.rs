@@ -552,6 +552,28 @@ fn a_poll_completes_only_the_recorded_frees_still_waiting() {
 }
 
 #[test]
+fn a_deferred_free_after_streams_waits_for_both_fences_through_table_rebuilds() {
+    let sim = SimDevice::new(u64::MAX).with_pending_work();
+    let mut p = DeviceAllocator::new(sim, Settings::default());
+    let first = p.malloc(512, S0).unwrap();
+    assert_eq!(
+        p.free_deferred_after_streams(first, &[StreamId(7)]),
+        Ok(vec![])
+    );
+    // Carved from the same segment: no growth (so no synchronization), and the block table is
+    // rebuilt several times while the free waits.
+    let rest: Vec<_> = (0..2000).map(|_| p.malloc(512, S0).unwrap()).collect();
+    assert!(!rest.contains(&first));
+    assert_eq!(p.pending_frees(), 1);
+    assert_eq!(p.backend().counters().synchronizes, 0);
+    p.validate().unwrap();
+    p.backend_mut().complete_work();
+    assert_eq!(p.malloc(512, S0).unwrap(), first, "both fences done");
+    assert_eq!(p.pending_frees(), 0);
+    p.validate().unwrap();
+}
+
+#[test]
 fn seeds_whose_blocks_run_past_their_segment_are_refused() {
     let mut p = pool();
     let block = |addr: u64, size: u64| BlockSeed {

@@ -148,6 +148,12 @@ impl<B: Backend> DeviceAllocator<B> {
                 queued.len()
             ));
         }
+        let in_queue: HashSet<_> = self.pending.iter().map(|&(_, id)| id).collect();
+        if let Some(id) = self.then_streams.keys().find(|id| !in_queue.contains(id)) {
+            return Err(format!(
+                "block {id} waits for streams after a fence but is not waiting for one"
+            ));
+        }
         Ok(())
     }
 

@@ -93,11 +93,14 @@ static void run(int record) {
     CHECK(cachealloc_malloc(&b, MIB, 0, home) == 0);
     CHECK(b != a && fakecudart_range_busy(a, MIB));
     fakecudart_advance(5000);
-    /* Two blocks of this size are free now, a and the rest of b's segment. */
+    /* Two blocks of this size are free now, a and the rest of b's segment. Retiring the other
+     * device's event leaves the program's own unread error (an invalid device) as it was. */
     void *a4 = NULL;
+    CHECK(cudaSetDevice(99) == cudaErrorInvalidDevice);
     CHECK(cachealloc_malloc(&a3, MIB, 0, home) == 0);
     CHECK(cachealloc_malloc(&a4, MIB, 0, home) == 0);
     CHECK(a3 == a || a4 == a);
+    CHECK(cudaGetLastError() == cudaErrorInvalidDevice);
     CHECK(fakecudart_counter("device_syncs") == syncs);
     int current = -1;
     CHECK(cudaGetDevice(&current) == 0 && current == 0);
@@ -105,6 +108,18 @@ static void run(int record) {
     CHECK(cachealloc_free(a3 == a ? a4 : a3) == 0);
     CHECK(cachealloc_free(a) == 0);
     CHECK(cachealloc_free(b) == 0);
+    /* The program's own cudaFree of such an allocation waits for that stream too, also after
+     * a synchronization of this device (the fence of free_sync:device). */
+    void *got = NULL;
+    CHECK(cachealloc_malloc(&a, MIB, 0, home) == 0);
+    CHECK(fakecudart_launch(a, MIB, elsewhere, 1000000) == 0);
+    CHECK(cachealloc_record_stream(a, elsewhere) == 0);
+    CHECK(cudaFree(a) == 0);
+    CHECK(cudaDeviceSynchronize() == 0);
+    CHECK(cachealloc_malloc(&got, MIB, 0, home) == 0);
+    CHECK(!(got == a && fakecudart_range_busy(a, MIB)));
+    CHECK(cachealloc_free(got) == 0);
+    fakecudart_advance(1000000);
 
     /* The other device is reset while a block waits for its stream: that work is gone, so the
      * block comes back, and the event it waited on (destroyed by the reset) is not touched
@@ -114,6 +129,17 @@ static void run(int record) {
     CHECK(fakecudart_launch(a, MIB, elsewhere, 1000000) == 0);
     CHECK(cachealloc_record_stream(a, elsewhere) == 0);
     CHECK(cachealloc_free(a) == 0);
+    /* Growing the pool waits for no other device's stream (a synchronization before growing,
+     * which free_sync:device makes for the pending cudaFree of f, covers this device only):
+     * only giving memory back does. */
+    void *f = NULL, *big = NULL;
+    CHECK(cachealloc_malloc(&f, 8 * MIB, 0, NULL) == 0);
+    CHECK(cudaFree(f) == 0);
+    uint64_t event_syncs = fakecudart_counter("event_syncs");
+    CHECK(cachealloc_malloc(&big, 64 * MIB, 0, NULL) == 0);
+    CHECK(fakecudart_counter("event_syncs") == event_syncs);
+    CHECK(fakecudart_range_busy(a, MIB));
+    CHECK(cachealloc_free(big) == 0);
     cudaEvent_t mine;
     CHECK(cudaSetDevice(1) == 0);
     CHECK(cudaDeviceReset() == 0);
@@ -127,6 +153,20 @@ static void run(int record) {
     CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_free(a3) == 0);
     CHECK(cachealloc_free(a2) == 0);
+
+    /* A pool dropped by its device's reset destroys the events it recorded on other devices'
+     * streams (the reset takes only its own device's). */
+    void *o = NULL;
+    CHECK(cudaSetDevice(1) == 0);
+    CHECK(cachealloc_malloc(&o, MIB, 1, NULL) == 0);
+    CHECK(fakecudart_launch(o, MIB, home, 1000) == 0);
+    CHECK(cachealloc_record_stream(o, home) == 0);
+    CHECK(cachealloc_free(o) == 0);
+    uint64_t destroys = fakecudart_counter("event_destroys");
+    CHECK(cudaDeviceReset() == 0);
+    CHECK(fakecudart_counter("event_destroys") == destroys + 1);
+    CHECK(cudaSetDevice(0) == 0);
+    CHECK(cudaGetLastError() == 0);
 
     /* A stream whose device the runtime cannot name (here a destroyed one; a runtime before
      * CUDA 12.8 has no cudaStreamGetDevice for another device's stream) is not waited for: the

@@ -117,10 +117,10 @@ pub(super) fn query(rt: &Runtime, event: EventHandle) -> CudaError {
     unsafe { (rt.event_query)(event.0 as *mut c_void) }
 }
 
-/// Destroy an event that has completed and is referenced nowhere any more.
-pub(super) fn destroy(rt: &Runtime, event: EventHandle) {
+/// Destroy an event that is referenced nowhere any more.
+pub(super) fn destroy(rt: &Runtime, event: EventHandle) -> CudaError {
     // SAFETY: `event` is live (created by `create`, destroyed only here, once).
-    let _ = unsafe { (rt.event_destroy)(event.0 as *mut c_void) };
+    unsafe { (rt.event_destroy)(event.0 as *mut c_void) }
 }
 
 /// Wait until `event` has completed.

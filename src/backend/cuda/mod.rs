@@ -60,10 +60,16 @@ impl CudaBackend {
         }
     }
 
-    /// `device`, another one, is being reset: the events this backend recorded on its streams
-    /// go with it, and count as complete.
+    /// `device`, another one, was reset: the events this backend recorded on its streams went
+    /// with it, and count as complete.
     pub fn forget_device(&mut self, device: DeviceId) {
         self.stream_events.forget_device(device);
+    }
+
+    /// This backend's device is being reset, and the backend dropped: destroy the events it
+    /// recorded on other devices' streams (the reset takes only its own device's).
+    pub fn destroy_events_elsewhere(&mut self) {
+        self.stream_events.destroy_events_elsewhere(self.rt);
     }
 
     fn enter(&self) -> Result<DeviceGuard<'static>, BackendError> {
@@ -224,7 +230,15 @@ impl Backend for CudaBackend {
             FencePolicy::LegacyStreamEvent(events) => events.all_done(self.rt),
             FencePolicy::Immediate => {}
         }
-        self.stream_events.all_done(self.rt);
+        self.stream_events.device_synchronized(self.rt);
         Ok(())
+    }
+
+    fn wait_stream_fences(&mut self) -> Result<(), BackendError> {
+        // Events of other devices are waited for and destroyed there; no switch is needed for
+        // the wait, and `retire` switches for the destroy.
+        self.stream_events
+            .wait_elsewhere(self.rt)
+            .map_err(device_error)
     }
 }

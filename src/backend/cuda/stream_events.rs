@@ -7,10 +7,10 @@
 //!
 //! A stream of another device cannot carry an event of this one: the event is created on the
 //! stream's device (`cudaStreamGetDevice`, CUDA 12.8 and later; that device's context exists
-//! since the stream does) and destroyed once complete, as PyTorch records on the stream's own
-//! device. A device synchronization does not cover such a stream's work, so `all_done` waits for
-//! its last event. Where the runtime cannot name the stream's device, the stream is left out and
-//! returned to the caller.
+//! since the stream does) and destroyed there once complete, as PyTorch records on the stream's
+//! own device. A synchronization of this device does not cover such a stream's work: before
+//! memory is given back, `wait_elsewhere` waits for its events. Where the runtime cannot name the
+//! stream's device, the stream is left out and returned to the caller.
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
@@ -41,8 +41,8 @@ pub struct StreamEvents {
     outstanding: FxHashMap<u64, usize>,
     /// Idle events of the backend's own device.
     idle: IdleEvents,
-    /// Fences done outside a poll (with no event recorded, or by `forget_device`), for the next
-    /// poll to report.
+    /// Fences done outside a poll (with no event recorded, by a synchronization, or by
+    /// `forget_device`), for the next poll to report.
     done_unpolled: Vec<u64>,
     next_fence: u64,
 }
@@ -127,13 +127,7 @@ impl StreamEvents {
                 let live = match query(rt, recorded.event) {
                     codes::SUCCESS => true,
                     codes::NOT_READY => break,
-                    // The other device failed, or was reset without this library seeing it
-                    // (its events went with it, so this one is not destroyed): nothing of its
-                    // will touch the block any more.
-                    _ if recorded.elsewhere.is_some() => {
-                        clear_last_error(rt);
-                        false
-                    }
+                    code if gone_with_its_device(rt, recorded, code) => false,
                     code => return Err((code, "cudaEventQuery")),
                 };
                 queue.pop_front();
@@ -152,33 +146,70 @@ impl StreamEvents {
         !self.outstanding.contains_key(&fence)
     }
 
-    /// After a synchronization of the backend's device: its events have completed; the events of
-    /// other devices' streams are waited for here (on each stream the last, which completes
-    /// after the others), as PyTorch synchronizes every outstanding event before it frees
-    /// memory.
-    pub fn all_done(&mut self, rt: &Runtime) {
-        if self.outstanding.is_empty() {
-            // Nothing recorded is outstanding, and queues hold only outstanding events.
-            return;
-        }
-        for (_, queue) in self.queues.drain() {
-            let last_elsewhere = queue.iter().rev().find(|e| e.elsewhere.is_some());
-            let mut live = true;
-            if let Some(last) = last_elsewhere
-                && events::synchronize(rt, last.event) != codes::SUCCESS
-            {
-                // As in `poll`: a failed or reset device's work is over.
-                clear_last_error(rt);
-                live = false;
-            }
-            for recorded in queue {
-                if live || recorded.elsewhere.is_none() {
-                    retire(rt, &mut self.idle, recorded);
+    /// After a synchronization of the backend's device: its events have completed, and the fences
+    /// with no other device's event left are done (the next poll reports them). Other devices'
+    /// streams are not covered: `wait_elsewhere` waits for them.
+    pub fn device_synchronized(&mut self, rt: &Runtime) {
+        let Self {
+            queues,
+            outstanding,
+            idle,
+            done_unpolled,
+            ..
+        } = self;
+        for queue in queues.values_mut() {
+            queue.retain(|&recorded| {
+                if recorded.elsewhere.is_some() {
+                    return true;
                 }
+                retire(rt, idle, recorded);
+                count_complete(outstanding, recorded.fence, done_unpolled);
+                false
+            });
+        }
+        queues.retain(|_, queue| !queue.is_empty());
+    }
+
+    /// Wait for every event on other devices' streams, as PyTorch synchronizes every outstanding
+    /// event before it gives memory back (its out-of-memory retry, `empty_cache`). Call after
+    /// `device_synchronized`: then every fence is done. An error leaves the events not yet
+    /// waited for in place.
+    pub fn wait_elsewhere(&mut self, rt: &Runtime) -> Result<(), (CudaError, &'static str)> {
+        let Self {
+            queues,
+            outstanding,
+            idle,
+            done_unpolled,
+            ..
+        } = self;
+        for queue in queues.values_mut() {
+            while let Some(&recorded) = queue.front() {
+                let live = match events::synchronize(rt, recorded.event) {
+                    codes::SUCCESS => true,
+                    code if gone_with_its_device(rt, recorded, code) => false,
+                    code => return Err((code, "cudaEventSynchronize")),
+                };
+                queue.pop_front();
+                if live {
+                    retire(rt, idle, recorded);
+                }
+                count_complete(outstanding, recorded.fence, done_unpolled);
+            }
+        }
+        queues.clear();
+        Ok(())
+    }
+
+    /// The backend's own device is being reset (and the backend dropped): the events it recorded
+    /// on other devices' streams are destroyed there, complete or not (the runtime releases an
+    /// event's resources once its work is done).
+    pub fn destroy_events_elsewhere(&mut self, rt: &Runtime) {
+        for (_, queue) in self.queues.drain() {
+            for recorded in queue.into_iter().filter(|r| r.elsewhere.is_some()) {
+                retire(rt, &mut self.idle, recorded);
             }
         }
         self.outstanding.clear();
-        self.done_unpolled.clear();
     }
 
     /// `device` (not the backend's) was reset: its events are gone and its work with them. They
@@ -212,16 +243,30 @@ fn count_complete(outstanding: &mut FxHashMap<u64, usize>, fence: u64, done: &mu
     }
 }
 
+/// Whether a call on another device's event failed because that device was reset without this
+/// library seeing it (its events went with it; the error is cleared): its work is over, and
+/// the event must not be touched again, its handle may name a new event by now. Any other
+/// failure, and any failure of the backend's own events, is the caller's to report.
+fn gone_with_its_device(rt: &Runtime, recorded: StreamEvent, code: CudaError) -> bool {
+    let gone = recorded.elsewhere.is_some() && code == codes::INVALID_RESOURCE_HANDLE;
+    if gone {
+        clear_last_error(rt);
+    }
+    gone
+}
+
 /// A completed event leaves its queue: the backend's own is kept for reuse, another device's is
 /// destroyed on that device.
 fn retire(rt: &Runtime, idle: &mut IdleEvents, recorded: StreamEvent) {
     match recorded.elsewhere {
         None => idle.put(rt, recorded.event),
         Some(device) => {
-            if let Ok(_on_device) = DeviceGuard::enter(rt, device) {
-                events::destroy(rt, recorded.event);
+            let destroyed = DeviceGuard::enter(rt, device)
+                .map(|_on_device| events::destroy(rt, recorded.event) == codes::SUCCESS);
+            if destroyed != Ok(true) {
+                // Only this library's own failure is cleared, never the program's error.
+                clear_last_error(rt);
             }
-            clear_last_error(rt);
         }
     }
 }
@@ -238,8 +283,11 @@ fn record_elsewhere(
     // SAFETY: `stream` is a stream handle the program passed for this free (the runtime checks
     // it); `device` is a valid out-pointer.
     let code = unsafe { get_device(stream.0 as *mut c_void, &mut device) };
-    if code != codes::SUCCESS || device == own.0 {
+    if code != codes::SUCCESS {
         clear_last_error(rt);
+        return None;
+    }
+    if device == own.0 {
         return None;
     }
     let device = DeviceId(device);
