@@ -289,14 +289,25 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The fence of `pending` block `id` is done: the block is reusable, unless it still waits
     /// for a stream fence (`free_deferred_after_streams`) not seen done yet, in `stream_pending`.
+    #[inline]
     pub(super) fn pending_fence_done(&mut self, id: BlockId) {
-        if let Some(fence) = self.then_streams.remove(&id)
-            && self.backend.fence_done(fence) != Ok(true)
-        {
-            self.stream_pending.insert(fence, id);
+        if !self.then_streams.is_empty() && self.then_wait_for_streams(id) {
             return;
         }
         self.complete_pending(id);
+    }
+
+    /// Whether block `id` now waits in `stream_pending` for its recorded streams.
+    #[cold]
+    #[inline(never)]
+    fn then_wait_for_streams(&mut self, id: BlockId) -> bool {
+        match self.then_streams.remove(&id) {
+            Some(fence) if self.backend.fence_done(fence) != Ok(true) => {
+                self.stream_pending.insert(fence, id);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The allocation `id` is handed back, its block not yet reusable.
