@@ -87,9 +87,10 @@ pub trait Backend {
     fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError>;
 
     /// Look at the device for stream fences that have completed since the last call and
-    /// append them to `done`, each once (a fence the pool has already seen done through
-    /// `synchronize` may be among them); until then `fence_done` answers from what was seen.
-    /// Fences found done before an `Err` are appended too. Never blocks.
+    /// append them to `done`, each once; until then `fence_done` answers from what was seen.
+    /// Fences found done before an `Err` are appended too. Fences done when recorded or
+    /// completed by `synchronize` or `wait_stream_fences` are not reported (`fence_done` answers
+    /// for them). Never blocks.
     fn poll_fences(&mut self, done: &mut Vec<Fence>) -> Result<(), BackendError>;
 
     /// Whether the work before `fence` (of either kind) has finished. Never blocks.
@@ -97,7 +98,7 @@ pub trait Backend {
 
     /// Wait until all work issued so far on the device has finished; afterwards every fence of
     /// `record_fence` is done, and so is every stream fence whose streams are all of this
-    /// device (`poll_fences` reports them).
+    /// device (`fence_done` answers for them).
     fn synchronize(&mut self) -> Result<(), BackendError>;
 
     /// After `synchronize`: wait also for the work of every stream fence on other devices'

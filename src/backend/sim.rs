@@ -324,6 +324,8 @@ impl Backend for SimDevice {
     fn synchronize(&mut self) -> Result<(), BackendError> {
         self.counters.synchronizes += 1;
         self.complete_work();
+        // Done, and not for polls to report.
+        self.stream_fences.clear();
         Ok(())
     }
 

@@ -186,14 +186,15 @@ fn complete_pending(device: DeviceId) {
 
 /// `cudaDeviceReset()`: the current device's pool is dropped (its memory goes with the reset,
 /// nothing is freed one by one; the events it recorded on other devices' streams are destroyed),
-/// the reset is forwarded, and when it succeeded other devices' pools forget their events of
-/// this device.
+/// and other devices' pools set aside their events of this device, which the reset destroys;
+/// then the reset is forwarded, and those events count as complete if it succeeded.
 pub fn cuda_device_reset() -> CudaError {
     let mut reset_device = None;
     let dropped = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
         reset_device = Some(device);
+        with_other_pools(device, |backend| backend.begin_reset_of(device));
         let mut pool = pools::take(device)?;
         pool.backend_mut().destroy_events_elsewhere();
         stream_uses::forget(|addr| pool.contains(addr));
@@ -211,23 +212,20 @@ pub fn cuda_device_reset() -> CudaError {
         trace_file::flush();
     }
     let code = forward::device_reset();
-    if code == codes::SUCCESS
-        && let Some(device) = reset_device
+    if let Some(device) = reset_device
+        && let Some(_inside) = reentry::enter()
     {
-        forget_events_of(device);
+        let happened = code == codes::SUCCESS;
+        with_other_pools(device, |backend| backend.end_reset_of(device, happened));
     }
     code
 }
 
-/// Other devices' pools may wait on events of `device` (tensors of theirs recorded on its
-/// streams): its reset destroyed those events and ended that work. Until now a poll that met
-/// one took the runtime's "invalid handle" answer for the same.
-fn forget_events_of(device: DeviceId) {
-    let Some(_inside) = reentry::enter() else {
-        return;
-    };
+/// Run `f` on the backend of every pool but `device`'s (tensors of theirs may be recorded on its
+/// streams), one pool lock at a time.
+fn with_other_pools(device: DeviceId, f: impl Fn(&mut CudaBackend)) {
     for other in pools::used_devices().filter(|&d| d != device) {
-        let _ = pools::with_pool(other, |pool| pool.backend_mut().forget_device(device));
+        let _ = pools::with_pool(other, |pool| f(pool.backend_mut()));
     }
 }
 

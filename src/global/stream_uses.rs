@@ -12,9 +12,9 @@
 //! logs a warning.
 //!
 //! An interposed `cudaFree` of a recorded allocation waits for its policy's fence and for the
-//! recorded streams; under `free_sync:device` it waits as any interposed `cudaFree` does, for a
-//! device-wide synchronization (which covers every stream of the block's device, and which the
-//! pool makes before growing).
+//! recorded streams; under `free_sync:device` the fence is a device-wide synchronization (which
+//! the pool makes before growing, and which covers every stream of the block's device), then the
+//! block waits for the events of any recorded stream of another device.
 //!
 //! An entry goes when its allocation is freed (through the C API, the pluggable allocator or the
 //! interposed `cudaFree`; a free that fails with the allocation still live puts it back) or its

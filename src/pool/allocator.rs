@@ -262,7 +262,12 @@ impl<B: Backend> DeviceAllocator<B> {
         let id = self.lookup_allocation(ptr)?;
         let StreamFence { fence, unfenced } = self.backend.record_stream_fence(streams)?;
         self.pend(id);
-        self.stream_pending.insert(fence, id);
+        if self.backend.fence_done(fence) == Ok(true) {
+            // Nothing could be waited for (every stream was refused).
+            self.complete_pending(id);
+        } else {
+            self.stream_pending.insert(fence, id);
+        }
         Ok(unfenced)
     }
 
@@ -283,7 +288,9 @@ impl<B: Backend> DeviceAllocator<B> {
         } = self.backend.record_stream_fence(streams)?;
         self.pend(id);
         self.pending.push_back((fence, id));
-        self.then_streams.insert(id, after);
+        if self.backend.fence_done(after) != Ok(true) {
+            self.then_streams.insert(id, after);
+        }
         Ok(unfenced)
     }
 
@@ -357,7 +364,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     #[cold]
     #[inline(never)]
-    pub(super) fn process_stream_pending(&mut self) -> Result<(), Error> {
+    fn process_stream_pending(&mut self) -> Result<(), Error> {
         let mut done = std::mem::take(&mut self.fences_done);
         let polled = self.backend.poll_fences(&mut done);
         done.sort_unstable();

@@ -53,8 +53,25 @@ impl<B: Backend> DeviceAllocator<B> {
                 }
                 Ok(())
             }
-            StreamWait::ThisDevice => self.process_stream_pending(),
+            StreamWait::ThisDevice => self.complete_stream_fences_done(),
         }
+    }
+
+    /// Move back the recorded frees whose fences are done (after a synchronization, which polls
+    /// do not report).
+    fn complete_stream_fences_done(&mut self) -> Result<(), Error> {
+        let mut done = Vec::new();
+        for &fence in self.stream_pending.keys() {
+            if self.backend.fence_done(fence)? {
+                done.push(fence);
+            }
+        }
+        for fence in done {
+            if let Some(id) = self.stream_pending.remove(&fence) {
+                self.complete_pending(id);
+            }
+        }
+        Ok(())
     }
 
     /// PyTorch's `release_cached_blocks` for the default pool.

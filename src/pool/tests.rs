@@ -552,7 +552,7 @@ fn a_poll_completes_only_the_recorded_frees_still_waiting() {
 }
 
 #[test]
-fn a_deferred_free_after_streams_waits_for_both_fences_through_table_rebuilds() {
+fn a_deferred_free_after_streams_stays_pending_through_table_rebuilds() {
     let sim = SimDevice::new(u64::MAX).with_pending_work();
     let mut p = DeviceAllocator::new(sim, Settings::default());
     let first = p.malloc(512, S0).unwrap();
@@ -569,6 +569,25 @@ fn a_deferred_free_after_streams_waits_for_both_fences_through_table_rebuilds() 
     p.validate().unwrap();
     p.backend_mut().complete_work();
     assert_eq!(p.malloc(512, S0).unwrap(), first, "both fences done");
+    assert_eq!(p.pending_frees(), 0);
+    p.validate().unwrap();
+}
+
+#[test]
+fn the_synchronization_before_growing_also_completes_recorded_frees_it_covered() {
+    let sim = SimDevice::new(u64::MAX).with_pending_work();
+    let mut p = DeviceAllocator::new(sim, Settings::default());
+    // Three blocks fill one 20 MiB segment.
+    let a = p.malloc(8 * MIB, S0).unwrap();
+    let b = p.malloc(8 * MIB, S0).unwrap();
+    let _c = p.malloc(4 * MIB, S0).unwrap();
+    p.free_after_streams(a, &[StreamId(7)]).unwrap();
+    p.free_deferred(b).unwrap();
+    // Both pending, b's deferred free makes the pool synchronize before growing; the simulated
+    // device's synchronization covers a's stream too, so a comes back, merged with b.
+    assert_eq!(p.malloc(8 * MIB, S0).unwrap(), a);
+    assert_eq!(p.backend().counters().synchronizes, 1);
+    assert_eq!(p.stats().counts.num_device_alloc, 1);
     assert_eq!(p.pending_frees(), 0);
     p.validate().unwrap();
 }

@@ -60,10 +60,16 @@ impl CudaBackend {
         }
     }
 
-    /// `device`, another one, was reset: the events this backend recorded on its streams went
-    /// with it, and count as complete.
-    pub fn forget_device(&mut self, device: DeviceId) {
-        self.stream_events.forget_device(device);
+    /// `device`, another one, is about to be reset: the events this backend recorded on its
+    /// streams are set aside until `end_reset_of`.
+    pub fn begin_reset_of(&mut self, device: DeviceId) {
+        self.stream_events.park(device);
+    }
+
+    /// The reset of `device` is over: when it `happened`, the events set aside went with it and
+    /// count as complete; else they are waited for again.
+    pub fn end_reset_of(&mut self, device: DeviceId, happened: bool) {
+        self.stream_events.end_park(device, happened);
     }
 
     /// This backend's device is being reset, and the backend dropped: destroy the events it

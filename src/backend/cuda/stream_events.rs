@@ -41,9 +41,10 @@ pub struct StreamEvents {
     outstanding: FxHashMap<u64, usize>,
     /// Idle events of the backend's own device.
     idle: IdleEvents,
-    /// Fences done outside a poll (with no event recorded, by a synchronization, or by
-    /// `forget_device`), for the next poll to report.
+    /// Fences done outside a poll (by `end_park` after a reset), for the next poll to report.
     done_unpolled: Vec<u64>,
+    /// Queues of streams of a device being reset (`park`), touched by nothing until `end_park`.
+    parked: Vec<(StreamId, VecDeque<StreamEvent>)>,
     next_fence: u64,
 }
 
@@ -101,10 +102,8 @@ impl StreamEvents {
         }
         if recorded > 0 {
             self.outstanding.insert(fence, recorded);
-        } else {
-            // Nothing to wait for: done, and reported as such by the next poll.
-            self.done_unpolled.push(fence);
         }
+        // Else nothing to wait for: `done` answers true at once.
         Ok((fence, refused))
     }
 
@@ -134,7 +133,9 @@ impl StreamEvents {
                 if live {
                     retire(rt, idle, recorded);
                 }
-                count_complete(outstanding, recorded.fence, done);
+                if count_complete(outstanding, recorded.fence) {
+                    done.push(recorded.fence);
+                }
             }
         }
         queues.retain(|_, queue| !queue.is_empty());
@@ -147,14 +148,13 @@ impl StreamEvents {
     }
 
     /// After a synchronization of the backend's device: its events have completed, and the fences
-    /// with no other device's event left are done (the next poll reports them). Other devices'
-    /// streams are not covered: `wait_elsewhere` waits for them.
+    /// with no other device's event left are done (`done` answers; polls do not report them).
+    /// Other devices' streams are not covered: `wait_elsewhere` waits for them.
     pub fn device_synchronized(&mut self, rt: &Runtime) {
         let Self {
             queues,
             outstanding,
             idle,
-            done_unpolled,
             ..
         } = self;
         for queue in queues.values_mut() {
@@ -163,7 +163,7 @@ impl StreamEvents {
                     return true;
                 }
                 retire(rt, idle, recorded);
-                count_complete(outstanding, recorded.fence, done_unpolled);
+                count_complete(outstanding, recorded.fence);
                 false
             });
         }
@@ -172,14 +172,14 @@ impl StreamEvents {
 
     /// Wait for every event on other devices' streams, as PyTorch synchronizes every outstanding
     /// event before it gives memory back (its out-of-memory retry, `empty_cache`). Call after
-    /// `device_synchronized`: then every fence is done. An error leaves the events not yet
-    /// waited for in place.
+    /// `device_synchronized`: then every fence is done, but for the events of a device being
+    /// reset (`park`), whose work the reset ends. An error leaves the events not yet waited for
+    /// in place.
     pub fn wait_elsewhere(&mut self, rt: &Runtime) -> Result<(), (CudaError, &'static str)> {
         let Self {
             queues,
             outstanding,
             idle,
-            done_unpolled,
             ..
         } = self;
         for queue in queues.values_mut() {
@@ -193,7 +193,7 @@ impl StreamEvents {
                 if live {
                     retire(rt, idle, recorded);
                 }
-                count_complete(outstanding, recorded.fence, done_unpolled);
+                count_complete(outstanding, recorded.fence);
             }
         }
         queues.clear();
@@ -212,35 +212,58 @@ impl StreamEvents {
         self.outstanding.clear();
     }
 
-    /// `device` (not the backend's) was reset: its events are gone and its work with them. They
-    /// count as complete, without a call on them (their handles may already name new events).
-    pub fn forget_device(&mut self, device: DeviceId) {
-        for queue in self.queues.values_mut() {
-            queue.retain(|recorded| {
-                if recorded.elsewhere != Some(device) {
-                    return true;
-                }
-                count_complete(
-                    &mut self.outstanding,
-                    recorded.fence,
-                    &mut self.done_unpolled,
-                );
-                false
-            });
+    /// `device` (not the backend's) is about to be reset, which destroys its events: the queues
+    /// of its streams are set aside, touched by no poll or wait, until `end_park` says whether
+    /// the reset happened.
+    pub fn park(&mut self, device: DeviceId) {
+        for (&stream, queue) in self.queues.iter_mut() {
+            let (theirs, ours): (VecDeque<_>, VecDeque<_>) = queue
+                .drain(..)
+                .partition(|recorded| recorded.elsewhere == Some(device));
+            *queue = ours;
+            if !theirs.is_empty() {
+                self.parked.push((stream, theirs));
+            }
         }
         self.queues.retain(|_, queue| !queue.is_empty());
     }
-}
 
-/// One event of `fence` completed: when it was the last, the fence is done.
-fn count_complete(outstanding: &mut FxHashMap<u64, usize>, fence: u64, done: &mut Vec<u64>) {
-    if let Some(left) = outstanding.get_mut(&fence) {
-        *left -= 1;
-        if *left == 0 {
-            outstanding.remove(&fence);
-            done.push(fence);
+    /// The reset of `device` is over. When it `happened`, its work ended and its events are gone:
+    /// they count as complete (the next poll reports their fences), without a call on them —
+    /// their handles may name new events by now. When it failed, the events go back to their
+    /// queues, ahead of any recorded since.
+    pub fn end_park(&mut self, device: DeviceId, happened: bool) {
+        let (ended, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|(_, queue)| queue.iter().all(|r| r.elsewhere == Some(device)));
+        self.parked = kept;
+        for (stream, mut parked) in ended {
+            if happened {
+                for recorded in parked {
+                    if count_complete(&mut self.outstanding, recorded.fence) {
+                        self.done_unpolled.push(recorded.fence);
+                    }
+                }
+            } else {
+                let queue = self.queues.entry(stream).or_default();
+                parked.append(queue);
+                *queue = parked;
+            }
         }
     }
+}
+
+/// One event of `fence` completed; whether it was the last, so that the fence is done.
+fn count_complete(outstanding: &mut FxHashMap<u64, usize>, fence: u64) -> bool {
+    let Some(left) = outstanding.get_mut(&fence) else {
+        return false;
+    };
+    *left -= 1;
+    if *left > 0 {
+        return false;
+    }
+    outstanding.remove(&fence);
+    true
 }
 
 /// Whether a call on another device's event failed because that device was reset without this
