@@ -115,31 +115,47 @@ impl StreamEvents {
         done: &mut Vec<u64>,
     ) -> Result<(), (CudaError, &'static str)> {
         done.append(&mut self.done_unpolled);
+        self.retire_in_order(rt, (query, "cudaEventQuery"), |fence| done.push(fence))
+    }
+
+    /// Retire each stream's events in order while `check` (a query, or a wait) answers them
+    /// complete, up to the first one still running; `fence_done` is told of each fence whose
+    /// last event this was. Another device's event gone with its device's reset is complete.
+    fn retire_in_order(
+        &mut self,
+        rt: &Runtime,
+        (check, call): (fn(&Runtime, EventHandle) -> CudaError, &'static str),
+        mut fence_done: impl FnMut(u64),
+    ) -> Result<(), (CudaError, &'static str)> {
         let Self {
             queues,
             outstanding,
             idle,
             ..
         } = self;
-        for queue in queues.values_mut() {
+        let mut result = Ok(());
+        'streams: for queue in queues.values_mut() {
             while let Some(&recorded) = queue.front() {
-                let live = match query(rt, recorded.event) {
+                let live = match check(rt, recorded.event) {
                     codes::SUCCESS => true,
                     codes::NOT_READY => break,
                     code if gone_with_its_device(rt, recorded, code) => false,
-                    code => return Err((code, "cudaEventQuery")),
+                    code => {
+                        result = Err((code, call));
+                        break 'streams;
+                    }
                 };
                 queue.pop_front();
                 if live {
                     retire(rt, idle, recorded);
                 }
                 if count_complete(outstanding, recorded.fence) {
-                    done.push(recorded.fence);
+                    fence_done(recorded.fence);
                 }
             }
         }
         queues.retain(|_, queue| !queue.is_empty());
-        Ok(())
+        result
     }
 
     /// Whether every event of `fence` was seen complete (by `poll` or a synchronization).
@@ -176,28 +192,7 @@ impl StreamEvents {
     /// reset (`park`), whose work the reset ends. An error leaves the events not yet waited for
     /// in place.
     pub fn wait_elsewhere(&mut self, rt: &Runtime) -> Result<(), (CudaError, &'static str)> {
-        let Self {
-            queues,
-            outstanding,
-            idle,
-            ..
-        } = self;
-        for queue in queues.values_mut() {
-            while let Some(&recorded) = queue.front() {
-                let live = match events::synchronize(rt, recorded.event) {
-                    codes::SUCCESS => true,
-                    code if gone_with_its_device(rt, recorded, code) => false,
-                    code => return Err((code, "cudaEventSynchronize")),
-                };
-                queue.pop_front();
-                if live {
-                    retire(rt, idle, recorded);
-                }
-                count_complete(outstanding, recorded.fence);
-            }
-        }
-        queues.clear();
-        Ok(())
+        self.retire_in_order(rt, (events::synchronize, "cudaEventSynchronize"), |_| {})
     }
 
     /// The backend's own device is being reset (and the backend dropped): the events it recorded
