@@ -140,6 +140,25 @@ static void run(int record) {
     CHECK(fakecudart_counter("event_syncs") == event_syncs);
     CHECK(fakecudart_range_busy(a, MIB));
     CHECK(cachealloc_free(big) == 0);
+    /* A query of the other device's event that fails for another reason than that device's
+     * reset (here 900, as during a graph capture) is reported, not taken for completion. */
+    void *kept = NULL;
+    CHECK(fakecudart_inject_call_failures("cudaEventQuery", 1, 900) == 0);
+    CHECK(cachealloc_malloc(&kept, MIB, 0, home) == 900);
+    (void)cudaGetLastError();
+    CHECK(cachealloc_malloc(&kept, MIB, 0, home) == 0);
+    CHECK(kept != a);
+    CHECK(cachealloc_free(kept) == 0);
+    /* A reset of the other device that fails ends none of its work: the block still waits. */
+    CHECK(fakecudart_inject_call_failures("cudaDeviceReset", 1, cudaErrorUnknown) == 0);
+    CHECK(cudaSetDevice(1) == 0);
+    CHECK(cudaDeviceReset() == cudaErrorUnknown);
+    CHECK(cudaGetLastError() == cudaErrorUnknown);
+    CHECK(cudaSetDevice(0) == 0);
+    CHECK(cachealloc_malloc(&kept, MIB, 0, home) == 0);
+    CHECK(kept != a);
+    CHECK(cachealloc_free(kept) == 0);
+    CHECK(fakecudart_range_busy(a, MIB));
     cudaEvent_t mine;
     CHECK(cudaSetDevice(1) == 0);
     CHECK(cudaDeviceReset() == 0);

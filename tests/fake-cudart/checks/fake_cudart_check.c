@@ -156,6 +156,20 @@ static void oom(void) {
     CHECK_RC(cudaMalloc(&a, 16), cudaErrorMemoryAllocation);
     CHECK_RC(cudaMalloc(&a, 16), cudaSuccess);
     CHECK_RC(cudaFree(a), cudaSuccess);
+    /* Injected failures of other calls: only the calls named, once each time. */
+    cudaEvent_t ev;
+    CHECK_RC(cudaEventCreate(&ev), cudaSuccess);
+    CHECK_RC(fakecudart_inject_call_failures("cudaMemcpy", 1, cudaErrorUnknown), cudaErrorInvalidValue);
+    CHECK_RC(fakecudart_inject_call_failures("cudaEventQuery", 1, cudaErrorUnknown), cudaSuccess);
+    CHECK_RC(cudaEventQuery(ev), cudaErrorUnknown);
+    CHECK_RC(cudaGetLastError(), cudaErrorUnknown);
+    CHECK_RC(cudaEventQuery(ev), cudaSuccess);
+    CHECK_RC(cudaEventDestroy(ev), cudaSuccess);
+    CHECK_RC(fakecudart_inject_call_failures("cudaDeviceReset", 1, cudaErrorUnknown), cudaSuccess);
+    CHECK_RC(cudaMalloc(&a, 16), cudaSuccess);
+    CHECK_RC(cudaDeviceReset(), cudaErrorUnknown);
+    CHECK_RC(cudaGetLastError(), cudaErrorUnknown);
+    CHECK_RC(cudaFree(a), cudaSuccess); /* the failed reset freed nothing */
     /* A larger capacity set at run time. */
     CHECK_RC(fakecudart_set_capacity(0, 4 * MiB), cudaSuccess);
     CHECK_RC(cudaMalloc(&a, 3 * MiB), cudaSuccess);

@@ -46,6 +46,12 @@ cudaError_t cudaDeviceReset(void) {
     ENTER();
     lock();
     fake.counters.device_resets++;
+    if (fake.injected_reset_failures > 0) {
+        fake.injected_reset_failures--;
+        cudaError_t rc = fake.injected_reset_code;
+        unlock();
+        return record(rc);
+    }
     free_device_allocs_locked(fake_current_device);
     drop_device_streams_locked(fake_current_device);
     drop_device_work_locked(fake_current_device);

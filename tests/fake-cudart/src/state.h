@@ -83,6 +83,10 @@ struct fake_state {
     uint64_t now;             /* ticks */
     unsigned injected_failures;
     cudaError_t injected_code;
+    unsigned injected_query_failures; /* of cudaEventQuery */
+    cudaError_t injected_query_code;
+    unsigned injected_reset_failures; /* of cudaDeviceReset */
+    cudaError_t injected_reset_code;
     fakecudart_counters counters;
 };
 

@@ -187,10 +187,15 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     ENTER();
     lock();
     fake.counters.event_queries++;
-    struct CUevent_st *e = resolve_event_locked(event);
     cudaError_t rc = cudaErrorInvalidResourceHandle;
-    if (e != NULL)
-        rc = e->recorded && e->done_at > fake.now ? cudaErrorNotReady : cudaSuccess;
+    if (fake.injected_query_failures > 0) {
+        fake.injected_query_failures--;
+        rc = fake.injected_query_code;
+    } else {
+        struct CUevent_st *e = resolve_event_locked(event);
+        if (e != NULL)
+            rc = e->recorded && e->done_at > fake.now ? cudaErrorNotReady : cudaSuccess;
+    }
     unlock();
     return record(rc);
 }

@@ -58,6 +58,23 @@ cudaError_t fakecudart_set_capacity(int device, size_t bytes) {
     return cudaSuccess;
 }
 
+cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cudaError_t code) {
+    fake_init_once();
+    cudaError_t rc = cudaSuccess;
+    lock();
+    if (call != NULL && strcmp(call, "cudaEventQuery") == 0) {
+        fake.injected_query_failures = count;
+        fake.injected_query_code = code;
+    } else if (call != NULL && strcmp(call, "cudaDeviceReset") == 0) {
+        fake.injected_reset_failures = count;
+        fake.injected_reset_code = code;
+    } else {
+        rc = cudaErrorInvalidValue;
+    }
+    unlock();
+    return rc;
+}
+
 void fakecudart_inject_malloc_failures(unsigned count, cudaError_t code) {
     fake_init_once();
     lock();
