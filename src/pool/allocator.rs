@@ -262,12 +262,7 @@ impl<B: Backend> DeviceAllocator<B> {
         let id = self.lookup_allocation(ptr)?;
         let StreamFence { fence, unfenced } = self.backend.record_stream_fence(streams)?;
         self.pend(id);
-        if self.backend.fence_done(fence) == Ok(true) {
-            // Nothing could be waited for (every stream was refused).
-            self.complete_pending(id);
-        } else {
-            self.stream_pending.insert(fence, id);
-        }
+        self.await_stream_fence(fence, id);
         Ok(unfenced)
     }
 
@@ -288,32 +283,39 @@ impl<B: Backend> DeviceAllocator<B> {
         } = self.backend.record_stream_fence(streams)?;
         self.pend(id);
         self.pending.push_back((fence, id));
-        if self.backend.fence_done(after) != Ok(true) {
-            self.then_streams.insert(id, after);
-        }
+        self.then_streams.insert(id, after);
         Ok(unfenced)
+    }
+
+    /// Pending block `id` waits in `stream_pending` for stream fence `fence`, or is reusable at
+    /// once when the fence is already done (nothing could be waited for, or it completed while
+    /// the block waited for another fence).
+    fn await_stream_fence(&mut self, fence: Fence, id: BlockId) {
+        if self.backend.fence_done(fence) == Ok(true) {
+            self.complete_pending(id);
+        } else {
+            self.stream_pending.insert(fence, id);
+        }
     }
 
     /// The fence of `pending` block `id` is done: the block is reusable, unless it still waits
     /// for a stream fence (`free_deferred_after_streams`) not seen done yet, in `stream_pending`.
     #[inline]
     pub(super) fn pending_fence_done(&mut self, id: BlockId) {
-        if !self.then_streams.is_empty() && self.then_wait_for_streams(id) {
-            return;
+        if self.then_streams.is_empty() {
+            self.complete_pending(id);
+        } else {
+            self.then_await_streams(id);
         }
-        self.complete_pending(id);
     }
 
-    /// Whether block `id` now waits in `stream_pending` for its recorded streams.
+    /// `pending_fence_done` for a block that may still wait for its recorded streams.
     #[cold]
     #[inline(never)]
-    fn then_wait_for_streams(&mut self, id: BlockId) -> bool {
+    fn then_await_streams(&mut self, id: BlockId) {
         match self.then_streams.remove(&id) {
-            Some(fence) if self.backend.fence_done(fence) != Ok(true) => {
-                self.stream_pending.insert(fence, id);
-                true
-            }
-            _ => false,
+            Some(fence) => self.await_stream_fence(fence, id),
+            None => self.complete_pending(id),
         }
     }
 
@@ -367,15 +369,20 @@ impl<B: Backend> DeviceAllocator<B> {
     fn process_stream_pending(&mut self) -> Result<(), Error> {
         let mut done = std::mem::take(&mut self.fences_done);
         let polled = self.backend.poll_fences(&mut done);
+        self.complete_stream_fences(&mut done);
+        self.fences_done = done;
+        Ok(polled?)
+    }
+
+    /// Move back the recorded frees of the fences in `done` (found done), in order of freeing,
+    /// and empty it. A fence no longer held (completed by a synchronization) is passed over.
+    pub(super) fn complete_stream_fences(&mut self, done: &mut Vec<Fence>) {
         done.sort_unstable();
         for fence in done.drain(..) {
-            // A fence already completed by a synchronization is no longer held.
             if let Some(id) = self.stream_pending.remove(&fence) {
                 self.complete_pending(id);
             }
         }
-        self.fences_done = done;
-        Ok(polled?)
     }
 
     /// Give the event to the sink, if one is installed; the event is built only then, so the

@@ -66,11 +66,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 done.push(fence);
             }
         }
-        for fence in done {
-            if let Some(id) = self.stream_pending.remove(&fence) {
-                self.complete_pending(id);
-            }
-        }
+        self.complete_stream_fences(&mut done);
         Ok(())
     }
 

@@ -134,11 +134,11 @@ impl<B: Backend> DeviceAllocator<B> {
             .filter(|(_, b)| b.state == BlockState::Pending)
             .map(|(id, _)| id)
             .collect();
-        let queued: HashSet<_> = self
-            .pending
+        let in_queue: HashSet<_> = self.pending.iter().map(|&(_, id)| id).collect();
+        let queued: HashSet<_> = in_queue
             .iter()
-            .map(|&(_, id)| id)
-            .chain(self.stream_pending.values().copied())
+            .chain(self.stream_pending.values())
+            .copied()
             .collect();
         if queued != pending || self.pending_frees() != pending.len() {
             return Err(format!(
@@ -148,7 +148,6 @@ impl<B: Backend> DeviceAllocator<B> {
                 queued.len()
             ));
         }
-        let in_queue: HashSet<_> = self.pending.iter().map(|&(_, id)| id).collect();
         if let Some(id) = self.then_streams.keys().find(|id| !in_queue.contains(id)) {
             return Err(format!(
                 "block {id} waits for streams after a fence but is not waiting for one"
