@@ -24,7 +24,7 @@ use epoch::SyncEpochs;
 use events::EventFences;
 use runtime::{CudaError, Runtime, codes};
 use std::ffi::c_void;
-use stream_events::StreamEvents;
+use stream_events::{STREAM_FENCE, StreamEvents};
 
 /// When a freed block may be reused (the backend side of `free_sync`).
 #[derive(Debug)]
@@ -36,9 +36,6 @@ pub enum FencePolicy {
     /// At once: every fence is done when recorded.
     Immediate,
 }
-
-/// Marks a fence of `stream_events` (the policy's fences never reach this bit).
-const STREAM_FENCE: u64 = 1 << 63;
 
 /// One CUDA device, reached through the real runtime.
 #[derive(Debug)]
@@ -183,26 +180,20 @@ impl Backend for CudaBackend {
                 (stream, error)
             })
             .collect();
-        Ok(StreamFence {
-            fence: Fence(fence | STREAM_FENCE),
-            unfenced,
-        })
+        Ok(StreamFence { fence, unfenced })
     }
 
     fn poll_fences(&mut self, done: &mut Vec<Fence>) -> Result<(), BackendError> {
         // On the device, as PyTorch queries and releases its events: a completed event may be
         // destroyed here.
         let _on_device = self.enter()?;
-        let mut completed = Vec::new();
-        let polled = self.stream_events.poll(self.rt, &mut completed);
-        done.extend(completed.into_iter().map(|f| Fence(f | STREAM_FENCE)));
-        polled.map_err(device_error)
+        self.stream_events.poll(self.rt, done).map_err(device_error)
     }
 
     #[inline]
     fn fence_done(&mut self, fence: Fence) -> Result<bool, BackendError> {
         if fence.0 & STREAM_FENCE != 0 {
-            return Ok(self.stream_events.done(fence.0 & !STREAM_FENCE));
+            return Ok(self.stream_events.done(fence));
         }
         match &mut self.fences {
             FencePolicy::DeviceSync(epochs) => Ok(epochs.done(fence.0)),

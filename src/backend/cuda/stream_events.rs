@@ -15,13 +15,17 @@
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
 use super::runtime::{CudaError, Runtime, clear_last_error, codes};
+use crate::backend::Fence;
 use crate::pool::{DeviceId, StreamId};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 
+/// Marks the fences of `StreamEvents` (the `free_sync` policies' fences never reach this bit).
+pub const STREAM_FENCE: u64 = 1 << 63;
+
 /// A recorded fence, and the streams the runtime refused to record on with its answers.
-pub type Recorded = (u64, Vec<(StreamId, CudaError)>);
+pub type Recorded = (Fence, Vec<(StreamId, CudaError)>);
 
 /// A recorded event: the fence it belongs to, and its device when that is not the backend's
 /// (the stream's device, where it was created).
@@ -72,7 +76,7 @@ impl StreamEvents {
             }
         }
         self.next_fence += 1;
-        let fence = self.next_fence;
+        let fence = STREAM_FENCE | self.next_fence;
         let mut refused = Vec::new();
         let mut recorded = 0;
         for (&stream, event) in streams.iter().zip(events) {
@@ -104,7 +108,7 @@ impl StreamEvents {
             self.outstanding.insert(fence, recorded);
         }
         // Else nothing to wait for: `done` answers true at once.
-        Ok((fence, refused))
+        Ok((Fence(fence), refused))
     }
 
     /// Retire the events that have completed since the last poll: each stream's, in order, up
@@ -112,10 +116,12 @@ impl StreamEvents {
     pub fn poll(
         &mut self,
         rt: &Runtime,
-        done: &mut Vec<u64>,
+        done: &mut Vec<Fence>,
     ) -> Result<(), (CudaError, &'static str)> {
-        done.append(&mut self.done_unpolled);
-        self.retire_in_order(rt, (query, "cudaEventQuery"), |fence| done.push(fence))
+        done.extend(self.done_unpolled.drain(..).map(Fence));
+        self.retire_in_order(rt, (query, "cudaEventQuery"), |fence| {
+            done.push(Fence(fence))
+        })
     }
 
     /// Retire each stream's events in order while `check` (a query, or a wait) answers them
@@ -159,8 +165,8 @@ impl StreamEvents {
     }
 
     /// Whether every event of `fence` was seen complete (by `poll` or a synchronization).
-    pub fn done(&self, fence: u64) -> bool {
-        !self.outstanding.contains_key(&fence)
+    pub fn done(&self, fence: Fence) -> bool {
+        !self.outstanding.contains_key(&fence.0)
     }
 
     /// After a synchronization of the backend's device: its events have completed, and the fences
