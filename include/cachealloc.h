@@ -123,12 +123,11 @@ int cachealloc_free(void *ptr);
  * gets an event of that device (with a runtime older than CUDA 12.8, which cannot name a
  * stream's device, it is not waited for, and the free logs a warning). The program's own
  * `cudaFree` of it waits for the recorded streams too, and, as any interposed `cudaFree`, for
- * the `free_sync` policy's fence. Its own stream or NULL `ptr`: nothing to do,
- * 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
+ * the `free_sync` policy's fence. Its own stream or NULL `ptr`: nothing to do, 0. A pointer
+ * that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
  * library is active — under `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
  */
-int cachealloc_record_stream(void *ptr,
-                             void *stream);
+int cachealloc_record_stream(void *ptr, void *stream);
 
 /**
  * Release every fully free cached segment of `device` to the driver (after waiting for pending

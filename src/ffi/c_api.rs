@@ -65,8 +65,8 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
 /// gets an event of that device (with a runtime older than CUDA 12.8, which cannot name a
 /// stream's device, it is not waited for, and the free logs a warning). The program's own
 /// `cudaFree` of it waits for the recorded streams too, and, as any interposed `cudaFree`, for
-/// the `free_sync` policy's fence. Its own stream or NULL `ptr`: nothing to do,
-/// 0. A pointer that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
+/// the `free_sync` policy's fence. Its own stream or NULL `ptr`: nothing to do, 0. A pointer
+/// that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
 /// library is active — under `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {

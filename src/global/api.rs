@@ -69,11 +69,19 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
     }
     let freed = pools::with_owner(addr, |pool| pool.free(ptr));
     trace_file::flush();
-    let freed = freed.and_then(|f| {
+    returned_only(rt, owned_free(addr, freed))
+}
+
+/// A free's outcome, where no pool owning the pointer is `Error::NotOwned` (the C API does not
+/// forward).
+fn owned_free(
+    addr: u64,
+    freed: Result<Option<Result<(), Error>>, ShimError>,
+) -> Result<(), ShimError> {
+    freed.and_then(|f| {
         f.unwrap_or(Err(Error::NotOwned { addr }))
             .map_err(ShimError::from)
-    });
-    returned_only(rt, freed)
+    })
 }
 
 /// `free` of an allocation recorded as used on `streams`.
@@ -83,11 +91,7 @@ fn free_recorded(rt: &Runtime, ptr: DevicePtr, streams: Vec<StreamId>) -> Result
     let freed = stream_uses::free_recorded(ptr, streams, |pool, streams| {
         pool.free_after_streams(ptr, streams)
     });
-    let freed = freed.and_then(|f| {
-        f.unwrap_or(Err(Error::NotOwned { addr: ptr.addr() }))
-            .map_err(ShimError::from)
-    });
-    returned_only(rt, freed)
+    returned_only(rt, owned_free(ptr.addr(), freed))
 }
 
 /// The allocation at `addr` is used on `stream` as well as on its allocation stream: its free
