@@ -50,28 +50,37 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
     return cudaStreamCreateWithPriority(pStream, cudaStreamDefault, 0);
 }
 
+/* A copy of the stream `h` names, read under the lock; cudaErrorInvalidResourceHandle (and
+ * `copy` untouched) for an unknown handle. */
+static cudaError_t read_stream(cudaStream_t h, struct CUstream_st *copy) {
+    lock();
+    struct CUstream_st *s = resolve_stream_locked(h);
+    if (s != NULL)
+        *copy = *s;
+    unlock();
+    return s != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
 cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags) {
     ENTER();
     if (flags == NULL)
         return record(cudaErrorInvalidValue);
-    lock();
-    struct CUstream_st *s = resolve_stream_locked(hStream);
-    if (s != NULL)
-        *flags = s->flags;
-    unlock();
-    return record(s != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle);
+    struct CUstream_st s;
+    cudaError_t rc = read_stream(hStream, &s);
+    if (rc == cudaSuccess)
+        *flags = s.flags;
+    return record(rc);
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device) {
     ENTER();
     if (device == NULL)
         return record(cudaErrorInvalidValue);
-    lock();
-    struct CUstream_st *s = resolve_stream_locked(hStream);
-    if (s != NULL)
-        *device = s->device;
-    unlock();
-    return record(s != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle);
+    struct CUstream_st s;
+    cudaError_t rc = read_stream(hStream, &s);
+    if (rc == cudaSuccess)
+        *device = s.device;
+    return record(rc);
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
