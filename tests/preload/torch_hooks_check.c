@@ -19,6 +19,23 @@
 
 #define MIB ((size_t)1 << 20)
 
+/* The program's own cudaFree of a 1 MiB block of `home` that `worker` reads for `ticks` and that
+ * was recorded on `recorded` (followed by a cudaDeviceSynchronize when `sync`): the next 1 MiB
+ * block of `home` is not that one while the work runs. */
+static void check_cuda_free_waits(cudaStream_t home, cudaStream_t worker, cudaStream_t recorded,
+                                  uint64_t ticks, int sync) {
+    void *c = NULL, *d = NULL;
+    CHECK(cachealloc_malloc(&c, MIB, 0, home) == 0);
+    CHECK(fakecudart_launch(c, MIB, worker, ticks) == 0);
+    CHECK(cachealloc_record_stream(c, recorded) == 0);
+    CHECK(cudaFree(c) == 0);
+    if (sync)
+        CHECK(cudaDeviceSynchronize() == 0);
+    CHECK(cachealloc_malloc(&d, MIB, 0, home) == 0);
+    CHECK(!(d == c && fakecudart_range_busy(c, MIB)));
+    CHECK(cachealloc_free(d) == 0);
+}
+
 static void run(int record) {
     cudaStream_t side;
     CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == 0);
@@ -110,15 +127,7 @@ static void run(int record) {
     CHECK(cachealloc_free(b) == 0);
     /* The program's own cudaFree of such an allocation waits for that stream too, also after
      * a synchronization of this device (the fence of free_sync:device). */
-    void *got = NULL;
-    CHECK(cachealloc_malloc(&a, MIB, 0, home) == 0);
-    CHECK(fakecudart_launch(a, MIB, elsewhere, 1000000) == 0);
-    CHECK(cachealloc_record_stream(a, elsewhere) == 0);
-    CHECK(cudaFree(a) == 0);
-    CHECK(cudaDeviceSynchronize() == 0);
-    CHECK(cachealloc_malloc(&got, MIB, 0, home) == 0);
-    CHECK(!(got == a && fakecudart_range_busy(a, MIB)));
-    CHECK(cachealloc_free(got) == 0);
+    check_cuda_free_waits(home, elsewhere, elsewhere, 1000000, 1);
     fakecudart_advance(1000000);
 
     /* The other device is reset while a block waits for its stream: that work is gone, so the
@@ -220,18 +229,13 @@ static void run(int record) {
     cachealloc_torch_free(q, MIB, 0, own);
 
     /* The program's own cudaFree of a recorded allocation waits for the recorded stream too.
-     * c and c2 fill a segment of another stream; c is freed while the side stream reads it. */
+     * c2 and the block freed fill a segment of another stream; it is freed while the side
+     * stream reads it. */
     cudaStream_t own2;
     CHECK(cudaStreamCreateWithFlags(&own2, cudaStreamNonBlocking) == 0);
-    void *c = NULL, *c2 = NULL, *d = NULL;
-    CHECK(cachealloc_malloc(&c, MIB, 0, own2) == 0);
+    void *c2 = NULL;
     CHECK(cachealloc_malloc(&c2, MIB, 0, own2) == 0);
-    CHECK(fakecudart_launch(c, MIB, side, 5000) == 0);
-    CHECK(cachealloc_record_stream(c, side) == 0);
-    CHECK(cudaFree(c) == 0);
-    CHECK(cachealloc_malloc(&d, MIB, 0, own2) == 0);
-    CHECK(!(d == c && fakecudart_range_busy(c, MIB)));
-    CHECK(cachealloc_free(d) == 0);
+    check_cuda_free_waits(own2, side, side, 5000, 0);
     /* ... and for its policy's fence: with work on a blocking stream (which the legacy default
      * stream waits for: free_sync:event's fence) and an idle recorded stream, the block is not
      * reused under that work either (free_sync:none waits for no unrecorded stream). */
@@ -239,13 +243,7 @@ static void run(int record) {
     if (!(conf && strstr(conf, "free_sync:none"))) {
         cudaStream_t blocking;
         CHECK(cudaStreamCreate(&blocking) == 0);
-        CHECK(cachealloc_malloc(&c, MIB, 0, own2) == 0);
-        CHECK(fakecudart_launch(c, MIB, blocking, 5000) == 0);
-        CHECK(cachealloc_record_stream(c, side2) == 0);
-        CHECK(cudaFree(c) == 0);
-        CHECK(cachealloc_malloc(&d, MIB, 0, own2) == 0);
-        CHECK(!(d == c && fakecudart_range_busy(c, MIB)));
-        CHECK(cachealloc_free(d) == 0);
+        check_cuda_free_waits(own2, blocking, side2, 5000, 0);
     }
     CHECK(cachealloc_free(c2) == 0);
 
