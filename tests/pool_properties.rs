@@ -85,6 +85,13 @@ struct Shadow {
 }
 
 impl Shadow {
+    /// A live allocation chosen by `pick`, which the step frees: `None` when none is live.
+    fn take_live(&mut self, pick: usize) -> Option<DevicePtr> {
+        let addr = *self.live.keys().nth(pick.checked_rem(self.live.len())?)?;
+        self.live.remove(&addr);
+        Some(DevicePtr::new(addr).expect("a live allocation is never at address 0"))
+    }
+
     fn check_disjoint(&self, addr: u64, size: u64) {
         if let Some((&a, &(s, _))) = self.live.range(..addr + size).next_back() {
             assert!(
@@ -153,41 +160,30 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 }
             }
             Step::Free { pick } => {
-                if shadow.live.is_empty() {
+                let Some(ptr) = shadow.take_live(pick) else {
                     continue;
-                }
-                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
-                shadow.live.remove(&addr);
-                let ptr = DevicePtr::new(addr).unwrap();
+                };
                 p.free(ptr).unwrap();
                 shadow.last_freed = Some(ptr);
             }
             Step::DeferredFree { pick } => {
-                if shadow.live.is_empty() {
+                let Some(ptr) = shadow.take_live(pick) else {
                     continue;
-                }
-                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
-                shadow.live.remove(&addr);
-                p.free_deferred(DevicePtr::new(addr).unwrap()).unwrap();
+                };
+                p.free_deferred(ptr).unwrap();
             }
             Step::FreeAfterStreams { pick } => {
-                if shadow.live.is_empty() {
+                let Some(ptr) = shadow.take_live(pick) else {
                     continue;
-                }
-                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
-                shadow.live.remove(&addr);
+                };
                 let streams = [StreamId(100 + pick as u64 % 3)];
-                let unfenced = p.free_after_streams(DevicePtr::new(addr).unwrap(), &streams);
-                assert_eq!(unfenced, Ok(vec![]));
+                assert_eq!(p.free_after_streams(ptr, &streams), Ok(vec![]));
             }
             Step::DeferredFreeAfterStreams { pick } => {
-                if shadow.live.is_empty() {
+                let Some(ptr) = shadow.take_live(pick) else {
                     continue;
-                }
-                let addr = *shadow.live.keys().nth(pick % shadow.live.len()).unwrap();
-                shadow.live.remove(&addr);
+                };
                 let streams = [StreamId(100 + pick as u64 % 3)];
-                let ptr = DevicePtr::new(addr).unwrap();
                 assert_eq!(p.free_deferred_after_streams(ptr, &streams), Ok(vec![]));
             }
             Step::CompleteWork => p.backend_mut().complete_work(),
