@@ -335,6 +335,40 @@ fn expandable_trace_refuses_faithful_replay_clearly() {
     );
 }
 
+/// A plain replay of an expandable-segments recording compares with what the recording did
+/// (pages mapped and unmapped, no cudaMalloc), and says that the replay used native segments.
+#[test]
+fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
+    let Some(t) = trace("code_location/52e52b2/memory_snapshot.pickle") else {
+        return;
+    };
+    let path = t.to_str().unwrap();
+    let j = json(&cachealloc(&["replay", path, "--device", "1", "--json"]));
+    assert_eq!(j["recorded_expandable_segments"], true);
+    assert_eq!(j["recorded_segment_maps"], 40);
+    assert_eq!(j["recorded_segment_unmaps"], 6);
+    assert_eq!(j["recorded_segment_allocs"], 0);
+    let out = cachealloc(&["replay", path, "--device", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "recorded (expandable segments): peak reserved 78.42 GiB | 40 segment maps, 6 unmaps"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("this replay used native segments"), "{text}");
+    // A native recording keeps its cudaMalloc line and no such note.
+    let Some(native) = trace("decomfl/edd30e0/memory.pickle") else {
+        return;
+    };
+    let j = json(&cachealloc(&["replay", native.to_str().unwrap(), "--json"]));
+    assert_eq!(j["recorded_expandable_segments"], false);
+    let out = cachealloc(&["replay", native.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("recorded: peak reserved 1.77 GiB | 61 cudaMalloc, 0 cudaFree"));
+    assert!(!text.contains("native segments"), "{text}");
+}
+
 #[test]
 fn bad_input_exits_2_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();

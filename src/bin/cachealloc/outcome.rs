@@ -12,6 +12,11 @@ pub struct Recorded {
     pub peak_reserved_bytes: Option<u64>,
     pub segment_allocs: Option<u64>,
     pub segment_frees: Option<u64>,
+    /// Expandable segments: pages mapped into and unmapped from reserved ranges.
+    pub segment_maps: Option<u64>,
+    pub segment_unmaps: Option<u64>,
+    /// The recording used expandable segments (which the replay does not simulate).
+    pub expandable_segments: bool,
     pub retries: Option<u64>,
     pub oom: Option<RecordedOomJson>,
     /// Frees in the trace of memory allocated before recording began.
@@ -73,6 +78,14 @@ pub struct ReplayJson {
     pub recorded_peak_reserved_bytes: Option<u64>,
     pub recorded_segment_allocs: Option<u64>,
     pub recorded_segment_frees: Option<u64>,
+    /// The recording's `segment_map` / `segment_unmap` calls (expandable segments: the
+    /// driver calls that reserve and give back memory, in place of cudaMalloc and cudaFree).
+    pub recorded_segment_maps: Option<u64>,
+    pub recorded_segment_unmaps: Option<u64>,
+    /// Whether the recording used `expandable_segments:True`. The replay models PyTorch's
+    /// native segments only, so its device calls and reserved memory are what native segments
+    /// would have done, not a reproduction.
+    pub recorded_expandable_segments: bool,
     pub recorded_retries: Option<u64>,
     pub recorded_oom: Option<RecordedOomJson>,
     /// When the replay ran out of memory: the settings that replay without any OOM (null when
@@ -248,6 +261,9 @@ impl ReplayJson {
             recorded_peak_reserved_bytes: ctx.recorded.peak_reserved_bytes,
             recorded_segment_allocs: ctx.recorded.segment_allocs,
             recorded_segment_frees: ctx.recorded.segment_frees,
+            recorded_segment_maps: ctx.recorded.segment_maps,
+            recorded_segment_unmaps: ctx.recorded.segment_unmaps,
+            recorded_expandable_segments: ctx.recorded.expandable_segments,
             recorded_retries: ctx.recorded.retries,
             recorded_oom: ctx.recorded.oom,
             fitting_settings: None,
@@ -288,6 +304,33 @@ impl ReplayJson {
         self.max_split_sizes_not_replayable = Some(search.cannot_start.clone());
         self.fitting_settings = Some(search.fits.into_iter().map(FittingJson::from).collect());
         self
+    }
+
+    /// The recording's device calls: cudaMalloc and cudaFree, and with expandable segments its
+    /// page maps and unmaps (with cudaMalloc and cudaFree too when it made any: the setting
+    /// changed during the recording).
+    fn recorded_device_calls(&self) -> String {
+        let native = format!(
+            "{} cudaMalloc, {} cudaFree",
+            opt(self.recorded_segment_allocs),
+            opt(self.recorded_segment_frees)
+        );
+        if !self.recorded_expandable_segments {
+            return native;
+        }
+        let mapped = format!(
+            "{} segment maps, {} unmaps",
+            opt(self.recorded_segment_maps),
+            opt(self.recorded_segment_unmaps)
+        );
+        let made_native = [self.recorded_segment_allocs, self.recorded_segment_frees]
+            .iter()
+            .any(|n| n.unwrap_or(0) > 0);
+        if made_native {
+            format!("{native}, {mapped}")
+        } else {
+            mapped
+        }
     }
 
     pub fn to_json(&self) -> String {
@@ -393,10 +436,14 @@ impl ReplayJson {
         }
         if let Some(peak) = self.recorded_peak_reserved_bytes {
             t += &format!(
-                "  recorded: peak reserved {} | {} cudaMalloc, {} cudaFree | retries {}{}\n",
+                "  recorded{}: peak reserved {} | {} | retries {}{}\n",
+                if self.recorded_expandable_segments {
+                    " (expandable segments)"
+                } else {
+                    ""
+                },
                 format_size(peak),
-                opt(self.recorded_segment_allocs),
-                opt(self.recorded_segment_frees),
+                self.recorded_device_calls(),
                 opt(self.recorded_retries),
                 match &self.recorded_oom {
                     Some(o) => format!(
@@ -407,6 +454,11 @@ impl ReplayJson {
                     None => String::new(),
                 }
             );
+        }
+        if self.recorded_expandable_segments {
+            t += "  the recording used expandable_segments:True, which cachealloc does not \
+                  simulate yet: this replay used native segments, so its reserved memory and \
+                  device calls are what native segments would have done\n";
         }
         t += "\n";
         t += &memory_summary(&self.stats, DeviceId(self.device), false);

@@ -53,7 +53,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             )
         })?,
     };
-    let recorded = recorded_figures(&rec.figures());
+    let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
     let recorded_settings = rec.settings.as_ref().map(|s| s.to_settings());
     if faithful {
         let f = rec.faithful().map_err(|e| e.to_string())?;
@@ -123,11 +123,15 @@ fn nothing_to_replay(path: &Path, rec: &DeviceRecording, orphan_frees: usize) ->
     }
 }
 
-pub(crate) fn recorded_figures(f: &RecordedFigures) -> Recorded {
+/// What the recording itself did, for the comparison; `expandable_segments` when it used them.
+pub(crate) fn recorded_figures(f: &RecordedFigures, expandable_segments: bool) -> Recorded {
     Recorded {
         peak_reserved_bytes: Some(f.recorded_peak_reserved_bytes),
         segment_allocs: Some(f.recorded_segment_allocs as u64),
         segment_frees: Some(f.recorded_segment_frees as u64),
+        segment_maps: Some(f.recorded_segment_maps as u64),
+        segment_unmaps: Some(f.recorded_segment_unmaps as u64),
+        expandable_segments,
         retries: Some(f.recorded_retries as u64),
         oom: f.recorded_oom.as_ref().map(|o| RecordedOomJson {
             event_index: o.event_index,
