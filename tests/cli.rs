@@ -318,21 +318,39 @@ fn orphan_frees_count_the_traces_frees_of_earlier_memory() {
     );
 }
 
+/// A faithful replay of the expandable-segments recording reproduces it: its page maps and
+/// unmaps, retries, its OOM, and every allocation's address.
 #[test]
-fn expandable_trace_refuses_faithful_replay_clearly() {
+fn faithful_replay_of_an_expandable_trace_reproduces_it() {
     let Some(t) = trace("code_location/52e52b2/memory_snapshot.pickle") else {
         return;
     };
-    let out = cachealloc(&["replay", t.to_str().unwrap(), "--faithful"]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("expandable"), "{err}");
-    // Plain replay of the same file works.
+    let path = t.to_str().unwrap();
+    let j = json(&cachealloc(&[
+        "replay",
+        path,
+        "--device",
+        "1",
+        "--faithful",
+        "--json",
+    ]));
+    // The recording's settings: expandable segments, which count no segments.
+    assert_eq!(j["settings"], "as recorded");
+    assert_eq!(j["memory_stats"]["segment.all.peak"], 0);
+    assert_eq!(j["num_device_alloc"], 40);
+    assert_eq!(j["num_device_free"], 6);
+    assert_eq!(j["num_alloc_retries"], 2);
+    assert_eq!(j["first_oom_event_index"], 421);
+    assert_eq!(j["recorded_oom"]["event_index"], 421);
+    assert_eq!(j["peak_reserved_bytes"], j["recorded_peak_reserved_bytes"]);
+    assert_eq!(j["allocs_at_recorded_addr"], 199);
+    let out = cachealloc(&["replay", path, "--device", "1", "--faithful"]);
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        cachealloc(&["replay", t.to_str().unwrap(), "--json"])
-            .status
-            .success()
+        text.contains("device calls: 40 segment maps, 6 unmaps | retries 2 | OOMs 1"),
+        "{text}"
     );
+    assert!(!text.contains("this replay did not"), "{text}");
 }
 
 /// A plain replay of an expandable-segments recording compares with what the recording did
@@ -356,7 +374,10 @@ fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
         ),
         "{text}"
     );
-    assert!(text.contains("this replay used native segments"), "{text}");
+    assert!(
+        text.contains("the recording used expandable_segments:True and this replay did not"),
+        "{text}"
+    );
     // A native recording keeps its cudaMalloc line and no such note.
     let Some(native) = trace("decomfl/edd30e0/memory.pickle") else {
         return;
@@ -366,7 +387,7 @@ fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
     let out = cachealloc(&["replay", native.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("recorded: peak reserved 1.77 GiB | 61 cudaMalloc, 0 cudaFree"));
-    assert!(!text.contains("native segments"), "{text}");
+    assert!(!text.contains("this replay did not"), "{text}");
 }
 
 #[test]

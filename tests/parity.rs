@@ -1,6 +1,7 @@
-//! Parity with PyTorch on real recorded traces: a faithful replay of every native trace
-//! reproduces the recorded peak reserved bytes, cudaMalloc and cudaFree counts, retries, OOM
-//! point, and puts every allocation at its recorded address.
+//! Parity with PyTorch on real recorded traces: a faithful replay of every trace (native
+//! segments, and expandable ones that begin with nothing reserved) reproduces the recorded peak
+//! reserved bytes, cudaMalloc and cudaFree counts (page maps and unmaps with expandable
+//! segments), retries, OOM point, and puts every allocation at its recorded address.
 //!
 //! Traces come from `$CACHEALLOC_TRACES` or `../shared/traces/real`; the test says when it skips.
 
@@ -10,16 +11,16 @@ mod support;
 use std::path::Path;
 use support::traces::{snapshot_files, traces_dir_or_skip};
 
-/// Replay every traced, non-expandable device of `file` faithfully and compare.
-fn check_file(file: &Path) -> Vec<String> {
+/// Replay every traced device of `file` faithfully and compare. Returns the failures and the
+/// number of expandable-segments devices replayed.
+fn check_file(file: &Path) -> (Vec<String>, usize) {
     let mut failures = Vec::new();
+    let mut expandable = 0;
     let Ok(snapshot) = read_snapshot(file) else {
-        return failures; // not a memory snapshot (e.g. a kineto trace): covered elsewhere
+        return (failures, 0); // not a memory snapshot (e.g. a kineto trace): covered elsewhere
     };
     for rec in snapshot.traced_devices() {
-        if rec.is_expandable() {
-            continue;
-        }
+        expandable += usize::from(rec.is_expandable());
         let settings = rec
             .settings
             .as_ref()
@@ -50,14 +51,14 @@ fn check_file(file: &Path) -> Vec<String> {
             rec_fig.recorded_peak_reserved_bytes,
         );
         check(
-            "cudaMalloc calls",
+            "cudaMalloc calls and page maps",
             s.counts.num_device_alloc,
-            rec_fig.recorded_segment_allocs as u64,
+            (rec_fig.recorded_segment_allocs + rec_fig.recorded_segment_maps) as u64,
         );
         check(
-            "cudaFree calls",
+            "cudaFree calls and page unmaps",
             s.counts.num_device_free,
-            rec_fig.recorded_segment_frees as u64,
+            (rec_fig.recorded_segment_frees + rec_fig.recorded_segment_unmaps) as u64,
         );
         check(
             "retries",
@@ -90,11 +91,11 @@ fn check_file(file: &Path) -> Vec<String> {
             out.allocs_with_recorded_addr
         );
     }
-    failures
+    (failures, expandable)
 }
 
 #[test]
-fn faithful_replay_reproduces_every_native_trace() {
+fn faithful_replay_reproduces_every_trace() {
     let Some(dir) = traces_dir_or_skip() else {
         return;
     };
@@ -104,7 +105,21 @@ fn faithful_replay_reproduces_every_native_trace() {
         "no snapshot files under {}",
         dir.display()
     );
-    let failures: Vec<String> = files.iter().flat_map(|f| check_file(f)).collect();
+    let (mut failures, mut expandable) = (Vec::new(), 0);
+    for file in &files {
+        let (f, e) = check_file(file);
+        failures.extend(f);
+        expandable += e;
+    }
+    if files
+        .iter()
+        .any(|f| f.to_string_lossy().contains("code_location"))
+    {
+        assert!(
+            expandable >= 3,
+            "code_location's three expandable-segments devices were not replayed"
+        );
+    }
     assert!(
         failures.is_empty(),
         "parity failures:\n{}",

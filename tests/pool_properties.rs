@@ -67,11 +67,13 @@ fn settings_strategy() -> impl Strategy<Value = (Settings, u64)> {
         prop_oneof![Just(u64::MAX), Just(20 * MIB), Just(64 * MIB)],
         prop_oneof![Just(0u64), Just(4), Just(8)],
         prop_oneof![Just(u64::MAX), Just(512 * MIB), Just(2048 * MIB)],
+        prop_oneof![2 => Just(false), 1 => Just(true)],
     )
-        .prop_map(|(mss, div, capacity)| {
+        .prop_map(|(mss, div, capacity, expandable_segments)| {
             let settings = Settings {
                 max_split_size: mss,
                 roundup_power2_divisions: [div; 16],
+                expandable_segments,
                 ..Settings::default()
             };
             (settings, capacity)
@@ -147,13 +149,23 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                         shadow.live.insert(ptr.addr(), (block, size));
                     }
                     Err(Error::OutOfMemory(report)) => {
-                        // After the whole ladder, the segment really did not fit.
+                        // After the whole ladder, the segment (or with expandable segments,
+                        // the pages for the request) really did not fit.
                         assert!(capacity != u64::MAX);
-                        assert!(
-                            report.reserved + report.alloc_size > capacity,
-                            "OOM although {} reserved + {} fits in {capacity}",
-                            report.reserved,
+                        let needed = if settings.expandable_segments {
+                            let page = if report.rounded <= MIB {
+                                2 * MIB
+                            } else {
+                                20 * MIB
+                            };
+                            report.rounded.div_ceil(page) * page
+                        } else {
                             report.alloc_size
+                        };
+                        assert!(
+                            report.reserved + needed > capacity,
+                            "OOM although {} reserved + {needed} fits in {capacity}",
+                            report.reserved,
                         );
                     }
                     Err(e) => panic!("unexpected error {e:?}"),

@@ -100,12 +100,12 @@ fn faithful_start_state_is_consistent_on_every_traced_device() {
     for (rel, rec) in devices {
         let figures = rec.figures();
         if rec.is_expandable() {
-            let err = rec.faithful().expect_err("expandable traces are refused");
-            assert!(
-                err.to_string()
-                    .contains("expandable segments trace: faithful replay not supported yet"),
-                "{err}"
-            );
+            // Replayed from an empty start (the only one rebuilt for expandable segments).
+            let replay = rec
+                .faithful()
+                .unwrap_or_else(|e| panic!("{rel} device {}: {e}", rec.device.0));
+            assert!(replay.start.segments.is_empty(), "{rel}");
+            assert_eq!(figures.start_reserved_bytes, 0, "{rel}");
             continue;
         }
         let replay = rec
@@ -367,7 +367,7 @@ fn octree_retry_brackets_capacity() {
 }
 
 #[test]
-fn expandable_trace_reads_and_is_refused_for_faithful_replay() {
+fn expandable_trace_reads_and_replays_faithfully_from_an_empty_start() {
     let Some(dir) = traces_dir_or_skip() else {
         return;
     };
@@ -377,12 +377,11 @@ fn expandable_trace_reads_and_is_refused_for_faithful_replay() {
     assert_eq!(traced.len(), 3);
     for rec in traced {
         assert!(rec.is_expandable());
-        let err = rec.faithful().unwrap_err().to_string();
-        assert!(
-            err.contains("expandable segments trace: faithful replay not supported yet"),
-            "{err}"
-        );
+        let faithful = rec.faithful().unwrap();
+        assert!(faithful.start.segments.is_empty());
+        assert_eq!(faithful.workload.allocs(), rec.figures().allocs);
         assert_eq!(rec.plain().allocs(), rec.figures().allocs);
+        assert!(rec.figures().recorded_segment_maps > 0);
     }
     let dev1 = &snap.devices[1];
     let oom = dev1.figures().recorded_oom.unwrap();

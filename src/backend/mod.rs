@@ -4,6 +4,7 @@
 //! beside it and is the only place that calls the driver or runtime.
 
 pub mod cuda;
+mod mapped_pages;
 pub mod sim;
 
 use crate::pool::{DeviceId, DevicePtr, StreamId};
@@ -105,4 +106,46 @@ pub trait Backend {
     /// streams (before memory is given back: the out-of-memory retry, `empty_cache`);
     /// afterwards every stream fence is done.
     fn wait_stream_fences(&mut self) -> Result<(), BackendError>;
+
+    /// Whether the backend has the calls of expandable segments below (the driver's
+    /// virtual-memory API). Without them the pool obtains every segment with `allocate`.
+    fn supports_expandable_segments(&self) -> bool {
+        false
+    }
+
+    /// Expandable segments: reserve `size` bytes of address space with no memory behind it
+    /// (`cuMemAddressReserve`), aligned to 2 MiB. `Err(OutOfMemory)` when there is no room.
+    fn reserve_address_range(&mut self, _size: u64) -> Result<DevicePtr, BackendError> {
+        Err(NOT_SUPPORTED)
+    }
+
+    /// Put memory behind `[ptr, ptr + size)`, whole pages of a reserved range not mapped yet
+    /// (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page). `Err(OutOfMemory)`, with
+    /// nothing mapped, when the device is full.
+    fn map_pages(&mut self, _ptr: DevicePtr, _size: u64) -> Result<(), BackendError> {
+        Err(NOT_SUPPORTED)
+    }
+
+    /// Take the memory from behind `[ptr, ptr + size)`, whole mapped pages, once the work of
+    /// `stream` (the segment's) issued so far has finished (`cuMemUnmap` does not wait).
+    fn unmap_pages(
+        &mut self,
+        _ptr: DevicePtr,
+        _size: u64,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        Err(NOT_SUPPORTED)
+    }
+
+    /// Give back a reserved range with nothing mapped in it (`cuMemAddressFree`).
+    fn release_address_range(&mut self, _ptr: DevicePtr, _size: u64) -> Result<(), BackendError> {
+        Err(NOT_SUPPORTED)
+    }
 }
+
+/// What the calls of expandable segments answer on a backend without them
+/// (`cudaErrorNotSupported`); the pool never makes them there.
+const NOT_SUPPORTED: BackendError = BackendError::Device {
+    code: 801,
+    call: "expandable segments",
+};

@@ -1,6 +1,7 @@
 //! A simulated device: a capacity, an address space laid out like the driver's, injectable
 //! failures and a clock for pending work. Deterministic; used by tests, replay and benchmarks.
 
+use super::mapped_pages::MappedPages;
 use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
 use crate::pool::segment_map::SegmentMap;
 use crate::pool::{DeviceId, DevicePtr, StreamId};
@@ -37,6 +38,9 @@ pub struct SimCounters {
     pub frees: u64,
     pub failed_allocs: u64,
     pub synchronizes: u64,
+    /// Expandable segments: page maps (each call, whatever its pages) and unmaps.
+    pub maps: u64,
+    pub unmaps: u64,
 }
 
 /// A simulated device.
@@ -46,10 +50,18 @@ pub struct SimDevice {
     capacity: u64,
     /// Bytes used by others on the device (not by this allocator).
     foreign_used: u64,
+    /// The total memory `mem_info` reports, when not the capacity.
+    total: Option<u64>,
     used: u64,
     placement: Placement,
-    /// Live segments: address → size.
+    /// Live segments and reserved address ranges: address → size.
     segments: SegmentMap,
+    /// Reserved address ranges of expandable segments (also in `segments`): address → size.
+    reserved: SegmentMap,
+    /// Mapped pages of the reserved ranges (their bytes count in `used`).
+    mapped: MappedPages,
+    /// Recorded addresses of upcoming address reservations, in order.
+    reservation_hints: VecDeque<u64>,
     /// Free parts of the managed address space `[ADDRESS_BASE, ADDRESS_TOP)`: start → end.
     free_ranges: BTreeMap<u64, u64>,
     /// Recorded `(size, address)` of upcoming segment allocations, in order.
@@ -74,9 +86,13 @@ impl SimDevice {
             device: DeviceId(0),
             capacity: capacity.min(ADDRESS_SPACE),
             foreign_used: 0,
+            total: None,
             used: 0,
             placement: Placement::TopDown,
             segments: SegmentMap::default(),
+            reserved: SegmentMap::default(),
+            mapped: MappedPages::default(),
+            reservation_hints: VecDeque::new(),
             free_ranges: BTreeMap::from([(ADDRESS_BASE, ADDRESS_TOP)]),
             address_hints: VecDeque::new(),
             injected_failures: VecDeque::new(),
@@ -114,12 +130,18 @@ impl SimDevice {
         self.capacity = capacity.min(ADDRESS_SPACE);
     }
 
+    /// The total memory `mem_info` reports (`None`: the capacity), as a device's total exceeds
+    /// what a program can allocate on it.
+    pub fn set_total(&mut self, total: Option<u64>) {
+        self.total = total;
+    }
+
     /// Memory used on the device by something other than this allocator.
     pub fn set_foreign_used(&mut self, bytes: u64) {
         self.foreign_used = bytes;
     }
 
-    /// Bytes currently held by live segments.
+    /// Bytes currently held by live segments and mapped pages.
     pub fn used(&self) -> u64 {
         self.used
     }
@@ -138,6 +160,12 @@ impl SimDevice {
     /// skipped over are dropped); otherwise the placement rule decides.
     pub fn push_address_hint(&mut self, size: u64, addr: u64) {
         self.address_hints.push_back((size, addr));
+    }
+
+    /// Queue the address a recording's driver gave an address reservation of an expandable
+    /// segment: the next reservation takes it when that range is free.
+    pub fn push_reservation_hint(&mut self, addr: u64) {
+        self.reservation_hints.push_back(addr);
     }
 
     /// Make the next `allocate` call fail with `error` (queued; one call each).
@@ -165,6 +193,14 @@ impl SimDevice {
     /// Finish all work issued so far: every fence recorded until now is done.
     pub fn complete_work(&mut self) {
         self.completed_fences = self.next_fence;
+    }
+
+    /// Whether `size` more bytes fit in the capacity.
+    fn fits(&self, size: u64) -> bool {
+        self.used
+            .checked_add(self.foreign_used)
+            .and_then(|u| u.checked_add(size))
+            .is_some_and(|total| total <= self.capacity)
     }
 
     fn range_is_free(&self, addr: u64, size: u64) -> bool {
@@ -224,6 +260,11 @@ impl SimDevice {
             self.address_hints.drain(..=pos);
             return Some(addr);
         }
+        self.place_by_rule(size)
+    }
+
+    /// Where the placement rule puts `size` bytes (no hint).
+    fn place_by_rule(&self, size: u64) -> Option<u64> {
         let mut ranges = self.free_ranges.iter().map(|(s, e)| (*s, *e));
         match self.placement {
             Placement::TopDown => ranges.rev().find_map(|(start, end)| {
@@ -238,6 +279,11 @@ impl SimDevice {
     }
 }
 
+/// The error for a call the pool should never make (a bug the tests are there to catch).
+fn misuse(call: &'static str) -> BackendError {
+    BackendError::Device { code: 1, call }
+}
+
 impl Backend for SimDevice {
     fn device(&self) -> DeviceId {
         self.device
@@ -248,12 +294,11 @@ impl Backend for SimDevice {
             self.counters.failed_allocs += 1;
             return Err(error);
         }
-        let fits = self
-            .used
-            .checked_add(self.foreign_used)
-            .and_then(|u| u.checked_add(size))
-            .is_some_and(|total| total <= self.capacity);
-        let addr = if fits { self.place(size) } else { None };
+        let addr = if self.fits(size) {
+            self.place(size)
+        } else {
+            None
+        };
         let Some(addr) = addr else {
             self.counters.failed_allocs += 1;
             return Err(BackendError::OutOfMemory);
@@ -267,25 +312,98 @@ impl Backend for SimDevice {
 
     fn release(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
         match self.segments.get(ptr.addr()) {
-            Some(s) if s == size => {
+            Some(s) if s == size && self.reserved.get(ptr.addr()).is_none() => {
                 self.segments.remove(ptr.addr());
                 self.uncarve(ptr.addr(), size);
                 self.used -= size;
                 self.counters.frees += 1;
                 Ok(())
             }
-            _ => Err(BackendError::Device {
-                code: 1,
-                call: "sim release",
-            }),
+            _ => Err(misuse("sim release")),
         }
+    }
+
+    fn supports_expandable_segments(&self) -> bool {
+        true
+    }
+
+    fn reserve_address_range(&mut self, size: u64) -> Result<DevicePtr, BackendError> {
+        let hinted = self.reservation_hints.pop_front();
+        let addr = match hinted {
+            Some(a) if a != 0 && a % SEGMENT_ALIGNMENT == 0 && self.range_is_free(a, size) => {
+                Some(a)
+            }
+            _ => self.place_by_rule(size),
+        };
+        let Some(addr) = addr else {
+            return Err(BackendError::OutOfMemory);
+        };
+        self.segments.insert(addr, size);
+        self.reserved.insert(addr, size);
+        self.carve(addr, size);
+        Ok(DevicePtr::new(addr).expect("placement never yields address 0"))
+    }
+
+    fn map_pages(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let (start, end) = (ptr.addr(), ptr.addr().saturating_add(size));
+        let inside = self
+            .reserved
+            .at_or_below(start)
+            .is_some_and(|(a, len)| end <= a + len);
+        if !inside {
+            return Err(misuse("sim map_pages outside a reserved range"));
+        }
+        if let Some(Some(error)) = self.injected_failures.pop_front() {
+            self.counters.failed_allocs += 1;
+            return Err(error);
+        }
+        if !self.fits(size) {
+            self.counters.failed_allocs += 1;
+            return Err(BackendError::OutOfMemory);
+        }
+        if !self.mapped.map(start, end) {
+            return Err(misuse("sim map_pages of mapped pages"));
+        }
+        self.used += size;
+        self.counters.maps += 1;
+        Ok(())
+    }
+
+    fn unmap_pages(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
+        if !self
+            .mapped
+            .unmap(ptr.addr(), ptr.addr().saturating_add(size))
+        {
+            return Err(misuse("sim unmap_pages of pages not mapped"));
+        }
+        self.used -= size;
+        self.counters.unmaps += 1;
+        Ok(())
+    }
+
+    fn release_address_range(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let (addr, end) = (ptr.addr(), ptr.addr().saturating_add(size));
+        if self.reserved.get(addr) != Some(size) || self.mapped.any_in(addr, end) {
+            return Err(misuse(
+                "sim release_address_range of a range not reserved or mapped",
+            ));
+        }
+        self.reserved.remove(addr);
+        self.segments.remove(addr);
+        self.uncarve(addr, size);
+        Ok(())
     }
 
     fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
         let used = self.used.saturating_add(self.foreign_used);
         Ok(MemInfo {
             free: self.capacity.saturating_sub(used),
-            total: self.capacity,
+            total: self.total.unwrap_or(self.capacity),
         })
     }
 
@@ -473,6 +591,50 @@ mod tests {
                 "everything released is one free range again"
             );
         }
+    }
+
+    /// Expandable segments: a reservation takes address space but no memory; mapped pages
+    /// count against the capacity; calls the pool should never make are refused.
+    #[test]
+    fn reserved_ranges_hold_memory_only_where_mapped() {
+        let mut sim = SimDevice::new(100 * MIB);
+        sim.push_reservation_hint(0x7f20_0000_0000);
+        let r = sim.reserve_address_range(1 << 30).unwrap();
+        assert_eq!(r.addr(), 0x7f20_0000_0000, "the hint, free");
+        assert_eq!(sim.used(), 0);
+        let at = |off: u64| DevicePtr::new(r.addr() + off).unwrap();
+        sim.map_pages(at(0), 60 * MIB).unwrap();
+        assert_eq!(
+            sim.map_pages(at(60 * MIB), 60 * MIB),
+            Err(BackendError::OutOfMemory)
+        );
+        assert!(
+            sim.map_pages(at(40 * MIB), 20 * MIB).is_err(),
+            "mapped twice"
+        );
+        assert!(
+            sim.map_pages(at(1 << 30), 2 * MIB).is_err(),
+            "outside the range"
+        );
+        assert!(sim.release(r, 1 << 30).is_err(), "a range is not a segment");
+        assert!(
+            sim.release_address_range(r, 1 << 30).is_err(),
+            "pages still mapped"
+        );
+        sim.unmap_pages(at(20 * MIB), 20 * MIB, StreamId(0))
+            .unwrap();
+        assert!(sim.unmap_pages(at(20 * MIB), 2 * MIB, StreamId(0)).is_err());
+        assert_eq!(sim.used(), 40 * MIB);
+        assert_eq!(sim.mem_info().unwrap().free, 60 * MIB);
+        sim.unmap_pages(at(0), 20 * MIB, StreamId(0)).unwrap();
+        sim.unmap_pages(at(40 * MIB), 20 * MIB, StreamId(0))
+            .unwrap();
+        sim.release_address_range(r, 1 << 30).unwrap();
+        assert_eq!(sim.segments().count(), 0);
+        let counters = sim.counters();
+        assert_eq!((counters.maps, counters.unmaps), (1, 3));
+        sim.set_total(Some(200 * MIB));
+        assert_eq!(sim.mem_info().unwrap().total, 200 * MIB);
     }
 
     #[test]

@@ -260,17 +260,20 @@ impl Config {
     }
 
     /// Turn off settings that parse but that cachealloc does not implement yet, returning one
-    /// warning for each, to be shown to the user. Today: `expandable_segments:True` (segments
-    /// are then obtained with cudaMalloc, PyTorch's native policy) and the ignored PyTorch keys
-    /// that would change the policy (`large_segment_size_mb`). Accepting the key keeps an
-    /// existing `PYTORCH_CUDA_ALLOC_CONF` usable; the warning keeps the substitution visible.
-    pub fn drop_unsupported(&mut self) -> Vec<String> {
+    /// warning for each, to be shown to the user. Today: `expandable_segments:True` where
+    /// `expandable_supported` is false — the preloaded library, which has no driver
+    /// virtual-memory backend yet (segments are then obtained with cudaMalloc, PyTorch's native
+    /// policy); replay simulates them — and the ignored PyTorch keys that would change the
+    /// policy (`large_segment_size_mb`). Accepting the key keeps an existing
+    /// `PYTORCH_CUDA_ALLOC_CONF` usable; the warning keeps the substitution visible.
+    pub fn drop_unsupported(&mut self, expandable_supported: bool) -> Vec<String> {
         let mut warnings = Vec::new();
-        if self.settings.expandable_segments {
+        if self.settings.expandable_segments && !expandable_supported {
             self.settings.expandable_segments = false;
             warnings.push(format!(
-                "{}: expandable_segments:True is not supported by cachealloc yet; using fixed \
-                 segments (PyTorch's native policy: one cudaMalloc per segment)",
+                "{}: expandable_segments:True is not supported by the preloaded library yet \
+                 (`cachealloc replay` simulates it); using fixed segments (PyTorch's native \
+                 policy: one cudaMalloc per segment)",
                 self.source.name()
             ));
         }

@@ -237,7 +237,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "`True` or `False`",
         unit: "",
         carrier: Carrier::Shared,
-        doc: "PyTorch's growable segments (driver virtual-memory API). Not implemented yet: accepted, turned off with a warning.",
+        doc: "PyTorch's growable segments: an address range per pool and stream, pages mapped on demand. Simulated by `cachealloc replay`; the preloaded library does not have them yet (they need the driver's virtual-memory API): there it is accepted and turned off with a warning.",
         apply: |c, v, _| {
             c.settings.expandable_segments = values::boolean(v)?;
             Ok(())

@@ -607,16 +607,20 @@ fn unsupported_expandable_segments_is_dropped_with_a_warning() {
     })
     .unwrap();
     assert!(c.settings.expandable_segments, "parsed as written");
-    let warnings = c.drop_unsupported();
+    let warnings = c.drop_unsupported(false);
     assert_eq!(warnings.len(), 1);
     assert!(
         warnings[0]
-            .starts_with("PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported"),
+            .starts_with("PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported by the preloaded library"),
         "{}",
         warnings[0]
     );
     assert!(!c.settings.expandable_segments);
-    assert!(c.drop_unsupported().is_empty());
+    assert!(c.drop_unsupported(false).is_empty());
+    // Replay simulates them: kept, no warning.
+    let mut replayed = Config::parse_conf_str("expandable_segments:True").unwrap();
+    assert!(replayed.drop_unsupported(true).is_empty());
+    assert!(replayed.settings.expandable_segments);
 }
 
 /// Ignoring a key that would change PyTorch's policy is said out loud; the keys of an
@@ -632,7 +636,7 @@ fn ignored_policy_keys_warn_and_expandable_reserve_keys_are_ignored() {
     })
     .unwrap();
     assert_eq!(
-        c.drop_unsupported(),
+        c.drop_unsupported(false),
         [
             "PYTORCH_CUDA_ALLOC_CONF: large_segment_size_mb is not supported by cachealloc yet; \
           large segments stay 20 MiB (PyTorch's default) and max_split_size_mb's minimum stays 20"
@@ -656,7 +660,7 @@ fn policy_values_of_ignored_keys_warn() {
     let with = |text: &'static str| {
         Config::from_lookup(move |k| (k == source).then(|| text.to_string()))
             .unwrap()
-            .drop_unsupported()
+            .drop_unsupported(false)
     };
     assert_eq!(
         with("backend:cudaMallocAsync,throw_on_cudamalloc_oom:True"),
@@ -679,7 +683,7 @@ fn policy_values_of_ignored_keys_warn() {
         _ => None,
     })
     .unwrap();
-    let warned = c.drop_unsupported();
+    let warned = c.drop_unsupported(false);
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert!(
         warned[0].starts_with("PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is not supported"),

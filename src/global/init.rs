@@ -72,7 +72,7 @@ fn decide() -> Mode {
             for warning in config.unread_warnings() {
                 log_event!(warn, "{warning}");
             }
-            for warning in config.drop_unsupported() {
+            for warning in config.drop_unsupported(false) {
                 log_event!(warn, "{warning}");
             }
             for warning in config.value_warnings() {

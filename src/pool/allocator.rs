@@ -12,6 +12,7 @@ use super::block_table::BlockTable;
 use super::counters::Counters;
 use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
+use super::expandable::UnmappedSets;
 use super::free_index::{FreeEntry, FreeIndex};
 use super::oom::OomReport;
 use super::release::StreamWait;
@@ -88,8 +89,11 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) blocks: BlockTable,
     pub(super) small: StreamPools,
     pub(super) large: StreamPools,
-    /// Segments obtained from the device: start address → size.
+    /// Segments obtained from the device (and reserved ranges of expandable segments): start
+    /// address → size.
     pub(super) segments: SegmentMap,
+    /// The unmapped blocks of expandable segments.
+    pub(super) unmapped: UnmappedSets,
     /// Freed blocks waiting for their fence (`free_deferred`), oldest first. While any wait,
     /// the pool synchronizes the device before it grows.
     pub(super) pending: VecDeque<(Fence, BlockId)>,
@@ -121,7 +125,10 @@ pub struct DeviceAllocator<B: Backend> {
 }
 
 impl<B: Backend> DeviceAllocator<B> {
-    pub fn new(backend: B, settings: Settings) -> Self {
+    /// A pool over `backend` with `settings`; `expandable_segments` is turned off when the
+    /// backend cannot map pages (the caller warns about it).
+    pub fn new(backend: B, mut settings: Settings) -> Self {
+        settings.expandable_segments &= backend.supports_expandable_segments();
         let divided_rounding = settings.roundup_power2_divisions.iter().any(|&d| d > 1);
         let max_split_size = if settings.has_max_split_size() {
             settings.max_split_size as i64
@@ -135,6 +142,7 @@ impl<B: Backend> DeviceAllocator<B> {
             small: StreamPools::default(),
             large: StreamPools::default(),
             segments: SegmentMap::default(),
+            unmapped: UnmappedSets::default(),
             pending: VecDeque::new(),
             stream_pending: BTreeMap::new(),
             then_streams: BTreeMap::new(),
@@ -187,6 +195,26 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Allocate `size` bytes on `stream`. Size 0 gets a minimum-size block.
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevicePtr, Error> {
+        if self.settings.expandable_segments {
+            return self.malloc_expandable(size, stream);
+        }
+        self.malloc_in::<false>(size, stream)
+    }
+
+    /// `malloc` with expandable segments on (their search and statistics rules), kept out of
+    /// the native path.
+    #[cold]
+    #[inline(never)]
+    fn malloc_expandable(&mut self, size: u64, stream: StreamId) -> Result<DevicePtr, Error> {
+        self.malloc_in::<true>(size, stream)
+    }
+
+    #[inline(always)]
+    fn malloc_in<const EXPANDABLE: bool>(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DevicePtr, Error> {
         if size >= MAX_REQUEST {
             return Err(Error::RequestTooLarge { size });
         }
@@ -199,11 +227,11 @@ impl<B: Backend> DeviceAllocator<B> {
             round_to_block(size)
         };
         let pool = pool_for(rounded);
-        let found = match self.get_free_block(pool, stream, rounded) {
+        let found = match self.get_free_block::<EXPANDABLE>(pool, stream, rounded) {
             Some(found) => found,
             None => self.grow(pool, stream, size, rounded)?,
         };
-        Ok(self.alloc_found_block(found, size, rounded))
+        Ok(self.alloc_found_block::<EXPANDABLE>(found, size, rounded))
     }
 
     /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
@@ -414,10 +442,19 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// PyTorch's `get_free_block`: best fit in the same pool and stream, with the two
     /// `max_split_size` rules; only the best-fitting block is considered.
+    /// (`EXPANDABLE`: the search of expandable segments, `get_free_block_expandable`.)
     #[inline]
-    fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<FreeEntry> {
+    fn get_free_block<const EXPANDABLE: bool>(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Option<FreeEntry> {
         // Counted without a jump: the pool varies from call to call.
         self.large_searches += self.gc_searches_counted & u64::from(pool == PoolKind::Large);
+        if EXPANDABLE {
+            return self.get_free_block_expandable(pool, stream, size);
+        }
         let mss = self.settings.max_split_size;
         let rounding = self.settings.max_non_split_rounding;
         let index = self.pools_mut(pool).get_mut(stream);
@@ -439,7 +476,12 @@ impl<B: Backend> DeviceAllocator<B> {
         // Use ready blocks first; synchronize before growing when frees are still pending.
         if !self.pending.is_empty() {
             self.synchronize_pending(StreamWait::ThisDevice)?;
-            if let Some(found) = self.get_free_block(pool, stream, rounded) {
+            let found = if self.settings.expandable_segments {
+                self.get_free_block::<true>(pool, stream, rounded)
+            } else {
+                self.get_free_block::<false>(pool, stream, rounded)
+            };
+            if let Some(found) = found {
                 return Ok(found);
             }
         }
@@ -448,16 +490,16 @@ impl<B: Backend> DeviceAllocator<B> {
             self.garbage_collect()?;
         }
         let alloc_size = segment_size(rounded);
-        if let Some(id) = self.alloc_block(pool, stream, alloc_size, false)? {
+        if let Some(id) = self.alloc_block(pool, stream, rounded, false)? {
             return Ok(self.entry_of(id));
         }
         if self.release_available_cached_blocks(pool, stream, rounded)?
-            && let Some(id) = self.alloc_block(pool, stream, alloc_size, false)?
+            && let Some(id) = self.alloc_block(pool, stream, rounded, false)?
         {
             return Ok(self.entry_of(id));
         }
         self.release_cached_blocks()?;
-        if let Some(id) = self.alloc_block(pool, stream, alloc_size, true)? {
+        if let Some(id) = self.alloc_block(pool, stream, rounded, true)? {
             return Ok(self.entry_of(id));
         }
         Err(self.out_of_memory(stream, size, rounded, alloc_size))
@@ -487,21 +529,27 @@ impl<B: Backend> DeviceAllocator<B> {
         }
     }
 
-    /// PyTorch's `alloc_block`: one new segment from the device, or `None` when it is full.
+    /// PyTorch's `alloc_block`: one new segment from the device for a request of `rounded`
+    /// bytes — or with expandable segments, pages mapped until a free block fits it (taken
+    /// out of its free index) — or `None` when the device is full.
     fn alloc_block(
         &mut self,
         pool: PoolKind,
         stream: StreamId,
-        alloc_size: u64,
+        rounded: u64,
         is_retry: bool,
     ) -> Result<Option<BlockId>, Error> {
         if is_retry {
             self.stats.counts.num_alloc_retries += 1;
         }
+        let alloc_size = segment_size(rounded);
         if let Some(max) = self.allowed_maximum
             && self.total_reserved.saturating_add(alloc_size) > max
         {
             return Ok(None);
+        }
+        if self.settings.expandable_segments {
+            return self.allocate_expandable(pool, stream, rounded);
         }
         let ptr = match self.backend.allocate(alloc_size) {
             Ok(ptr) => ptr,
@@ -520,6 +568,7 @@ impl<B: Backend> DeviceAllocator<B> {
             next: NIL,
             state: BlockState::Free,
             gc_count_base: 0,
+            expandable: false,
         });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, alloc_size);
@@ -544,15 +593,23 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// Hand out block `id` (already out of its free index) for a request of `size` bytes
-    /// rounded to `rounded`, splitting off the tail when the split rules allow.
+    /// rounded to `rounded`, splitting off the tail when the split rules allow. Without
+    /// `EXPANDABLE` (expandable segments off), no block is expandable.
     #[inline]
-    fn alloc_found_block(&mut self, found: FreeEntry, size: u64, rounded: u64) -> DevicePtr {
+    fn alloc_found_block<const EXPANDABLE: bool>(
+        &mut self,
+        found: FreeEntry,
+        size: u64,
+        rounded: u64,
+    ) -> DevicePtr {
         let (id, addr) = (found.id, found.addr);
         let b = self.blocks.get(id);
         let (pool, stream, next) = (b.pool, b.stream, b.next);
+        let expandable = EXPANDABLE && b.expandable;
         let mut block_size = b.size;
         let remaining = block_size - rounded;
-        let already_split = b.is_split();
+        // PyTorch counts no inactive splits in expandable segments.
+        let already_split = b.is_split() & !expandable;
         if self.should_split(pool, rounded, remaining) {
             let rest_id = self.blocks.insert(Block {
                 addr: addr + rounded,
@@ -564,6 +621,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 next,
                 state: BlockState::Free,
                 gc_count_base: self.large_searches,
+                expandable,
             });
             // (When there is no next block, this writes the sentinel's link.)
             self.blocks.get_mut(next).prev = rest_id;
@@ -576,7 +634,7 @@ impl<B: Backend> DeviceAllocator<B> {
             });
             if already_split {
                 self.stats.inactive_split_bytes.decrease(pool, rounded);
-            } else {
+            } else if !expandable {
                 self.stats.inactive_split.increase(pool, 1);
                 self.stats.inactive_split_bytes.increase(pool, remaining);
             }
@@ -618,8 +676,11 @@ impl<B: Backend> DeviceAllocator<B> {
                 addr,
                 reason: BadPointer::AlreadyFreed,
             }),
-            // A free block starting here: the allocation was freed (and maybe merged).
-            Some((_, BlockState::Free)) | None => Err(self.not_an_allocation(addr)),
+            // A free block starting here: the allocation was freed (and maybe merged); or an
+            // unmapped stretch of an expandable segment.
+            Some((_, BlockState::Free | BlockState::Unmapped)) | None => {
+                Err(self.not_an_allocation(addr))
+            }
         }
     }
 
@@ -666,6 +727,23 @@ impl<B: Backend> DeviceAllocator<B> {
     /// theirs), and the others leave the table.
     #[inline(always)]
     pub(super) fn free_block(&mut self, id: BlockId) {
+        if self.settings.expandable_segments {
+            self.free_block_expandable(id);
+        } else {
+            self.free_block_in::<false>(id);
+        }
+    }
+
+    /// `free_block` with expandable segments on, kept out of the native path.
+    #[cold]
+    #[inline(never)]
+    fn free_block_expandable(&mut self, id: BlockId) {
+        self.free_block_in::<true>(id);
+    }
+
+    /// (Without `EXPANDABLE`, expandable segments are off and no block is expandable.)
+    #[inline(always)]
+    fn free_block_in<const EXPANDABLE: bool>(&mut self, id: BlockId) {
         let b = self.blocks.get(id);
         let (pool, stream, requested) = (b.pool, b.stream, b.requested);
         let (mut addr, mut size, mut prev, mut next) = (b.addr, b.size, b.prev, b.next);
@@ -711,6 +789,7 @@ impl<B: Backend> DeviceAllocator<B> {
         merged.requested = 0;
         merged.gc_count_base = self.large_searches;
         let split = merged.is_split();
+        let expandable = EXPANDABLE && merged.expandable;
         index.insert(FreeEntry {
             size,
             addr,
@@ -718,8 +797,11 @@ impl<B: Backend> DeviceAllocator<B> {
         });
         net_blocks += i64::from(split);
         net_bytes += if split { size as i64 } else { 0 };
-        self.stats.inactive_split.apply(pool, net_blocks);
-        self.stats.inactive_split_bytes.apply(pool, net_bytes);
+        // PyTorch counts no inactive splits in expandable segments.
+        if !expandable {
+            self.stats.inactive_split.apply(pool, net_blocks);
+            self.stats.inactive_split_bytes.apply(pool, net_bytes);
+        }
         self.stats.requested_bytes.decrease(pool, requested);
     }
 
@@ -796,7 +878,12 @@ impl<B: Backend> DeviceAllocator<B> {
 /// request below `max_split_size` takes no block at or above it, and one at or above it takes
 /// no block `max_non_split_rounding` or more larger than itself.
 #[inline]
-fn may_serve(request: u64, block: u64, max_split_size: u64, max_non_split_rounding: u64) -> bool {
+pub(super) fn may_serve(
+    request: u64,
+    block: u64,
+    max_split_size: u64,
+    max_non_split_rounding: u64,
+) -> bool {
     let oversize_for_small = request < max_split_size && block >= max_split_size;
     let too_wasteful =
         request >= max_split_size && block >= request.saturating_add(max_non_split_rounding);

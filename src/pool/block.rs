@@ -20,6 +20,9 @@ pub enum BlockState {
     Allocated,
     /// Freed by the program, waiting for device work issued before the free to finish.
     Pending,
+    /// A stretch of an expandable segment's address range with no memory mapped behind it
+    /// (in its pool's unmapped set, never in a free index).
+    Unmapped,
 }
 
 /// A piece of a segment. Aligned to a cache line so that reading one block touches one line.
@@ -37,6 +40,8 @@ pub struct Block {
     pub state: BlockState,
     /// Value of the pool's free-block search counter when the block was last cached (GC age).
     pub gc_count_base: u64,
+    /// Part of an expandable segment (an address range whose pages are mapped on demand).
+    pub expandable: bool,
 }
 
 impl Block {

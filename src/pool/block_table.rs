@@ -47,6 +47,7 @@ const SENTINEL: Block = Block {
     next: NIL,
     state: BlockState::Allocated,
     gc_count_base: 0,
+    expandable: false,
 };
 
 const VACANT: Block = Block {

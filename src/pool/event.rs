@@ -36,6 +36,18 @@ pub enum PoolEvent {
         size: u64,
         stream: StreamId,
     },
+    /// Expandable segments: pages were mapped into a reserved range.
+    SegmentMap {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
+    /// Expandable segments: pages were unmapped.
+    SegmentUnmap {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
     /// An allocation failed after the whole ladder: `size` is the rounded request.
     Oom {
         size: u64,

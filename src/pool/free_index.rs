@@ -182,6 +182,44 @@ impl FreeIndex {
         })
     }
 
+    /// The entry after `entry` in (size, address) order (a cold path: expandable segments).
+    pub fn successor(&self, entry: &FreeEntry) -> Option<FreeEntry> {
+        let class = class_of(entry.size);
+        let key = entry.key();
+        let c = &self.classes[class];
+        let listed = c
+            .listed
+            .iter()
+            .filter(|e| e.key() > key)
+            .min_by_key(|e| e.key());
+        let filed = c.filed.as_ref().and_then(|f| {
+            f.range((
+                std::ops::Bound::Excluded((entry.size, entry.addr)),
+                std::ops::Bound::Unbounded,
+            ))
+            .next()
+            .map(filed_entry)
+        });
+        let in_class = match (listed.copied(), filed) {
+            (Some(l), Some(f)) => Some(if l.key() < f.key() { l } else { f }),
+            (l, f) => l.or(f),
+        };
+        if in_class.is_some() {
+            return in_class;
+        }
+        let next = self.next_nonempty(class + 1)?;
+        let c = &self.classes[next];
+        let listed = c.listed.iter().copied().min_by_key(FreeEntry::key);
+        let filed = c
+            .filed
+            .as_ref()
+            .and_then(|f| f.iter().next().map(filed_entry));
+        match (listed, filed) {
+            (Some(l), Some(f)) => Some(if l.key() < f.key() { l } else { f }),
+            (l, f) => l.or(f),
+        }
+    }
+
     /// The lower bound: the smallest fitting entry of the request's class (`class`, the class
     /// of `min_size`), else the smallest entry of the next non-empty class (every entry there
     /// fits).

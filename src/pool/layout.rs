@@ -24,6 +24,8 @@ pub struct SegmentView {
     pub size: u64,
     pub stream: StreamId,
     pub pool: PoolKind,
+    /// A mapped run of an expandable segment.
+    pub expandable: bool,
     pub blocks: Vec<BlockView>,
 }
 
@@ -48,8 +50,38 @@ pub struct SegmentSeed {
 }
 
 impl<B: Backend> DeviceAllocator<B> {
-    /// Every segment with its blocks, in address order.
+    /// Every segment with its blocks, in address order, as PyTorch's snapshot shows them: an
+    /// expandable segment as one segment per run of mapped pages.
     pub fn segments(&self) -> Vec<SegmentView> {
+        let mut out = Vec::new();
+        for seg in self.whole_segments() {
+            if !seg.expandable {
+                out.push(seg);
+                continue;
+            }
+            let mut run: Vec<BlockView> = Vec::new();
+            for b in seg.blocks.into_iter().map(Some).chain([None]) {
+                match b {
+                    Some(b) if b.state != BlockState::Unmapped => run.push(b),
+                    _ if run.is_empty() => {}
+                    _ => {
+                        let blocks = std::mem::take(&mut run);
+                        out.push(SegmentView {
+                            addr: blocks[0].addr,
+                            size: blocks.iter().map(|v| v.size).sum(),
+                            blocks,
+                            ..seg
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every segment with its blocks, in address order; an expandable segment as its whole
+    /// reserved range, unmapped blocks included.
+    pub(super) fn whole_segments(&self) -> Vec<SegmentView> {
         let mut out: Vec<SegmentView> = self
             .blocks
             .iter()
@@ -72,6 +104,7 @@ impl<B: Backend> DeviceAllocator<B> {
                     size: blocks.iter().map(|v| v.size).sum(),
                     stream: b.stream,
                     pool: b.pool,
+                    expandable: b.expandable,
                     blocks,
                 }
             })
@@ -111,6 +144,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 next: NIL,
                 state: BlockState::Free,
                 gc_count_base: 0,
+                expandable: false,
             });
             if let Some(&prev) = ids.last() {
                 self.blocks.get_mut(prev).next = id;

@@ -10,6 +10,7 @@ mod block_table;
 mod counters;
 pub mod error;
 pub mod event;
+mod expandable;
 pub mod format;
 mod free_index;
 pub mod layout;
@@ -23,6 +24,8 @@ pub mod stats;
 pub mod types;
 mod validate;
 
+#[cfg(test)]
+mod expandable_tests;
 #[cfg(test)]
 mod tests;
 

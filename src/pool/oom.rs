@@ -34,8 +34,9 @@
 //!   standard value avoids the OOM (30 distinct OOMs; in 37 cases every value does), this
 //!   value avoids it in 60, the request's size in 41. A constant 20 also avoids it in 60, but
 //!   at 1.95× the cudaMalloc calls of the cheapest fitting value, against 1.05× for this one.
-//!   PyTorch's other remedy, `expandable_segments`, is not offered: cachealloc does not
-//!   implement it yet.
+//!   PyTorch's other remedy, `expandable_segments`, is not named here: the preloaded library
+//!   does not have it yet. `cachealloc replay` replays the workload with it after an OOM and
+//!   says whether it fits (`trace::fit::try_expandable_segments`).
 //!
 //! The text follows PyTorch's newest message (its first sentence is the same shape with
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.

@@ -87,19 +87,30 @@ impl<B: Backend> DeviceAllocator<B> {
         Ok(())
     }
 
-    /// Release every unsplit free block of `pool`, in (stream, size, address) order.
+    /// PyTorch's `release_blocks`: release every unsplit free block of `pool`, in (stream,
+    /// size, address) order, then unmap the pages of free blocks of expandable segments.
     fn release_blocks(&mut self, pool: PoolKind) -> Result<(), Error> {
         let whole: Vec<BlockId> = self
             .pools(pool)
             .entries()
             .into_iter()
-            .filter(|e| !self.blocks.get(e.id).is_split())
+            .filter(|e| self.releasable(e.id))
             .map(|e| e.id)
             .collect();
         for id in whole {
             self.release_block(id)?;
         }
+        if self.settings.expandable_segments {
+            self.unmap_free_blocks(pool)?;
+        }
         Ok(())
+    }
+
+    /// Whether free block `id` is a whole segment to give back with `release_block` (the
+    /// blocks of expandable segments are unmapped instead).
+    fn releasable(&self, id: BlockId) -> bool {
+        let b = self.blocks.get(id);
+        !b.is_split() && !b.expandable
     }
 
     /// PyTorch's `release_available_cached_blocks`: with `max_split_size` set, free one cached
@@ -120,7 +131,7 @@ impl<B: Backend> DeviceAllocator<B> {
             return Ok(false);
         };
         if let Some(found) = index.lower_bound(key)
-            && !self.blocks.get(found.id).is_split()
+            && self.releasable(found.id)
         {
             self.release_block(found.id)?;
             return Ok(true);
@@ -131,7 +142,7 @@ impl<B: Backend> DeviceAllocator<B> {
             if total >= key || entry.size < mss {
                 break;
             }
-            if !self.blocks.get(entry.id).is_split() {
+            if self.releasable(entry.id) {
                 victims.push(entry.id);
                 total += entry.size;
             }
@@ -160,7 +171,7 @@ impl<B: Backend> DeviceAllocator<B> {
         let mut count = 0u64;
         for entry in self.large.entries() {
             let block = self.blocks.get(entry.id);
-            if !block.is_split() {
+            if self.releasable(entry.id) {
                 total_age += age(block);
                 count += 1;
             }
@@ -172,7 +183,7 @@ impl<B: Backend> DeviceAllocator<B> {
             freed_something = false;
             for entry in self.large.entries() {
                 let block = self.blocks.get(entry.id);
-                if block.is_split() || age(block) < mean_age {
+                if !self.releasable(entry.id) || age(block) < mean_age {
                     continue;
                 }
                 freed_something = true;

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 impl<B: Backend> DeviceAllocator<B> {
     /// Check every invariant; the error names the first one broken.
     pub fn validate(&self) -> Result<(), String> {
-        let segments = self.segments();
+        let segments = self.whole_segments();
         let mut recount = Recount::default();
         let mut prev_end = 0u64;
         let mut block_count = 0usize;
@@ -33,8 +33,18 @@ impl<B: Backend> DeviceAllocator<B> {
                     ));
                 }
             }
-            recount.segment(seg.pool, seg.size);
-            let split = seg.blocks.len() > 1;
+            if seg.expandable {
+                check_expandable(seg)?;
+                let mapped = seg
+                    .blocks
+                    .iter()
+                    .filter(|b| b.state != BlockState::Unmapped);
+                recount.mapped(seg.pool, mapped.map(|b| b.size).sum());
+            } else {
+                recount.segment(seg.pool, seg.size);
+            }
+            // PyTorch counts no inactive splits in expandable segments.
+            let split = seg.blocks.len() > 1 && !seg.expandable;
             let mut cursor = seg.addr;
             let mut prev_state = None;
             for b in &seg.blocks {
@@ -46,10 +56,12 @@ impl<B: Backend> DeviceAllocator<B> {
                     ));
                 }
                 cursor += b.size;
-                if b.state == BlockState::Free && prev_state == Some(BlockState::Free) {
+                if matches!(b.state, BlockState::Free | BlockState::Unmapped)
+                    && prev_state == Some(b.state)
+                {
                     return Err(format!(
-                        "free block {:#x} was not merged with its free neighbour",
-                        b.addr
+                        "{:?} block {:#x} was not merged with its neighbour",
+                        b.state, b.addr
                     ));
                 }
                 prev_state = Some(b.state);
@@ -70,9 +82,31 @@ impl<B: Backend> DeviceAllocator<B> {
             ));
         }
         self.blocks.check()?;
+        self.check_unmapped_sets()?;
         self.check_links()?;
         self.check_indexes()?;
         self.check_stats(&recount)
+    }
+
+    /// The unmapped sets list exactly the unmapped blocks, each under its pool and stream.
+    fn check_unmapped_sets(&self) -> Result<(), String> {
+        let mut count = 0;
+        for (_, b) in self.blocks.iter() {
+            if b.state != BlockState::Unmapped {
+                continue;
+            }
+            count += 1;
+            if !self.unmapped.of(b.pool).contains(&(b.stream, b.addr)) {
+                return Err(format!("unmapped block {:#x} is not in its set", b.addr));
+            }
+        }
+        if count != self.unmapped.len() {
+            return Err(format!(
+                "{count} unmapped blocks but {} in the unmapped sets",
+                self.unmapped.len()
+            ));
+        }
+        Ok(())
     }
 
     fn check_links(&self) -> Result<(), String> {
@@ -189,6 +223,29 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 }
 
+/// An expandable segment's blocks are all expandable, of one page size, and its unmapped
+/// blocks start and end on its pages.
+fn check_expandable(seg: &super::layout::SegmentView) -> Result<(), String> {
+    let page = super::expandable::page_size(seg.pool);
+    if !seg.size.is_multiple_of(page) {
+        return Err(format!(
+            "expandable segment {:#x}: {} bytes is not a whole number of pages",
+            seg.addr, seg.size
+        ));
+    }
+    let unaligned = seg.blocks.iter().find(|b| {
+        b.state == BlockState::Unmapped
+            && (!(b.addr - seg.addr).is_multiple_of(page) || !b.size.is_multiple_of(page))
+    });
+    if let Some(b) = unaligned {
+        return Err(format!(
+            "unmapped block {:#x} of {} bytes is not on page boundaries",
+            b.addr, b.size
+        ));
+    }
+    Ok(())
+}
+
 /// Stats recomputed from the layout, [small, large].
 #[derive(Default)]
 struct Recount {
@@ -205,9 +262,13 @@ struct Recount {
 
 impl Recount {
     fn segment(&mut self, pool: PoolKind, size: u64) {
-        let i = pool as usize;
-        self.segment[i] += 1;
-        self.reserved_bytes[i] += size as i64;
+        self.segment[pool as usize] += 1;
+        self.mapped(pool, size);
+    }
+
+    /// Bytes reserved without a segment counted (the mapped pages of an expandable segment).
+    fn mapped(&mut self, pool: PoolKind, size: u64) {
+        self.reserved_bytes[pool as usize] += size as i64;
     }
 
     fn block(&mut self, pool: PoolKind, state: BlockState, size: u64, requested: u64, split: bool) {
@@ -230,7 +291,7 @@ impl Recount {
                 self.inactive_split[i] += 1;
                 self.inactive_split_bytes[i] += size;
             }
-            BlockState::Free => {}
+            BlockState::Free | BlockState::Unmapped => {}
         }
     }
 }

@@ -45,10 +45,11 @@ impl DeviceRecording {
 
     /// The start state and workload for a replay that reproduces the recording exactly.
     pub fn faithful(&self) -> Result<FaithfulReplay, TraceError> {
-        if self.is_expandable() {
-            return Err(expandable_error(self));
-        }
-        let start = reconstruct_start(self)?;
+        let start = if self.is_expandable() {
+            self.expandable_start()?
+        } else {
+            reconstruct_start(self)?
+        };
         let mut live: FxHashMap<u64, Option<AllocId>> =
             start.live_blocks().map(|b| (b.addr, b.id)).collect();
         let workload = build(self, &mut live, start.num_ids(), true)?;
@@ -58,6 +59,18 @@ impl DeviceRecording {
             workload,
             capacity,
         })
+    }
+}
+
+impl DeviceRecording {
+    /// The start state of an expandable-segments recording: only an empty one is rebuilt (the
+    /// mapped pages of ranges reserved before the trace are not modelled).
+    fn expandable_start(&self) -> Result<StartState, TraceError> {
+        let f = self.figures();
+        if f.start_reserved_bytes > 0 || f.orphan_frees > 0 {
+            return Err(expandable_error(self, f.start_reserved_bytes));
+        }
+        Ok(StartState::default())
     }
 }
 

@@ -6,6 +6,7 @@ use super::figures::RecordedFigures;
 use super::recording::{Action, DeviceRecording};
 use super::replay::{ReplayConfig, ReplayOutcome, StartLayout, replay};
 use super::start_state::StartState;
+use crate::pool::rounding::SMALL_BUFFER;
 use crate::pool::{BlockSeed, SegmentSeed};
 
 impl StartState {
@@ -41,6 +42,30 @@ impl StartState {
 }
 
 impl DeviceRecording {
+    /// Where the driver reserved the address ranges of expandable segments, in trace order: the
+    /// first page mapped for each pool and stream (a range's first map is at its start; the
+    /// small pool maps 2 MiB pages one at a time, the large pool 20 MiB ones).
+    pub fn reservation_addresses(&self) -> Vec<u64> {
+        let mut seen = std::collections::HashSet::new();
+        self.entries
+            .iter()
+            .filter(|e| e.action == Action::SegmentMap)
+            .filter(|e| seen.insert((e.size == SMALL_BUFFER, e.stream)))
+            .map(|e| e.addr)
+            .collect()
+    }
+
+    /// The most device memory under which the ranges PyTorch reserves (1⅛ of the device's
+    /// memory each) fit between the recorded ones: the closest two reservations, × 8/9. `None`
+    /// with fewer than two. A faithful replay without a known capacity sizes its ranges with
+    /// it, so that they land where the recording's did.
+    pub fn total_from_reservations(&self) -> Option<u64> {
+        let mut starts = self.reservation_addresses();
+        starts.sort_unstable();
+        let gap = starts.windows(2).map(|w| w[1] - w[0]).min()?;
+        Some(gap / 9 * 8)
+    }
+
     /// `(size, address)` of every `segment_alloc`, in trace order: where the driver put them.
     pub fn segment_addresses(&self) -> Vec<(u64, u64)> {
         self.entries
@@ -60,6 +85,15 @@ pub struct FaithfulOutcome {
     pub capacity: Option<u64>,
 }
 
+/// The device memory a faithful replay sizes expandable segments' ranges with: its capacity,
+/// but no more than lets the ranges fit between the recorded ones.
+pub fn device_total(capacity: Option<u64>, from_reservations: Option<u64>) -> Option<u64> {
+    match (capacity, from_reservations) {
+        (Some(c), Some(r)) => Some(c.min(r)),
+        (c, r) => c.or(r),
+    }
+}
+
 /// Replay `rec` faithfully. `config.settings` is used as given (callers start from the
 /// recording's settings); a capacity in `config` overrides the one inferred from the trace.
 pub fn replay_faithful(
@@ -70,6 +104,8 @@ pub fn replay_faithful(
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
     config.address_hints = rec.segment_addresses();
+    config.reservation_hints = rec.reservation_addresses();
+    config.device_total = device_total(config.capacity, rec.total_from_reservations());
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;

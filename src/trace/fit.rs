@@ -131,6 +131,40 @@ pub fn search_max_split_sizes(
     }
 }
 
+/// What replaying with expandable segments found, for a replay that ran out of memory without
+/// them (PyTorch's own out-of-memory message suggests them against fragmentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpandableTrial {
+    /// The replay's settings with `expandable_segments:True`, as in `FittingSetting::conf`.
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    /// Page maps.
+    pub num_device_alloc: u64,
+    /// Its first OOM, counted like `OomAt::event_index`; `None`: it fits.
+    pub first_oom_event_index: Option<usize>,
+}
+
+/// Replay `workload` with expandable segments on (other settings as in `config`); `None` when
+/// `config` has them on already, or the replay cannot start under them.
+pub fn try_expandable_segments(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Option<ExpandableTrial> {
+    if config.settings.expandable_segments {
+        return None;
+    }
+    let mut trial = config.clone();
+    trial.settings.expandable_segments = true;
+    let out = replay(workload, &trial, start).ok()?;
+    Some(ExpandableTrial {
+        conf: settings_text(&trial.settings),
+        peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+        num_device_alloc: out.stats.counts.num_device_alloc,
+        first_oom_event_index: out.first_oom.as_ref().map(|o| o.event_index()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +230,26 @@ mod tests {
         let found = search(&workload, &config);
         assert!(found.fits.is_empty());
         assert_eq!(found.gets_furthest, None, "no value gets past exhaustion");
+        let trial = try_expandable_segments(&workload, &config, None).unwrap();
+        assert!(
+            trial.first_oom_event_index.is_some(),
+            "nor do expandable segments"
+        );
+    }
+
+    /// The fragmentation OOM of the transformer workload: expandable segments avoid it, with
+    /// less reserved memory than the default settings need on an unlimited device.
+    #[test]
+    fn expandable_segments_are_tried_against_a_fragmentation_oom() {
+        let (workload, config) = transformer_on(5800 << 20);
+        let trial = try_expandable_segments(&workload, &config, None).unwrap();
+        assert_eq!(trial.conf, "expandable_segments:True");
+        assert_eq!(trial.first_oom_event_index, None, "{trial:?}");
+        let unlimited = replay(&workload, &ReplayConfig::default(), None).unwrap();
+        assert!(trial.peak_reserved_bytes < unlimited.stats.reserved_bytes.all.peak as u64);
+        let mut on = config.clone();
+        on.settings.expandable_segments = true;
+        assert_eq!(try_expandable_segments(&workload, &on, None), None);
     }
 
     /// Between fitting and exhaustion: no value fits, and the one named as getting furthest

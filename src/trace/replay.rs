@@ -22,6 +22,11 @@ pub struct ReplayConfig {
     pub placement: Placement,
     /// Recorded `(size, address)` of segment allocations, used as the device's addresses.
     pub address_hints: Vec<(u64, u64)>,
+    /// Addresses of the recording's address reservations (expandable segments), in order.
+    pub reservation_hints: Vec<u64>,
+    /// The device's total memory, where it differs from the capacity (`None`: the capacity).
+    /// Expandable segments reserve ranges of 1⅛ of it.
+    pub device_total: Option<u64>,
     /// Run the invariant walker after every operation (slow; for tests).
     pub check_invariants: bool,
 }
@@ -34,6 +39,8 @@ impl Default for ReplayConfig {
             capacity: None,
             placement: Placement::TopDown,
             address_hints: Vec::new(),
+            reservation_hints: Vec::new(),
+            device_total: None,
             check_invariants: false,
         }
     }
@@ -103,6 +110,10 @@ pub fn replay(
     for &(size, addr) in &config.address_hints {
         sim.push_address_hint(size, addr);
     }
+    for &addr in &config.reservation_hints {
+        sim.push_reservation_hint(addr);
+    }
+    sim.set_total(config.device_total);
     let mut live: Vec<Option<DevicePtr>> = vec![None; workload.num_ids as usize];
     if let Some(start) = start {
         let held = start

@@ -188,7 +188,7 @@ fn beyond_address_space(addr: u64, size: u64) -> String {
 /// the live blocks the trace frees).
 pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError> {
     if rec.is_expandable() {
-        return Err(expandable_error(rec));
+        return Err(expandable_error(rec, rec.figures().start_reserved_bytes));
     }
     let settings = rec
         .settings
@@ -222,7 +222,9 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
             Action::SegmentFree => walk
                 .undo_segment_free(entry.addr, entry.size, entry.stream)
                 .map_err(fail)?,
-            Action::SegmentMap | Action::SegmentUnmap => return Err(expandable_error(rec)),
+            Action::SegmentMap | Action::SegmentUnmap => {
+                return Err(expandable_error(rec, rec.figures().start_reserved_bytes));
+            }
             Action::FreeRequested
             | Action::FreeCompleted
             | Action::Oom
@@ -243,13 +245,17 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
     Ok(start)
 }
 
-pub(crate) fn expandable_error(rec: &DeviceRecording) -> TraceError {
+/// The error for an expandable-segments recording whose start state cannot be rebuilt: it
+/// began with `reserved` bytes already mapped.
+pub(crate) fn expandable_error(rec: &DeviceRecording, reserved: u64) -> TraceError {
     TraceError::unsupported(
         &rec.source,
         format!(
-            "device {}: expandable segments trace: faithful replay not supported yet (its \
-             segment_map/segment_unmap ranges are not modelled; plain replay works)",
-            rec.device.0
+            "device {}: expandable segments trace that begins with {} already reserved or \
+             allocated: faithful replay rebuilds the start of such a trace only when it begins \
+             with nothing (the pages mapped before it are not modelled); plain replay works",
+            rec.device.0,
+            crate::pool::format_size(reserved)
         ),
     )
 }
@@ -650,12 +656,45 @@ mod tests {
         );
     }
 
+    /// An expandable-segments recording replays faithfully when it begins with nothing
+    /// reserved; one that begins with mapped pages is refused, saying why.
     #[test]
-    fn expandable_recordings_are_refused() {
-        let rec = recording(vec![entry(Action::SegmentMap, BASE, 20 * MIB)], vec![]);
-        let err = reconstruct_start(&rec).unwrap_err().to_string();
+    fn expandable_recordings_need_an_empty_start() {
+        let from_empty = recording(
+            vec![
+                entry(Action::SegmentMap, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, MIB),
+            ],
+            vec![segment(
+                BASE,
+                20 * MIB,
+                &[(0, MIB, MIB, true), (MIB, 19 * MIB, 0, false)],
+            )],
+        );
+        let f = from_empty.faithful().unwrap();
+        assert!(f.start.segments.is_empty());
+        assert_eq!(f.workload.allocs(), 1);
+        let err = reconstruct_start(&from_empty).unwrap_err().to_string();
+        assert!(err.contains("expandable segments trace"), "{err}");
+        let mid_run = recording(
+            vec![
+                entry(Action::SegmentMap, BASE + 20 * MIB, 20 * MIB),
+                entry(Action::Alloc, BASE + 20 * MIB, MIB),
+            ],
+            vec![segment(
+                BASE,
+                40 * MIB,
+                &[
+                    (0, 20 * MIB, 20 * MIB, true),
+                    (20 * MIB, MIB, MIB, true),
+                    (21 * MIB, 19 * MIB, 0, false),
+                ],
+            )],
+        );
+        let err = mid_run.faithful().unwrap_err().to_string();
         assert!(
-            err.contains("expandable segments trace: faithful replay not supported yet"),
+            err.contains("begins with 20.00 MiB already reserved or allocated")
+                && err.contains("plain replay works"),
             "{err}"
         );
     }

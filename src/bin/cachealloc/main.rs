@@ -8,7 +8,10 @@ mod sources;
 
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, options};
-use cachealloc::trace::fit::{MaxSplitSearch, search_max_split_sizes};
+use cachealloc::trace::faithful::device_total;
+use cachealloc::trace::fit::{
+    ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
+};
 use cachealloc::trace::{ReplayConfig, replay};
 use clap::{Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
@@ -135,13 +138,16 @@ fn run(cli: Cli) -> Result<String, String> {
                 device: 0,
                 mode: "synthetic",
                 settings: settings_text,
+                expandable_segments: config.settings.expandable_segments,
                 capacity: args.common.capacity,
                 recorded: Default::default(),
                 faithful: false,
                 orphans_replayed: false,
             };
             Ok(render(
-                ReplayJson::new(ctx, out).with_fits(fits),
+                ReplayJson::new(ctx, out)
+                    .with_fits(fits.0)
+                    .with_expandable_trial(fits.1),
                 args.common.json,
             ))
         }
@@ -165,6 +171,8 @@ fn run(cli: Cli) -> Result<String, String> {
             if args.faithful {
                 config.capacity = args.common.capacity.or(loaded.capacity);
                 config.address_hints = loaded.address_hints.clone();
+                config.reservation_hints = loaded.reservation_hints.clone();
+                config.device_total = device_total(config.capacity, loaded.total_from_reservations);
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
             warn_fraction_without_capacity(&config);
@@ -186,13 +194,16 @@ fn run(cli: Cli) -> Result<String, String> {
                 device: loaded.device,
                 mode: if args.faithful { "faithful" } else { "plain" },
                 settings: settings_text,
+                expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
                 orphans_replayed: loaded.start.is_some(),
                 recorded: loaded.recorded,
                 faithful: args.faithful,
             };
             Ok(render(
-                ReplayJson::new(ctx, out).with_fits(fits),
+                ReplayJson::new(ctx, out)
+                    .with_fits(fits.0)
+                    .with_expandable_trial(fits.1),
                 args.common.json,
             ))
         }
@@ -202,7 +213,7 @@ fn run(cli: Cli) -> Result<String, String> {
 fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     let conf = common.conf.as_deref().unwrap_or("");
     let mut config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
-    for warning in config.drop_unsupported() {
+    for warning in config.drop_unsupported(true) {
         eprintln!("cachealloc: warning: {warning}");
     }
     for warning in config.value_warnings() {
@@ -246,19 +257,22 @@ fn warn_fraction_without_capacity(config: &ReplayConfig) {
 }
 
 /// After a replay that ran out of memory, the `max_split_size_mb` values that would have fit.
+/// After an out-of-memory: the `max_split_size_mb` search, and the replay with expandable
+/// segments when this one ran without them.
 fn fits_after_oom(
     out: &cachealloc::trace::ReplayOutcome,
     workload: &cachealloc::trace::Workload,
     config: &ReplayConfig,
     start: Option<&cachealloc::trace::StartLayout>,
-) -> Option<MaxSplitSearch> {
-    let first_oom = out.first_oom.as_ref()?;
-    Some(search_max_split_sizes(
-        workload,
-        config,
-        start,
-        first_oom.op_index,
-    ))
+) -> (Option<MaxSplitSearch>, Option<ExpandableTrial>) {
+    let Some(first_oom) = out.first_oom.as_ref() else {
+        return (None, None);
+    };
+    let search = search_max_split_sizes(workload, config, start, first_oom.op_index);
+    (
+        Some(search),
+        try_expandable_segments(workload, config, start),
+    )
 }
 
 fn render(result: ReplayJson, json: bool) -> String {

@@ -3,7 +3,9 @@
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
 use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
-use cachealloc::trace::fit::{FittingSetting, MAX_SPLIT_LADDER_MB, MaxSplitSearch};
+use cachealloc::trace::fit::{
+    ExpandableTrial, FittingSetting, MAX_SPLIT_LADDER_MB, MaxSplitSearch,
+};
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -101,6 +103,9 @@ pub struct ReplayJson {
     /// from the snapshot holds blocks that could not exist under them (null when there was no
     /// search).
     pub max_split_sizes_not_replayable: Option<Vec<u64>>,
+    /// When the replay ran out of memory without expandable segments: the same replay with
+    /// `expandable_segments:True` (null otherwise).
+    pub expandable_segments_trial: Option<ExpandableTrialJson>,
     /// The first out-of-memory report (null when there was none).
     pub first_oom_report: Option<OomReportJson>,
     /// Every statistic at the end of the replay, under the flattened keys of
@@ -111,6 +116,34 @@ pub struct ReplayJson {
     /// Whether the orphan frees were replayed (against a rebuilt start state).
     #[serde(skip)]
     pub orphans_replayed: bool,
+    /// Whether the replay ran with expandable segments (its device calls are page maps).
+    #[serde(skip)]
+    pub expandable_segments: bool,
+}
+
+/// The replay with expandable segments on.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExpandableTrialJson {
+    /// A complete `--conf` value, as in `FittingJson`.
+    pub conf: String,
+    pub fits: bool,
+    pub peak_reserved_bytes: u64,
+    /// Page maps.
+    pub num_device_alloc: u64,
+    /// Its first out-of-memory, counted like `first_oom_event_index` (null when it fits).
+    pub first_oom_event_index: Option<usize>,
+}
+
+impl From<ExpandableTrial> for ExpandableTrialJson {
+    fn from(t: ExpandableTrial) -> Self {
+        ExpandableTrialJson {
+            conf: t.conf,
+            fits: t.first_oom_event_index.is_none(),
+            peak_reserved_bytes: t.peak_reserved_bytes,
+            num_device_alloc: t.num_device_alloc,
+            first_oom_event_index: t.first_oom_event_index,
+        }
+    }
 }
 
 /// A setting verified to replay without an OOM.
@@ -221,6 +254,8 @@ pub struct Context {
     pub device: i32,
     pub mode: &'static str,
     pub settings: String,
+    /// The replay ran with expandable segments.
+    pub expandable_segments: bool,
     pub capacity: Option<u64>,
     pub recorded: Recorded,
     pub faithful: bool,
@@ -270,10 +305,12 @@ impl ReplayJson {
             gets_furthest: None,
             report_suggestion: None,
             max_split_sizes_not_replayable: None,
+            expandable_segments_trial: None,
             first_oom_report: out.first_oom.as_ref().map(|o| (&o.report).into()),
             memory_stats: stats_json(&out.stats),
             stats: out.stats.clone(),
             orphans_replayed: ctx.orphans_replayed,
+            expandable_segments: ctx.expandable_segments,
         }
     }
 
@@ -331,6 +368,12 @@ impl ReplayJson {
         } else {
             mapped
         }
+    }
+
+    /// Attach the replay with expandable segments on (tried after an OOM without them).
+    pub fn with_expandable_trial(mut self, trial: Option<ExpandableTrial>) -> Self {
+        self.expandable_segments_trial = trial.map(ExpandableTrialJson::from);
+        self
     }
 
     pub fn to_json(&self) -> String {
@@ -424,8 +467,13 @@ impl ReplayJson {
             fs(self.peak_reserved_bytes),
             fs(self.final_reserved_bytes)
         );
+        let (alloc_call, free_call) = if self.expandable_segments {
+            ("segment maps", "unmaps")
+        } else {
+            ("cudaMalloc", "cudaFree")
+        };
         t += &format!(
-            "  device calls: {} cudaMalloc, {} cudaFree | cudaMalloc retries {} | OOMs {}\n",
+            "  device calls: {} {alloc_call}, {} {free_call} | retries {} | OOMs {}\n",
             self.num_device_alloc, self.num_device_free, self.num_alloc_retries, self.num_ooms
         );
         if let Some(at) = self.allocs_at_recorded_addr {
@@ -455,10 +503,10 @@ impl ReplayJson {
                 }
             );
         }
-        if self.recorded_expandable_segments {
-            t += "  the recording used expandable_segments:True, which cachealloc does not \
-                  simulate yet: this replay used native segments, so its reserved memory and \
-                  device calls are what native segments would have done\n";
+        if self.recorded_expandable_segments && !self.expandable_segments {
+            t += "  the recording used expandable_segments:True and this replay did not: its \
+                  reserved memory and device calls are what native segments would have done \
+                  (--conf expandable_segments:True or --faithful replays them)\n";
         }
         t += "\n";
         t += &memory_summary(&self.stats, DeviceId(self.device), false);
@@ -469,6 +517,10 @@ impl ReplayJson {
                 .unwrap_or_default();
             t += &format!("\nFirst out-of-memory{at}:\n{}\n", report.text);
         }
+        let expandable_fits = self
+            .expandable_segments_trial
+            .as_ref()
+            .is_some_and(|e| e.fits);
         if let Some(fits) = &self.fitting_settings {
             t += &fits_text(
                 fits,
@@ -478,9 +530,31 @@ impl ReplayJson {
                     .as_deref()
                     .unwrap_or(&[]),
                 self.mode,
+                expandable_fits,
             );
         }
+        if let Some(e) = &self.expandable_segments_trial {
+            t += &expandable_text(e, self.mode);
+        }
         t
+    }
+}
+
+/// The replay with expandable segments, in words.
+fn expandable_text(e: &ExpandableTrialJson, mode: &str) -> String {
+    match e.first_oom_event_index {
+        None => format!(
+            "With expandable segments (--conf {}) it runs without an out-of-memory: peak \
+             reserved {}, {} segment maps.\n",
+            e.conf,
+            format_size(e.peak_reserved_bytes),
+            e.num_device_alloc
+        ),
+        Some(at) => format!(
+            "With expandable segments (--conf {}) it runs out of memory too, first at {}.\n",
+            e.conf,
+            event_at(mode, at)
+        ),
     }
 }
 
@@ -499,6 +573,7 @@ fn fits_text(
     gets_furthest: Option<&GetsFurtherJson>,
     not_replayable: &[u64],
     mode: &str,
+    expandable_fits: bool,
 ) -> String {
     let listed = |values: &[u64]| {
         values
@@ -535,7 +610,12 @@ fn fits_text(
     if fits.is_empty() {
         let mut t = format!(
             "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) lets \
-             this workload run without an out-of-memory on this device: it needs more memory."
+             this workload run without an out-of-memory on this device{}",
+            if expandable_fits {
+                "."
+            } else {
+                ": it needs more memory."
+            }
         );
         match gets_furthest {
             Some(g) => {

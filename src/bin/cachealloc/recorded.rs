@@ -82,6 +82,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         } else {
             Vec::new()
         },
+        reservation_hints: Vec::new(),
+        total_from_reservations: None,
         recorded,
         recorded_settings: Some(trace.settings),
     })

@@ -16,6 +16,10 @@ pub struct Loaded {
     pub start: Option<StartLayout>,
     pub capacity: Option<u64>,
     pub address_hints: Vec<(u64, u64)>,
+    /// Where the recording reserved the ranges of expandable segments (faithful mode), and
+    /// the most device memory under which ranges fit between them.
+    pub reservation_hints: Vec<u64>,
+    pub total_from_reservations: Option<u64>,
     pub recorded: Recorded,
     /// The allocator settings the recording ran with, when the file says.
     pub recorded_settings: Option<Settings>,
@@ -71,6 +75,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             start: Some(f.start.layout()),
             capacity: f.capacity,
             address_hints: rec.segment_addresses(),
+            reservation_hints: rec.reservation_addresses(),
+            total_from_reservations: rec.total_from_reservations(),
             recorded,
             recorded_settings,
         })
@@ -89,6 +95,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             start: None,
             capacity: None,
             address_hints: Vec::new(),
+            reservation_hints: Vec::new(),
+            total_from_reservations: None,
             recorded,
             recorded_settings,
         })

@@ -76,9 +76,9 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
     let mut burst: Option<Burst> = None;
     let mut failed_level: Option<u64> = None;
     for (index, e) in device.events.iter().enumerate() {
-        if e.action != Action::SegmentFree
+        if !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
             && let Some(b) = burst.take()
-            && e.action == Action::SegmentAlloc
+            && matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)
         {
             figures.recorded_retries += 1;
             if !collects {
@@ -125,8 +125,16 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
                 segment_addresses.push((e.size, e.addr));
                 reserved = reserved.saturating_add(e.size);
             }
-            Action::SegmentFree => {
-                figures.recorded_segment_frees += 1;
+            Action::SegmentMap => {
+                figures.recorded_segment_maps += 1;
+                reserved = reserved.saturating_add(e.size);
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                if e.action == Action::SegmentFree {
+                    figures.recorded_segment_frees += 1;
+                } else {
+                    figures.recorded_segment_unmaps += 1;
+                }
                 if !in_empty_cache && burst.is_none() {
                     burst = Some(Burst {
                         reserved_before: reserved,
@@ -166,7 +174,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         figures.recorded_peak_reserved_bytes = figures.recorded_peak_reserved_bytes.max(reserved);
         in_empty_cache = match e.action {
             Action::EmptyCache => true,
-            Action::SegmentFree => in_empty_cache,
+            Action::SegmentFree | Action::SegmentUnmap => in_empty_cache,
             _ => false,
         };
     }

@@ -15,7 +15,8 @@
 //!   appears by its events), the pool settings in `CACHEALLOC_CONF` syntax (only the keys that
 //!   differ from the defaults; `""` = defaults) and the `free_sync` policy.
 //! - Every further line is one **event**: `action` in PyTorch's trace vocabulary (`alloc`,
-//!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `oom`, `empty_cache`)
+//!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
+//!   `segment_unmap` (expandable segments), `oom`, `empty_cache`)
 //!   plus `device_reset` (the program called `cudaDeviceReset`: the pool and its segments are
 //!   gone without `segment_free`s). `size` is the requested size for `alloc` and the frees, the
 //!   segment size for segment events, the rounded request for `oom` (which also carries
@@ -79,6 +80,9 @@ pub enum Action {
     FreeCompleted,
     SegmentAlloc,
     SegmentFree,
+    /// Expandable segments: pages mapped into, and unmapped from, a reserved range.
+    SegmentMap,
+    SegmentUnmap,
     Oom,
     EmptyCache,
     DeviceReset,
@@ -119,6 +123,12 @@ impl Event {
             }
             PoolEvent::SegmentFree { ptr, size, stream } => {
                 (Action::SegmentFree, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::SegmentMap { ptr, size, stream } => {
+                (Action::SegmentMap, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::SegmentUnmap { ptr, size, stream } => {
+                (Action::SegmentUnmap, ptr.addr(), size, stream, None)
             }
             PoolEvent::Oom {
                 size,

@@ -210,6 +210,8 @@ fn parse_event(text: &str) -> Result<Event, String> {
             | Action::FreeCompleted
             | Action::SegmentAlloc
             | Action::SegmentFree
+            | Action::SegmentMap
+            | Action::SegmentUnmap
     );
     if has_address && event.addr == 0 {
         return Err(format!("{:?} at address 0", event.action));

@@ -1,0 +1,188 @@
+//! Worked examples of expandable segments (PyTorch's reference §5) on the simulated device,
+//! with the invariant walker after every step.
+
+use super::*;
+use crate::backend::sim::SimDevice;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+fn expandable_pool(capacity: u64) -> DeviceAllocator<SimDevice> {
+    let settings = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    DeviceAllocator::new(SimDevice::new(capacity), settings)
+}
+
+fn alloc_on(p: &mut DeviceAllocator<SimDevice>, size: u64, stream: StreamId) -> DevicePtr {
+    let ptr = p.malloc(size, stream).expect("allocation fits");
+    p.validate().unwrap();
+    ptr
+}
+
+fn alloc(p: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
+    alloc_on(p, size, S0)
+}
+
+fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
+    p.free(ptr).unwrap();
+    p.validate().unwrap();
+}
+
+/// The one reserved range of the pool's large pool, as (address, size).
+fn ranges(p: &DeviceAllocator<SimDevice>) -> Vec<(u64, u64)> {
+    p.segments.iter().collect()
+}
+
+#[test]
+fn requests_map_pages_of_one_range_of_nine_eighths_of_the_device() {
+    let mut p = expandable_pool(8 * GIB);
+    let a = alloc(&mut p, 30 * MIB);
+    // 9 GiB rounded up to whole 20 MiB pages, reserved once; two pages mapped for 30 MiB.
+    let range = (9 * GIB).div_ceil(20 * MIB) * 20 * MIB;
+    assert_eq!(ranges(&p), [(a.addr(), range)]);
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.large_pool.current, 40 * MIB as i64);
+    assert_eq!(
+        s.segment.all.current, 0,
+        "PyTorch counts no segment for a range"
+    );
+    assert_eq!(s.counts.num_device_alloc, 1);
+    assert_eq!(p.backend().used(), 40 * MIB);
+    // The next request grows the mapped end: the 10 MiB free tail and one more page.
+    let b = alloc(&mut p, 25 * MIB);
+    assert_eq!(b.addr(), a.addr() + 30 * MIB);
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.large_pool.current, 60 * MIB as i64);
+    assert_eq!(s.counts.num_device_alloc, 2);
+    assert_eq!(
+        s.inactive_split.all.current, 0,
+        "not counted for expandable blocks"
+    );
+    // Small requests map 2 MiB pages of a range of their own.
+    let c = alloc(&mut p, 1000);
+    assert_eq!(ranges(&p).len(), 2);
+    assert!(c.addr() < a.addr() || c.addr() >= a.addr() + range);
+    assert_eq!(p.stats().reserved_bytes.small_pool.current, 2 * MIB as i64);
+}
+
+/// Large blocks split whenever 512 bytes or more would remain (the small pool's rule), where
+/// native segments keep a remainder of 1 MiB or less on the block.
+#[test]
+fn large_blocks_split_by_the_small_pools_rule() {
+    let mut p = expandable_pool(8 * GIB);
+    let a = alloc(&mut p, 19 * MIB + 512 * 1024);
+    assert_eq!(p.allocation_size(a), Some(19 * MIB + 512 * 1024));
+    let blocks: Vec<u64> = p.segments()[0].blocks.iter().map(|b| b.size).collect();
+    assert_eq!(blocks, [19 * MIB + 512 * 1024, 512 * 1024]);
+}
+
+/// A free block followed by unmapped space counts as the size it could grow to, so the search
+/// takes a larger block that cannot grow instead (PyTorch's `expandable_size` walk).
+#[test]
+fn a_block_that_could_grow_is_passed_over_for_one_that_could_not() {
+    let mut p = expandable_pool(8 * GIB);
+    let a = alloc(&mut p, 12 * MIB); // one page: a, then 8 MiB free
+    let _b = alloc(&mut p, 8 * MIB); // the 8 MiB: the page is full
+    let _c = alloc(&mut p, 30 * MIB); // two more pages: c, then 10 MiB free at the mapped end
+    free(&mut p, a); // 12 MiB free between the range's start and b
+    let d = alloc(&mut p, 9 * MIB);
+    assert_eq!(
+        d.addr(),
+        a.addr(),
+        "the 12 MiB block, not the 10 MiB one at the mapped end"
+    );
+    assert_eq!(
+        p.stats().counts.num_device_alloc,
+        2,
+        "no page mapped for it"
+    );
+}
+
+#[test]
+fn empty_cache_unmaps_whole_free_pages_and_gives_back_an_empty_range() {
+    let mut p = expandable_pool(8 * GIB);
+    let a = alloc(&mut p, 30 * MIB); // pages 0-1: a [0, 30)
+    let b = alloc(&mut p, 25 * MIB); // page 2 too: b [30, 55), free [55, 60)
+    free(&mut p, a);
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    // Page 0 lay wholly in the free [0, 30); page 1 holds b's start, so [20, 30) stays mapped.
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 40 * MIB as i64);
+    assert_eq!(s.counts.num_device_free, 1);
+    assert_eq!(p.backend().used(), 40 * MIB);
+    let mapped: Vec<(u64, u64)> = p.segments().iter().map(|s| (s.addr, s.size)).collect();
+    assert_eq!(mapped, [(a.addr() + 20 * MIB, 40 * MIB)]);
+    // The freed address now lies in unmapped space: not an allocation.
+    assert!(matches!(
+        p.free(a),
+        Err(Error::InvalidPointer {
+            reason: BadPointer::NotAnAllocation,
+            ..
+        })
+    ));
+    free(&mut p, b);
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    assert!(
+        ranges(&p).is_empty(),
+        "nothing mapped: the range is given back"
+    );
+    assert_eq!(p.backend().segments().count(), 0);
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 0);
+    assert_eq!(s.counts.num_device_free, 2);
+}
+
+/// When pages cannot be mapped, the miss ladder unmaps cached pages (here another stream's)
+/// and retries; past that, the request is out of memory.
+#[test]
+fn a_full_device_unmaps_cached_pages_and_retries() {
+    let mut p = expandable_pool(100 * MIB);
+    let other = alloc_on(&mut p, 60 * MIB, S1);
+    free(&mut p, other);
+    let a = alloc(&mut p, 60 * MIB);
+    let s = p.stats();
+    assert_eq!(s.counts.num_alloc_retries, 1);
+    assert_eq!(s.counts.num_device_free, 1);
+    assert_eq!(s.reserved_bytes.all.current, 60 * MIB as i64);
+    assert_eq!(
+        ranges(&p).len(),
+        1,
+        "stream 1's emptied range was given back"
+    );
+    assert!(matches!(p.malloc(50 * MIB, S0), Err(Error::OutOfMemory(_))));
+    p.validate().unwrap();
+    assert_eq!(p.stats().counts.num_ooms, 1);
+    free(&mut p, a);
+}
+
+/// `max_split_size` still keeps small requests off large cached blocks, but the oversize
+/// release of the miss ladder leaves expandable blocks alone: only the full release (a counted
+/// retry) unmaps them.
+#[test]
+fn the_oversize_release_leaves_expandable_blocks_alone() {
+    let settings = Settings {
+        expandable_segments: true,
+        max_split_size: 40 * MIB,
+        ..Settings::default()
+    };
+    let mut p = DeviceAllocator::new(SimDevice::new(140 * MIB), settings);
+    let x = alloc(&mut p, 100 * MIB);
+    let _y = alloc(&mut p, 20 * MIB);
+    free(&mut p, x);
+    // x's 100 MiB is oversize for this request, and two more pages do not fit beside it.
+    let a = alloc(&mut p, 30 * MIB + 1);
+    let s = p.stats();
+    assert_eq!(s.counts.num_alloc_retries, 1);
+    assert_eq!(
+        s.counts.num_device_free, 1,
+        "x's pages, unmapped by the full release"
+    );
+    assert_eq!(s.reserved_bytes.all.current, 60 * MIB as i64);
+    assert_eq!(a, x, "mapped again at the start of the range");
+}
