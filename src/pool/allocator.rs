@@ -12,7 +12,7 @@ use super::block_table::BlockTable;
 use super::counters::Counters;
 use super::error::{BadPointer, Error};
 use super::event::{EventSink, PoolEvent};
-use super::expandable::{UnmappedSets, page_size};
+use super::expandable::UnmappedSets;
 use super::free_index::{FreeEntry, FreeIndex};
 use super::oom::OomReport;
 use super::release::StreamWait;
@@ -502,14 +502,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if let Some(id) = self.alloc_block(pool, stream, rounded, true)? {
             return Ok(self.entry_of(id));
         }
-        // With expandable segments the request needs pages, not a segment.
-        let needed = if self.settings.expandable_segments {
-            let page = page_size(pool);
-            rounded.div_ceil(page) * page
-        } else {
-            alloc_size
-        };
-        Err(self.out_of_memory(stream, size, rounded, needed))
+        Err(self.out_of_memory(stream, size, rounded, alloc_size))
     }
 
     /// Block `id` as the free index would list it.

@@ -64,8 +64,7 @@ pub struct OomReport {
     pub requested: u64,
     /// The block size after rounding.
     pub rounded: u64,
-    /// The segment size the pool tried to obtain from the device (with expandable segments,
-    /// the request rounded up to whole pages).
+    /// The segment size the pool tried to obtain from the device.
     pub alloc_size: u64,
     /// Device capacity and free bytes (`cudaMemGetInfo`) after every cache flush.
     pub device_total: u64,
