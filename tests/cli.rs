@@ -336,6 +336,7 @@ fn faithful_replay_of_an_expandable_trace_reproduces_it() {
     ]));
     // The recording's settings: expandable segments, which count no segments.
     assert_eq!(j["settings"], "as recorded");
+    assert_eq!(j["expandable_segments"], true);
     assert_eq!(j["memory_stats"]["segment.all.peak"], 0);
     assert_eq!(j["num_device_alloc"], 40);
     assert_eq!(j["num_device_free"], 6);
@@ -363,6 +364,10 @@ fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
     let path = t.to_str().unwrap();
     let j = json(&cachealloc(&["replay", path, "--device", "1", "--json"]));
     assert_eq!(j["recorded_expandable_segments"], true);
+    assert_eq!(
+        j["expandable_segments"], false,
+        "a plain replay uses --conf's settings"
+    );
     assert_eq!(j["recorded_segment_maps"], 40);
     assert_eq!(j["recorded_segment_unmaps"], 6);
     assert_eq!(j["recorded_segment_allocs"], 0);

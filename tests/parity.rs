@@ -21,11 +21,7 @@ fn check_file(file: &Path) -> (Vec<String>, usize) {
     };
     for rec in snapshot.traced_devices() {
         expandable += usize::from(rec.is_expandable());
-        let settings = rec
-            .settings
-            .as_ref()
-            .map(|s| s.to_settings())
-            .unwrap_or_default();
+        let settings = rec.replay_settings();
         let config = ReplayConfig {
             settings,
             ..ReplayConfig::default()

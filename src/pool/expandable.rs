@@ -27,10 +27,11 @@ use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::{Backend, BackendError};
 use std::collections::BTreeSet;
 
-/// The most address space one expandable segment reserves. PyTorch reserves 1⅛ of the device's
-/// memory; this bound (8 TiB, far above any device's 1⅛) only matters for a simulated device of
-/// unlimited memory.
-const MAX_RANGE: u64 = 8 << 40;
+/// The most address space one expandable segment reserves for requests smaller than this.
+/// PyTorch reserves 1⅛ of the device's memory; this bound (1 TiB, far above any device's 1⅛)
+/// only matters for a simulated device of unlimited memory, whose address space then holds
+/// 127 ranges.
+const MAX_RANGE: u64 = 1 << 40;
 
 /// The page size of a pool's expandable segments.
 pub(super) fn page_size(pool: PoolKind) -> u64 {
@@ -196,9 +197,13 @@ impl<B: Backend> DeviceAllocator<B> {
         }
         let page = page_size(pool);
         let total = self.backend.mem_info()?.total;
+        // At least the request's pages: a device that reports less memory than it lets be
+        // mapped (a simulated one), or a request beyond `MAX_RANGE`, still gets a range that can
+        // hold it (PyTorch would fail here; the request then maps, or fails to).
         let range = total
             .saturating_add(total / 8)
             .min(MAX_RANGE)
+            .max(size)
             .div_ceil(page)
             * page;
         let ptr = match self.backend.reserve_address_range(range) {
@@ -360,13 +365,15 @@ impl<B: Backend> DeviceAllocator<B> {
             stream: b.stream,
         });
         let whole = *self.blocks.get(merged);
+        self.unmapped.insert(&whole);
         if whole.is_split() {
-            self.unmapped.insert(&whole);
             return Ok(());
         }
-        // Nothing mapped in the range any more: give it back.
+        // Nothing mapped in the range any more: give it back (PyTorch's
+        // `release_expandable_segment`); on an error it stays, unmapped.
         let ptr = DevicePtr::new(whole.addr).expect("blocks never start at address 0");
         self.backend.release_address_range(ptr, whole.size)?;
+        self.unmapped.remove(&whole);
         self.blocks.remove(merged);
         self.segments.remove(whole.addr);
         Ok(())

@@ -186,3 +186,72 @@ fn the_oversize_release_leaves_expandable_blocks_alone() {
     assert_eq!(s.reserved_bytes.all.current, 60 * MIB as i64);
     assert_eq!(a, x, "mapped again at the start of the range");
 }
+
+/// A request larger than the range the device's reported memory calls for still gets a range
+/// that holds it (a simulated device may report less memory than it lets be mapped); and an
+/// unlimited device has address space for the ranges of many streams.
+#[test]
+fn ranges_hold_their_request_and_many_streams_fit_an_unlimited_device() {
+    let mut sim = SimDevice::new(100 * GIB);
+    sim.set_total(Some(8 * GIB));
+    let settings = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    let mut p = DeviceAllocator::new(sim, settings.clone());
+    let big = alloc(&mut p, 10 * GIB);
+    assert_eq!(p.allocation_size(big), Some(10 * GIB));
+    assert_eq!(ranges(&p).len(), 1);
+    free(&mut p, big);
+
+    let mut p = DeviceAllocator::new(SimDevice::new(u64::MAX), settings);
+    for stream in 0..32 {
+        alloc_on(&mut p, 30 * MIB, StreamId(stream));
+        alloc_on(&mut p, 1000, StreamId(stream));
+    }
+    assert_eq!(ranges(&p).len(), 64);
+}
+
+/// With native segments beside expandable ones (a start state rebuilt from a recording, replayed
+/// with the setting on), the oversize release skips the expandable block it finds and backs up
+/// from there, as PyTorch does: a larger native block above it is not released; the full
+/// release (a counted retry) gives it back.
+#[test]
+fn the_oversize_release_backs_up_from_an_expandable_block() {
+    let settings = Settings {
+        expandable_segments: true,
+        max_split_size: 40 * MIB,
+        ..Settings::default()
+    };
+    let mut sim = SimDevice::new(200 * MIB);
+    let native = 0x7000_0000_0000;
+    assert!(sim.claim(native, 100 * MIB));
+    let mut p = DeviceAllocator::new(sim, settings);
+    p.adopt_segment(&SegmentSeed {
+        addr: native,
+        size: 100 * MIB,
+        stream: S0,
+        pool: PoolKind::Large,
+        blocks: vec![BlockSeed {
+            addr: native,
+            size: 100 * MIB,
+            requested: 0,
+            allocated: false,
+        }],
+    })
+    .unwrap();
+    let e = alloc(&mut p, 60 * MIB);
+    let _y = alloc(&mut p, 20 * MIB);
+    free(&mut p, e); // 60 MiB free, expandable, oversize for the next request
+    let a = alloc(&mut p, 30 * MIB);
+    let s = p.stats();
+    assert_eq!(
+        s.counts.num_alloc_retries, 1,
+        "only the full release made room"
+    );
+    assert_eq!(
+        s.counts.num_device_free, 2,
+        "the native segment and e's pages"
+    );
+    assert_eq!(a, e, "mapped again where e was");
+}

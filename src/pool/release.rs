@@ -130,15 +130,19 @@ impl<B: Backend> DeviceAllocator<B> {
         let Some(index) = self.pools(pool).get(stream) else {
             return Ok(false);
         };
-        if let Some(found) = index.lower_bound(key)
+        let found = index.lower_bound(key);
+        if let Some(found) = found
             && self.releasable(found.id)
         {
             self.release_block(found.id)?;
             return Ok(true);
         }
+        // Else from the largest block below the one found (an expandable one: PyTorch backs up
+        // one place from it), or below the key when none was.
+        let below = found.map_or((key, 0), |f| (f.size, f.addr));
         let mut victims = Vec::new();
         let mut total = 0u64;
-        for entry in index.iter_desc() {
+        for entry in index.iter_desc().skip_while(|e| (e.size, e.addr) >= below) {
             if total >= key || entry.size < mss {
                 break;
             }

@@ -96,6 +96,9 @@ impl<B: Backend> DeviceAllocator<B> {
                 continue;
             }
             count += 1;
+            if !b.expandable {
+                return Err(format!("unmapped block {:#x} is not expandable", b.addr));
+            }
             if !self.unmapped.of(b.pool).contains(&(b.stream, b.addr)) {
                 return Err(format!("unmapped block {:#x} is not in its set", b.addr));
             }
@@ -113,7 +116,13 @@ impl<B: Backend> DeviceAllocator<B> {
         for (id, b) in self.blocks.iter() {
             if b.next != NIL {
                 let n = self.blocks.get(b.next);
-                if n.prev != id || n.addr != b.end() || n.pool != b.pool || n.stream != b.stream {
+                // Neighbours share their segment's pool, stream and kind.
+                if n.prev != id
+                    || n.addr != b.end()
+                    || n.pool != b.pool
+                    || n.stream != b.stream
+                    || n.expandable != b.expandable
+                {
                     return Err(format!("block {:#x}: next link is not symmetric", b.addr));
                 }
             }

@@ -68,7 +68,11 @@ impl DeviceRecording {
     fn expandable_start(&self) -> Result<StartState, TraceError> {
         let f = self.figures();
         if f.start_reserved_bytes > 0 || f.orphan_frees > 0 {
-            return Err(expandable_error(self, f.start_reserved_bytes));
+            return Err(expandable_error(
+                self,
+                f.start_reserved_bytes,
+                f.orphan_frees,
+            ));
         }
         Ok(StartState::default())
     }

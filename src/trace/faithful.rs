@@ -7,7 +7,8 @@ use super::recording::{Action, DeviceRecording};
 use super::replay::{ReplayConfig, ReplayOutcome, StartLayout, replay};
 use super::start_state::StartState;
 use crate::pool::rounding::SMALL_BUFFER;
-use crate::pool::{BlockSeed, SegmentSeed};
+use crate::pool::{BlockSeed, SegmentSeed, Settings, StreamId};
+use std::collections::BTreeMap;
 
 impl StartState {
     /// The layout the replay installs into the pool.
@@ -42,17 +43,55 @@ impl StartState {
 }
 
 impl DeviceRecording {
-    /// Where the driver reserved the address ranges of expandable segments, in trace order: the
-    /// first page mapped for each pool and stream (a range's first map is at its start; the
-    /// small pool maps 2 MiB pages one at a time, the large pool 20 MiB ones).
+    /// The settings a faithful replay runs with: the recorded ones (the defaults when the file
+    /// names none), with expandable segments on when the recording used them (a snapshot of an
+    /// older PyTorch names no settings: only its `segment_map` entries show them).
+    pub fn replay_settings(&self) -> Settings {
+        let mut settings = self
+            .settings
+            .as_ref()
+            .map(|s| s.to_settings())
+            .unwrap_or_default();
+        settings.expandable_segments |= self.is_expandable();
+        settings
+    }
+
+    /// Where the driver reserved the address ranges of expandable segments, in trace order. A
+    /// range's first map is at its start; a map for a pool and stream with no range reserved
+    /// starts one (the small pool maps 2 MiB pages one at a time, the large pool 20 MiB ones);
+    /// a range whose last mapped page is unmapped was given back (PyTorch releases it then,
+    /// without a trace entry), so the next map for its pool and stream reserves again.
     pub fn reservation_addresses(&self) -> Vec<u64> {
-        let mut seen = std::collections::HashSet::new();
-        self.entries
-            .iter()
-            .filter(|e| e.action == Action::SegmentMap)
-            .filter(|e| seen.insert((e.size == SMALL_BUFFER, e.stream)))
-            .map(|e| e.addr)
-            .collect()
+        // Live ranges: start → (small pool, stream, bytes mapped).
+        let mut live: BTreeMap<u64, (bool, StreamId, u64)> = BTreeMap::new();
+        let mut starts = Vec::new();
+        for e in &self.entries {
+            match e.action {
+                Action::SegmentMap => {
+                    let small = e.size == SMALL_BUFFER;
+                    let range = live
+                        .values_mut()
+                        .find(|(s, stream, _)| *s == small && *stream == e.stream);
+                    match range {
+                        Some((_, _, mapped)) => *mapped += e.size,
+                        None => {
+                            live.insert(e.addr, (small, e.stream, e.size));
+                            starts.push(e.addr);
+                        }
+                    }
+                }
+                Action::SegmentUnmap => {
+                    if let Some((&start, (_, _, mapped))) = live.range_mut(..=e.addr).next_back() {
+                        *mapped = mapped.saturating_sub(e.size);
+                        if *mapped == 0 {
+                            live.remove(&start);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        starts
     }
 
     /// The most device memory under which the ranges PyTorch reserves (1⅛ of the device's
@@ -62,6 +101,8 @@ impl DeviceRecording {
     pub fn total_from_reservations(&self) -> Option<u64> {
         let mut starts = self.reservation_addresses();
         starts.sort_unstable();
+        // (A range given back and reserved again at the same place is one.)
+        starts.dedup();
         let gap = starts.windows(2).map(|w| w[1] - w[0]).min()?;
         Some(gap / 9 * 8)
     }
@@ -114,4 +155,32 @@ pub fn replay_faithful(
         recorded: rec.figures(),
         capacity: config.capacity,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::fixtures::{BASE, MIB, entry, recording};
+
+    /// Each reservation gets its own hint: a range given back (its last page unmapped) and
+    /// reserved again takes the address of its new first map, not the next range's.
+    #[test]
+    fn reservations_follow_ranges_given_back_and_reserved_again() {
+        let (small, small_again, large) = (BASE, BASE + (100 << 30), BASE + (200 << 30));
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, small, 2 * MIB),
+                entry(Action::SegmentMap, small + 2 * MIB, 2 * MIB),
+                entry(Action::SegmentUnmap, small, 4 * MIB),
+                entry(Action::SegmentMap, small_again, 2 * MIB),
+                entry(Action::SegmentMap, large, 40 * MIB),
+                entry(Action::SegmentMap, large + 40 * MIB, 20 * MIB),
+            ],
+            vec![],
+        );
+        assert_eq!(rec.reservation_addresses(), [small, small_again, large]);
+        // The closest two ranges are 100 GiB apart: 8/9 of that is the most device memory
+        // under which ranges of 1 1/8 of it fit between them.
+        assert_eq!(rec.total_from_reservations(), Some((100 << 30) / 9 * 8));
+    }
 }

@@ -188,7 +188,12 @@ fn beyond_address_space(addr: u64, size: u64) -> String {
 /// the live blocks the trace frees).
 pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError> {
     if rec.is_expandable() {
-        return Err(expandable_error(rec, rec.figures().start_reserved_bytes));
+        let f = rec.figures();
+        return Err(expandable_error(
+            rec,
+            f.start_reserved_bytes,
+            f.orphan_frees,
+        ));
     }
     let settings = rec
         .settings
@@ -223,7 +228,12 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
                 .undo_segment_free(entry.addr, entry.size, entry.stream)
                 .map_err(fail)?,
             Action::SegmentMap | Action::SegmentUnmap => {
-                return Err(expandable_error(rec, rec.figures().start_reserved_bytes));
+                let f = rec.figures();
+                return Err(expandable_error(
+                    rec,
+                    f.start_reserved_bytes,
+                    f.orphan_frees,
+                ));
             }
             Action::FreeRequested
             | Action::FreeCompleted
@@ -246,16 +256,28 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
 }
 
 /// The error for an expandable-segments recording whose start state cannot be rebuilt: it
-/// began with `reserved` bytes already mapped.
-pub(crate) fn expandable_error(rec: &DeviceRecording, reserved: u64) -> TraceError {
+/// began with `reserved` bytes already mapped, or frees `orphan_frees` allocations made before
+/// it.
+pub(crate) fn expandable_error(
+    rec: &DeviceRecording,
+    reserved: u64,
+    orphan_frees: usize,
+) -> TraceError {
+    let begins = if reserved > 0 {
+        format!("{} already reserved", crate::pool::format_size(reserved))
+    } else {
+        match orphan_frees {
+            1 => "an allocation made before it, which it frees".to_string(),
+            n => format!("{n} allocations made before it, which it frees"),
+        }
+    };
     TraceError::unsupported(
         &rec.source,
         format!(
-            "device {}: expandable segments trace that begins with {} already reserved or \
-             allocated: faithful replay rebuilds the start of such a trace only when it begins \
-             with nothing (the pages mapped before it are not modelled); plain replay works",
-            rec.device.0,
-            crate::pool::format_size(reserved)
+            "device {}: expandable segments trace that begins with {begins}: faithful replay \
+             rebuilds the start of such a trace only when it begins with nothing (the pages \
+             mapped before it are not modelled); plain replay works",
+            rec.device.0
         ),
     )
 }
@@ -673,6 +695,9 @@ mod tests {
         );
         let f = from_empty.faithful().unwrap();
         assert!(f.start.segments.is_empty());
+        // The file names no settings: its segment_map entries turn them on for the replay.
+        assert!(from_empty.settings.is_none());
+        assert!(from_empty.replay_settings().expandable_segments);
         assert_eq!(f.workload.allocs(), 1);
         let err = reconstruct_start(&from_empty).unwrap_err().to_string();
         assert!(err.contains("expandable segments trace"), "{err}");
@@ -691,9 +716,21 @@ mod tests {
                 ],
             )],
         );
+        let frees_earlier = recording(
+            vec![
+                entry(Action::SegmentMap, BASE, 20 * MIB),
+                entry(Action::FreeCompleted, BASE, MIB),
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let err = frees_earlier.faithful().unwrap_err().to_string();
+        assert!(
+            err.contains("begins with an allocation made before it, which it frees"),
+            "{err}"
+        );
         let err = mid_run.faithful().unwrap_err().to_string();
         assert!(
-            err.contains("begins with 20.00 MiB already reserved or allocated")
+            err.contains("begins with 20.00 MiB already reserved")
                 && err.contains("plain replay works"),
             "{err}"
         );

@@ -17,7 +17,7 @@ pub struct Recorded {
     /// Expandable segments: pages mapped into and unmapped from reserved ranges.
     pub segment_maps: Option<u64>,
     pub segment_unmaps: Option<u64>,
-    /// The recording used expandable segments (which the replay does not simulate).
+    /// The recording used expandable segments.
     pub expandable_segments: bool,
     pub retries: Option<u64>,
     pub oom: Option<RecordedOomJson>,
@@ -43,6 +43,9 @@ pub struct ReplayJson {
     pub device: i32,
     pub mode: &'static str,
     pub settings: String,
+    /// Whether the replay ran with expandable segments: then `num_device_alloc` and
+    /// `num_device_free` count page maps and unmaps, not cudaMalloc and cudaFree calls.
+    pub expandable_segments: bool,
     pub capacity_bytes: Option<u64>,
     pub events: usize,
     pub allocs: u64,
@@ -84,9 +87,9 @@ pub struct ReplayJson {
     /// driver calls that reserve and give back memory, in place of cudaMalloc and cudaFree).
     pub recorded_segment_maps: Option<u64>,
     pub recorded_segment_unmaps: Option<u64>,
-    /// Whether the recording used `expandable_segments:True`. The replay models PyTorch's
-    /// native segments only, so its device calls and reserved memory are what native segments
-    /// would have done, not a reproduction.
+    /// Whether the recording used `expandable_segments:True` (compare with
+    /// `expandable_segments`: a replay without them shows what native segments would have
+    /// done, not a reproduction).
     pub recorded_expandable_segments: bool,
     pub recorded_retries: Option<u64>,
     pub recorded_oom: Option<RecordedOomJson>,
@@ -116,9 +119,6 @@ pub struct ReplayJson {
     /// Whether the orphan frees were replayed (against a rebuilt start state).
     #[serde(skip)]
     pub orphans_replayed: bool,
-    /// Whether the replay ran with expandable segments (its device calls are page maps).
-    #[serde(skip)]
-    pub expandable_segments: bool,
 }
 
 /// The replay with expandable segments on.

@@ -67,7 +67,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         });
     };
     let rec = convert_device(&trace.source, chosen, &trace.settings);
-    let recorded: Recorded = recorded_figures(&rec.figures, false);
+    let recorded: Recorded = recorded_figures(&rec.figures, rec.figures.recorded_segment_maps > 0);
     Ok(Loaded {
         device: chosen.device.0,
         workload: rec.workload,

@@ -58,7 +58,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         })?,
     };
     let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
-    let recorded_settings = rec.settings.as_ref().map(|s| s.to_settings());
+    let recorded_settings =
+        (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
     if faithful {
         let f = rec.faithful().map_err(|e| e.to_string())?;
         if !f
