@@ -1,9 +1,9 @@
 //! Expandable segments (`expandable_segments:True`, PyTorch's reference §5): instead of one
 //! cudaMalloc per segment, each (pool, stream) reserves an address range of 1⅛ the device's
 //! memory and maps pages into it as requests need them — 2 MiB pages for the small pool,
-//! 20 MiB for the large — so that a large request can grow the segment's mapped end instead of
-//! needing a fresh segment of its own, and fragmentation cannot strand memory in segments that
-//! are almost free.
+//! 20 MiB for the large — so that a request can grow the mapped end of its range (taking the
+//! free block there with it) instead of needing a fresh segment of its own, and memory is given
+//! back page by page.
 //!
 //! The unmapped stretches of a range are blocks of their own (`BlockState::Unmapped`), linked
 //! to their neighbours like any block and listed in their pool's unmapped set; they always
