@@ -805,3 +805,41 @@ fn a_trace_cut_off_mid_line_replays_its_complete_lines() {
     let v = json(&out);
     assert_eq!(v["allocs"], 1, "the whole alloc line, not the cut one");
 }
+
+/// After an out-of-memory without expandable segments, the replay is tried with them too and
+/// the summary says what that gave; a replay with them counts page maps in its fits.
+#[test]
+fn an_oom_is_replayed_with_expandable_segments_too() {
+    let j = synth("5800MiB", &[]);
+    let trial = &j["expandable_segments_trial"];
+    assert_eq!(trial["conf"], "expandable_segments:True", "{j}");
+    assert_eq!(trial["fits"], true);
+    assert_eq!(trial["first_oom_event_index"], serde_json::Value::Null);
+    assert!(trial["peak_reserved_bytes"].as_u64().unwrap() <= 5800 << 20);
+    // The trial's claim holds: replayed with its --conf, the workload has no OOM.
+    let again = synth("5800MiB", &["--conf", "expandable_segments:True"]);
+    assert_eq!(again["num_ooms"], 0);
+    assert_eq!(again["expandable_segments"], true);
+    assert_eq!(again["peak_reserved_bytes"], trial["peak_reserved_bytes"]);
+    assert_eq!(again["expandable_segments_trial"], serde_json::Value::Null);
+
+    let out = cachealloc(&[
+        "synth",
+        "transformer",
+        "--capacity",
+        "5500MiB",
+        "--conf",
+        "expandable_segments:True",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("with expandable segments it splits nothing whole"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--conf max_split_size_mb:64,expandable_segments:True"),
+        "{text}"
+    );
+    assert!(text.contains(" segment maps, 4 retries"), "{text}");
+    assert!(!text.contains("With expandable segments (--conf"), "{text}");
+}

@@ -870,6 +870,7 @@ impl<B: Backend> DeviceAllocator<B> {
             other_streams_largest_free_block,
             other_stream_fit,
             max_split_size: self.settings.max_split_size,
+            expandable_segments: self.settings.expandable_segments,
         }))
     }
 }

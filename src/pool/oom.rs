@@ -92,6 +92,8 @@ pub struct OomReport {
     pub other_stream_fit: Option<(StreamId, u64)>,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
+    /// Expandable segments were on: blocks of any size are split, and memory grows by pages.
+    pub expandable_segments: bool,
 }
 
 /// What an OOM was caused by, with the numbers that show it.
@@ -144,6 +146,8 @@ pub enum OomHint {
         suggested_max_split_size_mb: Option<u64>,
         /// The `max_split_size_mb` in force, when set.
         current_max_split_size_mb: Option<u64>,
+        /// Expandable segments were on (`max_split_size` then splits nothing whole).
+        expandable_segments: bool,
     },
     /// As fragmentation, but a free block large enough is cached for another stream: PyTorch's
     /// pools reuse a block only on the stream it was allocated on.
@@ -248,6 +252,7 @@ impl OomReport {
             suggested_max_split_size_mb: suggested
                 .filter(|&mb| current_mb.is_none_or(|current| current > mb)),
             current_max_split_size_mb: current_mb,
+            expandable_segments: self.expandable_segments,
         }
     }
 }
@@ -361,6 +366,7 @@ impl fmt::Display for OomHint {
                 largest_free_block,
                 suggested_max_split_size_mb,
                 current_max_split_size_mb,
+                expandable_segments,
             } => {
                 write!(
                     f,
@@ -380,7 +386,7 @@ impl fmt::Display for OomHint {
                         format_size(largest_free_block)
                     )?;
                 }
-                if device_free >= request && device_free < segment {
+                if !expandable_segments && device_free >= request && device_free < segment {
                     write!(
                         f,
                         "The device's free memory would hold the block itself, but a new \
@@ -391,6 +397,14 @@ impl fmt::Display for OomHint {
                 }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
+                    (Some(mb), _) if expandable_segments => write!(
+                        f,
+                        "A value to try: max_split_size_mb:{mb} (added to the other settings in \
+                         force): with expandable segments it splits nothing whole, but requests \
+                         smaller than {mb} MiB no longer take cached blocks of {mb} MiB or more, \
+                         which keeps such blocks for the large requests. `cachealloc replay` of \
+                         a recorded trace finds the values that fit."
+                    ),
                     (Some(mb), _) => write!(
                         f,
                         "A value to try: max_split_size_mb:{mb} (added to the other settings in \
@@ -496,6 +510,7 @@ mod tests {
     /// An 80 GiB device on which a 1000 MiB request failed with 18 GiB reserved but unallocated.
     fn fragmented() -> OomReport {
         OomReport {
+            expandable_segments: false,
             device: DeviceId(0),
             stream: StreamId(0),
             requested: 1_048_575_900,
@@ -701,6 +716,34 @@ mod tests {
         );
     }
 
+    /// With expandable segments the suggestion says what `max_split_size_mb` still does there
+    /// (it keeps large cached blocks from small requests), not that it stops splitting, and
+    /// no segment size is named.
+    #[test]
+    fn an_expandable_fragmentation_hint_says_what_max_split_size_does_there() {
+        let native = OomReport {
+            device_free: 1010 * MIB,
+            alloc_size: 1020 * MIB,
+            ..fragmented()
+        };
+        assert!(native.to_string().contains("a new segment for it takes"));
+        assert!(native.to_string().contains("are then never split"));
+        let report = OomReport {
+            expandable_segments: true,
+            ..native
+        };
+        let text = report.to_string();
+        assert!(
+            text.contains(
+                "with expandable segments it splits nothing whole, but requests smaller than \
+                 512 MiB no longer take cached blocks of 512 MiB or more"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("are then never split"), "{text}");
+        assert!(!text.contains("a new segment for it takes"), "{text}");
+    }
+
     #[test]
     fn fragmentation_suggests_the_largest_standard_value_within_the_largest_free_block() {
         let report = fragmented();
@@ -715,6 +758,7 @@ mod tests {
                 largest_free_block: 600 * MIB,
                 suggested_max_split_size_mb: Some(512),
                 current_max_split_size_mb: None,
+                expandable_segments: false,
             }
         );
         let expected = [

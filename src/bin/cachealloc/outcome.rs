@@ -531,6 +531,11 @@ impl ReplayJson {
                     .unwrap_or(&[]),
                 self.mode,
                 expandable_fits,
+                if self.expandable_segments {
+                    "segment maps"
+                } else {
+                    "cudaMalloc"
+                },
             );
         }
         if let Some(e) = &self.expandable_segments_trial {
@@ -574,6 +579,7 @@ fn fits_text(
     not_replayable: &[u64],
     mode: &str,
     expandable_fits: bool,
+    device_allocs: &str,
 ) -> String {
     let listed = |values: &[u64]| {
         values
@@ -640,7 +646,7 @@ fn fits_text(
             ""
         };
         t += &format!(
-            "  --conf {:<width$}  peak reserved {}, {} cudaMalloc, {} retries{note}\n",
+            "  --conf {:<width$}  peak reserved {}, {} {device_allocs}, {} retries{note}\n",
             f.conf,
             format_size(f.peak_reserved_bytes),
             f.num_device_alloc,
