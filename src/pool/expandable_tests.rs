@@ -17,6 +17,15 @@ fn expandable_pool(capacity: u64) -> DeviceAllocator<SimDevice> {
     DeviceAllocator::new(SimDevice::new(capacity), settings)
 }
 
+/// Expandable segments with `max_split_size_mb:40`.
+fn expandable_split_at_40_mib() -> Settings {
+    Settings {
+        expandable_segments: true,
+        max_split_size: 40 * MIB,
+        ..Settings::default()
+    }
+}
+
 fn alloc_on(p: &mut DeviceAllocator<SimDevice>, size: u64, stream: StreamId) -> DevicePtr {
     let ptr = p.malloc(size, stream).expect("allocation fits");
     p.validate().unwrap();
@@ -166,12 +175,7 @@ fn a_full_device_unmaps_cached_pages_and_retries() {
 /// retry) unmaps them.
 #[test]
 fn the_oversize_release_leaves_expandable_blocks_alone() {
-    let settings = Settings {
-        expandable_segments: true,
-        max_split_size: 40 * MIB,
-        ..Settings::default()
-    };
-    let mut p = DeviceAllocator::new(SimDevice::new(140 * MIB), settings);
+    let mut p = DeviceAllocator::new(SimDevice::new(140 * MIB), expandable_split_at_40_mib());
     let x = alloc(&mut p, 100 * MIB);
     let _y = alloc(&mut p, 20 * MIB);
     free(&mut p, x);
@@ -218,11 +222,7 @@ fn ranges_hold_their_request_and_many_streams_fit_an_unlimited_device() {
 /// release (a counted retry) gives it back.
 #[test]
 fn the_oversize_release_backs_up_from_an_expandable_block() {
-    let settings = Settings {
-        expandable_segments: true,
-        max_split_size: 40 * MIB,
-        ..Settings::default()
-    };
+    let settings = expandable_split_at_40_mib();
     let mut sim = SimDevice::new(200 * MIB);
     let native = 0x7000_0000_0000;
     assert!(sim.claim(native, 100 * MIB));
