@@ -4,7 +4,7 @@
 //! beside it and is the only place that calls the driver or runtime.
 
 pub mod cuda;
-mod mapped_pages;
+mod range_set;
 pub mod sim;
 
 use crate::pool::{DeviceId, DevicePtr, StreamId};

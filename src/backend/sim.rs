@@ -1,11 +1,11 @@
 //! A simulated device: a capacity, an address space laid out like the driver's, injectable
 //! failures and a clock for pending work. Deterministic; used by tests, replay and benchmarks.
 
-use super::mapped_pages::MappedPages;
+use super::range_set::RangeSet;
 use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
 use crate::pool::segment_map::SegmentMap;
 use crate::pool::{DeviceId, DevicePtr, StreamId};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Segments are aligned to this, like the driver's 2 MiB allocation granularity.
 pub const SEGMENT_ALIGNMENT: u64 = 2 << 20; // 2 MiB
@@ -59,11 +59,11 @@ pub struct SimDevice {
     /// Reserved address ranges of expandable segments (also in `segments`): address → size.
     reserved: SegmentMap,
     /// Mapped pages of the reserved ranges (their bytes count in `used`).
-    mapped: MappedPages,
+    mapped: RangeSet,
     /// Recorded addresses of upcoming address reservations, in order.
     reservation_hints: VecDeque<u64>,
     /// Free parts of the managed address space `[ADDRESS_BASE, ADDRESS_TOP)`: start → end.
-    free_ranges: BTreeMap<u64, u64>,
+    free_ranges: RangeSet,
     /// Recorded `(size, address)` of upcoming segment allocations, in order.
     address_hints: VecDeque<(u64, u64)>,
     /// Upcoming `allocate` calls that fail: each entry is consumed by one call.
@@ -91,9 +91,9 @@ impl SimDevice {
             placement: Placement::TopDown,
             segments: SegmentMap::default(),
             reserved: SegmentMap::default(),
-            mapped: MappedPages::default(),
+            mapped: RangeSet::default(),
             reservation_hints: VecDeque::new(),
-            free_ranges: BTreeMap::from([(ADDRESS_BASE, ADDRESS_TOP)]),
+            free_ranges: RangeSet::of(ADDRESS_BASE, ADDRESS_TOP),
             address_hints: VecDeque::new(),
             injected_failures: VecDeque::new(),
             next_fence: 1,
@@ -209,43 +209,13 @@ impl SimDevice {
 
     /// Take `[addr, addr + size)` out of the free ranges (the part inside the managed space).
     fn carve(&mut self, addr: u64, size: u64) {
-        let end = addr.saturating_add(size);
-        // Each pass removes one overlapping range and puts back only the parts outside
-        // `[addr, end)`, which the next lookup stops at.
-        while let Some((&s, e)) = self.free_ranges.range_mut(..end).next_back() {
-            let e_old = *e;
-            if e_old <= addr {
-                break;
-            }
-            if s < addr {
-                // Keep the part below in place (the usual case: a top-down placement takes
-                // the top of a range).
-                *e = addr;
-            } else {
-                self.free_ranges.remove(&s);
-            }
-            if end < e_old {
-                self.free_ranges.insert(end, e_old);
-            }
-        }
+        self.free_ranges.remove(addr, addr.saturating_add(size));
     }
 
     /// Give `[addr, addr + size)` back to the free ranges, merged with its neighbours.
     fn uncarve(&mut self, addr: u64, size: u64) {
-        let mut start = addr.max(ADDRESS_BASE);
-        let mut end = addr.saturating_add(size).min(ADDRESS_TOP);
-        if start >= end {
-            return;
-        }
-        if let Some((&s, &e)) = self.free_ranges.range(..start).next_back()
-            && e == start
-        {
-            self.free_ranges.remove(&s);
-            start = s;
-        }
-        if let Some(e) = self.free_ranges.remove(&end) {
-            end = e;
-        }
+        let start = addr.max(ADDRESS_BASE);
+        let end = addr.saturating_add(size).min(ADDRESS_TOP);
         self.free_ranges.insert(start, end);
     }
 
@@ -265,7 +235,7 @@ impl SimDevice {
 
     /// Where the placement rule puts `size` bytes (no hint).
     fn place_by_rule(&self, size: u64) -> Option<u64> {
-        let mut ranges = self.free_ranges.iter().map(|(s, e)| (*s, *e));
+        let mut ranges = self.free_ranges.iter();
         match self.placement {
             Placement::TopDown => ranges.rev().find_map(|(start, end)| {
                 let addr = (end.checked_sub(size)?) / SEGMENT_ALIGNMENT * SEGMENT_ALIGNMENT;
@@ -361,9 +331,10 @@ impl Backend for SimDevice {
             self.counters.failed_allocs += 1;
             return Err(BackendError::OutOfMemory);
         }
-        if !self.mapped.map(start, end) {
+        if start >= end || self.mapped.overlaps(start, end) {
             return Err(misuse("sim map_pages of mapped pages"));
         }
+        self.mapped.insert(start, end);
         self.used += size;
         self.counters.maps += 1;
         Ok(())
@@ -375,12 +346,11 @@ impl Backend for SimDevice {
         size: u64,
         _stream: StreamId,
     ) -> Result<(), BackendError> {
-        if !self
-            .mapped
-            .unmap(ptr.addr(), ptr.addr().saturating_add(size))
-        {
+        let (start, end) = (ptr.addr(), ptr.addr().saturating_add(size));
+        if !self.mapped.covers(start, end) {
             return Err(misuse("sim unmap_pages of pages not mapped"));
         }
+        self.mapped.remove(start, end);
         self.used -= size;
         self.counters.unmaps += 1;
         Ok(())
@@ -388,7 +358,7 @@ impl Backend for SimDevice {
 
     fn release_address_range(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let (addr, end) = (ptr.addr(), ptr.addr().saturating_add(size));
-        if self.reserved.get(addr) != Some(size) || self.mapped.any_in(addr, end) {
+        if self.reserved.get(addr) != Some(size) || self.mapped.overlaps(addr, end) {
             return Err(misuse(
                 "sim release_address_range of a range not reserved or mapped",
             ));
@@ -535,7 +505,7 @@ mod tests {
         let mut pieces: Vec<(u64, u64, bool)> = sim
             .free_ranges
             .iter()
-            .map(|(&s, &e)| (s, e, true))
+            .map(|(s, e)| (s, e, true))
             .chain(sim.segments().map(|(s, len)| (s, s + len, false)))
             .filter(|&(s, e, _)| e > ADDRESS_BASE && s < ADDRESS_TOP)
             .collect();
@@ -583,10 +553,7 @@ mod tests {
                 sim.release(DevicePtr::new(addr).unwrap(), size).unwrap();
             }
             assert_eq!(
-                sim.free_ranges
-                    .iter()
-                    .map(|(&s, &e)| (s, e))
-                    .collect::<Vec<_>>(),
+                sim.free_ranges.iter().collect::<Vec<_>>(),
                 [(ADDRESS_BASE, ADDRESS_TOP)],
                 "everything released is one free range again"
             );
