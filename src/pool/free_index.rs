@@ -185,39 +185,38 @@ impl FreeIndex {
     /// The entry after `entry` in (size, address) order (a cold path: expandable segments).
     pub fn successor(&self, entry: &FreeEntry) -> Option<FreeEntry> {
         let class = class_of(entry.size);
-        let key = entry.key();
+        self.smallest_of_class_after(class, Some(entry))
+            .or_else(|| {
+                let next = self.next_nonempty(class + 1)?;
+                self.smallest_of_class_after(next, None)
+            })
+    }
+
+    /// The smallest entry of `class`, listed or filed, that comes after `after` (any, when
+    /// `None`) in (size, address) order.
+    fn smallest_of_class_after(
+        &self,
+        class: usize,
+        after: Option<&FreeEntry>,
+    ) -> Option<FreeEntry> {
         let c = &self.classes[class];
+        let key = after.map_or(0, FreeEntry::key);
         let listed = c
             .listed
             .iter()
-            .filter(|e| e.key() > key)
-            .min_by_key(|e| e.key());
+            .filter(|e| after.is_none() || e.key() > key)
+            .min_by_key(|e| e.key())
+            .copied();
         let filed = c.filed.as_ref().and_then(|f| {
-            f.range((
-                std::ops::Bound::Excluded((entry.size, entry.addr)),
-                std::ops::Bound::Unbounded,
-            ))
-            .next()
-            .map(filed_entry)
+            let from = match after {
+                Some(e) => std::ops::Bound::Excluded((e.size, e.addr)),
+                None => std::ops::Bound::Unbounded,
+            };
+            f.range((from, std::ops::Bound::Unbounded))
+                .next()
+                .map(filed_entry)
         });
-        let in_class = match (listed.copied(), filed) {
-            (Some(l), Some(f)) => Some(if l.key() < f.key() { l } else { f }),
-            (l, f) => l.or(f),
-        };
-        if in_class.is_some() {
-            return in_class;
-        }
-        let next = self.next_nonempty(class + 1)?;
-        let c = &self.classes[next];
-        let listed = c.listed.iter().copied().min_by_key(FreeEntry::key);
-        let filed = c
-            .filed
-            .as_ref()
-            .and_then(|f| f.iter().next().map(filed_entry));
-        match (listed, filed) {
-            (Some(l), Some(f)) => Some(if l.key() < f.key() { l } else { f }),
-            (l, f) => l.or(f),
-        }
+        listed.into_iter().chain(filed).min_by_key(FreeEntry::key)
     }
 
     /// The lower bound: the smallest fitting entry of the request's class (`class`, the class
@@ -446,7 +445,19 @@ mod tests {
             }
             filed_at_some_point |= index.classes.iter().any(SizeClass::has_filed);
             let expect = set.range((probe, 0)..).next().copied();
-            assert_eq!(index.lower_bound(probe).map(|e| (e.size, e.addr)), expect);
+            let found = index.lower_bound(probe);
+            assert_eq!(found.map(|e| (e.size, e.addr)), expect);
+            if let Some(found) = found {
+                // The entry after it, listed or filed, in this class or the next non-empty one.
+                let after = set
+                    .range((
+                        std::ops::Bound::Excluded((found.size, found.addr)),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .next()
+                    .copied();
+                assert_eq!(index.successor(&found).map(|e| (e.size, e.addr)), after);
+            }
             assert_eq!(index.len(), set.len());
         }
         assert!(filed_at_some_point, "no class grew long enough to be filed");
