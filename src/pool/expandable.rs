@@ -259,11 +259,7 @@ impl<B: Backend> DeviceAllocator<B> {
         let id = self.id_at(addr);
         let b = *self.blocks.get(id);
         debug_assert!(b.state == BlockState::Unmapped && size <= b.size);
-        let page = page_size(b.pool);
-        let (base, _) = self
-            .segments
-            .at_or_below(b.addr)
-            .expect("an unmapped block lies in its segment");
+        let (base, page) = self.pages_of(&b);
         let len = (b.addr + size - base).div_ceil(page) * page - (b.addr - base);
         let ptr = DevicePtr::new(b.addr).expect("blocks never start at address 0");
         match self.backend.map_pages(ptr, len) {
@@ -309,11 +305,7 @@ impl<B: Backend> DeviceAllocator<B> {
         let id = self.id_at(addr);
         let b = *self.blocks.get(id);
         debug_assert!(b.state == BlockState::Free && b.expandable);
-        let page = page_size(b.pool);
-        let (base, _) = self
-            .segments
-            .at_or_below(b.addr)
-            .expect("a block lies in its segment");
+        let (base, page) = self.pages_of(&b);
         let start = base + (b.addr - base).div_ceil(page) * page;
         let end = base + (b.end() - base) / page * page;
         if start >= end {
@@ -377,6 +369,15 @@ impl<B: Backend> DeviceAllocator<B> {
         self.blocks.remove(merged);
         self.segments.remove(whole.addr);
         Ok(())
+    }
+
+    /// The start of `b`'s range and its page size: pages are counted from the range's start.
+    fn pages_of(&self, b: &Block) -> (u64, u64) {
+        let (base, _) = self
+            .segments
+            .at_or_below(b.addr)
+            .expect("a block lies in its segment");
+        (base, page_size(b.pool))
     }
 
     /// Insert `block` into the table after block `prev` in its segment; returns its id. The
