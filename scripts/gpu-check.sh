@@ -11,7 +11,9 @@
 #   (c) the same loop with cachealloc's pluggable allocator (CUDAPluggableAllocator), then a
 #       tensor read on a busy side stream, recorded (Tensor.record_stream) and freed: its block
 #       must not be zeroed under the read; and a 1 PiB tensor must raise;
-#   (d) out of memory under the shim: allocate until cudaMalloc answers 2, then free and go on.
+#   (d) out of memory under the shim: allocate until cudaMalloc answers 2, then free and go on;
+#   (e) the same with expandable_segments:True, every chunk written with cudaMemset: the pages
+#       come from the driver's virtual-memory calls (counted in the library's device log).
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -317,5 +319,32 @@ else
             "cudaMalloc answered 2 after ${BASH_REMATCH[1]} × $(fmt_bytes "$chunk"), cudaGetLastError 2 as the runtime's own; freed and allocated again: ok" "$on"
     else
         row "$oom_check" "allocate until 2, free, continue" "FAILED: $(why_failed)" "$on"
+    fi
+fi
+
+# --- (e) expandable segments under the shim ----------------------------------------------------
+
+expandable_check="(e) expandable segments"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$expandable_check" "allocate and write until 2, free, continue" "not run: ${build_problem:-$shim_problem}" "$on"
+else
+    chunk=$OOM_CHUNK_GPU
+    [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
+    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB \
+        CACHEALLOC_CONF=expandable_segments:True CACHEALLOC_LOG=cachealloc::device=debug \
+        "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" touch &&
+        [[ "$out" =~ chunks=([0-9]+)\ oom_rc=2\ last_error=2 ]]; then
+        chunks=${BASH_REMATCH[1]}
+        maps=$(grep -c ': map ' "$work/last-stderr" || true)
+        mallocs=$(grep -c ': cudaMalloc ' "$work/last-stderr" || true)
+        if ((maps > 0 && mallocs == 0)); then
+            row "$expandable_check" "allocate and write until 2, free, continue" \
+                "$chunks × $(fmt_bytes "$chunk") written, then 2; $maps page maps, no cudaMalloc; freed and allocated again: ok" "$on"
+        else
+            row "$expandable_check" "allocate and write until 2, free, continue" \
+                "FAILED: $maps page maps and $mallocs cudaMalloc in the device log (expandable segments not used: $(grep -m1 'expandable' "$work/last-stderr" | cut -c1-120))" "$on"
+        fi
+    else
+        row "$expandable_check" "allocate and write until 2, free, continue" "FAILED: $(why_failed)" "$on"
     fi
 fi

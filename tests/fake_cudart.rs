@@ -3,16 +3,21 @@
 //! behave like it where the shim depends on it (OOM code 2 and the sticky last error, cudaFree
 //! semantics, stream and event ordering including the legacy default stream rule).
 //!
-//! The behaviour checks live in `tests/fake-cudart/checks/fake_cudart_check.c`, one scenario per
-//! command-line argument; each test here runs one scenario in its own process (the fake reads its
-//! environment once per process) and requires its "ok" line.
+//! The fake CUDA driver `libcuda.so.1` built beside it must look like the real one too (SONAME,
+//! unversioned `cu*` exports) and be loaded by the runtime at its first call, as the real runtime
+//! loads the real driver, so that a preloaded library finds it with `RTLD_NOLOAD`.
+//!
+//! The behaviour checks live in `tests/fake-cudart/checks/fake_cudart_check.c` (the runtime) and
+//! `tests/fake-cudart/checks/vmm_check.c` (the driver, linked with `-l:libcuda.so.1`), one scenario
+//! per command-line argument; each test here runs one scenario in its own process (the fake reads
+//! its environment once per process) and requires its "ok" line.
 
 mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
-use support::fake_cudart::{self, SONAME};
+use support::fake_cudart::{self, DRIVER_SONAME, SONAME};
 
 /// Functions every caller of the real runtime may bind to; all must be exported as defaults of
 /// the `libcudart.so.12` version.
@@ -54,6 +59,27 @@ const REQUIRED_EXPORTS: &[&str] = &[
     "fakecudart_counter",
     "fakecudart_get_counters",
     "fakecudart_reset_counters",
+    "fakecudart_driver_cuInit",
+    "fakecudart_driver_cuMemCreate",
+];
+
+/// The driver functions `libcuda.so.1` exports (cuda.h), and nothing else.
+const DRIVER_EXPORTS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetAttribute",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
 ];
 
 fn check_program() -> &'static PathBuf {
@@ -62,19 +88,39 @@ fn check_program() -> &'static PathBuf {
         let source = fake_cudart::source_dir()
             .join("checks")
             .join("fake_cudart_check.c");
-        fake_cudart::compile_c_program(&source, "fake_cudart_check", &[])
+        fake_cudart::compile_c_program(&source, "fake_cudart_check", &["-ldl"])
     })
 }
 
-fn run_scenario(scenario: &str, env: &[(&str, &str)]) -> Output {
-    let mut cmd = fake_cudart::command(check_program());
+/// The driver's checks, linked against `libcuda.so.1` (besides `libcudart.so.12`).
+fn vmm_program() -> &'static PathBuf {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let source = fake_cudart::source_dir().join("checks").join("vmm_check.c");
+        fake_cudart::compile_c_program(&source, "vmm_check", &["-l:libcuda.so.1"])
+    })
+}
+
+fn run_program(program: &std::path::Path, scenario: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = fake_cudart::command(program);
     cmd.arg(scenario).envs(env.iter().copied());
     cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run the check program: {e}"))
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()))
+}
+
+fn run_scenario(scenario: &str, env: &[(&str, &str)]) -> Output {
+    run_program(check_program(), scenario, env)
 }
 
 fn assert_scenario_passes(scenario: &str, env: &[(&str, &str)]) {
-    let out = run_scenario(scenario, env);
+    assert_passes(run_scenario(scenario, env), scenario, env);
+}
+
+fn assert_vmm_scenario_passes(scenario: &str, env: &[(&str, &str)]) {
+    assert_passes(run_program(vmm_program(), scenario, env), scenario, env);
+}
+
+fn assert_passes(out: Output, scenario: &str, env: &[(&str, &str)]) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains(&format!("ok {scenario}")),
@@ -270,6 +316,7 @@ fn concurrent_builds_agree_on_one_library() {
     });
     assert!(dirs.iter().all(|d| d == &dirs[0]), "{dirs:?}");
     assert!(dirs[0].join(SONAME).is_file());
+    assert!(dirs[0].join(DRIVER_SONAME).is_file());
     // Only the published build is left: no temporary directories.
     let leftovers: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
@@ -277,4 +324,119 @@ fn concurrent_builds_agree_on_one_library() {
         .collect();
     assert_eq!(leftovers.len(), 1, "{leftovers:?}");
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn runtime_finds_the_driver_through_its_runpath() {
+    let lib = fake_cudart::fake_cudart().library();
+    let Some(dynamic) = tool_output("readelf", &["-d", "-W"], &lib) else {
+        return;
+    };
+    assert!(
+        dynamic.contains("(RUNPATH)") && dynamic.contains("Library runpath: [$ORIGIN]"),
+        "RUNPATH $ORIGIN missing:\n{dynamic}"
+    );
+}
+
+#[test]
+fn driver_library_has_the_real_drivers_soname_and_exports_only_cu_functions() {
+    let fake = fake_cudart::fake_cudart();
+    let lib = fake.driver_library();
+    assert_eq!(lib.file_name().unwrap(), DRIVER_SONAME);
+    let Some(dynamic) = tool_output("readelf", &["-d", "-W"], &lib) else {
+        return;
+    };
+    assert!(
+        dynamic.contains("Library soname: [libcuda.so.1]"),
+        "SONAME missing:\n{dynamic}"
+    );
+    assert!(
+        dynamic.contains("Shared library: [libcudart.so.12]"),
+        "NEEDED libcudart.so.12 missing:\n{dynamic}"
+    );
+    assert!(
+        dynamic.contains("Library runpath: [$ORIGIN]"),
+        "RUNPATH $ORIGIN missing:\n{dynamic}"
+    );
+    let Some(syms) = tool_output("readelf", &["--dyn-syms", "-W"], &lib) else {
+        return;
+    };
+    let defined: Vec<&str> = syms
+        .lines()
+        .filter(|l| l.contains(" FUNC ") && !l.contains(" UND "))
+        .map(|l| l.split_whitespace().last().unwrap())
+        .collect();
+    let mut expected: Vec<&str> = DRIVER_EXPORTS.to_vec();
+    let mut found = defined;
+    expected.sort_unstable();
+    found.sort_unstable();
+    // Unversioned, like the real driver's: no `@` in the names.
+    assert_eq!(found, expected, "libcuda.so.1 exports:\n{syms}");
+}
+
+#[test]
+fn runtime_loads_the_driver_at_its_first_call() {
+    assert_scenario_passes("driver-load", &[]);
+}
+
+#[test]
+fn runtime_without_a_driver_loads_none() {
+    assert_scenario_passes("driver-load", &[("FAKECUDART_FAIL", "35")]);
+}
+
+#[test]
+fn driver_devices_attributes_granularity_and_errors() {
+    assert_vmm_scenario_passes("basics", &[]);
+}
+
+#[test]
+fn driver_memory_is_charged_mapped_usable_and_given_back() {
+    assert_vmm_scenario_passes("cycle", &[]);
+}
+
+#[test]
+fn driver_misuse_answers_invalid_value() {
+    assert_vmm_scenario_passes("misuse", &[]);
+}
+
+#[test]
+fn driver_and_runtime_share_the_capacity() {
+    assert_vmm_scenario_passes("oom", &[("FAKECUDART_CAPACITY", "8MiB")]);
+}
+
+#[test]
+fn driver_memory_belongs_to_its_device_and_survives_a_runtime_reset() {
+    assert_vmm_scenario_passes("devices", &[("FAKECUDART_DEVICES", "3")]);
+}
+
+#[test]
+fn driver_without_vmm_answers_not_supported() {
+    assert_vmm_scenario_passes("vmm-off", &[("FAKECUDART_VMM", "0")]);
+}
+
+#[test]
+fn driver_answers_not_initialized_when_the_fake_fails() {
+    assert_vmm_scenario_passes("fail", &[("FAKECUDART_FAIL", "35")]);
+    assert_vmm_scenario_passes("fail", &[("FAKECUDART_FAIL", "999")]);
+    assert_vmm_scenario_passes("fail", &[("FAKECUDART_VMM", "maybe")]);
+}
+
+#[test]
+fn driver_without_devices_answers_no_device() {
+    assert_vmm_scenario_passes("no-device", &[("FAKECUDART_DEVICES", "0")]);
+}
+
+#[test]
+fn driver_calls_from_many_threads() {
+    assert_vmm_scenario_passes("threads", &[]);
+}
+
+#[test]
+fn driver_maps_thousands_of_pages() {
+    assert_vmm_scenario_passes("many-pages", &[]);
+}
+
+#[test]
+fn driver_memory_of_a_forked_child_stays_apart_from_the_parents() {
+    assert_vmm_scenario_passes("fork", &[]);
 }

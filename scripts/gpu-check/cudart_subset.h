@@ -11,6 +11,7 @@ enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
 
 extern cudaError_t cudaMalloc(void **dev_ptr, size_t size);
 extern cudaError_t cudaFree(void *dev_ptr);
+extern cudaError_t cudaMemset(void *dev_ptr, int value, size_t count);
 extern cudaError_t cudaDeviceSynchronize(void);
 extern cudaError_t cudaGetLastError(void);
 extern const char *cudaGetErrorName(cudaError_t error);

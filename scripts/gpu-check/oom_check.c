@@ -3,7 +3,10 @@
  * sticky error with cudaGetLastError, free one chunk, allocate it again, free everything and
  * allocate once more.
  *
- *   oom_check CHUNK_BYTES MAX_CHUNKS
+ *   oom_check CHUNK_BYTES MAX_CHUNKS [touch]
+ *
+ * With `touch`, every chunk is written with cudaMemset as soon as it is allocated (memory the
+ * device cannot write, such as pages mapped without access, fails there: touch_rc=E, exit 1).
  *
  * Prints  chunks=N oom_rc=2 last_error=E realloc=0 after_free_all=0  and exits 0 when every
  * step after the OOM succeeded; exits 1 (with what went wrong) otherwise. E is 2 when the last
@@ -12,12 +15,14 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s CHUNK_BYTES MAX_CHUNKS\n", argv[0]);
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "touch") == 0)) {
+        fprintf(stderr, "usage: %s CHUNK_BYTES MAX_CHUNKS [touch]\n", argv[0]);
         return 2;
     }
+    int touch = argc == 4;
     size_t chunk = strtoull(argv[1], NULL, 10);
     long max_chunks = strtol(argv[2], NULL, 10);
     if (chunk == 0 || max_chunks <= 0) {
@@ -30,8 +35,16 @@ int main(int argc, char **argv) {
 
     long n = 0;
     cudaError_t rc = cudaSuccess;
-    while (n < max_chunks && (rc = cudaMalloc(&chunks[n], chunk)) == cudaSuccess)
+    while (n < max_chunks && (rc = cudaMalloc(&chunks[n], chunk)) == cudaSuccess) {
+        cudaError_t touch_rc = touch ? cudaMemset(chunks[n], 0x5a, chunk) : cudaSuccess;
+        if (touch_rc == cudaSuccess)
+            touch_rc = touch ? cudaDeviceSynchronize() : cudaSuccess;
+        if (touch_rc != cudaSuccess) {
+            printf("chunks=%ld touch_rc=%d name=%s\n", n, touch_rc, cudaGetErrorName(touch_rc));
+            return 1;
+        }
         n++;
+    }
     if (rc != cudaErrorMemoryAllocation) {
         printf("chunks=%ld no_oom rc=%d name=%s\n", n, rc, cudaGetErrorName(rc));
         return 1;

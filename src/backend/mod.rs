@@ -114,13 +114,15 @@ pub trait Backend {
     }
 
     /// Expandable segments: reserve `size` bytes of address space with no memory behind it
-    /// (`cuMemAddressReserve`), aligned to 2 MiB. `Err(OutOfMemory)` when there is no room.
-    fn reserve_address_range(&mut self, _size: u64) -> Result<DevicePtr, BackendError> {
+    /// (`cuMemAddressReserve`), aligned to 2 MiB, to be mapped in pages of `page` bytes
+    /// (`size` is a multiple of it; pages count from the range's start). `Err(OutOfMemory)`
+    /// when there is no room.
+    fn reserve_address_range(&mut self, _size: u64, _page: u64) -> Result<DevicePtr, BackendError> {
         Err(NOT_SUPPORTED)
     }
 
     /// Put memory behind `[ptr, ptr + size)`, whole pages of a reserved range not mapped yet
-    /// (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page). `Err(OutOfMemory)`, with
+    /// (`cuMemCreate` + `cuMemMap` per page, then `cuMemSetAccess`). `Err(OutOfMemory)`, with
     /// nothing mapped, when the device is full.
     fn map_pages(&mut self, _ptr: DevicePtr, _size: u64) -> Result<(), BackendError> {
         Err(NOT_SUPPORTED)

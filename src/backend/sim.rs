@@ -5,7 +5,7 @@ use super::range_set::RangeSet;
 use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
 use crate::pool::segment_map::SegmentMap;
 use crate::pool::{DeviceId, DevicePtr, StreamId};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// Segments are aligned to this, like the driver's 2 MiB allocation granularity.
 pub const SEGMENT_ALIGNMENT: u64 = 2 << 20; // 2 MiB
@@ -58,6 +58,8 @@ pub struct SimDevice {
     segments: SegmentMap,
     /// Reserved address ranges of expandable segments (also in `segments`): address → size.
     reserved: SegmentMap,
+    /// The page size of each reserved range: address → page.
+    range_pages: HashMap<u64, u64>,
     /// Mapped pages of the reserved ranges (their bytes count in `used`).
     mapped: RangeSet,
     /// Recorded addresses of upcoming address reservations, in order.
@@ -91,6 +93,7 @@ impl SimDevice {
             placement: Placement::TopDown,
             segments: SegmentMap::default(),
             reserved: SegmentMap::default(),
+            range_pages: HashMap::new(),
             mapped: RangeSet::default(),
             reservation_hints: VecDeque::new(),
             free_ranges: RangeSet::of(ADDRESS_BASE, ADDRESS_TOP),
@@ -203,6 +206,17 @@ impl SimDevice {
             .is_some_and(|total| total <= self.capacity)
     }
 
+    /// Whether `[start, end)` is whole pages of one reserved range (counted from its start).
+    fn whole_pages_of_a_range(&self, start: u64, end: u64) -> bool {
+        let Some((base, len)) = self.reserved.at_or_below(start) else {
+            return false;
+        };
+        let page = self.range_pages[&base];
+        end <= base + len
+            && (start - base).is_multiple_of(page)
+            && (end - base).is_multiple_of(page)
+    }
+
     fn range_is_free(&self, addr: u64, size: u64) -> bool {
         !self.segments.overlaps(addr, size)
     }
@@ -297,7 +311,12 @@ impl Backend for SimDevice {
         true
     }
 
-    fn reserve_address_range(&mut self, size: u64) -> Result<DevicePtr, BackendError> {
+    fn reserve_address_range(&mut self, size: u64, page: u64) -> Result<DevicePtr, BackendError> {
+        if page == 0 || !size.is_multiple_of(page) {
+            return Err(misuse(
+                "sim reserve_address_range of a size not whole pages",
+            ));
+        }
         let hinted = self.reservation_hints.pop_front();
         let addr = match hinted {
             Some(a) if a != 0 && a % SEGMENT_ALIGNMENT == 0 && self.range_is_free(a, size) => {
@@ -310,18 +329,17 @@ impl Backend for SimDevice {
         };
         self.segments.insert(addr, size);
         self.reserved.insert(addr, size);
+        self.range_pages.insert(addr, page);
         self.carve(addr, size);
         Ok(DevicePtr::new(addr).expect("placement never yields address 0"))
     }
 
     fn map_pages(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let (start, end) = (ptr.addr(), ptr.addr().saturating_add(size));
-        let inside = self
-            .reserved
-            .at_or_below(start)
-            .is_some_and(|(a, len)| end <= a + len);
-        if !inside {
-            return Err(misuse("sim map_pages outside a reserved range"));
+        if !self.whole_pages_of_a_range(start, end) {
+            return Err(misuse(
+                "sim map_pages of other than whole pages of a reserved range",
+            ));
         }
         if let Some(Some(error)) = self.injected_failures.pop_front() {
             self.counters.failed_allocs += 1;
@@ -347,7 +365,7 @@ impl Backend for SimDevice {
         _stream: StreamId,
     ) -> Result<(), BackendError> {
         let (start, end) = (ptr.addr(), ptr.addr().saturating_add(size));
-        if !self.mapped.covers(start, end) {
+        if !self.whole_pages_of_a_range(start, end) || !self.mapped.covers(start, end) {
             return Err(misuse("sim unmap_pages of pages not mapped"));
         }
         self.mapped.remove(start, end);
@@ -364,6 +382,7 @@ impl Backend for SimDevice {
             ));
         }
         self.reserved.remove(addr);
+        self.range_pages.remove(&addr);
         self.segments.remove(addr);
         self.uncarve(addr, size);
         Ok(())
@@ -566,7 +585,11 @@ mod tests {
     fn reserved_ranges_hold_memory_only_where_mapped() {
         let mut sim = SimDevice::new(100 * MIB);
         sim.push_reservation_hint(0x7f20_0000_0000);
-        let r = sim.reserve_address_range(1 << 30).unwrap();
+        assert!(
+            sim.reserve_address_range(1 << 30, 3 * MIB).is_err(),
+            "not whole pages"
+        );
+        let r = sim.reserve_address_range(1 << 30, 2 * MIB).unwrap();
         assert_eq!(r.addr(), 0x7f20_0000_0000, "the hint, free");
         assert_eq!(sim.used(), 0);
         let at = |off: u64| DevicePtr::new(r.addr() + off).unwrap();
@@ -582,6 +605,10 @@ mod tests {
         assert!(
             sim.map_pages(at(1 << 30), 2 * MIB).is_err(),
             "outside the range"
+        );
+        assert!(
+            sim.map_pages(at(61 * MIB), 2 * MIB).is_err(),
+            "not on a page boundary"
         );
         assert!(sim.release(r, 1 << 30).is_err(), "a range is not a segment");
         assert!(

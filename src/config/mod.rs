@@ -259,24 +259,13 @@ impl Config {
             .collect()
     }
 
-    /// Turn off settings that parse but that cachealloc does not implement yet, returning one
-    /// warning for each, to be shown to the user. Today: `expandable_segments:True` where
-    /// `expandable_supported` is false — the preloaded library, which has no driver
-    /// virtual-memory backend yet (segments are then obtained with cudaMalloc, PyTorch's native
-    /// policy); replay simulates them — and the ignored PyTorch keys that would change the
-    /// policy (`large_segment_size_mb`). Accepting the key keeps an existing
+    /// One warning for each ignored PyTorch key that would change the policy
+    /// (`large_segment_size_mb`), to be shown to the user. Accepting the key keeps an existing
     /// `PYTORCH_CUDA_ALLOC_CONF` usable; the warning keeps the substitution visible.
-    pub fn drop_unsupported(&mut self, expandable_supported: bool) -> Vec<String> {
+    /// (`expandable_segments:True` is honoured: by replay, and by the preloaded library on
+    /// devices whose driver has virtual memory management; elsewhere it warns per device.)
+    pub fn unsupported_key_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
-        if self.settings.expandable_segments && !expandable_supported {
-            self.settings.expandable_segments = false;
-            warnings.push(format!(
-                "{}: expandable_segments:True is not supported by the preloaded library yet \
-                 (`cachealloc replay` simulates it); using fixed segments (PyTorch's native \
-                 policy: one cudaMalloc per segment)",
-                self.source.name()
-            ));
-        }
         let read = self.ignored.iter().map(|(k, v)| (self.source, k, v));
         let unread = self.unread_policy.iter().map(|(s, k, v)| (*s, k, v));
         for (source, key, value) in read.chain(unread) {

@@ -129,7 +129,7 @@ pub const PYTORCH_ONLY_KEYS: &[&str] = &[
 ];
 
 /// A PyTorch-only key that changes the policy PyTorch would follow, so that ignoring it is
-/// worth a warning (see `Config::drop_unsupported`).
+/// worth a warning (see `Config::unsupported_key_warnings`).
 pub struct IgnoredPolicyKey {
     pub key: &'static str,
     /// The value that changes the policy (`None`: any value).
@@ -237,7 +237,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "`True` or `False`",
         unit: "",
         carrier: Carrier::Shared,
-        doc: "PyTorch's growable segments: an address range per pool and stream, pages mapped on demand. Simulated by `cachealloc replay`; the preloaded library does not have them yet (they need the driver's virtual-memory API): there it is accepted and turned off with a warning.",
+        doc: "PyTorch's growable segments: an address range per pool and stream, pages mapped on demand. The preloaded library maps them with the driver's virtual-memory calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`) from the process's `libcuda.so.1`; on a device without them (no driver library, or no virtual memory management) it warns and uses fixed segments there. `cachealloc replay` simulates them.",
         apply: |c, v, _| {
             c.settings.expandable_segments = values::boolean(v)?;
             Ok(())

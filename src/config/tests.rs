@@ -600,34 +600,24 @@ fn readme_options_table_matches_the_options_table() {
     );
 }
 
+/// `expandable_segments:True` is kept as written, without a warning at parse time: whether a
+/// device can have them is decided when its pool is made.
 #[test]
-fn unsupported_expandable_segments_is_dropped_with_a_warning() {
-    let mut c = Config::from_lookup(|k| {
+fn expandable_segments_are_kept_as_written() {
+    let c = Config::from_lookup(|k| {
         (k == "PYTORCH_CUDA_ALLOC_CONF").then(|| "expandable_segments:True".to_string())
     })
     .unwrap();
     assert!(c.settings.expandable_segments, "parsed as written");
-    let warnings = c.drop_unsupported(false);
-    assert_eq!(warnings.len(), 1);
-    assert!(
-        warnings[0]
-            .starts_with("PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported by the preloaded library"),
-        "{}",
-        warnings[0]
-    );
-    assert!(!c.settings.expandable_segments);
-    assert!(c.drop_unsupported(false).is_empty());
-    // Replay simulates them: kept, no warning.
-    let mut replayed = Config::parse_conf_str("expandable_segments:True").unwrap();
-    assert!(replayed.drop_unsupported(true).is_empty());
-    assert!(replayed.settings.expandable_segments);
+    assert!(c.unsupported_key_warnings().is_empty());
+    assert!(c.settings.expandable_segments);
 }
 
 /// Ignoring a key that would change PyTorch's policy is said out loud; the keys of an
 /// expandable-segments tuning are ignored quietly (expandable segments themselves warn).
 #[test]
 fn ignored_policy_keys_warn_and_expandable_reserve_keys_are_ignored() {
-    let mut c = Config::from_lookup(|k| {
+    let c = Config::from_lookup(|k| {
         (k == "PYTORCH_CUDA_ALLOC_CONF").then(|| {
             "large_segment_size_mb:64,expandable_segments_reserve:0.5,\
              expandable_segments_reserve_by_class:4G"
@@ -636,7 +626,7 @@ fn ignored_policy_keys_warn_and_expandable_reserve_keys_are_ignored() {
     })
     .unwrap();
     assert_eq!(
-        c.drop_unsupported(false),
+        c.unsupported_key_warnings(),
         [
             "PYTORCH_CUDA_ALLOC_CONF: large_segment_size_mb is not supported by cachealloc yet; \
           large segments stay 20 MiB (PyTorch's default) and max_split_size_mb's minimum stays 20"
@@ -660,7 +650,7 @@ fn policy_values_of_ignored_keys_warn() {
     let with = |text: &'static str| {
         Config::from_lookup(move |k| (k == source).then(|| text.to_string()))
             .unwrap()
-            .drop_unsupported(false)
+            .unsupported_key_warnings()
     };
     assert_eq!(
         with("backend:cudaMallocAsync,throw_on_cudamalloc_oom:True"),
@@ -677,13 +667,13 @@ fn policy_values_of_ignored_keys_warn() {
     assert!(with("backend:native,throw_on_cudamalloc_oom:False").is_empty());
     // PyTorch reads its own variable even when cachealloc reads CACHEALLOC_CONF: warned too,
     // under that variable's name.
-    let mut c = Config::from_lookup(|k| match k {
+    let c = Config::from_lookup(|k| match k {
         "CACHEALLOC_CONF" => Some("max_split_size_mb:64".to_string()),
         "PYTORCH_CUDA_ALLOC_CONF" => Some("backend:cudaMallocAsync".to_string()),
         _ => None,
     })
     .unwrap();
-    let warned = c.drop_unsupported(false);
+    let warned = c.unsupported_key_warnings();
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert!(
         warned[0].starts_with("PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is not supported"),

@@ -66,13 +66,13 @@ pub fn active_config() -> Option<&'static Config> {
 fn decide() -> Mode {
     match Config::from_env() {
         Ok(config) if config.disabled => Mode::PassThrough,
-        Ok(mut config) => {
+        Ok(config) => {
             logging::install(&config.log_filter);
             fork::report_if_unwatched();
             for warning in config.unread_warnings() {
                 log_event!(warn, "{warning}");
             }
-            for warning in config.drop_unsupported(false) {
+            for warning in config.unsupported_key_warnings() {
                 log_event!(warn, "{warning}");
             }
             for warning in config.value_warnings() {

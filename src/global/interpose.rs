@@ -45,10 +45,19 @@ pub(super) fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) 
         }
         (FreeSync::None, _) => FencePolicy::Immediate,
     };
-    let mut pool = DeviceAllocator::new(
-        CudaBackend::new(rt, device, fences),
-        config.settings.clone(),
-    );
+    let mut backend = CudaBackend::new(rt, device, fences);
+    if config.settings.expandable_segments
+        && let Err(why) = backend.enable_expandable_segments()
+    {
+        log_event!(
+            warn,
+            "{}: expandable_segments:True is not supported on device {}: {why}; using fixed \
+             segments there (PyTorch's native policy: one cudaMalloc per segment)",
+            config.source.name(),
+            device.0
+        );
+    }
+    let mut pool = DeviceAllocator::new(backend, config.settings.clone());
     if let Some(sink) = trace_file::sink(device) {
         pool.set_event_sink(Some(Box::new(sink)));
     }
@@ -197,6 +206,7 @@ pub fn cuda_device_reset() -> CudaError {
         with_other_pools(device, |backend| backend.begin_reset_of(device));
         let mut pool = pools::take(device)?;
         pool.backend_mut().destroy_events_elsewhere();
+        pool.backend_mut().release_expandable_segments();
         stream_uses::forget(|addr| pool.contains(addr));
         trace_file::note_device_reset(device);
         Some((device, pool))

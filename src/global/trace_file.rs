@@ -214,6 +214,19 @@ fn log_device_calls(events: &[Event]) {
                 format_size(e.size),
                 e.addr
             ),
+            Action::SegmentMap => log_event!(debug,
+                target: DEVICE_LOG,
+                "device {d}: map {} at {:#x} (cuMemCreate + cuMemMap; stream {:#x})",
+                format_size(e.size),
+                e.addr,
+                e.stream
+            ),
+            Action::SegmentUnmap => log_event!(debug,
+                target: DEVICE_LOG,
+                "device {d}: unmap {} at {:#x} (cuMemUnmap + cuMemRelease)",
+                format_size(e.size),
+                e.addr
+            ),
             Action::Oom => log_event!(debug,
                 target: DEVICE_LOG,
                 "device {d}: out of memory: {} requested (rounded), {} free on the device",

@@ -206,7 +206,7 @@ impl<B: Backend> DeviceAllocator<B> {
             .max(size)
             .div_ceil(page)
             * page;
-        let ptr = match self.backend.reserve_address_range(range) {
+        let ptr = match self.backend.reserve_address_range(range, page) {
             Ok(ptr) => ptr,
             Err(BackendError::OutOfMemory) => return Ok(None),
             Err(e) => return Err(e.into()),

@@ -1,6 +1,11 @@
 //! The fake CUDA runtime for tests: builds `tests/fake-cudart` (C sources, a version script) with
 //! the system C compiler into `target/fake-cudart/<hash>/libcudart.so.12` (plus a `libcudart.so`
-//! link for `-lcudart`), and compiles C test programs against it.
+//! link for `-lcudart`) and the fake driver `libcuda.so.1` next to it, and compiles C test
+//! programs against them.
+//!
+//! The driver's code is part of `libcudart.so.12` (sharing its state); `libcuda.so.1`, from
+//! `tests/fake-cudart/driver`, only forwards its `cu*` functions there. The runtime loads it at its
+//! first call with `dlopen("libcuda.so.1")`, found through the runtime's RUNPATH `$ORIGIN`.
 //!
 //! The build happens at most once per content: the directory name is a hash of the sources, the
 //! compiler and the flags, so an edited source gets a fresh build and an unchanged one is reused
@@ -28,9 +33,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// File name of the fake runtime, its SONAME.
 pub const SONAME: &str = "libcudart.so.12";
 
+/// File name of the fake driver, its SONAME.
+pub const DRIVER_SONAME: &str = "libcuda.so.1";
+
 /// Flags for the shared library, besides sources and output. `-Bsymbolic` like the real
 /// runtime (which carries `DT_SYMBOLIC`); every export gets the default version
-/// `libcudart.so.12` from the version script.
+/// `libcudart.so.12` from the version script. RUNPATH `$ORIGIN` (a literal `$ORIGIN`: no shell
+/// runs the compiler) lets its `dlopen("libcuda.so.1")` find the fake driver built beside it.
 const LIBRARY_FLAGS: &[&str] = &[
     "-shared",
     "-fPIC",
@@ -43,14 +52,37 @@ const LIBRARY_FLAGS: &[&str] = &[
     "-pthread",
     "-Wl,-soname,libcudart.so.12",
     "-Wl,-Bsymbolic",
+    "-Wl,--enable-new-dtags",
+    "-Wl,-rpath,$ORIGIN",
+];
+
+/// Libraries the runtime links, after its sources (`dlopen` is in libc from glibc 2.34 on).
+const LIBRARY_LIBS: &[&str] = &["-ldl"];
+
+/// Flags for the driver library, besides its source, the runtime it links and the output:
+/// NEEDED `libcudart.so.12`, found through RUNPATH `$ORIGIN`; exports unversioned, as the real
+/// driver's, from the version script `driver/libcuda.map`.
+const DRIVER_FLAGS: &[&str] = &[
+    "-shared",
+    "-fPIC",
+    "-O2",
+    "-g",
+    "-std=c11",
+    "-D_GNU_SOURCE",
+    "-Wall",
+    "-Wextra",
+    "-Wl,-soname,libcuda.so.1",
+    "-Wl,--enable-new-dtags",
+    "-Wl,-rpath,$ORIGIN",
 ];
 
 /// Where the fake runtime was built.
 #[derive(Debug, Clone)]
 pub struct FakeCudart {
-    /// Holds `libcudart.so.12` and the `libcudart.so` link: pass to `-L` and `-rpath`.
+    /// Holds `libcudart.so.12`, the `libcudart.so` link and `libcuda.so.1`: pass to `-L` and
+    /// `-rpath`.
     pub lib_dir: PathBuf,
-    /// Holds `cuda_runtime_api.h`, `cuda_runtime.h` and `fakecudart.h`.
+    /// Holds `cuda_runtime_api.h`, `cuda_runtime.h`, `cuda.h` and `fakecudart.h`.
     pub include_dir: PathBuf,
 }
 
@@ -58,6 +90,12 @@ impl FakeCudart {
     /// Path of `libcudart.so.12` (for `dlopen`, ctypes or readelf).
     pub fn library(&self) -> PathBuf {
         self.lib_dir.join(SONAME)
+    }
+
+    /// Path of the fake driver `libcuda.so.1` (link with `-l:libcuda.so.1`, or let the runtime
+    /// load it).
+    pub fn driver_library(&self) -> PathBuf {
+        self.lib_dir.join(DRIVER_SONAME)
     }
 }
 
@@ -93,32 +131,41 @@ pub fn fake_cudart() -> &'static FakeCudart {
     })
 }
 
-/// Builds the fake runtime under `root` (unless a build of the same content is there already)
-/// and returns the directory holding `libcudart.so.12` and `libcudart.so`. Safe to call from
-/// several threads and processes at once.
+/// Builds the fake runtime and driver under `root` (unless a build of the same content is there
+/// already) and returns the directory holding `libcudart.so.12`, `libcudart.so` and
+/// `libcuda.so.1`. Safe to call from several threads and processes at once.
 pub fn build_fake_cudart_in(root: &Path) -> Result<PathBuf, String> {
     let src = source_dir();
     let sources = c_sources(&src.join("src"))?;
+    let driver_sources = c_sources(&src.join("driver"))?;
     let compiler = c_compiler();
     let version_script = src.join("libcudart.map");
+    let driver_version_script = src.join("driver").join("libcuda.map");
 
     let mut hasher = DefaultHasher::new();
     compiler.hash(&mut hasher);
     LIBRARY_FLAGS.hash(&mut hasher);
+    LIBRARY_LIBS.hash(&mut hasher);
+    DRIVER_FLAGS.hash(&mut hasher);
     let headers = [
         header_files(&src.join("src"))?,
         header_files(&src.join("include"))?,
+        header_files(&src.join("driver"))?,
     ];
     for file in sources
         .iter()
+        .chain(driver_sources.iter())
         .chain(headers.iter().flatten())
-        .chain(std::iter::once(&version_script))
+        .chain([&version_script, &driver_version_script])
     {
-        file.file_name().hash(&mut hasher);
+        // The folder too: a file moved between src/ and driver/ changes the build.
+        file.strip_prefix(&src)
+            .unwrap_or(file.as_path())
+            .hash(&mut hasher);
         read(file)?.hash(&mut hasher);
     }
     let dir = root.join(format!("{:016x}", hasher.finish()));
-    if dir.join(SONAME).is_file() {
+    if is_complete(&dir) {
         return Ok(dir);
     }
 
@@ -126,6 +173,15 @@ pub fn build_fake_cudart_in(root: &Path) -> Result<PathBuf, String> {
     let tmp = root.join(format!(".build-{}", unique_suffix()));
     std::fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
     let result = compile_library(&compiler, &src, &sources, &version_script, &tmp)
+        .and_then(|()| {
+            compile_driver(
+                &compiler,
+                &src,
+                &driver_sources,
+                &driver_version_script,
+                &tmp,
+            )
+        })
         .and_then(|()| publish(&tmp, &dir));
     // Whatever happened, the temporary copy is no longer needed (absent once published).
     let _ = std::fs::remove_dir_all(&tmp);
@@ -146,17 +202,45 @@ fn compile_library(
         .arg(src.join("include"))
         .arg("-o")
         .arg(out_dir.join(SONAME))
-        .args(sources);
+        .args(sources)
+        .args(LIBRARY_LIBS);
     run_compiler(&mut cmd)?;
     std::os::unix::fs::symlink(SONAME, out_dir.join("libcudart.so"))
         .map_err(|e| format!("cannot link libcudart.so in {}: {e}", out_dir.display()))
+}
+
+/// Builds `libcuda.so.1` in `out_dir`, linked against the `libcudart.so.12` already there.
+fn compile_driver(
+    compiler: &OsString,
+    src: &Path,
+    sources: &[PathBuf],
+    version_script: &Path,
+    out_dir: &Path,
+) -> Result<(), String> {
+    let mut cmd = Command::new(compiler);
+    cmd.args(DRIVER_FLAGS)
+        .arg(format!("-Wl,--version-script={}", version_script.display()))
+        .arg("-I")
+        .arg(src.join("include"))
+        .arg("-I")
+        .arg(src.join("src"))
+        .arg("-o")
+        .arg(out_dir.join(DRIVER_SONAME))
+        .args(sources)
+        .arg(out_dir.join(SONAME));
+    run_compiler(&mut cmd)
+}
+
+/// Whether `dir` holds a finished build (both libraries).
+fn is_complete(dir: &Path) -> bool {
+    dir.join(SONAME).is_file() && dir.join(DRIVER_SONAME).is_file()
 }
 
 /// Renames the finished `tmp` build to `dir`; losing the race to another builder is success.
 fn publish(tmp: &Path, dir: &Path) -> Result<(), String> {
     match std::fs::rename(tmp, dir) {
         Ok(()) => Ok(()),
-        Err(_) if dir.join(SONAME).is_file() => Ok(()),
+        Err(_) if is_complete(dir) => Ok(()),
         Err(e) => Err(format!(
             "cannot move {} to {}: {e}",
             tmp.display(),

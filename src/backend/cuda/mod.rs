@@ -12,10 +12,12 @@
 //! device's events and memory itself, and never at exit).
 
 pub mod device_guard;
+pub mod driver;
 pub mod epoch;
 pub mod events;
 pub mod runtime;
 pub mod stream_events;
+pub mod vmm;
 
 use super::{Backend, BackendError, Fence, MemInfo, StreamFence};
 use crate::pool::{DeviceId, DevicePtr, StreamId};
@@ -25,6 +27,7 @@ use events::EventFences;
 use runtime::{CudaError, Runtime, codes};
 use std::ffi::c_void;
 use stream_events::{STREAM_FENCE, StreamEvents};
+use vmm::Vmm;
 
 /// When a freed block may be reused (the backend side of `free_sync`).
 #[derive(Debug)]
@@ -45,6 +48,9 @@ pub struct CudaBackend {
     fences: FencePolicy,
     /// The fences of frees recorded on other streams: an event on each (any policy).
     stream_events: StreamEvents,
+    /// The driver's virtual-memory calls, when expandable segments are on and the device has
+    /// them.
+    vmm: Option<Vmm>,
 }
 
 impl CudaBackend {
@@ -54,6 +60,58 @@ impl CudaBackend {
             device,
             fences,
             stream_events: StreamEvents::default(),
+            vmm: None,
+        }
+    }
+
+    /// Use the driver's virtual-memory calls for expandable segments; `Err` says why this
+    /// device cannot (no driver library, no support on the device), and nothing changes.
+    pub fn enable_expandable_segments(&mut self) -> Result<(), String> {
+        let _on_device = self.enter().map_err(|e| e.to_string())?;
+        self.vmm = Some(Vmm::for_device(self.device)?);
+        Ok(())
+    }
+
+    /// Before a reset of this backend's device: wait for its work, then unmap and release the
+    /// memory of expandable segments and give their ranges back (a reset frees only what the
+    /// runtime allocated). Errors are skipped: the reset goes ahead.
+    pub fn release_expandable_segments(&mut self) {
+        let Some(vmm) = self.vmm.as_mut() else {
+            return;
+        };
+        let Ok(_on_device) = enter(self.rt, self.device) else {
+            return;
+        };
+        // SAFETY: cudaDeviceSynchronize takes no arguments; it waits for the current device.
+        let _ = unsafe { (self.rt.device_synchronize)() };
+        vmm.release_everything();
+        runtime::clear_last_error(self.rt);
+    }
+
+    fn vmm(&mut self) -> Result<&mut Vmm, BackendError> {
+        self.vmm.as_mut().ok_or(BackendError::Device {
+            code: codes::NOT_SUPPORTED,
+            call: "expandable segments (not enabled on this backend)",
+        })
+    }
+
+    /// Wait for the work issued so far on `stream`. A stream the runtime no longer knows (the
+    /// program destroyed it) is covered by waiting for the whole device.
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        // SAFETY: the stream handle is one the program allocated on (or 0, the legacy default
+        // stream); an invalid one is answered with an error, not undefined behaviour.
+        let code = unsafe { (self.rt.stream_synchronize)(stream.0 as *mut c_void) };
+        if code == codes::SUCCESS {
+            return Ok(());
+        }
+        runtime::clear_last_error(self.rt);
+        // SAFETY: cudaDeviceSynchronize takes no arguments; it waits for the current device.
+        match unsafe { (self.rt.device_synchronize)() } {
+            codes::SUCCESS => Ok(()),
+            code => Err(BackendError::Device {
+                code,
+                call: "cudaDeviceSynchronize",
+            }),
         }
     }
 
@@ -229,6 +287,37 @@ impl Backend for CudaBackend {
         }
         self.stream_events.device_synchronized(self.rt);
         Ok(())
+    }
+
+    fn supports_expandable_segments(&self) -> bool {
+        self.vmm.is_some()
+    }
+
+    fn reserve_address_range(&mut self, size: u64, page: u64) -> Result<DevicePtr, BackendError> {
+        let _on_device = self.enter()?;
+        self.vmm()?.reserve(size, page)
+    }
+
+    fn map_pages(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let _on_device = self.enter()?;
+        self.vmm()?.map(ptr, size)
+    }
+
+    fn unmap_pages(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let _on_device = self.enter()?;
+        // As PyTorch: cuMemUnmap does not wait for the work that may still use the pages.
+        self.synchronize_stream(stream)?;
+        self.vmm()?.unmap(ptr, size)
+    }
+
+    fn release_address_range(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let _on_device = self.enter()?;
+        self.vmm()?.release_range(ptr, size)
     }
 
     fn wait_stream_fences(&mut self) -> Result<(), BackendError> {

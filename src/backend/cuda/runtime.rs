@@ -35,6 +35,7 @@ pub mod codes {
     /// Also what `cudaEventRecord` answers for a stream of another device than the event's.
     pub const INVALID_RESOURCE_HANDLE: CudaError = 400;
     pub const NOT_READY: CudaError = 600;
+    pub const NOT_SUPPORTED: CudaError = 801;
     pub const UNKNOWN: CudaError = 999;
 }
 
@@ -57,6 +58,7 @@ type EventCreateFn = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CudaError
 type EventRecordFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type StreamGetDeviceFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
+type StreamSynchronizeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 
 /// The real runtime's entry points the library uses. Each field is the address of the named
 /// runtime function, with that function's C signature.
@@ -77,6 +79,7 @@ pub struct Runtime {
     pub event_query: EventFn,
     pub event_destroy: EventFn,
     pub event_synchronize: EventFn,
+    pub stream_synchronize: StreamSynchronizeFn,
     /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have (the only function
     /// the table may lack).
     pub stream_get_device: Option<StreamGetDeviceFn>,
@@ -198,6 +201,9 @@ impl Runtime {
                 ),
                 event_synchronize: std::mem::transmute::<*mut c_void, EventFn>(
                     finder.find(c"cudaEventSynchronize")?,
+                ),
+                stream_synchronize: std::mem::transmute::<*mut c_void, StreamSynchronizeFn>(
+                    finder.find(c"cudaStreamSynchronize")?,
                 ),
                 stream_get_device: finder
                     .find(c"cudaStreamGetDevice")

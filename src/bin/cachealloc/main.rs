@@ -212,8 +212,8 @@ fn run(cli: Cli) -> Result<String, String> {
 
 fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     let conf = common.conf.as_deref().unwrap_or("");
-    let mut config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
-    for warning in config.drop_unsupported(true) {
+    let config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
+    for warning in config.unsupported_key_warnings() {
         eprintln!("cachealloc: warning: {warning}");
     }
     for warning in config.value_warnings() {

@@ -3,6 +3,7 @@
  * tests/fake_cudart.rs. A scenario prints "ok <name>" when every check held; the first failing
  * check prints its line and expression on stderr and exits with status 1.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -481,6 +482,33 @@ static void threads(void) {
     CHECK_RC(cudaGetLastError(), cudaSuccess); /* other threads' errors are not ours */
 }
 
+/*
+ * The runtime loads the driver at its first call, as the real one: libcuda.so.1 is not in the
+ * process before (this program does not link it), and is after, found without loading it again
+ * (what a preloaded library does). With FAKECUDART_FAIL=35, "no driver", it stays out.
+ */
+static void driver_load(void) {
+    CHECK(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) == NULL);
+    const char *fail = getenv("FAKECUDART_FAIL");
+    int no_driver = fail != NULL && strcmp(fail, "35") == 0;
+    int n = 0;
+    CHECK_RC(cudaGetDeviceCount(&n), no_driver ? cudaErrorInsufficientDriver : cudaSuccess);
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (no_driver) {
+        CHECK(driver == NULL);
+        return;
+    }
+    CHECK(driver != NULL);
+    CHECK(dlsym(driver, "cuMemCreate") != NULL && dlsym(driver, "cuMemAddressReserve") != NULL);
+    /* The driver shares the runtime's state: it is initialized, and its calls count here. */
+    int (*get_count)(int *) = (int (*)(int *))dlsym(driver, "cuDeviceGetCount");
+    CHECK(get_count != NULL);
+    n = 0;
+    CHECK(get_count(&n) == 0 && n == 2);
+    CHECK(get_count(NULL) == 1);
+    CHECK(fakecudart_counter("driver_errors") == 1);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -488,6 +516,7 @@ static const struct {
     {"alloc", alloc},         {"oom", oom},           {"devices", devices},
     {"clock", clock_and_streams}, {"legacy", legacy_stream}, {"no-driver", no_driver},
     {"no-device", no_device}, {"total", total},       {"threads", threads},
+    {"driver-load", driver_load},
 };
 
 int main(int argc, char **argv) {

@@ -12,11 +12,15 @@
  *    fail with cudaErrorMemoryAllocation (2). cudaFree(NULL) succeeds; an unknown or interior
  *    pointer, or a double free, gives cudaErrorInvalidValue (1). cudaFree of a live allocation
  *    synchronizes the owning device first (as the real one may). cudaMallocHost memory is pinned
- *    host memory: not charged to a device, freed by cudaFreeHost only.
+ *    host memory: not charged to a device, freed by cudaFreeHost only. The fake driver
+ *    libcuda.so.1 (cuda.h: virtual memory management) shares the capacity: its cuMemCreate memory
+ *    counts in cudaMemGetInfo, and memory it mapped and made accessible is device memory for
+ *    cudaMemcpy, cudaMemset, cudaPointerGetAttributes and fakecudart_launch (not for cudaFree).
  *  - Devices. FAKECUDART_DEVICES devices (default 2). The current device is per host thread.
  *    cudaSetDevice of an ordinal out of range gives cudaErrorInvalidDevice (101). cudaDeviceReset
  *    frees every device allocation, stream and event of the current device and drops its pending
- *    work. FAKECUDART_DEVICES=0 mimics a driver without devices: every call answers
+ *    work; the driver's reservations, handles and mappings stay (they are not the runtime's).
+ *    FAKECUDART_DEVICES=0 mimics a driver without devices: every call answers
  *    cudaErrorNoDevice (100).
  *  - Errors. As in the real runtime, a call that returns an error records it as the calling
  *    thread's last error; cudaPeekAtLastError returns it, cudaGetLastError returns and clears it.
@@ -33,12 +37,16 @@
  *    created with cudaStreamNonBlocking. cudaStreamPerThread is one blocking stream per device.
  *    One tick counts as one microsecond for cudaEventElapsedTime.
  *  - cudaMemcpy and cudaMemset act as actions on the legacy default stream followed by a wait for
- *    it; they check that the device side of the copy lies inside one live allocation.
+ *    it; they check that the device side of the copy lies inside one live allocation (or inside
+ *    adjacent accessible driver mappings of one device).
+ *  - Driver. At its first call the fake runtime initializes the fake driver and loads
+ *    libcuda.so.1 with dlopen through its RUNPATH ($ORIGIN), as the real runtime loads the real
+ *    driver; not with FAKECUDART_FAIL=35 (no driver).
  *  - Thread safe: one mutex guards the state. Environment variables are read at the first call.
  *    Fork safe: a fork waits for the mutex, so the child never inherits it held.
  *
  * Test-only entry points (call counters, the clock, capacity and failure injection) are declared
- * in fakecudart.h.
+ * in fakecudart.h; the driver subset is in cuda.h.
  */
 #ifndef FAKECUDART_CUDA_RUNTIME_API_H
 #define FAKECUDART_CUDA_RUNTIME_API_H

@@ -7,7 +7,9 @@
  * fakecudart_get_counters or one by name with fakecudart_counter (handy from ctypes). Counters
  * count calls that reached the fake, so with an interposer in front they show what was forwarded.
  * fakecudart_reset_counters zeroes them (peak_bytes restarts at bytes_in_use, which is state and
- * is never reset).
+ * is never reset). The driver's calls (cuda.h: libcuda.so.1, which forwards to this library) have
+ * their counters here too (vmm_*, driver_errors), and its physical memory (cuMemCreate) counts in
+ * bytes_in_use, peak_bytes and fakecudart_device_bytes_in_use like cudaMalloc's.
  *
  * Clock: fakecudart_launch enqueues simulated work of `duration_ticks` on a stream, touching
  * [ptr, ptr + bytes). It starts once the work it is ordered after is complete (earlier work on
@@ -38,7 +40,7 @@ extern "C" {
     X(free_failures, "cudaFree calls that returned an error")                              \
     X(host_mallocs, "successful cudaMallocHost calls")                                     \
     X(host_frees, "successful cudaFreeHost calls with a non-NULL pointer")                 \
-    X(bytes_in_use, "bytes of live device allocations, all devices (state, never reset)")  \
+    X(bytes_in_use, "device bytes of allocations and cuMemCreate, all devices (state)")    \
     X(peak_bytes, "highest bytes_in_use since start or the last counter reset")            \
     X(mem_get_infos, "cudaMemGetInfo calls")                                               \
     X(device_syncs, "cudaDeviceSynchronize calls")                                         \
@@ -59,7 +61,17 @@ extern "C" {
     X(memcpys, "cudaMemcpy calls")                                                         \
     X(memsets, "cudaMemset calls")                                                         \
     X(get_last_errors, "cudaGetLastError calls")                                           \
-    X(peek_last_errors, "cudaPeekAtLastError calls")
+    X(peek_last_errors, "cudaPeekAtLastError calls")                                       \
+    X(vmm_reserves, "successful cuMemAddressReserve calls")                                \
+    X(vmm_address_frees, "successful cuMemAddressFree calls")                              \
+    X(vmm_creates, "successful cuMemCreate calls")                                         \
+    X(vmm_create_failures, "failed cuMemCreate calls (any error)")                         \
+    X(vmm_releases, "successful cuMemRelease calls")                                       \
+    X(vmm_maps, "successful cuMemMap calls")                                               \
+    X(vmm_unmaps, "successful cuMemUnmap calls")                                           \
+    X(vmm_set_accesses, "successful cuMemSetAccess calls")                                 \
+    X(vmm_busy_unmaps, "cuMemUnmap calls while unfinished simulated work used the range")  \
+    X(driver_errors, "driver (cu*) calls that returned an error, whatever the error")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;
@@ -73,7 +85,8 @@ void fakecudart_get_counters(fakecudart_counters *out);
 uint64_t fakecudart_counter(const char *name);
 /* Zeroes every counter except bytes_in_use; peak_bytes restarts at bytes_in_use. */
 void fakecudart_reset_counters(void);
-/* Bytes of live allocations charged to `device` (0 for an ordinal out of range). */
+/* Bytes of live allocations (cuMemCreate memory included) charged to `device` (0 for an ordinal
+ * out of range). */
 uint64_t fakecudart_device_bytes_in_use(int device);
 
 /* Sets the capacity of `device` in bytes; cudaErrorInvalidDevice for an ordinal out of range.
@@ -89,8 +102,9 @@ cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cu
 
 /* Enqueues simulated work on `stream` (0, cudaStreamLegacy, cudaStreamPerThread or a created
  * stream) that touches [ptr, ptr + bytes) for `duration_ticks`. The range must lie inside one
- * live device allocation unless bytes is 0. Returns cudaErrorInvalidValue for a bad range and
- * cudaErrorInvalidResourceHandle for an unknown stream. */
+ * live device allocation, or in memory the driver mapped and made accessible, unless bytes is 0.
+ * Returns cudaErrorInvalidValue for a bad range and cudaErrorInvalidResourceHandle for an unknown
+ * stream. */
 cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream, uint64_t duration_ticks);
 /* Moves the simulated clock forward by `ticks`. */
 void fakecudart_advance(uint64_t ticks);

@@ -135,16 +135,21 @@ uint64_t fakecudart_now(void) {
     return now;
 }
 
-uint64_t fakecudart_range_busy_until(const void *ptr, size_t bytes) {
-    fake_init_once();
-    uintptr_t lo = (uintptr_t)ptr, hi = lo + bytes;
+uint64_t range_busy_until_locked(uintptr_t lo, uintptr_t hi) {
     uint64_t until = 0;
-    lock();
     for (size_t i = 0; i < fake.work_count; i++) {
         const struct fake_work *w = &fake.work[i];
         if (w->end > fake.now && w->lo < hi && lo < w->hi)
             until = max_u64(until, w->end);
     }
+    return until;
+}
+
+uint64_t fakecudart_range_busy_until(const void *ptr, size_t bytes) {
+    fake_init_once();
+    uintptr_t lo = (uintptr_t)ptr;
+    lock();
+    uint64_t until = range_busy_until_locked(lo, lo + bytes);
     unlock();
     return until;
 }

@@ -6,6 +6,10 @@
  * nothing until pages are touched): page aligned, which is more than the 256 bytes callers may
  * assume, and zero filled. The table is sorted by base address so that an interior pointer finds
  * its allocation by binary search.
+ *
+ * Memory that the driver mapped and made accessible (vmm.c) counts as live device memory of its
+ * device too, for the range checks of cudaMemcpy, cudaMemset and fakecudart_launch and for
+ * cudaPointerGetAttributes; cudaFree does not take it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +43,12 @@ static int is_device_kind(enum fake_alloc_kind kind) { return kind != ALLOC_HOST
 
 int range_in_device_alloc_locked(uintptr_t lo, size_t bytes) {
     struct fake_alloc *a = find_alloc_locked(lo);
-    return a != NULL && is_device_kind(a->kind) && bytes <= a->size - (lo - a->base);
+    if (a != NULL)
+        return is_device_kind(a->kind) && bytes <= a->size - (lo - a->base);
+    return vmm_range_accessible_locked(lo, bytes, NULL);
 }
 
-static void charge_locked(int device, int64_t delta) {
+void charge_locked(int device, int64_t delta) {
     fake.devices[device].used += (uint64_t)delta;
     fake.counters.bytes_in_use += (uint64_t)delta;
     if (fake.counters.bytes_in_use > fake.counters.peak_bytes)
@@ -272,7 +278,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
     lock();
     struct fake_alloc *a = find_alloc_locked((uintptr_t)ptr);
     struct cudaPointerAttributes out = {cudaMemoryTypeUnregistered, -2, NULL, (void *)ptr};
-    if (a != NULL) {
+    int vmm_device;
+    if (a == NULL && vmm_range_accessible_locked((uintptr_t)ptr, 1, &vmm_device)) {
+        out = (struct cudaPointerAttributes){cudaMemoryTypeDevice, vmm_device, (void *)ptr, NULL};
+    } else if (a != NULL) {
         out.device = a->device;
         out.devicePointer = (void *)ptr;
         switch (a->kind) {

@@ -1,16 +1,26 @@
 /*
- * state.c — the global state, its lock, first-call configuration from the environment, and the
- * per-thread last error.
+ * state.c — the global state, its lock, first-call configuration from the environment, the
+ * runtime's start (which loads the fake driver), and the per-thread last error.
  *
  * Environment (read once, at the first call of any exported function):
  *   FAKECUDART_DEVICES   number of devices, 0..64 (default 2; 0 = every call answers 100)
  *   FAKECUDART_CAPACITY  bytes per device: digits with an optional suffix K/M/G/T (= KiB/MiB/GiB/
  *                        TiB, powers of 1024) or KB/MB/GB/TB (powers of 1000); default 16GiB
  *   FAKECUDART_FAIL      a cudaError_t code that every call answers (0 or unset = off)
+ *   FAKECUDART_VMM       1 (default) or 0: whether the devices support the driver's virtual memory
+ *                        management (cuMemCreate answers CUDA_ERROR_NOT_SUPPORTED with 0)
  * A malformed value is reported once on stderr and every call then answers
  * cudaErrorInitializationError (3).
+ *
+ * The runtime's start, at the first runtime (or fakecudart_*) call, does what the real runtime's
+ * does with the driver: initializes it, and loads libcuda.so.1 with dlopen, found through this
+ * library's RUNPATH ($ORIGIN: the fake driver is built next to it). A missing file is not an
+ * error (a runtime without a driver file). With FAKECUDART_FAIL=35, "no driver", nothing is
+ * loaded. A preloaded library that looks for the driver with dlopen(RTLD_NOLOAD) after a runtime
+ * call therefore finds it, as in a real process where only libcudart loaded libcuda.
  */
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -26,19 +36,35 @@ static __thread cudaError_t last_error;
 /* Set (under state_lock) once init() has run. */
 static int initialized;
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Set (under start_lock) once the runtime's start has run. The start calls dlopen, which must
+ * not happen under state_lock: dlopen takes the dynamic loader's lock, and a thread holding that
+ * one (running some library's constructor) may be waiting for state_lock in a CUDA call. */
+static int started;
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void lock(void) { pthread_mutex_lock(&state_lock); }
 void unlock(void) { pthread_mutex_unlock(&state_lock); }
 
-/* fork() from a thread while another one holds the state lock (or is reading the environment at
- * the first call) must leave the child a usable library, as a forked process's own calls then
- * would otherwise wait forever: the forking thread takes the lock first, and both processes
- * release it after. */
-static void before_fork(void) { lock(); }
-static void after_fork(void) { unlock(); }
+/* fork() from a thread while another one holds the state lock (or is reading the environment or
+ * loading the driver at the first call) must leave the child a usable library, as a forked
+ * process's own calls then would otherwise wait forever: the forking thread takes both locks
+ * first (start_lock before state_lock, the order of the first call), and both processes release
+ * them after. The child also gets driver memory of its own (vmm.c). */
+static void before_fork(void) {
+    pthread_mutex_lock(&start_lock);
+    lock();
+}
+static void after_fork(void) {
+    unlock();
+    pthread_mutex_unlock(&start_lock);
+}
+static void after_fork_child(void) {
+    vmm_after_fork_child_locked();
+    after_fork();
+}
 
 __attribute__((constructor)) static void register_fork_handlers(void) {
-    pthread_atfork(before_fork, after_fork, after_fork);
+    pthread_atfork(before_fork, after_fork, after_fork_child);
 }
 
 cudaError_t record(cudaError_t rc) {
@@ -113,6 +139,11 @@ static void init(void) {
                      "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB");
         capacity = FAKE_DEFAULT_CAPACITY;
     }
+    long vmm = 1;
+    if ((v = getenv("FAKECUDART_VMM")) != NULL && *v != '\0' && parse_int(v, 0, 1, &vmm) != 0) {
+        config_error("FAKECUDART_VMM", v, "0 or 1");
+        vmm = 1;
+    }
     long fail = 0;
     if ((v = getenv("FAKECUDART_FAIL")) != NULL && *v != '\0' &&
         parse_int(v, 0, 100000, &fail) != 0) {
@@ -121,6 +152,8 @@ static void init(void) {
     }
 
     fake.device_count = (int)devices;
+    fake.vmm_supported = (int)vmm;
+    fake.vmm_fd = -1;
     for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
         fake.devices[d].capacity = capacity;
         fake.devices[d].legacy.device = d;
@@ -134,7 +167,7 @@ static void init(void) {
     }
 }
 
-void fake_init_once(void) {
+void fake_config_once(void) {
     if (__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))
         return;
     lock();
@@ -143,6 +176,26 @@ void fake_init_once(void) {
         __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     }
     unlock();
+}
+
+/* The runtime's start: the driver is initialized, and libcuda.so.1 loaded when it can be. The
+ * handle is kept for the life of the process, as the real runtime keeps it. */
+static void start_runtime(void) {
+    if (fake.fail_code != cudaErrorInsufficientDriver && dlopen("libcuda.so.1", RTLD_NOW) == NULL)
+        (void)dlerror(); /* no driver file: not an error of the runtime */
+    __atomic_store_n(&fake.driver_initialized, 1, __ATOMIC_RELEASE);
+}
+
+void fake_init_once(void) {
+    fake_config_once();
+    if (__atomic_load_n(&started, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&start_lock);
+    if (!started) {
+        start_runtime();
+        __atomic_store_n(&started, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&start_lock);
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -179,7 +232,8 @@ cudaError_t cudaDriverGetVersion(int *driverVersion) {
     fake_init_once();
     if (driverVersion == NULL)
         return record(cudaErrorInvalidValue);
-    /* Without a driver the real runtime answers success and version 0. */
+    /* Without a driver the real runtime answers success and version 0. Otherwise the driver's
+     * version, as cuDriverGetVersion answers it. */
     *driverVersion = fake.fail_code == cudaErrorInsufficientDriver ? 0 : FAKE_DRIVER_VERSION;
     return cudaSuccess;
 }

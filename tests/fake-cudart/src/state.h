@@ -17,13 +17,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda.h"
 #include "fakecudart.h"
 
 #define FAKE_MAX_DEVICES 64
 #define FAKE_DEFAULT_DEVICES 2
 #define FAKE_DEFAULT_CAPACITY (16ull << 30) /* bytes: 16 GiB per device */
 #define FAKE_RUNTIME_VERSION 12090          /* CUDA 12.9, like the nvidia-cuda-runtime-cu12 wheel */
-#define FAKE_DRIVER_VERSION 12090
+#define FAKE_DRIVER_VERSION 12080          /* CUDA 12.8: cudaDriverGetVersion, cuDriverGetVersion */
 #define FAKE_PITCH_ALIGNMENT 512            /* bytes */
 
 /* A stream: a created one, or a device's legacy default stream or per-thread default stream. */
@@ -62,6 +63,33 @@ struct fake_alloc {
     enum fake_alloc_kind kind;
 };
 
+/* Driver VMM (vmm.c). A reserved range of address space (cuMemAddressReserve). */
+struct fake_vmm_reservation {
+    uintptr_t base;
+    size_t size;
+};
+
+/* Physical memory of cuMemCreate: bytes [offset, offset + size) of the memfd `fd`. */
+struct fake_vmm_handle {
+    uint64_t id;              /* the CUmemGenericAllocationHandle */
+    int fd;
+    uint64_t offset;
+    size_t size;
+    int device;
+    unsigned map_count;       /* live cuMemMap mappings of it */
+    int released;             /* cuMemRelease done; freed once map_count is 0 */
+    int inherited;            /* made by the parent before a fork: its pages are the parent's too */
+};
+
+/* One cuMemMap: [base, base + size) shows handle `handle`. */
+struct fake_vmm_mapping {
+    uintptr_t base;
+    size_t size;
+    uint64_t handle;
+    int device;
+    int accessible;           /* cuMemSetAccess made it readable and writable */
+};
+
 /* Simulated work touching [lo, hi) until tick `end`. */
 struct fake_work {
     uintptr_t lo, hi;
@@ -88,12 +116,29 @@ struct fake_state {
     unsigned injected_reset_failures; /* of cudaDeviceReset */
     cudaError_t injected_reset_code;
     fakecudart_counters counters;
+    /* Driver (vmm.c). */
+    int vmm_supported;        /* FAKECUDART_VMM: 1 (default) or 0 */
+    int driver_initialized;   /* cuInit or a runtime call has run (atomic) */
+    int vmm_fd;               /* memfd behind this process's handles; -1 before the first */
+    uint64_t vmm_file_end;    /* next unused offset of vmm_fd (offsets are never reused) */
+    uint64_t vmm_next_handle;
+    /* Each sorted: reservations and mappings by base, handles by id. */
+    struct fake_vmm_reservation *reservations;
+    size_t reservation_count, reservation_cap;
+    struct fake_vmm_handle *handles;
+    size_t handle_count, handle_cap;
+    struct fake_vmm_mapping *mappings;
+    size_t mapping_count, mapping_cap;
 };
 
 extern struct fake_state fake;
 extern __thread int fake_current_device;
 
+/* First call of a runtime or test entry point: fake_config_once, then the runtime's own start
+ * (initializes the driver and dlopens libcuda.so.1, as the real runtime does). */
 void fake_init_once(void);
+/* Reads the environment once; all that a driver entry point needs. */
+void fake_config_once(void);
 void lock(void);
 void unlock(void);
 /* Records a returned error as the thread's last error and returns it. */
@@ -112,6 +157,25 @@ struct fake_alloc *find_alloc_locked(uintptr_t addr); /* allocation containing a
 int range_in_device_alloc_locked(uintptr_t lo, size_t bytes);
 void free_device_allocs_locked(int device);
 void note_bytes_locked(void);
+void charge_locked(int device, int64_t delta); /* device bytes in use, bytes_in_use, peak_bytes */
+
+/* Driver (driver.c). Every driver entry point has the shape
+ *
+ *     CUresult rc = driver_enter(1);      // config; FAKECUDART_FAIL / no device / not initialized
+ *     lock();  if (rc == CUDA_SUCCESS) rc = ...work on `fake`...;
+ *     return driver_leave_locked(rc);     // counts an error in driver_errors, unlocks
+ *
+ * driver_enter(0) for the calls that work before cuInit. */
+CUresult driver_enter(int needs_init);
+CUresult driver_leave_locked(CUresult rc);
+int valid_device(int device);
+
+/* Driver VMM (vmm.c). 1 when [lo, lo + bytes) lies in mapped, access-enabled memory of one
+ * device (one mapping, or adjacent ones); stores that device in *device unless NULL. */
+int vmm_range_accessible_locked(uintptr_t lo, size_t bytes, int *device);
+/* In a forked child: new handles get a backing file of their own, and the inherited ones, whose
+ * pages the parent shares, are never punched out by the child. */
+void vmm_after_fork_child_locked(void);
 
 /* Streams, events and the clock (clock.c, streams.c). */
 struct CUstream_st *resolve_stream_locked(cudaStream_t s); /* NULL for an unknown handle */
@@ -123,5 +187,7 @@ void device_sync_locked(int device);
 void legacy_sync_locked(int device);
 void drop_device_streams_locked(int device);
 void drop_device_work_locked(int device);
+/* The tick at which the last incomplete work touching [lo, hi) completes; 0 if none. */
+uint64_t range_busy_until_locked(uintptr_t lo, uintptr_t hi);
 
 #endif /* FAKECUDART_STATE_H */

@@ -1,0 +1,211 @@
+//! Expandable segments on a real device: address ranges reserved with the driver, and a
+//! physical allocation (`cuMemCreate`) behind each mapped page, as PyTorch's
+//! `ExpandableSegment` does.
+//!
+//! Each page has a handle of its own, so that any run of pages can be unmapped and released
+//! later (`cuMemUnmap` takes only whole mappings). Access is granted to this device only:
+//! memory of expandable segments is not opened to peer devices.
+
+use super::driver::{
+    ATTRIBUTE_VMM_SUPPORTED, CuDevice, CuMemHandle, CuResult, Driver, GRANULARITY_MINIMUM,
+    MemAccessDesc, MemAllocationProp, driver, results,
+};
+use crate::backend::BackendError;
+use crate::pool::{DeviceId, DevicePtr};
+use std::collections::BTreeMap;
+
+/// The pool's page sizes (2 MiB and 20 MiB) are multiples of this; a device whose driver
+/// needs a coarser granularity gets fixed segments.
+const PAGE_UNIT: u64 = 2 << 20;
+
+/// A reserved range: its size and page size.
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    size: u64,
+    page: u64,
+}
+
+/// The driver's side of one device's expandable segments.
+#[derive(Debug)]
+pub struct Vmm {
+    driver: &'static Driver,
+    device: CuDevice,
+    /// Reserved ranges by start address.
+    ranges: BTreeMap<u64, Range>,
+    /// Mapped pages by address, with their physical allocation.
+    pages: BTreeMap<u64, CuMemHandle>,
+}
+
+fn check(code: CuResult, call: &'static str) -> Result<(), BackendError> {
+    match code {
+        results::SUCCESS => Ok(()),
+        results::OUT_OF_MEMORY => Err(BackendError::OutOfMemory),
+        // The driver's codes are the runtime's numbers for the errors they share.
+        code => Err(BackendError::Device { code, call }),
+    }
+}
+
+impl Vmm {
+    /// The driver's virtual-memory calls for `device` (made current by the caller), or why
+    /// they cannot be used there.
+    pub fn for_device(device: DeviceId) -> Result<Vmm, String> {
+        let driver = driver()?;
+        let mut cu: CuDevice = 0;
+        // SAFETY: `cu` is a valid out-pointer; the ordinal is the runtime's current device.
+        let code = unsafe { (driver.device_get)(&mut cu, device.0) };
+        if code != results::SUCCESS {
+            return Err(format!("cuDeviceGet({}) answered {code}", device.0));
+        }
+        let mut supported = 0;
+        // SAFETY: `supported` is a valid out-pointer; `cu` came from cuDeviceGet.
+        let code =
+            unsafe { (driver.device_get_attribute)(&mut supported, ATTRIBUTE_VMM_SUPPORTED, cu) };
+        if code != results::SUCCESS || supported == 0 {
+            return Err(format!(
+                "the device has no virtual memory management (cuDeviceGetAttribute answered \
+                 {code}, value {supported})"
+            ));
+        }
+        let prop = MemAllocationProp::pinned_on(cu);
+        let mut granularity = 0usize;
+        // SAFETY: both pointers are valid for the call; `prop` describes device memory of `cu`.
+        let code = unsafe {
+            (driver.get_allocation_granularity)(&mut granularity, &prop, GRANULARITY_MINIMUM)
+        };
+        if code != results::SUCCESS
+            || granularity == 0
+            || !PAGE_UNIT.is_multiple_of(granularity as u64)
+        {
+            return Err(format!(
+                "the device's allocation granularity ({granularity} bytes, \
+                 cuMemGetAllocationGranularity answered {code}) does not divide 2 MiB pages"
+            ));
+        }
+        Ok(Vmm {
+            driver,
+            device: cu,
+            ranges: BTreeMap::new(),
+            pages: BTreeMap::new(),
+        })
+    }
+
+    /// `cuMemAddressReserve` of `size` bytes, to be mapped in pages of `page` bytes.
+    pub fn reserve(&mut self, size: u64, page: u64) -> Result<DevicePtr, BackendError> {
+        let len = usize::try_from(size).map_err(|_| BackendError::OutOfMemory)?;
+        let mut addr = 0;
+        // SAFETY: `addr` is a valid out-pointer; alignment 0 and no fixed address let the
+        // driver choose (its granularity, 2 MiB, is the alignment).
+        let code = unsafe { (self.driver.address_reserve)(&mut addr, len, 0, 0, 0) };
+        check(code, "cuMemAddressReserve")?;
+        let ptr = DevicePtr::new(addr).ok_or(BackendError::Device {
+            code: 1,
+            call: "cuMemAddressReserve (returned 0)",
+        })?;
+        self.ranges.insert(addr, Range { size, page });
+        Ok(ptr)
+    }
+
+    /// The page size of the range holding `addr`.
+    fn page_at(&self, addr: u64) -> Result<u64, BackendError> {
+        match self.ranges.range(..=addr).next_back() {
+            Some((&start, r)) if addr < start + r.size => Ok(r.page),
+            _ => Err(BackendError::Device {
+                code: 1,
+                call: "expandable segments (an address outside every reserved range)",
+            }),
+        }
+    }
+
+    /// Map pages over `[ptr, ptr + size)` and give this device access; on an error nothing
+    /// stays mapped or allocated.
+    pub fn map(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let page = self.page_at(ptr.addr())?;
+        let prop = MemAllocationProp::pinned_on(self.device);
+        let mut mapped = Vec::new();
+        let result = (|| {
+            for addr in (ptr.addr()..ptr.addr() + size).step_by(page as usize) {
+                let mut handle = 0;
+                // SAFETY: `handle` is a valid out-pointer and `prop` a valid description.
+                let code = unsafe { (self.driver.create)(&mut handle, page as usize, &prop, 0) };
+                check(code, "cuMemCreate")?;
+                // SAFETY: `addr` is a page of a range reserved here and not mapped (the pool
+                // maps only unmapped pages); `handle` was just created with the page's size.
+                let code = unsafe { (self.driver.map)(addr, page as usize, 0, handle, 0) };
+                if let Err(e) = check(code, "cuMemMap") {
+                    // SAFETY: `handle` was created above and is mapped nowhere.
+                    unsafe { (self.driver.release)(handle) };
+                    return Err(e);
+                }
+                mapped.push((addr, handle));
+            }
+            let access = MemAccessDesc::read_write_on(self.device);
+            // SAFETY: the whole range was mapped above; `access` is one valid descriptor.
+            let code = unsafe { (self.driver.set_access)(ptr.addr(), size as usize, &access, 1) };
+            check(code, "cuMemSetAccess")
+        })();
+        match result {
+            Ok(()) => {
+                self.pages.extend(mapped);
+                Ok(())
+            }
+            Err(e) => {
+                for (addr, handle) in mapped {
+                    self.unmap_page(addr, page, handle);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Unmap the pages of `[ptr, ptr + size)` and release their memory. The caller has waited
+    /// for the work that may use them (`cuMemUnmap` does not). Pages not mapped are skipped,
+    /// so a call repeated after an error finishes the work.
+    pub fn unmap(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        let page = self.page_at(ptr.addr())?;
+        for addr in (ptr.addr()..ptr.addr() + size).step_by(page as usize) {
+            let Some(&handle) = self.pages.get(&addr) else {
+                continue;
+            };
+            // SAFETY: `addr` is a page mapped here with a handle of `page` bytes.
+            let code = unsafe { (self.driver.unmap)(addr, page as usize) };
+            check(code, "cuMemUnmap")?;
+            self.pages.remove(&addr);
+            // SAFETY: the handle's only mapping was just removed.
+            let code = unsafe { (self.driver.release)(handle) };
+            check(code, "cuMemRelease")?;
+        }
+        Ok(())
+    }
+
+    /// Best-effort cleanup of a page mapped by a `map` that failed later.
+    fn unmap_page(&self, addr: u64, page: u64, handle: CuMemHandle) {
+        // SAFETY: `addr` was mapped with `handle` in the failed call and nothing used it.
+        unsafe {
+            (self.driver.unmap)(addr, page as usize);
+            (self.driver.release)(handle);
+        }
+    }
+
+    /// `cuMemAddressFree` of a reserved range with nothing mapped in it.
+    pub fn release_range(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        // SAFETY: the pool gives back only a range it reserved here, whole, with no page mapped.
+        let code = unsafe { (self.driver.address_free)(ptr.addr(), size as usize) };
+        check(code, "cuMemAddressFree")?;
+        self.ranges.remove(&ptr.addr());
+        Ok(())
+    }
+
+    /// Unmap and release everything, and give every range back (before a device reset, which
+    /// does not free what the driver's virtual-memory calls made). The caller synchronized the
+    /// device. Errors are skipped: the reset goes ahead.
+    pub fn release_everything(&mut self) {
+        for (addr, handle) in std::mem::take(&mut self.pages) {
+            let page = self.page_at(addr).unwrap_or(PAGE_UNIT);
+            self.unmap_page(addr, page, handle);
+        }
+        for (addr, range) in std::mem::take(&mut self.ranges) {
+            // SAFETY: a range reserved here, with every page of it unmapped just above.
+            unsafe { (self.driver.address_free)(addr, range.size as usize) };
+        }
+    }
+}

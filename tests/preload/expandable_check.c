@@ -1,0 +1,186 @@
+/*
+ * expandable_check.c — expandable segments in the preloaded library, against the fake
+ * libcudart.so.12 and the fake driver libcuda.so.1 it loads (tests/preload_expandable.rs sets
+ * CACHEALLOC_CONF=expandable_segments:True, plus what each scenario needs). Each scenario prints
+ * "ok SCENARIO" when every check held; a failed check prints "FAIL <file>:<line>: <condition>".
+ *
+ * The fake's counters show which driver calls the pool made (vmm_*), and its clock whether
+ * pages were unmapped while work on them was still running (vmm_busy_unmaps).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cachealloc.h"
+#include "cuda_runtime_api.h"
+#include "fakecudart.h"
+
+#define MIB ((size_t)1 << 20)
+
+#include "check.h"
+
+static uint64_t counter(const char *name) { return fakecudart_counter(name); }
+
+static void print_counters(void) {
+    printf("reserves %llu maps %llu unmaps %llu creates %llu releases %llu address_frees %llu "
+           "busy_unmaps %llu mallocs %llu\n",
+           (unsigned long long)counter("vmm_reserves"), (unsigned long long)counter("vmm_maps"),
+           (unsigned long long)counter("vmm_unmaps"), (unsigned long long)counter("vmm_creates"),
+           (unsigned long long)counter("vmm_releases"),
+           (unsigned long long)counter("vmm_address_frees"),
+           (unsigned long long)counter("vmm_busy_unmaps"), (unsigned long long)counter("mallocs"));
+}
+
+/* Large requests grow one address range page by page (20 MiB pages), so consecutive blocks
+ * are adjacent; a small request gets a range of its own (2 MiB pages); the memory is real
+ * (host-writable, cudaMemcpy-able) and counted as the device's; empty_cache unmaps and
+ * releases every page and gives both ranges back. No cudaMalloc reaches the runtime. */
+static void scenario_grow(void) {
+    char *a = NULL, *b = NULL, *s = NULL;
+    CHECK_CODE(cudaMalloc((void **)&a, 30 * MIB), cudaSuccess);
+    CHECK(counter("vmm_reserves") == 1);
+    CHECK(counter("vmm_creates") == 2); /* 30 MiB: two 20 MiB pages */
+    CHECK_CODE(cudaMalloc((void **)&b, 30 * MIB), cudaSuccess);
+    CHECK(b == a + 30 * MIB);           /* the range grew behind a */
+    CHECK(counter("vmm_creates") == 3); /* 10 MiB left over + one more page */
+    CHECK(counter("vmm_reserves") == 1);
+    CHECK_CODE(cudaMalloc((void **)&s, 4096), cudaSuccess);
+    CHECK(counter("vmm_reserves") == 2); /* the small pool's range */
+    CHECK(counter("vmm_creates") == 4);
+    CHECK(fakecudart_device_bytes_in_use(0) == 62 * MIB);
+    CHECK(counter("mallocs") == 0);
+    size_t free_bytes = 0, total = 0;
+    CHECK_CODE(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+    CHECK(total - free_bytes == 62 * MIB);
+
+    /* Real memory behind the pages: the host writes it, cudaMemcpy copies through it. */
+    memset(a, 0x5a, 30 * MIB);
+    b[30 * MIB - 1] = 7;
+    unsigned char back[4096];
+    CHECK_CODE(cudaMemcpy(s, a + 4 * MIB, sizeof back, cudaMemcpyDeviceToDevice), cudaSuccess);
+    CHECK_CODE(cudaMemcpy(back, s, sizeof back, cudaMemcpyDeviceToHost), cudaSuccess);
+    CHECK(back[0] == 0x5a && back[sizeof back - 1] == 0x5a);
+
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    CHECK_CODE(cudaFree(s), cudaSuccess);
+    CHECK(counter("vmm_unmaps") == 0); /* cached */
+    CHECK_CODE(cachealloc_empty_cache(0), 0);
+    print_counters();
+    CHECK(counter("vmm_unmaps") == 4);
+    CHECK(counter("vmm_releases") == 4);
+    CHECK(counter("vmm_address_frees") == 2);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK(counter("vmm_busy_unmaps") == 0);
+
+    /* Device 1 maps its own memory. */
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaMalloc((void **)&a, 1 * MIB), cudaSuccess);
+    CHECK(fakecudart_device_bytes_in_use(1) == 2 * MIB);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    CHECK(counter("mallocs") == 0);
+}
+
+/* Pages are unmapped only after the work queued on the block's stream: with free_sync:none a
+ * freed block is cached at once, so nothing else has waited for that work when empty_cache
+ * unmaps its pages. */
+static void scenario_unmap_waits(void) {
+    cudaStream_t stream = NULL;
+    void *p = NULL;
+    CHECK_CODE(cudaStreamCreate(&stream), cudaSuccess);
+    CHECK_CODE(cachealloc_malloc(&p, 40 * MIB, 0, stream), 0);
+    CHECK_CODE(fakecudart_launch(p, 40 * MIB, stream, 1000), cudaSuccess);
+    CHECK_CODE(cachealloc_free(p), 0);
+    CHECK(fakecudart_range_busy(p, 40 * MIB) == 1);
+    uint64_t device_syncs = counter("device_syncs");
+    CHECK_CODE(cachealloc_empty_cache(0), 0);
+    print_counters();
+    CHECK(counter("vmm_unmaps") == 2);
+    CHECK(counter("vmm_busy_unmaps") == 0);
+    CHECK(counter("stream_syncs") >= 1);
+    CHECK(counter("device_syncs") == device_syncs); /* the stream's work only */
+    CHECK_CODE(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+/* A request whose pages do not all fit: the pages mapped for it are given back, the program
+ * gets cudaErrorMemoryAllocation (2) and goes on. */
+static void scenario_oom(void) {
+    void *p = NULL, *q = NULL;
+    /* FAKECUDART_CAPACITY=30MiB: 30 MiB needs two 20 MiB pages; the second does not fit. */
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK(counter("vmm_create_failures") >= 1);
+    CHECK(counter("vmm_creates") == counter("vmm_releases"));
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 15 * MIB), cudaSuccess);
+    CHECK(fakecudart_device_bytes_in_use(0) == 20 * MIB);
+    /* 5 MiB left in the mapped page, and no room for another. */
+    CHECK_CODE(cudaMalloc(&q, 10 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, 10 * MIB), cudaSuccess); /* the cached page */
+    CHECK(q == p);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    print_counters();
+}
+
+/* A device reset gives back every page and range the pool had, and a new pool starts after. */
+static void scenario_reset(void) {
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 4096), cudaSuccess);
+    CHECK(counter("vmm_reserves") == 2);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK(counter("vmm_unmaps") == counter("vmm_creates"));
+    CHECK(counter("vmm_releases") == counter("vmm_creates"));
+    CHECK(counter("vmm_address_frees") == 2);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK(counter("vmm_reserves") == 3);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    print_counters();
+}
+
+/* With a driver that has no virtual memory management (FAKECUDART_VMM=0), the pool uses fixed
+ * segments (the test checks the warning). */
+static void scenario_unsupported(void) {
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK(counter("mallocs") == 1);
+    CHECK(counter("vmm_reserves") == 0 && counter("vmm_creates") == 0);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    print_counters();
+}
+
+struct scenario {
+    const char *name;
+    void (*run)(void);
+};
+
+static const struct scenario scenarios[] = {
+    {"grow", scenario_grow},
+    {"unmap_waits", scenario_unmap_waits},
+    {"oom", scenario_oom},
+    {"reset", scenario_reset},
+    {"unsupported", scenario_unsupported},
+};
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: expandable_check SCENARIO\n");
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            scenarios[i].run();
+            if (failures) {
+                return 1;
+            }
+            printf("ok %s\n", argv[1]);
+            return 0;
+        }
+    }
+    fprintf(stderr, "unknown scenario %s\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,91 @@
+//! End to end: `expandable_segments:True` in the preloaded library, on the fake runtime and the
+//! fake driver (`libcuda.so.1`, loaded by the fake runtime as the real one loads the real
+//! driver). Scenarios live in `tests/preload/expandable_check.c`, one process each.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::OnceLock;
+use support::fake_cudart;
+use support::shim::{library, preloaded, run_ok, stderr, stdout};
+
+fn program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let lib = library();
+        let lib_dir = lib.parent().unwrap().display().to_string();
+        fake_cudart::compile_c_program(
+            &root.join("tests/preload/expandable_check.c"),
+            "expandable_check",
+            &[
+                &format!("-I{}", root.join("include").display()),
+                &format!("-L{lib_dir}"),
+                "-lcachealloc",
+                &format!("-Wl,-rpath,{lib_dir}"),
+            ],
+        )
+    })
+}
+
+/// Run `scenario` under the library with expandable segments on (plus `conf`) and `env`, and
+/// require its "ok" line.
+fn check(scenario: &str, conf: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = preloaded(program());
+    cmd.arg(scenario)
+        .env("CACHEALLOC_CONF", format!("expandable_segments:True{conf}"))
+        .envs(env.iter().copied());
+    let out = run_ok(&mut cmd);
+    assert!(
+        stdout(&out).contains(&format!("ok {scenario}")),
+        "no ok line:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
+#[test]
+fn requests_grow_an_address_range_page_by_page_and_empty_cache_gives_it_back() {
+    let out = check("grow", "", &[]);
+    assert!(stderr(&out).is_empty(), "unexpected log: {}", stderr(&out));
+}
+
+#[test]
+fn pages_are_unmapped_only_after_the_work_on_their_stream() {
+    check("unmap_waits", ",free_sync:none", &[]);
+}
+
+#[test]
+fn a_request_that_does_not_fit_gives_its_pages_back_and_answers_2() {
+    check("oom", "", &[("FAKECUDART_CAPACITY", "30MiB")]);
+}
+
+#[test]
+fn a_device_reset_gives_back_every_page_and_range() {
+    check("reset", "", &[]);
+}
+
+#[test]
+fn a_driver_without_virtual_memory_management_gets_fixed_segments_with_a_warning() {
+    let out = check("unsupported", "", &[("FAKECUDART_VMM", "0")]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("expandable_segments:True is not supported on device 0")
+            && log.contains("virtual memory management")
+            && log.contains("using fixed segments"),
+        "{log}"
+    );
+}
+
+/// The same program with expandable segments off: every segment is a cudaMalloc, and the driver
+/// is never asked for memory (the scenarios above measure the expandable path).
+#[test]
+fn without_the_setting_no_driver_memory_is_used() {
+    let mut cmd = preloaded(program());
+    cmd.arg("unsupported");
+    let out = run_ok(&mut cmd);
+    assert!(stdout(&out).contains("ok unsupported"), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}
