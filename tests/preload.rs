@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, run_ok, stderr, stdout};
+use support::shim::{preloaded, run_ok, run_scenario, stderr, stdout};
 
 fn source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/shim_check.c")
@@ -23,14 +23,7 @@ fn program() -> &'static Path {
 fn check(scenario: &str, env: &[(&str, &str)]) -> Output {
     let mut cmd = preloaded(program());
     cmd.arg(scenario).envs(env.iter().copied());
-    let out = run_ok(&mut cmd);
-    assert!(
-        stdout(&out).contains(&format!("ok {scenario}")),
-        "no ok line:\n{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    out
+    run_scenario(&mut cmd, scenario)
 }
 
 /// The number after `key` in the program's output.

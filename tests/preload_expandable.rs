@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{library, preloaded, run_ok, stderr, stdout};
+use support::shim::{library, preloaded, run_ok, run_scenario, stderr, stdout};
 
 fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
@@ -36,14 +36,7 @@ fn check(scenario: &str, conf: &str, env: &[(&str, &str)]) -> Output {
     cmd.arg(scenario)
         .env("CACHEALLOC_CONF", format!("expandable_segments:True{conf}"))
         .envs(env.iter().copied());
-    let out = run_ok(&mut cmd);
-    assert!(
-        stdout(&out).contains(&format!("ok {scenario}")),
-        "no ok line:\n{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    out
+    run_scenario(&mut cmd, scenario)
 }
 
 #[test]

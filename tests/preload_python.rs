@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, run_ok, stderr, stdout};
+use support::shim::{preloaded, run_scenario, stderr, stdout};
 
 fn python() -> Option<&'static str> {
     let found = Command::new("python3")
@@ -49,14 +49,7 @@ fn check(scenario: &str, env: &[(&str, &str)]) -> Option<Output> {
         .arg(scenario)
         .env("CACHEALLOC_LOG", "cachealloc=debug")
         .envs(env.iter().copied());
-    let out = run_ok(&mut cmd);
-    assert!(
-        stdout(&out).contains(&format!("ok {scenario}")),
-        "no ok line:\n{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    Some(out)
+    Some(run_scenario(&mut cmd, scenario))
 }
 
 fn number_after(text: &str, key: &str) -> u64 {

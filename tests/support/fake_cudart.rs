@@ -188,6 +188,27 @@ pub fn build_fake_cudart_in(root: &Path) -> Result<PathBuf, String> {
     result.map(|()| dir)
 }
 
+/// Compiles one shared library of the fake into `output`: `flags`, its version script, the
+/// include folders, then `inputs` (sources, and what it links against, in order).
+fn compile_shared(
+    compiler: &OsString,
+    flags: &[&str],
+    version_script: &Path,
+    includes: &[PathBuf],
+    output: &Path,
+    inputs: &[OsString],
+) -> Result<(), String> {
+    let mut cmd = Command::new(compiler);
+    cmd.args(flags)
+        .arg(format!("-Wl,--version-script={}", version_script.display()));
+    for dir in includes {
+        cmd.arg("-I").arg(dir);
+    }
+    cmd.arg("-o").arg(output).args(inputs);
+    run_compiler(&mut cmd)
+}
+
+/// Builds `libcudart.so.12` and its `libcudart.so` link in `out_dir`.
 fn compile_library(
     compiler: &OsString,
     src: &Path,
@@ -195,16 +216,21 @@ fn compile_library(
     version_script: &Path,
     out_dir: &Path,
 ) -> Result<(), String> {
-    let mut cmd = Command::new(compiler);
-    cmd.args(LIBRARY_FLAGS)
-        .arg(format!("-Wl,--version-script={}", version_script.display()))
-        .arg("-I")
-        .arg(src.join("include"))
-        .arg("-o")
-        .arg(out_dir.join(SONAME))
-        .args(sources)
-        .args(LIBRARY_LIBS);
-    run_compiler(&mut cmd)?;
+    let inputs: Vec<OsString> = sources
+        .iter()
+        .map(|s| s.as_os_str().to_owned())
+        .chain(LIBRARY_LIBS.iter().map(OsString::from))
+        .collect();
+    let includes = [src.join("include")];
+    let output = out_dir.join(SONAME);
+    compile_shared(
+        compiler,
+        LIBRARY_FLAGS,
+        version_script,
+        &includes,
+        &output,
+        &inputs,
+    )?;
     std::os::unix::fs::symlink(SONAME, out_dir.join("libcudart.so"))
         .map_err(|e| format!("cannot link libcudart.so in {}: {e}", out_dir.display()))
 }
@@ -217,18 +243,21 @@ fn compile_driver(
     version_script: &Path,
     out_dir: &Path,
 ) -> Result<(), String> {
-    let mut cmd = Command::new(compiler);
-    cmd.args(DRIVER_FLAGS)
-        .arg(format!("-Wl,--version-script={}", version_script.display()))
-        .arg("-I")
-        .arg(src.join("include"))
-        .arg("-I")
-        .arg(src.join("src"))
-        .arg("-o")
-        .arg(out_dir.join(DRIVER_SONAME))
-        .args(sources)
-        .arg(out_dir.join(SONAME));
-    run_compiler(&mut cmd)
+    let inputs: Vec<OsString> = sources
+        .iter()
+        .chain([&out_dir.join(SONAME)])
+        .map(|s| s.as_os_str().to_owned())
+        .collect();
+    let includes = [src.join("include"), src.join("src")];
+    let output = out_dir.join(DRIVER_SONAME);
+    compile_shared(
+        compiler,
+        DRIVER_FLAGS,
+        version_script,
+        &includes,
+        &output,
+        &inputs,
+    )
 }
 
 /// Whether `dir` holds a finished build (both libraries).

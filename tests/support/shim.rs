@@ -52,6 +52,18 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// Run `cmd`, a test program's `scenario`, and require its "ok SCENARIO" line.
+pub fn run_scenario(cmd: &mut Command, scenario: &str) -> Output {
+    let out = run_ok(cmd);
+    assert!(
+        stdout(&out).contains(&format!("ok {scenario}")),
+        "no ok line:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    out
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
