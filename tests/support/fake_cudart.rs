@@ -36,11 +36,8 @@ pub const SONAME: &str = "libcudart.so.12";
 /// File name of the fake driver, its SONAME.
 pub const DRIVER_SONAME: &str = "libcuda.so.1";
 
-/// Flags for the shared library, besides sources and output. `-Bsymbolic` like the real
-/// runtime (which carries `DT_SYMBOLIC`); every export gets the default version
-/// `libcudart.so.12` from the version script. RUNPATH `$ORIGIN` (a literal `$ORIGIN`: no shell
-/// runs the compiler) lets its `dlopen("libcuda.so.1")` find the fake driver built beside it.
-const LIBRARY_FLAGS: &[&str] = &[
+/// Flags of both shared libraries (the runtime's and the driver's).
+const SHARED_FLAGS: &[&str] = &[
     "-shared",
     "-fPIC",
     "-O2",
@@ -49,32 +46,23 @@ const LIBRARY_FLAGS: &[&str] = &[
     "-D_GNU_SOURCE",
     "-Wall",
     "-Wextra",
-    "-pthread",
-    "-Wl,-soname,libcudart.so.12",
-    "-Wl,-Bsymbolic",
     "-Wl,--enable-new-dtags",
     "-Wl,-rpath,$ORIGIN",
 ];
+
+/// The runtime's own flags, besides sources and output. `-Bsymbolic` like the real runtime
+/// (which carries `DT_SYMBOLIC`); every export gets the default version `libcudart.so.12` from
+/// the version script. RUNPATH `$ORIGIN` (`SHARED_FLAGS`; a literal `$ORIGIN`: no shell runs the
+/// compiler) lets its `dlopen("libcuda.so.1")` find the fake driver built beside it.
+const LIBRARY_FLAGS: &[&str] = &["-pthread", "-Wl,-soname,libcudart.so.12", "-Wl,-Bsymbolic"];
 
 /// Libraries the runtime links, after its sources (`dlopen` is in libc from glibc 2.34 on).
 const LIBRARY_LIBS: &[&str] = &["-ldl"];
 
-/// Flags for the driver library, besides its source, the runtime it links and the output:
+/// The driver library's own flags, besides its source, the runtime it links and the output:
 /// NEEDED `libcudart.so.12`, found through RUNPATH `$ORIGIN`; exports unversioned, as the real
 /// driver's, from the version script `driver/libcuda.map`.
-const DRIVER_FLAGS: &[&str] = &[
-    "-shared",
-    "-fPIC",
-    "-O2",
-    "-g",
-    "-std=c11",
-    "-D_GNU_SOURCE",
-    "-Wall",
-    "-Wextra",
-    "-Wl,-soname,libcuda.so.1",
-    "-Wl,--enable-new-dtags",
-    "-Wl,-rpath,$ORIGIN",
-];
+const DRIVER_FLAGS: &[&str] = &["-Wl,-soname,libcuda.so.1"];
 
 /// Where the fake runtime was built.
 #[derive(Debug, Clone)]
@@ -144,6 +132,7 @@ pub fn build_fake_cudart_in(root: &Path) -> Result<PathBuf, String> {
 
     let mut hasher = DefaultHasher::new();
     compiler.hash(&mut hasher);
+    SHARED_FLAGS.hash(&mut hasher);
     LIBRARY_FLAGS.hash(&mut hasher);
     LIBRARY_LIBS.hash(&mut hasher);
     DRIVER_FLAGS.hash(&mut hasher);
@@ -199,7 +188,8 @@ fn compile_shared(
     inputs: &[OsString],
 ) -> Result<(), String> {
     let mut cmd = Command::new(compiler);
-    cmd.args(flags)
+    cmd.args(SHARED_FLAGS)
+        .args(flags)
         .arg(format!("-Wl,--version-script={}", version_script.display()));
     for dir in includes {
         cmd.arg("-I").arg(dir);
