@@ -2,7 +2,7 @@
 # cachealloc in two minutes, on any machine (no GPU needed):
 #  1. a CUDA program that allocates in a loop, run against a stand-in CUDA runtime, without and
 #     then with LD_PRELOAD=libcachealloc.so (calls served from the pool vs calls reaching the
-#     runtime, and the allocator's statistics printed at exit);
+#     runtime, and the allocator's statistics printed at exit), and with expandable segments;
 #  2. an offline replay of a synthetic transformer training run on a 7 GiB device, with
 #     PyTorch's default settings and with max_split_size_mb;
 #  3. the same run on a smaller device: the out-of-memory report and the settings that fit.
@@ -29,6 +29,10 @@ echo "       (CACHEALLOC_CONF=stats:text prints the allocator's statistics at ex
 CACHEALLOC_CONF=stats:text LD_PRELOAD="$PWD/target/release/libcachealloc.so" "$work/solver"
 echo "       (Active but not Allocated at exit: blocks the program freed whose reuse waits, under"
 echo "       the default free_sync:device, for the next device synchronization; not a leak.)"
+echo
+echo "== 1c. the same with CACHEALLOC_CONF=expandable_segments:True: pages mapped with the"
+echo "       driver's virtual-memory calls (the stand-in's libcuda.so.1) instead of cudaMalloc"
+CACHEALLOC_CONF=expandable_segments:True LD_PRELOAD="$PWD/target/release/libcachealloc.so" "$work/solver"
 
 echo
 echo "== 2. offline: replay a synthetic transformer training run on a 7 GiB device"

@@ -38,5 +38,10 @@ int main(void) {
            (unsigned long long)fakecudart_counter("frees"),
            (unsigned long long)(fakecudart_counter("implicit_syncs") +
                                 fakecudart_counter("device_syncs")));
+    if (fakecudart_counter("vmm_maps") > 0)
+        printf("  the driver mapped     %6llu pages (cuMemCreate + cuMemMap) into %llu address "
+               "ranges\n",
+               (unsigned long long)fakecudart_counter("vmm_maps"),
+               (unsigned long long)fakecudart_counter("vmm_reserves"));
     return 0;
 }
