@@ -22,8 +22,13 @@ fn program() -> &'static Path {
 /// Run `scenario` under the shim recording into `dir/trace-%p.jsonl` with the exit statistics
 /// in `dir/stats.json`; returns the expanded trace path.
 fn record(dir: &Path, scenario: &str, env: &[(&str, &str)]) -> PathBuf {
+    record_with(dir, scenario, "", env)
+}
+
+/// `record` with `settings` (`key:value,` items) before the recording's own.
+fn record_with(dir: &Path, scenario: &str, settings: &str, env: &[(&str, &str)]) -> PathBuf {
     let conf = format!(
-        "trace:{}/trace-%p.jsonl,stats:json,stats_file:{}/stats.json",
+        "{settings}trace:{}/trace-%p.jsonl,stats:json,stats_file:{}/stats.json",
         dir.display(),
         dir.display()
     );
@@ -139,6 +144,46 @@ fn a_recorded_trace_replays_to_what_the_shim_did() {
         faithful["first_oom_event_index"],
         faithful["recorded_oom"]["event_index"]
     );
+}
+
+/// With expandable segments, the shim maps pages with the driver (the fake one here), and the
+/// faithful replay of its recording maps and unmaps the same pages, in ranges at the recorded
+/// addresses: same peak, same retry, the OOM at the same event, every allocation at its address.
+#[test]
+fn a_recording_with_expandable_segments_replays_page_for_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record_with(
+        dir.path(),
+        "mix",
+        "expandable_segments:True,",
+        &[("FAKECUDART_CAPACITY", "1GiB")],
+    );
+    let stats = shim_stats(dir.path(), 0);
+    assert_eq!(stats["num_ooms"], 1, "{stats}");
+    let faithful = replay_json(&trace, &["--faithful"]);
+    assert_eq!(faithful["expandable_segments"], true, "{faithful}");
+    assert_eq!(faithful["recorded_expandable_segments"], true);
+    let maps = faithful["recorded_segment_maps"].as_u64().unwrap();
+    assert!(maps > 5, "the mix maps pages as it grows: {faithful}");
+    assert_eq!(faithful["recorded_segment_maps"], stats["num_device_alloc"]);
+    assert_eq!(
+        faithful["recorded_segment_unmaps"],
+        stats["num_device_free"]
+    );
+    assert_eq!(faithful["num_device_alloc"], stats["num_device_alloc"]);
+    assert_eq!(faithful["num_device_free"], stats["num_device_free"]);
+    assert_eq!(
+        faithful["peak_reserved_bytes"],
+        stats["reserved_bytes.all.peak"]
+    );
+    assert_eq!(faithful["num_alloc_retries"], stats["num_alloc_retries"]);
+    assert_eq!(
+        faithful["first_oom_event_index"],
+        faithful["recorded_oom"]["event_index"]
+    );
+    let allocs = faithful["allocs"].as_u64().unwrap();
+    assert!(allocs > 1000, "{faithful}");
+    assert_eq!(faithful["allocs_at_recorded_addr"].as_u64(), Some(allocs));
 }
 
 #[test]

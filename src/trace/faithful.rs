@@ -56,55 +56,27 @@ impl DeviceRecording {
         settings
     }
 
-    /// Where the driver reserved the address ranges of expandable segments, in trace order. A
-    /// range's first map is at its start; a map for a pool and stream with no range reserved
-    /// starts one (the small pool maps 2 MiB pages one at a time, the large pool 20 MiB ones);
-    /// a range whose last mapped page is unmapped was given back (PyTorch releases it then,
-    /// without a trace entry), so the next map for its pool and stream reserves again.
+    /// Where the driver reserved the address ranges of expandable segments, in trace order
+    /// (`reservation_addresses`).
     pub fn reservation_addresses(&self) -> Vec<u64> {
-        // Live ranges: start → (small pool, stream, bytes mapped).
-        let mut live: BTreeMap<u64, (bool, StreamId, u64)> = BTreeMap::new();
-        let mut starts = Vec::new();
-        for e in &self.entries {
-            match e.action {
-                Action::SegmentMap => {
-                    let small = e.size == SMALL_BUFFER;
-                    let range = live
-                        .values_mut()
-                        .find(|(s, stream, _)| *s == small && *stream == e.stream);
-                    match range {
-                        Some((_, _, mapped)) => *mapped += e.size,
-                        None => {
-                            live.insert(e.addr, (small, e.stream, e.size));
-                            starts.push(e.addr);
-                        }
-                    }
-                }
-                Action::SegmentUnmap => {
-                    if let Some((&start, (_, _, mapped))) = live.range_mut(..=e.addr).next_back() {
-                        *mapped = mapped.saturating_sub(e.size);
-                        if *mapped == 0 {
-                            live.remove(&start);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        starts
+        reservation_addresses(self.entries.iter().filter_map(|e| {
+            let mapped = match e.action {
+                Action::SegmentMap => true,
+                Action::SegmentUnmap => false,
+                _ => return None,
+            };
+            Some(PageChange {
+                mapped,
+                addr: e.addr,
+                size: e.size,
+                stream: e.stream,
+            })
+        }))
     }
 
-    /// The most device memory under which the ranges PyTorch reserves (1⅛ of the device's
-    /// memory each) fit between the recorded ones: the closest two reservations, × 8/9. `None`
-    /// with fewer than two. A faithful replay without a known capacity sizes its ranges with
-    /// it, so that they land where the recording's did.
+    /// The device memory the recorded reservations imply (`total_from_reservations`).
     pub fn total_from_reservations(&self) -> Option<u64> {
-        let mut starts = self.reservation_addresses();
-        starts.sort_unstable();
-        // (A range given back and reserved again at the same place is one.)
-        starts.dedup();
-        let gap = starts.windows(2).map(|w| w[1] - w[0]).min()?;
-        Some(gap / 9 * 8)
+        total_from_reservations(self.reservation_addresses())
     }
 
     /// `(size, address)` of every `segment_alloc`, in trace order: where the driver put them.
@@ -115,6 +87,66 @@ impl DeviceRecording {
             .map(|e| (e.size, e.addr))
             .collect()
     }
+}
+
+/// A `segment_map` (`mapped`) or `segment_unmap` entry of a recording.
+#[derive(Clone, Copy, Debug)]
+pub struct PageChange {
+    pub mapped: bool,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+}
+
+/// Where the driver reserved the address ranges of expandable segments, from a recording's
+/// page maps and unmaps in trace order. A range's first map is at its
+/// start; a map for a pool and stream with no range reserved starts one (the small pool maps
+/// 2 MiB pages one at a time, the large pool 20 MiB ones); a range whose last mapped page is
+/// unmapped was given back (PyTorch releases it then, without a trace entry), so the next map
+/// for its pool and stream reserves again.
+pub fn reservation_addresses(changes: impl IntoIterator<Item = PageChange>) -> Vec<u64> {
+    // Live ranges: start → (small pool, stream, bytes mapped).
+    let mut live: BTreeMap<u64, (bool, StreamId, u64)> = BTreeMap::new();
+    let mut starts = Vec::new();
+    for PageChange {
+        mapped,
+        addr,
+        size,
+        stream,
+    } in changes
+    {
+        if mapped {
+            let small = size == SMALL_BUFFER;
+            let range = live
+                .values_mut()
+                .find(|(s, st, _)| *s == small && *st == stream);
+            match range {
+                Some((_, _, bytes)) => *bytes += size,
+                None => {
+                    live.insert(addr, (small, stream, size));
+                    starts.push(addr);
+                }
+            }
+        } else if let Some((&start, (_, _, bytes))) = live.range_mut(..=addr).next_back() {
+            *bytes = bytes.saturating_sub(size);
+            if *bytes == 0 {
+                live.remove(&start);
+            }
+        }
+    }
+    starts
+}
+
+/// The most device memory under which the ranges PyTorch reserves (1⅛ of the device's memory
+/// each) fit between the recorded ones (`starts`, from `reservation_addresses`): the closest
+/// two reservations, × 8/9. `None` with fewer than two. A faithful replay without a known
+/// capacity sizes its ranges with it, so that they land where the recording's did.
+pub fn total_from_reservations(mut starts: Vec<u64>) -> Option<u64> {
+    starts.sort_unstable();
+    // (A range given back and reserved again at the same place is one.)
+    starts.dedup();
+    let gap = starts.windows(2).map(|w| w[1] - w[0]).min()?;
+    Some(gap / 9 * 8)
 }
 
 /// A faithful replay's result next to the recording's own figures.

@@ -9,6 +9,7 @@
 
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
+use cachealloc::trace::faithful::total_from_reservations;
 use cachealloc::trace::record::convert::convert_device;
 use cachealloc::trace::record::looks_like_header;
 use cachealloc::trace::record::read::{DeviceEvents, read_recorded_trace};
@@ -82,8 +83,16 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         } else {
             Vec::new()
         },
-        reservation_hints: Vec::new(),
-        total_from_reservations: None,
+        total_from_reservations: if faithful {
+            total_from_reservations(rec.reservation_addresses.clone())
+        } else {
+            None
+        },
+        reservation_hints: if faithful {
+            rec.reservation_addresses
+        } else {
+            Vec::new()
+        },
         recorded,
         recorded_settings: Some(trace.settings),
     })

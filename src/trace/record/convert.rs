@@ -24,6 +24,7 @@ use super::read::DeviceEvents;
 use super::{Action, Event};
 use crate::pool::{Settings, StreamId};
 use crate::trace::capacity::CapacityEstimate;
+use crate::trace::faithful::{PageChange, reservation_addresses};
 use crate::trace::figures::{RecordedFigures, RecordedOom};
 use crate::trace::workload::{AllocId, Op, Workload};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -35,6 +36,8 @@ pub struct RecordedDevice {
     pub figures: RecordedFigures,
     /// `(size, address)` of every `segment_alloc`, in order: where the driver put them.
     pub segment_addresses: Vec<(u64, u64)>,
+    /// Where the driver reserved the ranges of expandable segments, in order.
+    pub reservation_addresses: Vec<u64>,
     /// What the recording says about the device's capacity (`None`: no cudaMalloc failed).
     pub capacity: Option<CapacityEstimate>,
 }
@@ -191,10 +194,24 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         }),
         (None, None) => None,
     };
+    let reservation_addresses = reservation_addresses(device.events.iter().filter_map(|e| {
+        let mapped = match e.action {
+            Action::SegmentMap => true,
+            Action::SegmentUnmap => false,
+            _ => return None,
+        };
+        Some(PageChange {
+            mapped,
+            addr: e.addr,
+            size: e.size,
+            stream: StreamId(e.stream),
+        })
+    }));
     RecordedDevice {
         workload,
         figures,
         segment_addresses,
+        reservation_addresses,
         capacity,
     }
 }
