@@ -51,6 +51,16 @@ fn pages_are_unmapped_only_after_the_work_on_their_stream() {
 }
 
 #[test]
+fn a_failed_unmap_leaves_the_pages_mapped_and_usable() {
+    check("unmap_fails", "", &[]);
+}
+
+#[test]
+fn a_failed_map_gives_its_pages_back_and_passes_the_error_on() {
+    check("set_access_fails", "", &[]);
+}
+
+#[test]
 fn a_request_that_does_not_fit_gives_its_pages_back_and_answers_2() {
     check("oom", "", &[("FAKECUDART_CAPACITY", "30MiB")]);
 }

@@ -110,12 +110,20 @@ fn replay_advice(device: DeviceId) -> String {
 }
 
 /// Run `body`; a panic inside becomes `on_panic` and one error line, never an unwind into C.
+/// (Inlined into every exported function: the hot ones are a few instructions around `body`.)
+#[inline]
 pub fn boundary<T>(call: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
     match panics::catch(body) {
         Ok(value) => value,
         Err(message) => {
-            log_event!(error, "{call}: internal error in cachealloc: {message}");
+            report_panic(call, &message);
             on_panic
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn report_panic(call: &'static str, message: &str) {
+    log_event!(error, "{call}: internal error in cachealloc: {message}");
 }

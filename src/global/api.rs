@@ -5,7 +5,7 @@
 //! With `CACHEALLOC_DISABLE=1` these pass through to the real runtime on the given device.
 
 use super::error::ShimError;
-use super::interpose::{active, new_pool};
+use super::interpose::{active, with_device_pool};
 use super::pools;
 use super::reentry;
 use super::stream_uses;
@@ -43,11 +43,7 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
     if size == 0 {
         return Ok(0);
     }
-    let served = pools::with_pool_or_create(
-        device,
-        || new_pool(config, rt, device),
-        |pool| pool.malloc(size as u64, stream),
-    );
+    let served = with_device_pool(config, rt, device, |pool| pool.malloc(size as u64, stream));
     trace_file::flush();
     let served = served?.ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
     returned_only(rt, served.map(DevicePtr::addr).map_err(ShimError::from))

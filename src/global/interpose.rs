@@ -36,19 +36,51 @@ pub(super) fn active() -> Result<Option<(&'static Config, &'static Runtime)>, Sh
     }
 }
 
-/// A new pool for `device` with the configured settings and `free_sync` policy.
-pub(super) fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> Pool {
-    let fences = match (config.free_sync, pools::epochs(device)) {
-        (FreeSync::Device, Some(epochs)) => FencePolicy::DeviceSync(epochs),
-        (FreeSync::Device, None) | (FreeSync::Event, _) => {
-            FencePolicy::LegacyStreamEvent(EventFences::default())
-        }
-        (FreeSync::None, _) => FencePolicy::Immediate,
-    };
-    let mut backend = CudaBackend::new(rt, device, fences);
-    if config.settings.expandable_segments
-        && let Err(why) = backend.enable_expandable_segments()
-    {
+/// Run `f` on the pool of `device`, made first if the device has none. The pool is made before
+/// the pool lock is taken (enabling expandable segments may load the driver library), and a
+/// warning about it is logged once the lock is released.
+#[inline]
+pub(super) fn with_device_pool<R>(
+    config: &Config,
+    rt: &'static Runtime,
+    device: DeviceId,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> Result<Option<R>, ShimError> {
+    if pools::is_live(device) {
+        return pools::with_pool_or_create(device, || made_under_lock(config, rt, device), f);
+    }
+    with_new_device_pool(config, rt, device, f)
+}
+
+/// A pool made under the lock: another thread dropped the device's pool (a device reset) after
+/// `with_device_pool` saw it. Nothing is logged here (the lock is held).
+#[cold]
+#[inline(never)]
+fn made_under_lock(config: &Config, rt: &'static Runtime, device: DeviceId) -> Pool {
+    new_pool(config, rt, device).0
+}
+
+/// `with_device_pool` for a device with no pool yet.
+#[cold]
+#[inline(never)]
+fn with_new_device_pool<R>(
+    config: &Config,
+    rt: &'static Runtime,
+    device: DeviceId,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> Result<Option<R>, ShimError> {
+    let (made, why) = new_pool(config, rt, device);
+    let mut used = false;
+    let served = pools::with_pool_or_create(
+        device,
+        || {
+            used = true;
+            made
+        },
+        f,
+    );
+    // (When another thread made the pool first, that thread reports about it.)
+    if let Some(why) = why.filter(|_| used) {
         log_event!(
             warn,
             "{}: expandable_segments:True is not supported on device {}: {why}; using fixed \
@@ -57,11 +89,30 @@ pub(super) fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) 
             device.0
         );
     }
+    served
+}
+
+/// A new pool for `device` with the configured settings and `free_sync` policy, and why it
+/// could not have the expandable segments the settings ask for.
+fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> (Pool, Option<String>) {
+    let fences = match (config.free_sync, pools::epochs(device)) {
+        (FreeSync::Device, Some(epochs)) => FencePolicy::DeviceSync(epochs),
+        (FreeSync::Device, None) | (FreeSync::Event, _) => {
+            FencePolicy::LegacyStreamEvent(EventFences::default())
+        }
+        (FreeSync::None, _) => FencePolicy::Immediate,
+    };
+    let mut backend = CudaBackend::new(rt, device, fences);
+    let unsupported = if config.settings.expandable_segments {
+        backend.enable_expandable_segments().err()
+    } else {
+        None
+    };
     let mut pool = DeviceAllocator::new(backend, config.settings.clone());
     if let Some(sink) = trace_file::sink(device) {
         pool.set_event_sink(Some(Box::new(sink)));
     }
-    pool
+    (pool, unsupported)
 }
 
 fn runtime_error(call: &'static str) -> impl Fn(CudaError) -> ShimError {
@@ -81,11 +132,9 @@ pub fn cuda_malloc(size: usize) -> Result<Routed<DevicePtr>, ShimError> {
         return Ok(Routed::Forward);
     }
     let device = current_device(rt).map_err(runtime_error("cudaGetDevice"))?;
-    let served = pools::with_pool_or_create(
-        device,
-        || new_pool(config, rt, device),
-        |pool| pool.malloc(size as u64, StreamId(0)),
-    );
+    let served = with_device_pool(config, rt, device, |pool| {
+        pool.malloc(size as u64, StreamId(0))
+    });
     trace_file::flush();
     match served? {
         Some(result) => Ok(Routed::Pool(result?)),

@@ -26,6 +26,8 @@ static POOLS: [Mutex<Option<Pool>>; MAX_DEVICES] = [const { Mutex::new(None) }; 
 static EPOCHS: [SyncEpochs; MAX_DEVICES] = [const { SyncEpochs::new() }; MAX_DEVICES];
 /// Bit `d` set: device `d` has held a pool at some point (where frees and stats look).
 static USED: AtomicU64 = AtomicU64::new(0);
+/// Bit `d` set: device `d` holds a pool now (set when one is made, cleared by a reset).
+static LIVE: AtomicU64 = AtomicU64::new(0);
 
 fn index(device: DeviceId) -> Option<usize> {
     usize::try_from(device.0).ok().filter(|&d| d < MAX_DEVICES)
@@ -39,6 +41,12 @@ pub fn any_used() -> bool {
 /// Whether `device` has had a pool made (its slot is never emptied again).
 pub fn has_pool(device: DeviceId) -> bool {
     index(device).is_some_and(|d| USED.load(Ordering::Relaxed) & (1u64 << d) != 0)
+}
+
+/// Whether `device` holds a pool now (a hint read without its lock: the pool may be made or
+/// dropped by another thread right after).
+pub fn is_live(device: DeviceId) -> bool {
+    index(device).is_some_and(|d| LIVE.load(Ordering::Relaxed) & (1u64 << d) != 0)
 }
 
 /// The slots of the devices that have had a pool made, in order (one load of `USED`).
@@ -96,6 +104,7 @@ pub fn with_pool_or_create<R>(
     let mut guard = lock(device, d)?;
     let pool = guard.get_or_insert_with(|| {
         USED.fetch_or(1u64 << d, Ordering::SeqCst);
+        LIVE.fetch_or(1u64 << d, Ordering::SeqCst);
         create()
     });
     Ok(Some(f(pool)))
@@ -142,6 +151,7 @@ pub fn take(device: DeviceId) -> Option<Pool> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     POOLS[d].clear_poison();
+    LIVE.fetch_and(!(1u64 << d), Ordering::SeqCst);
     guard.take()
 }
 

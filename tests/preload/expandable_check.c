@@ -82,25 +82,72 @@ static void scenario_grow(void) {
     CHECK(counter("mallocs") == 0);
 }
 
-/* Pages are unmapped only after the work queued on the block's stream: with free_sync:none a
- * freed block is cached at once, so nothing else has waited for that work when empty_cache
- * unmaps its pages. */
+/* Pages are unmapped only after the work that may use them: with free_sync:none a freed block
+ * is cached at once, so nothing else has waited for that work when empty_cache unmaps its
+ * pages — work on the block's own stream (C API), and work on a non-blocking stream using a
+ * block from cudaMalloc (which names no stream, and is not ordered with that stream). */
 static void scenario_unmap_waits(void) {
-    cudaStream_t stream = NULL;
-    void *p = NULL;
+    cudaStream_t stream = NULL, other = NULL;
+    void *p = NULL, *q = NULL;
     CHECK_CODE(cudaStreamCreate(&stream), cudaSuccess);
     CHECK_CODE(cachealloc_malloc(&p, 40 * MIB, 0, stream), 0);
     CHECK_CODE(fakecudart_launch(p, 40 * MIB, stream, 1000), cudaSuccess);
     CHECK_CODE(cachealloc_free(p), 0);
     CHECK(fakecudart_range_busy(p, 40 * MIB) == 1);
-    uint64_t device_syncs = counter("device_syncs");
     CHECK_CODE(cachealloc_empty_cache(0), 0);
-    print_counters();
     CHECK(counter("vmm_unmaps") == 2);
     CHECK(counter("vmm_busy_unmaps") == 0);
-    CHECK(counter("stream_syncs") >= 1);
-    CHECK(counter("device_syncs") == device_syncs); /* the stream's work only */
+
+    CHECK_CODE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, 40 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(q, 40 * MIB, other, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK(fakecudart_range_busy(q, 40 * MIB) == 1);
+    CHECK_CODE(cachealloc_empty_cache(0), 0);
+    print_counters();
+    CHECK(counter("vmm_unmaps") == 4);
+    CHECK(counter("vmm_busy_unmaps") == 0);
     CHECK_CODE(cudaStreamDestroy(stream), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(other), cudaSuccess);
+}
+
+/* A cuMemUnmap that fails partway leaves the block as it was: the pages unmapped before the
+ * failure are mapped again, with their contents, and the memory serves the next request. */
+static void scenario_unmap_fails(void) {
+    unsigned char *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc((void **)&p, 40 * MIB), cudaSuccess); /* two pages */
+    p[0] = 11;
+    p[40 * MIB - 1] = 12;
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(fakecudart_inject_driver_failure("cuMemUnmap", 1, 999), cudaSuccess);
+    CHECK(cachealloc_empty_cache(0) != 0);
+    CHECK(counter("vmm_unmaps") == 1);
+    CHECK(fakecudart_device_bytes_in_use(0) == 40 * MIB);
+    CHECK(counter("vmm_releases") == 0);
+    CHECK_CODE(cudaMalloc((void **)&q, 40 * MIB), cudaSuccess);
+    CHECK(q == p);
+    CHECK(q[0] == 11 && q[40 * MIB - 1] == 12);
+    CHECK_CODE(cudaMemset(q, 0, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cachealloc_empty_cache(0), 0);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK(counter("vmm_creates") == counter("vmm_releases"));
+    print_counters();
+}
+
+/* A cuMemSetAccess that fails: the pages made for the request are given back, the program gets
+ * the driver's error, and the next request maps afresh. */
+static void scenario_set_access_fails(void) {
+    void *p = NULL;
+    CHECK_CODE(fakecudart_inject_driver_failure("cuMemSetAccess", 0, 999), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(counter("vmm_creates") == 2 && counter("vmm_releases") == 2);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMemset(p, 1, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    print_counters();
 }
 
 /* A request whose pages do not all fit: the pages mapped for it are given back, the program
@@ -161,6 +208,8 @@ struct scenario {
 static const struct scenario scenarios[] = {
     {"grow", scenario_grow},
     {"unmap_waits", scenario_unmap_waits},
+    {"unmap_fails", scenario_unmap_fails},
+    {"set_access_fails", scenario_set_access_fails},
     {"oom", scenario_oom},
     {"reset", scenario_reset},
     {"unsupported", scenario_unsupported},

@@ -104,6 +104,17 @@ impl MemAccessDesc {
     }
 }
 
+// The layouts of cuda.h (CUDA 12, x86-64 and aarch64 Linux).
+const _: () = {
+    assert!(std::mem::size_of::<MemLocation>() == 8);
+    assert!(std::mem::size_of::<MemAllocationProp>() == 32);
+    assert!(std::mem::offset_of!(MemAllocationProp, location) == 8);
+    assert!(std::mem::offset_of!(MemAllocationProp, win32_handle_meta_data) == 16);
+    assert!(std::mem::offset_of!(MemAllocationProp, alloc_flags) == 24);
+    assert!(std::mem::size_of::<MemAccessDesc>() == 12);
+    assert!(std::mem::offset_of!(MemAccessDesc, flags) == 8);
+};
+
 type DeviceGetFn = unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult;
 type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult;
 type GranularityFn = unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> CuResult;

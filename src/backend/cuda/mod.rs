@@ -95,26 +95,6 @@ impl CudaBackend {
         })
     }
 
-    /// Wait for the work issued so far on `stream`. A stream the runtime no longer knows (the
-    /// program destroyed it) is covered by waiting for the whole device.
-    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
-        // SAFETY: the stream handle is one the program allocated on (or 0, the legacy default
-        // stream); an invalid one is answered with an error, not undefined behaviour.
-        let code = unsafe { (self.rt.stream_synchronize)(stream.0 as *mut c_void) };
-        if code == codes::SUCCESS {
-            return Ok(());
-        }
-        runtime::clear_last_error(self.rt);
-        // SAFETY: cudaDeviceSynchronize takes no arguments; it waits for the current device.
-        match unsafe { (self.rt.device_synchronize)() } {
-            codes::SUCCESS => Ok(()),
-            code => Err(BackendError::Device {
-                code,
-                call: "cudaDeviceSynchronize",
-            }),
-        }
-    }
-
     /// `device`, another one, is about to be reset: the events this backend recorded on its
     /// streams are set aside until `end_reset_of`.
     pub fn begin_reset_of(&mut self, device: DeviceId) {
@@ -307,11 +287,14 @@ impl Backend for CudaBackend {
         &mut self,
         ptr: DevicePtr,
         size: u64,
-        stream: StreamId,
+        _stream: StreamId,
     ) -> Result<(), BackendError> {
+        // cuMemUnmap does not wait for the work that may still use the pages. PyTorch waits for
+        // the segment's stream; a block served by the interposed cudaMalloc (stream 0) may have
+        // been used on any stream, and the fixed segments' cudaFree waits for the whole device,
+        // so the whole device is waited for here (a destroyed stream is no hazard either).
+        self.synchronize()?;
         let _on_device = self.enter()?;
-        // As PyTorch: cuMemUnmap does not wait for the work that may still use the pages.
-        self.synchronize_stream(stream)?;
         self.vmm()?.unmap(ptr, size)
     }
 

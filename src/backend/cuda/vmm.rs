@@ -14,9 +14,12 @@ use crate::backend::BackendError;
 use crate::pool::{DeviceId, DevicePtr};
 use std::collections::BTreeMap;
 
-/// The pool's page sizes (2 MiB and 20 MiB) are multiples of this; a device whose driver
-/// needs a coarser granularity gets fixed segments.
+/// The pool's page sizes (2 MiB and 20 MiB) are multiples of this, and ranges are aligned to
+/// it; a device whose driver needs a coarser granularity gets fixed segments.
 const PAGE_UNIT: u64 = 2 << 20;
+
+/// `CUDA_ERROR_INVALID_VALUE` (`cudaErrorInvalidValue`): a call the pool should never make.
+const INVALID_VALUE: CuResult = 1;
 
 /// A reserved range: its size and page size.
 #[derive(Clone, Copy, Debug)]
@@ -89,16 +92,28 @@ impl Vmm {
         })
     }
 
-    /// `cuMemAddressReserve` of `size` bytes, to be mapped in pages of `page` bytes.
+    /// `cuMemAddressReserve` of `size` bytes, 2 MiB aligned, to be mapped in pages of `page`
+    /// bytes (a multiple of 2 MiB that divides `size`).
     pub fn reserve(&mut self, size: u64, page: u64) -> Result<DevicePtr, BackendError> {
+        if page == 0 || !page.is_multiple_of(PAGE_UNIT) || !size.is_multiple_of(page) {
+            return Err(BackendError::Device {
+                code: INVALID_VALUE,
+                call: "expandable segments (a range not of whole 2 MiB-multiple pages)",
+            });
+        }
         let len = usize::try_from(size).map_err(|_| BackendError::OutOfMemory)?;
         let mut addr = 0;
-        // SAFETY: `addr` is a valid out-pointer; alignment 0 and no fixed address let the
-        // driver choose (its granularity, 2 MiB, is the alignment).
-        let code = unsafe { (self.driver.address_reserve)(&mut addr, len, 0, 0, 0) };
+        // SAFETY: `addr` is a valid out-pointer; no fixed address is asked for.
+        let code =
+            unsafe { (self.driver.address_reserve)(&mut addr, len, PAGE_UNIT as usize, 0, 0) };
         check(code, "cuMemAddressReserve")?;
+        if addr.checked_add(size).is_none() {
+            // SAFETY: the range was just reserved here and nothing is mapped in it.
+            unsafe { (self.driver.address_free)(addr, len) };
+            return Err(BackendError::OutOfMemory);
+        }
         let ptr = DevicePtr::new(addr).ok_or(BackendError::Device {
-            code: 1,
+            code: INVALID_VALUE,
             call: "cuMemAddressReserve (returned 0)",
         })?;
         self.ranges.insert(addr, Range { size, page });
@@ -110,7 +125,7 @@ impl Vmm {
         match self.ranges.range(..=addr).next_back() {
             Some((&start, r)) if addr < start + r.size => Ok(r.page),
             _ => Err(BackendError::Device {
-                code: 1,
+                code: INVALID_VALUE,
                 call: "expandable segments (an address outside every reserved range)",
             }),
         }
@@ -158,23 +173,43 @@ impl Vmm {
     }
 
     /// Unmap the pages of `[ptr, ptr + size)` and release their memory. The caller has waited
-    /// for the work that may use them (`cuMemUnmap` does not). Pages not mapped are skipped,
-    /// so a call repeated after an error finishes the work.
+    /// for the work that may use them (`cuMemUnmap` does not). On an error nothing changes:
+    /// pages unmapped before a `cuMemUnmap` failed are mapped again with their own memory (and
+    /// contents). A `cuMemRelease` that fails after its page was unmapped leaves the memory
+    /// allocated in the driver, and the page counts as unmapped.
     pub fn unmap(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let page = self.page_at(ptr.addr())?;
-        for addr in (ptr.addr()..ptr.addr() + size).step_by(page as usize) {
-            let Some(&handle) = self.pages.get(&addr) else {
-                continue;
-            };
+        let pages: Vec<(u64, CuMemHandle)> = (ptr.addr()..ptr.addr() + size)
+            .step_by(page as usize)
+            .filter_map(|addr| self.pages.get(&addr).map(|&h| (addr, h)))
+            .collect();
+        for (done, &(addr, _)) in pages.iter().enumerate() {
             // SAFETY: `addr` is a page mapped here with a handle of `page` bytes.
             let code = unsafe { (self.driver.unmap)(addr, page as usize) };
-            check(code, "cuMemUnmap")?;
+            if let Err(e) = check(code, "cuMemUnmap") {
+                self.map_again(&pages[..done], page);
+                return Err(e);
+            }
+        }
+        for (addr, handle) in pages {
             self.pages.remove(&addr);
             // SAFETY: the handle's only mapping was just removed.
-            let code = unsafe { (self.driver.release)(handle) };
-            check(code, "cuMemRelease")?;
+            let _ = unsafe { (self.driver.release)(handle) };
         }
         Ok(())
+    }
+
+    /// After a failed unmap: map `pages` again with their handles and give access back.
+    fn map_again(&self, pages: &[(u64, CuMemHandle)], page: u64) {
+        let access = MemAccessDesc::read_write_on(self.device);
+        for &(addr, handle) in pages {
+            // SAFETY: `addr` was mapped with `handle` until this call unmapped it; the handle
+            // is still allocated (not released), so mapping it back restores the page.
+            unsafe {
+                (self.driver.map)(addr, page as usize, 0, handle, 0);
+                (self.driver.set_access)(addr, page as usize, &access, 1);
+            }
+        }
     }
 
     /// Best-effort cleanup of a page mapped by a `map` that failed later.
@@ -204,7 +239,8 @@ impl Vmm {
             self.unmap_page(addr, page, handle);
         }
         for (addr, range) in std::mem::take(&mut self.ranges) {
-            // SAFETY: a range reserved here, with every page of it unmapped just above.
+            // SAFETY: a range reserved here, with every page of it unmapped just above (or, if
+            // an unmap failed, still mapped: the driver then refuses, which is harmless).
             unsafe { (self.driver.address_free)(addr, range.size as usize) };
         }
     }

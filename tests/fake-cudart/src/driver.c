@@ -28,6 +28,17 @@ CUresult driver_leave_locked(CUresult rc) {
     return rc;
 }
 
+CUresult take_injection_locked(struct fake_driver_injection *inj) {
+    if (!inj->armed)
+        return CUDA_SUCCESS;
+    if (inj->after > 0) {
+        inj->after--;
+        return CUDA_SUCCESS;
+    }
+    inj->armed = 0;
+    return (CUresult)inj->code;
+}
+
 int valid_device(int device) { return device >= 0 && device < fake.device_count; }
 
 CUresult fakecudart_driver_cuInit(unsigned int Flags) {

@@ -97,6 +97,14 @@ struct fake_work {
     int device;
 };
 
+/* A driver call made to fail once, after it succeeds `after` more times
+ * (fakecudart_inject_driver_failure). */
+struct fake_driver_injection {
+    int armed;
+    unsigned after;
+    int code; /* a CUresult */
+};
+
 struct fake_state {
     int device_count;
     cudaError_t fail_code;    /* nonzero: every call answers this */
@@ -115,6 +123,7 @@ struct fake_state {
     cudaError_t injected_query_code;
     unsigned injected_reset_failures; /* of cudaDeviceReset */
     cudaError_t injected_reset_code;
+    struct fake_driver_injection injected_unmap, injected_set_access; /* cuMemUnmap, cuMemSetAccess */
     fakecudart_counters counters;
     /* Driver (vmm.c). */
     int vmm_supported;        /* FAKECUDART_VMM: 1 (default) or 0 */
@@ -168,6 +177,8 @@ void charge_locked(int device, int64_t delta); /* device bytes in use, bytes_in_
  * driver_enter(0) for the calls that work before cuInit. */
 CUresult driver_enter(int needs_init);
 CUresult driver_leave_locked(CUresult rc);
+/* The injected failure's code when `inj` fires on this call, else CUDA_SUCCESS. */
+CUresult take_injection_locked(struct fake_driver_injection *inj);
 int valid_device(int device);
 
 /* Driver VMM (vmm.c). 1 when [lo, lo + bytes) lies in mapped, access-enabled memory of one

@@ -75,6 +75,23 @@ cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cu
     return rc;
 }
 
+int fakecudart_inject_driver_failure(const char *call, unsigned after, int code) {
+    fake_init_once();
+    struct fake_driver_injection *inj = NULL;
+    if (call != NULL && strcmp(call, "cuMemUnmap") == 0)
+        inj = &fake.injected_unmap;
+    else if (call != NULL && strcmp(call, "cuMemSetAccess") == 0)
+        inj = &fake.injected_set_access;
+    if (inj == NULL || code == 0)
+        return cudaErrorInvalidValue;
+    lock();
+    inj->armed = 1;
+    inj->after = after;
+    inj->code = code;
+    unlock();
+    return cudaSuccess;
+}
+
 void fakecudart_inject_malloc_failures(unsigned count, cudaError_t code) {
     fake_init_once();
     lock();

@@ -344,6 +344,8 @@ CUresult fakecudart_driver_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CU
     lock();
     if (rc == CUDA_SUCCESS)
         rc = check_access(desc, count);
+    if (rc == CUDA_SUCCESS)
+        rc = take_injection_locked(&fake.injected_set_access);
     size_t first = 0, n = 0;
     if (rc == CUDA_SUCCESS && whole_mappings_locked((uintptr_t)ptr, size, &first, &n) != 0)
         rc = CUDA_ERROR_INVALID_VALUE;
@@ -366,6 +368,8 @@ CUresult fakecudart_driver_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     size_t first = 0, n = 0;
     if (rc == CUDA_SUCCESS && whole_mappings_locked(lo, size, &first, &n) != 0)
         rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        rc = take_injection_locked(&fake.injected_unmap);
     /* The reservation's PROT_NONE pages come back over the whole range at once. */
     if (rc == CUDA_SUCCESS &&
         mmap((void *)lo, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
