@@ -68,8 +68,9 @@ pub struct MemAllocationProp {
 }
 
 impl MemAllocationProp {
-    /// Device memory on `device`, with no shareable handle requested (no IPC).
-    pub fn pinned_on(device: CuDevice) -> Self {
+    /// Device memory on the device of ordinal `device`, with no shareable handle requested (no
+    /// IPC).
+    pub fn pinned_on(device: c_int) -> Self {
         Self {
             kind: ALLOCATION_TYPE_PINNED,
             requested_handle_types: 0,
@@ -92,8 +93,8 @@ pub struct MemAccessDesc {
 }
 
 impl MemAccessDesc {
-    /// Read and write access for `device`.
-    pub fn read_write_on(device: CuDevice) -> Self {
+    /// Read and write access for the device of ordinal `device`.
+    pub fn read_write_on(device: c_int) -> Self {
         Self {
             location: MemLocation {
                 kind: LOCATION_TYPE_DEVICE,

@@ -13,6 +13,7 @@ use super::driver::{
 use crate::backend::BackendError;
 use crate::pool::{DeviceId, DevicePtr};
 use std::collections::BTreeMap;
+use std::ffi::c_int;
 
 /// The pool's page sizes (2 MiB and 20 MiB) are multiples of this, and ranges are aligned to
 /// it; a device whose driver needs a coarser granularity gets fixed segments.
@@ -32,7 +33,8 @@ struct Range {
 #[derive(Debug)]
 pub struct Vmm {
     driver: &'static Driver,
-    device: CuDevice,
+    /// The device's ordinal: what `CUmemLocation.id` names.
+    ordinal: c_int,
     /// Reserved ranges by start address.
     ranges: BTreeMap<u64, Range>,
     /// Mapped pages by address, with their physical allocation.
@@ -69,7 +71,7 @@ impl Vmm {
                  {code}, value {supported})"
             ));
         }
-        let prop = MemAllocationProp::pinned_on(cu);
+        let prop = MemAllocationProp::pinned_on(device.0);
         let mut granularity = 0usize;
         // SAFETY: both pointers are valid for the call; `prop` describes device memory of `cu`.
         let code = unsafe {
@@ -86,7 +88,7 @@ impl Vmm {
         }
         Ok(Vmm {
             driver,
-            device: cu,
+            ordinal: device.0,
             ranges: BTreeMap::new(),
             pages: BTreeMap::new(),
         })
@@ -135,7 +137,7 @@ impl Vmm {
     /// stays mapped or allocated.
     pub fn map(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let page = self.page_at(ptr.addr())?;
-        let prop = MemAllocationProp::pinned_on(self.device);
+        let prop = MemAllocationProp::pinned_on(self.ordinal);
         let mut mapped = Vec::new();
         let result = (|| {
             for addr in (ptr.addr()..ptr.addr() + size).step_by(page as usize) {
@@ -153,7 +155,7 @@ impl Vmm {
                 }
                 mapped.push((addr, handle));
             }
-            let access = MemAccessDesc::read_write_on(self.device);
+            let access = MemAccessDesc::read_write_on(self.ordinal);
             // SAFETY: the whole range was mapped above; `access` is one valid descriptor.
             let code = unsafe { (self.driver.set_access)(ptr.addr(), size as usize, &access, 1) };
             check(code, "cuMemSetAccess")
@@ -201,7 +203,7 @@ impl Vmm {
 
     /// After a failed unmap: map `pages` again with their handles and give access back.
     fn map_again(&self, pages: &[(u64, CuMemHandle)], page: u64) {
-        let access = MemAccessDesc::read_write_on(self.device);
+        let access = MemAccessDesc::read_write_on(self.ordinal);
         for &(addr, handle) in pages {
             // SAFETY: `addr` was mapped with `handle` until this call unmapped it; the handle
             // is still allocated (not released), so mapping it back restores the page.
