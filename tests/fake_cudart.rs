@@ -53,6 +53,9 @@ const REQUIRED_EXPORTS: &[&str] = &[
     "cudaRuntimeGetVersion",
     "cudaDriverGetVersion",
     "cudaPointerGetAttributes",
+    "cudaDeviceCanAccessPeer",
+    "cudaDeviceEnablePeerAccess",
+    "cudaDeviceDisablePeerAccess",
     "fakecudart_launch",
     "fakecudart_advance",
     "fakecudart_range_busy",
@@ -232,6 +235,11 @@ fn devices_are_per_thread_and_reset_frees_the_current_one() {
 }
 
 #[test]
+fn peer_access_answers_as_the_real_runtime_and_ends_with_a_reset() {
+    assert_scenario_passes("peer", &[("FAKECUDART_DEVICES", "3")]);
+}
+
+#[test]
 fn streams_events_and_the_clock_follow_cuda_ordering() {
     assert_scenario_passes("clock", &[]);
 }
@@ -407,6 +415,11 @@ fn driver_and_runtime_share_the_capacity() {
 #[test]
 fn driver_memory_belongs_to_its_device_and_survives_a_runtime_reset() {
     assert_vmm_scenario_passes("devices", &[("FAKECUDART_DEVICES", "3")]);
+}
+
+#[test]
+fn driver_memory_is_usable_only_by_devices_given_access() {
+    assert_vmm_scenario_passes("access", &[]);
 }
 
 #[test]

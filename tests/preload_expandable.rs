@@ -66,6 +66,11 @@ fn a_request_that_does_not_fit_gives_its_pages_back_and_answers_2() {
 }
 
 #[test]
+fn peer_access_opens_the_pages_mapped_before_and_after_it() {
+    check("peer", "", &[]);
+}
+
+#[test]
 fn a_device_reset_gives_back_every_page_and_range() {
     check("reset", "", &[]);
 }

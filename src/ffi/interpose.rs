@@ -5,7 +5,7 @@
 use super::status::{boundary, to_code};
 use crate::backend::cuda::runtime::{CudaError, codes};
 use crate::global::{Routed, forward, interpose, last_error};
-use std::ffi::c_void;
+use std::ffi::{c_int, c_uint, c_void};
 
 /// `cudaMalloc`: served from the current device's pool. A NULL out-pointer and size 0 are
 /// forwarded (the runtime answers them); out of memory is 2 after the whole retry ladder.
@@ -58,6 +58,15 @@ pub extern "C" fn cudaDeviceSynchronize() -> CudaError {
         codes::UNKNOWN,
         interpose::cuda_device_synchronize,
     )
+}
+
+/// `cudaDeviceEnablePeerAccess`: forwarded; on success the peer's expandable segments are
+/// opened to the current device too.
+#[unsafe(no_mangle)]
+pub extern "C" fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c_uint) -> CudaError {
+    boundary("cudaDeviceEnablePeerAccess", codes::UNKNOWN, || {
+        interpose::cuda_device_enable_peer_access(peer_device, flags)
+    })
 }
 
 /// `cudaDeviceReset`: drops the current device's pool (the reset takes its memory), then

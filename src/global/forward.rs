@@ -3,7 +3,7 @@
 
 use super::init::mode;
 use crate::backend::cuda::runtime::{CudaError, Runtime, VoidFn, codes, runtime};
-use std::ffi::c_void;
+use std::ffi::{c_int, c_uint, c_void};
 
 fn real() -> Option<&'static Runtime> {
     // Decide the mode first, so that the log is set up before the lookup may report.
@@ -43,6 +43,15 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CudaError {
     match real() {
         // SAFETY: the caller's out-pointers go to the real cudaMemGetInfo.
         Some(rt) => unsafe { (rt.mem_get_info)(free, total) },
+        None => codes::INITIALIZATION_ERROR,
+    }
+}
+
+/// The real `cudaDeviceEnablePeerAccess(peer, flags)`.
+pub fn device_enable_peer_access(peer: c_int, flags: c_uint) -> CudaError {
+    match real() {
+        // SAFETY: plain integers, passed on as they came: the runtime checks them.
+        Some(rt) => unsafe { (rt.device_enable_peer_access)(peer, flags) },
         None => codes::INITIALIZATION_ERROR,
     }
 }

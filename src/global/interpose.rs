@@ -15,6 +15,7 @@ use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_LEGACY, codes, ru
 use crate::backend::cuda::{CudaBackend, FencePolicy};
 use crate::config::{Config, FreeSync};
 use crate::pool::{DeviceAllocator, DeviceId, DevicePtr, StreamId};
+use std::ffi::{c_int, c_uint};
 
 /// Where an interposed call goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -104,7 +105,10 @@ fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> (Pool, O
     };
     let mut backend = CudaBackend::new(rt, device, fences);
     let unsupported = if config.settings.expandable_segments {
-        backend.enable_expandable_segments().err()
+        match pools::peers(device) {
+            Some(peers) => backend.enable_expandable_segments(peers).err(),
+            None => Some("the device has no pool slot".to_string()),
+        }
     } else {
         None
     };
@@ -276,6 +280,47 @@ pub fn cuda_device_reset() -> CudaError {
     {
         let happened = code == codes::SUCCESS;
         with_other_pools(device, |backend| backend.end_reset_of(device, happened));
+        if happened {
+            pools::forget_peers(device);
+        }
+    }
+    code
+}
+
+/// `cudaDeviceEnablePeerAccess(peer, flags)`: forwarded; on success the current device may
+/// use `peer`'s memory, so `peer`'s expandable segments (mapped memory, which peer access alone
+/// does not open) grant it access: the pages mapped so far now, later ones as they are mapped.
+pub fn cuda_device_enable_peer_access(peer: c_int, flags: c_uint) -> CudaError {
+    let code = forward::device_enable_peer_access(peer, flags);
+    if code != codes::SUCCESS {
+        return code;
+    }
+    let Some(_inside) = reentry::enter() else {
+        return code;
+    };
+    let Ok(Some((_, rt))) = active() else {
+        return code;
+    };
+    let (owner, Ok(device)) = (DeviceId(peer), current_device(rt)) else {
+        return code;
+    };
+    let Some(peers) = pools::peers(owner) else {
+        return code;
+    };
+    if let Some(bit) = u32::try_from(device.0)
+        .ok()
+        .and_then(|d| 1u64.checked_shl(d))
+    {
+        peers.fetch_or(bit, std::sync::atomic::Ordering::AcqRel);
+    }
+    let granted = pools::with_pool(owner, |pool| pool.backend_mut().grant_peer_access(device));
+    if let Ok(Some(Err(e))) = granted {
+        log_event!(
+            warn,
+            "cudaDeviceEnablePeerAccess: device {} may not reach the expandable segments of \
+             device {peer} mapped so far: {e}",
+            device.0
+        );
     }
     code
 }

@@ -24,6 +24,9 @@ pub type Pool = DeviceAllocator<CudaBackend>;
 
 static POOLS: [Mutex<Option<Pool>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
 static EPOCHS: [SyncEpochs; MAX_DEVICES] = [const { SyncEpochs::new() }; MAX_DEVICES];
+/// Bit `d` of slot `p`: device `d` was given access to device `p`'s memory
+/// (`cudaDeviceEnablePeerAccess(p)` called on `d`), which expandable segments must grant.
+static PEERS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Bit `d` set: device `d` has held a pool at some point (where frees and stats look).
 static USED: AtomicU64 = AtomicU64::new(0);
 /// Bit `d` set: device `d` holds a pool now (set when one is made, cleared by a reset).
@@ -63,6 +66,24 @@ pub fn used_devices() -> impl Iterator<Item = DeviceId> {
 /// The synchronization epochs of `device` (`None` for an ordinal without a pool slot).
 pub fn epochs(device: DeviceId) -> Option<&'static SyncEpochs> {
     index(device).map(|d| &EPOCHS[d])
+}
+
+/// The devices given access to `device`'s memory, as a bit mask (`None` for an ordinal without
+/// a pool slot).
+pub fn peers(device: DeviceId) -> Option<&'static AtomicU64> {
+    index(device).map(|d| &PEERS[d])
+}
+
+/// After a reset of `device`: the peer access it had and the access given to its memory went
+/// with its context, so no later mapping grants either.
+pub fn forget_peers(device: DeviceId) {
+    let Some(d) = index(device) else {
+        return;
+    };
+    PEERS[d].store(0, Ordering::Release);
+    for peers in &PEERS {
+        peers.fetch_and(!(1u64 << d), Ordering::AcqRel);
+    }
 }
 
 /// The pool lock of slot `d`; the uncontended, unpoisoned case is inlined into each caller.

@@ -172,6 +172,47 @@ static void scenario_oom(void) {
     print_counters();
 }
 
+/* Mapped memory is reachable from another device only once granted: after
+ * cudaDeviceEnablePeerAccess, the pages mapped before it and those mapped after it are both
+ * opened to the device that asked (as cudaMalloc memory is by peer access alone), until that
+ * device is reset. */
+static void scenario_peer(void) {
+    char *p = NULL, *q = NULL, *r = NULL;
+    cudaStream_t on1 = NULL;
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc((void **)&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreate(&on1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 30 * MIB, on1, 10), cudaErrorIllegalAddress);
+    CHECK(counter("vmm_access_faults") == 1);
+    CHECK_CODE(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 30 * MIB, on1, 10), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc((void **)&q, 30 * MIB), cudaSuccess); /* maps a page after the grant */
+    CHECK(q == p + 30 * MIB);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(q, 30 * MIB, on1, 10), cudaSuccess);
+    CHECK(counter("vmm_access_faults") == 1);
+    CHECK_CODE(cudaStreamSynchronize(on1), cudaSuccess);
+    CHECK_CODE(cudaDeviceEnablePeerAccess(0, 0), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_CODE(cudaGetLastError(), cudaErrorPeerAccessAlreadyEnabled);
+    /* A reset of device 1 ends its peer access: pages mapped after it are not opened to it. */
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(cudaStreamCreate(&on1), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc((void **)&r, 30 * MIB), cudaSuccess); /* maps a page after the reset */
+    CHECK(r == q + 30 * MIB);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(r, 30 * MIB, on1, 10), cudaErrorIllegalAddress);
+    CHECK(counter("vmm_access_faults") == 2);
+    CHECK_CODE(cudaStreamDestroy(on1), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    print_counters();
+}
+
 /* A device reset gives back every page and range the pool had, and a new pool starts after. */
 static void scenario_reset(void) {
     void *p = NULL;
@@ -212,6 +253,7 @@ static const struct scenario scenarios[] = {
     {"set_access_fails", scenario_set_access_fails},
     {"oom", scenario_oom},
     {"reset", scenario_reset},
+    {"peer", scenario_peer},
     {"unsupported", scenario_unsupported},
 };
 

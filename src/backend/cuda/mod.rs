@@ -26,6 +26,7 @@ use epoch::SyncEpochs;
 use events::EventFences;
 use runtime::{CudaError, Runtime, codes};
 use std::ffi::c_void;
+use std::sync::atomic::AtomicU64;
 use stream_events::{STREAM_FENCE, StreamEvents};
 use vmm::Vmm;
 
@@ -66,10 +67,22 @@ impl CudaBackend {
 
     /// Use the driver's virtual-memory calls for expandable segments; `Err` says why this
     /// device cannot (no driver library, no support on the device), and nothing changes.
-    pub fn enable_expandable_segments(&mut self) -> Result<(), String> {
+    /// `peers` has bit `d` set for each device `d` given access to this device's memory.
+    pub fn enable_expandable_segments(&mut self, peers: &'static AtomicU64) -> Result<(), String> {
         let _on_device = self.enter().map_err(|e| e.to_string())?;
-        self.vmm = Some(Vmm::for_device(self.device)?);
+        self.vmm = Some(Vmm::for_device(self.device, peers)?);
         Ok(())
+    }
+
+    /// `device` was given access to this device's memory (`cudaDeviceEnablePeerAccess`, its bit
+    /// already set in the `peers` mask): the pages of expandable segments mapped so far are
+    /// opened to it.
+    pub fn grant_peer_access(&mut self, device: DeviceId) -> Result<(), BackendError> {
+        let Some(vmm) = self.vmm.as_ref() else {
+            return Ok(());
+        };
+        let _on_device = enter(self.rt, self.device)?;
+        vmm.grant(device)
     }
 
     /// Before a reset of this backend's device: wait for its work, then unmap and release the

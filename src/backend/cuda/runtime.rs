@@ -59,6 +59,7 @@ type EventRecordFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError
 type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type StreamGetDeviceFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
 type StreamSynchronizeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
+type EnablePeerAccessFn = unsafe extern "C" fn(c_int, c_uint) -> CudaError;
 
 /// The real runtime's entry points the library uses. Each field is the address of the named
 /// runtime function, with that function's C signature.
@@ -80,6 +81,7 @@ pub struct Runtime {
     pub event_destroy: EventFn,
     pub event_synchronize: EventFn,
     pub stream_synchronize: StreamSynchronizeFn,
+    pub device_enable_peer_access: EnablePeerAccessFn,
     /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have (the only function
     /// the table may lack).
     pub stream_get_device: Option<StreamGetDeviceFn>,
@@ -204,6 +206,9 @@ impl Runtime {
                 ),
                 stream_synchronize: std::mem::transmute::<*mut c_void, StreamSynchronizeFn>(
                     finder.find(c"cudaStreamSynchronize")?,
+                ),
+                device_enable_peer_access: std::mem::transmute::<*mut c_void, EnablePeerAccessFn>(
+                    finder.find(c"cudaDeviceEnablePeerAccess")?,
                 ),
                 stream_get_device: finder
                     .find(c"cudaStreamGetDevice")

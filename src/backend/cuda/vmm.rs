@@ -3,8 +3,11 @@
 //! `ExpandableSegment` does.
 //!
 //! Each page has a handle of its own, so that any run of pages can be unmapped and released
-//! later (`cuMemUnmap` takes only whole mappings). Access is granted to this device only:
-//! memory of expandable segments is not opened to peer devices.
+//! later (`cuMemUnmap` takes only whole mappings). Access is granted to this device and to the
+//! devices the program gave access to its memory (`cudaDeviceEnablePeerAccess`): unlike
+//! `cudaMalloc` memory, mapped memory is reachable from another device only once granted.
+//! Mapped pages get the grants in force when they are mapped; a later grant is applied to
+//! the pages mapped before it (`grant`).
 
 use super::driver::{
     ATTRIBUTE_VMM_SUPPORTED, CuDevice, CuMemHandle, CuResult, Driver, GRANULARITY_MINIMUM,
@@ -14,6 +17,7 @@ use crate::backend::BackendError;
 use crate::pool::{DeviceId, DevicePtr};
 use std::collections::BTreeMap;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The pool's page sizes (2 MiB and 20 MiB) are multiples of this, and ranges are aligned to
 /// it; a device whose driver needs a coarser granularity gets fixed segments.
@@ -35,6 +39,8 @@ pub struct Vmm {
     driver: &'static Driver,
     /// The device's ordinal: what `CUmemLocation.id` names.
     ordinal: c_int,
+    /// Bit `d`: device `d` was given access to this device's memory.
+    peers: &'static AtomicU64,
     /// Reserved ranges by start address.
     ranges: BTreeMap<u64, Range>,
     /// Mapped pages by address, with their physical allocation.
@@ -53,7 +59,7 @@ fn check(code: CuResult, call: &'static str) -> Result<(), BackendError> {
 impl Vmm {
     /// The driver's virtual-memory calls for `device` (made current by the caller), or why
     /// they cannot be used there.
-    pub fn for_device(device: DeviceId) -> Result<Vmm, String> {
+    pub fn for_device(device: DeviceId, peers: &'static AtomicU64) -> Result<Vmm, String> {
         let driver = driver()?;
         let mut cu: CuDevice = 0;
         // SAFETY: `cu` is a valid out-pointer; the ordinal is the runtime's current device.
@@ -89,6 +95,7 @@ impl Vmm {
         Ok(Vmm {
             driver,
             ordinal: device.0,
+            peers,
             ranges: BTreeMap::new(),
             pages: BTreeMap::new(),
         })
@@ -155,9 +162,12 @@ impl Vmm {
                 }
                 mapped.push((addr, handle));
             }
-            let access = MemAccessDesc::read_write_on(self.ordinal);
-            // SAFETY: the whole range was mapped above; `access` is one valid descriptor.
-            let code = unsafe { (self.driver.set_access)(ptr.addr(), size as usize, &access, 1) };
+            let access = self.access();
+            // SAFETY: the whole range was mapped above; `access` holds `access.len()` valid
+            // descriptors.
+            let code = unsafe {
+                (self.driver.set_access)(ptr.addr(), size as usize, access.as_ptr(), access.len())
+            };
             check(code, "cuMemSetAccess")
         })();
         match result {
@@ -203,15 +213,38 @@ impl Vmm {
 
     /// After a failed unmap: map `pages` again with their handles and give access back.
     fn map_again(&self, pages: &[(u64, CuMemHandle)], page: u64) {
-        let access = MemAccessDesc::read_write_on(self.ordinal);
+        let access = self.access();
         for &(addr, handle) in pages {
             // SAFETY: `addr` was mapped with `handle` until this call unmapped it; the handle
-            // is still allocated (not released), so mapping it back restores the page.
+            // is still allocated (not released), so mapping it back restores the page;
+            // `access` holds `access.len()` valid descriptors.
             unsafe {
                 (self.driver.map)(addr, page as usize, 0, handle, 0);
-                (self.driver.set_access)(addr, page as usize, &access, 1);
+                (self.driver.set_access)(addr, page as usize, access.as_ptr(), access.len());
             }
         }
+    }
+
+    /// Read and write access for this device and every device given access to its memory.
+    fn access(&self) -> Vec<MemAccessDesc> {
+        let peers = self.peers.load(Ordering::Acquire);
+        std::iter::once(self.ordinal)
+            .chain((0..64).filter(|&d| peers & (1u64 << d) != 0 && d != self.ordinal))
+            .map(MemAccessDesc::read_write_on)
+            .collect()
+    }
+
+    /// Give `device` access to every page mapped so far (later maps include it through
+    /// `peers`). Stops at the first error.
+    pub fn grant(&self, device: DeviceId) -> Result<(), BackendError> {
+        let access = MemAccessDesc::read_write_on(device.0);
+        for &addr in self.pages.keys() {
+            let page = self.page_at(addr)?;
+            // SAFETY: `addr` is a page mapped here with `page` bytes; one valid descriptor.
+            let code = unsafe { (self.driver.set_access)(addr, page as usize, &access, 1) };
+            check(code, "cuMemSetAccess")?;
+        }
+        Ok(())
     }
 
     /// Best-effort cleanup of a page mapped by a `map` that failed later.

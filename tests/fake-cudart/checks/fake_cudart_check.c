@@ -242,6 +242,84 @@ static void devices(void) {
     CHECK(fakecudart_counter("bytes_in_use") == 0);
 }
 
+/* Run with FAKECUDART_DEVICES=3: peer access, with the real runtime's answers. */
+static void peer(void) {
+    int can = -1;
+    CHECK_RC(cudaDeviceCanAccessPeer(&can, 0, 1), cudaSuccess);
+    CHECK(can == 1);
+    CHECK_RC(cudaDeviceCanAccessPeer(&can, 2, 0), cudaSuccess);
+    CHECK(can == 1);
+    CHECK_RC(cudaDeviceCanAccessPeer(&can, 1, 1), cudaSuccess); /* not its own peer */
+    CHECK(can == 0);
+    can = 7;
+    CHECK_RC(cudaDeviceCanAccessPeer(&can, 0, 3), cudaErrorInvalidDevice);
+    CHECK_RC(cudaDeviceCanAccessPeer(&can, -1, 0), cudaErrorInvalidDevice);
+    CHECK(can == 7); /* untouched */
+    CHECK_RC(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_RC(cudaDeviceCanAccessPeer(NULL, 0, 1), cudaErrorInvalidValue);
+    CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
+
+    /* Enabling from the current device (0): flags must be 0, the peer another device. */
+    CHECK_RC(cudaDeviceEnablePeerAccess(1, 1), cudaErrorInvalidValue);
+    CHECK_RC(cudaPeekAtLastError(), cudaErrorInvalidValue);
+    CHECK_RC(cudaDeviceEnablePeerAccess(3, 0), cudaErrorInvalidDevice);
+    CHECK_RC(cudaDeviceEnablePeerAccess(-1, 0), cudaErrorInvalidDevice);
+    CHECK_RC(cudaDeviceEnablePeerAccess(0, 0), cudaErrorInvalidDevice);
+    CHECK_RC(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK(fakecudart_counter("peer_enables") == 0);
+    CHECK_RC(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+    CHECK_RC(cudaDeviceEnablePeerAccess(2, 0), cudaSuccess);
+    CHECK_RC(cudaDeviceEnablePeerAccess(1, 0), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_RC(cudaGetLastError(), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_RC(cudaGetLastError(), cudaSuccess);
+    CHECK(strcmp(cudaGetErrorName(cudaErrorPeerAccessAlreadyEnabled),
+                 "cudaErrorPeerAccessAlreadyEnabled") == 0);
+    CHECK(strcmp(cudaGetErrorString(cudaErrorPeerAccessNotEnabled),
+                 "peer access has not been enabled") == 0);
+    CHECK(strcmp(cudaGetErrorString(cudaErrorIllegalAddress),
+                 "an illegal memory access was encountered") == 0);
+
+    /* Access is one way: device 1 has not enabled device 0 yet. */
+    CHECK_RC(cudaSetDevice(1), cudaSuccess);
+    CHECK_RC(cudaDeviceDisablePeerAccess(0), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaGetLastError(), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+    CHECK_RC(cudaSetDevice(2), cudaSuccess);
+    CHECK_RC(cudaDeviceEnablePeerAccess(1, 0), cudaSuccess);
+
+    /* Disabling. */
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+    CHECK_RC(cudaDeviceDisablePeerAccess(2), cudaSuccess);
+    CHECK_RC(cudaDeviceDisablePeerAccess(2), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaDeviceDisablePeerAccess(0), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaDeviceDisablePeerAccess(3), cudaErrorInvalidDevice);
+    CHECK_RC(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_RC(cudaDeviceEnablePeerAccess(2, 0), cudaSuccess); /* again after a disable */
+    CHECK(fakecudart_counter("peer_enables") == 5);
+
+    /* Resetting device 0 ends its access both ways (0 -> 1, 0 -> 2, 1 -> 0), not 2 -> 1. */
+    CHECK_RC(cudaDeviceReset(), cudaSuccess);
+    CHECK_RC(cudaDeviceDisablePeerAccess(1), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaDeviceDisablePeerAccess(2), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaSetDevice(1), cudaSuccess);
+    CHECK_RC(cudaDeviceDisablePeerAccess(0), cudaErrorPeerAccessNotEnabled);
+    CHECK_RC(cudaSetDevice(2), cudaSuccess);
+    CHECK_RC(cudaDeviceDisablePeerAccess(1), cudaSuccess);
+    CHECK_RC(cudaGetLastError(), cudaErrorPeerAccessNotEnabled);
+
+    /* Peer access or not, cudaMalloc memory is usable from every device. */
+    void *p = NULL;
+    cudaStream_t s;
+    CHECK_RC(cudaMalloc(&p, 4096), cudaSuccess); /* on device 2 */
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+    CHECK_RC(cudaStreamCreate(&s), cudaSuccess);
+    CHECK_RC(cudaMemset(p, 1, 4096), cudaSuccess);
+    CHECK_RC(fakecudart_launch(p, 4096, s, 10), cudaSuccess);
+    CHECK_RC(cudaFree(p), cudaSuccess);
+    CHECK_RC(cudaStreamDestroy(s), cudaSuccess);
+    CHECK(fakecudart_counter("vmm_access_faults") == 0);
+}
+
 static void clock_and_streams(void) {
     void *p, *q;
     CHECK_RC(cudaMalloc(&p, MiB), cudaSuccess);
@@ -516,7 +594,7 @@ static const struct {
     {"alloc", alloc},         {"oom", oom},           {"devices", devices},
     {"clock", clock_and_streams}, {"legacy", legacy_stream}, {"no-driver", no_driver},
     {"no-device", no_device}, {"total", total},       {"threads", threads},
-    {"driver-load", driver_load},
+    {"driver-load", driver_load}, {"peer", peer},
 };
 
 int main(int argc, char **argv) {

@@ -407,6 +407,113 @@ static void devices(void) {
     CHECK(fakecudart_counter("bytes_in_use") == 0);
 }
 
+/* Access is per device: memory that cuMemSetAccess gave device 0 only faults (700) when device 1
+ * uses it, until device 1 is given access too; cudaMalloc memory is not checked that way. */
+static void per_device_access(void) {
+    CHECK_CU(cuInit(0), CUDA_SUCCESS);
+    CUdeviceptr base = 0;
+    CHECK_CU(cuMemAddressReserve(&base, 4 * PAGE, 0, 0, 0), CUDA_SUCCESS);
+    char *p = (char *)(uintptr_t)base;
+    /* Two pages of device 0, accessible by device 0 only. */
+    CUmemGenericAllocationHandle h0 = map_new(base, PAGE, 0);
+    CUmemGenericAllocationHandle h1 = map_new(base + PAGE, PAGE, 0);
+    cudaStream_t s1;
+    CHECK_RC(cudaSetDevice(1), cudaSuccess);
+    CHECK_RC(cudaStreamCreate(&s1), cudaSuccess);
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+
+    /* Device 1's work over it would fault: nothing enqueued. */
+    CHECK_RC(fakecudart_launch(p, 2 * PAGE, s1, 10), cudaErrorIllegalAddress);
+    CHECK(fakecudart_counter("vmm_access_faults") == 1);
+    CHECK(fakecudart_counter("launches") == 0 && fakecudart_pending_work() == 0);
+    CHECK_RC(cudaGetLastError(), cudaSuccess); /* a test entry point: no last error */
+    CHECK_RC(fakecudart_launch(p, 2 * PAGE, 0, 10), cudaSuccess); /* device 0's stream */
+    /* Copies and sets are the current device's: device 1's fault too, and record 700. */
+    char host[64], back[64];
+    for (int i = 0; i < 64; i++)
+        host[i] = (char)(i + 1);
+    CHECK_RC(cudaSetDevice(1), cudaSuccess);
+    CHECK_RC(cudaMemcpy(p, host, sizeof host, cudaMemcpyHostToDevice), cudaErrorIllegalAddress);
+    CHECK_RC(cudaGetLastError(), cudaErrorIllegalAddress);
+    CHECK_RC(cudaMemset(p + PAGE, 0, 16), cudaErrorIllegalAddress);
+    CHECK_RC(cudaMemcpy(back, p, sizeof back, cudaMemcpyDeviceToHost), cudaErrorIllegalAddress);
+    CHECK(fakecudart_counter("vmm_access_faults") == 4);
+    /* Bad ranges stay invalid values, whatever the access. */
+    CHECK_RC(cudaMemset(p + 2 * PAGE - 8, 0, 16), cudaErrorInvalidValue);
+    CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
+
+    /* Device 1 is given the first page: a range reaching into the second still faults. */
+    CUmemAccessDesc on1 = read_write_on(1);
+    CHECK_CU(cuMemSetAccess(base, PAGE, &on1, 1), CUDA_SUCCESS);
+    CHECK_RC(fakecudart_launch(p, PAGE, s1, 10), cudaSuccess);
+    CHECK_RC(fakecudart_launch(p + PAGE - 8, 16, s1, 10), cudaErrorIllegalAddress);
+    CHECK_RC(cudaMemcpy(p + PAGE - 8, host, 16, cudaMemcpyHostToDevice), cudaErrorIllegalAddress);
+    CHECK_RC(cudaGetLastError(), cudaErrorIllegalAddress);
+    CHECK(fakecudart_counter("vmm_access_faults") == 6);
+    /* And the second: device 1's work and copies succeed over both. */
+    CHECK_CU(cuMemSetAccess(base + PAGE, PAGE, &on1, 1), CUDA_SUCCESS);
+    CHECK_RC(fakecudart_launch(p, 2 * PAGE, s1, 10), cudaSuccess);
+    CHECK_RC(cudaMemcpy(p + PAGE - 32, host, sizeof host, cudaMemcpyHostToDevice), cudaSuccess);
+    CHECK_RC(cudaMemcpy(back, p + PAGE - 32, sizeof back, cudaMemcpyDeviceToHost), cudaSuccess);
+    CHECK(memcmp(back, host, sizeof host) == 0);
+    /* Device 0 kept its access: access is added, not replaced. */
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+    CHECK_RC(cudaMemset(p, 0x11, 2 * PAGE), cudaSuccess);
+    CHECK(p[2 * PAGE - 1] == 0x11);
+
+    /* A third page, mapped without access: not device memory for anyone yet. Then two
+     * descriptors at once give both devices access. */
+    CUmemAllocationProp prop = prop_on(0);
+    CUmemGenericAllocationHandle h2 = 0;
+    CHECK_CU(cuMemCreate(&h2, PAGE, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(base + 2 * PAGE, PAGE, 0, h2, 0), CUDA_SUCCESS);
+    CHECK_RC(fakecudart_launch(p + 2 * PAGE, 16, 0, 10), cudaErrorInvalidValue);
+    CUmemAccessDesc both[2] = {read_write_on(1), read_write_on(0)};
+    CUmemAccessDesc three[3] = {read_write_on(0), read_write_on(1), read_write_on(0)};
+    CHECK_CU(cuMemSetAccess(base + 2 * PAGE, PAGE, three, 3), CUDA_ERROR_INVALID_VALUE);
+    both[1].location.id = 2;
+    CHECK_CU(cuMemSetAccess(base + 2 * PAGE, PAGE, both, 2), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_RC(fakecudart_launch(p + 2 * PAGE, 16, s1, 10), cudaErrorInvalidValue); /* unchanged */
+    both[1].location.id = 0;
+    CHECK_CU(cuMemSetAccess(base + 2 * PAGE, PAGE, both, 2), CUDA_SUCCESS);
+    CHECK_RC(fakecudart_launch(p, 3 * PAGE, s1, 10), cudaSuccess);
+    CHECK_RC(fakecudart_launch(p, 3 * PAGE, 0, 10), cudaSuccess);
+    CHECK_RC(cudaSetDevice(1), cudaSuccess);
+    CHECK_RC(cudaMemset(p, 0x22, 3 * PAGE), cudaSuccess);
+    CHECK((unsigned char)p[3 * PAGE - 1] == 0x22);
+
+    /* cudaMalloc memory of device 0: device 1 uses it without any access being given. */
+    void *plain = NULL;
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+    CHECK_RC(cudaMalloc(&plain, 4096), cudaSuccess);
+    CHECK_RC(fakecudart_launch(plain, 4096, s1, 10), cudaSuccess);
+    CHECK_RC(cudaSetDevice(1), cudaSuccess);
+    CHECK_RC(cudaMemset(plain, 0, 4096), cudaSuccess);
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+    CHECK_RC(cudaFree(plain), cudaSuccess);
+
+    /* Unmapped and mapped again, a handle starts with no access. */
+    CHECK_RC(cudaStreamSynchronize(s1), cudaSuccess);
+    CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CU(cuMemUnmap(base, PAGE), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(base, PAGE, 0, h0, 0), CUDA_SUCCESS);
+    CUmemAccessDesc on0 = read_write_on(0);
+    CHECK_CU(cuMemSetAccess(base, PAGE, &on0, 1), CUDA_SUCCESS);
+    CHECK_RC(fakecudart_launch(p, 16, s1, 10), cudaErrorIllegalAddress);
+    CHECK(p[0] == 0x22); /* the bytes stayed with the handle */
+
+    CHECK(fakecudart_counter("vmm_access_faults") == 7);
+    CHECK(fakecudart_counter("vmm_busy_unmaps") == 0);
+    CHECK(fakecudart_counter("vmm_set_accesses") == 6);
+    CHECK_CU(cuMemUnmap(base, 3 * PAGE), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h0), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h1), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h2), CUDA_SUCCESS);
+    CHECK_CU(cuMemAddressFree(base, 4 * PAGE), CUDA_SUCCESS);
+    CHECK_RC(cudaStreamDestroy(s1), cudaSuccess);
+    CHECK(fakecudart_counter("bytes_in_use") == 0);
+}
+
 /* Run with FAKECUDART_VMM=0: a device without virtual memory management. */
 static void vmm_off(void) {
     CHECK_CU(cuInit(0), CUDA_SUCCESS);
@@ -550,7 +657,7 @@ static const struct {
     {"basics", basics},   {"cycle", cycle},     {"misuse", misuse},
     {"oom", oom},         {"devices", devices}, {"vmm-off", vmm_off},
     {"fail", fail},       {"no-device", no_device}, {"threads", threads},
-    {"many-pages", many_pages}, {"fork", fork_child},
+    {"many-pages", many_pages}, {"fork", fork_child}, {"access", per_device_access},
 };
 
 int main(int argc, char **argv) {

@@ -30,9 +30,14 @@
  *    when the handle is released and no longer mapped anywhere (as in the real driver).
  *  - cuMemMap maps a whole handle (offset 0, size = the handle's size) into a reserved range, not
  *    over another mapping; the memory is not accessible until cuMemSetAccess gives the range
- *    CU_MEM_ACCESS_FLAGS_PROT_READWRITE for a device. Mapped and access-enabled memory is live
+ *    CU_MEM_ACCESS_FLAGS_PROT_READWRITE for a device. cuMemSetAccess takes 1 to device-count
+ *    descriptors (CU_MEM_LOCATION_TYPE_DEVICE, read-write; else CUDA_ERROR_INVALID_VALUE, or
+ *    CUDA_ERROR_INVALID_DEVICE for a device that does not exist) and adds each device to the
+ *    devices with access to every mapping of the range. Mapped and access-enabled memory is live
  *    device memory of the handle's device for cudaMemcpy, cudaMemset, cudaPointerGetAttributes and
- *    fakecudart_launch, and the host can read and write it (tests inspect it).
+ *    fakecudart_launch, for the devices with access only (another device's use answers
+ *    cudaErrorIllegalAddress, counted in vmm_access_faults; peer access opens nothing here), and
+ *    the host can read and write it once any device has access (tests inspect it).
  *  - cuMemUnmap takes back whole mappings (the range must cover each of them exactly). Like the
  *    real one it does not wait for work still using the memory; when simulated work that is not
  *    complete yet touches the range, the counter vmm_busy_unmaps counts the misuse (a correct

@@ -16,10 +16,22 @@
  *    libcuda.so.1 (cuda.h: virtual memory management) shares the capacity: its cuMemCreate memory
  *    counts in cudaMemGetInfo, and memory it mapped and made accessible is device memory for
  *    cudaMemcpy, cudaMemset, cudaPointerGetAttributes and fakecudart_launch (not for cudaFree).
+ *  - Access. Driver-mapped memory is usable only by the devices that cuMemSetAccess gave access:
+ *    cudaMemcpy and cudaMemset (for the calling thread's current device) and fakecudart_launch
+ *    (for the stream's device) over a range where the accessing device lacks access on some
+ *    mapping fail with cudaErrorIllegalAddress (700) and count in vmm_access_faults (a real GPU
+ *    would fault; the fake's 700 is an ordinary last error, not a sticky one). cudaMalloc memory
+ *    is not checked that way: any device may use any device's allocation, with or without peer
+ *    access. Peer access (cudaDeviceCanAccessPeer: every pair of distinct devices can;
+ *    cudaDeviceEnablePeerAccess, cudaDeviceDisablePeerAccess, with the real codes 101, 1, 704 and
+ *    705) is bookkeeping only: it grants nothing to driver-mapped memory (neither does the real
+ *    one: such memory follows cuMemSetAccess alone) and changes nothing for cudaMalloc memory.
  *  - Devices. FAKECUDART_DEVICES devices (default 2). The current device is per host thread.
  *    cudaSetDevice of an ordinal out of range gives cudaErrorInvalidDevice (101). cudaDeviceReset
- *    frees every device allocation, stream and event of the current device and drops its pending
- *    work; the driver's reservations, handles and mappings stay (they are not the runtime's).
+ *    frees every device allocation, stream and event of the current device, drops its pending
+ *    work and its peer access both ways (its own to other devices, and other devices' to it, as
+ *    the real one documents); the driver's reservations, handles, mappings and their access stay
+ *    (they are not the runtime's).
  *    FAKECUDART_DEVICES=0 mimics a driver without devices: every call answers
  *    cudaErrorNoDevice (100).
  *  - Errors. As in the real runtime, a call that returns an error records it as the calling
@@ -38,7 +50,7 @@
  *    One tick counts as one microsecond for cudaEventElapsedTime.
  *  - cudaMemcpy and cudaMemset act as actions on the legacy default stream followed by a wait for
  *    it; they check that the device side of the copy lies inside one live allocation (or inside
- *    adjacent accessible driver mappings of one device).
+ *    adjacent accessible driver mappings of one device, which the current device has access to).
  *  - Driver. At its first call the fake runtime initializes the fake driver and loads
  *    libcuda.so.1 with dlopen through its RUNPATH ($ORIGIN), as the real runtime loads the real
  *    driver; not with FAKECUDART_FAIL=35 (no driver).
@@ -68,6 +80,9 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorPeerAccessAlreadyEnabled = 704,
+    cudaErrorPeerAccessNotEnabled = 705,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -132,6 +147,11 @@ cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceReset(void);
+
+/* Peer device memory access */
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice);
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags);
+cudaError_t cudaDeviceDisablePeerAccess(int peerDevice);
 
 /* Streams */
 cudaError_t cudaStreamCreate(cudaStream_t *pStream);

@@ -71,7 +71,9 @@ extern "C" {
     X(vmm_unmaps, "successful cuMemUnmap calls")                                           \
     X(vmm_set_accesses, "successful cuMemSetAccess calls")                                 \
     X(vmm_busy_unmaps, "cuMemUnmap calls while unfinished simulated work used the range")  \
-    X(driver_errors, "driver (cu*) calls that returned an error, whatever the error")
+    X(driver_errors, "driver (cu*) calls that returned an error, whatever the error")      \
+    X(peer_enables, "successful cudaDeviceEnablePeerAccess calls")                         \
+    X(vmm_access_faults, "uses of driver memory by a device without access (700 answered)")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;
@@ -108,8 +110,11 @@ int fakecudart_inject_driver_failure(const char *call, unsigned after, int code)
 /* Enqueues simulated work on `stream` (0, cudaStreamLegacy, cudaStreamPerThread or a created
  * stream) that touches [ptr, ptr + bytes) for `duration_ticks`. The range must lie inside one
  * live device allocation, or in memory the driver mapped and made accessible, unless bytes is 0.
- * Returns cudaErrorInvalidValue for a bad range and cudaErrorInvalidResourceHandle for an unknown
- * stream. */
+ * In driver-mapped memory the stream's device must have been given access (cuMemSetAccess) on
+ * every mapping the range touches, else the work would fault: nothing is enqueued, the counter
+ * vmm_access_faults counts it, and the answer is cudaErrorIllegalAddress. cudaMalloc memory has
+ * no such check (any stream's device may use it). Returns cudaErrorInvalidValue for a bad range
+ * and cudaErrorInvalidResourceHandle for an unknown stream. */
 cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream, uint64_t duration_ticks);
 /* Moves the simulated clock forward by `ticks`. */
 void fakecudart_advance(uint64_t ticks);

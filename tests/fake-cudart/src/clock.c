@@ -93,11 +93,11 @@ cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream, uint
     lock();
     cudaError_t rc = cudaSuccess;
     struct CUstream_st *s = resolve_stream_locked(stream);
-    if (s == NULL) {
+    if (s == NULL)
         rc = cudaErrorInvalidResourceHandle;
-    } else if (bytes > 0 && !range_in_device_alloc_locked((uintptr_t)ptr, bytes)) {
-        rc = cudaErrorInvalidValue;
-    } else if (fake.work_count == fake.work_cap) {
+    else if (bytes > 0) /* a bad range, or driver memory the stream's device has no access to */
+        rc = check_device_range_locked((uintptr_t)ptr, bytes, s->device);
+    if (rc == cudaSuccess && fake.work_count == fake.work_cap) {
         size_t cap = fake.work_cap == 0 ? 64 : fake.work_cap * 2;
         struct fake_work *grown = realloc(fake.work, cap * sizeof *grown);
         if (grown == NULL)

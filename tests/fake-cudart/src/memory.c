@@ -9,7 +9,9 @@
  *
  * Memory that the driver mapped and made accessible (vmm.c) counts as live device memory of its
  * device too, for the range checks of cudaMemcpy, cudaMemset and fakecudart_launch and for
- * cudaPointerGetAttributes; cudaFree does not take it.
+ * cudaPointerGetAttributes; cudaFree does not take it. Unlike an allocation, which any device may
+ * use, it is usable only by the devices cuMemSetAccess gave access: another device's use is an
+ * illegal address (700), as a real GPU would fault on it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -41,11 +43,19 @@ struct fake_alloc *find_alloc_locked(uintptr_t addr) {
 
 static int is_device_kind(enum fake_alloc_kind kind) { return kind != ALLOC_HOST; }
 
-int range_in_device_alloc_locked(uintptr_t lo, size_t bytes) {
+cudaError_t check_device_range_locked(uintptr_t lo, size_t bytes, int accessor) {
     struct fake_alloc *a = find_alloc_locked(lo);
     if (a != NULL)
-        return is_device_kind(a->kind) && bytes <= a->size - (lo - a->base);
-    return vmm_range_accessible_locked(lo, bytes, NULL);
+        return is_device_kind(a->kind) && bytes <= a->size - (lo - a->base) ? cudaSuccess
+                                                                            : cudaErrorInvalidValue;
+    uint64_t access = 0;
+    if (!vmm_range_accessible_locked(lo, bytes, NULL, &access))
+        return cudaErrorInvalidValue;
+    if ((access >> accessor & 1) == 0) {
+        fake.counters.vmm_access_faults++;
+        return cudaErrorIllegalAddress;
+    }
+    return cudaSuccess;
 }
 
 void charge_locked(int device, int64_t delta) {
@@ -241,13 +251,14 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     fake.counters.memcpys++;
     int dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     int src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    int accessor = fake_current_device; /* the device that does the copy */
     cudaError_t rc = cudaSuccess;
     if (count > 0 && (dst == NULL || src == NULL))
         rc = cudaErrorInvalidValue;
-    else if (count > 0 && dst_device && !range_in_device_alloc_locked((uintptr_t)dst, count))
-        rc = cudaErrorInvalidValue;
-    else if (count > 0 && src_device && !range_in_device_alloc_locked((uintptr_t)src, count))
-        rc = cudaErrorInvalidValue;
+    if (rc == cudaSuccess && count > 0 && dst_device)
+        rc = check_device_range_locked((uintptr_t)dst, count, accessor);
+    if (rc == cudaSuccess && count > 0 && src_device)
+        rc = check_device_range_locked((uintptr_t)src, count, accessor);
     if (rc == cudaSuccess && count > 0) {
         legacy_sync_locked(fake_current_device);
         memmove(dst, src, count);
@@ -261,8 +272,8 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
     lock();
     fake.counters.memsets++;
     cudaError_t rc = cudaSuccess;
-    if (count > 0 && !range_in_device_alloc_locked((uintptr_t)devPtr, count))
-        rc = cudaErrorInvalidValue;
+    if (count > 0)
+        rc = check_device_range_locked((uintptr_t)devPtr, count, fake_current_device);
     if (rc == cudaSuccess && count > 0) {
         legacy_sync_locked(fake_current_device);
         memset(devPtr, value, count);
@@ -279,7 +290,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
     struct fake_alloc *a = find_alloc_locked((uintptr_t)ptr);
     struct cudaPointerAttributes out = {cudaMemoryTypeUnregistered, -2, NULL, (void *)ptr};
     int vmm_device;
-    if (a == NULL && vmm_range_accessible_locked((uintptr_t)ptr, 1, &vmm_device)) {
+    if (a == NULL && vmm_range_accessible_locked((uintptr_t)ptr, 1, &vmm_device, NULL)) {
         out = (struct cudaPointerAttributes){cudaMemoryTypeDevice, vmm_device, (void *)ptr, NULL};
     } else if (a != NULL) {
         out.device = a->device;

@@ -87,7 +87,8 @@ struct fake_vmm_mapping {
     size_t size;
     uint64_t handle;
     int device;
-    int accessible;           /* cuMemSetAccess made it readable and writable */
+    uint64_t access;          /* bit d: cuMemSetAccess gave device d read-write access (the host
+                               * may read and write it once any bit is set) */
 };
 
 /* Simulated work touching [lo, hi) until tick `end`. */
@@ -109,6 +110,7 @@ struct fake_state {
     int device_count;
     cudaError_t fail_code;    /* nonzero: every call answers this */
     struct fake_device devices[FAKE_MAX_DEVICES];
+    uint64_t peer_access[FAKE_MAX_DEVICES]; /* bit p of [d]: d enabled access to p's memory */
     /* Live allocations sorted by base address. */
     struct fake_alloc *allocs;
     size_t alloc_count, alloc_cap;
@@ -163,7 +165,11 @@ cudaError_t record(cudaError_t rc);
 
 /* Memory (memory.c). */
 struct fake_alloc *find_alloc_locked(uintptr_t addr); /* allocation containing addr, or NULL */
-int range_in_device_alloc_locked(uintptr_t lo, size_t bytes);
+/* Whether device `accessor` may use [lo, lo + bytes) as device memory: cudaSuccess inside one
+ * live device allocation (any device may use it) or inside driver-mapped memory that `accessor`
+ * has access to; cudaErrorIllegalAddress, counted in vmm_access_faults, for driver-mapped memory
+ * without that access; else cudaErrorInvalidValue. */
+cudaError_t check_device_range_locked(uintptr_t lo, size_t bytes, int accessor);
 void free_device_allocs_locked(int device);
 void note_bytes_locked(void);
 void charge_locked(int device, int64_t delta); /* device bytes in use, bytes_in_use, peak_bytes */
@@ -182,8 +188,9 @@ CUresult take_injection_locked(struct fake_driver_injection *inj);
 int valid_device(int device);
 
 /* Driver VMM (vmm.c). 1 when [lo, lo + bytes) lies in mapped, access-enabled memory of one
- * device (one mapping, or adjacent ones); stores that device in *device unless NULL. */
-int vmm_range_accessible_locked(uintptr_t lo, size_t bytes, int *device);
+ * device (one mapping, or adjacent ones); stores that device in *device and the devices that
+ * have access to every mapping of the range (a bit mask) in *access, each unless NULL. */
+int vmm_range_accessible_locked(uintptr_t lo, size_t bytes, int *device, uint64_t *access);
 /* In a forked child: new handles get a backing file of their own, and the inherited ones, whose
  * pages the parent shares, are never punched out by the child. */
 void vmm_after_fork_child_locked(void);

@@ -16,6 +16,11 @@
  * child at all. The child's own handles come from a memfd of its own, so that parent and child
  * never hand out the same stretch, and the child never punches out an inherited handle's pages.
  *
+ * Each mapping keeps the set of devices cuMemSetAccess gave access (a bit mask, only ever grown:
+ * read-write is the only access modelled). The host's access is one for all: the pages become
+ * readable and writable with the first device's. The runtime checks the accessing device
+ * (check_device_range_locked in memory.c).
+ *
  * The physical memory is charged to its device's capacity like cudaMalloc's, from cuMemCreate
  * until the handle is both released and unmapped everywhere. cudaDeviceReset does not touch any
  * of this (the driver's VMM objects are not owned by the runtime's context).
@@ -88,21 +93,25 @@ static int whole_mappings_locked(uintptr_t lo, size_t size, size_t *first, size_
     return at == hi ? 0 : -1;
 }
 
-int vmm_range_accessible_locked(uintptr_t lo, size_t bytes, int *device) {
+int vmm_range_accessible_locked(uintptr_t lo, size_t bytes, int *device, uint64_t *access) {
     struct fake_vmm_mapping *m = find_mapping_locked(lo);
-    if (m == NULL || !m->accessible || lo + bytes < lo)
+    if (m == NULL || m->access == 0 || lo + bytes < lo)
         return 0;
     int dev = m->device;
+    uint64_t all = m->access; /* devices with access to every mapping so far */
     uintptr_t hi = lo + bytes, end = m->base + m->size;
     /* A range running past this mapping continues in the adjacent ones, of the same device. */
     for (size_t i = (size_t)(m - fake.mappings) + 1; end < hi; i++) {
         if (i == fake.mapping_count || fake.mappings[i].base != end ||
-            !fake.mappings[i].accessible || fake.mappings[i].device != dev)
+            fake.mappings[i].access == 0 || fake.mappings[i].device != dev)
             return 0;
+        all &= fake.mappings[i].access;
         end += fake.mappings[i].size;
     }
     if (device != NULL)
         *device = dev;
+    if (access != NULL)
+        *access = all;
     return 1;
 }
 
@@ -323,27 +332,32 @@ CUresult fakecudart_driver_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     return driver_leave_locked(rc);
 }
 
-/* Every descriptor must name a device and read-write access (the only access the fake models). */
-static CUresult check_access(const CUmemAccessDesc *desc, size_t count) {
-    if (desc == NULL || count == 0)
+/* 1 to device_count descriptors, each naming a device and read-write access (the only access the
+ * fake models); the devices they name, as a bit mask, in *devices. */
+static CUresult check_access(const CUmemAccessDesc *desc, size_t count, uint64_t *devices) {
+    if (desc == NULL || count == 0 || count > (size_t)fake.device_count)
         return CUDA_ERROR_INVALID_VALUE;
+    *devices = 0;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             return CUDA_ERROR_INVALID_VALUE;
         if (!valid_device(desc[i].location.id))
             return CUDA_ERROR_INVALID_DEVICE;
+        *devices |= (uint64_t)1 << desc[i].location.id;
     }
     return CUDA_SUCCESS;
 }
 
-/* The range must consist of whole mappings, end to end. */
+/* The range must consist of whole mappings, end to end. Each descriptor's device gains access to
+ * every mapping of the range; devices given access before keep it. */
 CUresult fakecudart_driver_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                           size_t count) {
     CUresult rc = driver_enter(1);
     lock();
+    uint64_t devices = 0;
     if (rc == CUDA_SUCCESS)
-        rc = check_access(desc, count);
+        rc = check_access(desc, count, &devices);
     if (rc == CUDA_SUCCESS)
         rc = take_injection_locked(&fake.injected_set_access);
     size_t first = 0, n = 0;
@@ -353,7 +367,7 @@ CUresult fakecudart_driver_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CU
         rc = CUDA_ERROR_UNKNOWN;
     if (rc == CUDA_SUCCESS) {
         for (size_t i = first; i < first + n; i++)
-            fake.mappings[i].accessible = 1;
+            fake.mappings[i].access |= devices;
         fake.counters.vmm_set_accesses++;
     }
     return driver_leave_locked(rc);
