@@ -13,7 +13,9 @@
 #       must not be zeroed under the read; and a 1 PiB tensor must raise;
 #   (d) out of memory under the shim: allocate until cudaMalloc answers 2, then free and go on;
 #   (e) the same with expandable_segments:True, every chunk written with cudaMemset: the pages
-#       come from the driver's virtual-memory calls (counted in the library's device log).
+#       come from the driver's virtual-memory calls (counted in the library's device log);
+#   (f) sharing memory with another process: the IPC handle of a segment's first block opens, in
+#       a child process, on that block's bytes; a block further inside is refused (1).
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -171,9 +173,9 @@ if [[ -z "$cudart" ]]; then
 elif ! command -v gcc >/dev/null 2>&1; then
     build_problem="gcc not found"
 else
-    for prog in malloc_loop oom_check; do
+    for prog in malloc_loop oom_check ipc_check; do
         gcc -std=gnu11 -O2 -Wall -Wextra -o "$work/$prog" "$helpers/$prog.c" \
-            -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" \
+            -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" -ldl \
             -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
             build_problem="compiling $prog.c failed: $(tail -n 1 "$work/last-stderr")"
     done
@@ -347,4 +349,26 @@ else
     else
         row "$expandable_check" "allocate and write until 2, free, continue" "FAILED: $(why_failed)" "$on"
     fi
+fi
+
+# --- (f) IPC handles under the shim ------------------------------------------------------------
+
+ipc_check="(f) IPC handles"
+ipc_variant="first block of a segment, and one 4 KiB inside it"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$ipc_check" "$ipc_variant" "not run: ${build_problem:-$shim_problem}" "$on"
+elif bounded 60 env LD_PRELOAD="$lib" "$work/ipc_check" &&
+    [[ "$out" =~ first_rc=0\ second_rc=1\ second_offset=4096 ]]; then
+    case "$out" in
+    *"opened byte=0x11"*) opened="opened in a child process on the first block's bytes (0x11)" ;;
+    *"open unsupported"*) opened="opening in a child process not run (the runtime has no cudaIpcOpenMemHandle)" ;;
+    *) opened="" ;;
+    esac
+    if [[ -n "$opened" ]]; then
+        row "$ipc_check" "$ipc_variant" "first: handle made, $opened; inside: 1, refused" "$on"
+    else
+        row "$ipc_check" "$ipc_variant" "FAILED: the child found $(why_failed)" "$on"
+    fi
+else
+    row "$ipc_check" "$ipc_variant" "FAILED: $(why_failed)" "$on"
 fi

@@ -56,6 +56,8 @@ const REQUIRED_EXPORTS: &[&str] = &[
     "cudaDeviceCanAccessPeer",
     "cudaDeviceEnablePeerAccess",
     "cudaDeviceDisablePeerAccess",
+    "cudaIpcGetMemHandle",
+    "fakecudart_ipc_handle_base",
     "fakecudart_launch",
     "fakecudart_advance",
     "fakecudart_range_busy",
@@ -237,6 +239,11 @@ fn devices_are_per_thread_and_reset_frees_the_current_one() {
 #[test]
 fn peer_access_answers_as_the_real_runtime_and_ends_with_a_reset() {
     assert_scenario_passes("peer", &[("FAKECUDART_DEVICES", "3")]);
+}
+
+#[test]
+fn an_ipc_handle_names_the_whole_allocation_even_for_a_pointer_inside_it() {
+    assert_scenario_passes("ipc", &[]);
 }
 
 #[test]

@@ -81,7 +81,7 @@ fn dry_run_prints_one_honest_table() {
         .iter()
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
-    for check in ["(a)", "(b)", "(c)", "(d)", "(e)"] {
+    for check in ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)"] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
             "no {check} row:\n{stdout}"

@@ -416,6 +416,18 @@ fn double_free_and_interior_pointers_answer_1_with_the_pool_intact() {
 }
 
 #[test]
+fn an_ipc_handle_is_refused_for_a_pointer_inside_a_shared_segment() {
+    let out = check("ipc", &[]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("cudaIpcGetMemHandle")
+            && log.contains("into a 2.00 MiB segment that cachealloc shares")
+            && log.contains("opens at its start"),
+        "{log}"
+    );
+}
+
+#[test]
 fn device_reset_drops_the_pool() {
     check("reset", &[]);
 }

@@ -71,6 +71,16 @@ fn peer_access_opens_the_pages_mapped_before_and_after_it() {
 }
 
 #[test]
+fn memory_of_expandable_segments_gets_no_ipc_handle() {
+    let out = check("ipc", "", &[]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("cudaIpcGetMemHandle") && log.contains("is memory of an expandable segment"),
+        "{log}"
+    );
+}
+
+#[test]
 fn a_device_reset_gives_back_every_page_and_range() {
     check("reset", "", &[]);
 }

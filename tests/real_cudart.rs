@@ -92,6 +92,8 @@ fn real_runtime_without_a_driver_answers_35_and_leaves_outputs_alone() {
         "cudaMalloc(0)",
         "cudaFree(NULL)",
         "cudaMemGetInfo",
+        "cudaIpcGetMemHandle",
+        "cudaDeviceEnablePeerAccess",
     ] {
         let (rc, tail) = answers
             .get(call)
@@ -125,6 +127,8 @@ fn real_runtime_exports_default_versioned_symbols_that_programs_reference() {
         "cudaFree",
         "cudaMemGetInfo",
         "cudaDeviceSynchronize",
+        "cudaDeviceEnablePeerAccess",
+        "cudaIpcGetMemHandle",
     ] {
         let versioned = format!(" {name}@@libcudart.so.12");
         assert!(

@@ -8,10 +8,18 @@
 
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+enum { cudaMemcpyDeviceToHost = 2 };
+
+/* cudaIpcMemHandle_t: 64 opaque bytes. */
+typedef struct {
+    char reserved[64];
+} cudaIpcMemHandle_t;
 
 extern cudaError_t cudaMalloc(void **dev_ptr, size_t size);
 extern cudaError_t cudaFree(void *dev_ptr);
 extern cudaError_t cudaMemset(void *dev_ptr, int value, size_t count);
+extern cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind);
+extern cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *dev_ptr);
 extern cudaError_t cudaDeviceSynchronize(void);
 extern cudaError_t cudaGetLastError(void);
 extern const char *cudaGetErrorName(cudaError_t error);

@@ -69,6 +69,28 @@ pub extern "C" fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c_uint) 
     })
 }
 
+/// `cudaIpcGetMemHandle`: forwarded, except for a pointer that a handle cannot name (inside a
+/// segment past its start, or in an expandable segment): another process would open the
+/// handle at the segment's start, not at the allocation, so the answer is 1 with a warning that
+/// says why.
+///
+/// # Safety
+/// None beyond the runtime's: `dev_ptr` is only compared with pool addresses, and both
+/// arguments are forwarded unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaIpcGetMemHandle(
+    handle: *mut c_void,
+    dev_ptr: *mut c_void,
+) -> CudaError {
+    boundary("cudaIpcGetMemHandle", codes::UNKNOWN, || {
+        match interpose::cuda_ipc_get_mem_handle(dev_ptr as u64) {
+            // SAFETY: the program's own arguments, forwarded unchanged.
+            Ok(()) => unsafe { forward::ipc_get_mem_handle(handle, dev_ptr) },
+            Err(e) => last_error::record(to_code("cudaIpcGetMemHandle", e)),
+        }
+    })
+}
+
 /// `cudaDeviceReset`: drops the current device's pool (the reset takes its memory), then
 /// forwards.
 #[unsafe(no_mangle)]

@@ -61,6 +61,10 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             log_event!(warn, "{call}: {e}");
             codes::INVALID_DEVICE
         }
+        e @ ShimError::NotExportable { .. } => {
+            log_event!(warn, "{call}: {e}");
+            codes::INVALID_VALUE
+        }
         e @ ShimError::PoolBroken(..) => {
             log_event!(error, "{call}: {e}");
             codes::UNKNOWN

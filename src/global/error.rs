@@ -2,7 +2,7 @@
 //! place (`ffi::status`).
 
 use crate::backend::cuda::runtime::CudaError;
-use crate::pool::{self, DeviceId};
+use crate::pool::{self, DeviceId, SegmentSpan, format_size};
 use std::fmt;
 
 #[derive(Debug)]
@@ -21,6 +21,9 @@ pub enum ShimError {
     NoSuchDevice,
     /// The device's pool was left inconsistent by an earlier internal failure.
     PoolBroken(DeviceId, String),
+    /// `cudaIpcGetMemHandle` of an address whose handle would not open at it: inside a segment
+    /// shared with other allocations, or in an expandable segment.
+    NotExportable { addr: u64, segment: SegmentSpan },
 }
 
 impl From<pool::Error> for ShimError {
@@ -43,6 +46,24 @@ impl fmt::Display for ShimError {
                 "the pool of device {} is inconsistent after an internal error ({why}); \
                  its allocations fail from now on",
                 device.0
+            ),
+            ShimError::NotExportable { addr, segment } if segment.expandable => write!(
+                f,
+                "{addr:#x} is memory of an expandable segment (mapped with the driver's virtual \
+                 memory calls), which an IPC handle cannot name; memory shared with another \
+                 process needs expandable_segments off"
+            ),
+            ShimError::NotExportable { addr, segment } => write!(
+                f,
+                "{addr:#x} lies {} into a {} segment that cachealloc shares between \
+                 allocations; an IPC handle names the whole segment and opens at its start \
+                 ({:#x}) in the other process, not at {addr:#x}, so no handle is made. A \
+                 program that sends the offset itself can export the segment's start (what \
+                 cuMemGetAddressRange gives); or run the exporting process with \
+                 CACHEALLOC_DISABLE=1",
+                format_size(addr - segment.start),
+                format_size(segment.size),
+                segment.start
             ),
         }
     }

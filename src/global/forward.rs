@@ -56,6 +56,19 @@ pub fn device_enable_peer_access(peer: c_int, flags: c_uint) -> CudaError {
     }
 }
 
+/// The real `cudaIpcGetMemHandle(handle, dev_ptr)`.
+///
+/// # Safety
+/// The arguments are the program's, passed on as they came.
+pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, dev_ptr: *mut c_void) -> CudaError {
+    match real() {
+        // SAFETY: the caller's handle out-pointer and device pointer go to the real runtime,
+        // which checks them.
+        Some(rt) => unsafe { (rt.ipc_get_mem_handle)(handle, dev_ptr) },
+        None => codes::INITIALIZATION_ERROR,
+    }
+}
+
 /// A no-argument function of the real runtime (`function` picks it), or `without` when the
 /// process has no runtime.
 fn no_arguments(function: impl FnOnce(&Runtime) -> VoidFn, without: CudaError) -> CudaError {

@@ -287,6 +287,27 @@ pub fn cuda_device_reset() -> CudaError {
     code
 }
 
+/// `cudaIpcGetMemHandle` of `addr`: `Ok` to forward, or why the runtime's handle would not name
+/// the allocation at `addr`. The handle names the whole device allocation holding `addr` and
+/// another process opens it at its start: right for the start of a fixed segment (the handle
+/// shares the rest of the segment too, as the runtime's own sub-allocations do), wrong anywhere
+/// else in it. Memory of expandable segments has no such handle at all (the runtime would
+/// refuse it with less of an explanation).
+pub fn cuda_ipc_get_mem_handle(addr: u64) -> Result<(), ShimError> {
+    let Some(_inside) = reentry::enter() else {
+        return Ok(());
+    };
+    if !matches!(active(), Ok(Some(_))) {
+        return Ok(());
+    }
+    match pools::with_owner(addr, |pool| pool.segment_of(addr))? {
+        Some(Some(segment)) if segment.expandable || segment.start != addr => {
+            Err(ShimError::NotExportable { addr, segment })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `cudaDeviceEnablePeerAccess(peer, flags)`: forwarded; on success the current device may
 /// use `peer`'s memory, so `peer`'s expandable segments (mapped memory, which peer access alone
 /// does not open) grant it access: the pages mapped so far now, later ones as they are mapped.

@@ -255,3 +255,19 @@ fn the_oversize_release_backs_up_from_an_expandable_block() {
     );
     assert_eq!(a, e, "mapped again where e was");
 }
+
+#[test]
+fn segment_of_an_expandable_block_is_its_whole_reserved_range() {
+    let mut p = expandable_pool(8 * GIB);
+    let a = alloc(&mut p, 30 * MIB);
+    let span = p.segment_of(a.addr() + MIB).expect("inside the range");
+    assert!(span.expandable);
+    assert_eq!(span.start, a.addr());
+    assert!(span.size >= 9 * GIB, "1⅛ of the device: {}", span.size);
+    let unmapped = a.addr() + 100 * MIB;
+    assert_eq!(
+        p.segment_of(unmapped),
+        Some(span),
+        "unmapped pages of the range"
+    );
+}

@@ -29,6 +29,15 @@ pub struct SegmentView {
     pub blocks: Vec<BlockView>,
 }
 
+/// The segment obtained from the device that holds an address: what the device sees as one
+/// allocation (for an expandable segment, its whole reserved range).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentSpan {
+    pub start: u64,
+    pub size: u64,
+    pub expandable: bool,
+}
+
 /// A block of a segment to install (see `adopt_segment`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockSeed {
@@ -50,6 +59,24 @@ pub struct SegmentSeed {
 }
 
 impl<B: Backend> DeviceAllocator<B> {
+    /// The segment that holds `addr`, if this pool has one there.
+    pub fn segment_of(&self, addr: u64) -> Option<SegmentSpan> {
+        let (start, size) = self
+            .segments
+            .at_or_below(addr)
+            .filter(|&(start, size)| addr - start < size)?;
+        // A segment's first block starts at the segment's start.
+        let expandable = self
+            .blocks
+            .find(start)
+            .is_some_and(|id| self.blocks.get(id).expandable);
+        Some(SegmentSpan {
+            start,
+            size,
+            expandable,
+        })
+    }
+
     /// Every segment with its blocks, in address order, as PyTorch's snapshot shows them: an
     /// expandable segment as one segment per run of mapped pages.
     pub fn segments(&self) -> Vec<SegmentView> {

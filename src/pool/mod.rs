@@ -34,7 +34,7 @@ pub use block::BlockState;
 pub use error::{BadPointer, Error};
 pub use event::{EventSink, PoolEvent};
 pub use format::format_size;
-pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentView};
+pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentSpan, SegmentView};
 pub use oom::{OomHint, OomReport};
 pub use settings::Settings;
 pub use stats::{Counts, DeviceStats, Stat, StatArray};

@@ -27,6 +27,23 @@ fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
 }
 
 #[test]
+fn segment_of_names_the_device_allocation_that_holds_an_address() {
+    let mut p = pool();
+    let a = alloc(&mut p, 1000);
+    let b = alloc(&mut p, 1000);
+    let whole = Some(SegmentSpan {
+        start: a.addr(),
+        size: 2 * MIB,
+        expandable: false,
+    });
+    assert_eq!(p.segment_of(a.addr()), whole);
+    assert_eq!(p.segment_of(b.addr()), whole, "b lies inside a's segment");
+    assert_eq!(p.segment_of(a.addr() + 2 * MIB - 1), whole);
+    assert_eq!(p.segment_of(a.addr() + 2 * MIB), None);
+    assert_eq!(p.segment_of(a.addr() - 1), None);
+}
+
+#[test]
 fn small_request_splits_a_2_mib_segment_and_merges_back() {
     let mut p = pool();
     let a = alloc(&mut p, 1000);

@@ -213,6 +213,19 @@ static void scenario_peer(void) {
     print_counters();
 }
 
+/* Memory of expandable segments has no IPC handle: even at the start of its range, the answer
+ * is 1 without reaching the runtime. */
+static void scenario_ipc(void) {
+    void *p = NULL;
+    cudaIpcMemHandle_t h;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK(counter("vmm_maps") > 0 && counter("mallocs") == 0);
+    CHECK_CODE(cudaIpcGetMemHandle(&h, p), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(counter("ipc_handles") == 0);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
 /* A device reset gives back every page and range the pool had, and a new pool starts after. */
 static void scenario_reset(void) {
     void *p = NULL;
@@ -254,6 +267,7 @@ static const struct scenario scenarios[] = {
     {"oom", scenario_oom},
     {"reset", scenario_reset},
     {"peer", scenario_peer},
+    {"ipc", scenario_ipc},
     {"unsupported", scenario_unsupported},
 };
 

@@ -167,6 +167,38 @@ static void scenario_foreign(void) {
     CHECK(cudaMalloc(NULL, 16) != cudaSuccess);
 }
 
+/* cudaIpcGetMemHandle: the start of a segment goes to the runtime, whose handle opens there; a
+ * pointer further inside a segment answers 1 (the handle would open at the segment's start, at
+ * another allocation) without reaching the runtime; memory the pool does not own is forwarded. */
+static void scenario_ipc(void) {
+    char *p = NULL, *q = NULL;
+    void *pitched = NULL;
+    size_t pitch = 0;
+    int on_stack = 0;
+    cudaIpcMemHandle_t h;
+    CHECK_CODE(cudaMalloc((void **)&p, 4096), cudaSuccess);
+    CHECK_CODE(cudaMalloc((void **)&q, 4096), cudaSuccess);
+    CHECK(q == p + 4096); /* one 2 MiB segment, p at its start */
+    CHECK_CODE(cudaIpcGetMemHandle(&h, p), cudaSuccess);
+    CHECK(fakecudart_ipc_handle_base(&h) == (uintptr_t)p);
+    uint64_t made = counter("ipc_handles");
+    CHECK(made == 1);
+    CHECK_CODE(cudaIpcGetMemHandle(&h, q), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue); /* as the runtime's own refusal */
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK(counter("ipc_handles") == made);
+    /* Not the pool's: the runtime answers. */
+    CHECK_CODE(cudaMallocPitch(&pitched, &pitch, 1000, 10), cudaSuccess);
+    CHECK_CODE(cudaIpcGetMemHandle(&h, pitched), cudaSuccess);
+    CHECK(fakecudart_ipc_handle_base(&h) == (uintptr_t)pitched);
+    CHECK_CODE(cudaIpcGetMemHandle(&h, &on_stack), cudaErrorInvalidValue);
+    CHECK_CODE(cudaIpcGetMemHandle(NULL, p), cudaErrorInvalidValue);
+    CHECK(counter("ipc_handles") == made + 1);
+    CHECK_CODE(cudaFree(pitched), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
 /* A double free or an interior pointer answers 1 and leaves the pool intact. */
 static void scenario_double_free(void) {
     void *p = NULL, *q = NULL, *r = NULL;
@@ -462,6 +494,7 @@ static const struct scenario scenarios[] = {
     {"fragmentation", scenario_fragmentation},
     {"foreign", scenario_foreign},
     {"double_free", scenario_double_free},
+    {"ipc", scenario_ipc},
     {"reset", scenario_reset},
     {"cross_device", scenario_cross_device},
     {"reuse_nonblocking", scenario_reuse_nonblocking},

@@ -15,6 +15,8 @@ typedef int cudaError_t; /* an enum in the real header: int-sized */
 extern cudaError_t cudaMalloc(void **dev_ptr, size_t size);
 extern cudaError_t cudaFree(void *dev_ptr);
 extern cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+extern cudaError_t cudaIpcGetMemHandle(void *handle, void *dev_ptr);
+extern cudaError_t cudaDeviceEnablePeerAccess(int peer_device, unsigned int flags);
 extern const char *cudaGetErrorName(cudaError_t error);
 
 #define SENTINEL ((void *)0xdead)
@@ -41,5 +43,12 @@ int main(void) {
     size_t free_bytes = 7, total_bytes = 7;
     rc = cudaMemGetInfo(&free_bytes, &total_bytes);
     printf("call=cudaMemGetInfo rc=%d name=%s\n", rc, cudaGetErrorName(rc));
+
+    char handle[64] = {0}; /* cudaIpcMemHandle_t: 64 opaque bytes */
+    rc = cudaIpcGetMemHandle(handle, (void *)0x7f0000000000);
+    printf("call=cudaIpcGetMemHandle rc=%d name=%s\n", rc, cudaGetErrorName(rc));
+
+    rc = cudaDeviceEnablePeerAccess(1, 0);
+    printf("call=cudaDeviceEnablePeerAccess rc=%d name=%s\n", rc, cudaGetErrorName(rc));
     return 0;
 }

@@ -60,6 +60,8 @@ type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type StreamGetDeviceFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
 type StreamSynchronizeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type EnablePeerAccessFn = unsafe extern "C" fn(c_int, c_uint) -> CudaError;
+/// `cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)`; the handle is opaque here.
+type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 
 /// The real runtime's entry points the library uses. Each field is the address of the named
 /// runtime function, with that function's C signature.
@@ -82,6 +84,7 @@ pub struct Runtime {
     pub event_synchronize: EventFn,
     pub stream_synchronize: StreamSynchronizeFn,
     pub device_enable_peer_access: EnablePeerAccessFn,
+    pub ipc_get_mem_handle: IpcGetMemHandleFn,
     /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have (the only function
     /// the table may lack).
     pub stream_get_device: Option<StreamGetDeviceFn>,
@@ -209,6 +212,9 @@ impl Runtime {
                 ),
                 device_enable_peer_access: std::mem::transmute::<*mut c_void, EnablePeerAccessFn>(
                     finder.find(c"cudaDeviceEnablePeerAccess")?,
+                ),
+                ipc_get_mem_handle: std::mem::transmute::<*mut c_void, IpcGetMemHandleFn>(
+                    finder.find(c"cudaIpcGetMemHandle")?,
                 ),
                 stream_get_device: finder
                     .find(c"cudaStreamGetDevice")

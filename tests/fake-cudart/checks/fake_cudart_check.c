@@ -242,6 +242,43 @@ static void devices(void) {
     CHECK(fakecudart_counter("bytes_in_use") == 0);
 }
 
+/* cudaIpcGetMemHandle names the whole allocation: a pointer inside it gets the same handle,
+ * which opens at the allocation's start. Only cudaMalloc and cudaMallocPitch memory exports. */
+static void ipc(void) {
+    char *p = NULL, *m = NULL, *h = NULL;
+    void *pitched = NULL;
+    size_t pitch = 0;
+    cudaIpcMemHandle_t whole, inner;
+    CHECK_RC(cudaMalloc((void **)&p, 4 * MiB), cudaSuccess);
+    CHECK_RC(cudaIpcGetMemHandle(&whole, p), cudaSuccess);
+    CHECK(fakecudart_ipc_handle_base(&whole) == (uintptr_t)p);
+    CHECK_RC(cudaIpcGetMemHandle(&inner, p + MiB), cudaSuccess);
+    CHECK(fakecudart_ipc_handle_base(&inner) == (uintptr_t)p); /* not p + 1 MiB */
+    CHECK(memcmp(&whole, &inner, sizeof whole) == 0);
+    CHECK_RC(cudaMallocPitch(&pitched, &pitch, 100, 10), cudaSuccess);
+    CHECK_RC(cudaIpcGetMemHandle(&whole, pitched), cudaSuccess);
+    CHECK(fakecudart_ipc_handle_base(&whole) == (uintptr_t)pitched);
+    CHECK(fakecudart_counter("ipc_handles") == 3);
+
+    CHECK_RC(cudaMallocManaged((void **)&m, MiB, cudaMemAttachGlobal), cudaSuccess);
+    CHECK_RC(cudaIpcGetMemHandle(&whole, m), cudaErrorInvalidValue);
+    CHECK_RC(cudaMallocHost((void **)&h, MiB), cudaSuccess);
+    CHECK_RC(cudaIpcGetMemHandle(&whole, h), cudaErrorInvalidValue);
+    CHECK_RC(cudaIpcGetMemHandle(&whole, p + 4 * MiB), cudaErrorInvalidValue); /* past the end */
+    CHECK_RC(cudaIpcGetMemHandle(&whole, NULL), cudaErrorInvalidValue);
+    CHECK_RC(cudaIpcGetMemHandle(NULL, p), cudaErrorInvalidValue);
+    CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(fakecudart_counter("ipc_handles") == 3);
+    memset(&whole, 0, sizeof whole);
+    CHECK(fakecudart_ipc_handle_base(&whole) == 0);
+    CHECK(fakecudart_ipc_handle_base(NULL) == 0);
+
+    CHECK_RC(cudaFreeHost(h), cudaSuccess);
+    CHECK_RC(cudaFree(m), cudaSuccess);
+    CHECK_RC(cudaFree(pitched), cudaSuccess);
+    CHECK_RC(cudaFree(p), cudaSuccess);
+}
+
 /* Run with FAKECUDART_DEVICES=3: peer access, with the real runtime's answers. */
 static void peer(void) {
     int can = -1;
@@ -594,7 +631,7 @@ static const struct {
     {"alloc", alloc},         {"oom", oom},           {"devices", devices},
     {"clock", clock_and_streams}, {"legacy", legacy_stream}, {"no-driver", no_driver},
     {"no-device", no_device}, {"total", total},       {"threads", threads},
-    {"driver-load", driver_load}, {"peer", peer},
+    {"driver-load", driver_load}, {"peer", peer}, {"ipc", ipc},
 };
 
 int main(int argc, char **argv) {

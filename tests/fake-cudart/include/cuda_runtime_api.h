@@ -26,6 +26,12 @@
  *    cudaDeviceEnablePeerAccess, cudaDeviceDisablePeerAccess, with the real codes 101, 1, 704 and
  *    705) is bookkeeping only: it grants nothing to driver-mapped memory (neither does the real
  *    one: such memory follows cuMemSetAccess alone) and changes nothing for cudaMalloc memory.
+ *  - Interprocess memory. cudaIpcGetMemHandle, as the real driver, names the whole allocation
+ *    that holds devPtr, even when devPtr lies inside it: a process that opens the handle gets the
+ *    allocation's start, not devPtr. Memory the driver mapped, managed and host memory, and
+ *    addresses that are no allocation answer cudaErrorInvalidValue (1).
+ *    fakecudart_ipc_handle_base (fakecudart.h) says where a handle would open; there is no
+ *    cudaIpcOpenMemHandle (the fake's memory is not shared with other processes).
  *  - Devices. FAKECUDART_DEVICES devices (default 2). The current device is per host thread.
  *    cudaSetDevice of an ordinal out of range gives cudaErrorInvalidDevice (101). cudaDeviceReset
  *    frees every device allocation, stream and event of the current device, drops its pending
@@ -122,6 +128,12 @@ enum cudaMemoryType {
     cudaMemoryTypeManaged = 3
 };
 
+/* An interprocess memory handle: 64 opaque bytes, as in driver_types.h. */
+#define CUDA_IPC_HANDLE_SIZE 64
+typedef struct cudaIpcMemHandle_st {
+    char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcMemHandle_t;
+
 struct cudaPointerAttributes {
     enum cudaMemoryType type;
     int device;
@@ -140,6 +152,9 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaMemset(void *devPtr, int value, size_t count);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+
+/* Interprocess memory */
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
 
 /* Devices */
 cudaError_t cudaGetDeviceCount(int *count);

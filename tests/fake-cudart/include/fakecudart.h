@@ -73,7 +73,8 @@ extern "C" {
     X(vmm_busy_unmaps, "cuMemUnmap calls while unfinished simulated work used the range")  \
     X(driver_errors, "driver (cu*) calls that returned an error, whatever the error")      \
     X(peer_enables, "successful cudaDeviceEnablePeerAccess calls")                         \
-    X(vmm_access_faults, "uses of driver memory by a device without access (700 answered)")
+    X(vmm_access_faults, "uses of driver memory by a device without access (700 answered)") \
+    X(ipc_handles, "successful cudaIpcGetMemHandle calls")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;
@@ -90,6 +91,11 @@ void fakecudart_reset_counters(void);
 /* Bytes of live allocations (cuMemCreate memory included) charged to `device` (0 for an ordinal
  * out of range). */
 uint64_t fakecudart_device_bytes_in_use(int device);
+
+/* The start of the allocation a handle from cudaIpcGetMemHandle names: where another process
+ * would find the memory after cudaIpcOpenMemHandle. 0 for bytes that are no handle of this
+ * process. */
+uintptr_t fakecudart_ipc_handle_base(const cudaIpcMemHandle_t *handle);
 
 /* Sets the capacity of `device` in bytes; cudaErrorInvalidDevice for an ordinal out of range.
  * Allocations already made stay; later ones must fit. */
