@@ -430,6 +430,12 @@ fn driver_memory_is_usable_only_by_devices_given_access() {
 }
 
 #[test]
+fn the_gpudirect_rdma_flag_is_taken_only_where_the_device_reports_it() {
+    assert_vmm_scenario_passes("rdma", &[]);
+    assert_vmm_scenario_passes("rdma", &[("FAKECUDART_VMM_RDMA", "0")]);
+}
+
+#[test]
 fn driver_without_vmm_answers_not_supported() {
     assert_vmm_scenario_passes("vmm-off", &[("FAKECUDART_VMM", "0")]);
 }

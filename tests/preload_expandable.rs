@@ -71,6 +71,12 @@ fn peer_access_opens_the_pages_mapped_before_and_after_it() {
 }
 
 #[test]
+fn pages_are_made_for_gpudirect_rdma_where_the_device_supports_it() {
+    check("rdma", "", &[]);
+    check("rdma", "", &[("FAKECUDART_VMM_RDMA", "0")]);
+}
+
+#[test]
 fn memory_of_expandable_segments_gets_no_ipc_handle() {
     let out = check("ipc", "", &[]);
     let log = stderr(&out);

@@ -9,6 +9,7 @@
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cachealloc.h"
@@ -213,6 +214,18 @@ static void scenario_peer(void) {
     print_counters();
 }
 
+/* Pages are created usable for GPUDirect RDMA where the device reports support (as PyTorch's
+ * are), and without the flag where it does not (FAKECUDART_VMM_RDMA=0). */
+static void scenario_rdma(void) {
+    const char *env = getenv("FAKECUDART_VMM_RDMA");
+    int supported = !(env != NULL && strcmp(env, "0") == 0);
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK(counter("vmm_creates") > 0);
+    CHECK(counter("vmm_rdma_creates") == (supported ? counter("vmm_creates") : 0));
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
 /* Memory of expandable segments has no IPC handle: even at the start of its range, the answer
  * is 1 without reaching the runtime. */
 static void scenario_ipc(void) {
@@ -268,6 +281,7 @@ static const struct scenario scenarios[] = {
     {"reset", scenario_reset},
     {"peer", scenario_peer},
     {"ipc", scenario_ipc},
+    {"rdma", scenario_rdma},
     {"unsupported", scenario_unsupported},
 };
 

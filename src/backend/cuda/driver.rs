@@ -32,6 +32,9 @@ pub mod results {
 
 /// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
 pub const ATTRIBUTE_VMM_SUPPORTED: c_int = 102;
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`: `cuMemCreate` takes
+/// `allocFlags.gpuDirectRDMACapable`.
+pub const ATTRIBUTE_RDMA_WITH_VMM_SUPPORTED: c_int = 110;
 /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
 pub const GRANULARITY_MINIMUM: c_int = 0;
 const ALLOCATION_TYPE_PINNED: c_uint = 1;
@@ -69,8 +72,9 @@ pub struct MemAllocationProp {
 
 impl MemAllocationProp {
     /// Device memory on the device of ordinal `device`, with no shareable handle requested (no
-    /// IPC).
-    pub fn pinned_on(device: c_int) -> Self {
+    /// IPC); `rdma`: usable for GPUDirect RDMA (a network card may register it, as NCCL and
+    /// UCX do with device buffers), which only a device that reports support accepts.
+    pub fn pinned_on(device: c_int, rdma: bool) -> Self {
         Self {
             kind: ALLOCATION_TYPE_PINNED,
             requested_handle_types: 0,
@@ -79,7 +83,10 @@ impl MemAllocationProp {
                 id: device,
             },
             win32_handle_meta_data: null_mut(),
-            alloc_flags: AllocFlags::default(),
+            alloc_flags: AllocFlags {
+                gpu_direct_rdma_capable: u8::from(rdma),
+                ..AllocFlags::default()
+            },
         }
     }
 }

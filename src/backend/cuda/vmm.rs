@@ -10,8 +10,8 @@
 //! the pages mapped before it (`grant`).
 
 use super::driver::{
-    ATTRIBUTE_VMM_SUPPORTED, CuDevice, CuMemHandle, CuResult, Driver, GRANULARITY_MINIMUM,
-    MemAccessDesc, MemAllocationProp, driver, results,
+    ATTRIBUTE_RDMA_WITH_VMM_SUPPORTED, ATTRIBUTE_VMM_SUPPORTED, CuDevice, CuMemHandle, CuResult,
+    Driver, GRANULARITY_MINIMUM, MemAccessDesc, MemAllocationProp, driver, results,
 };
 use crate::backend::BackendError;
 use crate::pool::{DeviceId, DevicePtr};
@@ -39,6 +39,8 @@ pub struct Vmm {
     driver: &'static Driver,
     /// The device's ordinal: what `CUmemLocation.id` names.
     ordinal: c_int,
+    /// Pages are created usable for GPUDirect RDMA (the device reports support), as PyTorch's.
+    rdma: bool,
     /// Bit `d`: device `d` was given access to this device's memory.
     peers: &'static AtomicU64,
     /// Reserved ranges by start address.
@@ -77,7 +79,14 @@ impl Vmm {
                  {code}, value {supported})"
             ));
         }
-        let prop = MemAllocationProp::pinned_on(device.0);
+        let mut rdma = 0;
+        // SAFETY: `rdma` is a valid out-pointer; `cu` came from cuDeviceGet. A driver that does
+        // not know the attribute answers an error: no RDMA flag then.
+        let code = unsafe {
+            (driver.device_get_attribute)(&mut rdma, ATTRIBUTE_RDMA_WITH_VMM_SUPPORTED, cu)
+        };
+        let rdma = code == results::SUCCESS && rdma != 0;
+        let prop = MemAllocationProp::pinned_on(device.0, false);
         let mut granularity = 0usize;
         // SAFETY: both pointers are valid for the call; `prop` describes device memory of `cu`.
         let code = unsafe {
@@ -95,6 +104,7 @@ impl Vmm {
         Ok(Vmm {
             driver,
             ordinal: device.0,
+            rdma,
             peers,
             ranges: BTreeMap::new(),
             pages: BTreeMap::new(),
@@ -144,7 +154,7 @@ impl Vmm {
     /// stays mapped or allocated.
     pub fn map(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
         let page = self.page_at(ptr.addr())?;
-        let prop = MemAllocationProp::pinned_on(self.ordinal);
+        let prop = MemAllocationProp::pinned_on(self.ordinal, self.rdma);
         let mut mapped = Vec::new();
         let result = (|| {
             for addr in (ptr.addr()..ptr.addr() + size).step_by(page as usize) {

@@ -515,6 +515,29 @@ static void per_device_access(void) {
 }
 
 /* Run with FAKECUDART_VMM=0: a device without virtual memory management. */
+/* The GPUDirect RDMA flag of cuMemCreate: taken where the attribute says so (the default);
+ * under FAKECUDART_VMM_RDMA=0 the attribute is 0 and the flag answers CUDA_ERROR_INVALID_VALUE. */
+static void rdma(void) {
+    CHECK_CU(cuInit(0), CUDA_SUCCESS);
+    const char *env = getenv("FAKECUDART_VMM_RDMA");
+    int expected = !(env != NULL && strcmp(env, "0") == 0);
+    int v = -1;
+    CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0),
+             CUDA_SUCCESS);
+    CHECK(v == expected);
+    CUmemAllocationProp prop = prop_on(0);
+    prop.allocFlags.gpuDirectRDMACapable = 1;
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_CU(cuMemCreate(&h, PAGE, &prop, 0), expected ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+    if (expected)
+        CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    CHECK(fakecudart_counter("vmm_rdma_creates") == (uint64_t)expected);
+    prop.allocFlags.gpuDirectRDMACapable = 0;
+    CHECK_CU(cuMemCreate(&h, PAGE, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    CHECK(fakecudart_counter("vmm_rdma_creates") == (uint64_t)expected);
+}
+
 static void vmm_off(void) {
     CHECK_CU(cuInit(0), CUDA_SUCCESS);
     int v = -1;
@@ -658,6 +681,7 @@ static const struct {
     {"oom", oom},         {"devices", devices}, {"vmm-off", vmm_off},
     {"fail", fail},       {"no-device", no_device}, {"threads", threads},
     {"many-pages", many_pages}, {"fork", fork_child}, {"access", per_device_access},
+    {"rdma", rdma},
 };
 
 int main(int argc, char **argv) {

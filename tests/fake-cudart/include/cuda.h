@@ -26,7 +26,10 @@
  *    (over capacity: CUDA_ERROR_OUT_OF_MEMORY, *handle untouched), so cudaMemGetInfo's free bytes
  *    fall. FAKECUDART_VMM=0 mimics a device without VMM: attribute
  *    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0 and cuMemCreate answers
- *    CUDA_ERROR_NOT_SUPPORTED. cuMemRelease drops the handle; the memory goes back to the device
+ *    CUDA_ERROR_NOT_SUPPORTED. allocFlags.gpuDirectRDMACapable is accepted where attribute
+ *    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 1 (FAKECUDART_VMM_RDMA, default
+ *    1) and counted in vmm_rdma_creates; elsewhere cuMemCreate with it answers
+ *    CUDA_ERROR_INVALID_VALUE. cuMemRelease drops the handle; the memory goes back to the device
  *    when the handle is released and no longer mapped anywhere (as in the real driver).
  *  - cuMemMap maps a whole handle (offset 0, size = the handle's size) into a reserved range, not
  *    over another mapping; the memory is not accessible until cuMemSetAccess gives the range
@@ -73,7 +76,8 @@ typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
 
 typedef enum CUdevice_attribute_enum {
-    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
 } CUdevice_attribute;
 
 typedef enum CUmemAllocationType_enum {

@@ -74,7 +74,8 @@ extern "C" {
     X(driver_errors, "driver (cu*) calls that returned an error, whatever the error")      \
     X(peer_enables, "successful cudaDeviceEnablePeerAccess calls")                         \
     X(vmm_access_faults, "uses of driver memory by a device without access (700 answered)") \
-    X(ipc_handles, "successful cudaIpcGetMemHandle calls")
+    X(ipc_handles, "successful cudaIpcGetMemHandle calls")                                  \
+    X(vmm_rdma_creates, "successful cuMemCreate calls with allocFlags.gpuDirectRDMACapable")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;

@@ -83,7 +83,8 @@ CUresult fakecudart_driver_cuDeviceGetCount(int *count) {
     return driver_leave_locked(rc);
 }
 
-/* Only CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is known (FAKECUDART_VMM). */
+/* Only CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (FAKECUDART_VMM) and
+ * CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (FAKECUDART_VMM_RDMA) are known. */
 CUresult fakecudart_driver_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
     CUresult rc = driver_enter(1);
     lock();
@@ -91,11 +92,13 @@ CUresult fakecudart_driver_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr
         rc = CUDA_ERROR_INVALID_VALUE;
     else if (rc == CUDA_SUCCESS && !valid_device(dev))
         rc = CUDA_ERROR_INVALID_DEVICE;
-    else if (rc == CUDA_SUCCESS &&
-             attrib != CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
-        rc = CUDA_ERROR_INVALID_VALUE;
-    if (rc == CUDA_SUCCESS)
+    else if (rc == CUDA_SUCCESS && attrib == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
         *pi = fake.vmm_supported;
+    else if (rc == CUDA_SUCCESS &&
+             attrib == CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)
+        *pi = fake.vmm_rdma_supported;
+    else if (rc == CUDA_SUCCESS)
+        rc = CUDA_ERROR_INVALID_VALUE;
     return driver_leave_locked(rc);
 }
 

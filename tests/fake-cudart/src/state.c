@@ -9,6 +9,8 @@
  *   FAKECUDART_FAIL      a cudaError_t code that every call answers (0 or unset = off)
  *   FAKECUDART_VMM       1 (default) or 0: whether the devices support the driver's virtual memory
  *                        management (cuMemCreate answers CUDA_ERROR_NOT_SUPPORTED with 0)
+ *   FAKECUDART_VMM_RDMA  1 (default) or 0: whether cuMemCreate takes the GPUDirect RDMA flag
+ *                        (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)
  * A malformed value is reported once on stderr and every call then answers
  * cudaErrorInitializationError (3).
  *
@@ -144,6 +146,12 @@ static void init(void) {
         config_error("FAKECUDART_VMM", v, "0 or 1");
         vmm = 1;
     }
+    long rdma = 1;
+    if ((v = getenv("FAKECUDART_VMM_RDMA")) != NULL && *v != '\0' &&
+        parse_int(v, 0, 1, &rdma) != 0) {
+        config_error("FAKECUDART_VMM_RDMA", v, "0 or 1");
+        rdma = 1;
+    }
     long fail = 0;
     if ((v = getenv("FAKECUDART_FAIL")) != NULL && *v != '\0' &&
         parse_int(v, 0, 100000, &fail) != 0) {
@@ -153,6 +161,7 @@ static void init(void) {
 
     fake.device_count = (int)devices;
     fake.vmm_supported = (int)vmm;
+    fake.vmm_rdma_supported = (int)(vmm && rdma);
     fake.vmm_fd = -1;
     for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
         fake.devices[d].capacity = capacity;

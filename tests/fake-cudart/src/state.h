@@ -129,6 +129,7 @@ struct fake_state {
     fakecudart_counters counters;
     /* Driver (vmm.c). */
     int vmm_supported;        /* FAKECUDART_VMM: 1 (default) or 0 */
+    int vmm_rdma_supported;   /* FAKECUDART_VMM_RDMA (and VMM itself): 1 (default) or 0 */
     int driver_initialized;   /* cuInit or a runtime call has run (atomic) */
     int vmm_fd;               /* memfd behind this process's handles; -1 before the first */
     uint64_t vmm_file_end;    /* next unused offset of vmm_fd (offsets are never reused) */

@@ -270,10 +270,15 @@ CUresult fakecudart_driver_cuMemCreate(CUmemGenericAllocationHandle *handle, siz
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
         rc = check_prop(prop);
+    int rdma = rc == CUDA_SUCCESS && prop->allocFlags.gpuDirectRDMACapable != 0;
+    if (rdma && fake.vmm_supported && !fake.vmm_rdma_supported)
+        rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
         rc = create_locked(handle, size, prop);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
         fake.counters.vmm_creates++;
+        fake.counters.vmm_rdma_creates += rdma;
+    }
     else
         fake.counters.vmm_create_failures++;
     return driver_leave_locked(rc);
