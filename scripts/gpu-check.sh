@@ -357,11 +357,12 @@ ipc_check="(f) IPC handles"
 ipc_variant="first block of a segment, and one 4 KiB inside it"
 if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
     row "$ipc_check" "$ipc_variant" "not run: ${build_problem:-$shim_problem}" "$on"
-elif bounded 60 env LD_PRELOAD="$lib" "$work/ipc_check" &&
-    [[ "$out" =~ first_rc=0\ second_rc=1\ second_offset=4096 ]]; then
+elif bounded 60 env -u CACHEALLOC_DISABLE LD_PRELOAD="$lib" CACHEALLOC_CONF= "$work/ipc_check" &&
+    [[ "$out" =~ first_rc=0\ second_rc=1\ second_offset=4096($|[^0-9]) ]]; then
     case "$out" in
     *"opened byte=0x11"*) opened="opened in a child process on the first block's bytes (0x11)" ;;
     *"open unsupported"*) opened="opening in a child process not run (the runtime has no cudaIpcOpenMemHandle)" ;;
+    *"opened rc="*) opened="the child's cudaIpcOpenMemHandle answered ${out##*opened rc=} (the runtime's own answer)" ;;
     *) opened="" ;;
     esac
     if [[ -n "$opened" ]]; then

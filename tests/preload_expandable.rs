@@ -24,6 +24,7 @@ fn program() -> &'static Path {
                 &format!("-L{lib_dir}"),
                 "-lcachealloc",
                 &format!("-Wl,-rpath,{lib_dir}"),
+                "-ldl",
             ],
         )
     })
@@ -84,6 +85,11 @@ fn memory_of_expandable_segments_gets_no_ipc_handle() {
         log.contains("cudaIpcGetMemHandle") && log.contains("is memory of an expandable segment"),
         "{log}"
     );
+}
+
+#[test]
+fn peer_access_enabled_behind_the_library_s_back_is_granted_on_704() {
+    check("peer_already", "", &[]);
 }
 
 #[test]

@@ -32,8 +32,11 @@ static int open_and_read(const char *hex) {
         return 2;
     }
     for (size_t i = 0; i < sizeof handle.reserved; i++) {
-        unsigned byte;
-        sscanf(hex + 2 * i, "%2x", &byte);
+        unsigned byte = 0;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) {
+            fprintf(stderr, "not a hex handle: %s\n", hex);
+            return 2;
+        }
         handle.reserved[i] = (char)byte;
     }
     open_fn open_handle = (open_fn)dlsym(RTLD_DEFAULT, "cudaIpcOpenMemHandle");

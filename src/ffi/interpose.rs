@@ -60,13 +60,21 @@ pub extern "C" fn cudaDeviceSynchronize() -> CudaError {
     )
 }
 
-/// `cudaDeviceEnablePeerAccess`: forwarded; on success the peer's expandable segments are
-/// opened to the current device too.
+/// `cudaDeviceEnablePeerAccess`: forwarded; when peer access is on after it (enabled now, or
+/// already: 704, which programs such as PyTorch take as success), the peer's expandable
+/// segments are opened to the current device too. The runtime's code is returned whatever
+/// that bookkeeping meets.
 #[unsafe(no_mangle)]
 pub extern "C" fn cudaDeviceEnablePeerAccess(peer_device: c_int, flags: c_uint) -> CudaError {
-    boundary("cudaDeviceEnablePeerAccess", codes::UNKNOWN, || {
-        interpose::cuda_device_enable_peer_access(peer_device, flags)
-    })
+    let code = boundary("cudaDeviceEnablePeerAccess", codes::UNKNOWN, || {
+        forward::device_enable_peer_access(peer_device, flags)
+    });
+    if code == codes::SUCCESS || code == codes::PEER_ACCESS_ALREADY_ENABLED {
+        boundary("cudaDeviceEnablePeerAccess", (), || {
+            interpose::grant_peer_access(peer_device)
+        });
+    }
+    code
 }
 
 /// `cudaIpcGetMemHandle`: forwarded, except for a pointer that a handle cannot name (inside a

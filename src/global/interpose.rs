@@ -15,7 +15,7 @@ use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_LEGACY, codes, ru
 use crate::backend::cuda::{CudaBackend, FencePolicy};
 use crate::config::{Config, FreeSync};
 use crate::pool::{DeviceAllocator, DeviceId, DevicePtr, StreamId};
-use std::ffi::{c_int, c_uint};
+use std::ffi::c_int;
 
 /// Where an interposed call goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -300,33 +300,31 @@ pub fn cuda_ipc_get_mem_handle(addr: u64) -> Result<(), ShimError> {
     if !matches!(active(), Ok(Some(_))) {
         return Ok(());
     }
-    match pools::with_owner(addr, |pool| pool.segment_of(addr))? {
-        Some(Some(segment)) if segment.expandable || segment.start != addr => {
+    // A pool found broken on the way leaves the owner unknown: the runtime answers.
+    match pools::with_owner(addr, |pool| pool.segment_of(addr)) {
+        Ok(Some(Some(segment))) if segment.expandable || segment.start != addr => {
             Err(ShimError::NotExportable { addr, segment })
         }
         _ => Ok(()),
     }
 }
 
-/// `cudaDeviceEnablePeerAccess(peer, flags)`: forwarded; on success the current device may
-/// use `peer`'s memory, so `peer`'s expandable segments (mapped memory, which peer access alone
+/// After `cudaDeviceEnablePeerAccess(peer)` left peer access on: the current device may use
+/// `peer`'s memory, so `peer`'s expandable segments (mapped memory, which peer access alone
 /// does not open) grant it access: the pages mapped so far now, later ones as they are mapped.
-pub fn cuda_device_enable_peer_access(peer: c_int, flags: c_uint) -> CudaError {
-    let code = forward::device_enable_peer_access(peer, flags);
-    if code != codes::SUCCESS {
-        return code;
-    }
+/// Repeating it changes nothing.
+pub fn grant_peer_access(peer: c_int) {
     let Some(_inside) = reentry::enter() else {
-        return code;
+        return;
     };
     let Ok(Some((_, rt))) = active() else {
-        return code;
+        return;
     };
     let (owner, Ok(device)) = (DeviceId(peer), current_device(rt)) else {
-        return code;
+        return;
     };
     let Some(peers) = pools::peers(owner) else {
-        return code;
+        return;
     };
     if let Some(bit) = u32::try_from(device.0)
         .ok()
@@ -343,7 +341,6 @@ pub fn cuda_device_enable_peer_access(peer: c_int, flags: c_uint) -> CudaError {
             device.0
         );
     }
-    code
 }
 
 /// Run `f` on the backend of every pool but `device`'s (tensors of theirs may be recorded on its

@@ -7,6 +7,7 @@
  * The fake's counters show which driver calls the pool made (vmm_*), and its clock whether
  * pages were unmapped while work on them was still running (vmm_busy_unmaps).
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +227,33 @@ static void scenario_rdma(void) {
     CHECK_CODE(cudaFree(p), cudaSuccess);
 }
 
+/* Peer access the library did not see enabled (the runtime's own function called directly, as
+ * through another library): the interposed enable answers 704 as the runtime does, and the
+ * device that asked is given access all the same (PyTorch takes 704 as success). */
+static void scenario_peer_already(void) {
+    void *p = NULL;
+    cudaStream_t on1 = NULL;
+    void *runtime = dlopen("libcudart.so.12", RTLD_NOW | RTLD_NOLOAD);
+    CHECK(runtime != NULL);
+    cudaError_t (*runtime_enable)(int, unsigned) =
+        (cudaError_t(*)(int, unsigned))dlsym(runtime, "cudaDeviceEnablePeerAccess");
+    CHECK(runtime_enable != NULL && runtime_enable != cudaDeviceEnablePeerAccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(runtime_enable(0, 0), cudaSuccess);
+    CHECK_CODE(cudaDeviceEnablePeerAccess(0, 0), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_CODE(cudaGetLastError(), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_CODE(cudaStreamCreate(&on1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 30 * MIB, on1, 10), cudaSuccess);
+    CHECK(counter("vmm_access_faults") == 0);
+    CHECK_CODE(cudaStreamSynchronize(on1), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(on1), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    dlclose(runtime);
+}
+
 /* Memory of expandable segments has no IPC handle: even at the start of its range, the answer
  * is 1 without reaching the runtime. */
 static void scenario_ipc(void) {
@@ -280,6 +308,7 @@ static const struct scenario scenarios[] = {
     {"oom", scenario_oom},
     {"reset", scenario_reset},
     {"peer", scenario_peer},
+    {"peer_already", scenario_peer_already},
     {"ipc", scenario_ipc},
     {"rdma", scenario_rdma},
     {"unsupported", scenario_unsupported},

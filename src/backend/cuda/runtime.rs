@@ -35,6 +35,8 @@ pub mod codes {
     /// Also what `cudaEventRecord` answers for a stream of another device than the event's.
     pub const INVALID_RESOURCE_HANDLE: CudaError = 400;
     pub const NOT_READY: CudaError = 600;
+    /// `cudaErrorPeerAccessAlreadyEnabled`.
+    pub const PEER_ACCESS_ALREADY_ENABLED: CudaError = 704;
     pub const NOT_SUPPORTED: CudaError = 801;
     pub const UNKNOWN: CudaError = 999;
 }

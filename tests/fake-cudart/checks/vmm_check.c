@@ -514,7 +514,6 @@ static void per_device_access(void) {
     CHECK(fakecudart_counter("bytes_in_use") == 0);
 }
 
-/* Run with FAKECUDART_VMM=0: a device without virtual memory management. */
 /* The GPUDirect RDMA flag of cuMemCreate: taken where the attribute says so (the default);
  * under FAKECUDART_VMM_RDMA=0 the attribute is 0 and the flag answers CUDA_ERROR_INVALID_VALUE. */
 static void rdma(void) {
@@ -538,6 +537,7 @@ static void rdma(void) {
     CHECK(fakecudart_counter("vmm_rdma_creates") == (uint64_t)expected);
 }
 
+/* Run with FAKECUDART_VMM=0: a device without virtual memory management. */
 static void vmm_off(void) {
     CHECK_CU(cuInit(0), CUDA_SUCCESS);
     int v = -1;
