@@ -33,8 +33,14 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
         unlock();
         return record(cudaErrorInvalidValue);
     }
-    struct fake_ipc_handle out = {{0}, (uint64_t)getpid(), a->base, a->size, a->device};
+    /* Zeroed whole, padding included: two handles of one allocation are the same bytes. */
+    struct fake_ipc_handle out;
+    memset(&out, 0, sizeof out);
     memcpy(out.tag, TAG, sizeof TAG);
+    out.pid = (uint64_t)getpid();
+    out.base = a->base;
+    out.size = a->size;
+    out.device = a->device;
     fake.counters.ipc_handles++;
     unlock();
     memset(handle, 0, sizeof *handle);
