@@ -187,7 +187,10 @@ static void scenario_peer(void) {
     CHECK_CODE(cudaStreamCreate(&on1), cudaSuccess);
     CHECK_CODE(fakecudart_launch(p, 30 * MIB, on1, 10), cudaErrorIllegalAddress);
     CHECK(counter("vmm_access_faults") == 1);
+    uint64_t set_accesses = counter("vmm_set_accesses");
     CHECK_CODE(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+    /* p's two 20 MiB pages are adjacent: one grant for both. */
+    CHECK(counter("vmm_set_accesses") == set_accesses + 1);
     CHECK_CODE(fakecudart_launch(p, 30 * MIB, on1, 10), cudaSuccess);
     CHECK_CODE(cudaSetDevice(0), cudaSuccess);
     CHECK_CODE(cudaMalloc((void **)&q, 30 * MIB), cudaSuccess); /* maps a page after the grant */

@@ -246,13 +246,33 @@ impl Vmm {
 
     /// Give `device` access to every page mapped so far (later maps include it through
     /// `peers`). Stops at the first error.
+    /// One `cuMemSetAccess` per run of adjacent mapped pages of a range, as PyTorch's
+    /// `forEachAllocatedRange` does: a large pool is granted in a few calls, not one per page.
     pub fn grant(&self, device: DeviceId) -> Result<(), BackendError> {
         let access = MemAccessDesc::read_write_on(device.0);
-        for &addr in self.pages.keys() {
-            let page = self.page_at(addr)?;
-            // SAFETY: `addr` is a page mapped here with `page` bytes; one valid descriptor.
-            let code = unsafe { (self.driver.set_access)(addr, page as usize, &access, 1) };
-            check(code, "cuMemSetAccess")?;
+        let open = |start: u64, len: u64| {
+            // SAFETY: `[start, start + len)` is whole pages mapped here end to end; one valid
+            // descriptor.
+            let code = unsafe { (self.driver.set_access)(start, len as usize, &access, 1) };
+            check(code, "cuMemSetAccess")
+        };
+        for (&first, range) in &self.ranges {
+            // The run being gathered: (start, bytes).
+            let mut run: Option<(u64, u64)> = None;
+            let mapped = self.pages.range(first..first + range.size).map(|(&a, _)| a);
+            for addr in mapped.map(Some).chain([None]) {
+                match (run, addr) {
+                    (Some((start, len)), Some(a)) if start + len == a => {
+                        run = Some((start, len + range.page));
+                    }
+                    _ => {
+                        if let Some((start, len)) = run {
+                            open(start, len)?;
+                        }
+                        run = addr.map(|a| (a, range.page));
+                    }
+                }
+            }
         }
         Ok(())
     }
