@@ -323,14 +323,8 @@ pub fn grant_peer_access(peer: c_int) {
     let (owner, Ok(device)) = (DeviceId(peer), current_device(rt)) else {
         return;
     };
-    let Some(peers) = pools::peers(owner) else {
+    if !pools::add_peer(owner, device) {
         return;
-    };
-    if let Some(bit) = u32::try_from(device.0)
-        .ok()
-        .and_then(|d| 1u64.checked_shl(d))
-    {
-        peers.fetch_or(bit, std::sync::atomic::Ordering::AcqRel);
     }
     let granted = pools::with_pool(owner, |pool| pool.backend_mut().grant_peer_access(device));
     if let Ok(Some(Err(e))) = granted {

@@ -74,6 +74,16 @@ pub fn peers(device: DeviceId) -> Option<&'static AtomicU64> {
     index(device).map(|d| &PEERS[d])
 }
 
+/// `device` was given access to `owner`'s memory (`cudaDeviceEnablePeerAccess(owner)` called
+/// on `device`); false when either ordinal has no pool slot.
+pub fn add_peer(owner: DeviceId, device: DeviceId) -> bool {
+    let (Some(o), Some(d)) = (index(owner), index(device)) else {
+        return false;
+    };
+    PEERS[o].fetch_or(1u64 << d, Ordering::AcqRel);
+    true
+}
+
 /// After a reset of `device`: the peer access it had and the access given to its memory went
 /// with its context, so no later mapping grants either.
 pub fn forget_peers(device: DeviceId) {

@@ -61,10 +61,7 @@ pub struct SegmentSeed {
 impl<B: Backend> DeviceAllocator<B> {
     /// The segment that holds `addr`, if this pool has one there.
     pub fn segment_of(&self, addr: u64) -> Option<SegmentSpan> {
-        let (start, size) = self
-            .segments
-            .at_or_below(addr)
-            .filter(|&(start, size)| addr - start < size)?;
+        let (start, size) = self.segments.containing(addr)?;
         // A segment's first block starts at the segment's start.
         let expandable = self
             .blocks

@@ -76,10 +76,15 @@ impl SegmentMap {
             .is_some_and(|(s, z)| s + z > start)
     }
 
+    /// The segment `addr` lies inside: (start, size).
+    pub fn containing(&self, addr: u64) -> Option<(u64, u64)> {
+        self.at_or_below(addr)
+            .filter(|&(start, size)| addr - start < size)
+    }
+
     /// Whether `addr` lies inside a segment.
     pub fn contains(&self, addr: u64) -> bool {
-        self.at_or_below(addr)
-            .is_some_and(|(start, size)| addr - start < size)
+        self.containing(addr).is_some()
     }
 }
 

@@ -245,9 +245,9 @@ impl Vmm {
     }
 
     /// Give `device` access to every page mapped so far (later maps include it through
-    /// `peers`). Stops at the first error.
-    /// One `cuMemSetAccess` per run of adjacent mapped pages of a range, as PyTorch's
-    /// `forEachAllocatedRange` does: a large pool is granted in a few calls, not one per page.
+    /// `peers`), with one `cuMemSetAccess` per run of adjacent mapped pages of a range, as
+    /// PyTorch's `forEachAllocatedRange` does: a large pool is granted in a few calls, not one
+    /// per page. Stops at the first error.
     pub fn grant(&self, device: DeviceId) -> Result<(), BackendError> {
         let access = MemAccessDesc::read_write_on(device.0);
         let open = |start: u64, len: u64| {
