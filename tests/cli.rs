@@ -208,6 +208,34 @@ fn nothing_to_replay_and_a_capacity_below_the_start_state_are_refused() {
     }
 }
 
+/// Without `--device`, a replay takes the first device whose trace allocates or frees, not a
+/// device whose trace holds only the snapshot marker (layout-editing: device 0 holds the
+/// marker, device 1 the trace's one free).
+#[test]
+fn the_default_device_is_the_first_with_allocations_or_frees() {
+    let Some(t) = trace("layout-editing/413b2eb/dump_snapshot.pickle") else {
+        return;
+    };
+    let path = t.to_str().unwrap();
+    let out = cachealloc(&["replay", path]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("device 1's trace (1 entry) holds no allocation, only 1 free"),
+        "{err}"
+    );
+    let j = json(&cachealloc(&["replay", path, "--faithful", "--json"]));
+    assert_eq!(j["device"], 1);
+    assert_eq!(j["events"], 1);
+    // Asked for, device 0 is still replayed (and has nothing to replay).
+    let out = cachealloc(&["replay", path, "--device", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("device 0's trace (1 entry) holds no allocation or free"),
+        "{err}"
+    );
+}
+
 /// A faithful replay's search names the values under which the recorded start state cannot
 /// exist instead of counting them as tried, and every value it lists as fitting, passed back
 /// as `--conf`, replays without an out-of-memory.
@@ -450,6 +478,42 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec!["synth".into(), "resnet".into()],
             "allowed: transformer, loguniform",
+        ),
+        (
+            vec![
+                "replay".into(),
+                "x.pickle".into(),
+                "--device".into(),
+                "-1".into(),
+            ],
+            "not a device ordinal: expected a whole number, 0 or more",
+        ),
+        (
+            vec![
+                "replay".into(),
+                "x.pickle".into(),
+                "--device".into(),
+                "gpu0".into(),
+            ],
+            "not a device ordinal: expected a whole number, 0 or more",
+        ),
+        (
+            vec![
+                "replay".into(),
+                "x.pickle".into(),
+                "--conf".into(),
+                "roundup_power2_divisions:[256:1,512]".into(),
+            ],
+            "allowed: power of 2, or list [MB:div,...,>:div]",
+        ),
+        (
+            vec![
+                "replay".into(),
+                "x.pickle".into(),
+                "--conf".into(),
+                "max_split_size_mb:[128]".into(),
+            ],
+            "max_split_size_mb:[128]: expects a single value, not a list",
         ),
     ];
     for (args, needle) in cases {

@@ -113,9 +113,14 @@ fn log_filter(value: Option<String>) -> Result<String, ConfigError> {
 pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigError> {
     let source = config.source;
     let variable = source.name();
-    let allowed = |key: &str| options::find(key).map(|spec| spec.allowed());
+    let form = |key: &str| {
+        options::find(key).map(|spec| syntax::ValueForm {
+            allowed: spec.allowed(),
+            takes_list: spec.takes_list(),
+        })
+    };
     let entries =
-        syntax::parse_entries(text, &allowed).map_err(|m| ConfigError::syntax(variable, m))?;
+        syntax::parse_entries(text, &form).map_err(|m| ConfigError::syntax(variable, m))?;
     let carriers: &[Carrier] = if source.is_pytorch() {
         &[Carrier::Shared]
     } else {

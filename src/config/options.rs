@@ -74,7 +74,7 @@ impl OptionSpec {
         value: &Value,
         notes: &mut Vec<String>,
     ) -> Result<(), String> {
-        if matches!(value, Value::List(_)) && !LIST_OPTIONS.contains(&self.name) {
+        if matches!(value, Value::List(_)) && !self.takes_list() {
             return Err(format!(
                 "{}; allowed: {}",
                 values::NOT_A_LIST,
@@ -82,6 +82,11 @@ impl OptionSpec {
             ));
         }
         (self.apply)(config, value, notes)
+    }
+
+    /// Whether the value may be a bracketed list.
+    pub fn takes_list(&self) -> bool {
+        LIST_OPTIONS.contains(&self.name)
     }
 
     /// What a value may be, with its unit: "integer >= 20 (MiB)".

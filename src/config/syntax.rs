@@ -13,6 +13,8 @@
 //! Note: since `,` `:` `[` `]` are separators and whitespace is dropped, a value (a path, for
 //! example) can contain none of them.
 
+use super::values::NOT_A_LIST;
+
 /// One `key:value` pair as written.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
@@ -157,12 +159,20 @@ impl Cursor {
     }
 }
 
+/// What the caller knows of a key's value, for the messages about a value that is missing or
+/// whose list is malformed.
+pub struct ValueForm {
+    /// What the value may be ("integer >= 20 (MiB)").
+    pub allowed: String,
+    /// Whether the value may be a bracketed list.
+    pub takes_list: bool,
+}
+
 /// Parse `text` into its `key:value` pairs, in order. The error is a message without the
-/// variable name (the caller adds it); `allowed` says what a key's value may be, for the
-/// message about a missing value.
+/// variable name (the caller adds it); `form` says what a known key's value may be.
 pub fn parse_entries(
     text: &str,
-    allowed: &dyn Fn(&str) -> Option<String>,
+    form: &dyn Fn(&str) -> Option<ValueForm>,
 ) -> Result<Vec<Entry>, String> {
     let (tokens, written) = tokenize_marked(text).into_iter().unzip();
     let mut cur = Cursor {
@@ -178,13 +188,24 @@ pub fn parse_entries(
         let key = cur.word("expected a key")?;
         cur.expect(":", &format!("after key '{key}'"))?;
         let value = if cur.peek() == Some("[") {
+            let start = cur.at;
             cur.at += 1;
-            Value::List(parse_list(&mut cur, &key)?)
+            let items = parse_list(&mut cur, &key).map_err(|e| match form(&key) {
+                // A single-value key: the list is the mistake, not its punctuation.
+                Some(f) if !f.takes_list => {
+                    let end = (cur.at + 1).min(cur.tokens.len());
+                    let shown = cur.tokens[start..end].concat();
+                    format!("{key}:{shown}: {NOT_A_LIST}; allowed: {}", f.allowed)
+                }
+                Some(f) => format!("{e}; allowed: {}", f.allowed),
+                None => e,
+            })?;
+            Value::List(items)
         } else {
             let text =
                 cur.word(&format!("missing value after '{key}:'"))
-                    .map_err(|e| match allowed(&key) {
-                        Some(what) => format!("{e}; allowed: {what}"),
+                    .map_err(|e| match form(&key) {
+                        Some(f) => format!("{e}; allowed: {}", f.allowed),
                         None => e,
                     })?;
             Value::Scalar {

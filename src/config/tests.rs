@@ -318,7 +318,36 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         (
             c,
             "roundup_power2_divisions:[256:1",
-            format!("{c}: the list value of 'roundup_power2_divisions' is missing its closing ']'"),
+            format!(
+                "{c}: the list value of 'roundup_power2_divisions' is missing its closing ']'; \
+                 allowed: power of 2, or list [MB:div,...,>:div] (div 0 or a power of 2)"
+            ),
+        ),
+        (
+            c,
+            "roundup_power2_divisions:[256:1,512]",
+            format!(
+                "{c}: expected ':' after '512' in the list of 'roundup_power2_divisions', found \
+                 ']'; allowed: power of 2, or list [MB:div,...,>:div] (div 0 or a power of 2)"
+            ),
+        ),
+        // A single-value key given a list that is not even a well-formed one: the same
+        // message as for a well-formed list.
+        (
+            c,
+            "max_split_size_mb:[128]",
+            format!(
+                "{c}: max_split_size_mb:[128]: expects a single value, not a list; allowed: \
+                 integer >= 20 (MiB)"
+            ),
+        ),
+        (
+            c,
+            "stats:text,expandable_segments:[True",
+            format!(
+                "{c}: expandable_segments:[True: expects a single value, not a list; allowed: \
+                 True or False"
+            ),
         ),
         // whole-variable values
         (

@@ -178,6 +178,17 @@ impl DeviceRecording {
                 .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
     }
 
+    /// True when the trace allocates or frees blocks (not only snapshot markers, segment
+    /// entries or annotations): what a replay needs.
+    pub fn has_block_events(&self) -> bool {
+        self.entries.iter().any(|e| {
+            matches!(
+                e.action,
+                Action::Alloc | Action::FreeRequested | Action::FreeCompleted | Action::Oom
+            )
+        })
+    }
+
     /// Bytes reserved at the end of the recording (sum of end-state segment sizes).
     pub fn end_reserved_bytes(&self) -> u64 {
         // Saturating: a damaged file's sizes must not wrap around.

@@ -1,6 +1,7 @@
 //! The `cachealloc` command line: replay recorded or synthetic allocation traces through the
 //! pool on a simulated device, and list the configuration options.
 
+mod device_arg;
 mod outcome;
 mod recorded;
 mod size;
@@ -67,8 +68,9 @@ struct Common {
 struct ReplayArgs {
     /// The trace: a PyTorch snapshot (a pickle; some are named .json) or a cachealloc trace.
     trace: PathBuf,
-    /// Which device's trace to replay (default: the first device with a trace).
-    #[arg(long, allow_hyphen_values = true)]
+    /// Which device's trace to replay (default: the first device whose trace allocates or
+    /// frees).
+    #[arg(long, value_parser = device_arg::parse_device, allow_hyphen_values = true)]
     device: Option<i32>,
     /// Reproduce the recording exactly: rebuild the state at trace start, use the recording's
     /// settings (unless --conf is given: then a what-if from the recorded start state), device

@@ -25,7 +25,8 @@ pub struct Loaded {
     pub recorded_settings: Option<Settings>,
 }
 
-/// Read `path` and prepare device `device` (default: the first device with a trace).
+/// Read `path` and prepare device `device` (default: the first device whose trace allocates
+/// or frees, else the first device with a trace).
 pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
     if recorded::is_recorded_trace(path) {
         return recorded::load(path, device, faithful);
@@ -49,13 +50,18 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
                     }
                 )
             })?,
-        None => traced.first().copied().ok_or_else(|| {
-            format!(
-                "{}: the snapshot holds no allocation trace (it was saved without \
+        None => traced
+            .iter()
+            .find(|r| r.has_block_events())
+            .or(traced.first())
+            .copied()
+            .ok_or_else(|| {
+                format!(
+                    "{}: the snapshot holds no allocation trace (it was saved without \
                  torch.cuda.memory._record_memory_history), nothing to replay",
-                path.display()
-            )
-        })?,
+                    path.display()
+                )
+            })?,
     };
     let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
     let recorded_settings =
