@@ -186,6 +186,34 @@ fn a_recording_with_expandable_segments_replays_page_for_page() {
     assert_eq!(faithful["allocs_at_recorded_addr"].as_u64(), Some(allocs));
 }
 
+/// With expandable segments, a small allocation first reserves the small pool's range, and the
+/// large pool's range is reserved below it, a little over 1 1/8 of the device's memory lower. A
+/// faithful replay sizes its ranges from that distance and still lands every allocation at its
+/// recorded address, on devices of several sizes (at 4 GiB, the large range once came out a
+/// page longer than the distance and was placed elsewhere: 1 of 2 at the recorded address).
+#[test]
+fn an_expandable_recording_whose_small_range_came_first_replays_at_its_addresses() {
+    for capacity in ["1GiB", "4GiB", "16GiB", "80GiB"] {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = record_with(
+            dir.path(),
+            "small_first",
+            "expandable_segments:True,",
+            &[("FAKECUDART_CAPACITY", capacity)],
+        );
+        let faithful = replay_json(&trace, &["--faithful"]);
+        assert_eq!(faithful["allocs"], 4, "{capacity}: {faithful}");
+        assert_eq!(
+            faithful["allocs_at_recorded_addr"], 4,
+            "{capacity}: {faithful}"
+        );
+        assert_eq!(
+            faithful["recorded_segment_maps"],
+            faithful["num_device_alloc"]
+        );
+    }
+}
+
 #[test]
 fn one_file_holds_every_device() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,7 @@ use super::figures::RecordedFigures;
 use super::recording::{Action, DeviceRecording};
 use super::replay::{ReplayConfig, ReplayOutcome, StartLayout, replay};
 use super::start_state::StartState;
-use crate::pool::rounding::SMALL_BUFFER;
+use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::pool::{BlockSeed, SegmentSeed, Settings, StreamId};
 use std::collections::BTreeMap;
 
@@ -137,16 +137,23 @@ pub fn reservation_addresses(changes: impl IntoIterator<Item = PageChange>) -> V
     starts
 }
 
-/// The most device memory under which the ranges PyTorch reserves (1⅛ of the device's memory
-/// each) fit between the recorded ones (`starts`, from `reservation_addresses`): the closest
-/// two reservations, × 8/9. `None` with fewer than two. A faithful replay without a known
-/// capacity sizes its ranges with it, so that they land where the recording's did.
+/// The most device memory under which the ranges PyTorch reserves fit between the recorded
+/// ones (`starts`, from `reservation_addresses`). `None` with fewer than two. A faithful replay
+/// without a known capacity sizes its ranges with it, so that they land where the recording's
+/// did.
+///
+/// A range is 1⅛ of the device's memory rounded up to whole pages (20 MiB in the large pool),
+/// so the closest two reservations' distance is first rounded down to whole large pages, then
+/// taken × 8/9: without the rounding, a large range reserved after a small one came out one
+/// page longer than the distance and was placed elsewhere.
 pub fn total_from_reservations(mut starts: Vec<u64>) -> Option<u64> {
     starts.sort_unstable();
     // (A range given back and reserved again at the same place is one.)
     starts.dedup();
     let gap = starts.windows(2).map(|w| w[1] - w[0]).min()?;
-    Some(gap / 9 * 8)
+    let whole_pages = gap / LARGE_BUFFER * LARGE_BUFFER;
+    let room = if whole_pages > 0 { whole_pages } else { gap };
+    Some(room / 9 * 8)
 }
 
 /// A faithful replay's result next to the recording's own figures.
@@ -214,5 +221,34 @@ mod tests {
         // The closest two ranges are 100 GiB apart: 8/9 of that is the most device memory
         // under which ranges of 1 1/8 of it fit between them.
         assert_eq!(rec.total_from_reservations(), Some((100 << 30) / 9 * 8));
+    }
+
+    /// The range a pool reserves on a device of `total` bytes (the pool's own formula:
+    /// 1 1/8 of the memory, rounded up to whole pages).
+    fn range(total: u64, page: u64) -> u64 {
+        (total + total / 8).div_ceil(page) * page
+    }
+
+    /// Whatever the distance between two recorded ranges, ranges of both pools sized with the
+    /// total it implies fit in it. A library recording on a 4 GiB device reserved its small
+    /// range, then its large one 4,622 MiB lower: 8/9 of that distance made the large range
+    /// 4,640 MiB, and the replay placed it elsewhere.
+    #[test]
+    fn ranges_sized_from_the_reservations_fit_between_them() {
+        let audit_gap = 4622 * MIB;
+        let mut gaps = vec![audit_gap, 100 << 30, 1162 * MIB, 20 * MIB, 21 * MIB];
+        gaps.extend((0..2000u64).map(|i| 1000 * MIB + i * 7 * MIB + i % 5 * 4096));
+        for gap in gaps {
+            let total = total_from_reservations(vec![BASE, BASE + gap]).unwrap();
+            for page in [SMALL_BUFFER, LARGE_BUFFER] {
+                assert!(range(total, page) <= gap, "gap {gap}, page {page}");
+            }
+            // And not needlessly smaller: within one large page of the distance.
+            assert!(range(total, LARGE_BUFFER) + LARGE_BUFFER > gap, "gap {gap}");
+        }
+        assert!(
+            range(4622 * MIB / 9 * 8, LARGE_BUFFER) > audit_gap,
+            "the case before the fix"
+        );
     }
 }

@@ -5,6 +5,8 @@
  *            synchronizations, ending in an allocation the device cannot hold (run it with
  *            FAKECUDART_CAPACITY set); some allocations stay live at exit.
  *   devices  allocations on device 1, then on device 0 (FAKECUDART_DEVICES=2).
+ *   small_first  a small allocation, then a large one, then both again (with
+ *            expandable_segments:True, the small pool's range is reserved before the large one's).
  *   nocuda   no CUDA call at all.
  * Each prints "ok SCENARIO" when every check held.
  */
@@ -69,6 +71,15 @@ static void scenario_devices(void) {
     CHECK_CODE(cudaFree(c), cudaSuccess);
 }
 
+static void scenario_small_first(void) {
+    void *p[4] = {0};
+    const size_t sizes[4] = {1000, 5000000, 1000, 5000000};
+    for (int i = 0; i < 4; i++)
+        CHECK_CODE(cudaMalloc(&p[i], sizes[i]), cudaSuccess);
+    for (int i = 0; i < 4; i++)
+        CHECK_CODE(cudaFree(p[i]), cudaSuccess);
+}
+
 static void scenario_nocuda(void) {}
 
 int main(int argc, char **argv) {
@@ -77,10 +88,12 @@ int main(int argc, char **argv) {
         scenario_mix();
     else if (strcmp(name, "devices") == 0)
         scenario_devices();
+    else if (strcmp(name, "small_first") == 0)
+        scenario_small_first();
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, devices, nocuda)\n", name);
+        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, nocuda)\n", name);
         return 2;
     }
     if (failures != 0)
