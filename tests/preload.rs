@@ -364,6 +364,39 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
         log.contains("CACHEALLOC_CONF=roundup_power2_divisions:4,trace:/tmp/cachealloc-%p.jsonl"),
         "the settings in force carry over:\n{log}"
     );
+    // A list value's '[', ']' and '>' would be a glob and a redirection in a shell: the
+    // assignment the report prints, pasted into one, sets exactly the settings.
+    let listed = check(
+        "fragmentation",
+        &[
+            capacity,
+            (
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "roundup_power2_divisions:[256:1,>:4]",
+            ),
+        ],
+    );
+    let log = stderr(&listed);
+    let start = log
+        .find("CACHEALLOC_CONF=")
+        .unwrap_or_else(|| panic!("no command in:\n{log}"));
+    let assignment = &log[start..start + log[start..].find(" (%p").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let shell = std::process::Command::new("sh")
+        .current_dir(dir.path())
+        .arg("-c")
+        .arg(format!("{assignment}; printf %s \"$CACHEALLOC_CONF\""))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&shell.stdout),
+        "roundup_power2_divisions:[256:1,>:4],trace:/tmp/cachealloc-%p.jsonl",
+        "{assignment}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "the shell created no file"
+    );
 }
 
 /// A recorded run's OOM report names the replay command, and that command, run after the

@@ -34,6 +34,7 @@ mod load;
 pub mod numbers;
 pub mod options;
 pub mod path;
+mod shell;
 pub mod syntax;
 pub mod values;
 
@@ -45,6 +46,7 @@ pub use options::{
     OPTIONS, OptionSpec, render_conf, render_help, render_markdown_table, render_values,
 };
 pub use path::expand_pid;
+pub use shell::shell_word;
 
 use crate::pool::Settings;
 

@@ -3,7 +3,7 @@
 
 use crate::backend::BackendError;
 use crate::backend::cuda::runtime::{CudaError, codes};
-use crate::config::{Config, render_conf};
+use crate::config::{Config, render_conf, shell_word};
 use crate::global::{ShimError, init, panics, recording_path};
 use crate::pool::{DeviceId, Error};
 
@@ -80,9 +80,10 @@ const SUGGESTED_TRACE: &str = "/tmp/cachealloc-%p.jsonl";
 fn replay_advice(device: DeviceId) -> String {
     match recording_path() {
         Some(path) => format!(
-            "This run is recorded to {path}: once it has ended, `cachealloc replay {path} \
-             --device {} --faithful` replays it and lists the max_split_size_mb values that \
-             avoid this out-of-memory.",
+            "This run is recorded to {path}: once it has ended, `cachealloc replay {} \
+             --device {} --faithful` replays it and lists the max_split_size_mb values, if \
+             any, that avoid this out-of-memory.",
+            shell_word(path),
             device.0
         ),
         None => {
@@ -103,9 +104,10 @@ fn replay_advice(device: DeviceId) -> String {
                 format!("{settings},{trace}")
             };
             format!(
-                "To find the values that fit this run, run it again with \
-                 CACHEALLOC_CONF={conf} (%p is the process id) and replay the file with \
+                "To replay this run offline and find the settings that fit it, if any, run it \
+                 again with CACHEALLOC_CONF={} (%p is the process id) and replay the file with \
                  `cachealloc replay {} --device {} --faithful`.",
+                shell_word(&conf),
                 SUGGESTED_TRACE.replace("%p", "PID"),
                 device.0
             )

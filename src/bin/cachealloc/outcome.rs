@@ -1,5 +1,6 @@
 //! What `replay` and `synth` print: one record, rendered as JSON or as a readable summary.
 
+use cachealloc::config::shell_word;
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
 use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
@@ -551,13 +552,13 @@ fn expandable_text(e: &ExpandableTrialJson, mode: &str) -> String {
         None => format!(
             "With expandable segments (--conf {}) it runs without an out-of-memory: peak \
              reserved {}, {} segment maps.\n",
-            e.conf,
+            shell_word(&e.conf),
             format_size(e.peak_reserved_bytes),
             e.num_device_alloc
         ),
         Some(at) => format!(
             "With expandable segments (--conf {}) it runs out of memory too, first at {}.\n",
-            e.conf,
+            shell_word(&e.conf),
             event_at(mode, at)
         ),
     }
@@ -627,7 +628,7 @@ fn fits_text(
             Some(g) => {
                 t += &format!(
                     " With --conf {} it gets past this out-of-memory and first runs out at {}.\n",
-                    g.conf,
+                    shell_word(&g.conf),
                     event_at(mode, g.first_oom_event_index)
                 );
             }
@@ -638,7 +639,11 @@ fn fits_text(
     let mut t = "\nSettings that avoid every out-of-memory here, each verified by replaying \
                  (max_split_size_mb values with this replay's other settings):\n"
         .to_string();
-    let width = fits.iter().map(|f| f.conf.len()).max().unwrap_or(0);
+    let width = fits
+        .iter()
+        .map(|f| shell_word(&f.conf).len())
+        .max()
+        .unwrap_or(0);
     for f in fits {
         let note = if suggestion.is_some_and(|s| s.conf == f.conf) {
             " (the report's suggestion)"
@@ -647,7 +652,7 @@ fn fits_text(
         };
         t += &format!(
             "  --conf {:<width$}  peak reserved {}, {} {device_allocs}, {} retries{note}\n",
-            f.conf,
+            shell_word(&f.conf),
             format_size(f.peak_reserved_bytes),
             f.num_device_alloc,
             f.num_alloc_retries
