@@ -430,6 +430,8 @@ fn bad_input_exits_2_with_a_clear_message() {
     std::fs::write(&garbage, b"\x80\x04this is not a pickle at all").unwrap();
     let text = dir.path().join("notes.json");
     std::fs::write(&text, b"{\"segments\": []}").unwrap();
+    let plain = dir.path().join("run.log");
+    std::fs::write(&plain, b"step 1: loss 2.31\n").unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec!["replay".into(), "/nonexistent/snap.pickle".into()],
@@ -442,6 +444,10 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec!["replay".into(), text.display().to_string()],
             "notes.json",
+        ),
+        (
+            vec!["replay".into(), plain.display().to_string()],
+            "or a trace cachealloc recorded (CACHEALLOC_CONF=trace:PATH)",
         ),
         (
             vec!["synth".into(), "--capacity".into(), "12 parsecs".into()],

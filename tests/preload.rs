@@ -602,6 +602,20 @@ fn stats_json_at_exit_hold_pytorch_keys_per_device() {
     );
 }
 
+/// A `stats_file` that cannot be written loses nothing: the report goes to stderr, after a
+/// line that says why.
+#[test]
+fn stats_for_a_file_that_cannot_be_written_go_to_stderr() {
+    let conf = "stats:text,stats_file:/nonexistent-dir/stats-%p.txt";
+    let out = check("stats", &[("CACHEALLOC_CONF", conf)]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("cannot write statistics to /nonexistent-dir/stats-"),
+        "{log}"
+    );
+    assert!(log.contains("cachealloc memory summary"), "{log}");
+}
+
 #[test]
 fn stats_text_at_exit_go_to_stderr_by_default() {
     let out = check("stats", &[("CACHEALLOC_CONF", "stats:text")]);

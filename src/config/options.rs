@@ -290,7 +290,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "path (`%p` = process id)",
         unit: "",
         carrier: Carrier::Cachealloc,
-        doc: "Where `stats` writes; stderr when unset.",
+        doc: "Where `stats` writes; stderr when unset, or when the file cannot be written.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())

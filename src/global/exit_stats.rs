@@ -1,5 +1,6 @@
 //! The statistics report at exit (`stats:text` or `stats:json`, to stderr or `stats_file`, where
-//! `%p` becomes the process id): one entry per device that had a pool.
+//! `%p` becomes the process id; to stderr when that file cannot be written): one entry per
+//! device that had a pool.
 //!
 //! Registered with `atexit` at the first call when `stats` or `trace` is on; the handler also
 //! writes the rest of the `trace` recording (`trace_file::flush_at_exit`). It makes no CUDA
@@ -52,11 +53,13 @@ fn write_report() {
     let pid = std::process::id();
     match config.stats_path(pid) {
         Some(path) => {
-            if let Err(e) = std::fs::write(&path, text) {
+            if let Err(e) = std::fs::write(&path, &text) {
+                // Not lost: the report goes to stderr instead, as without `stats_file`.
                 let _ = writeln!(
                     std::io::stderr(),
-                    "cachealloc: cannot write statistics to {path}: {e}"
+                    "cachealloc: cannot write statistics to {path}: {e}; here they are instead:"
                 );
+                let _ = std::io::stderr().write_all(text.as_bytes());
             }
         }
         None => {

@@ -67,7 +67,8 @@ impl fmt::Display for TraceError {
             TraceError::NotPickle { path, detail } => write!(
                 f,
                 "{path}: not a Python pickle: {detail}; expected a memory snapshot written by \
-                 torch.cuda.memory._dump_snapshot"
+                 torch.cuda.memory._dump_snapshot, or a trace cachealloc recorded \
+                 (CACHEALLOC_CONF=trace:PATH), whose first line names its format"
             ),
             TraceError::NotSnapshot { path, detail } => write!(
                 f,
