@@ -15,7 +15,9 @@
 #   (e) the same with expandable_segments:True, every chunk written with cudaMemset: the pages
 #       come from the driver's virtual-memory calls (counted in the library's device log);
 #   (f) sharing memory with another process: the IPC handle of a segment's first block opens, in
-#       a child process, on that block's bytes; a block further inside is refused (1).
+#       a child process, on that block's bytes; a block further inside is refused (1);
+#   (g) another device's memory copied to and from the host while device 0 is current, with
+#       fixed and with expandable segments (needs two GPUs; the fake runtime models two).
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -173,7 +175,7 @@ if [[ -z "$cudart" ]]; then
 elif ! command -v gcc >/dev/null 2>&1; then
     build_problem="gcc not found"
 else
-    for prog in malloc_loop oom_check ipc_check; do
+    for prog in malloc_loop oom_check ipc_check cross_device; do
         gcc -std=gnu11 -O2 -Wall -Wextra -o "$work/$prog" "$helpers/$prog.c" \
             -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" -ldl \
             -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
@@ -373,3 +375,27 @@ elif bounded 60 env -u CACHEALLOC_DISABLE LD_PRELOAD="$lib" CACHEALLOC_CONF= "$w
 else
     row "$ipc_check" "$ipc_variant" "FAILED: $(why_failed)" "$on"
 fi
+
+# --- (g) another device's memory under the shim --------------------------------------------------
+
+cross_check="(g) another device's memory"
+for segments in fixed expandable; do
+    variant="device 1's block copied to and from the host with device 0 current, $segments segments"
+    conf=""
+    [[ $segments == expandable ]] && conf="expandable_segments:True"
+    if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+        row "$cross_check" "$variant" "not run: ${build_problem:-$shim_problem}" "$on"
+    elif bounded 60 env LD_PRELOAD="$lib" FAKECUDART_DEVICES=2 CACHEALLOC_CONF="$conf" \
+        "$work/cross_device"; then
+        if [[ "$out" =~ d2h_rc=([0-9]+)\ byte=(0x[0-9a-f]+)\ h2d_rc=([0-9]+) ]]; then
+            row "$cross_check" "$variant" \
+                "to host: ${BASH_REMATCH[1]} (first byte ${BASH_REMATCH[2]}, 0x33 when read), from host: ${BASH_REMATCH[3]}" "$on"
+        elif [[ "$out" =~ devices=([0-9]+) ]]; then
+            row "$cross_check" "$variant" "not run: needs two devices, found ${BASH_REMATCH[1]}" "$on"
+        else
+            row "$cross_check" "$variant" "FAILED: $(why_failed)" "$on"
+        fi
+    else
+        row "$cross_check" "$variant" "FAILED: $(why_failed)" "$on"
+    fi
+done

@@ -81,7 +81,7 @@ fn dry_run_prints_one_honest_table() {
         .iter()
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
-    for check in ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)"] {
+    for check in ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)"] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
             "no {check} row:\n{stdout}"
@@ -104,6 +104,14 @@ fn dry_run_prints_one_honest_table() {
     };
     assert!(
         figure("(a) cudaMalloc+cudaFree 1 MiB", "no shim", "µs per pair"),
+        "{stdout}"
+    );
+    assert!(
+        figure(
+            "(g)",
+            "device 1's block copied to and from the host with device 0 current, fixed",
+            "to host: 0 (first byte 0x33"
+        ),
         "{stdout}"
     );
     assert!(

@@ -8,7 +8,7 @@
 
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
-enum { cudaMemcpyDeviceToHost = 2 };
+enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 
 /* cudaIpcMemHandle_t: 64 opaque bytes. */
 typedef struct {
@@ -21,6 +21,8 @@ extern cudaError_t cudaMemset(void *dev_ptr, int value, size_t count);
 extern cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind);
 extern cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *dev_ptr);
 extern cudaError_t cudaDeviceSynchronize(void);
+extern cudaError_t cudaGetDeviceCount(int *count);
+extern cudaError_t cudaSetDevice(int device);
 extern cudaError_t cudaGetLastError(void);
 extern const char *cudaGetErrorName(cudaError_t error);
 
