@@ -385,7 +385,7 @@ for segments in fixed expandable; do
     [[ $segments == expandable ]] && conf="expandable_segments:True"
     if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
         row "$cross_check" "$variant" "not run: ${build_problem:-$shim_problem}" "$on"
-    elif bounded 60 env LD_PRELOAD="$lib" FAKECUDART_DEVICES=2 CACHEALLOC_CONF="$conf" \
+    elif bounded 60 env -u CACHEALLOC_DISABLE LD_PRELOAD="$lib" FAKECUDART_DEVICES=2 CACHEALLOC_CONF="$conf" \
         "$work/cross_device"; then
         if [[ "$out" =~ d2h_rc=([0-9]+)\ byte=(0x[0-9a-f]+)\ h2d_rc=([0-9]+) ]]; then
             row "$cross_check" "$variant" \

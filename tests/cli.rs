@@ -236,6 +236,25 @@ fn the_default_device_is_the_first_with_allocations_or_frees() {
     );
 }
 
+/// The same for a cachealloc trace: a device whose only events are markers (a device reset)
+/// is passed over for the device that allocated.
+#[test]
+fn a_recorded_trace_defaults_to_the_device_that_allocated() {
+    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0,1],"settings":"","free_sync":"device"}"#;
+    let lines = [
+        header,
+        r#"{"t_us":1,"device":0,"action":"device_reset","addr":0,"size":0,"stream":0}"#,
+        r#"{"t_us":2,"device":1,"action":"segment_alloc","addr":139637976727552,"size":2097152,"stream":0}"#,
+        r#"{"t_us":3,"device":1,"action":"alloc","addr":139637976727552,"size":512,"stream":0}"#,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("markers-first.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let j = json(&cachealloc(&["replay", path.to_str().unwrap(), "--json"]));
+    assert_eq!(j["device"], 1, "{j}");
+    assert_eq!(j["allocs"], 1, "{j}");
+}
+
 /// A faithful replay's search names the values under which the recorded start state cannot
 /// exist instead of counting them as tried, and every value it lists as fitting, passed back
 /// as `--conf`, replays without an out-of-memory.

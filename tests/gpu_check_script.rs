@@ -114,6 +114,16 @@ fn dry_run_prints_one_honest_table() {
         ),
         "{stdout}"
     );
+    // The fake opens expandable pages to their own device only, and fails the copy as a
+    // device without access to them would.
+    assert!(
+        figure(
+            "(g)",
+            "device 1's block copied to and from the host with device 0 current, expandable",
+            "to host: 700"
+        ),
+        "{stdout}"
+    );
     assert!(
         figure(
             "(b)",

@@ -21,9 +21,8 @@ int main(void) {
         fprintf(stderr, "cudaGetDeviceCount failed\n");
         return 1;
     }
-    printf("devices=%d", devices);
     if (devices < 2) {
-        printf("\n");
+        printf("devices=%d\n", devices);
         return 0;
     }
     void *p = NULL;
@@ -31,7 +30,7 @@ int main(void) {
     if ((rc = cudaSetDevice(1)) != cudaSuccess || (rc = cudaMalloc(&p, BYTES)) != cudaSuccess ||
         (rc = cudaMemset(p, 0x33, BYTES)) != cudaSuccess ||
         (rc = cudaDeviceSynchronize()) != cudaSuccess || (rc = cudaSetDevice(0)) != cudaSuccess) {
-        fprintf(stderr, "\nsetting up on device 1 failed: %s\n", cudaGetErrorName(rc));
+        fprintf(stderr, "setting up on device 1 failed: %s\n", cudaGetErrorName(rc));
         return 1;
     }
     static unsigned char host[COPIED];
@@ -39,6 +38,6 @@ int main(void) {
     cudaError_t d2h = cudaMemcpy(host, p, COPIED, cudaMemcpyDeviceToHost);
     unsigned first = host[0];
     cudaError_t h2d = cudaMemcpy(p, host, COPIED, cudaMemcpyHostToDevice);
-    printf(" d2h_rc=%d byte=0x%02x h2d_rc=%d\n", (int)d2h, first, (int)h2d);
+    printf("devices=%d d2h_rc=%d byte=0x%02x h2d_rc=%d\n", devices, (int)d2h, first, (int)h2d);
     return 0;
 }

@@ -193,8 +193,12 @@ pub fn parse_entries(
             let items = parse_list(&mut cur, &key).map_err(|e| match form(&key) {
                 // A single-value key: the list is the mistake, not its punctuation.
                 Some(f) if !f.takes_list => {
+                    // The list as far as it was read, up to its first ',' (what follows may
+                    // be the next entries, the list being unclosed).
                     let end = (cur.at + 1).min(cur.tokens.len());
-                    let shown = cur.tokens[start..end].concat();
+                    let read = &cur.tokens[start..end];
+                    let first_entry = read.iter().position(|t| t == ",").unwrap_or(read.len());
+                    let shown = read[..first_entry].concat();
                     format!("{key}:{shown}: {NOT_A_LIST}; allowed: {}", f.allowed)
                 }
                 Some(f) => format!("{e}; allowed: {}", f.allowed),

@@ -343,6 +343,14 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         ),
         (
             c,
+            "expandable_segments:[True,max_split_size_mb:128",
+            format!(
+                "{c}: expandable_segments:[True: expects a single value, not a list; allowed: \
+                 True or False"
+            ),
+        ),
+        (
+            c,
             "stats:text,expandable_segments:[True",
             format!(
                 "{c}: expandable_segments:[True: expects a single value, not a list; allowed: \

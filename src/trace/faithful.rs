@@ -59,7 +59,12 @@ impl DeviceRecording {
     /// Where the driver reserved the address ranges of expandable segments, in trace order
     /// (`reservation_addresses`).
     pub fn reservation_addresses(&self) -> Vec<u64> {
-        reservation_addresses(self.entries.iter().filter_map(|e| {
+        addresses(&self.reservations())
+    }
+
+    /// The recorded reservations with their pools' page sizes (`reservations`).
+    fn reservations(&self) -> Vec<Reservation> {
+        reservations(self.entries.iter().filter_map(|e| {
             let mapped = match e.action {
                 Action::SegmentMap => true,
                 Action::SegmentUnmap => false,
@@ -76,7 +81,7 @@ impl DeviceRecording {
 
     /// The device memory the recorded reservations imply (`total_from_reservations`).
     pub fn total_from_reservations(&self) -> Option<u64> {
-        total_from_reservations(self.reservation_addresses())
+        total_from_reservations(self.reservations())
     }
 
     /// `(size, address)` of every `segment_alloc`, in trace order: where the driver put them.
@@ -104,7 +109,7 @@ pub struct PageChange {
 /// 2 MiB pages one at a time, the large pool 20 MiB ones); a range whose last mapped page is
 /// unmapped was given back (PyTorch releases it then, without a trace entry), so the next map
 /// for its pool and stream reserves again.
-pub fn reservation_addresses(changes: impl IntoIterator<Item = PageChange>) -> Vec<u64> {
+pub fn reservations(changes: impl IntoIterator<Item = PageChange>) -> Vec<Reservation> {
     // Live ranges: start → (small pool, stream, bytes mapped).
     let mut live: BTreeMap<u64, (bool, StreamId, u64)> = BTreeMap::new();
     let mut starts = Vec::new();
@@ -124,7 +129,8 @@ pub fn reservation_addresses(changes: impl IntoIterator<Item = PageChange>) -> V
                 Some((_, _, bytes)) => *bytes += size,
                 None => {
                     live.insert(addr, (small, stream, size));
-                    starts.push(addr);
+                    let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+                    starts.push(Reservation { addr, page });
                 }
             }
         } else if let Some((&start, (_, _, bytes))) = live.range_mut(..=addr).next_back() {
@@ -137,23 +143,41 @@ pub fn reservation_addresses(changes: impl IntoIterator<Item = PageChange>) -> V
     starts
 }
 
+/// Where an expandable segment's address range was reserved, and the size of its pool's pages
+/// (2 MiB small, 20 MiB large).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub addr: u64,
+    pub page: u64,
+}
+
+/// The start addresses of `reservations`, in their order.
+pub fn addresses(reservations: &[Reservation]) -> Vec<u64> {
+    reservations.iter().map(|r| r.addr).collect()
+}
+
 /// The most device memory under which the ranges PyTorch reserves fit between the recorded
-/// ones (`starts`, from `reservation_addresses`). `None` with fewer than two. A faithful replay
-/// without a known capacity sizes its ranges with it, so that they land where the recording's
-/// did.
+/// ones (from `reservations`). `None` with fewer than two. A faithful replay without a known
+/// capacity sizes its ranges with it, so that they land where the recording's did.
 ///
-/// A range is 1⅛ of the device's memory rounded up to whole pages (20 MiB in the large pool),
-/// so the closest two reservations' distance is first rounded down to whole large pages, then
-/// taken × 8/9: without the rounding, a large range reserved after a small one came out one
-/// page longer than the distance and was placed elsewhere.
-pub fn total_from_reservations(mut starts: Vec<u64>) -> Option<u64> {
-    starts.sort_unstable();
+/// A range is 1⅛ of the device's memory rounded up to whole pages of its pool, so each range
+/// must fit, whole pages and all, below the next reservation: the distance is rounded down to
+/// whole pages of the lower range's pool, then taken × 8/9, and the closest fit wins. (Without
+/// the rounding, a large range reserved below a small one came out one 20 MiB page longer than
+/// the distance and was placed elsewhere.)
+pub fn total_from_reservations(mut reservations: Vec<Reservation>) -> Option<u64> {
+    reservations.sort_unstable_by_key(|r| r.addr);
     // (A range given back and reserved again at the same place is one.)
-    starts.dedup();
-    let gap = starts.windows(2).map(|w| w[1] - w[0]).min()?;
-    let whole_pages = gap / LARGE_BUFFER * LARGE_BUFFER;
-    let room = if whole_pages > 0 { whole_pages } else { gap };
-    Some(room / 9 * 8)
+    reservations.dedup_by_key(|r| r.addr);
+    reservations
+        .windows(2)
+        .map(|w| {
+            let (lower, gap) = (w[0], w[1].addr - w[0].addr);
+            let whole_pages = gap / lower.page * lower.page;
+            let room = if whole_pages > 0 { whole_pages } else { gap };
+            room / 9 * 8
+        })
+        .min()
 }
 
 /// A faithful replay's result next to the recording's own figures.
@@ -229,23 +253,51 @@ mod tests {
         (total + total / 8).div_ceil(page) * page
     }
 
-    /// Whatever the distance between two recorded ranges, ranges of both pools sized with the
-    /// total it implies fit in it. A library recording on a 4 GiB device reserved its small
-    /// range, then its large one 4,622 MiB lower: 8/9 of that distance made the large range
-    /// 4,640 MiB, and the replay placed it elsewhere.
+    /// Whatever the distance between two recorded ranges, the range of the lower one's pool,
+    /// sized with the total it implies, fits in it, and is within one page of it (so the total
+    /// is no smaller than it must be: it is also the simulated device's memory). A library
+    /// recording on a 4 GiB device reserved its small range, then its large one 4,622 MiB
+    /// lower: 8/9 of that distance made the large range 4,640 MiB, and the replay placed it
+    /// elsewhere.
     #[test]
     fn ranges_sized_from_the_reservations_fit_between_them() {
         let audit_gap = 4622 * MIB;
-        let mut gaps = vec![audit_gap, 100 << 30, 1162 * MIB, 20 * MIB, 21 * MIB];
+        let mut gaps = vec![
+            audit_gap,
+            100 << 30,
+            1162 * MIB,
+            18432 * MIB,
+            20 * MIB,
+            21 * MIB,
+        ];
         gaps.extend((0..2000u64).map(|i| 1000 * MIB + i * 7 * MIB + i % 5 * 4096));
         for gap in gaps {
-            let total = total_from_reservations(vec![BASE, BASE + gap]).unwrap();
             for page in [SMALL_BUFFER, LARGE_BUFFER] {
-                assert!(range(total, page) <= gap, "gap {gap}, page {page}");
+                let lower = Reservation { addr: BASE, page };
+                let upper = Reservation {
+                    addr: BASE + gap,
+                    page: SMALL_BUFFER + LARGE_BUFFER - page,
+                };
+                // In either order of reservation.
+                for pair in [vec![lower, upper], vec![upper, lower]] {
+                    let total = total_from_reservations(pair).unwrap();
+                    assert!(range(total, page) <= gap, "gap {gap}, page {page}");
+                    assert!(range(total, page) + page > gap, "gap {gap}, page {page}");
+                }
             }
-            // And not needlessly smaller: within one large page of the distance.
-            assert!(range(total, LARGE_BUFFER) + LARGE_BUFFER > gap, "gap {gap}");
         }
+        // A small range of a 16 GiB device (18,432 MiB) gives back the 16 GiB exactly, up to
+        // the division's rounding.
+        let small = Reservation {
+            addr: BASE,
+            page: SMALL_BUFFER,
+        };
+        let next = Reservation {
+            addr: BASE + 18432 * MIB,
+            page: LARGE_BUFFER,
+        };
+        let total = total_from_reservations(vec![small, next]).unwrap();
+        assert!((16384 * MIB - total) < 16, "{total}");
         assert!(
             range(4622 * MIB / 9 * 8, LARGE_BUFFER) > audit_gap,
             "the case before the fix"

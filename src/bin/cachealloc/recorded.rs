@@ -9,7 +9,7 @@
 
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
-use cachealloc::trace::faithful::total_from_reservations;
+use cachealloc::trace::faithful::{addresses, total_from_reservations};
 use cachealloc::trace::record::convert::convert_device;
 use cachealloc::trace::record::looks_like_header;
 use cachealloc::trace::record::read::{DeviceEvents, read_recorded_trace};
@@ -33,7 +33,8 @@ pub fn is_recorded_trace(path: &Path) -> bool {
     looks_like_header(first_line)
 }
 
-/// Read `path` and prepare device `device` (default: the first device with events).
+/// Read `path` and prepare device `device` (default: the first device that allocates or frees,
+/// else the first device with events).
 pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
     let trace = read_recorded_trace(path).map_err(|e| e.to_string())?;
     if let Some(line) = trace.cut_off_line {
@@ -46,7 +47,11 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
     let traced: Vec<&DeviceEvents> = trace.traced_devices().collect();
     let chosen = match device {
         Some(d) => traced.iter().find(|t| t.device.0 == d).copied(),
-        None => traced.first().copied(),
+        None => traced
+            .iter()
+            .find(|t| t.has_block_events())
+            .or(traced.first())
+            .copied(),
     };
     let Some(chosen) = chosen else {
         let have: Vec<String> = traced.iter().map(|t| t.device.0.to_string()).collect();
@@ -84,12 +89,12 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             Vec::new()
         },
         total_from_reservations: if faithful {
-            total_from_reservations(rec.reservation_addresses.clone())
+            total_from_reservations(rec.reservations.clone())
         } else {
             None
         },
         reservation_hints: if faithful {
-            rec.reservation_addresses
+            addresses(&rec.reservations)
         } else {
             Vec::new()
         },

@@ -24,7 +24,7 @@ use super::read::DeviceEvents;
 use super::{Action, Event};
 use crate::pool::{Settings, StreamId};
 use crate::trace::capacity::CapacityEstimate;
-use crate::trace::faithful::{PageChange, reservation_addresses};
+use crate::trace::faithful::{PageChange, Reservation, reservations};
 use crate::trace::figures::{RecordedFigures, RecordedOom};
 use crate::trace::workload::{AllocId, Op, Workload};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -37,7 +37,7 @@ pub struct RecordedDevice {
     /// `(size, address)` of every `segment_alloc`, in order: where the driver put them.
     pub segment_addresses: Vec<(u64, u64)>,
     /// Where the driver reserved the ranges of expandable segments, in order.
-    pub reservation_addresses: Vec<u64>,
+    pub reservations: Vec<Reservation>,
     /// What the recording says about the device's capacity (`None`: no cudaMalloc failed).
     pub capacity: Option<CapacityEstimate>,
 }
@@ -194,7 +194,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         }),
         (None, None) => None,
     };
-    let reservation_addresses = reservation_addresses(device.events.iter().filter_map(|e| {
+    let reservations = reservations(device.events.iter().filter_map(|e| {
         let mapped = match e.action {
             Action::SegmentMap => true,
             Action::SegmentUnmap => false,
@@ -211,7 +211,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         workload,
         figures,
         segment_addresses,
-        reservation_addresses,
+        reservations,
         capacity,
     }
 }

@@ -22,6 +22,19 @@ pub struct DeviceEvents {
     pub events: Vec<Event>,
 }
 
+impl DeviceEvents {
+    /// True when the device allocated or freed blocks (not only markers such as `empty_cache`
+    /// and `device_reset`): what a replay needs.
+    pub fn has_block_events(&self) -> bool {
+        self.events.iter().any(|e| {
+            matches!(
+                e.action,
+                Action::Alloc | Action::FreeRequested | Action::FreeCompleted | Action::Oom
+            )
+        })
+    }
+}
+
 /// A whole trace file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecordedTrace {
