@@ -56,14 +56,10 @@ impl DeviceRecording {
         settings
     }
 
-    /// Where the driver reserved the address ranges of expandable segments, in trace order
-    /// (`reservation_addresses`).
-    pub fn reservation_addresses(&self) -> Vec<u64> {
-        addresses(&self.reservations())
-    }
-
-    /// The recorded reservations with their pools' page sizes (`reservations`).
-    fn reservations(&self) -> Vec<Reservation> {
+    /// Where the driver reserved the address ranges of expandable segments, in trace order,
+    /// with their pools' page sizes (`reservations`): the replay's hints (`addresses`) and the
+    /// device memory they imply (`total_from_reservations`).
+    pub fn reservations(&self) -> Vec<Reservation> {
         reservations(self.entries.iter().filter_map(|e| {
             let mapped = match e.action {
                 Action::SegmentMap => true,
@@ -77,11 +73,6 @@ impl DeviceRecording {
                 stream: e.stream,
             })
         }))
-    }
-
-    /// The device memory the recorded reservations imply (`total_from_reservations`).
-    pub fn total_from_reservations(&self) -> Option<u64> {
-        total_from_reservations(self.reservations())
     }
 
     /// `(size, address)` of every `segment_alloc`, in trace order: where the driver put them.
@@ -208,8 +199,9 @@ pub fn replay_faithful(
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
     config.address_hints = rec.segment_addresses();
-    config.reservation_hints = rec.reservation_addresses();
-    config.device_total = device_total(config.capacity, rec.total_from_reservations());
+    let reservations = rec.reservations();
+    config.reservation_hints = addresses(&reservations);
+    config.device_total = device_total(config.capacity, total_from_reservations(reservations));
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;
@@ -241,10 +233,14 @@ mod tests {
             ],
             vec![],
         );
-        assert_eq!(rec.reservation_addresses(), [small, small_again, large]);
+        let reservations = rec.reservations();
+        assert_eq!(addresses(&reservations), [small, small_again, large]);
         // The closest two ranges are 100 GiB apart: 8/9 of that is the most device memory
         // under which ranges of 1 1/8 of it fit between them.
-        assert_eq!(rec.total_from_reservations(), Some((100 << 30) / 9 * 8));
+        assert_eq!(
+            total_from_reservations(reservations),
+            Some((100 << 30) / 9 * 8)
+        );
     }
 
     /// The range a pool reserves on a device of `total` bytes (the pool's own formula:

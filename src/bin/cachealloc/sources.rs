@@ -4,6 +4,7 @@
 use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
 use cachealloc::pool::Settings;
+use cachealloc::trace::faithful::{addresses, total_from_reservations};
 use cachealloc::trace::{
     DeviceRecording, Op, RecordedFigures, StartLayout, Workload, read_snapshot,
 };
@@ -76,14 +77,15 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         {
             return Err(nothing_to_replay(path, rec, 0));
         }
+        let reservations = rec.reservations();
         Ok(Loaded {
             device: rec.device.0,
             workload: f.workload,
             start: Some(f.start.layout()),
             capacity: f.capacity,
             address_hints: rec.segment_addresses(),
-            reservation_hints: rec.reservation_addresses(),
-            total_from_reservations: rec.total_from_reservations(),
+            reservation_hints: addresses(&reservations),
+            total_from_reservations: total_from_reservations(reservations),
             recorded,
             recorded_settings,
         })
