@@ -1,11 +1,16 @@
-//! Property test: random malloc / free / deferred free / empty_cache sequences on the simulated
-//! device (with device work that completes only when told to), checked
-//! against a shadow model of the live allocations and the pool's own invariant walker after
-//! every step. `PROPTEST_CASES` raises the number of cases (scripts/proptest-long.sh).
+//! Property test: random malloc / free / deferred free / empty_cache / statistics-reset
+//! sequences on the simulated device (with device work that completes only when told to), under
+//! random settings (max_split_size, per-interval roundup divisions, max_non_split_rounding,
+//! garbage collection under a memory fraction, expandable segments), checked after every step
+//! against a shadow model of the live allocations, against PyTorch's statistics rules (peaks,
+//! running totals, resets), and by the pool's own invariant walker. `PROPTEST_CASES` raises the
+//! number of cases (scripts/proptest-long.sh).
 
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::pool::rounding::round_size;
-use cachealloc::pool::{BadPointer, DeviceAllocator, DevicePtr, Error, Settings, StreamId};
+use cachealloc::pool::{
+    BadPointer, DeviceAllocator, DevicePtr, DeviceStats, Error, Settings, Stat, StreamId,
+};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -39,6 +44,10 @@ enum Step {
     CompleteWork,
     DoubleFree,
     EmptyCache,
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    ResetPeak,
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    ResetAccumulated,
 }
 
 fn size_strategy() -> impl Strategy<Value = u64> {
@@ -59,25 +68,44 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         1 => Just(Step::CompleteWork),
         1 => Just(Step::DoubleFree),
         1 => Just(Step::EmptyCache),
+        1 => Just(Step::ResetPeak),
+        1 => Just(Step::ResetAccumulated),
     ]
 }
 
 fn settings_strategy() -> impl Strategy<Value = (Settings, u64)> {
+    let divisions =
+        proptest::collection::vec(prop_oneof![Just(0u64), Just(1), Just(4), Just(8)], 16);
     (
-        prop_oneof![Just(u64::MAX), Just(20 * MIB), Just(64 * MIB)],
-        prop_oneof![Just(0u64), Just(4), Just(8)],
+        (
+            prop_oneof![Just(u64::MAX), Just(20 * MIB), Just(64 * MIB)],
+            prop_oneof![2 => Just(20 * MIB), 1 => Just(100 * MIB)],
+            prop_oneof![Just(None), Just(Some(0u64)), Just(Some(4)), Just(Some(8))],
+            divisions,
+        ),
         prop_oneof![Just(u64::MAX), Just(512 * MIB), Just(2048 * MIB)],
         prop_oneof![2 => Just(false), 1 => Just(true)],
+        prop_oneof![2 => Just(1.0), 1 => Just(0.5), 1 => Just(0.8)],
+        prop_oneof![2 => Just(0.0), 1 => Just(0.5), 1 => Just(0.9)],
     )
-        .prop_map(|(mss, div, capacity, expandable_segments)| {
-            let settings = Settings {
-                max_split_size: mss,
-                roundup_power2_divisions: [div; 16],
-                expandable_segments,
-                ..Settings::default()
-            };
-            (settings, capacity)
-        })
+        .prop_map(
+            |((mss, rounding, uniform, mixed), capacity, expandable_segments, fraction, gc)| {
+                // One division count for every interval, or one per interval.
+                let roundup_power2_divisions = match uniform {
+                    Some(div) => [div; 16],
+                    None => mixed.try_into().expect("16 intervals"),
+                };
+                let settings = Settings {
+                    max_split_size: mss,
+                    max_non_split_rounding: rounding,
+                    roundup_power2_divisions,
+                    garbage_collection_threshold: gc,
+                    per_process_memory_fraction: fraction,
+                    expandable_segments,
+                };
+                (settings, capacity)
+            },
+        )
 }
 
 struct Shadow {
@@ -122,6 +150,124 @@ fn check_against_shadow(p: &DeviceAllocator<SimDevice>, shadow: &Shadow) {
     assert_eq!(s.reserved_bytes.all.current as u64, p.backend().used());
 }
 
+/// What PyTorch's statistics rules predict from outside the pool. A peak is the largest value
+/// the stat has had since the last reset; for the stats below no single call moves a value up
+/// and back down (a call may release memory and then obtain some, never the other way round),
+/// so the largest value seen between steps is exact. One exception, PyTorch's too: with
+/// expandable segments a malloc maps pages in steps, and when a later step fails the pages
+/// already mapped stay until the retry ladder unmaps them, so reserved memory may peak inside
+/// the call (its peak is then only bounded below). Running totals and event counts
+/// never fall, except to zero at a reset of the accumulated stats.
+struct StatsModel {
+    /// Largest `current` seen since the last peak reset, per `peaked` entry.
+    peaks: Vec<i64>,
+    last: DeviceStats,
+    expandable_segments: bool,
+}
+
+/// The stats whose peaks the model predicts exactly, named as `torch.cuda.memory_stats()` does.
+fn peaked(s: &DeviceStats) -> Vec<(String, Stat)> {
+    let arrays = [
+        ("allocation", &s.allocation),
+        ("allocated_bytes", &s.allocated_bytes),
+        ("requested_bytes", &s.requested_bytes),
+        ("reserved_bytes", &s.reserved_bytes),
+        ("segment", &s.segment),
+        ("active", &s.active),
+        ("active_bytes", &s.active_bytes),
+    ];
+    arrays
+        .iter()
+        .flat_map(|(name, array)| {
+            array
+                .entries()
+                .map(|(pool, stat)| (format!("{name}.{pool}"), *stat))
+        })
+        .collect()
+}
+
+/// Every stat, for the rules that hold for all of them.
+fn every_stat(s: &DeviceStats) -> Vec<(String, Stat)> {
+    let mut all: Vec<(String, Stat)> = s
+        .arrays()
+        .iter()
+        .flat_map(|(name, array)| {
+            array
+                .entries()
+                .map(|(pool, stat)| (format!("{name}.{pool}"), *stat))
+        })
+        .collect();
+    all.push(("oversize_allocations".into(), s.oversize_allocations));
+    all.push(("oversize_segments".into(), s.oversize_segments));
+    all
+}
+
+impl StatsModel {
+    fn new(p: &DeviceAllocator<SimDevice>) -> Self {
+        let last = p.stats();
+        Self {
+            peaks: peaked(&last).iter().map(|(_, s)| s.current).collect(),
+            last,
+            expandable_segments: p.settings().expandable_segments,
+        }
+    }
+
+    /// Check the stats after `step`.
+    fn check(&mut self, p: &DeviceAllocator<SimDevice>, step: &Step) {
+        let now = p.stats();
+        let reset_peak = matches!(step, Step::ResetPeak);
+        let reset_totals = matches!(step, Step::ResetAccumulated);
+        for (i, (name, stat)) in peaked(&now).into_iter().enumerate() {
+            self.peaks[i] = if reset_peak {
+                stat.current
+            } else {
+                self.peaks[i].max(stat.current)
+            };
+            let mapped_in_steps = self.expandable_segments && name.starts_with("reserved_bytes.");
+            if mapped_in_steps {
+                self.peaks[i] = self.peaks[i].max(stat.peak);
+            }
+            assert_eq!(stat.peak, self.peaks[i], "{name}.peak after {step:?}");
+        }
+        for ((name, stat), (_, before)) in every_stat(&now).into_iter().zip(every_stat(&self.last))
+        {
+            assert!(stat.current >= 0, "{name}.current < 0 after {step:?}");
+            assert!(
+                stat.peak >= stat.current,
+                "{name}.peak < current after {step:?}"
+            );
+            if reset_peak {
+                assert_eq!(stat.peak, stat.current, "{name}.peak after {step:?}");
+            }
+            if reset_totals {
+                assert_eq!(
+                    (stat.allocated, stat.freed),
+                    (0, 0),
+                    "{name} totals after reset"
+                );
+            } else {
+                assert!(
+                    stat.allocated >= before.allocated && stat.freed >= before.freed,
+                    "{name}'s running totals fell after {step:?}: {before:?} -> {stat:?}"
+                );
+            }
+        }
+        for ((key, count), (_, before)) in now
+            .counts
+            .entries()
+            .into_iter()
+            .zip(self.last.counts.entries())
+        {
+            if reset_totals {
+                assert_eq!(count, 0, "{key} after reset");
+            } else {
+                assert!(count >= before, "{key} fell after {step:?}");
+            }
+        }
+        self.last = now;
+    }
+}
+
 fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
     let device = SimDevice::new(capacity).with_pending_work();
     let mut p = DeviceAllocator::new(device, settings.clone());
@@ -129,8 +275,9 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
         live: BTreeMap::new(),
         last_freed: None,
     };
+    let mut model = StatsModel::new(&p);
     for step in steps {
-        match step {
+        match step.clone() {
             Step::Alloc { size, stream } => {
                 if shadow.live.len() >= MAX_LIVE {
                     continue;
@@ -162,9 +309,15 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                         } else {
                             report.alloc_size
                         };
+                        // per_process_memory_fraction caps what the pool may reserve.
+                        let limit = if settings.per_process_memory_fraction < 1.0 {
+                            (settings.per_process_memory_fraction * capacity as f64) as u64
+                        } else {
+                            capacity
+                        };
                         assert!(
-                            report.reserved + needed > capacity,
-                            "OOM although {} reserved + {needed} fits in {capacity}",
+                            report.reserved + needed > limit,
+                            "OOM although {} reserved + {needed} fits in {limit}",
                             report.reserved,
                         );
                     }
@@ -227,8 +380,11 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                     );
                 }
             }
+            Step::ResetPeak => p.reset_peak_stats(),
+            Step::ResetAccumulated => p.reset_accumulated_stats(),
         }
         check_against_shadow(&p, &shadow);
+        model.check(&p, &step);
     }
 }
 

@@ -5,5 +5,6 @@
 pub mod ci;
 pub mod fake_cudart;
 pub mod real_cudart;
+pub mod reference_pool;
 pub mod shim;
 pub mod traces;

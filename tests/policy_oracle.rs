@@ -1,0 +1,289 @@
+//! Differential test of the pool's policy: random malloc / free / free after another stream /
+//! empty_cache / statistics-reset sequences under random settings (max_split_size,
+//! max_non_split_rounding, per-interval roundup divisions, garbage collection under a memory
+//! fraction, expandable segments, device capacity), run through `DeviceAllocator` and through
+//! `support::reference_pool` — a plain, literal implementation of PyTorch's policy from the
+//! reference text and PyTorch's source — each on its own simulated device. After
+//! every step both must have answered alike (the same address, or both out of memory), asked
+//! their devices for the same segments, and report the same statistics, key by key. The real
+//! traces (tests/parity.rs) show the policy on what programs do; this shows it on what they
+//! rarely do: long classes of equal blocks, the oversize rules, the retry ladder, GC.
+//! `PROPTEST_CASES` raises the number of cases (scripts/proptest-long.sh runs it too).
+
+mod support;
+
+use cachealloc::backend::sim::SimDevice;
+use cachealloc::pool::{DeviceAllocator, DevicePtr, DeviceStats, Error, Settings, StreamId};
+use proptest::prelude::*;
+use support::reference_pool::{ReferencePool, round_size};
+
+const MIB: u64 = 1 << 20;
+const OPS_PER_CASE: usize = 1500;
+const MAX_LIVE: usize = 600;
+
+#[derive(Clone, Debug)]
+enum Step {
+    Alloc {
+        size: u64,
+        stream: u64,
+    },
+    Free {
+        pick: usize,
+    },
+    /// A free recorded on another stream (`Tensor.record_stream`): the block waits for that
+    /// stream's work. Always the same stream: PyTorch completes each stream's queue of events
+    /// in order, but visits the queues in its hash map's order, which no model can follow
+    /// (and the order decides the inactive-split running totals).
+    FreeAfterStreams {
+        pick: usize,
+    },
+    /// The device finishes all work issued so far.
+    CompleteWork,
+    /// `count` allocations of one size in a row.
+    Burst {
+        size: u64,
+        stream: u64,
+        count: usize,
+    },
+    /// Free every second live allocation in address order, leaving equal free blocks between
+    /// live ones (a long class of the free index).
+    FreeAlternate,
+    EmptyCache,
+    ResetPeak,
+    ResetAccumulated,
+}
+
+/// Sizes that recur, so that equal free blocks gather in one class.
+fn recurring_size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(512u64),
+        Just(4096),
+        Just(MIB),
+        Just(3 * MIB),
+        Just(24 * MIB),
+        Just(96 * MIB)
+    ]
+}
+
+/// Recurring sizes mixed with sizes spread over both pools and past the oversize limits.
+fn size_strategy() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        2 => recurring_size(),
+        4 => 1u64..=MIB,
+        3 => MIB..=24 * MIB,
+        1 => 24 * MIB..=300 * MIB,
+    ]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        12 => (size_strategy(), 0u64..3).prop_map(|(size, stream)| Step::Alloc { size, stream }),
+        9 => any::<usize>().prop_map(|pick| Step::Free { pick }),
+        2 => any::<usize>().prop_map(|pick| Step::FreeAfterStreams { pick }),
+        1 => Just(Step::CompleteWork),
+        1 => (recurring_size(), 0u64..3, 33usize..100)
+            .prop_map(|(size, stream, count)| Step::Burst { size, stream, count }),
+        1 => Just(Step::FreeAlternate),
+        1 => Just(Step::EmptyCache),
+        1 => Just(Step::ResetPeak),
+        1 => Just(Step::ResetAccumulated),
+    ]
+}
+
+fn settings_strategy() -> impl Strategy<Value = (Settings, u64)> {
+    let divisions = proptest::collection::vec(
+        prop_oneof![Just(0u64), Just(1), Just(2), Just(4), Just(8)],
+        16,
+    );
+    (
+        prop_oneof![
+            Just(u64::MAX),
+            Just(21 * MIB),
+            Just(64 * MIB),
+            Just(200 * MIB)
+        ],
+        prop_oneof![2 => Just(20 * MIB), 1 => Just(100 * MIB)],
+        prop_oneof![Just(None), Just(Some(0u64)), Just(Some(4))],
+        divisions,
+        prop_oneof![
+            Just(u64::MAX),
+            Just(512 * MIB),
+            Just(2048 * MIB),
+            Just(8192 * MIB)
+        ],
+        prop_oneof![2 => Just(1.0), 1 => Just(0.5), 1 => Just(0.8)],
+        prop_oneof![2 => Just(0.0), 1 => Just(0.3), 1 => Just(0.7)],
+        prop_oneof![2 => Just(false), 1 => Just(true)],
+    )
+        .prop_map(
+            |(mss, rounding, uniform, mixed, capacity, fraction, gc, expandable)| {
+                let roundup_power2_divisions = match uniform {
+                    Some(div) => [div; 16],
+                    None => mixed.try_into().expect("16 intervals"),
+                };
+                let settings = Settings {
+                    max_split_size: mss,
+                    max_non_split_rounding: rounding,
+                    roundup_power2_divisions,
+                    garbage_collection_threshold: gc,
+                    per_process_memory_fraction: fraction,
+                    expandable_segments: expandable,
+                };
+                // An expandable range is 1⅛ of the device's memory: the device needs a size.
+                let capacity = if expandable {
+                    capacity.min(8192 * MIB)
+                } else {
+                    capacity
+                };
+                (settings, capacity)
+            },
+        )
+}
+
+/// The keys whose values differ, as `torch.cuda.memory_stats()` names them.
+fn differences(pool: &DeviceStats, reference: &DeviceStats) -> Vec<String> {
+    pool.flat()
+        .into_iter()
+        .zip(reference.flat())
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|((key, ours), (_, theirs))| format!("{key}: pool {ours}, reference {theirs}"))
+        .collect()
+}
+
+/// One malloc on both allocators, which must answer alike (while fewer than `MAX_LIVE`
+/// allocations are live).
+fn malloc_both(
+    pool: &mut DeviceAllocator<SimDevice>,
+    reference: &mut ReferencePool,
+    live: &mut Vec<u64>,
+    size: u64,
+    stream: u64,
+    step: usize,
+) {
+    if live.len() >= MAX_LIVE {
+        return;
+    }
+    let ours = match pool.malloc(size, StreamId(stream)) {
+        Ok(ptr) => Some(ptr.addr()),
+        Err(Error::OutOfMemory(_)) => None,
+        Err(e) => panic!("step {step}: unexpected error {e:?}"),
+    };
+    let theirs = reference.malloc(size, stream);
+    assert_eq!(
+        ours,
+        theirs,
+        "step {step}: malloc({size}) on stream {stream} (rounded {}) placed differently",
+        round_size(pool.settings(), size)
+    );
+    live.extend(ours);
+}
+
+fn free_both(
+    pool: &mut DeviceAllocator<SimDevice>,
+    reference: &mut ReferencePool,
+    addr: u64,
+    step: usize,
+) {
+    pool.free(DevicePtr::new(addr).expect("not null"))
+        .unwrap_or_else(|e| panic!("step {step}: free({addr:#x}) refused: {e:?}"));
+    reference.free(addr);
+}
+
+fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
+    let device = SimDevice::new(capacity).with_pending_work();
+    let mut pool = DeviceAllocator::new(device, settings.clone());
+    let mut reference = ReferencePool::new(SimDevice::new(capacity), settings.clone());
+    let mut live: Vec<u64> = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        match *step {
+            Step::Alloc { size, stream } => {
+                malloc_both(&mut pool, &mut reference, &mut live, size, stream, i);
+            }
+            Step::Burst {
+                size,
+                stream,
+                count,
+            } => {
+                for _ in 0..count {
+                    malloc_both(&mut pool, &mut reference, &mut live, size, stream, i);
+                }
+            }
+            Step::FreeAlternate => {
+                live.sort_unstable();
+                let mut kept = Vec::with_capacity(live.len() / 2 + 1);
+                for (n, addr) in live.drain(..).enumerate() {
+                    if n % 2 == 0 {
+                        kept.push(addr);
+                    } else {
+                        free_both(&mut pool, &mut reference, addr, i);
+                    }
+                }
+                live = kept;
+            }
+            Step::Free { pick } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let addr = live.swap_remove(pick % live.len());
+                free_both(&mut pool, &mut reference, addr, i);
+            }
+            Step::FreeAfterStreams { pick } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let addr = live.swap_remove(pick % live.len());
+                let ptr = DevicePtr::new(addr).expect("not null");
+                let used_by = [StreamId(100)];
+                assert_eq!(pool.free_after_streams(ptr, &used_by), Ok(vec![]));
+                reference.free_after_streams(addr);
+            }
+            Step::CompleteWork => {
+                pool.backend_mut().complete_work();
+                reference.complete_work();
+            }
+            Step::EmptyCache => {
+                pool.empty_cache().expect("empty_cache");
+                reference.release_cached_blocks();
+            }
+            Step::ResetPeak => {
+                pool.reset_peak_stats();
+                reference.reset_peak_stats();
+            }
+            Step::ResetAccumulated => {
+                pool.reset_accumulated_stats();
+                reference.reset_accumulated_stats();
+            }
+        }
+        let stats = pool.stats();
+        if stats != reference.stats {
+            let diff = differences(&stats, &reference.stats).join("\n");
+            panic!("step {i} ({step:?}): statistics differ:\n{diff}");
+        }
+        let segments: Vec<(u64, u64)> = pool.backend().segments().collect();
+        let expected: Vec<(u64, u64)> = reference.device.segments().collect();
+        assert_eq!(
+            segments, expected,
+            "step {i} ({step:?}): device segments differ"
+        );
+    }
+    pool.validate().unwrap();
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_pool_places_and_counts_as_pytorch_does(
+        (settings, capacity) in settings_strategy(),
+        steps in proptest::collection::vec(step_strategy(), OPS_PER_CASE),
+    ) {
+        run(settings, capacity, steps);
+    }
+}
