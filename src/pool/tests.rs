@@ -191,6 +191,26 @@ fn oversize_release_frees_largest_cached_blocks_without_a_retry() {
 }
 
 #[test]
+fn oversize_release_stops_once_the_released_blocks_cover_the_request() {
+    let settings = Settings {
+        max_split_size: 64 * MIB,
+        ..Settings::default()
+    };
+    let mut p = pool_with(256 * MIB, settings);
+    let blocks: Vec<_> = (0..3).map(|_| alloc(&mut p, 64 * MIB)).collect();
+    for b in blocks {
+        free(&mut p, b);
+    }
+    // 192 MiB cached + 128 MiB does not fit: two 64 MiB blocks cover the request exactly,
+    // so the third stays cached (PyTorch's loop runs while the total is below the request).
+    alloc(&mut p, 128 * MIB);
+    let s = p.stats();
+    assert_eq!(s.counts.num_device_free, 2);
+    assert_eq!(s.reserved_bytes.all.current, 192 * MIB as i64);
+    assert_eq!(s.counts.num_alloc_retries, 0);
+}
+
+#[test]
 fn out_of_memory_reports_and_leaves_the_pool_intact() {
     let mut p = pool_with(100 * MIB, Settings::default());
     let live = alloc(&mut p, 60 * MIB);
