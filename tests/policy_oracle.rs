@@ -3,11 +3,12 @@
 //! max_non_split_rounding, per-interval roundup divisions, garbage collection under a memory
 //! fraction, expandable segments, device capacity), run through `DeviceAllocator` and through
 //! `support::reference_pool` — a plain, literal implementation of PyTorch's policy from the
-//! reference text and PyTorch's source — each on its own simulated device. After
-//! every step both must have answered alike (the same address, or both out of memory), asked
-//! their devices for the same segments, and report the same statistics, key by key. The real
-//! traces (tests/parity.rs) show the policy on what programs do; this shows it on what they
-//! rarely do: long classes of equal blocks, the oversize rules, the retry ladder, GC.
+//! reference text and PyTorch's source — each on its own simulated device. After every step
+//! both must have answered alike (the same address, or both out of memory), asked their
+//! devices for the same segments, and report the same statistics, key by key; an out-of-memory
+//! report must describe the cache and the device as the reference finds them. The real traces
+//! (tests/parity.rs) show the policy on what programs do; this shows it on what they rarely
+//! do: long classes of equal blocks, the oversize rules, the retry ladder, GC.
 //! `PROPTEST_CASES` raises the number of cases (scripts/proptest-long.sh runs it too).
 
 mod support;
@@ -15,7 +16,7 @@ mod support;
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::pool::{DeviceAllocator, DevicePtr, DeviceStats, Error, Settings, StreamId};
 use proptest::prelude::*;
-use support::reference_pool::{ReferencePool, round_size};
+use support::reference_pool::{CacheView, ReferencePool, round_size};
 
 const MIB: u64 = 1 << 20;
 const OPS_PER_CASE: usize = 1500;
@@ -159,9 +160,13 @@ fn malloc_both(
     stream: u64,
     step: usize,
 ) {
+    let mut report = None;
     let ours = match pool.malloc(size, StreamId(stream)) {
         Ok(ptr) => Some(ptr.addr()),
-        Err(Error::OutOfMemory(_)) => None,
+        Err(Error::OutOfMemory(r)) => {
+            report = Some(r);
+            None
+        }
         Err(e) => panic!("step {step}: unexpected error {e:?}"),
     };
     let theirs = reference.malloc(size, stream);
@@ -172,6 +177,26 @@ fn malloc_both(
         round_size(pool.settings(), size)
     );
     live.extend(ours);
+    if let Some(r) = report {
+        // The report describes the cache and the device as they are after the whole ladder.
+        let rounded = round_size(pool.settings(), size);
+        assert_eq!((r.requested, r.rounded), (size, rounded), "step {step}");
+        let described = CacheView {
+            free_blocks: r.free_blocks,
+            largest_free_blocks: r.largest_free_blocks.clone(),
+            pool_largest_free_block: r.pool_largest_free_block,
+            other_streams_free: r.other_streams_free,
+            other_streams_largest_free_block: r.other_streams_largest_free_block,
+            reserved: r.reserved,
+            device_free: r.device_free,
+            alloc_size: r.alloc_size,
+        };
+        let view = reference.cache_view(rounded, stream);
+        assert_eq!(
+            described, view,
+            "step {step}: the out-of-memory report of malloc({size})"
+        );
+    }
 }
 
 fn free_both(

@@ -128,6 +128,20 @@ fn allocation_size(size: u64) -> u64 {
     }
 }
 
+/// The figures of an out-of-memory report that describe the cache and the device.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CacheView {
+    pub free_blocks: usize,
+    /// The largest free blocks, largest first (at most 16).
+    pub largest_free_blocks: Vec<u64>,
+    pub pool_largest_free_block: u64,
+    pub other_streams_free: u64,
+    pub other_streams_largest_free_block: u64,
+    pub reserved: u64,
+    pub device_free: u64,
+    pub alloc_size: u64,
+}
+
 /// PyTorch's `DeviceCachingAllocator` for native segments.
 pub struct ReferencePool {
     pub device: SimDevice,
@@ -618,6 +632,36 @@ impl ReferencePool {
             update_stat(&mut self.stats.oversize_segments, -1);
         }
         self.stats.counts.num_device_free += 1;
+    }
+
+    /// What an out-of-memory report says of the cache for a request of `rounded` bytes on
+    /// `stream`, read from this allocator's state.
+    pub fn cache_view(&mut self, rounded: u64, stream: u64) -> CacheView {
+        let all = self.free.iter().flatten();
+        let mut largest: Vec<u64> = all.clone().map(|&(_, size, _)| size).collect();
+        largest.sort_unstable_by(|a, b| b.cmp(a));
+        largest.truncate(16);
+        let pool = if rounded <= SMALL_SIZE {
+            Pool::Small
+        } else {
+            Pool::Large
+        };
+        let in_pool = &self.free[pool.index()];
+        let others = in_pool.iter().filter(|e| e.0 != stream).map(|e| e.1);
+        CacheView {
+            free_blocks: all.count(),
+            largest_free_blocks: largest,
+            pool_largest_free_block: in_pool.iter().map(|e| e.1).max().unwrap_or(0),
+            other_streams_free: others.clone().sum(),
+            other_streams_largest_free_block: others.max().unwrap_or(0),
+            reserved: self.total_allocated_memory,
+            device_free: self
+                .device
+                .mem_info()
+                .expect("the simulated device answers")
+                .free,
+            alloc_size: allocation_size(rounded),
+        }
     }
 
     /// `resetPeakStats`.
