@@ -210,6 +210,25 @@ fn free_both(
     reference.free(addr);
 }
 
+/// Free every second live allocation in address order.
+fn free_every_second(
+    pool: &mut DeviceAllocator<SimDevice>,
+    reference: &mut ReferencePool,
+    live: &mut Vec<u64>,
+    step: usize,
+) {
+    live.sort_unstable();
+    let mut kept = Vec::with_capacity(live.len() / 2 + 1);
+    for (n, addr) in live.drain(..).enumerate() {
+        if n % 2 == 0 {
+            kept.push(addr);
+        } else {
+            free_both(pool, reference, addr, step);
+        }
+    }
+    *live = kept;
+}
+
 fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
     let device = SimDevice::new(capacity).with_pending_work();
     let mut pool = DeviceAllocator::new(device, settings.clone());
@@ -230,18 +249,7 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 }
             }
             Step::Alloc { .. } => {}
-            Step::FreeAlternate => {
-                live.sort_unstable();
-                let mut kept = Vec::with_capacity(live.len() / 2 + 1);
-                for (n, addr) in live.drain(..).enumerate() {
-                    if n % 2 == 0 {
-                        kept.push(addr);
-                    } else {
-                        free_both(&mut pool, &mut reference, addr, i);
-                    }
-                }
-                live = kept;
-            }
+            Step::FreeAlternate => free_every_second(&mut pool, &mut reference, &mut live, i),
             Step::Free { pick } => {
                 if live.is_empty() {
                     continue;
@@ -276,17 +284,7 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 reference.reset_accumulated_stats();
             }
         }
-        let stats = pool.stats();
-        if stats != reference.stats {
-            let diff = differences(&stats, &reference.stats).join("\n");
-            panic!("step {i} ({step:?}): statistics differ:\n{diff}");
-        }
-        let segments: Vec<(u64, u64)> = pool.backend().segments().collect();
-        let expected: Vec<(u64, u64)> = reference.device.segments().collect();
-        assert_eq!(
-            segments, expected,
-            "step {i} ({step:?}): device segments differ"
-        );
+        assert_same_state(&pool, &reference, &format!("step {i} ({step:?})"));
     }
     pool.validate().unwrap();
 }
@@ -321,16 +319,7 @@ fn three_hundred_thousand_blocks_are_placed_as_pytorch_places_them() {
     }
     assert_same_state(&pool, &reference, "after the mallocs");
     // Every second block freed: fragments between live blocks, none can merge.
-    live.sort_unstable();
-    let mut kept = Vec::with_capacity(BLOCKS / 2 + 1);
-    for (n, addr) in live.drain(..).enumerate() {
-        if n % 2 == 0 {
-            kept.push(addr);
-        } else {
-            free_both(&mut pool, &mut reference, addr, n);
-        }
-    }
-    live = kept;
+    free_every_second(&mut pool, &mut reference, &mut live, 0);
     assert_same_state(&pool, &reference, "after freeing every second block");
     // Best fit among the fragments.
     for i in 0..BLOCKS / 3 {

@@ -123,18 +123,7 @@ impl ReferencePool {
             m.next = Some(rest_addr);
         }
         self.blocks.get_mut(&addr).expect("block").mapped = true;
-        let mut merged = addr;
-        if let Some(prev) = self.blocks[&merged].prev
-            && self.blocks[&prev].mergeable_with(true)
-        {
-            self.merge(prev, merged, prev);
-            merged = prev;
-        }
-        if let Some(next) = self.blocks[&merged].next
-            && self.blocks[&next].mergeable_with(true)
-        {
-            self.merge(merged, next, next);
-        }
+        let (merged, _, _) = self.merge_neighbours(addr);
         self.insert_into_blocks(merged);
         self.total_allocated_memory += len;
         update(&mut self.stats.reserved_bytes, b.pool, len as i64);
@@ -222,18 +211,7 @@ impl ReferencePool {
                 self.insert_into_blocks(piece);
             }
         }
-        let mut merged = start;
-        if let Some(prev) = self.blocks[&merged].prev
-            && self.blocks[&prev].mergeable_with(false)
-        {
-            self.merge(prev, merged, prev);
-            merged = prev;
-        }
-        if let Some(next) = self.blocks[&merged].next
-            && self.blocks[&next].mergeable_with(false)
-        {
-            self.merge(merged, next, next);
-        }
+        let (merged, _, _) = self.merge_neighbours(start);
         self.unmapped[b.pool.index()].insert((b.stream, merged));
         self.total_allocated_memory -= end - start;
         update(

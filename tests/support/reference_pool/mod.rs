@@ -453,24 +453,9 @@ impl ReferencePool {
         let block = self.blocks.get_mut(&addr).expect("block exists");
         block.event_pending = false;
         let (pool, original_size, requested) = (block.pool, block.size, block.requested);
-        let mut net_blocks = 0i64;
-        let mut net_bytes = 0i64;
-        let mut addr = addr;
-        if let Some(prev) = self.blocks[&addr].prev
-            && self.blocks[&prev].mergeable_with(true)
-        {
-            let subsumed = self.merge(prev, addr, prev);
-            addr = prev;
-            net_blocks -= 1;
-            net_bytes -= subsumed as i64;
-        }
-        if let Some(next) = self.blocks[&addr].next
-            && self.blocks[&next].mergeable_with(true)
-        {
-            let subsumed = self.merge(addr, next, next);
-            net_blocks -= 1;
-            net_bytes -= subsumed as i64;
-        }
+        let (addr, subsumed_blocks, subsumed_bytes) = self.merge_neighbours(addr);
+        let mut net_blocks = -(subsumed_blocks as i64);
+        let mut net_bytes = -(subsumed_bytes as i64);
         self.insert_into_blocks(addr);
         let merged = &self.blocks[&addr];
         if merged.is_split() {
@@ -486,24 +471,38 @@ impl ReferencePool {
         update(&mut self.stats.requested_bytes, pool, -(requested as i64));
     }
 
-    /// Join the adjacent blocks `low` and `high` into `low`: one of them is the block being
-    /// freed, the other (`neighbour`) a free block, which leaves its pool. Returns the
-    /// neighbour's size.
-    fn merge(&mut self, low: u64, high: u64, neighbour: u64) -> u64 {
-        let n = self.blocks[&neighbour].clone();
-        if n.mapped {
-            self.free[n.pool.index()].remove(&(n.stream, n.size, neighbour));
-        } else {
-            self.unmapped[n.pool.index()].remove(&(n.stream, neighbour));
+    /// `try_merge_blocks` with the previous, then the next neighbour of the block at `addr`:
+    /// a neighbour merges when it is neither allocated nor waiting for events and is mapped as
+    /// this block is; it leaves its pool (free or unmapped). Returns the merged block's address
+    /// (the lowest) and how many blocks and bytes it took in.
+    fn merge_neighbours(&mut self, addr: u64) -> (u64, u64, u64) {
+        let mapped = self.blocks[&addr].mapped;
+        let (mut low, mut blocks, mut bytes) = (addr, 0, 0);
+        let prev = self.blocks[&addr].prev;
+        let next = self.blocks[&addr].next;
+        for neighbour in [prev, next].into_iter().flatten() {
+            let n = self.blocks[&neighbour].clone();
+            if !n.mergeable_with(mapped) {
+                continue;
+            }
+            if n.mapped {
+                self.free[n.pool.index()].remove(&(n.stream, n.size, neighbour));
+            } else {
+                self.unmapped[n.pool.index()].remove(&(n.stream, neighbour));
+            }
+            let high = low.max(neighbour);
+            low = low.min(neighbour);
+            let h = self.blocks.remove(&high).expect("high exists");
+            if let Some(after) = h.next {
+                self.blocks.get_mut(&after).expect("next exists").prev = Some(low);
+            }
+            let l = self.blocks.get_mut(&low).expect("low exists");
+            l.size += h.size;
+            l.next = h.next;
+            blocks += 1;
+            bytes += n.size;
         }
-        let h = self.blocks.remove(&high).expect("high exists");
-        if let Some(next) = h.next {
-            self.blocks.get_mut(&next).expect("next exists").prev = Some(low);
-        }
-        let l = self.blocks.get_mut(&low).expect("low exists");
-        l.size += h.size;
-        l.next = h.next;
-        n.size
+        (low, blocks, bytes)
     }
 
     /// §2.3 `garbage_collect_cached_blocks`.
