@@ -1,4 +1,5 @@
 //! Differential test of the pool's policy: random malloc / free / free after another stream /
+//! deferred free (`free_sync:device`, whose rule the reference states as cachealloc's) /
 //! empty_cache / statistics-reset sequences under random settings (max_split_size,
 //! max_non_split_rounding, per-interval roundup divisions, garbage collection under a memory
 //! fraction, expandable segments, device capacity), run through `DeviceAllocator` and through
@@ -30,13 +31,7 @@ enum Step {
     },
     Free {
         pick: usize,
-    },
-    /// A free recorded on another stream (`Tensor.record_stream`): the block waits for that
-    /// stream's work. Always the same stream: PyTorch completes each stream's queue of events
-    /// in order, but visits the queues in its hash map's order, which no model can follow
-    /// (and the order decides the inactive-split running totals).
-    FreeAfterStreams {
-        pick: usize,
+        how: FreeKind,
     },
     /// The device finishes all work issued so far.
     CompleteWork,
@@ -52,6 +47,24 @@ enum Step {
     EmptyCache,
     ResetPeak,
     ResetAccumulated,
+}
+
+/// How a free hands its block back.
+#[derive(Clone, Copy, Debug)]
+enum FreeKind {
+    /// Reusable at once.
+    AtOnce,
+    /// Recorded on another stream (`Tensor.record_stream`): the block waits for that stream's
+    /// work. Always the same stream: PyTorch completes each stream's queue of events in order,
+    /// but visits the queues in its hash map's order, which no model can follow (and the order
+    /// decides the inactive-split running totals).
+    AfterStreams,
+    /// Deferred until the device has finished the work issued before it (`free_sync:device`,
+    /// cachealloc's own rule).
+    Deferred,
+    /// Deferred, and another stream's work may also use it: on the simulated device, one queue
+    /// of work, that work completes with the device's, so the reference sees a deferred free.
+    DeferredAfterStreams,
 }
 
 /// Sizes that recur, so that equal free blocks gather in one class.
@@ -79,8 +92,13 @@ fn size_strategy() -> impl Strategy<Value = u64> {
 fn step_strategy() -> impl Strategy<Value = Step> {
     prop_oneof![
         12 => (size_strategy(), 0u64..3).prop_map(|(size, stream)| Step::Alloc { size, stream }),
-        9 => any::<usize>().prop_map(|pick| Step::Free { pick }),
-        2 => any::<usize>().prop_map(|pick| Step::FreeAfterStreams { pick }),
+        9 => any::<usize>().prop_map(|pick| Step::Free { pick, how: FreeKind::AtOnce }),
+        2 => any::<usize>().prop_map(|pick| Step::Free { pick, how: FreeKind::AfterStreams }),
+        2 => any::<usize>().prop_map(|pick| Step::Free { pick, how: FreeKind::Deferred }),
+        1 => any::<usize>().prop_map(|pick| Step::Free {
+            pick,
+            how: FreeKind::DeferredAfterStreams
+        }),
         1 => Just(Step::CompleteWork),
         1 => (recurring_size(), 0u64..3, 33usize..100)
             .prop_map(|(size, stream, count)| Step::Burst { size, stream, count }),
@@ -210,6 +228,38 @@ fn free_both(
     reference.free(addr);
 }
 
+/// One free of `addr` on both allocators, handed back as `how` says.
+fn free_how(
+    pool: &mut DeviceAllocator<SimDevice>,
+    reference: &mut ReferencePool,
+    addr: u64,
+    how: FreeKind,
+    step: usize,
+) {
+    let ptr = DevicePtr::new(addr).expect("not null");
+    let used_by = [StreamId(100)];
+    let unfenced = match how {
+        FreeKind::AtOnce => return free_both(pool, reference, addr, step),
+        FreeKind::AfterStreams => {
+            reference.free_after_streams(addr);
+            pool.free_after_streams(ptr, &used_by)
+        }
+        FreeKind::Deferred => {
+            reference.free_deferred(addr);
+            pool.free_deferred(ptr).map(|()| vec![])
+        }
+        FreeKind::DeferredAfterStreams => {
+            reference.free_deferred(addr);
+            pool.free_deferred_after_streams(ptr, &used_by)
+        }
+    };
+    assert_eq!(
+        unfenced,
+        Ok(vec![]),
+        "step {step}: {how:?} free of {addr:#x}"
+    );
+}
+
 /// Free every second live allocation in address order.
 fn free_every_second(
     pool: &mut DeviceAllocator<SimDevice>,
@@ -250,22 +300,12 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
             }
             Step::Alloc { .. } => {}
             Step::FreeAlternate => free_every_second(&mut pool, &mut reference, &mut live, i),
-            Step::Free { pick } => {
+            Step::Free { pick, how } => {
                 if live.is_empty() {
                     continue;
                 }
                 let addr = live.swap_remove(pick % live.len());
-                free_both(&mut pool, &mut reference, addr, i);
-            }
-            Step::FreeAfterStreams { pick } => {
-                if live.is_empty() {
-                    continue;
-                }
-                let addr = live.swap_remove(pick % live.len());
-                let ptr = DevicePtr::new(addr).expect("not null");
-                let used_by = [StreamId(100)];
-                assert_eq!(pool.free_after_streams(ptr, &used_by), Ok(vec![]));
-                reference.free_after_streams(addr);
+                free_how(&mut pool, &mut reference, addr, how, i);
             }
             Step::CompleteWork => {
                 pool.backend_mut().complete_work();

@@ -11,6 +11,12 @@
 //! streams (`Tensor.record_stream`) waits for its events as §2.9 says: the device's work
 //! completes when the test says so, and the next malloc's `process_events` (or a
 //! `release_cached_blocks`, which synchronizes) frees it.
+//!
+//! One rule is cachealloc's own, with no PyTorch counterpart: a free deferred until the device
+//! has finished the work issued before it (`free_sync:device`, design.md). Such a block waits
+//! like a recorded free; the next malloc frees the completed ones first, before
+//! `process_events`, and a malloc that finds no cached block while one still waits
+//! synchronizes the device once and searches again before it climbs the miss ladder.
 
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::backend::{Backend, BackendError};
@@ -42,7 +48,8 @@ struct Block {
     stream: u64,
     pool: Pool,
     allocated: bool,
-    /// Freed, waiting for events on the streams that used it (`event_count > 0`).
+    /// Freed, waiting for events on the streams that used it (`event_count > 0`), or for the
+    /// device's work (a deferred free).
     event_pending: bool,
     /// Memory is mapped behind it (always, outside expandable segments).
     mapped: bool,
@@ -162,6 +169,10 @@ pub struct ReferencePool {
     /// Freed blocks whose events have not completed, and those whose events have.
     events_pending: Vec<u64>,
     events_completed: Vec<u64>,
+    /// Deferred frees (cachealloc's `free_sync:device`) waiting for the device's work, and
+    /// those whose work has completed, in order of freeing.
+    deferred_pending: Vec<u64>,
+    deferred_completed: Vec<u64>,
     pub stats: DeviceStats,
 }
 
@@ -196,6 +207,8 @@ impl ReferencePool {
             allowed_memory_maximum,
             events_pending: Vec::new(),
             events_completed: Vec::new(),
+            deferred_pending: Vec::new(),
+            deferred_completed: Vec::new(),
             stats,
         }
     }
@@ -210,6 +223,7 @@ impl ReferencePool {
 
     /// §2 malloc: the address handed out, or `None` for out of memory.
     pub fn malloc(&mut self, orig_size: u64, stream: u64) -> Option<u64> {
+        self.process_deferred();
         self.process_events();
         let size = round_size(&self.settings, orig_size);
         let pool = if size <= SMALL_SIZE {
@@ -218,6 +232,11 @@ impl ReferencePool {
             Pool::Large
         };
         let mut found = self.get_free_block(pool, stream, size);
+        if found.is_none() && !self.deferred_pending.is_empty() {
+            // cachealloc's rule: wait for the device once rather than grow while frees wait.
+            self.synchronize_and_free_events();
+            found = self.get_free_block(pool, stream, size);
+        }
         if found.is_none() {
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks();
@@ -405,17 +424,38 @@ impl ReferencePool {
     /// §3 free of a block recorded on other streams: events are recorded, and the block waits
     /// for them (§2.9).
     pub fn free_after_streams(&mut self, addr: u64) {
+        self.release_to_wait(addr);
+        self.events_pending.push(addr);
+    }
+
+    /// cachealloc's deferred free (`free_sync:device`): the block waits, as a recorded free
+    /// does, until the device has finished the work issued so far.
+    pub fn free_deferred(&mut self, addr: u64) {
+        self.release_to_wait(addr);
+        self.deferred_pending.push(addr);
+    }
+
+    /// The block stops being an allocation but is not free yet: it merges with nothing.
+    fn release_to_wait(&mut self, addr: u64) {
         self.release_allocation(addr);
         self.blocks
             .get_mut(&addr)
             .expect("block exists")
             .event_pending = true;
-        self.events_pending.push(addr);
     }
 
-    /// The device finished all work issued so far: every recorded event completes.
+    /// The device finished all work issued so far: every recorded event completes, and so
+    /// does the work each deferred free waits for.
     pub fn complete_work(&mut self) {
         self.events_completed.append(&mut self.events_pending);
+        self.deferred_completed.append(&mut self.deferred_pending);
+    }
+
+    /// Free the deferred blocks whose work completed, in order of freeing.
+    fn process_deferred(&mut self) {
+        for addr in std::mem::take(&mut self.deferred_completed) {
+            self.free_block(addr);
+        }
     }
 
     /// `process_events`: free the blocks whose events completed.
@@ -425,10 +465,12 @@ impl ReferencePool {
         }
     }
 
-    /// `synchronize_and_free_events`: wait for every event and free its block.
+    /// `synchronize_and_free_events`: wait for every event and free its block (the deferred
+    /// frees first, as cachealloc does).
     fn synchronize_and_free_events(&mut self) {
         self.stats.counts.num_sync_all_streams += 1;
         self.complete_work();
+        self.process_deferred();
         self.process_events();
     }
 
