@@ -94,19 +94,41 @@ fn log_filter(value: Option<String>) -> Result<String, ConfigError> {
     let Some(raw) = value.filter(|v| !v.trim().is_empty()) else {
         return Ok(options::DEFAULT_LOG_FILTER.to_string());
     };
-    match tracing_subscriber::EnvFilter::builder().parse(raw.trim()) {
-        Ok(_) => Ok(raw.trim().to_string()),
-        Err(e) => Err(ConfigError::new(
+    let bad = |why: String| {
+        Err(ConfigError::new(
             options::LOG_VAR,
             Problem::InvalidVariable {
-                value: raw,
+                value: raw.clone(),
                 why: format!(
-                    "not a log filter ({e}); expected a level such as warn, or directives such \
-                     as cachealloc=debug"
+                    "{why}; expected a level such as warn, or directives such as \
+                     cachealloc=debug"
                 ),
             },
-        )),
+        ))
+    };
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(raw.trim()) {
+        return bad(format!("not a log filter ({e})"));
     }
+    // EnvFilter reads a word that is not a level as a target, which a misspelt level
+    // (`degub`) then is: logging would stay at warn without a word. Only cachealloc logs here.
+    if let Some(word) = raw.split(',').map(str::trim).find(|d| {
+        !d.is_empty() && !d.contains(['=', '[']) && !is_level(d) && !d.starts_with("cachealloc")
+    }) {
+        return bad(format!(
+            "'{word}' is neither a level (off, error, warn, info, debug, trace) nor one of \
+             cachealloc's log targets (cachealloc, cachealloc::device, ...)"
+        ));
+    }
+    Ok(raw.trim().to_string())
+}
+
+/// A level as EnvFilter reads one: its name in any case, or its number (0 = off … 5 = trace).
+pub(crate) fn is_level(word: &str) -> bool {
+    let word = word.to_ascii_lowercase();
+    [
+        "off", "error", "warn", "info", "debug", "trace", "0", "1", "2", "3", "4", "5",
+    ]
+    .contains(&word.as_str())
 }
 
 /// Parse `text` with the meaning of `config.source` and apply it onto `config`.
@@ -126,9 +148,23 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
     } else {
         &[Carrier::Shared, Carrier::Cachealloc]
     };
+    // Each known key's value as written so far: a key given again replaces it (PyTorch's
+    // reading too), which is said, since the earlier value is lost.
+    let mut given: Vec<(String, String)> = Vec::new();
     for entry in entries {
         let key = entry.key.as_str();
         if let Some(spec) = options::find(key) {
+            let written = entry.value.as_written();
+            match given.iter_mut().find(|(k, _)| k == key) {
+                Some((_, earlier)) => {
+                    config.reading_notes.push(format!(
+                        "{variable}: {key} is given more than once: {key}:{written} replaces \
+                         {key}:{earlier} (the last value is in force, as in PyTorch)"
+                    ));
+                    *earlier = written;
+                }
+                None => given.push((key.to_string(), written)),
+            }
             if !carriers.contains(&spec.carrier) {
                 let problem = Problem::CacheallocOnlyKey { key: entry.key };
                 return Err(ConfigError::new(variable, problem));

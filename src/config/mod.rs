@@ -42,6 +42,7 @@ pub mod values;
 mod tests;
 
 pub use error::{ConfigError, Problem};
+pub(crate) use load::is_level as is_log_level;
 pub use options::{
     OPTIONS, OptionSpec, render_conf, render_help, render_markdown_table, render_values,
 };

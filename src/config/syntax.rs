@@ -186,6 +186,13 @@ pub fn parse_entries(
             return Err("expected a key, found ',' (an empty entry: remove the extra ',')".into());
         }
         let key = cur.word("expected a key")?;
+        if let Some((k, v)) = key.split_once('=')
+            && cur.peek() != Some(":")
+        {
+            return Err(format!(
+                "'{key}': a key and its value are joined by ':', not '=' (write {k}:{v})"
+            ));
+        }
         cur.expect(":", &format!("after key '{key}'"))?;
         let value = if cur.peek() == Some("[") {
             let start = cur.at;
@@ -339,6 +346,10 @@ mod tests {
                 "expected a key, found ',' (an empty entry: remove the extra ',')",
             ),
             ("a", "expected ':' after key 'a', found the end of the text"),
+            (
+                "a=1,b:2",
+                "'a=1': a key and its value are joined by ':', not '=' (write a:1)",
+            ),
             ("a,b:1", "expected ':' after key 'a', found ','"),
             ("a:", "missing value after 'a:', found the end of the text"),
             ("a:,b:1", "missing value after 'a:', found ','"),

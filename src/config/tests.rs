@@ -379,6 +379,23 @@ fn a_bad_log_filter_is_an_error_naming_the_variable() {
     assert!(
         message.ends_with("expected a level such as warn, or directives such as cachealloc=debug")
     );
+    // A misspelt level is a target to EnvFilter, one that never logs: an error too.
+    assert_eq!(
+        error(&[(LOG_VAR, "degub")]),
+        "CACHEALLOC_LOG=degub: 'degub' is neither a level (off, error, warn, info, debug, \
+         trace) nor one of cachealloc's log targets (cachealloc, cachealloc::device, ...); \
+         expected a level such as warn, or directives such as cachealloc=debug"
+    );
+    for good in [
+        "DEBUG",
+        "info,cachealloc::device=debug",
+        "cachealloc",
+        "4",
+        "warn, ",
+    ] {
+        let c = Config::from_lookup(env(&[(LOG_VAR, good)])).unwrap();
+        assert_eq!(c.log_filter, good.trim(), "{good}");
+    }
 }
 
 #[test]
@@ -751,6 +768,20 @@ fn numbers_pytorch_accepts_are_read_its_way_with_a_warning() {
             .unwrap()
             .value_warnings()
             .is_empty()
+    );
+}
+
+/// A key given twice keeps its last value, as in PyTorch, and the lost value is a warning.
+#[test]
+fn a_key_given_twice_keeps_its_last_value_with_a_warning() {
+    let c = conf("max_split_size_mb:128,stats:text,max_split_size_mb:256").unwrap();
+    assert_eq!(c.settings.max_split_size, 256 * MIB);
+    assert_eq!(
+        c.value_warnings(),
+        [
+            "CACHEALLOC_CONF: max_split_size_mb is given more than once: max_split_size_mb:256 \
+             replaces max_split_size_mb:128 (the last value is in force, as in PyTorch)"
+        ]
     );
 }
 

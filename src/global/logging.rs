@@ -9,10 +9,8 @@
 //! call made at exit is served as at any other time.
 
 use super::panics;
+use crate::config::is_log_level;
 use tracing_subscriber::EnvFilter;
-
-/// The levels a directive without a target can name (it then sets the default level).
-const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
 /// Run `event` (a `tracing` macro call); a panic inside it drops the event.
 pub fn emit(event: impl FnOnce()) {
@@ -22,9 +20,8 @@ pub fn emit(event: impl FnOnce()) {
 /// `filter`, with `warn` as the default level when it names none: `cachealloc::device=debug`
 /// alone would otherwise turn every other line off, warnings and out-of-memory reports too.
 fn with_default_level(filter: &str) -> String {
-    let has_default = filter
-        .split(',')
-        .any(|d| LEVELS.contains(&d.trim().to_ascii_lowercase().as_str()));
+    // A directive that is a level alone sets the default level.
+    let has_default = filter.split(',').any(|d| is_log_level(d.trim()));
     if has_default || filter.trim().is_empty() {
         filter.to_string()
     } else {
