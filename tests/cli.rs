@@ -6,11 +6,29 @@ mod support;
 use std::process::{Command, Output};
 use support::traces::trace;
 
-fn cachealloc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+/// The variables that configure the preloaded library, which a replay only mentions.
+const LIBRARY_VARS: [&str; 3] = [
+    "CACHEALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+];
+
+/// Run the binary with `args` and `vars` set (and no other library variable from the caller's
+/// environment).
+fn cachealloc_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
+    for var in LIBRARY_VARS {
+        command.env_remove(var);
+    }
+    command
         .args(args)
+        .envs(vars.iter().copied())
         .output()
         .expect("binary runs")
+}
+
+fn cachealloc(args: &[&str]) -> Output {
+    cachealloc_with(args, &[])
 }
 
 fn json(out: &Output) -> serde_json::Value {
@@ -143,11 +161,98 @@ fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
         text.contains("1 failed request of the recording, requested again"),
         "{text}"
     );
+    // A faithful replay of a recording that names no settings says so.
+    let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap(), "--faithful"]).stdout)
+        .unwrap();
+    assert!(
+        text.contains("  settings: defaults (the recording names none)\n"),
+        "{text}"
+    );
     // Without a capacity the same trace fits: the what-if default is an unlimited device.
     let free = json(&cachealloc(&["replay", t.to_str().unwrap(), "--json"]));
     assert_eq!(free["num_ooms"], 0);
     let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains("not requested again (no capacity)"), "{text}");
+}
+
+/// A replay reads its settings from --conf only: a variable set for the preloaded library is
+/// named, with the --conf that would replay with it, and not followed.
+#[test]
+fn a_replay_names_the_library_variables_it_does_not_read() {
+    let out = cachealloc_with(
+        &["synth", "transformer:steps=1"],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+    );
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cachealloc: note: PYTORCH_CUDA_ALLOC_CONF is set, but a replay reads its settings from \
+         --conf only (the variables configure the preloaded library); to replay with them, give \
+         --conf expandable_segments:True\n"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  settings: defaults\n"), "{text}");
+    // Given --conf, the variable is not mentioned.
+    let out = cachealloc_with(
+        &[
+            "synth",
+            "transformer:steps=1",
+            "--conf",
+            "max_split_size_mb:64",
+        ],
+        &[("CACHEALLOC_CONF", "max_split_size_mb:128")],
+    );
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Slips a user makes on the command line are named with the fix: a key joined to its value
+/// by '=', a capacity without its unit, a key given twice, a library option.
+#[test]
+fn command_line_slips_are_named_with_the_fix() {
+    let stderr = |args: &[&str]| {
+        let out = cachealloc(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(
+        stderr(&["synth", "--conf", "max_split_size_mb=128"]),
+        (
+            Some(2),
+            "cachealloc: error: --conf: 'max_split_size_mb=128': a key and its value are joined \
+             by ':', not '=' (write max_split_size_mb:128)\n"
+                .to_string()
+        )
+    );
+    let (code, err) = stderr(&["synth", "--capacity", "24"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains(
+            "invalid capacity \"24\": 24 bytes cannot hold a single segment (the smallest is \
+             2 MiB) (a number without a unit is bytes: for gibibytes write 24GiB)"
+        ),
+        "{err}"
+    );
+    let (code, err) = stderr(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "max_split_size_mb:128,stats:text,max_split_size_mb:256",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        err,
+        "cachealloc: warning: --conf: max_split_size_mb is given more than once: \
+         max_split_size_mb:256 replaces max_split_size_mb:128 (the last value is in force, as in \
+         PyTorch)\ncachealloc: warning: --conf stats: configures the preloaded library, not the \
+         pool, and has no effect on a replay\n"
+    );
 }
 
 /// The out-of-memory report names the device that was replayed, not device 0.
@@ -322,7 +427,8 @@ fn faithful_replay_lands_every_allocation_at_its_recorded_address() {
     assert!(
         text.contains(
             "events: 5851 (2912 allocations, 2911 frees, 28 empty_cache calls)\n  not \
-             replayed: 1 free of memory from before the trace\n"
+             replayed: 1 free of memory from before the trace (the recording began with \
+             memory allocated, which this replay starts without: --faithful rebuilds it)\n"
         ),
         "{text}"
     );
@@ -382,7 +488,7 @@ fn faithful_replay_of_an_expandable_trace_reproduces_it() {
         "--json",
     ]));
     // The recording's settings: expandable segments, which count no segments.
-    assert_eq!(j["settings"], "as recorded");
+    assert_eq!(j["settings"], "as recorded: expandable_segments:True");
     assert_eq!(j["expandable_segments"], true);
     assert_eq!(j["memory_stats"]["segment.all.peak"], 0);
     assert_eq!(j["num_device_alloc"], 40);
@@ -607,6 +713,17 @@ fn an_oom_comes_with_settings_verified_to_fit() {
             .contains("Hint: Fragmentation")
     );
     assert!(v["gets_furthest"].is_null(), "settings fit: nothing to add");
+    // Settings that fit only by filling the device are marked so (they live on releasing
+    // cached blocks: the retries), not shown as if they needed that memory.
+    let text =
+        String::from_utf8(cachealloc(&["synth", "transformer", "--capacity", "5800MiB"]).stdout)
+            .unwrap();
+    let full = fits
+        .iter()
+        .filter(|f| (5800u64 << 20) - f["peak_reserved_bytes"].as_u64().unwrap() < 20 << 20)
+        .count();
+    assert!(full > 0);
+    assert_eq!(text.matches("(fills the device)").count(), full, "{text}");
     // No OOM, no suggestions.
     let fine = synth("8GiB", &[]);
     assert!(fine["fitting_settings"].is_null());
@@ -637,6 +754,20 @@ fn without_a_fit_the_value_that_gets_furthest_is_named() {
         text.contains(&format!(
             "it needs more memory. With --conf {conf} it gets past this out-of-memory and first \
              runs out at operation {at}."
+        )),
+        "{text}"
+    );
+    // The value the report's hint named is among those tried, and the summary says so.
+    let suggested = &v["report_suggestion"];
+    assert_eq!(
+        (&suggested["tried"], &suggested["fits"]),
+        (&true.into(), &false.into())
+    );
+    assert!(
+        text.contains(&format!(
+            "  ({}, the report's suggestion, was tried and does not avoid the out-of-memory \
+             here.)\n",
+            suggested["conf"].as_str().unwrap()
         )),
         "{text}"
     );
@@ -704,7 +835,7 @@ fn options_without_effect_on_a_replay_are_warned_about() {
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--conf free_sync, trace: these configure the preloaded library"),
+        err.contains("--conf free_sync, trace: configure the preloaded library, not the pool"),
         "{err}"
     );
     assert!(

@@ -66,7 +66,7 @@ impl fmt::Display for TraceError {
             TraceError::Io { path, source } => write!(f, "{path}: cannot read file: {source}"),
             TraceError::NotPickle { path, detail } => write!(
                 f,
-                "{path}: not a Python pickle: {detail}; expected a memory snapshot written by \
+                "{path}: not a readable Python pickle: {detail}; expected a memory snapshot written by \
                  torch.cuda.memory._dump_snapshot, or a trace cachealloc recorded \
                  (CACHEALLOC_CONF=trace:PATH), whose first line names its format"
             ),

@@ -608,7 +608,7 @@ mod tests {
             assert!(matches!(err, TraceError::NotPickle { .. }), "{err}");
             assert!(
                 err.to_string()
-                    .starts_with("bad.pickle: not a Python pickle")
+                    .starts_with("bad.pickle: not a readable Python pickle")
             );
         }
         let good = sample_bytes();
@@ -640,7 +640,7 @@ mod tests {
             let err = error_of(data).to_string();
             assert!(err.contains(says), "{err:?} should say {says:?}");
             assert!(
-                err.starts_with("bad.pickle: not a Python pickle: "),
+                err.starts_with("bad.pickle: not a readable Python pickle: "),
                 "{err}"
             );
         }

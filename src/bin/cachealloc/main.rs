@@ -53,7 +53,7 @@ struct Common {
     #[arg(long)]
     conf: Option<String>,
     /// Device capacity: 24GiB, 512MiB (KiB..TiB and K..T are powers of 1024, KB..TB powers of
-    /// 1000) or bytes. Default: unlimited.
+    /// 1000) or bytes, at least 2 MiB (one segment). Default: unlimited.
     #[arg(long, value_parser = size::parse_capacity, allow_hyphen_values = true)]
     capacity: Option<u64>,
     /// Print one JSON object instead of the readable summary.
@@ -167,7 +167,17 @@ fn run(cli: Cli) -> Result<String, String> {
                         format!("{settings_text} (from --conf, in place of the recording's)");
                 } else if let Some(recorded) = &loaded.recorded_settings {
                     config.settings = recorded.clone();
-                    settings_text = "as recorded".to_string();
+                    let conf = cachealloc::config::render_conf(&Config {
+                        settings: recorded.clone(),
+                        ..Config::default()
+                    });
+                    settings_text = if conf.is_empty() {
+                        "as recorded: defaults".to_string()
+                    } else {
+                        format!("as recorded: {conf}")
+                    };
+                } else {
+                    settings_text = "defaults (the recording names none)".to_string();
                 }
             }
             if args.faithful {
@@ -223,11 +233,19 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     }
     let library_keys = config.library_keys_set();
     if !library_keys.is_empty() {
+        let (configure, have) = if library_keys.len() == 1 {
+            ("configures", "has")
+        } else {
+            ("configure", "have")
+        };
         eprintln!(
-            "cachealloc: warning: --conf {}: these configure the preloaded library, not the \
-             pool, and have no effect on a replay",
+            "cachealloc: warning: --conf {}: {configure} the preloaded library, not the pool, \
+             and {have} no effect on a replay",
             library_keys.join(", ")
         );
+    }
+    if common.conf.is_none() {
+        note_unread_variables();
     }
     let placement = match common.placement {
         PlacementArg::TopDown => Placement::TopDown,
@@ -240,6 +258,28 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
+}
+
+/// A replay reads its settings from `--conf` only: say so when a variable that configures the
+/// preloaded library is set, since a user who exports one for a training run may expect the
+/// replay to follow it.
+fn note_unread_variables() {
+    for var in [
+        "CACHEALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ] {
+        if let Ok(value) = std::env::var(var)
+            && !value.trim().is_empty()
+        {
+            eprintln!(
+                "cachealloc: note: {var} is set, but a replay reads its settings from --conf \
+                 only (the variables configure the preloaded library); to replay with them, \
+                 give --conf {}",
+                cachealloc::config::shell_word(&value)
+            );
+        }
+    }
 }
 
 /// `per_process_memory_fraction` limits the pool to a fraction of the device's capacity, which

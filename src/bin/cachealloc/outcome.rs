@@ -450,7 +450,8 @@ impl ReplayJson {
         }
         if !self.orphans_replayed && self.orphan_frees > 0 {
             t += &format!(
-                "  not replayed: {} of memory from before the trace\n",
+                "  not replayed: {} of memory from before the trace (the recording began with \
+                 memory allocated, which this replay starts without: --faithful rebuilds it)\n",
                 counted(self.orphan_frees, "free")
             );
         }
@@ -523,26 +524,128 @@ impl ReplayJson {
             .as_ref()
             .is_some_and(|e| e.fits);
         if let Some(fits) = &self.fitting_settings {
-            t += &fits_text(
-                fits,
-                self.report_suggestion.as_ref(),
-                self.gets_furthest.as_ref(),
-                self.max_split_sizes_not_replayable
-                    .as_deref()
-                    .unwrap_or(&[]),
-                self.mode,
-                expandable_fits,
-                if self.expandable_segments {
-                    "segment maps"
-                } else {
-                    "cudaMalloc"
-                },
-            );
+            t += &self.fits_text(fits, expandable_fits);
         }
         if let Some(e) = &self.expandable_segments_trial {
             t += &expandable_text(e, self.mode);
         }
         t
+    }
+
+    /// The settings search, in words: the values that fit, or how far the best one gets.
+    fn fits_text(&self, fits: &[FittingJson], expandable_fits: bool) -> String {
+        let not_replayable = self
+            .max_split_sizes_not_replayable
+            .as_deref()
+            .unwrap_or(&[]);
+        let device_allocs = if self.expandable_segments {
+            "segment maps"
+        } else {
+            "cudaMalloc"
+        };
+        let listed = |values: &[u64]| {
+            values
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let tried: Vec<u64> = MAX_SPLIT_LADDER_MB
+            .into_iter()
+            .filter(|mb| !not_replayable.contains(mb))
+            .collect();
+        let (tried, skipped) = (listed(&tried), listed(not_replayable));
+        if tried.is_empty() {
+            return format!(
+                "\nNo max_split_size_mb value could be tried: the start state rebuilt from the \
+                 snapshot holds blocks that could not exist under any of them ({skipped}).\n"
+            );
+        }
+        // Values the recorded start state rules out were not replayed: say so, and which.
+        let untried = if not_replayable.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  (max_split_size_mb values {skipped} were not tried: the start state rebuilt \
+                 from the snapshot holds blocks that could not exist under {}.)\n",
+                if not_replayable.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            )
+        };
+        // What became of the value the report's hint named.
+        let suggestion = match &self.report_suggestion {
+            Some(s) if !s.tried => format!(
+                "  ({}, the report's suggestion, cannot be replayed from this recording's start \
+                 state.)\n",
+                s.conf
+            ),
+            Some(s) if !s.fits => format!(
+                "  ({}, the report's suggestion, was tried and does not avoid the \
+                 out-of-memory here.)\n",
+                s.conf
+            ),
+            _ => String::new(),
+        };
+        if fits.is_empty() {
+            let mut t = format!(
+                "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) \
+                 lets this workload run without an out-of-memory on this device{}",
+                if expandable_fits {
+                    "."
+                } else {
+                    ": it needs more memory."
+                }
+            );
+            match &self.gets_furthest {
+                Some(g) => {
+                    t += &format!(
+                        " With --conf {} it gets past this out-of-memory and first runs out at \
+                         {}.\n",
+                        shell_word(&g.conf),
+                        event_at(self.mode, g.first_oom_event_index)
+                    );
+                }
+                None => t += " No value gets past this out-of-memory.\n",
+            }
+            return t + &suggestion + &untried;
+        }
+        let mut t = "\nSettings that avoid every out-of-memory here, each verified by replaying \
+                     (max_split_size_mb values with this replay's other settings):\n"
+            .to_string();
+        let width = fits
+            .iter()
+            .map(|f| shell_word(&f.conf).len())
+            .max()
+            .unwrap_or(0);
+        for f in fits {
+            let note = if self
+                .report_suggestion
+                .as_ref()
+                .is_some_and(|s| s.conf == f.conf)
+            {
+                " (the report's suggestion)"
+            } else {
+                ""
+            };
+            // A setting that fits only by filling the device (less than a large segment, 20 MiB,
+            // left) lives on releasing its cache (the retries): say so rather than repeat the
+            // capacity.
+            let full = self
+                .capacity_bytes
+                .is_some_and(|c| c.saturating_sub(f.peak_reserved_bytes) < 20 << 20);
+            let whole = if full { " (fills the device)" } else { "" };
+            t += &format!(
+                "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {} retries{note}\n",
+                shell_word(&f.conf),
+                format_size(f.peak_reserved_bytes),
+                f.num_device_alloc,
+                f.num_alloc_retries
+            );
+        }
+        t + &suggestion + &untried
     }
 }
 
@@ -571,111 +674,6 @@ fn event_at(mode: &str, index: usize) -> String {
         "synthetic" => format!("operation {index}"),
         _ => format!("trace entry {index}"),
     }
-}
-
-fn fits_text(
-    fits: &[FittingJson],
-    suggestion: Option<&SuggestionJson>,
-    gets_furthest: Option<&GetsFurtherJson>,
-    not_replayable: &[u64],
-    mode: &str,
-    expandable_fits: bool,
-    device_allocs: &str,
-) -> String {
-    let listed = |values: &[u64]| {
-        values
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let tried: Vec<u64> = MAX_SPLIT_LADDER_MB
-        .into_iter()
-        .filter(|mb| !not_replayable.contains(mb))
-        .collect();
-    let (tried, skipped) = (listed(&tried), listed(not_replayable));
-    if tried.is_empty() {
-        return format!(
-            "\nNo max_split_size_mb value could be tried: the start state rebuilt from the \
-             snapshot holds blocks that could not exist under any of them ({skipped}).\n"
-        );
-    }
-    // Values the recorded start state rules out were not replayed: say so, and which.
-    let untried = if not_replayable.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "  (max_split_size_mb values {skipped} were not tried: the start state rebuilt from \
-             the snapshot holds blocks that could not exist under {}.)\n",
-            if not_replayable.len() == 1 {
-                "it"
-            } else {
-                "them"
-            }
-        )
-    };
-    if fits.is_empty() {
-        let mut t = format!(
-            "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) lets \
-             this workload run without an out-of-memory on this device{}",
-            if expandable_fits {
-                "."
-            } else {
-                ": it needs more memory."
-            }
-        );
-        match gets_furthest {
-            Some(g) => {
-                t += &format!(
-                    " With --conf {} it gets past this out-of-memory and first runs out at {}.\n",
-                    shell_word(&g.conf),
-                    event_at(mode, g.first_oom_event_index)
-                );
-            }
-            None => t += " No value gets past this out-of-memory.\n",
-        }
-        return t + &untried;
-    }
-    let mut t = "\nSettings that avoid every out-of-memory here, each verified by replaying \
-                 (max_split_size_mb values with this replay's other settings):\n"
-        .to_string();
-    let width = fits
-        .iter()
-        .map(|f| shell_word(&f.conf).len())
-        .max()
-        .unwrap_or(0);
-    for f in fits {
-        let note = if suggestion.is_some_and(|s| s.conf == f.conf) {
-            " (the report's suggestion)"
-        } else {
-            ""
-        };
-        t += &format!(
-            "  --conf {:<width$}  peak reserved {}, {} {device_allocs}, {} retries{note}\n",
-            shell_word(&f.conf),
-            format_size(f.peak_reserved_bytes),
-            f.num_device_alloc,
-            f.num_alloc_retries
-        );
-    }
-    match suggestion {
-        Some(s) if !s.tried => {
-            t += &format!(
-                "  ({}, the report's suggestion, cannot be replayed from this recording's start \
-                 state.)\n",
-                s.conf
-            );
-        }
-        Some(s) if !s.fits => {
-            t += &format!(
-                "  ({}, the report's suggestion, was tried and does not avoid the \
-                 out-of-memory here.)\n",
-                s.conf
-            );
-        }
-        _ => {}
-    }
-    t + &untried
 }
 
 fn opt(v: Option<u64>) -> String {

@@ -70,7 +70,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Parse a device capacity: at least one byte, and no more than the simulated device's address
+/// The smallest segment the pool obtains from a device (a small-pool segment).
+const SMALLEST_SEGMENT: u64 = 2 << 20;
+
+/// Parse a device capacity: room for at least one segment, and no more than the simulated device's address
 /// space (a larger one could not be simulated: the run would show a capacity it does not have).
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
     match parse_size(text)? {
@@ -78,6 +81,22 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
             "invalid capacity {text:?}: a device needs more than 0 bytes (omit --capacity for an \
              unlimited one)"
         )),
+        bytes if bytes < SMALLEST_SEGMENT => {
+            // Most likely a unit left off (24 for 24GiB): say what was read, and the fix.
+            let unitless = text.trim().bytes().all(|c| c.is_ascii_digit());
+            let hint = if unitless {
+                format!(
+                    " (a number without a unit is bytes: for gibibytes write {}GiB)",
+                    text.trim()
+                )
+            } else {
+                String::new()
+            };
+            Err(format!(
+                "invalid capacity {text:?}: {bytes} bytes cannot hold a single segment (the \
+                 smallest is 2 MiB){hint}"
+            ))
+        }
         bytes if bytes > ADDRESS_SPACE => Err(format!(
             "invalid capacity {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
              space (just under 128 TiB: 127TiB fits, 128TiB does not); give at most that, or \
@@ -135,6 +154,20 @@ mod tests {
     }
 
     #[test]
+    fn a_capacity_holds_a_segment_and_a_unit_left_off_is_named() {
+        let err = parse_capacity("24").unwrap_err();
+        assert_eq!(
+            err,
+            "invalid capacity \"24\": 24 bytes cannot hold a single segment (the smallest is \
+             2 MiB) (a number without a unit is bytes: for gibibytes write 24GiB)"
+        );
+        let err = parse_capacity("1MiB").unwrap_err();
+        assert!(err.ends_with("(the smallest is 2 MiB)"), "{err}");
+        assert_eq!(parse_capacity("2MiB"), Ok(2 << 20));
+        assert_eq!(parse_capacity("2097152"), Ok(2 << 20));
+    }
+
+    #[test]
     fn a_capacity_is_more_than_nothing() {
         assert!(
             parse_capacity("0")
@@ -146,7 +179,6 @@ mod tests {
                 .unwrap_err()
                 .contains("more than 0 bytes")
         );
-        assert_eq!(parse_capacity("1"), Ok(1));
         assert_eq!(parse_capacity("127TiB"), Ok(127 << 40));
         let refused = parse_capacity("200TiB").unwrap_err();
         assert!(refused.contains("address space"), "{refused}");
