@@ -64,6 +64,9 @@ enum FreeKind {
     Deferred,
     /// Deferred, and another stream's work may also use it: on the simulated device, one queue
     /// of work, that work completes with the device's, so the reference sees a deferred free.
+    /// The case this free exists for — its device fence done while another device's stream
+    /// fence is not, so that the block then waits for the stream — cannot arise here; the
+    /// pool's own tests (`src/pool/tests.rs`) cover it.
     DeferredAfterStreams,
 }
 

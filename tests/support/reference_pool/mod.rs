@@ -16,7 +16,9 @@
 //! has finished the work issued before it (`free_sync:device`, design.md). Such a block waits
 //! like a recorded free; the next malloc frees the completed ones first, before
 //! `process_events`, and a malloc that finds no cached block while one still waits
-//! synchronizes the device once and searches again before it climbs the miss ladder.
+//! synchronizes the device once — which completes the recorded frees' events too, the
+//! simulated device having one queue of work — and searches again before it climbs the miss
+//! ladder.
 
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::backend::{Backend, BackendError};
