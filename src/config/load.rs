@@ -16,12 +16,13 @@ const CONF_SOURCES: [ConfigSource; 3] = [
 pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let mut config = Config {
         disabled: disabled(lookup(options::DISABLE_VAR))?,
-        log_filter: log_filter(lookup(options::LOG_VAR))?,
         ..Config::default()
     };
     if config.disabled {
+        // A pure pass-through: nothing else is read, so nothing else can stop it.
         return Ok(config);
     }
+    config.log_filter = log_filter(lookup(options::LOG_VAR))?;
     let mut sources = CONF_SOURCES.into_iter();
     for source in sources.by_ref() {
         if let Some(text) = lookup(source.name()) {
@@ -94,6 +95,14 @@ fn log_filter(value: Option<String>) -> Result<String, ConfigError> {
     let Some(raw) = value.filter(|v| !v.trim().is_empty()) else {
         return Ok(options::DEFAULT_LOG_FILTER.to_string());
     };
+    // Each directive trimmed, empty ones dropped: EnvFilter reads a space after a comma as
+    // part of the next directive (` warn` would be a target, not the level).
+    let normalized = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect::<Vec<_>>()
+        .join(",");
     let bad = |why: String| {
         Err(ConfigError::new(
             options::LOG_VAR,
@@ -106,29 +115,30 @@ fn log_filter(value: Option<String>) -> Result<String, ConfigError> {
             },
         ))
     };
-    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(raw.trim()) {
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&normalized) {
         return bad(format!("not a log filter ({e})"));
     }
     // EnvFilter reads a word that is not a level as a target, which a misspelt level
     // (`degub`) then is: logging would stay at warn without a word. Only cachealloc logs here.
-    if let Some(word) = raw.split(',').map(str::trim).find(|d| {
-        !d.is_empty() && !d.contains(['=', '[']) && !is_level(d) && !d.starts_with("cachealloc")
-    }) {
+    if let Some(word) = normalized
+        .split(',')
+        .find(|d| !d.contains(['=', '[']) && !is_level(d) && !d.starts_with("cachealloc"))
+    {
         return bad(format!(
             "'{word}' is neither a level (off, error, warn, info, debug, trace) nor one of \
              cachealloc's log targets (cachealloc, cachealloc::device, ...)"
         ));
     }
-    Ok(raw.trim().to_string())
+    Ok(normalized)
 }
 
-/// A level as EnvFilter reads one: its name in any case, or its number (0 = off … 5 = trace).
-pub(crate) fn is_level(word: &str) -> bool {
-    let word = word.to_ascii_lowercase();
-    [
-        "off", "error", "warn", "info", "debug", "trace", "0", "1", "2", "3", "4", "5",
-    ]
-    .contains(&word.as_str())
+/// A directive that is a level alone, as EnvFilter reads one (a name in any case, or a number).
+pub(crate) fn is_level(directive: &str) -> bool {
+    // `LevelFilter` reads "" as a level too; an empty directive names none.
+    !directive.is_empty()
+        && directive
+            .parse::<tracing_subscriber::filter::LevelFilter>()
+            .is_ok()
 }
 
 /// Parse `text` with the meaning of `config.source` and apply it onto `config`.
@@ -156,13 +166,20 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
         if let Some(spec) = options::find(key) {
             let written = entry.value.as_written();
             match given.iter_mut().find(|(k, _)| k == key) {
-                Some((_, earlier)) => {
+                Some((_, earlier)) if *earlier != written => {
+                    // A list of roundup intervals is applied over the table as it stands.
+                    let how = if matches!(entry.value, syntax::Value::List(_)) {
+                        "is applied over"
+                    } else {
+                        "replaces"
+                    };
                     config.reading_notes.push(format!(
-                        "{variable}: {key} is given more than once: {key}:{written} replaces \
-                         {key}:{earlier} (the last value is in force, as in PyTorch)"
+                        "{variable}: {key} is given more than once: {key}:{written} {how} \
+                         {key}:{earlier}, as in PyTorch"
                     ));
                     *earlier = written;
                 }
+                Some(_) => {}
                 None => given.push((key.to_string(), written)),
             }
             if !carriers.contains(&spec.carrier) {

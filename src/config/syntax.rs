@@ -189,8 +189,14 @@ pub fn parse_entries(
         if let Some((k, v)) = key.split_once('=')
             && cur.peek() != Some(":")
         {
+            // `k=[...]`: the list is the next token, and the value is not in `key`.
+            let fix = if v.is_empty() {
+                format!("write {k}: before the value")
+            } else {
+                format!("write {k}:{v}")
+            };
             return Err(format!(
-                "'{key}': a key and its value are joined by ':', not '=' (write {k}:{v})"
+                "'{key}': a key and its value are joined by ':', not '=' ({fix})"
             ));
         }
         cur.expect(":", &format!("after key '{key}'"))?;
@@ -349,6 +355,10 @@ mod tests {
             (
                 "a=1,b:2",
                 "'a=1': a key and its value are joined by ':', not '=' (write a:1)",
+            ),
+            (
+                "a=[256:1,>:4]",
+                "'a=': a key and its value are joined by ':', not '=' (write a: before the value)",
             ),
             ("a,b:1", "expected ':' after key 'a', found ','"),
             ("a:", "missing value after 'a:', found the end of the text"),

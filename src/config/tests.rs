@@ -391,11 +391,28 @@ fn a_bad_log_filter_is_an_error_naming_the_variable() {
         "info,cachealloc::device=debug",
         "cachealloc",
         "4",
-        "warn, ",
+        "warn",
     ] {
         let c = Config::from_lookup(env(&[(LOG_VAR, good)])).unwrap();
-        assert_eq!(c.log_filter, good.trim(), "{good}");
+        assert_eq!(c.log_filter, good, "{good}");
     }
+    // A space after a comma would make EnvFilter read the next level as a target: each
+    // directive is trimmed.
+    for (spaced, read) in [
+        ("info, cachealloc=debug", "info,cachealloc=debug"),
+        (
+            "cachealloc::device=debug, warn",
+            "cachealloc::device=debug,warn",
+        ),
+        (" warn , ", "warn"),
+    ] {
+        let c = Config::from_lookup(env(&[(LOG_VAR, spaced)])).unwrap();
+        assert_eq!(c.log_filter, read, "{spaced:?}");
+    }
+    // With CACHEALLOC_DISABLE=1 nothing else is read: a bad filter cannot stop the
+    // pass-through.
+    let c = Config::from_lookup(env(&[(DISABLE_VAR, "1"), (LOG_VAR, "degub")])).unwrap();
+    assert!(c.disabled);
 }
 
 #[test]
@@ -550,6 +567,9 @@ fn shared_key_errors_in_pytorch_variables_name_that_variable() {
 fn disable_and_log_variables() {
     let c = Config::from_lookup(env(&[(DISABLE_VAR, "1"), (LOG_VAR, "cachealloc=debug")])).unwrap();
     assert!(c.disabled);
+    // A pass-through installs no logger: the filter is not read.
+    assert_eq!(c.log_filter, "warn");
+    let c = Config::from_lookup(env(&[(LOG_VAR, "cachealloc=debug")])).unwrap();
     assert_eq!(c.log_filter, "cachealloc=debug");
     assert!(
         !Config::from_lookup(env(&[(DISABLE_VAR, "0")]))
@@ -780,7 +800,26 @@ fn a_key_given_twice_keeps_its_last_value_with_a_warning() {
         c.value_warnings(),
         [
             "CACHEALLOC_CONF: max_split_size_mb is given more than once: max_split_size_mb:256 \
-             replaces max_split_size_mb:128 (the last value is in force, as in PyTorch)"
+             replaces max_split_size_mb:128, as in PyTorch"
+        ]
+    );
+    // The same value twice loses nothing.
+    assert!(
+        conf("stats:text,stats:text")
+            .unwrap()
+            .value_warnings()
+            .is_empty()
+    );
+    // A list is applied over the table as it stands: intervals it does not name keep theirs.
+    let c = conf("roundup_power2_divisions:[256:1,>:4],roundup_power2_divisions:[>:8]").unwrap();
+    assert_eq!(c.settings.roundup_power2_divisions[0], 1);
+    assert_eq!(c.settings.roundup_power2_divisions[15], 8);
+    assert_eq!(
+        c.value_warnings(),
+        [
+            "CACHEALLOC_CONF: roundup_power2_divisions is given more than once: \
+             roundup_power2_divisions:[>:8] is applied over \
+             roundup_power2_divisions:[256:1,>:4], as in PyTorch"
         ]
     );
 }

@@ -57,7 +57,11 @@ mod tests {
             with_default_level("error,cachealloc=info"),
             "error,cachealloc=info"
         );
-        assert_eq!(with_default_level(" Info "), " Info ");
+        assert_eq!(with_default_level("Info"), "Info");
+        assert_eq!(
+            with_default_level("4,cachealloc=trace"),
+            "4,cachealloc=trace"
+        );
     }
 
     /// A panic inside an event is dropped with the event.
