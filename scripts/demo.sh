@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 
 echo "== building (cargo build --release)"
 cargo build --release --quiet
-# Where cargo put the build (CARGO_TARGET_DIR may move it; relative to the repository root).
-target="${CARGO_TARGET_DIR:-target}"
-[[ "$target" = /* ]] || target="$PWD/$target"
+# Where cargo put the build (CARGO_TARGET_DIR or cargo's configuration may move it).
+target="$(cargo metadata --no-deps --format-version 1 \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
 lib="$target/release/libcachealloc.so"
 cachealloc="$target/release/cachealloc"
 for built in "$lib" "$cachealloc"; do

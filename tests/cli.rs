@@ -187,11 +187,24 @@ fn a_replay_names_the_library_variables_it_does_not_read() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
         "cachealloc: note: PYTORCH_CUDA_ALLOC_CONF is set, but a replay reads its settings from \
-         --conf only (the variables configure the preloaded library); to replay with them, give \
+         --conf only (the variable configures the preloaded library); to replay with them, give \
          --conf expandable_segments:True\n"
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("  settings: defaults\n"), "{text}");
+    // Only the variable the library would read is named: CACHEALLOC_CONF comes first.
+    let out = cachealloc_with(
+        &["synth", "transformer:steps=1"],
+        &[
+            ("CACHEALLOC_CONF", "max_split_size_mb:128"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("cachealloc: note: CACHEALLOC_CONF is set") && err.lines().count() == 1,
+        "{err}"
+    );
     // Given --conf, the variable is not mentioned.
     let out = cachealloc_with(
         &[
@@ -249,8 +262,7 @@ fn command_line_slips_are_named_with_the_fix() {
     assert_eq!(
         err,
         "cachealloc: warning: --conf: max_split_size_mb is given more than once: \
-         max_split_size_mb:256 replaces max_split_size_mb:128 (the last value is in force, as in \
-         PyTorch)\ncachealloc: warning: --conf stats: configures the preloaded library, not the \
+         max_split_size_mb:256 replaces max_split_size_mb:128, as in PyTorch\ncachealloc: warning: --conf stats: configures the preloaded library, not the \
          pool, and has no effect on a replay\n"
     );
 }
@@ -420,6 +432,18 @@ fn faithful_replay_lands_every_allocation_at_its_recorded_address() {
     assert_eq!(v["mode"], "faithful");
     assert_eq!(v["allocs_at_recorded_addr"], v["allocs"]);
     assert_eq!(v["num_device_alloc"], 420);
+    // A faithful replay takes the recording's settings: a variable set for the library is not
+    // mentioned, as it could not apply.
+    let out = cachealloc_with(
+        &["replay", t.to_str().unwrap(), "--faithful"],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")],
+    );
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(v["num_device_free"], 420);
     assert_eq!(v["peak_reserved_bytes"], v["recorded_peak_reserved_bytes"]);
     // Plain replay starts empty: frees of memory allocated before recording are counted, skipped.
@@ -968,6 +992,33 @@ fn an_allocation_at_a_live_address_frees_the_earlier_one() {
         "{text}"
     );
     assert!(text.contains("0 empty_cache calls"), "{text}");
+}
+
+/// A cachealloc trace begins with the process: a free of memory from before it is skipped
+/// and counted, and the summary does not send the user to --faithful, which would rebuild
+/// nothing.
+#[test]
+fn a_recorded_trace_skips_a_free_from_before_it_without_pointing_to_faithful() {
+    let base = 0x7f00_0000_0000u64;
+    let path = write_trace(
+        "orphan-free",
+        &[
+            ("segment_alloc", base, 20 << 20, 0),
+            ("alloc", base, 4 << 20, 0),
+            ("free_requested", base + (8 << 20), 4 << 20, 0),
+            ("free_completed", base + (8 << 20), 4 << 20, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--json"]));
+    assert_eq!(v["orphan_frees"], 1);
+    let out = cachealloc(&["replay", p]);
+    std::fs::remove_file(&path).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("  not replayed: 1 free of memory from before the trace\n"),
+        "{text}"
+    );
 }
 
 /// A two-stream trace whose second stream runs out of memory while a free block large enough

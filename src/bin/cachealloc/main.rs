@@ -132,6 +132,9 @@ fn run(cli: Cli) -> Result<String, String> {
                 .map_err(|e: cachealloc::trace::synth::SynthError| e.0)?;
             let workload = spec.generate(args.seed).map_err(|e| e.0)?;
             let (config, settings_text) = replay_config(&args.common)?;
+            if args.common.conf.is_none() {
+                note_unread_variable();
+            }
             warn_fraction_without_capacity(&config);
             let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
             let fits = fits_after_oom(&out, &workload, &config, None);
@@ -145,6 +148,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 recorded: Default::default(),
                 faithful: false,
                 orphans_replayed: false,
+                start_rebuildable: false,
             };
             Ok(render(
                 ReplayJson::new(ctx, out)
@@ -155,6 +159,10 @@ fn run(cli: Cli) -> Result<String, String> {
         }
         Command::Replay(args) => {
             let (mut config, mut settings_text) = replay_config(&args.common)?;
+            // A faithful replay takes the recording's settings: no variable could apply.
+            if args.common.conf.is_none() && !args.faithful {
+                note_unread_variable();
+            }
             let loaded = sources::load(&args.trace, args.device, args.faithful)?;
             if args.faithful {
                 // Faithful replay runs with the recording's own settings unless told otherwise:
@@ -171,10 +179,15 @@ fn run(cli: Cli) -> Result<String, String> {
                         settings: recorded.clone(),
                         ..Config::default()
                     });
-                    settings_text = if conf.is_empty() {
-                        "as recorded: defaults".to_string()
+                    let how = if loaded.settings_inferred {
+                        "as the recording shows them"
                     } else {
-                        format!("as recorded: {conf}")
+                        "as recorded"
+                    };
+                    settings_text = if conf.is_empty() {
+                        format!("{how}: defaults")
+                    } else {
+                        format!("{how}: {conf}")
                     };
                 } else {
                     settings_text = "defaults (the recording names none)".to_string();
@@ -209,6 +222,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
                 orphans_replayed: loaded.start.is_some(),
+                start_rebuildable: loaded.start_rebuildable && !args.faithful,
                 recorded: loaded.recorded,
                 faithful: args.faithful,
             };
@@ -244,9 +258,6 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
             library_keys.join(", ")
         );
     }
-    if common.conf.is_none() {
-        note_unread_variables();
-    }
     let placement = match common.placement {
         PlacementArg::TopDown => Placement::TopDown,
         PlacementArg::BottomUp => Placement::BottomUp,
@@ -260,25 +271,27 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     Ok((replay_config, conf.to_string()))
 }
 
-/// A replay reads its settings from `--conf` only: say so when a variable that configures the
-/// preloaded library is set, since a user who exports one for a training run may expect the
-/// replay to follow it.
-fn note_unread_variables() {
-    for var in [
+/// A replay reads its settings from `--conf` only: say so when the variable the preloaded
+/// library would read holds settings, since a user who exports one for a training run may
+/// expect the replay to follow it.
+fn note_unread_variable() {
+    // The library reads the first of these that is set, even when it is empty.
+    let read = [
         "CACHEALLOC_CONF",
         "PYTORCH_CUDA_ALLOC_CONF",
         "PYTORCH_ALLOC_CONF",
-    ] {
-        if let Ok(value) = std::env::var(var)
-            && !value.trim().is_empty()
-        {
-            eprintln!(
-                "cachealloc: note: {var} is set, but a replay reads its settings from --conf \
-                 only (the variables configure the preloaded library); to replay with them, \
-                 give --conf {}",
-                cachealloc::config::shell_word(&value)
-            );
-        }
+    ]
+    .into_iter()
+    .find_map(|var| std::env::var(var).ok().map(|value| (var, value)));
+    if let Some((var, value)) = read
+        && !value.trim().is_empty()
+    {
+        eprintln!(
+            "cachealloc: note: {var} is set, but a replay reads its settings from --conf only \
+             (the variable configures the preloaded library); to replay with them, give \
+             --conf {}",
+            cachealloc::config::shell_word(&value)
+        );
     }
 }
 

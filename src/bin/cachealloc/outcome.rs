@@ -120,6 +120,9 @@ pub struct ReplayJson {
     /// Whether the orphan frees were replayed (against a rebuilt start state).
     #[serde(skip)]
     pub orphans_replayed: bool,
+    /// Whether a faithful replay would replay them (the trace is a PyTorch snapshot).
+    #[serde(skip)]
+    pub start_rebuildable: bool,
 }
 
 /// The replay with expandable segments on.
@@ -263,6 +266,8 @@ pub struct Context {
     /// The replay started from the state rebuilt from the snapshot, so frees of memory from
     /// before the trace were replayed.
     pub orphans_replayed: bool,
+    /// A faithful replay would rebuild that state (the trace is a PyTorch snapshot).
+    pub start_rebuildable: bool,
 }
 
 impl ReplayJson {
@@ -311,6 +316,7 @@ impl ReplayJson {
             memory_stats: stats_json(&out.stats),
             stats: out.stats.clone(),
             orphans_replayed: ctx.orphans_replayed,
+            start_rebuildable: ctx.start_rebuildable,
             expandable_segments: ctx.expandable_segments,
         }
     }
@@ -449,9 +455,14 @@ impl ReplayJson {
             );
         }
         if !self.orphans_replayed && self.orphan_frees > 0 {
+            let rebuild = if self.start_rebuildable {
+                " (the recording began with memory allocated, which this replay starts without: \
+                 --faithful rebuilds it)"
+            } else {
+                ""
+            };
             t += &format!(
-                "  not replayed: {} of memory from before the trace (the recording began with \
-                 memory allocated, which this replay starts without: --faithful rebuilds it)\n",
+                "  not replayed: {} of memory from before the trace{rebuild}\n",
                 counted(self.orphan_frees, "free")
             );
         }
@@ -630,13 +641,11 @@ impl ReplayJson {
             } else {
                 ""
             };
-            // A setting that fits only by filling the device (less than a large segment, 20 MiB,
-            // left) lives on releasing its cache (the retries): say so rather than repeat the
-            // capacity.
-            let full = self
-                .capacity_bytes
-                .is_some_and(|c| c.saturating_sub(f.peak_reserved_bytes) < 20 << 20);
-            let whole = if full { " (fills the device)" } else { "" };
+            let whole = if fills_device(self.capacity_bytes, f.peak_reserved_bytes) {
+                " (fills the device)"
+            } else {
+                ""
+            };
             t += &format!(
                 "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {} retries{note}\n",
                 shell_word(&f.conf),
@@ -647,6 +656,14 @@ impl ReplayJson {
         }
         t + &suggestion + &untried
     }
+}
+
+/// Whether a replay that reserved at most `peak` bytes filled a device of `capacity`: less
+/// than a large segment (20 MiB) was left. A setting that fits only so lives on releasing its
+/// cache (the retries), which the summary says rather than repeat the capacity.
+fn fills_device(capacity: Option<u64>, peak: u64) -> bool {
+    const LARGE_SEGMENT: u64 = 20 << 20;
+    capacity.is_some_and(|c| c.saturating_sub(peak) < LARGE_SEGMENT)
 }
 
 /// The replay with expandable segments, in words.
@@ -686,5 +703,19 @@ fn counted(n: u64, noun: &str) -> String {
         format!("1 {noun}")
     } else {
         format!("{n} {noun}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fills_device;
+
+    #[test]
+    fn a_device_is_filled_when_less_than_a_large_segment_is_left() {
+        let capacity = 5800u64 << 20;
+        assert!(fills_device(Some(capacity), capacity));
+        assert!(fills_device(Some(capacity), capacity - (20 << 20) + 1));
+        assert!(!fills_device(Some(capacity), capacity - (20 << 20)));
+        assert!(!fills_device(None, capacity));
     }
 }

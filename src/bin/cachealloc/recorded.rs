@@ -100,5 +100,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         },
         recorded,
         recorded_settings: Some(trace.settings),
+        settings_inferred: false,
+        start_rebuildable: false,
     })
 }

@@ -82,9 +82,10 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
              unlimited one)"
         )),
         bytes if bytes < SMALLEST_SEGMENT => {
-            // Most likely a unit left off (24 for 24GiB): say what was read, and the fix.
+            // A small number without a unit is most likely a unit left off (24 for 24GiB):
+            // say what was read, and the fix.
             let unitless = text.trim().bytes().all(|c| c.is_ascii_digit());
-            let hint = if unitless {
+            let hint = if unitless && bytes <= 1024 {
                 format!(
                     " (a number without a unit is bytes: for gibibytes write {}GiB)",
                     text.trim()
@@ -162,6 +163,9 @@ mod tests {
              2 MiB) (a number without a unit is bytes: for gibibytes write 24GiB)"
         );
         let err = parse_capacity("1MiB").unwrap_err();
+        assert!(err.ends_with("(the smallest is 2 MiB)"), "{err}");
+        // A byte count meant as one gets no gibibyte hint.
+        let err = parse_capacity("1048576").unwrap_err();
         assert!(err.ends_with("(the smallest is 2 MiB)"), "{err}");
         assert_eq!(parse_capacity("2MiB"), Ok(2 << 20));
         assert_eq!(parse_capacity("2097152"), Ok(2 << 20));

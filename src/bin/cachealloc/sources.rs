@@ -22,8 +22,14 @@ pub struct Loaded {
     pub reservation_hints: Vec<u64>,
     pub total_from_reservations: Option<u64>,
     pub recorded: Recorded,
-    /// The allocator settings the recording ran with, when the file says.
+    /// The allocator settings the recording ran with, when the file says or shows them.
     pub recorded_settings: Option<Settings>,
+    /// The settings were read from what the recording did (its expandable segments), not
+    /// named by the file.
+    pub settings_inferred: bool,
+    /// A faithful replay rebuilds the state the recording began with (a PyTorch snapshot's;
+    /// a cachealloc trace begins with the process).
+    pub start_rebuildable: bool,
 }
 
 /// Read `path` and prepare device `device` (default: the first device whose trace allocates
@@ -88,6 +94,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             total_from_reservations: total_from_reservations(reservations),
             recorded,
             recorded_settings,
+            settings_inferred: rec.settings.is_none(),
+            start_rebuildable: true,
         })
     } else {
         let workload = rec.plain();
@@ -108,6 +116,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             total_from_reservations: None,
             recorded,
             recorded_settings,
+            settings_inferred: rec.settings.is_none(),
+            start_rebuildable: true,
         })
     }
 }
