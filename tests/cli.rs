@@ -748,6 +748,12 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         .count();
     assert!(full > 0);
     assert_eq!(text.matches("(fills the device)").count(), full, "{text}");
+    // Under a memory fraction the limit is the fraction's, and the mark says so.
+    let args = ["synth", "transformer", "--capacity", "8GiB"];
+    let fraction = ["--conf", "per_process_memory_fraction:0.7"];
+    let text = String::from_utf8(cachealloc(&[&args[..], &fraction].concat()).stdout).unwrap();
+    assert!(text.contains("(fills its memory fraction)"), "{text}");
+    assert!(!text.contains("(fills the device)"), "{text}");
     // No OOM, no suggestions.
     let fine = synth("8GiB", &[]);
     assert!(fine["fitting_settings"].is_null());

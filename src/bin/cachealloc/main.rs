@@ -149,6 +149,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 faithful: false,
                 orphans_replayed: false,
                 start_rebuildable: false,
+                memory_limit: memory_limit(&config),
             };
             Ok(render(
                 ReplayJson::new(ctx, out)
@@ -223,6 +224,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 capacity: config.capacity,
                 orphans_replayed: loaded.start.is_some(),
                 start_rebuildable: loaded.start_rebuildable && !args.faithful,
+                memory_limit: memory_limit(&config),
                 recorded: loaded.recorded,
                 faithful: args.faithful,
             };
@@ -292,6 +294,19 @@ fn note_unread_variable() {
              --conf {}",
             cachealloc::config::shell_word(&value)
         );
+    }
+}
+
+/// The most the replay's pool may reserve: the capacity, or PyTorch's allowed maximum (the
+/// fraction of the device's total) under a `per_process_memory_fraction` below 1.
+fn memory_limit(config: &ReplayConfig) -> Option<u64> {
+    let capacity = config.capacity?;
+    let fraction = config.settings.per_process_memory_fraction;
+    if fraction < 1.0 {
+        let total = config.device_total.unwrap_or(capacity);
+        Some(capacity.min((fraction * total as f64) as u64))
+    } else {
+        Some(capacity)
     }
 }
 

@@ -123,6 +123,9 @@ pub struct ReplayJson {
     /// Whether a faithful replay would replay them (the trace is a PyTorch snapshot).
     #[serde(skip)]
     pub start_rebuildable: bool,
+    /// The most the pool may reserve: the capacity, or less under a memory fraction.
+    #[serde(skip)]
+    pub memory_limit: Option<u64>,
 }
 
 /// The replay with expandable segments on.
@@ -268,6 +271,8 @@ pub struct Context {
     pub orphans_replayed: bool,
     /// A faithful replay would rebuild that state (the trace is a PyTorch snapshot).
     pub start_rebuildable: bool,
+    /// The most the pool may reserve: the capacity, or less under a memory fraction.
+    pub memory_limit: Option<u64>,
 }
 
 impl ReplayJson {
@@ -317,6 +322,7 @@ impl ReplayJson {
             stats: out.stats.clone(),
             orphans_replayed: ctx.orphans_replayed,
             start_rebuildable: ctx.start_rebuildable,
+            memory_limit: ctx.memory_limit,
             expandable_segments: ctx.expandable_segments,
         }
     }
@@ -641,10 +647,15 @@ impl ReplayJson {
             } else {
                 ""
             };
-            let whole = if fills_device(self.capacity_bytes, f.peak_reserved_bytes) {
-                " (fills the device)"
-            } else {
-                ""
+            let whole = match self.memory_limit {
+                Some(limit) if fills(limit, f.peak_reserved_bytes) => {
+                    if self.memory_limit == self.capacity_bytes {
+                        " (fills the device)"
+                    } else {
+                        " (fills its memory fraction)"
+                    }
+                }
+                _ => "",
             };
             t += &format!(
                 "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {} retries{note}\n",
@@ -658,12 +669,12 @@ impl ReplayJson {
     }
 }
 
-/// Whether a replay that reserved at most `peak` bytes filled a device of `capacity`: less
-/// than a large segment (20 MiB) was left. A setting that fits only so lives on releasing its
-/// cache (the retries), which the summary says rather than repeat the capacity.
-fn fills_device(capacity: Option<u64>, peak: u64) -> bool {
+/// Whether a replay that reserved at most `peak` bytes filled the `limit` it could reserve:
+/// less than a large segment (20 MiB) was left. A setting that fits only so lives on releasing
+/// its cache (the retries), which the summary says rather than repeat the limit.
+fn fills(limit: u64, peak: u64) -> bool {
     const LARGE_SEGMENT: u64 = 20 << 20;
-    capacity.is_some_and(|c| c.saturating_sub(peak) < LARGE_SEGMENT)
+    limit.saturating_sub(peak) < LARGE_SEGMENT
 }
 
 /// The replay with expandable segments, in words.
@@ -708,14 +719,13 @@ fn counted(n: u64, noun: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::fills_device;
+    use super::fills;
 
     #[test]
-    fn a_device_is_filled_when_less_than_a_large_segment_is_left() {
-        let capacity = 5800u64 << 20;
-        assert!(fills_device(Some(capacity), capacity));
-        assert!(fills_device(Some(capacity), capacity - (20 << 20) + 1));
-        assert!(!fills_device(Some(capacity), capacity - (20 << 20)));
-        assert!(!fills_device(None, capacity));
+    fn a_limit_is_filled_when_less_than_a_large_segment_is_left() {
+        let limit = 5800u64 << 20;
+        assert!(fills(limit, limit));
+        assert!(fills(limit, limit - (20 << 20) + 1));
+        assert!(!fills(limit, limit - (20 << 20)));
     }
 }
