@@ -243,6 +243,16 @@ fn command_line_slips_are_named_with_the_fix() {
                 .to_string()
         )
     );
+    for option in ["--device", "--faithful"] {
+        let (code, err) = stderr(&["synth", "transformer", option]);
+        assert_eq!(code, Some(2));
+        assert!(
+            err.starts_with(&format!(
+                "cachealloc: error: synth: {option} applies to a recorded trace"
+            )),
+            "{err}"
+        );
+    }
     let (code, err) = stderr(&["synth", "--capacity", "24"]);
     assert_eq!(code, Some(2));
     assert!(

@@ -92,6 +92,12 @@ struct SynthArgs {
     /// Seed of the generator (same seed, same workload).
     #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     seed: u64,
+    /// Options of `replay` that have no meaning for a generated workload, accepted only to be
+    /// refused with a message that says so (clap's own would suggest `-- --device`).
+    #[arg(long, hide = true, num_args = 0..=1, allow_hyphen_values = true)]
+    device: Option<Option<String>>,
+    #[arg(long, hide = true)]
+    faithful: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -126,6 +132,18 @@ fn run(cli: Cli) -> Result<String, String> {
             options::render_help()
         }),
         Command::Synth(args) => {
+            if args.device.is_some() || args.faithful {
+                let option = if args.faithful {
+                    "--faithful"
+                } else {
+                    "--device"
+                };
+                return Err(format!(
+                    "synth: {option} applies to a recorded trace (cachealloc replay TRACE \
+                     {option}); synth generates its workload on one device, from its spec \
+                     and --seed"
+                ));
+            }
             let spec: cachealloc::trace::synth::SynthSpec = args
                 .spec
                 .parse()
