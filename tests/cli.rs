@@ -974,13 +974,26 @@ fn write_trace(name: &str, events: &[(&str, u64, u64, u32)]) -> std::path::PathB
     path
 }
 
+/// Write a trace of `events`, replay it in plain mode as JSON and as text, and remove it.
+fn replay_written_trace(
+    name: &str,
+    events: &[(&str, u64, u64, u32)],
+) -> (serde_json::Value, String) {
+    let path = write_trace(name, events);
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--json"]));
+    let out = cachealloc(&["replay", p]);
+    std::fs::remove_file(&path).unwrap();
+    (v, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A trace that allocates twice at one address without a free between (a free is missing):
 /// the plain replay frees the earlier allocation there, as the recorded program must have,
 /// instead of keeping it live to the end, and says so.
 #[test]
 fn an_allocation_at_a_live_address_frees_the_earlier_one() {
     let base = 0x7f00_0000_0000u64;
-    let path = write_trace(
+    let (v, text) = replay_written_trace(
         "missing-free",
         &[
             ("segment_alloc", base, 20 << 20, 0),
@@ -990,15 +1003,10 @@ fn an_allocation_at_a_live_address_frees_the_earlier_one() {
             ("free_completed", base, 4 << 20, 0),
         ],
     );
-    let p = path.to_str().unwrap();
-    let v = json(&cachealloc(&["replay", p, "--json"]));
     assert_eq!(v["missing_frees"], 1);
     assert_eq!(v["allocs"], 2);
     assert_eq!(v["frees"], 2);
     assert_eq!(v["peak_allocated_bytes"], 4 << 20);
-    let out = cachealloc(&["replay", p]);
-    std::fs::remove_file(&path).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
             "events: 4 (2 allocations, 2 frees (1 added: the trace allocates at an address it \
@@ -1016,7 +1024,7 @@ fn an_allocation_at_a_live_address_frees_the_earlier_one() {
 #[test]
 fn a_recorded_trace_skips_a_free_from_before_it_without_pointing_to_faithful() {
     let base = 0x7f00_0000_0000u64;
-    let path = write_trace(
+    let (v, text) = replay_written_trace(
         "orphan-free",
         &[
             ("segment_alloc", base, 20 << 20, 0),
@@ -1025,12 +1033,7 @@ fn a_recorded_trace_skips_a_free_from_before_it_without_pointing_to_faithful() {
             ("free_completed", base + (8 << 20), 4 << 20, 0),
         ],
     );
-    let p = path.to_str().unwrap();
-    let v = json(&cachealloc(&["replay", p, "--json"]));
     assert_eq!(v["orphan_frees"], 1);
-    let out = cachealloc(&["replay", p]);
-    std::fs::remove_file(&path).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("  not replayed: 1 free of memory from before the trace\n"),
         "{text}"
