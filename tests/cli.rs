@@ -758,11 +758,25 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         .count();
     assert!(full > 0);
     assert_eq!(text.matches("(fills the device)").count(), full, "{text}");
-    // Under a memory fraction the limit is the fraction's, and the mark says so.
+    // Under a memory fraction the limit is the fraction's (PyTorch's allowed maximum, whole
+    // bytes of 0.7 × 8 GiB), and the mark says so.
     let args = ["synth", "transformer", "--capacity", "8GiB"];
     let fraction = ["--conf", "per_process_memory_fraction:0.7"];
     let text = String::from_utf8(cachealloc(&[&args[..], &fraction].concat()).stdout).unwrap();
-    assert!(text.contains("(fills its memory fraction)"), "{text}");
+    let v = json(&cachealloc(&[&args[..], &fraction, &["--json"]].concat()));
+    let limit = (0.7 * (8u64 << 30) as f64) as u64;
+    let full = v["fitting_settings"]
+        .as_array()
+        .expect("the fraction makes the default settings run out")
+        .iter()
+        .filter(|f| limit - f["peak_reserved_bytes"].as_u64().unwrap() < 20 << 20)
+        .count();
+    assert!(full > 0);
+    assert_eq!(
+        text.matches("(fills its memory fraction)").count(),
+        full,
+        "{text}"
+    );
     assert!(!text.contains("(fills the device)"), "{text}");
     // No OOM, no suggestions.
     let fine = synth("8GiB", &[]);
@@ -1038,6 +1052,7 @@ fn a_recorded_trace_skips_a_free_from_before_it_without_pointing_to_faithful() {
         text.contains("  not replayed: 1 free of memory from before the trace\n"),
         "{text}"
     );
+    assert!(!text.contains("--faithful"), "{text}");
 }
 
 /// A two-stream trace whose second stream runs out of memory while a free block large enough

@@ -318,24 +318,29 @@ fn note_unread_variable() {
 /// The most the replay's pool may reserve: the capacity, or PyTorch's allowed maximum (the
 /// fraction of the device's total) under a `per_process_memory_fraction` below 1.
 fn memory_limit(config: &ReplayConfig) -> Option<u64> {
-    let capacity = config.capacity?;
+    // The simulated device's total is the one a faithful replay inferred from the recorded
+    // reservations, else its capacity (`SimDevice::mem_info`), as the pool reads it.
+    let total = config.device_total.or(config.capacity);
     let fraction = config.settings.per_process_memory_fraction;
-    if fraction < 1.0 {
-        let total = config.device_total.unwrap_or(capacity);
-        Some(capacity.min((fraction * total as f64) as u64))
-    } else {
-        Some(capacity)
+    match total {
+        Some(total) if fraction < 1.0 => {
+            let allowed = (fraction * total as f64) as u64;
+            Some(config.capacity.map_or(allowed, |c| c.min(allowed)))
+        }
+        _ => config.capacity,
     }
 }
 
-/// `per_process_memory_fraction` limits the pool to a fraction of the device's capacity, which
-/// a replay without one does not have.
+/// `per_process_memory_fraction` limits the pool to a fraction of the device's total (its
+/// capacity, or in a faithful replay the total the recorded reservations imply), which a replay
+/// with neither does not have.
 /// Warn about a fraction limit on an unlimited device (the other settings that do nothing as
 /// set are warned about with the configuration: `Config::value_warnings`).
 fn warn_fraction_without_capacity(config: &ReplayConfig) {
     let fraction = config.settings.per_process_memory_fraction;
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
-    if config.capacity.is_none() && fraction > 0.0 && fraction < 1.0 {
+    let total = config.device_total.or(config.capacity);
+    if total.is_none() && fraction > 0.0 && fraction < 1.0 {
         eprintln!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
              capacity, and this replay's device is unlimited: give --capacity for the limit to \
