@@ -3,22 +3,17 @@
 
 mod support;
 
+use cachealloc::config::ConfigSource;
 use std::process::{Command, Output};
 use support::traces::trace;
-
-/// The variables that configure the preloaded library, which a replay only mentions.
-const LIBRARY_VARS: [&str; 3] = [
-    "CACHEALLOC_CONF",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_ALLOC_CONF",
-];
 
 /// Run the binary with `args` and `vars` set (and no other library variable from the caller's
 /// environment).
 fn cachealloc_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
-    for var in LIBRARY_VARS {
-        command.env_remove(var);
+    // The variables that configure the preloaded library, which a replay only mentions.
+    for source in ConfigSource::PRECEDENCE {
+        command.env_remove(source.name());
     }
     command
         .args(args)

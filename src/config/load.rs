@@ -6,13 +6,6 @@ use super::options::{self, Carrier, PYTORCH_ONLY_KEYS};
 use super::syntax;
 use super::{Config, ConfigSource};
 
-/// The options variables in order of precedence.
-const CONF_SOURCES: [ConfigSource; 3] = [
-    ConfigSource::CacheallocConf,
-    ConfigSource::PytorchCudaAllocConf,
-    ConfigSource::PytorchAllocConf,
-];
-
 pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let mut config = Config {
         disabled: disabled(lookup(options::DISABLE_VAR))?,
@@ -23,7 +16,7 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
         return Ok(config);
     }
     config.log_filter = log_filter(lookup(options::LOG_VAR))?;
-    let mut sources = CONF_SOURCES.into_iter();
+    let mut sources = ConfigSource::PRECEDENCE.into_iter();
     for source in sources.by_ref() {
         if let Some(text) = lookup(source.name()) {
             config.source = source;

@@ -121,6 +121,13 @@ pub enum ConfigSource {
 }
 
 impl ConfigSource {
+    /// The options variables in order of precedence: the first one set is read.
+    pub const PRECEDENCE: [ConfigSource; 3] = [
+        ConfigSource::CacheallocConf,
+        ConfigSource::PytorchCudaAllocConf,
+        ConfigSource::PytorchAllocConf,
+    ];
+
     /// The variable (or flag) name, as used in messages.
     pub fn name(self) -> &'static str {
         match self {

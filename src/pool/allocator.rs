@@ -520,11 +520,10 @@ impl<B: Backend> DeviceAllocator<B> {
             return;
         }
         self.allowed_maximum_resolved = true;
-        let fraction = self.settings.per_process_memory_fraction;
-        if fraction < 1.0
+        if self.settings.per_process_memory_fraction < 1.0
             && let Ok(info) = self.backend.mem_info()
         {
-            self.allowed_maximum = Some((fraction * info.total as f64) as u64);
+            self.allowed_maximum = self.settings.allowed_maximum(info.total);
             self.gc_searches_counted = u64::from(self.settings.garbage_collection_threshold > 0.0);
         }
     }

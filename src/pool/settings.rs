@@ -38,4 +38,11 @@ impl Settings {
     pub fn has_max_split_size(&self) -> bool {
         self.max_split_size != u64::MAX
     }
+
+    /// PyTorch's allowed maximum on a device of `total` bytes: `per_process_memory_fraction` of
+    /// it, or `None` (no limit) for a fraction of 1.
+    pub fn allowed_maximum(&self, total: u64) -> Option<u64> {
+        let fraction = self.per_process_memory_fraction;
+        (fraction < 1.0).then_some((fraction * total as f64) as u64)
+    }
 }

@@ -31,6 +31,14 @@ pub struct ReplayConfig {
     pub check_invariants: bool,
 }
 
+impl ReplayConfig {
+    /// The total memory the simulated device reports (`device_total`, else the capacity), from
+    /// which the pool takes `per_process_memory_fraction`; `None` for an unlimited device.
+    pub fn total(&self) -> Option<u64> {
+        self.device_total.or(self.capacity)
+    }
+}
+
 impl Default for ReplayConfig {
     fn default() -> Self {
         Self {

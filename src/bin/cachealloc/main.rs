@@ -8,7 +8,7 @@ mod size;
 mod sources;
 
 use cachealloc::backend::sim::Placement;
-use cachealloc::config::{Config, options};
+use cachealloc::config::{Config, ConfigSource, options};
 use cachealloc::trace::faithful::device_total;
 use cachealloc::trace::fit::{
     ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
@@ -241,7 +241,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
                 orphans_replayed: loaded.start.is_some(),
-                start_rebuildable: loaded.start_rebuildable && !args.faithful,
+                start_rebuildable: loaded.start_rebuildable,
                 memory_limit: memory_limit(&config),
                 recorded: loaded.recorded,
                 faithful: args.faithful,
@@ -296,13 +296,10 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
 /// expect the replay to follow it.
 fn note_unread_variable() {
     // The library reads the first of these that is set, even when it is empty.
-    let read = [
-        "CACHEALLOC_CONF",
-        "PYTORCH_CUDA_ALLOC_CONF",
-        "PYTORCH_ALLOC_CONF",
-    ]
-    .into_iter()
-    .find_map(|var| std::env::var(var).ok().map(|value| (var, value)));
+    let read = ConfigSource::PRECEDENCE
+        .into_iter()
+        .map(ConfigSource::name)
+        .find_map(|var| std::env::var(var).ok().map(|value| (var, value)));
     if let Some((var, value)) = read
         && !value.trim().is_empty()
     {
@@ -318,16 +315,12 @@ fn note_unread_variable() {
 /// The most the replay's pool may reserve: the capacity, or PyTorch's allowed maximum (the
 /// fraction of the device's total) under a `per_process_memory_fraction` below 1.
 fn memory_limit(config: &ReplayConfig) -> Option<u64> {
-    // The simulated device's total is the one a faithful replay inferred from the recorded
-    // reservations, else its capacity (`SimDevice::mem_info`), as the pool reads it.
-    let total = config.device_total.or(config.capacity);
-    let fraction = config.settings.per_process_memory_fraction;
-    match total {
-        Some(total) if fraction < 1.0 => {
-            let allowed = (fraction * total as f64) as u64;
-            Some(config.capacity.map_or(allowed, |c| c.min(allowed)))
-        }
-        _ => config.capacity,
+    let allowed = config
+        .total()
+        .and_then(|total| config.settings.allowed_maximum(total));
+    match (config.capacity, allowed) {
+        (Some(capacity), Some(allowed)) => Some(capacity.min(allowed)),
+        (capacity, allowed) => capacity.or(allowed),
     }
 }
 
@@ -339,8 +332,7 @@ fn memory_limit(config: &ReplayConfig) -> Option<u64> {
 fn warn_fraction_without_capacity(config: &ReplayConfig) {
     let fraction = config.settings.per_process_memory_fraction;
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
-    let total = config.device_total.or(config.capacity);
-    if total.is_none() && fraction > 0.0 && fraction < 1.0 {
+    if config.total().is_none() && fraction > 0.0 && fraction < 1.0 {
         eprintln!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
              capacity, and this replay's device is unlimited: give --capacity for the limit to \

@@ -1,6 +1,7 @@
 //! What `replay` and `synth` print: one record, rendered as JSON or as a readable summary.
 
 use cachealloc::config::shell_word;
+use cachealloc::pool::rounding::LARGE_BUFFER;
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
 use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
@@ -269,7 +270,8 @@ pub struct Context {
     /// The replay started from the state rebuilt from the snapshot, so frees of memory from
     /// before the trace were replayed.
     pub orphans_replayed: bool,
-    /// A faithful replay would rebuild that state (the trace is a PyTorch snapshot).
+    /// A faithful replay rebuilds that state (the trace is a PyTorch snapshot; a faithful
+    /// replay of one has replayed the orphan frees).
     pub start_rebuildable: bool,
     /// The most the pool may reserve: the capacity, or less under a memory fraction.
     pub memory_limit: Option<u64>,
@@ -673,8 +675,7 @@ impl ReplayJson {
 /// less than a large segment (20 MiB) was left. A setting that fits only so lives on releasing
 /// its cache (the retries), which the summary says rather than repeat the limit.
 fn fills(limit: u64, peak: u64) -> bool {
-    const LARGE_SEGMENT: u64 = 20 << 20;
-    limit.saturating_sub(peak) < LARGE_SEGMENT
+    limit.saturating_sub(peak) < LARGE_BUFFER
 }
 
 /// The replay with expandable segments, in words.

@@ -1,6 +1,7 @@
 //! Byte sizes on the command line: `24GiB`, `512MiB`, `1.5GiB`, `20GB`, plain bytes.
 
 use cachealloc::backend::sim::ADDRESS_SPACE;
+use cachealloc::pool::rounding::SMALL_BUFFER;
 
 const UNITS: [(&str, f64); 13] = [
     ("kib", 1024.0),
@@ -70,9 +71,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// The smallest segment the pool obtains from a device (a small-pool segment).
-const SMALLEST_SEGMENT: u64 = 2 << 20;
-
 /// Parse a device capacity: room for at least one segment, and no more than the simulated device's address
 /// space (a larger one could not be simulated: the run would show a capacity it does not have).
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
@@ -81,7 +79,8 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
             "invalid capacity {text:?}: a device needs more than 0 bytes (omit --capacity for an \
              unlimited one)"
         )),
-        bytes if bytes < SMALLEST_SEGMENT => {
+        // The smallest segment the pool obtains from a device (a small-pool segment).
+        bytes if bytes < SMALL_BUFFER => {
             // A small number without a unit is most likely a unit left off (24 for 24GiB):
             // say what was read, and the fix.
             let unitless = text.trim().bytes().all(|c| c.is_ascii_digit());
