@@ -3,37 +3,9 @@
 
 mod support;
 
-use cachealloc::config::ConfigSource;
-use std::process::{Command, Output};
+use std::process::Command;
+use support::cli::{cachealloc, cachealloc_with, json};
 use support::traces::trace;
-
-/// Run the binary with `args` and `vars` set (and no other library variable from the caller's
-/// environment).
-fn cachealloc_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
-    // The variables that configure the preloaded library, which a replay only mentions.
-    for source in ConfigSource::PRECEDENCE {
-        command.env_remove(source.name());
-    }
-    command
-        .args(args)
-        .envs(vars.iter().copied())
-        .output()
-        .expect("binary runs")
-}
-
-fn cachealloc(args: &[&str]) -> Output {
-    cachealloc_with(args, &[])
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
 
 #[test]
 fn synth_demo_prints_the_summary_table() {

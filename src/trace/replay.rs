@@ -7,8 +7,8 @@
 use super::workload::{AllocId, Op, Workload};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{
-    DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, OomReport, SegmentSeed, Settings,
-    format_size,
+    DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, EventSink, OomReport, SegmentSeed,
+    Settings, format_size,
 };
 
 /// How to replay.
@@ -111,6 +111,26 @@ pub fn replay(
     config: &ReplayConfig,
     start: Option<&StartLayout>,
 ) -> Result<ReplayOutcome, Error> {
+    replay_observed(workload, config, start, None)
+}
+
+/// Replay as [`replay`] does, handing each event of the pool to `sink` from the first
+/// operation on (a start state's adoption records nothing): how a replay is saved as a trace.
+pub fn replay_with_sink(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+    sink: Box<dyn EventSink>,
+) -> Result<ReplayOutcome, Error> {
+    replay_observed(workload, config, start, Some(sink))
+}
+
+fn replay_observed(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+    sink: Option<Box<dyn EventSink>>,
+) -> Result<ReplayOutcome, Error> {
     let capacity = config.capacity.unwrap_or(u64::MAX);
     let mut sim = SimDevice::new(capacity)
         .with_device(config.device)
@@ -159,6 +179,7 @@ pub fn replay(
         }
         pool.reset_accumulated_stats();
     }
+    pool.set_event_sink(sink);
     let mut out = ReplayOutcome {
         ops: workload.ops.len(),
         allocs: 0,

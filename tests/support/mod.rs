@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ci;
+pub mod cli;
 pub mod fake_cudart;
 pub mod real_cudart;
 pub mod reference_pool;

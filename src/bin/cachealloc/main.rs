@@ -92,6 +92,10 @@ struct SynthArgs {
     /// Seed of the generator (same seed, same workload).
     #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
     seed: u64,
+    /// Also write the run to FILE as a cachealloc trace (the library's trace:PATH format), to
+    /// replay later with other settings: cachealloc replay FILE [--faithful].
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
     /// Options of `replay` that have no meaning for a generated workload, accepted only to be
     /// refused with a message that says so (clap's own would suggest `-- --device`).
     #[arg(long, hide = true, num_args = 0..=1, allow_hyphen_values = true)]
@@ -154,7 +158,10 @@ fn run(cli: Cli) -> Result<String, String> {
                 note_unread_variable();
             }
             warn_fraction_without_capacity(&config);
-            let out = replay(&workload, &config, None).map_err(|e| e.to_string())?;
+            let out = match &args.save {
+                Some(path) => save_replay(&workload, &config, path)?,
+                None => replay(&workload, &config, None).map_err(|e| e.to_string())?,
+            };
             let fits = fits_after_oom(&out, &workload, &config, None);
             let ctx = Context {
                 trace: format!("{} (seed {})", args.spec, args.seed),
@@ -289,6 +296,24 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
+}
+
+/// `synth --save`: replay `workload` recording its events, and write them to `path` as a
+/// cachealloc trace.
+fn save_replay(
+    workload: &cachealloc::trace::Workload,
+    config: &ReplayConfig,
+    path: &std::path::Path,
+) -> Result<cachealloc::trace::ReplayOutcome, String> {
+    let (out, bytes) = cachealloc::trace::record::save::replay_saved(workload, config)
+        .map_err(|e| e.to_string())?;
+    std::fs::write(path, bytes)
+        .map_err(|e| format!("--save {}: cannot write the trace: {e}", path.display()))?;
+    eprintln!(
+        "cachealloc: note: saved the run as a trace in {0}; replay it with: cachealloc replay {0}",
+        cachealloc::config::shell_word(&path.display().to_string())
+    );
+    Ok(out)
 }
 
 /// A replay reads its settings from `--conf` only: say so when the variable the preloaded

@@ -1,4 +1,5 @@
-//! Our own trace format, written by the shim with `CACHEALLOC_CONF=trace:PATH` and read back by
+//! Our own trace format, written by the shim with `CACHEALLOC_CONF=trace:PATH` (and for a
+//! synthetic workload by `cachealloc synth --save PATH`, see `save`) and read back by
 //! `cachealloc replay PATH`.
 //!
 //! JSON lines, one file per process (all devices), UTF-8:
@@ -21,7 +22,8 @@
 //!   gone without `segment_free`s). `size` is the requested size for `alloc` and the frees, the
 //!   segment size for segment events, the rounded request for `oom` (which also carries
 //!   `device_free`, the free device bytes at the failure), 0 for the markers; `addr` is 0 where
-//!   there is no address. `t_us` is monotonic, in microseconds since recording began.
+//!   there is no address. `t_us` is monotonic, in microseconds since recording began (a saved
+//!   replay numbers its events instead).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
 //!   `segment_free`s it caused; `segment_free`s without it are the OOM ladder's own releases.
 //!
@@ -31,6 +33,7 @@
 pub mod buffer;
 pub mod convert;
 pub mod read;
+pub mod save;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,141 @@
+//! `cachealloc synth --save FILE`: a generated workload kept as a cachealloc trace, which
+//! `cachealloc replay FILE` replays to the figures of the run that wrote it — plainly under the
+//! same options, and with `--faithful` from the file alone.
+
+mod support;
+
+use serde_json::Value;
+use std::path::PathBuf;
+use support::cli::{cachealloc, json};
+
+/// A path in the temporary directory for this test process.
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("cachealloc-{name}-{}.trace", std::process::id()))
+}
+
+/// Run `synth SPEC --save PATH --json` with `options`; the JSON and the file's bytes.
+fn synth_saved(name: &str, spec: &str, options: &[&str]) -> (Value, Vec<u8>, PathBuf) {
+    let path = temp_path(name);
+    let mut args = vec!["synth", spec, "--json", "--save", path.to_str().unwrap()];
+    args.extend_from_slice(options);
+    let out = cachealloc(&args);
+    let synth = json(&out);
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        note.contains("saved the run as a trace") && note.contains("cachealloc replay"),
+        "{note}"
+    );
+    let bytes = std::fs::read(&path).expect("the trace was written");
+    (synth, bytes, path)
+}
+
+/// The figures a replay of the saved trace must share with the run that saved it.
+const SHARED: [&str; 8] = [
+    "peak_allocated_bytes",
+    "peak_requested_bytes",
+    "peak_reserved_bytes",
+    "final_reserved_bytes",
+    "num_device_alloc",
+    "num_device_free",
+    "num_alloc_retries",
+    "num_ooms",
+];
+
+fn assert_same_figures(what: &str, synth: &Value, replayed: &Value) {
+    for key in SHARED {
+        assert_eq!(replayed[key], synth[key], "{what}: {key}");
+    }
+}
+
+#[test]
+fn a_saved_synthetic_run_replays_to_the_same_figures() {
+    // A capacity the workload outgrows (retries and refused requests), under non-default
+    // settings, so that the file has to carry them.
+    let options = [
+        "--capacity",
+        "1GiB",
+        "--conf",
+        "max_split_size_mb:64,roundup_power2_divisions:4",
+    ];
+    let (synth, _, path) = synth_saved("settings", "transformer:steps=6", &options);
+    let p = path.to_str().unwrap();
+    assert!(synth["num_ooms"].as_u64().unwrap() > 0, "{synth}");
+    assert!(synth["num_alloc_retries"].as_u64().unwrap() > 0, "{synth}");
+
+    let mut args = vec!["replay", p, "--json"];
+    args.extend_from_slice(&options);
+    let plain = json(&cachealloc(&args));
+    assert_same_figures("plain replay with the same options", &synth, &plain);
+    // The file's own figures are the run's.
+    assert_eq!(
+        plain["recorded_peak_reserved_bytes"],
+        synth["peak_reserved_bytes"]
+    );
+    assert_eq!(plain["recorded_segment_allocs"], synth["num_device_alloc"]);
+    assert_eq!(plain["recorded_segment_frees"], synth["num_device_free"]);
+    assert_eq!(plain["recorded_retries"], synth["num_alloc_retries"]);
+    // The run's first refused request is the file's first oom line.
+    let oom = &synth["first_oom_report"];
+    assert_eq!(plain["recorded_oom"]["size"], oom["rounded_bytes"], "{oom}");
+    assert_eq!(
+        plain["recorded_oom"]["device_free"], oom["device_free_bytes"],
+        "{oom}"
+    );
+
+    // Faithful: settings and capacity from the file alone, every allocation where it was.
+    let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_same_figures("faithful replay", &synth, &faithful);
+    assert_eq!(
+        faithful["settings"],
+        "as recorded: max_split_size_mb:64,roundup_power2_divisions:4"
+    );
+    assert_eq!(faithful["capacity_bytes"].as_u64(), Some(1 << 30));
+    assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_saved_expandable_run_replays_faithfully() {
+    let options = ["--conf", "expandable_segments:True"];
+    let (synth, _, path) = synth_saved("expandable", "transformer:steps=4", &options);
+    let p = path.to_str().unwrap();
+    let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_same_figures("faithful replay", &synth, &faithful);
+    assert_eq!(faithful["recorded_expandable_segments"], true);
+    assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn the_same_workload_saves_the_same_bytes() {
+    let (_, first, path) = synth_saved("again", "loguniform:ops=2000", &[]);
+    let (_, second, _) = synth_saved("again", "loguniform:ops=2000", &[]);
+    assert_eq!(
+        first, second,
+        "timestamps number the events: no clock in the file"
+    );
+    let (_, other, _) = synth_saved("again", "loguniform:ops=2000", &["--seed", "2"]);
+    assert_ne!(first, other, "another seed, another workload");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn an_unwritable_save_path_is_named_and_nothing_else_is_printed() {
+    let dir = temp_path("missing-dir");
+    let path = dir.join("run.trace");
+    let out = cachealloc(&[
+        "synth",
+        "loguniform:ops=100",
+        "--save",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--save")
+            && err.contains(path.to_str().unwrap())
+            && err.contains("cannot write"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "no summary after a failed save");
+}
