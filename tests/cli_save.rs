@@ -106,6 +106,61 @@ fn a_saved_expandable_run_replays_faithfully() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A run of expandable segments, bottom-up, that outgrows its device: the large pool reserves
+/// a second range above the small pool's, and the faithful replay must place both where the
+/// run did. The header's capacity is then taken out, as a program's recording has none: the
+/// replay infers it from the `oom` lines and still lands every allocation.
+#[test]
+fn a_saved_run_with_two_ranges_of_one_pool_replays_faithfully() {
+    let options = [
+        "--conf",
+        "expandable_segments:True",
+        "--capacity",
+        "5GiB",
+        "--placement",
+        "bottom-up",
+    ];
+    let spec = "transformer:steps=3,seq=128-4096";
+    let (synth, bytes, path) = synth_saved("two-ranges", spec, &options);
+    let p = path.to_str().unwrap();
+    assert!(synth["num_ooms"].as_u64().unwrap() > 0, "{synth}");
+    let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_same_figures("faithful replay", &synth, &faithful);
+    assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+
+    let text = String::from_utf8(bytes).unwrap();
+    let (header, events) = text.split_once('\n').unwrap();
+    let mut header: Value = serde_json::from_str(header).unwrap();
+    assert_eq!(header["capacity"].as_u64(), Some(5 << 30));
+    header.as_object_mut().unwrap().remove("capacity");
+    std::fs::write(&path, format!("{header}\n{events}")).unwrap();
+    let inferred = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_same_figures("faithful replay, capacity inferred", &synth, &inferred);
+    assert_eq!(inferred["allocs_at_recorded_addr"], inferred["allocs"]);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A run that never failed a request leaves nothing to infer a capacity from; the header keeps
+/// it, so that a faithful replay of a garbage-collecting run releases what the run released.
+#[test]
+fn a_faithful_replay_takes_the_capacity_from_the_header() {
+    let options = [
+        "--conf",
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8",
+        "--capacity",
+        "1.5GiB",
+    ];
+    let (synth, _, path) = synth_saved("gc", "loguniform:ops=5000,free_p=0.6", &options);
+    let p = path.to_str().unwrap();
+    assert_eq!(synth["num_ooms"], 0, "{synth}");
+    assert!(synth["num_device_free"].as_u64().unwrap() > 0, "{synth}");
+    let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_eq!(faithful["capacity_bytes"].as_u64(), Some(3 << 29));
+    assert_same_figures("faithful replay", &synth, &faithful);
+    assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn the_same_workload_saves_the_same_bytes() {
     let (_, first, path) = synth_saved("again", "loguniform:ops=2000", &[]);
@@ -117,6 +172,46 @@ fn the_same_workload_saves_the_same_bytes() {
     let (_, other, _) = synth_saved("again", "loguniform:ops=2000", &["--seed", "2"]);
     assert_ne!(first, other, "another seed, another workload");
     std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn the_notes_say_how_to_replay_and_what_a_failed_run_keeps() {
+    let (_, _, path) = synth_saved("notes", "transformer:steps=2", &["--capacity", "2GiB"]);
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=2",
+        "--capacity",
+        "2GiB",
+        "--save",
+        path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--faithful replays this run again"), "{err}");
+    assert!(
+        err.contains("ran out of memory") && err.contains("save it without --capacity"),
+        "{err}"
+    );
+    let fits = cachealloc(&[
+        "synth",
+        "transformer:steps=2",
+        "--save",
+        path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&fits.stderr);
+    assert!(!err.contains("ran out of memory"), "{err}");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn saving_to_standard_output_is_refused() {
+    let out = cachealloc(&["synth", "loguniform:ops=100", "--save", "-"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--save -") && err.contains("name a file"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("-").exists(), "no file named -");
 }
 
 #[test]

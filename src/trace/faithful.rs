@@ -95,14 +95,19 @@ pub struct PageChange {
 }
 
 /// Where the driver reserved the address ranges of expandable segments, from a recording's
-/// page maps and unmaps in trace order. A range's first map is at its
-/// start; a map for a pool and stream with no range reserved starts one (the small pool maps
-/// 2 MiB pages one at a time, the large pool 20 MiB ones); a range whose last mapped page is
-/// unmapped was given back (PyTorch releases it then, without a trace entry), so the next map
-/// for its pool and stream reserves again.
+/// page maps and unmaps in trace order.
+///
+/// A range's first map is at its start, and every later map of its pool and stream lies within
+/// what it has mapped so far or right after it (PyTorch maps a range's pages from its start
+/// up, and maps again where it unmapped). So a map of a pool and stream belongs to the live
+/// range of that pool and stream whose extent — its start up to the end of the highest page
+/// it ever mapped — reaches it; any other map starts a range (the small pool maps 2 MiB pages
+/// one at a time, the large pool 20 MiB ones). A pool and stream may hold several ranges: one
+/// is reserved when none has room for a request. An unmap belongs to the range whose extent
+/// holds it; a range whose last mapped page is unmapped was given back (PyTorch releases it
+/// then, without a trace entry), so a later map there reserves again.
 pub fn reservations(changes: impl IntoIterator<Item = PageChange>) -> Vec<Reservation> {
-    // Live ranges: start → (small pool, stream, bytes mapped).
-    let mut live: BTreeMap<u64, (bool, StreamId, u64)> = BTreeMap::new();
+    let mut live: BTreeMap<u64, LiveRange> = BTreeMap::new();
     let mut starts = Vec::new();
     for PageChange {
         mapped,
@@ -111,27 +116,52 @@ pub fn reservations(changes: impl IntoIterator<Item = PageChange>) -> Vec<Reserv
         stream,
     } in changes
     {
+        // The range starting closest below: the only one whose extent can hold `addr`, ranges
+        // being disjoint.
+        let below = live.range_mut(..=addr).next_back();
         if mapped {
             let small = size == SMALL_BUFFER;
-            let range = live
-                .values_mut()
-                .find(|(s, st, _)| *s == small && *st == stream);
-            match range {
-                Some((_, _, bytes)) => *bytes += size,
-                None => {
-                    live.insert(addr, (small, stream, size));
+            match below {
+                Some((_, range))
+                    if range.small == small && range.stream == stream && addr <= range.end =>
+                {
+                    range.mapped += size;
+                    range.end = range.end.max(addr + size);
+                }
+                _ => {
+                    live.insert(
+                        addr,
+                        LiveRange {
+                            small,
+                            stream,
+                            mapped: size,
+                            end: addr + size,
+                        },
+                    );
                     let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
                     starts.push(Reservation { addr, page });
                 }
             }
-        } else if let Some((&start, (_, _, bytes))) = live.range_mut(..=addr).next_back() {
-            *bytes = bytes.saturating_sub(size);
-            if *bytes == 0 {
+        } else if let Some((&start, range)) = below
+            && addr < range.end
+        {
+            range.mapped = range.mapped.saturating_sub(size);
+            if range.mapped == 0 {
                 live.remove(&start);
             }
         }
     }
     starts
+}
+
+/// A reserved range while `reservations` follows it.
+struct LiveRange {
+    small: bool,
+    stream: StreamId,
+    /// Bytes mapped now.
+    mapped: u64,
+    /// The end of the highest page it has mapped.
+    end: u64,
 }
 
 /// Where an expandable segment's address range was reserved, and the size of its pool's pages
@@ -241,6 +271,30 @@ mod tests {
             total_from_reservations(reservations),
             Some((100 << 30) / 9 * 8)
         );
+    }
+
+    /// A pool and stream may hold two ranges at once: the large pool reserves a second when
+    /// the first has no room left. Its maps are its own (not the first range's), and its
+    /// unmaps are not taken from the small range reserved between the two, which stays live:
+    /// its next map is no new reservation.
+    #[test]
+    fn a_second_range_of_one_pool_and_stream_is_a_reservation_of_its_own() {
+        let (large, small, large_again) = (BASE, BASE + (100 << 30), BASE + (200 << 30));
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, large, 20 * MIB),
+                entry(Action::SegmentMap, large + 20 * MIB, 40 * MIB),
+                entry(Action::SegmentMap, small, 2 * MIB),
+                entry(Action::SegmentMap, large_again, 20 * MIB),
+                entry(Action::SegmentUnmap, large_again, 20 * MIB),
+                entry(Action::SegmentMap, small + 2 * MIB, 2 * MIB),
+                // Unmapped in the middle and mapped again there: still the first range.
+                entry(Action::SegmentUnmap, large + 20 * MIB, 20 * MIB),
+                entry(Action::SegmentMap, large + 20 * MIB, 20 * MIB),
+            ],
+            vec![],
+        );
+        assert_eq!(addresses(&rec.reservations()), [large, small, large_again]);
     }
 
     /// The range a pool reserves on a device of `total` bytes (the pool's own formula:

@@ -114,15 +114,14 @@ pub fn replay(
     replay_observed(workload, config, start, None)
 }
 
-/// Replay as [`replay`] does, handing each event of the pool to `sink` from the first
-/// operation on (a start state's adoption records nothing): how a replay is saved as a trace.
+/// Replay as [`replay`] does from an empty device, handing each event of the pool to `sink`:
+/// how a replay is saved as a trace (which, like a program's recording, begins with the pool).
 pub fn replay_with_sink(
     workload: &Workload,
     config: &ReplayConfig,
-    start: Option<&StartLayout>,
     sink: Box<dyn EventSink>,
 ) -> Result<ReplayOutcome, Error> {
-    replay_observed(workload, config, start, Some(sink))
+    replay_observed(workload, config, None, Some(sink))
 }
 
 fn replay_observed(

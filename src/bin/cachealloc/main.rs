@@ -13,10 +13,13 @@ use cachealloc::trace::faithful::device_total;
 use cachealloc::trace::fit::{
     ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
 };
-use cachealloc::trace::{ReplayConfig, replay};
+use cachealloc::trace::record::save::{SaveError, replay_saved};
+use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay};
 use clap::{Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -298,22 +301,45 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     Ok((replay_config, conf.to_string()))
 }
 
-/// `synth --save`: replay `workload` recording its events, and write them to `path` as a
-/// cachealloc trace.
+/// `synth --save`: replay `workload`, writing its events to `path` as a cachealloc trace.
 fn save_replay(
-    workload: &cachealloc::trace::Workload,
+    workload: &Workload,
     config: &ReplayConfig,
-    path: &std::path::Path,
-) -> Result<cachealloc::trace::ReplayOutcome, String> {
-    let (out, bytes) = cachealloc::trace::record::save::replay_saved(workload, config)
-        .map_err(|e| e.to_string())?;
-    std::fs::write(path, bytes)
-        .map_err(|e| format!("--save {}: cannot write the trace: {e}", path.display()))?;
-    eprintln!(
-        "cachealloc: note: saved the run as a trace in {0}; replay it with: cachealloc replay {0}",
-        cachealloc::config::shell_word(&path.display().to_string())
-    );
-    Ok(out)
+    path: &Path,
+) -> Result<ReplayOutcome, String> {
+    if path.as_os_str() == "-" {
+        return Err(
+            "--save -: the summary goes to standard output; name a file for the trace".into(),
+        );
+    }
+    let failed = |e: &dyn std::fmt::Display| format!("--save {}: {e}", path.display());
+    // Created before the replay, so that a bad path is named at once.
+    let file = File::create(path).map_err(|e| failed(&SaveError::Write(e)))?;
+    let saved = replay_saved(workload, config, BufWriter::new(file)).map_err(|e| match e {
+        SaveError::Replay(e) => e.to_string(),
+        e @ SaveError::Write(_) => failed(&e),
+    })?;
+    let file = cachealloc::config::shell_word(&path.display().to_string());
+    if saved.events == 0 {
+        eprintln!(
+            "cachealloc: note: the run allocated nothing: {file} holds only the trace's header"
+        );
+    } else {
+        eprintln!(
+            "cachealloc: note: saved the run as a trace in {file}; cachealloc replay {file} \
+             --faithful replays this run again, and with --conf or --capacity instead of \
+             --faithful, its requests under other settings"
+        );
+    }
+    if saved.outcome.first_oom.is_some() {
+        eprintln!(
+            "cachealloc: note: the run ran out of memory, and the trace keeps its outcome: each \
+             refused request is an oom line (a replay requests it again and frees it at once) \
+             and the frees of refused allocations are left out; to keep the workload itself, \
+             save it without --capacity or with one it fits"
+        );
+    }
+    Ok(saved.outcome)
 }
 
 /// A replay reads its settings from `--conf` only: say so when the variable the preloaded

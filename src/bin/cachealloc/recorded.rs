@@ -3,9 +3,10 @@
 //! Such a recording starts with its pool, so a replay starts from an empty device in both
 //! modes. `--faithful` adds what reproduces the recording address for address: the recording's
 //! settings (unless `--conf` says otherwise), the driver's segment addresses as hints, and the
-//! device capacity — exact when the trace has an `oom` (reserved at the OOM + its
-//! `device_free`), else inside the bracket a retried cudaMalloc gives; with neither, the
-//! capacity is unknown and the replay runs unlimited (give `--capacity` to set one).
+//! device capacity — the header's, which a saved replay (`synth --save`) writes; else exact
+//! when the trace has an `oom` (reserved at the OOM + its `device_free`), else inside the
+//! bracket a retried cudaMalloc gives; with none of these, the capacity is unknown and the
+//! replay runs unlimited (give `--capacity` to set one).
 
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
@@ -79,7 +80,10 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         workload: rec.workload,
         start: None,
         capacity: if faithful {
-            rec.capacity.and_then(|c| c.replay_capacity())
+            trace
+                .header
+                .capacity
+                .or_else(|| rec.capacity.and_then(|c| c.replay_capacity()))
         } else {
             None
         },

@@ -5,73 +5,39 @@
 //! the lock is released and writes them (see `global::trace_file`). All devices of a process
 //! share one buffer, and the timestamp is taken under the buffer's own lock, so the events of
 //! every device come out in one order with non-decreasing times.
-//!
-//! A replay that saves its run as a trace (`cachealloc synth --save`) has no clock worth
-//! recording: its buffer is [`EventBuffer::numbered`], whose `t_us` numbers the events, so the
-//! same workload always writes the same file.
 
 use super::Event;
 use crate::pool::{EventSink, PoolEvent};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// What an event's `t_us` is.
-#[derive(Debug)]
-enum Clock {
-    /// Microseconds since this instant.
-    Since(Instant),
-    /// The number of events pushed before it.
-    Count,
-}
-
 /// Events recorded and not yet written, plus the clock they are timed with.
 #[derive(Debug)]
 pub struct EventBuffer {
-    clock: Clock,
-    events: Mutex<Pushed>,
-}
-
-#[derive(Debug, Default)]
-struct Pushed {
-    events: Vec<Event>,
-    /// Events pushed so far, taken or not.
-    count: u64,
+    start: Instant,
+    events: Mutex<Vec<Event>>,
 }
 
 impl EventBuffer {
     /// An empty buffer whose clock starts now.
     pub fn new() -> Arc<Self> {
-        Self::with_clock(Clock::Since(Instant::now()))
-    }
-
-    /// An empty buffer whose `t_us` numbers the events (0, 1, 2, …): for a replay, whose
-    /// wall-clock time says nothing about the program it stands for.
-    pub fn numbered() -> Arc<Self> {
-        Self::with_clock(Clock::Count)
-    }
-
-    fn with_clock(clock: Clock) -> Arc<Self> {
         Arc::new(Self {
-            clock,
-            events: Mutex::new(Pushed::default()),
+            start: Instant::now(),
+            events: Mutex::new(Vec::new()),
         })
     }
 
     /// Append an event made from the current time.
     pub fn push_with(&self, make: impl FnOnce(u64) -> Event) {
-        let mut pushed = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let t_us = match self.clock {
-            Clock::Since(start) => u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-            Clock::Count => pushed.count,
-        };
-        pushed.count += 1;
-        pushed.events.push(make(t_us));
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let t_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        events.push(make(t_us));
     }
 
     /// Take every buffered event, oldest first.
     pub fn take(&self) -> Vec<Event> {
-        let mut pushed = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        std::mem::take(&mut pushed.events)
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *events)
     }
 
     /// A sink for the pool of `device` that records into this buffer.
@@ -133,17 +99,5 @@ mod tests {
         );
         assert!(events.windows(2).all(|w| w[0].t_us <= w[1].t_us));
         assert!(buffer.take().is_empty(), "take empties the buffer");
-    }
-
-    #[test]
-    fn a_numbered_buffer_counts_events_across_takes() {
-        let buffer = EventBuffer::numbered();
-        let mut sink = buffer.sink(0);
-        sink.record(&PoolEvent::EmptyCache);
-        sink.record(&PoolEvent::EmptyCache);
-        let first: Vec<u64> = buffer.take().iter().map(|e| e.t_us).collect();
-        sink.record(&PoolEvent::EmptyCache);
-        let second: Vec<u64> = buffer.take().iter().map(|e| e.t_us).collect();
-        assert_eq!((first, second), (vec![0, 1], vec![2]));
     }
 }

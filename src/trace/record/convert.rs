@@ -68,7 +68,9 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         recorded_retries: 0,
         recorded_oom: None,
     };
-    let collects = settings.garbage_collection_threshold > 0.0;
+    // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`).
+    let collects =
+        settings.garbage_collection_threshold > 0.0 && settings.per_process_memory_fraction < 1.0;
     let mut segment_addresses = Vec::new();
     let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
     // Addresses whose free was requested and has not completed yet.

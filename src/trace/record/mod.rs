@@ -59,6 +59,11 @@ pub struct Header {
     pub settings: String,
     /// The `free_sync` policy of the recording.
     pub free_sync: String,
+    /// The device's capacity in bytes, where the file knows it: a saved replay of a limited
+    /// simulated device (`synth --save`) writes it; a program's recording leaves it out, and a
+    /// faithful replay infers the capacity from the recording's failures instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
 }
 
 impl Header {
@@ -70,6 +75,7 @@ impl Header {
             devices,
             settings,
             free_sync: free_sync.to_string(),
+            capacity: None,
         }
     }
 }
@@ -94,7 +100,7 @@ pub enum Action {
 /// One event line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// Microseconds since recording began (monotonic).
+    /// Microseconds since recording began (monotonic); in a saved replay, the event's number.
     pub t_us: u64,
     pub device: i32,
     pub action: Action,
