@@ -140,6 +140,46 @@ fn a_saved_run_with_two_ranges_of_one_pool_replays_faithfully() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// Runs of expandable segments that outgrow a small device, each of which once had its
+/// allocations placed elsewhere by a faithful replay: a range given back and a later one
+/// reserved across its place (the two were taken to coexist, which sized the replay's ranges
+/// for a 480 MiB device); and bottom-up, a second large range reserved right after the first,
+/// fully mapped one (read as the first range growing: the replay had to place it itself, and
+/// placed it top-down).
+#[test]
+fn faithful_replays_of_runs_that_reserve_ranges_again_land_every_allocation() {
+    for (spec, conf, placement) in [
+        (
+            "transformer:steps=3,seq=128-4096",
+            "expandable_segments:True",
+            "top-down",
+        ),
+        (
+            "loguniform:ops=5000",
+            "roundup_power2_divisions:4,expandable_segments:True",
+            "bottom-up",
+        ),
+    ] {
+        let options = [
+            "--conf",
+            conf,
+            "--capacity",
+            "1.5GiB",
+            "--placement",
+            placement,
+        ];
+        let (synth, _, path) = synth_saved("ranges-again", spec, &options);
+        let p = path.to_str().unwrap();
+        let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+        assert_same_figures(spec, &synth, &faithful);
+        assert_eq!(
+            faithful["allocs_at_recorded_addr"], faithful["allocs"],
+            "{spec}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
 /// A run that never failed a request leaves nothing to infer a capacity from; the header keeps
 /// it, so that a faithful replay of a garbage-collecting run releases what the run released.
 #[test]

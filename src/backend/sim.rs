@@ -31,6 +31,28 @@ pub enum Placement {
     BottomUp,
 }
 
+impl Placement {
+    /// The names a command line and a saved trace give them.
+    pub const CHOICES: [(&'static str, Placement); 2] = [
+        ("top-down", Placement::TopDown),
+        ("bottom-up", Placement::BottomUp),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::TopDown => "top-down",
+            Placement::BottomUp => "bottom-up",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Placement> {
+        Self::CHOICES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, p)| p)
+    }
+}
+
 /// Call counters of the simulated device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimCounters {

@@ -108,13 +108,16 @@ pub struct PageChange {
 /// then, without a trace entry), so a later map there reserves again.
 pub fn reservations(changes: impl IntoIterator<Item = PageChange>) -> Vec<Reservation> {
     let mut live: BTreeMap<u64, LiveRange> = BTreeMap::new();
-    let mut starts = Vec::new();
-    for PageChange {
-        mapped,
-        addr,
-        size,
-        stream,
-    } in changes
+    let mut starts: Vec<Reservation> = Vec::new();
+    for (
+        at,
+        PageChange {
+            mapped,
+            addr,
+            size,
+            stream,
+        },
+    ) in changes.into_iter().enumerate()
     {
         // The range starting closest below: the only one whose extent can hold `addr`, ranges
         // being disjoint.
@@ -136,10 +139,16 @@ pub fn reservations(changes: impl IntoIterator<Item = PageChange>) -> Vec<Reserv
                             stream,
                             mapped: size,
                             end: addr + size,
+                            reservation: starts.len(),
                         },
                     );
                     let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
-                    starts.push(Reservation { addr, page });
+                    starts.push(Reservation {
+                        addr,
+                        page,
+                        reserved: at,
+                        given_back: None,
+                    });
                 }
             }
         } else if let Some((&start, range)) = below
@@ -147,6 +156,7 @@ pub fn reservations(changes: impl IntoIterator<Item = PageChange>) -> Vec<Reserv
         {
             range.mapped = range.mapped.saturating_sub(size);
             if range.mapped == 0 {
+                starts[range.reservation].given_back = Some(at);
                 live.remove(&start);
             }
         }
@@ -162,14 +172,28 @@ struct LiveRange {
     mapped: u64,
     /// The end of the highest page it has mapped.
     end: u64,
+    /// Its place in the list of reservations.
+    reservation: usize,
 }
 
-/// Where an expandable segment's address range was reserved, and the size of its pool's pages
-/// (2 MiB small, 20 MiB large).
+/// Where an expandable segment's address range was reserved, the size of its pool's pages
+/// (2 MiB small, 20 MiB large), and while which page changes it was reserved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reservation {
     pub addr: u64,
     pub page: u64,
+    /// The index of its first map among the recording's page changes.
+    pub reserved: usize,
+    /// The index of the unmap that gave it back (`None`: kept to the end).
+    pub given_back: Option<usize>,
+}
+
+impl Reservation {
+    /// Whether the two ranges were reserved at the same time.
+    fn coexists_with(&self, other: &Reservation) -> bool {
+        let until = |r: &Reservation| r.given_back.unwrap_or(usize::MAX);
+        self.reserved < until(other) && other.reserved < until(self)
+    }
 }
 
 /// The start addresses of `reservations`, in their order.
@@ -178,25 +202,28 @@ pub fn addresses(reservations: &[Reservation]) -> Vec<u64> {
 }
 
 /// The most device memory under which the ranges PyTorch reserves fit between the recorded
-/// ones (from `reservations`). `None` with fewer than two. A faithful replay without a known
-/// capacity sizes its ranges with it, so that they land where the recording's did.
+/// ones (from `reservations`). `None` when no two were reserved at the same time. A faithful
+/// replay without a known capacity sizes its ranges with it, and a replay with one sizes them
+/// with the smaller of the two, so that they land where the recording's did.
 ///
 /// A range is 1⅛ of the device's memory rounded up to whole pages of its pool, so each range
-/// must fit, whole pages and all, below the next reservation: the distance is rounded down to
-/// whole pages of the lower range's pool, then taken × 8/9, and the closest fit wins. (Without
-/// the rounding, a large range reserved below a small one came out one 20 MiB page longer than
-/// the distance and was placed elsewhere.)
-pub fn total_from_reservations(mut reservations: Vec<Reservation>) -> Option<u64> {
-    reservations.sort_unstable_by_key(|r| r.addr);
-    // (A range given back and reserved again at the same place is one.)
-    reservations.dedup_by_key(|r| r.addr);
+/// must fit, whole pages and all, below the next range reserved while it was: the distance is
+/// rounded down to whole pages of the lower range's pool, then taken × 8/9, and the closest fit
+/// wins. (Without the rounding, a large range reserved below a small one came out one 20 MiB
+/// page longer than the distance and was placed elsewhere.) A range given back bounds nothing
+/// reserved after it: the later range may lie across its place.
+pub fn total_from_reservations(reservations: Vec<Reservation>) -> Option<u64> {
     reservations
-        .windows(2)
-        .map(|w| {
-            let (lower, gap) = (w[0], w[1].addr - w[0].addr);
+        .iter()
+        .filter_map(|lower| {
+            let gap = reservations
+                .iter()
+                .filter(|upper| upper.addr > lower.addr && upper.coexists_with(lower))
+                .map(|upper| upper.addr - lower.addr)
+                .min()?;
             let whole_pages = gap / lower.page * lower.page;
             let room = if whole_pages > 0 { whole_pages } else { gap };
-            room / 9 * 8
+            Some(room / 9 * 8)
         })
         .min()
 }
@@ -297,6 +324,43 @@ mod tests {
         assert_eq!(addresses(&rec.reservations()), [large, small, large_again]);
     }
 
+    /// A range reserved from the start and kept to the end.
+    fn lasting(addr: u64, page: u64) -> Reservation {
+        Reservation {
+            addr,
+            page,
+            reserved: 0,
+            given_back: None,
+        }
+    }
+
+    /// A range given back bounds only the ranges reserved while it was: one reserved later
+    /// may lie across its place (a run of expandable segments on a 1.5 GiB device reserved a
+    /// large range 540 MiB below one it had given back; counting that distance sized the
+    /// replay's ranges for a 480 MiB device).
+    #[test]
+    fn a_range_given_back_does_not_bound_later_ones() {
+        let (high, given_back, later) = (BASE + (20 << 30), BASE + (10 << 30), BASE + (9 << 30));
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, high, 20 * MIB),
+                entry(Action::SegmentMap, given_back, 20 * MIB),
+                entry(Action::SegmentUnmap, given_back, 20 * MIB),
+                entry(Action::SegmentMap, later, 20 * MIB),
+            ],
+            vec![],
+        );
+        let reservations = rec.reservations();
+        assert_eq!(addresses(&reservations), [high, given_back, later]);
+        assert_eq!(reservations[1].given_back, Some(2));
+        // Bounded by the 10 GiB to `high` (given_back) and the 11 GiB from `later` to it; not
+        // by the 1 GiB between `later` and the range given back before it was reserved.
+        assert_eq!(
+            total_from_reservations(reservations),
+            Some((10 << 30) / 9 * 8)
+        );
+    }
+
     /// The range a pool reserves on a device of `total` bytes (the pool's own formula:
     /// 1 1/8 of the memory, rounded up to whole pages).
     fn range(total: u64, page: u64) -> u64 {
@@ -323,11 +387,8 @@ mod tests {
         gaps.extend((0..2000u64).map(|i| 1000 * MIB + i * 7 * MIB + i % 5 * 4096));
         for gap in gaps {
             for page in [SMALL_BUFFER, LARGE_BUFFER] {
-                let lower = Reservation { addr: BASE, page };
-                let upper = Reservation {
-                    addr: BASE + gap,
-                    page: SMALL_BUFFER + LARGE_BUFFER - page,
-                };
+                let lower = lasting(BASE, page);
+                let upper = lasting(BASE + gap, SMALL_BUFFER + LARGE_BUFFER - page);
                 // In either order of reservation.
                 for pair in [vec![lower, upper], vec![upper, lower]] {
                     let total = total_from_reservations(pair).unwrap();
@@ -338,14 +399,8 @@ mod tests {
         }
         // A small range of a 16 GiB device (18,432 MiB) gives back the 16 GiB exactly, up to
         // the division's rounding.
-        let small = Reservation {
-            addr: BASE,
-            page: SMALL_BUFFER,
-        };
-        let next = Reservation {
-            addr: BASE + 18432 * MIB,
-            page: LARGE_BUFFER,
-        };
+        let small = lasting(BASE, SMALL_BUFFER);
+        let next = lasting(BASE + 18432 * MIB, LARGE_BUFFER);
         let total = total_from_reservations(vec![small, next]).unwrap();
         assert!((16384 * MIB - total) < 16, "{total}");
         assert!(

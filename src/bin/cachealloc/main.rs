@@ -62,9 +62,10 @@ struct Common {
     /// Print one JSON object instead of the readable summary.
     #[arg(long)]
     json: bool,
-    /// Where the simulated driver places new segments.
-    #[arg(long, value_enum, default_value_t = PlacementArg::TopDown)]
-    placement: PlacementArg,
+    /// Where the simulated driver places new segments [default: top-down; a faithful replay
+    /// of a run saved by synth --save: the run's].
+    #[arg(long, value_enum)]
+    placement: Option<PlacementArg>,
 }
 
 #[derive(clap::Args)]
@@ -227,6 +228,11 @@ fn run(cli: Cli) -> Result<String, String> {
                 config.address_hints = loaded.address_hints.clone();
                 config.reservation_hints = loaded.reservation_hints.clone();
                 config.device_total = device_total(config.capacity, loaded.total_from_reservations);
+                if args.common.placement.is_none()
+                    && let Some(placement) = loaded.placement
+                {
+                    config.placement = placement;
+                }
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
             warn_fraction_without_capacity(&config);
@@ -289,8 +295,8 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         );
     }
     let placement = match common.placement {
-        PlacementArg::TopDown => Placement::TopDown,
-        PlacementArg::BottomUp => Placement::BottomUp,
+        None | Some(PlacementArg::TopDown) => Placement::TopDown,
+        Some(PlacementArg::BottomUp) => Placement::BottomUp,
     };
     let replay_config = ReplayConfig {
         settings: config.settings,

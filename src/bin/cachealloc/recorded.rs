@@ -3,13 +3,15 @@
 //! Such a recording starts with its pool, so a replay starts from an empty device in both
 //! modes. `--faithful` adds what reproduces the recording address for address: the recording's
 //! settings (unless `--conf` says otherwise), the driver's segment addresses as hints, and the
-//! device capacity — the header's, which a saved replay (`synth --save`) writes; else exact
+//! device capacity — the header's, which a saved replay (`synth --save`) writes with its
+//! placement (used where the recorded addresses end, unless `--placement` is given); else exact
 //! when the trace has an `oom` (reserved at the OOM + its `device_free`), else inside the
 //! bracket a retried cudaMalloc gives; with none of these, the capacity is unknown and the
 //! replay runs unlimited (give `--capacity` to set one).
 
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
+use cachealloc::backend::sim::Placement;
 use cachealloc::trace::faithful::{addresses, total_from_reservations};
 use cachealloc::trace::record::convert::convert_device;
 use cachealloc::trace::record::looks_like_header;
@@ -106,5 +108,11 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         recorded_settings: Some(trace.settings),
         settings_inferred: false,
         start_rebuildable: false,
+        // Checked by the reader.
+        placement: trace
+            .header
+            .placement
+            .as_deref()
+            .and_then(Placement::from_name),
     })
 }

@@ -3,6 +3,7 @@
 
 use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
+use cachealloc::backend::sim::Placement;
 use cachealloc::pool::Settings;
 use cachealloc::trace::faithful::{addresses, total_from_reservations};
 use cachealloc::trace::{
@@ -30,6 +31,8 @@ pub struct Loaded {
     /// A faithful replay rebuilds the state the recording began with (a PyTorch snapshot's;
     /// a cachealloc trace begins with the process).
     pub start_rebuildable: bool,
+    /// Where the recording's driver placed segments, when the file says (a saved replay).
+    pub placement: Option<Placement>,
 }
 
 /// Read `path` and prepare device `device` (default: the first device whose trace allocates
@@ -96,6 +99,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
             start_rebuildable: true,
+            placement: None,
         })
     } else {
         let workload = rec.plain();
@@ -118,6 +122,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
             start_rebuildable: true,
+            placement: None,
         })
     }
 }

@@ -64,6 +64,11 @@ pub struct Header {
     /// faithful replay infers the capacity from the recording's failures instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<u64>,
+    /// Where the simulated driver placed new segments (`top-down` or `bottom-up`): written by a
+    /// saved replay, whose faithful replay then places what its recorded addresses do not
+    /// cover the same way; a program's recording leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 impl Header {
@@ -76,6 +81,7 @@ impl Header {
             settings,
             free_sync: free_sync.to_string(),
             capacity: None,
+            placement: None,
         }
     }
 }

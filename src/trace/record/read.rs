@@ -9,6 +9,7 @@
 //! (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
 use super::{Action, Event, FORMAT_NAME, FORMAT_VERSION, Header};
+use crate::backend::sim::Placement;
 use crate::config::Config;
 use crate::pool::{DeviceId, Settings};
 use crate::trace::error::TraceError;
@@ -190,6 +191,15 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
         return Err(format!(
             "format version {} is not supported (this cachealloc reads version {FORMAT_VERSION})",
             header.version
+        ));
+    }
+    if let Some(p) = &header.placement
+        && Placement::from_name(p).is_none()
+    {
+        let allowed: Vec<&str> = Placement::CHOICES.iter().map(|(n, _)| *n).collect();
+        return Err(format!(
+            "the header names placement '{p}'; it is one of {}",
+            allowed.join(", ")
         ));
     }
     if let Some(d) = header.devices.iter().find(|&&d| d < 0) {

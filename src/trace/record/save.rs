@@ -3,8 +3,8 @@
 //! `--faithful`) like a program's recording.
 //!
 //! The file is what the library would have written had a program made the same calls under the
-//! same settings on a device like the replay's: the header names the replay's settings, device
-//! and capacity, with `pid` 0 (no process made the calls) and `free_sync` `none` (a replay's
+//! same settings on a device like the replay's: the header names the replay's settings, device,
+//! capacity and placement, with `pid` 0 (no process made the calls) and `free_sync` `none` (a replay's
 //! frees complete at once); `t_us` numbers the events (a replay has no clock worth keeping), so
 //! one workload always writes the same bytes. The lines are written as the replay makes them,
 //! not gathered first.
@@ -60,6 +60,7 @@ pub fn replay_saved<W: Write + Send + 'static>(
         FreeSync::None.name(),
     );
     header.capacity = config.capacity;
+    header.placement = Some(config.placement.name().to_string());
     let writer = Arc::new(Mutex::new(LineWriter {
         out,
         device,

@@ -280,6 +280,11 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "max_split_size_mb",
         ),
         (
+            HEADER.replace("\"devices\"", "\"placement\":\"sideways\",\"devices\"") + "\n",
+            "line 1",
+            "placement 'sideways'; it is one of top-down, bottom-up",
+        ),
+        (
             format!(
                 "{HEADER}\n\n{{\"t_us\":1,\"device\":0,\"action\":\"explode\",\"addr\":1,\"size\":1,\"stream\":0}}\n"
             ),
