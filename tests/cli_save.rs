@@ -4,6 +4,7 @@
 
 mod support;
 
+use cachealloc::trace::rng::SplitMix64;
 use serde_json::Value;
 use std::path::PathBuf;
 use support::cli::{cachealloc, json};
@@ -273,4 +274,72 @@ fn an_unwritable_save_path_is_named_and_nothing_else_is_printed() {
         "{err}"
     );
     assert!(out.stdout.is_empty(), "no summary after a failed save");
+}
+
+/// Saved runs drawn at random — workload, settings, capacity, placement, seed — each replayed
+/// faithfully from its file alone to the run's figures, every allocation at its address.
+/// `CACHEALLOC_SAVE_CASES` sets how many (`scripts/save-sweep.sh` runs hundreds) and
+/// `CACHEALLOC_SAVE_SEED` which; a failure names the case's command.
+#[test]
+fn random_saved_runs_replay_faithfully() {
+    const SPECS: [&str; 4] = [
+        "transformer:steps=2",
+        "transformer:steps=2,seq=128-4096",
+        "loguniform:ops=3000",
+        "loguniform:ops=3000,free_p=0.6",
+    ];
+    const CONFS: [&str; 8] = [
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:128,max_non_split_rounding_mb:64",
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8",
+        "roundup_power2_divisions:4,expandable_segments:True",
+        "expandable_segments:True,per_process_memory_fraction:0.7",
+        "max_split_size_mb:40,garbage_collection_threshold:0.5,per_process_memory_fraction:0.9",
+        "roundup_power2_divisions:[256:1,512:2,>:8],max_split_size_mb:256",
+    ];
+    const CAPACITIES: [Option<&str>; 5] = [
+        None,
+        Some("1.5GiB"),
+        Some("3GiB"),
+        Some("5GiB"),
+        Some("8GiB"),
+    ];
+    let cases: u64 = env_number("CACHEALLOC_SAVE_CASES", 12);
+    let seed: u64 = env_number("CACHEALLOC_SAVE_SEED", 1);
+    let mut rng = SplitMix64::new(seed);
+    let path = temp_path("random");
+    let p = path.to_str().unwrap();
+    for case in 0..cases {
+        let pick = |rng: &mut SplitMix64, n: usize| rng.below(n as u64) as usize;
+        let spec = SPECS[pick(&mut rng, SPECS.len())];
+        let conf = CONFS[pick(&mut rng, CONFS.len())];
+        let capacity = CAPACITIES[pick(&mut rng, CAPACITIES.len())];
+        let placement = ["top-down", "bottom-up"][pick(&mut rng, 2)];
+        let run_seed = rng.below(1000).to_string();
+        let mut args = vec!["synth", spec, "--seed", &run_seed, "--placement", placement];
+        args.extend(["--conf", conf]);
+        if let Some(c) = capacity {
+            args.extend(["--capacity", c]);
+        }
+        args.extend(["--json", "--save", p]);
+        let what = format!("case {case}: cachealloc {}", args.join(" "));
+        let synth = json(&cachealloc(&args));
+        let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+        assert_same_figures(&what, &synth, &faithful);
+        assert_eq!(
+            faithful["allocs_at_recorded_addr"], faithful["allocs"],
+            "{what}"
+        );
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+fn env_number(var: &str, default: u64) -> u64 {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} takes a number, not {v:?}")),
+        Err(_) => default,
+    }
 }
