@@ -177,6 +177,21 @@ fn faithful_replays_of_runs_that_reserve_ranges_again_land_every_allocation() {
             faithful["allocs_at_recorded_addr"], faithful["allocs"],
             "{spec}"
         );
+        assert_eq!(
+            faithful["placement"], placement,
+            "the run's, from the header"
+        );
+        // A placement given on the command line wins over the header's.
+        let other = ["bottom-up", "top-down"][usize::from(placement == "bottom-up")];
+        let told = json(&cachealloc(&[
+            "replay",
+            p,
+            "--faithful",
+            "--placement",
+            other,
+            "--json",
+        ]));
+        assert_eq!(told["placement"], other, "{spec}");
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -38,6 +38,7 @@ impl Placement {
         ("bottom-up", Placement::BottomUp),
     ];
 
+    /// Its name in `CHOICES`.
     pub fn name(self) -> &'static str {
         match self {
             Placement::TopDown => "top-down",
@@ -45,6 +46,7 @@ impl Placement {
         }
     }
 
+    /// The placement named `name` in `CHOICES`.
     pub fn from_name(name: &str) -> Option<Placement> {
         Self::CHOICES
             .iter()

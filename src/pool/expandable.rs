@@ -33,8 +33,20 @@ use std::collections::BTreeSet;
 /// 127 ranges.
 const MAX_RANGE: u64 = 1 << 40;
 
+/// The address range an expandable segment of `pool` reserves on a device of `total` bytes:
+/// 1⅛ of it (at most `MAX_RANGE`), in whole pages of the pool. (A request larger than that gets
+/// a range of its own size.)
+pub fn range_size(total: u64, pool: PoolKind) -> u64 {
+    let page = page_size(pool);
+    total
+        .saturating_add(total / 8)
+        .min(MAX_RANGE)
+        .div_ceil(page)
+        * page
+}
+
 /// The page size of a pool's expandable segments.
-pub(super) fn page_size(pool: PoolKind) -> u64 {
+pub fn page_size(pool: PoolKind) -> u64 {
     match pool {
         PoolKind::Small => SMALL_BUFFER,
         PoolKind::Large => LARGE_BUFFER,
@@ -200,12 +212,7 @@ impl<B: Backend> DeviceAllocator<B> {
         // At least the request's pages: a device that reports less memory than it lets be
         // mapped (a simulated one), or a request beyond `MAX_RANGE`, still gets a range that can
         // hold it (PyTorch would fail here; the request then maps, or fails to).
-        let range = total
-            .saturating_add(total / 8)
-            .min(MAX_RANGE)
-            .max(size)
-            .div_ceil(page)
-            * page;
+        let range = range_size(total, pool).max(size.div_ceil(page) * page);
         let ptr = match self.backend.reserve_address_range(range, page) {
             Ok(ptr) => ptr,
             Err(BackendError::OutOfMemory) => return Ok(None),

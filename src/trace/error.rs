@@ -88,7 +88,7 @@ impl fmt::Display for TraceError {
             TraceError::BadLine { path, line, detail } => write!(
                 f,
                 "{path}, line {line}: not a valid cachealloc trace: {detail}; expected a file \
-                 written with CACHEALLOC_CONF=trace:PATH"
+                 written with CACHEALLOC_CONF=trace:PATH or cachealloc synth --save"
             ),
         }
     }

@@ -37,6 +37,7 @@ pub mod fit;
 #[cfg(test)]
 mod fixtures;
 pub mod pickle;
+pub mod ranges;
 pub mod record;
 pub mod recording;
 pub mod replay;

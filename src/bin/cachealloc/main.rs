@@ -9,10 +9,10 @@ mod sources;
 
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, ConfigSource, options};
-use cachealloc::trace::faithful::device_total;
 use cachealloc::trace::fit::{
     ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
 };
+use cachealloc::trace::ranges::range_hints;
 use cachealloc::trace::record::save::{SaveError, replay_saved};
 use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -174,6 +174,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
                 capacity: args.common.capacity,
+                placement: config.placement.name(),
                 recorded: Default::default(),
                 faithful: false,
                 orphans_replayed: false,
@@ -226,8 +227,9 @@ fn run(cli: Cli) -> Result<String, String> {
             if args.faithful {
                 config.capacity = args.common.capacity.or(loaded.capacity);
                 config.address_hints = loaded.address_hints.clone();
-                config.reservation_hints = loaded.reservation_hints.clone();
-                config.device_total = device_total(config.capacity, loaded.total_from_reservations);
+                let ranges = range_hints(&loaded.page_changes, config.capacity);
+                config.reservation_hints = ranges.addresses();
+                config.device_total = ranges.device_total;
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
                 {
@@ -256,6 +258,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
+                placement: config.placement.name(),
                 orphans_replayed: loaded.start.is_some(),
                 start_rebuildable: loaded.start_rebuildable,
                 memory_limit: memory_limit(&config),
@@ -321,9 +324,13 @@ fn save_replay(
     let failed = |e: &dyn std::fmt::Display| format!("--save {}: {e}", path.display());
     // Created before the replay, so that a bad path is named at once.
     let file = File::create(path).map_err(|e| failed(&SaveError::Write(e)))?;
-    let saved = replay_saved(workload, config, BufWriter::new(file)).map_err(|e| match e {
-        SaveError::Replay(e) => e.to_string(),
-        e @ SaveError::Write(_) => failed(&e),
+    let saved = replay_saved(workload, config, BufWriter::new(file)).map_err(|e| {
+        // No partial trace is left behind.
+        let _ = std::fs::remove_file(path);
+        match e {
+            SaveError::Replay(e) => e.to_string(),
+            e @ SaveError::Write(_) => failed(&e),
+        }
     })?;
     let file = cachealloc::config::shell_word(&path.display().to_string());
     if saved.events == 0 {

@@ -1,5 +1,6 @@
 //! What `replay` and `synth` print: one record, rendered as JSON or as a readable summary.
 
+use cachealloc::backend::sim::Placement;
 use cachealloc::config::shell_word;
 use cachealloc::pool::rounding::LARGE_BUFFER;
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
@@ -49,6 +50,9 @@ pub struct ReplayJson {
     /// `num_device_free` count page maps and unmaps, not cudaMalloc and cudaFree calls.
     pub expandable_segments: bool,
     pub capacity_bytes: Option<u64>,
+    /// Where the simulated driver placed new segments (`top-down`, `bottom-up`); a faithful
+    /// replay places them at their recorded addresses first.
+    pub placement: &'static str,
     pub events: usize,
     pub allocs: u64,
     pub allocs_at_recorded_addr: Option<u64>,
@@ -265,6 +269,7 @@ pub struct Context {
     /// The replay ran with expandable segments.
     pub expandable_segments: bool,
     pub capacity: Option<u64>,
+    pub placement: &'static str,
     pub recorded: Recorded,
     pub faithful: bool,
     /// The replay started from the state rebuilt from the snapshot, so frees of memory from
@@ -286,6 +291,7 @@ impl ReplayJson {
             mode: ctx.mode,
             settings: ctx.settings,
             capacity_bytes: ctx.capacity,
+            placement: ctx.placement,
             events: out.ops,
             allocs: out.allocs,
             allocs_at_recorded_addr: ctx.faithful.then_some(out.allocs_at_recorded_addr),
@@ -414,6 +420,10 @@ impl ReplayJson {
         );
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
+        }
+        // Top-down is the default and what the Linux driver mostly does: named only otherwise.
+        if self.placement != Placement::TopDown.name() {
+            t += &format!("  segment placement: {}\n", self.placement);
         }
         // The parts add up to `events`; what the replay left out, or notes about a part, come
         // after it.

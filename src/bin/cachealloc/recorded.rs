@@ -12,7 +12,6 @@
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
 use cachealloc::backend::sim::Placement;
-use cachealloc::trace::faithful::{addresses, total_from_reservations};
 use cachealloc::trace::record::convert::convert_device;
 use cachealloc::trace::record::looks_like_header;
 use cachealloc::trace::record::read::{DeviceEvents, read_recorded_trace};
@@ -94,13 +93,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         } else {
             Vec::new()
         },
-        total_from_reservations: if faithful {
-            total_from_reservations(rec.reservations.clone())
-        } else {
-            None
-        },
-        reservation_hints: if faithful {
-            addresses(&rec.reservations)
+        page_changes: if faithful {
+            rec.page_changes
         } else {
             Vec::new()
         },

@@ -5,7 +5,7 @@ use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
 use cachealloc::backend::sim::Placement;
 use cachealloc::pool::Settings;
-use cachealloc::trace::faithful::{addresses, total_from_reservations};
+use cachealloc::trace::ranges::PageChange;
 use cachealloc::trace::{
     DeviceRecording, Op, RecordedFigures, StartLayout, Workload, read_snapshot,
 };
@@ -18,10 +18,9 @@ pub struct Loaded {
     pub start: Option<StartLayout>,
     pub capacity: Option<u64>,
     pub address_hints: Vec<(u64, u64)>,
-    /// Where the recording reserved the ranges of expandable segments (faithful mode), and
-    /// the most device memory under which ranges fit between them.
-    pub reservation_hints: Vec<u64>,
-    pub total_from_reservations: Option<u64>,
+    /// The recording's page maps, unmaps and device resets (faithful mode), from which the
+    /// replay finds where it reserved the ranges of expandable segments.
+    pub page_changes: Vec<PageChange>,
     pub recorded: Recorded,
     /// The allocator settings the recording ran with, when the file says or shows them.
     pub recorded_settings: Option<Settings>,
@@ -86,15 +85,13 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         {
             return Err(nothing_to_replay(path, rec, 0));
         }
-        let reservations = rec.reservations();
         Ok(Loaded {
             device: rec.device.0,
             workload: f.workload,
             start: Some(f.start.layout()),
             capacity: f.capacity,
             address_hints: rec.segment_addresses(),
-            reservation_hints: addresses(&reservations),
-            total_from_reservations: total_from_reservations(reservations),
+            page_changes: rec.page_changes(),
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
@@ -116,8 +113,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             start: None,
             capacity: None,
             address_hints: Vec::new(),
-            reservation_hints: Vec::new(),
-            total_from_reservations: None,
+            page_changes: Vec::new(),
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),

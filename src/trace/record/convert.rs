@@ -24,8 +24,8 @@ use super::read::DeviceEvents;
 use super::{Action, Event};
 use crate::pool::{Settings, StreamId};
 use crate::trace::capacity::CapacityEstimate;
-use crate::trace::faithful::{PageChange, Reservation, reservations};
 use crate::trace::figures::{RecordedFigures, RecordedOom};
+use crate::trace::ranges::PageChange;
 use crate::trace::workload::{AllocId, Op, Workload};
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -36,8 +36,9 @@ pub struct RecordedDevice {
     pub figures: RecordedFigures,
     /// `(size, address)` of every `segment_alloc`, in order: where the driver put them.
     pub segment_addresses: Vec<(u64, u64)>,
-    /// Where the driver reserved the ranges of expandable segments, in order.
-    pub reservations: Vec<Reservation>,
+    /// The page maps, unmaps and device resets, in order: where the driver reserved the ranges
+    /// of expandable segments (`ranges::range_hints`).
+    pub page_changes: Vec<PageChange>,
     /// What the recording says about the device's capacity (`None`: no cudaMalloc failed).
     pub capacity: Option<CapacityEstimate>,
 }
@@ -196,24 +197,28 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         }),
         (None, None) => None,
     };
-    let reservations = reservations(device.events.iter().filter_map(|e| {
-        let mapped = match e.action {
-            Action::SegmentMap => true,
-            Action::SegmentUnmap => false,
-            _ => return None,
-        };
-        Some(PageChange {
-            mapped,
-            addr: e.addr,
-            size: e.size,
-            stream: StreamId(e.stream),
+    let page_changes = device
+        .events
+        .iter()
+        .filter_map(|e| match e.action {
+            Action::SegmentMap => Some(PageChange::Map {
+                addr: e.addr,
+                size: e.size,
+                stream: StreamId(e.stream),
+            }),
+            Action::SegmentUnmap => Some(PageChange::Unmap {
+                addr: e.addr,
+                size: e.size,
+            }),
+            Action::DeviceReset => Some(PageChange::DeviceReset),
+            _ => None,
         })
-    }));
+        .collect();
     RecordedDevice {
         workload,
         figures,
         segment_addresses,
-        reservations,
+        page_changes,
         capacity,
     }
 }

@@ -198,7 +198,7 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
     {
         let allowed: Vec<&str> = Placement::CHOICES.iter().map(|(n, _)| *n).collect();
         return Err(format!(
-            "the header names placement '{p}'; it is one of {}",
+            "the header names placement '{p}'; it must be one of {}",
             allowed.join(", ")
         ));
     }

@@ -4,10 +4,10 @@
 //!
 //! The file is what the library would have written had a program made the same calls under the
 //! same settings on a device like the replay's: the header names the replay's settings, device,
-//! capacity and placement, with `pid` 0 (no process made the calls) and `free_sync` `none` (a replay's
-//! frees complete at once); `t_us` numbers the events (a replay has no clock worth keeping), so
-//! one workload always writes the same bytes. The lines are written as the replay makes them,
-//! not gathered first.
+//! capacity and placement, with `pid` 0 (no process made the calls) and `free_sync` `none` (a
+//! replay's frees complete at once); `t_us` numbers the events (a replay has no clock worth
+//! keeping), so one workload always writes the same bytes. The lines are written as the replay
+//! makes them, not gathered first.
 
 use super::{Event, Header, settings_text, write_events, write_header};
 use crate::config::FreeSync;

@@ -282,7 +282,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"devices\"", "\"placement\":\"sideways\",\"devices\"") + "\n",
             "line 1",
-            "placement 'sideways'; it is one of top-down, bottom-up",
+            "placement 'sideways'; it must be one of top-down, bottom-up",
         ),
         (
             format!(

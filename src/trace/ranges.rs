@@ -1,0 +1,483 @@
+//! The address ranges of expandable segments, as a recording shows them: where the driver
+//! reserved each one, found from the recording's page maps and unmaps (a reservation has no
+//! trace entry of its own), and the device memory under which the pool's ranges would fit
+//! between them — what a faithful replay needs to reserve its ranges where the recording's
+//! were (`range_hints`).
+//!
+//! A range's first map is at its start, and every later map of its pool and stream lies within
+//! what it has mapped so far or right after it (PyTorch maps a free block's pages from its
+//! start, and a range's free blocks lie below its highest mapped page or begin there). So a map
+//! belongs to the live range of its pool and stream whose extent — its start up to the end of
+//! the highest page it ever mapped — reaches it; any other map starts a range (the small pool
+//! maps 2 MiB pages one at a time, the large pool 20 MiB ones). A pool and stream may hold
+//! several ranges: one is reserved when none has room for a request. An unmap belongs to the
+//! range whose extent holds it; a range whose last mapped page is unmapped was given back
+//! (PyTorch releases it then, without a trace entry), and a device reset gives back them all.
+//!
+//! One case reads two ways: a map right at the end of a range's extent is the range growing, or
+//! a second range reserved right after a fully mapped one. Where the device's memory is known,
+//! the range's size settles it (a range ends 1⅛ of the memory after its start); `range_hints`
+//! first finds the ranges without it, takes the memory they imply (or the capacity, if
+//! smaller), and reads the maps again under that size.
+
+use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
+use crate::pool::{PoolKind, StreamId, range_size};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A recording's entry that changes which pages of expandable segments are mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageChange {
+    /// `segment_map`.
+    Map {
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+    },
+    /// `segment_unmap`.
+    Unmap { addr: u64, size: u64 },
+    /// `device_reset`: every range is gone, without unmaps.
+    DeviceReset,
+}
+
+/// Where an expandable segment's address range was reserved, the size of its pool's pages
+/// (2 MiB small, 20 MiB large), and for how long it was kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub addr: u64,
+    pub page: u64,
+    /// The index of its first map among the recording's page changes.
+    pub reserved: usize,
+    /// The index of the change that gave it back (`None`: kept to the end).
+    pub given_back: Option<usize>,
+}
+
+/// What a faithful replay takes from the recording's ranges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RangeHints {
+    /// The ranges in the order they were reserved.
+    pub reservations: Vec<Reservation>,
+    /// The device memory the replay sizes its ranges with (see `device_total`).
+    pub device_total: Option<u64>,
+}
+
+impl RangeHints {
+    /// The start addresses of the ranges, in the order they were reserved.
+    pub fn addresses(&self) -> Vec<u64> {
+        self.reservations.iter().map(|r| r.addr).collect()
+    }
+}
+
+/// The ranges of `changes` and the device memory to size them with, for a replay of
+/// `capacity` bytes (`None`: unknown).
+pub fn range_hints(changes: &[PageChange], capacity: Option<u64>) -> RangeHints {
+    let mut ranges = find_ranges(changes, None);
+    let mut total = device_total(capacity, total_from_reservations(&ranges));
+    // Read again under the range size that memory gives, until the two agree (a split range
+    // can only bring the memory down; a few rounds settle it).
+    for _ in 0..4 {
+        let Some(memory) = total else { break };
+        let again = find_ranges(changes, Some(memory));
+        let total_again = device_total(capacity, total_from_reservations(&again));
+        let settled = total_again == total;
+        (ranges, total) = (again, total_again);
+        if settled {
+            break;
+        }
+    }
+    RangeHints {
+        reservations: ranges,
+        device_total: total,
+    }
+}
+
+/// The device memory a faithful replay sizes expandable segments' ranges with: its capacity,
+/// but no more than lets the ranges fit between the recorded ones.
+pub fn device_total(capacity: Option<u64>, from_reservations: Option<u64>) -> Option<u64> {
+    match (capacity, from_reservations) {
+        (Some(c), Some(r)) => Some(c.min(r)),
+        (c, r) => c.or(r),
+    }
+}
+
+/// A range while `reservations` follows it.
+struct LiveRange {
+    pool: PoolKind,
+    stream: StreamId,
+    /// Bytes mapped now.
+    mapped: u64,
+    /// The end of the highest page it has mapped.
+    end: u64,
+    /// Where its range ends on a device of known memory (`u64::MAX`: unknown).
+    limit: u64,
+    /// Its place in the list of reservations.
+    reservation: usize,
+}
+
+/// The ranges reserved by `changes`, in order; `total`, the device's memory when known, bounds
+/// each range by its size.
+fn find_ranges(changes: &[PageChange], total: Option<u64>) -> Vec<Reservation> {
+    let mut live: BTreeMap<u64, LiveRange> = BTreeMap::new();
+    let mut starts: Vec<Reservation> = Vec::new();
+    for (at, &change) in changes.iter().enumerate() {
+        match change {
+            PageChange::Map { addr, size, stream } => {
+                let pool = if size == SMALL_BUFFER {
+                    PoolKind::Small
+                } else {
+                    PoolKind::Large
+                };
+                let end = addr.saturating_add(size);
+                // The range starting closest below: the only one whose extent can hold `addr`,
+                // ranges being disjoint.
+                if let Some((_, range)) = live.range_mut(..=addr).next_back()
+                    && range.pool == pool
+                    && range.stream == stream
+                    && addr <= range.end
+                    && addr < range.limit
+                {
+                    range.mapped = range.mapped.saturating_add(size);
+                    range.end = range.end.max(end);
+                    continue;
+                }
+                // A range live at this address was given back without a trace entry.
+                if let Some(gone) = live.remove(&addr) {
+                    starts[gone.reservation].given_back = Some(at);
+                }
+                let limit = total.map_or(u64::MAX, |t| {
+                    addr.saturating_add(range_size(t, pool).max(size))
+                });
+                live.insert(
+                    addr,
+                    LiveRange {
+                        pool,
+                        stream,
+                        mapped: size,
+                        end,
+                        limit,
+                        reservation: starts.len(),
+                    },
+                );
+                starts.push(Reservation {
+                    addr,
+                    page: match pool {
+                        PoolKind::Small => SMALL_BUFFER,
+                        PoolKind::Large => LARGE_BUFFER,
+                    },
+                    reserved: at,
+                    given_back: None,
+                });
+            }
+            PageChange::Unmap { addr, size } => {
+                if let Some((&start, range)) = live.range_mut(..=addr).next_back()
+                    && addr < range.end
+                {
+                    range.mapped = range.mapped.saturating_sub(size);
+                    if range.mapped == 0 {
+                        starts[range.reservation].given_back = Some(at);
+                        live.remove(&start);
+                    }
+                }
+            }
+            PageChange::DeviceReset => {
+                for range in std::mem::take(&mut live).into_values() {
+                    starts[range.reservation].given_back = Some(at);
+                }
+            }
+        }
+    }
+    starts
+}
+
+/// The most device memory under which the ranges PyTorch reserves fit between the recorded
+/// ones. `None` when no two were reserved at the same time. A faithful replay without a known
+/// capacity sizes its ranges with it, and one with a capacity with the smaller of the two, so
+/// that they land where the recording's did.
+///
+/// A range is 1⅛ of the device's memory rounded up to whole pages of its pool, so each range
+/// must fit, whole pages and all, below the next range kept at the same time: the distance is
+/// rounded down to whole pages of the lower range's pool, then taken × 8/9, and the closest fit
+/// wins. (Without the rounding, a large range reserved below a small one came out one 20 MiB
+/// page longer than the distance and was placed elsewhere.) A range given back bounds nothing
+/// reserved after it: the later range may lie across its place.
+///
+/// The closest pair of ranges kept at the same time are neighbours among the live ranges when
+/// the later of the two is reserved (a range between them would be closer to both), so one
+/// pass in time order, measuring each new range against its live neighbours, finds it.
+pub fn total_from_reservations(reservations: &[Reservation]) -> Option<u64> {
+    // (change index, 0 = given back / 1 = reserved, reservation): a range given back at the
+    // change that reserves another is gone before it comes.
+    let mut moments: Vec<(usize, u8, usize)> = Vec::with_capacity(2 * reservations.len());
+    for (i, r) in reservations.iter().enumerate() {
+        moments.push((r.reserved, 1, i));
+        if let Some(at) = r.given_back {
+            moments.push((at, 0, i));
+        }
+    }
+    moments.sort_unstable();
+    let fit = |lower: &Reservation, upper: &Reservation| {
+        let gap = upper.addr.checked_sub(lower.addr).filter(|&g| g > 0)?;
+        Some(memory_fitting(lower, gap))
+    };
+    let mut live: BTreeSet<(u64, usize)> = BTreeSet::new();
+    let mut best: Option<u64> = None;
+    for (_, reserved, i) in moments {
+        let r = &reservations[i];
+        if reserved == 0 {
+            live.remove(&(r.addr, i));
+            continue;
+        }
+        let below = live.range(..(r.addr, i)).next_back();
+        let above = live.range((r.addr, i)..).next();
+        let fits = [
+            below.and_then(|&(_, j)| fit(&reservations[j], r)),
+            above.and_then(|&(_, j)| fit(r, &reservations[j])),
+        ];
+        for f in fits.into_iter().flatten() {
+            best = Some(best.map_or(f, |b| b.min(f)));
+        }
+        live.insert((r.addr, i));
+    }
+    best
+}
+
+/// The most device memory under which `lower`'s range fits in the `gap` bytes above its start.
+fn memory_fitting(lower: &Reservation, gap: u64) -> u64 {
+    let whole_pages = gap / lower.page * lower.page;
+    let room = if whole_pages > 0 { whole_pages } else { gap };
+    room / 9 * 8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const BASE: u64 = 0x7f00_0000_0000;
+
+    fn map(addr: u64, size: u64) -> PageChange {
+        PageChange::Map {
+            addr,
+            size,
+            stream: StreamId(0),
+        }
+    }
+
+    fn unmap(addr: u64, size: u64) -> PageChange {
+        PageChange::Unmap { addr, size }
+    }
+
+    fn addresses(changes: &[PageChange], capacity: Option<u64>) -> Vec<u64> {
+        range_hints(changes, capacity).addresses()
+    }
+
+    /// A range reserved from the start and kept to the end.
+    fn lasting(addr: u64, page: u64) -> Reservation {
+        Reservation {
+            addr,
+            page,
+            reserved: 0,
+            given_back: None,
+        }
+    }
+
+    /// Each reservation gets its own hint: a range given back (its last page unmapped) and
+    /// reserved again takes the address of its new first map, not the next range's.
+    #[test]
+    fn reservations_follow_ranges_given_back_and_reserved_again() {
+        let (small, small_again, large) = (BASE, BASE + (100 << 30), BASE + (200 << 30));
+        let changes = [
+            map(small, 2 * MIB),
+            map(small + 2 * MIB, 2 * MIB),
+            unmap(small, 4 * MIB),
+            map(small_again, 2 * MIB),
+            map(large, 40 * MIB),
+            map(large + 40 * MIB, 20 * MIB),
+        ];
+        let hints = range_hints(&changes, None);
+        assert_eq!(hints.addresses(), [small, small_again, large]);
+        // The closest two ranges kept together are 100 GiB apart: 8/9 of that is the most
+        // device memory under which ranges of 1 1/8 of it fit between them.
+        assert_eq!(hints.device_total, Some((100 << 30) / 9 * 8));
+    }
+
+    /// A pool and stream may hold two ranges at once: the large pool reserves a second when
+    /// the first has no room left. Its maps are its own (not the first range's), and its
+    /// unmaps are not taken from the small range reserved between the two, which stays live:
+    /// its next map is no new reservation.
+    #[test]
+    fn a_second_range_of_one_pool_and_stream_is_a_reservation_of_its_own() {
+        let (large, small, large_again) = (BASE, BASE + (100 << 30), BASE + (200 << 30));
+        let changes = [
+            map(large, 20 * MIB),
+            map(large + 20 * MIB, 40 * MIB),
+            map(small, 2 * MIB),
+            map(large_again, 20 * MIB),
+            unmap(large_again, 20 * MIB),
+            map(small + 2 * MIB, 2 * MIB),
+            // Unmapped in the middle and mapped again there: still the first range.
+            unmap(large + 20 * MIB, 20 * MIB),
+            map(large + 20 * MIB, 20 * MIB),
+        ];
+        assert_eq!(addresses(&changes, None), [large, small, large_again]);
+    }
+
+    /// A range given back bounds only the ranges reserved while it was kept: one reserved
+    /// later may lie across its place (a run of expandable segments on a 1.5 GiB device
+    /// reserved a large range 540 MiB below one it had given back; counting that distance
+    /// sized the replay's ranges for a 480 MiB device).
+    #[test]
+    fn a_range_given_back_does_not_bound_later_ones() {
+        let (high, given_back, later) = (BASE + (20 << 30), BASE + (10 << 30), BASE + (9 << 30));
+        let changes = [
+            map(high, 20 * MIB),
+            map(given_back, 20 * MIB),
+            unmap(given_back, 20 * MIB),
+            map(later, 20 * MIB),
+        ];
+        let hints = range_hints(&changes, None);
+        assert_eq!(hints.addresses(), [high, given_back, later]);
+        assert_eq!(hints.reservations[1].given_back, Some(2));
+        // Bounded by the 10 GiB from `given_back` to `high` and the 11 GiB from `later` to
+        // it; not by the 1 GiB between `later` and the range given back before it came.
+        assert_eq!(hints.device_total, Some((10 << 30) / 9 * 8));
+    }
+
+    /// A device reset gives back every range without unmaps: the same address mapped again
+    /// afterwards is a new range, also for the other pool.
+    #[test]
+    fn a_device_reset_gives_back_every_range() {
+        let changes = [
+            map(BASE, 20 * MIB),
+            map(BASE + (90 << 30), 2 * MIB),
+            PageChange::DeviceReset,
+            map(BASE, 2 * MIB),
+            map(BASE + (90 << 30), 20 * MIB),
+        ];
+        let hints = range_hints(&changes, None);
+        assert_eq!(
+            hints.addresses(),
+            [BASE, BASE + (90 << 30), BASE, BASE + (90 << 30)]
+        );
+        assert_eq!(hints.reservations[0].given_back, Some(2));
+        assert_eq!(hints.reservations[1].given_back, Some(2));
+        assert_eq!(hints.reservations[2].page, SMALL_BUFFER);
+    }
+
+    /// A second large range reserved right after a fully mapped first one (an upward driver):
+    /// without the device's memory the map at the first one's end reads as it growing; with
+    /// it, the range's size ends the first range there. The first range here is 9,220 MiB (an
+    /// 8 GiB device), with a small range 20 GiB above bounding the memory.
+    #[test]
+    fn a_range_right_after_a_full_one_is_told_apart_by_the_range_size() {
+        let range = range_size(8 << 30, PoolKind::Large);
+        assert_eq!(range, 9220 * MIB);
+        let small = BASE + (20 << 30);
+        let changes = [
+            map(BASE, 4000 * MIB),
+            map(small, 2 * MIB),
+            map(BASE + 4000 * MIB, range - 4000 * MIB),
+            map(BASE + range, 2500 * MIB),
+        ];
+        assert_eq!(
+            addresses(&changes, Some(8 << 30)),
+            [BASE, small, BASE + range]
+        );
+        // Without the capacity the memory comes from the distance to the small range (20 GiB
+        // rounded down to whole pages, × 8/9: more than 8 GiB), so the reading stays.
+        assert_eq!(addresses(&changes, None), [BASE, small]);
+    }
+
+    /// The range a pool reserves on a device of `total` bytes.
+    fn range(total: u64, page: u64) -> u64 {
+        let pool = if page == SMALL_BUFFER {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        range_size(total, pool)
+    }
+
+    /// Whatever the distance between two recorded ranges, the range of the lower one's pool,
+    /// sized with the total it implies, fits in it, and is within one page of it (so the total
+    /// is no smaller than it must be: it is also the simulated device's memory). A library
+    /// recording on a 4 GiB device reserved its small range, then its large one 4,622 MiB
+    /// lower: 8/9 of that distance made the large range 4,640 MiB, and the replay placed it
+    /// elsewhere.
+    #[test]
+    fn ranges_sized_from_the_reservations_fit_between_them() {
+        let audit_gap = 4622 * MIB;
+        let mut gaps = vec![
+            audit_gap,
+            100 << 30,
+            1162 * MIB,
+            18432 * MIB,
+            20 * MIB,
+            21 * MIB,
+        ];
+        gaps.extend((0..2000u64).map(|i| 1000 * MIB + i * 7 * MIB + i % 5 * 4096));
+        for gap in gaps {
+            for page in [SMALL_BUFFER, LARGE_BUFFER] {
+                let lower = lasting(BASE, page);
+                let upper = lasting(BASE + gap, SMALL_BUFFER + LARGE_BUFFER - page);
+                // In either order of reservation.
+                for pair in [[lower, upper], [upper, lower]] {
+                    let total = total_from_reservations(&pair).unwrap();
+                    assert!(range(total, page) <= gap, "gap {gap}, page {page}");
+                    assert!(range(total, page) + page > gap, "gap {gap}, page {page}");
+                }
+            }
+        }
+        // A small range of a 16 GiB device (18,432 MiB) gives back the 16 GiB exactly, up to
+        // the division's rounding.
+        let small = lasting(BASE, SMALL_BUFFER);
+        let next = lasting(BASE + 18432 * MIB, LARGE_BUFFER);
+        let total = total_from_reservations(&[small, next]).unwrap();
+        assert!((16384 * MIB - total) < 16, "{total}");
+        assert!(
+            range(4622 * MIB / 9 * 8, LARGE_BUFFER) > audit_gap,
+            "the case before the fix"
+        );
+    }
+
+    /// The one pass in time order finds what comparing every pair kept at the same time finds.
+    #[test]
+    fn the_sweep_agrees_with_every_pair() {
+        let mut rng = crate::trace::rng::SplitMix64::new(5);
+        for _ in 0..2000 {
+            let n = rng.between(0, 12) as usize;
+            let ranges: Vec<Reservation> = (0..n)
+                .map(|i| {
+                    let reserved = 2 * i;
+                    let given_back = rng
+                        .chance(0.5)
+                        .then(|| reserved + 1 + 2 * rng.below(n as u64 + 1) as usize);
+                    Reservation {
+                        addr: BASE + rng.below(64) * (1 << 30) + rng.below(4) * LARGE_BUFFER,
+                        page: [SMALL_BUFFER, LARGE_BUFFER][rng.below(2) as usize],
+                        reserved,
+                        given_back,
+                    }
+                })
+                .collect();
+            let overlap = |a: &Reservation, b: &Reservation| {
+                let until = |r: &Reservation| r.given_back.unwrap_or(usize::MAX);
+                a.reserved < until(b) && b.reserved < until(a)
+            };
+            let every_pair = ranges
+                .iter()
+                .flat_map(|lower| ranges.iter().map(move |upper| (lower, upper)))
+                .filter(|(lower, upper)| upper.addr > lower.addr && overlap(lower, upper))
+                .map(|(lower, upper)| memory_fitting(lower, upper.addr - lower.addr))
+                .min();
+            // Ranges kept together never share an address; the sweep skips such pairs.
+            let clash = ranges.iter().enumerate().any(|(i, a)| {
+                ranges[i + 1..]
+                    .iter()
+                    .any(|b| a.addr == b.addr && overlap(a, b))
+            });
+            if !clash {
+                assert_eq!(total_from_reservations(&ranges), every_pair, "{ranges:?}");
+            }
+        }
+    }
+}
