@@ -1115,3 +1115,38 @@ fn an_oom_is_replayed_with_expandable_segments_too() {
     assert!(text.contains(" segment maps, 4 retries"), "{text}");
     assert!(!text.contains("With expandable segments (--conf"), "{text}");
 }
+
+/// A program that resets its device loses its expandable segments' ranges without unmaps; the
+/// address reserved again after the reset is a new range, and a faithful replay lands both
+/// allocations there (it landed one of two while the ranges were read as kept).
+#[test]
+fn a_faithful_replay_reserves_again_after_a_device_reset() {
+    let (base, size) = (0x7f00_0000_0000u64, 20u64 << 20);
+    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"expandable_segments:True","free_sync":"none"}"#;
+    let mut lines = vec![header.to_string()];
+    for (t, (action, addr, size)) in [
+        ("segment_map", base, size),
+        ("alloc", base, size),
+        ("device_reset", 0, 0),
+        ("segment_map", base, size),
+        ("alloc", base, size),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        lines.push(format!(
+            r#"{{"t_us":{t},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":0}}"#
+        ));
+    }
+    let path = std::env::temp_dir().join(format!("cachealloc-reset-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let v = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--json",
+    ]));
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(v["allocs"], 2);
+    assert_eq!(v["allocs_at_recorded_addr"], 2);
+}
