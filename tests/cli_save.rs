@@ -350,6 +350,32 @@ fn random_saved_runs_replay_faithfully() {
     std::fs::remove_file(&path).ok();
 }
 
+/// A run saved without a capacity keeps the workload itself: replayed under a capacity and
+/// settings, it gives what `synth` gives under them (the README's example).
+#[test]
+fn a_run_saved_without_a_capacity_replays_as_synth_runs_under_any() {
+    let spec = "transformer:steps=3";
+    let (_, _, path) = synth_saved("workload", spec, &[]);
+    let p = path.to_str().unwrap();
+    let mut ooms = 0;
+    for capacity in ["1.5GiB", "3GiB"] {
+        for conf in ["", "expandable_segments:True", "max_split_size_mb:64"] {
+            let options = ["--capacity", capacity, "--conf", conf, "--json"];
+            let mut synth_args = vec!["synth", spec];
+            synth_args.extend(options);
+            let synth = json(&cachealloc(&synth_args));
+            let mut replay_args = vec!["replay", p];
+            replay_args.extend(options);
+            let replayed = json(&cachealloc(&replay_args));
+            assert_same_figures(&format!("{capacity} {conf:?}"), &synth, &replayed);
+            assert_eq!(replayed["allocs"], synth["allocs"], "{capacity} {conf:?}");
+            ooms += synth["num_ooms"].as_u64().unwrap();
+        }
+    }
+    assert!(ooms > 0, "some of the cases run out of memory");
+    std::fs::remove_file(&path).unwrap();
+}
+
 fn env_number(var: &str, default: u64) -> u64 {
     match std::env::var(var) {
         Ok(v) => v
