@@ -941,8 +941,19 @@ fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
 /// A cachealloc trace file of device 0 in the temporary directory, one event per
 /// (action, address, size, stream), a microsecond apart.
 fn write_trace(name: &str, events: &[(&str, u64, u64, u32)]) -> std::path::PathBuf {
-    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"","free_sync":"device"}"#;
-    let mut lines = vec![header.to_string()];
+    write_trace_with_settings(name, "", events)
+}
+
+/// `write_trace` of a recording made under `settings`.
+fn write_trace_with_settings(
+    name: &str,
+    settings: &str,
+    events: &[(&str, u64, u64, u32)],
+) -> std::path::PathBuf {
+    let header = format!(
+        r#"{{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"{settings}","free_sync":"device"}}"#
+    );
+    let mut lines = vec![header];
     for (t, (action, addr, size, stream)) in events.iter().enumerate() {
         lines.push(format!(
             r#"{{"t_us":{},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":{stream}}}"#,
@@ -1122,24 +1133,17 @@ fn an_oom_is_replayed_with_expandable_segments_too() {
 #[test]
 fn a_faithful_replay_reserves_again_after_a_device_reset() {
     let (base, size) = (0x7f00_0000_0000u64, 20u64 << 20);
-    let header = r#"{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"expandable_segments:True","free_sync":"none"}"#;
-    let mut lines = vec![header.to_string()];
-    for (t, (action, addr, size)) in [
-        ("segment_map", base, size),
-        ("alloc", base, size),
-        ("device_reset", 0, 0),
-        ("segment_map", base, size),
-        ("alloc", base, size),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        lines.push(format!(
-            r#"{{"t_us":{t},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":0}}"#
-        ));
-    }
-    let path = std::env::temp_dir().join(format!("cachealloc-reset-{}.jsonl", std::process::id()));
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let path = write_trace_with_settings(
+        "reset",
+        "expandable_segments:True",
+        &[
+            ("segment_map", base, size, 0),
+            ("alloc", base, size, 0),
+            ("device_reset", 0, 0, 0),
+            ("segment_map", base, size, 0),
+            ("alloc", base, size, 0),
+        ],
+    );
     let v = json(&cachealloc(&[
         "replay",
         path.to_str().unwrap(),

@@ -40,10 +40,10 @@ impl Placement {
 
     /// Its name in `CHOICES`.
     pub fn name(self) -> &'static str {
-        match self {
-            Placement::TopDown => "top-down",
-            Placement::BottomUp => "bottom-up",
-        }
+        Self::CHOICES
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map_or("top-down", |(n, _)| n)
     }
 
     /// The placement named `name` in `CHOICES`.

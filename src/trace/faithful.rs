@@ -85,6 +85,23 @@ impl DeviceRecording {
     }
 }
 
+impl ReplayConfig {
+    /// Place segments and the ranges of expandable segments where the recording's driver did:
+    /// `segment_addresses` (`(size, address)` of each `segment_alloc`) as hints, and the ranges
+    /// that `page_changes` show, with the device memory to size them with for this replay's
+    /// capacity (so the capacity is set first).
+    pub fn follow_recorded_addresses(
+        &mut self,
+        segment_addresses: Vec<(u64, u64)>,
+        page_changes: &[PageChange],
+    ) {
+        self.address_hints = segment_addresses;
+        let ranges = range_hints(page_changes, self.capacity);
+        self.reservation_hints = ranges.addresses();
+        self.device_total = ranges.device_total;
+    }
+}
+
 /// A faithful replay's result next to the recording's own figures.
 #[derive(Clone, Debug)]
 pub struct FaithfulOutcome {
@@ -103,10 +120,7 @@ pub fn replay_faithful(
     let faithful = rec.faithful().map_err(|e| e.to_string())?;
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
-    config.address_hints = rec.segment_addresses();
-    let ranges = range_hints(&rec.page_changes(), config.capacity);
-    config.reservation_hints = ranges.addresses();
-    config.device_total = ranges.device_total;
+    config.follow_recorded_addresses(rec.segment_addresses(), &rec.page_changes());
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;

@@ -20,8 +20,8 @@
 //! first finds the ranges without it, takes the memory they imply (or the capacity, if
 //! smaller), and reads the maps again under that size.
 
-use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
-use crate::pool::{PoolKind, StreamId, range_size};
+use crate::pool::rounding::SMALL_BUFFER;
+use crate::pool::{PoolKind, StreamId, page_size, range_size};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A recording's entry that changes which pages of expandable segments are mapped.
@@ -92,14 +92,14 @@ pub fn range_hints(changes: &[PageChange], capacity: Option<u64>) -> RangeHints 
 
 /// The device memory a faithful replay sizes expandable segments' ranges with: its capacity,
 /// but no more than lets the ranges fit between the recorded ones.
-pub fn device_total(capacity: Option<u64>, from_reservations: Option<u64>) -> Option<u64> {
+fn device_total(capacity: Option<u64>, from_reservations: Option<u64>) -> Option<u64> {
     match (capacity, from_reservations) {
         (Some(c), Some(r)) => Some(c.min(r)),
         (c, r) => c.or(r),
     }
 }
 
-/// A range while `reservations` follows it.
+/// A range while `find_ranges` follows it.
 struct LiveRange {
     pool: PoolKind,
     stream: StreamId,
@@ -159,10 +159,7 @@ fn find_ranges(changes: &[PageChange], total: Option<u64>) -> Vec<Reservation> {
                 );
                 starts.push(Reservation {
                     addr,
-                    page: match pool {
-                        PoolKind::Small => SMALL_BUFFER,
-                        PoolKind::Large => LARGE_BUFFER,
-                    },
+                    page: page_size(pool),
                     reserved: at,
                     given_back: None,
                 });
@@ -250,6 +247,7 @@ fn memory_fitting(lower: &Reservation, gap: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::rounding::LARGE_BUFFER;
 
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 0x7f00_0000_0000;

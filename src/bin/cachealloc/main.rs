@@ -12,7 +12,6 @@ use cachealloc::config::{Config, ConfigSource, options};
 use cachealloc::trace::fit::{
     ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
 };
-use cachealloc::trace::ranges::range_hints;
 use cachealloc::trace::record::save::{SaveError, replay_saved};
 use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -226,10 +225,8 @@ fn run(cli: Cli) -> Result<String, String> {
             }
             if args.faithful {
                 config.capacity = args.common.capacity.or(loaded.capacity);
-                config.address_hints = loaded.address_hints.clone();
-                let ranges = range_hints(&loaded.page_changes, config.capacity);
-                config.reservation_hints = ranges.addresses();
-                config.device_total = ranges.device_total;
+                config
+                    .follow_recorded_addresses(loaded.address_hints.clone(), &loaded.page_changes);
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
                 {
