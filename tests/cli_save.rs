@@ -292,7 +292,8 @@ fn an_unwritable_save_path_is_named_and_nothing_else_is_printed() {
 }
 
 /// Saved runs drawn at random — workload, settings, capacity, placement, seed — each replayed
-/// faithfully from its file alone to the run's figures, every allocation at its address.
+/// faithfully from its file alone to the run's figures, every allocation at its address; a run
+/// of expandable segments also with its range lines taken out, so that its ranges are inferred.
 /// `CACHEALLOC_SAVE_CASES` sets how many (`scripts/save-sweep.sh` runs hundreds) and
 /// `CACHEALLOC_SAVE_SEED` which; a failure names the case's command.
 #[test]
@@ -325,6 +326,8 @@ fn random_saved_runs_replay_faithfully() {
     let mut rng = SplitMix64::new(seed);
     let path = temp_path("random");
     let p = path.to_str().unwrap();
+    let inferred_path = temp_path("random-inferred");
+    let ip = inferred_path.to_str().unwrap();
     for case in 0..cases {
         let pick = |rng: &mut SplitMix64, n: usize| rng.below(n as u64) as usize;
         let spec = SPECS[pick(&mut rng, SPECS.len())];
@@ -346,8 +349,26 @@ fn random_saved_runs_replay_faithfully() {
             faithful["allocs_at_recorded_addr"], faithful["allocs"],
             "{what}"
         );
+        // Without the range lines (as a PyTorch snapshot has none), the ranges are inferred
+        // from the page maps, to the same result.
+        let saved = std::fs::read_to_string(&path).unwrap();
+        if saved.contains("\"range_reserve\"") {
+            let kept: Vec<&str> = saved
+                .lines()
+                .filter(|l| !l.contains("\"range_reserve\"") && !l.contains("\"range_release\""))
+                .collect();
+            std::fs::write(&inferred_path, kept.join("\n") + "\n").unwrap();
+            let inferred = json(&cachealloc(&["replay", ip, "--faithful", "--json"]));
+            let what = format!("{what} (ranges inferred)");
+            assert_same_figures(&what, &synth, &inferred);
+            assert_eq!(
+                inferred["allocs_at_recorded_addr"], inferred["allocs"],
+                "{what}"
+            );
+        }
     }
     std::fs::remove_file(&path).ok();
+    std::fs::remove_file(&inferred_path).ok();
 }
 
 /// A run saved without a capacity keeps the workload itself: replayed under a capacity and

@@ -232,6 +232,17 @@ fn out_of_memory_returns_2_and_stays_until_cuda_get_last_error() {
 }
 
 #[test]
+fn the_context_holds_part_of_the_total_and_never_frees_it() {
+    assert_scenario_passes(
+        "context",
+        &[
+            ("FAKECUDART_CAPACITY", "1MiB"),
+            ("FAKECUDART_CONTEXT", "256KiB"),
+        ],
+    );
+}
+
+#[test]
 fn devices_are_per_thread_and_reset_frees_the_current_one() {
     assert_scenario_passes("devices", &[("FAKECUDART_DEVICES", "3")]);
 }
@@ -301,6 +312,7 @@ fn malformed_environment_is_reported_and_fails_every_call() {
     for (var, value) in [
         ("FAKECUDART_CAPACITY", "lots"),
         ("FAKECUDART_CAPACITY", "1.5GiB"),
+        ("FAKECUDART_CONTEXT", "lots"),
         ("FAKECUDART_DEVICES", "65"),
         ("FAKECUDART_FAIL", "x"),
     ] {

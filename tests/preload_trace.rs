@@ -214,6 +214,123 @@ fn an_expandable_recording_whose_small_range_came_first_replays_at_its_addresses
     }
 }
 
+/// The lines of `trace` (after the header) whose action is `action`.
+fn lines_of(trace: &Path, action: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(trace).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["action"] == action)
+        .collect()
+}
+
+/// A copy of `trace` beside it without the lines of `actions`, as a file that lacks them.
+fn copy_without(trace: &Path, actions: &[&str]) -> PathBuf {
+    let text = std::fs::read_to_string(trace).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            !actions
+                .iter()
+                .any(|a| l.contains(&format!("\"action\":\"{a}\"")))
+        })
+        .collect();
+    let copy = trace.with_extension("without.jsonl");
+    std::fs::write(&copy, kept.join("\n") + "\n").unwrap();
+    copy
+}
+
+/// A request too large for the device still reserves its range, and a later large allocation
+/// maps its pages there, after the small pool reserved its own range: the range's first map
+/// comes after another range's. The recording names each range where it was reserved, so a
+/// faithful replay reserves them in the same order, at the same addresses; from the page maps
+/// alone (a file without the range lines, as a PyTorch snapshot is), the ranges come out in the
+/// order of their first maps and the allocations land elsewhere.
+#[test]
+fn ranges_are_replayed_where_and_when_the_recording_reserved_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record_with(
+        dir.path(),
+        "huge_first",
+        "expandable_segments:True,",
+        &[("FAKECUDART_CAPACITY", "1GiB")],
+    );
+    let reserved = lines_of(&trace, "range_reserve");
+    let maps = lines_of(&trace, "segment_map");
+    assert_eq!(reserved.len(), 2, "the large range, then the small one");
+    // The request's own pages: 4 GiB is 204.8 pages of 20 MiB.
+    assert_eq!(reserved[0]["size"].as_u64(), Some(205 * (20 << 20)));
+    assert_eq!(reserved[0]["page"].as_u64(), Some(20 << 20));
+    assert_eq!(reserved[1]["page"].as_u64(), Some(2 << 20));
+    assert_eq!(
+        maps[0]["addr"], reserved[1]["addr"],
+        "the small range maps first"
+    );
+    assert_eq!(maps[1]["addr"], reserved[0]["addr"]);
+    let faithful = replay_json(&trace, &["--faithful"]);
+    assert_eq!(faithful["allocs"], 2, "{faithful}");
+    assert_eq!(faithful["allocs_at_recorded_addr"], 2, "{faithful}");
+    assert_eq!(faithful["num_ooms"], 1, "{faithful}");
+
+    let stripped = copy_without(&trace, &["range_reserve", "range_release"]);
+    let inferred = replay_json(&stripped, &["--faithful"]);
+    assert_eq!(inferred["allocs"], 2, "{inferred}");
+    assert_eq!(
+        inferred["allocs_at_recorded_addr"], 0,
+        "the ranges' order inferred from their first maps: {inferred}"
+    );
+}
+
+/// On a GPU the context (and any other user) holds memory the allocator never sees, so the
+/// capacity a faithful replay infers from an out-of-memory is less than the device's memory; a
+/// memory fraction limits a fraction of the device's memory, not of that capacity. The
+/// recording names the device's memory, and the replay's fraction limits what the shim's did.
+#[test]
+fn a_memory_fraction_is_replayed_of_the_recorded_device_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record_with(
+        dir.path(),
+        "mix",
+        "per_process_memory_fraction:0.5,garbage_collection_threshold:0.6,",
+        &[
+            ("FAKECUDART_CAPACITY", "1GiB"),
+            ("FAKECUDART_CONTEXT", "300MiB"),
+        ],
+    );
+    let memory = lines_of(&trace, "device_memory");
+    assert_eq!(memory.len(), 1, "one line, at the pool's creation");
+    assert_eq!(memory[0]["size"].as_u64(), Some(1 << 30));
+    let stats = shim_stats(dir.path(), 0);
+    let faithful = replay_json(&trace, &["--faithful"]);
+    assert_eq!(faithful["device_memory_bytes"].as_u64(), Some(1 << 30));
+    assert_eq!(
+        faithful["capacity_bytes"].as_u64(),
+        Some((1 << 30) - (300 << 20)),
+        "what the allocator could have had: {faithful}"
+    );
+    for (replayed, shim) in [
+        ("peak_reserved_bytes", "reserved_bytes.all.peak"),
+        ("num_device_alloc", "num_device_alloc"),
+        ("num_device_free", "num_device_free"),
+        ("num_alloc_retries", "num_alloc_retries"),
+        ("num_ooms", "num_ooms"),
+    ] {
+        assert_eq!(faithful[replayed], stats[shim], "{replayed}: {faithful}");
+    }
+    assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+
+    // Without the line, the fraction is taken of the capacity: a lower limit, under which the
+    // replay collects and releases where the shim did not, and departs from the recording.
+    let stripped = copy_without(&trace, &["device_memory"]);
+    let guessed = replay_json(&stripped, &["--faithful"]);
+    assert_eq!(guessed["device_memory_bytes"], guessed["capacity_bytes"]);
+    assert_ne!(guessed["num_device_alloc"], stats["num_device_alloc"]);
+    assert!(
+        guessed["allocs_at_recorded_addr"].as_u64() < guessed["allocs"].as_u64(),
+        "{guessed}"
+    );
+}
+
 #[test]
 fn one_file_holds_every_device() {
     let dir = tempfile::tempdir().unwrap();

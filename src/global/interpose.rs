@@ -8,6 +8,7 @@ use super::pools::{self, Pool};
 use super::reentry;
 use super::stream_uses;
 use super::trace_file;
+use crate::backend::Backend;
 use crate::backend::cuda::device_guard::current_device;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::backend::cuda::events::EventFences;
@@ -112,8 +113,16 @@ fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> (Pool, O
     } else {
         None
     };
+    let sink = trace_file::sink(device);
+    if sink.is_some()
+        && let Ok(info) = backend.mem_info()
+    {
+        // For a faithful replay: the memory that sizes the ranges of expandable segments and
+        // the limit of a memory fraction, which the pool's events do not show.
+        trace_file::note_device_memory(device, info.total);
+    }
     let mut pool = DeviceAllocator::new(backend, config.settings.clone());
-    if let Some(sink) = trace_file::sink(device) {
+    if let Some(sink) = sink {
         pool.set_event_sink(Some(Box::new(sink)));
     }
     (pool, unsupported)

@@ -93,6 +93,14 @@ pub fn sink(device: DeviceId) -> Option<DeviceSink> {
     RECORDER.get().map(|r| r.buffer.sink(device.0))
 }
 
+/// Note the total memory of `device`, whose pool is being created.
+pub fn note_device_memory(device: DeviceId, total: u64) {
+    if let Some(r) = RECORDER.get() {
+        r.buffer
+            .push_with(|t_us| Event::device_memory(device.0, total, t_us));
+    }
+}
+
 /// Note that the pool of `device` was dropped by `cudaDeviceReset`.
 pub fn note_device_reset(device: DeviceId) {
     if let Some(r) = RECORDER.get() {

@@ -36,6 +36,20 @@ pub enum PoolEvent {
         size: u64,
         stream: StreamId,
     },
+    /// Expandable segments: an address range was reserved for a pool and stream (`size`
+    /// bytes, mapped in pages of `page` bytes as requests need them).
+    RangeReserve {
+        ptr: DevicePtr,
+        size: u64,
+        page: u64,
+        stream: StreamId,
+    },
+    /// Expandable segments: a range with nothing mapped any more was given back.
+    RangeRelease {
+        ptr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    },
     /// Expandable segments: pages were mapped into a reserved range.
     SegmentMap {
         ptr: DevicePtr,

@@ -234,6 +234,12 @@ impl<B: Backend> DeviceAllocator<B> {
         self.blocks.insert(block);
         self.segments.insert(ptr.addr(), range);
         self.unmapped.insert(&block);
+        self.emit(|| PoolEvent::RangeReserve {
+            ptr,
+            size: range,
+            page,
+            stream,
+        });
         Ok(Some(ptr.addr()))
     }
 
@@ -375,6 +381,11 @@ impl<B: Backend> DeviceAllocator<B> {
         self.unmapped.remove(&whole);
         self.blocks.remove(merged);
         self.segments.remove(whole.addr);
+        self.emit(|| PoolEvent::RangeRelease {
+            ptr,
+            size: whole.size,
+            stream: whole.stream,
+        });
         Ok(())
     }
 

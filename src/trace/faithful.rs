@@ -3,7 +3,7 @@
 //! be compared figure for figure (and address for address) with what PyTorch did.
 
 use super::figures::RecordedFigures;
-use super::ranges::{PageChange, range_hints};
+use super::ranges::{RangeChange, range_hints};
 use super::recording::{Action, DeviceRecording};
 use super::replay::{ReplayConfig, ReplayOutcome, StartLayout, replay};
 use super::start_state::StartState;
@@ -57,16 +57,16 @@ impl DeviceRecording {
 
     /// The entries that map and unmap pages of expandable segments, in trace order: where
     /// the driver reserved their ranges (`ranges::range_hints`).
-    pub fn page_changes(&self) -> Vec<PageChange> {
+    pub fn range_changes(&self) -> Vec<RangeChange> {
         self.entries
             .iter()
             .filter_map(|e| match e.action {
-                Action::SegmentMap => Some(PageChange::Map {
+                Action::SegmentMap => Some(RangeChange::Map {
                     addr: e.addr,
                     size: e.size,
                     stream: e.stream,
                 }),
-                Action::SegmentUnmap => Some(PageChange::Unmap {
+                Action::SegmentUnmap => Some(RangeChange::Unmap {
                     addr: e.addr,
                     size: e.size,
                 }),
@@ -88,17 +88,19 @@ impl DeviceRecording {
 impl ReplayConfig {
     /// Place segments and the ranges of expandable segments where the recording's driver did:
     /// `segment_addresses` (`(size, address)` of each `segment_alloc`) as hints, and the ranges
-    /// that `page_changes` show, with the device memory to size them with for this replay's
-    /// capacity (so the capacity is set first).
+    /// that `range_changes` show. The simulated device reports `device_memory` when the
+    /// recording says it, else the memory the ranges imply for this replay's capacity (so the
+    /// capacity is set first).
     pub fn follow_recorded_addresses(
         &mut self,
         segment_addresses: Vec<(u64, u64)>,
-        page_changes: &[PageChange],
+        range_changes: &[RangeChange],
+        device_memory: Option<u64>,
     ) {
         self.address_hints = segment_addresses;
-        let ranges = range_hints(page_changes, self.capacity);
+        let ranges = range_hints(range_changes, device_memory.or(self.capacity));
         self.reservation_hints = ranges.addresses();
-        self.device_total = ranges.device_total;
+        self.device_total = device_memory.or(ranges.device_total);
     }
 }
 
@@ -120,7 +122,7 @@ pub fn replay_faithful(
     let faithful = rec.faithful().map_err(|e| e.to_string())?;
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
-    config.follow_recorded_addresses(rec.segment_addresses(), &rec.page_changes());
+    config.follow_recorded_addresses(rec.segment_addresses(), &rec.range_changes(), None);
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;

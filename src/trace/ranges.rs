@@ -1,18 +1,24 @@
 //! The address ranges of expandable segments, as a recording shows them: where the driver
-//! reserved each one, found from the recording's page maps and unmaps (a reservation has no
-//! trace entry of its own), and the device memory under which the pool's ranges would fit
-//! between them — what a faithful replay needs to reserve its ranges where the recording's
-//! were (`range_hints`).
+//! reserved each one, and the device memory under which the pool's ranges come out the size
+//! the recording's were, or fit between them — what a faithful replay needs to reserve its
+//! ranges where the recording's were (`range_hints`).
 //!
-//! A range's first map is at its start, and every later map of its pool and stream lies within
-//! what it has mapped so far or right after it (PyTorch maps a free block's pages from its
-//! start, and a range's free blocks lie below its highest mapped page or begin there). So a map
-//! belongs to the live range of its pool and stream whose extent — its start up to the end of
-//! the highest page it ever mapped — reaches it; any other map starts a range (the small pool
-//! maps 2 MiB pages one at a time, the large pool 20 MiB ones). A pool and stream may hold
-//! several ranges: one is reserved when none has room for a request. An unmap belongs to the
-//! range whose extent holds it; a range whose last mapped page is unmapped was given back
-//! (PyTorch releases it then, without a trace entry), and a device reset gives back them all.
+//! A recording of cachealloc's own (trace format version 2) names each range: a
+//! `range_reserve` line with its address, size and page size, and a `range_release` line when
+//! it is given back. The ranges are then read from those lines, and the device memory is the
+//! one under which the pool reserves ranges of the recorded sizes (the capacity, when it does).
+//!
+//! A PyTorch snapshot (and a version 1 recording) has no entry for a reservation, so the ranges
+//! are found from the page maps and unmaps. A range's first map is at its start, and every
+//! later map of its pool and stream lies within what it has mapped so far or right after it
+//! (PyTorch maps a free block's pages from its start, and a range's free blocks lie below its
+//! highest mapped page or begin there). So a map belongs to the live range of its pool and
+//! stream whose extent — its start up to the end of the highest page it ever mapped — reaches
+//! it; any other map starts a range (the small pool maps 2 MiB pages one at a time, the large
+//! pool 20 MiB ones). A pool and stream may hold several ranges: one is reserved when none has
+//! room for a request. An unmap belongs to the range whose extent holds it; a range whose last
+//! mapped page is unmapped was given back (PyTorch releases it then, without a trace entry),
+//! and a device reset gives back them all.
 //!
 //! One case reads two ways: a map right at the end of a range's extent is the range growing, or
 //! a second range reserved right after a fully mapped one. Where the device's memory is known,
@@ -24,9 +30,14 @@ use crate::pool::rounding::SMALL_BUFFER;
 use crate::pool::{PoolKind, StreamId, page_size, range_size};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// A recording's entry that changes which pages of expandable segments are mapped.
+/// A recording's entry that changes the ranges of expandable segments or their mapped pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PageChange {
+pub enum RangeChange {
+    /// `range_reserve` (cachealloc's recordings only): a range of `size` bytes, mapped in pages
+    /// of `page` bytes.
+    Reserve { addr: u64, size: u64, page: u64 },
+    /// `range_release` (cachealloc's recordings only).
+    Release { addr: u64 },
     /// `segment_map`.
     Map {
         addr: u64,
@@ -69,7 +80,13 @@ impl RangeHints {
 
 /// The ranges of `changes` and the device memory to size them with, for a replay of
 /// `capacity` bytes (`None`: unknown).
-pub fn range_hints(changes: &[PageChange], capacity: Option<u64>) -> RangeHints {
+pub fn range_hints(changes: &[RangeChange], capacity: Option<u64>) -> RangeHints {
+    if changes
+        .iter()
+        .any(|c| matches!(c, RangeChange::Reserve { .. }))
+    {
+        return recorded_ranges(changes, capacity);
+    }
     let mut ranges = find_ranges(changes, None);
     let mut total = device_total(capacity, total_from_reservations(&ranges));
     // Read again under the range size that memory gives, until the two agree (a split range
@@ -88,6 +105,100 @@ pub fn range_hints(changes: &[PageChange], capacity: Option<u64>) -> RangeHints 
         reservations: ranges,
         device_total: total,
     }
+}
+
+/// The ranges a recording names with `range_reserve` and `range_release` lines, and the device
+/// memory under which the pool reserves ranges of their sizes.
+///
+/// A pool reserves ranges of `range_size` — or of a request's own pages when the request is
+/// larger — so the smallest range of each pool bounds the memory from above, and equals its
+/// range under it unless every range of that pool was such a request. The capacity is taken
+/// when it gives some pool its smallest range and no pool a larger one (a saved run's simulated
+/// device); else the most memory the smallest ranges allow (a GPU's memory exceeds the capacity
+/// a replay infers from its recording, which leaves out what other users held, and a range is
+/// a whole number of pages: the memory is found within a page's worth).
+fn recorded_ranges(changes: &[RangeChange], capacity: Option<u64>) -> RangeHints {
+    let mut live: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut reservations: Vec<Reservation> = Vec::new();
+    // Page size → the smallest range of its pool.
+    let mut smallest: BTreeMap<u64, u64> = BTreeMap::new();
+    for (at, &change) in changes.iter().enumerate() {
+        match change {
+            RangeChange::Reserve { addr, size, page } => {
+                if let Some(gone) = live.insert(addr, reservations.len()) {
+                    reservations[gone].given_back = Some(at);
+                }
+                reservations.push(Reservation {
+                    addr,
+                    page,
+                    reserved: at,
+                    given_back: None,
+                });
+                let least = smallest.entry(page).or_insert(size);
+                *least = (*least).min(size);
+            }
+            RangeChange::Release { addr } => {
+                if let Some(gone) = live.remove(&addr) {
+                    reservations[gone].given_back = Some(at);
+                }
+            }
+            RangeChange::DeviceReset => {
+                for gone in std::mem::take(&mut live).into_values() {
+                    reservations[gone].given_back = Some(at);
+                }
+            }
+            RangeChange::Map { .. } | RangeChange::Unmap { .. } => {}
+        }
+    }
+    let gives = |total: u64| {
+        let ranges = || {
+            smallest
+                .iter()
+                .map(move |(&page, &size)| (range_size_in_pages(total, page), size))
+        };
+        ranges().all(|(range, size)| range <= size) && ranges().any(|(range, size)| range == size)
+    };
+    let most = smallest
+        .iter()
+        .map(|(&page, &size)| most_memory_for_range(size, page))
+        .min();
+    let device_total = match capacity {
+        Some(c) if gives(c) => Some(c),
+        _ => most,
+    };
+    RangeHints {
+        reservations,
+        device_total,
+    }
+}
+
+/// `range_size` for a pool named by its page size.
+fn range_size_in_pages(total: u64, page: u64) -> u64 {
+    range_size(total, pool_of_page(page))
+}
+
+/// The pool whose expandable segments map pages of `page` bytes.
+fn pool_of_page(page: u64) -> PoolKind {
+    if page == SMALL_BUFFER {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+/// The most device memory under which a pool with pages of `page` bytes reserves ranges of no
+/// more than `size` bytes (ranges grow with the memory, so a binary search finds it).
+fn most_memory_for_range(size: u64, page: u64) -> u64 {
+    let (mut low, mut high) = (0u64, u64::MAX);
+    while low < high {
+        let mid = low + (high - low).div_ceil(2);
+        if range_size_in_pages(mid, page) <= size {
+            low = mid;
+        } else {
+            high = mid - 1;
+        }
+    }
+    low
 }
 
 /// The device memory a faithful replay sizes expandable segments' ranges with: its capacity,
@@ -115,17 +226,14 @@ struct LiveRange {
 
 /// The ranges reserved by `changes`, in order; `total`, the device's memory when known, bounds
 /// each range by its size.
-fn find_ranges(changes: &[PageChange], total: Option<u64>) -> Vec<Reservation> {
+fn find_ranges(changes: &[RangeChange], total: Option<u64>) -> Vec<Reservation> {
     let mut live: BTreeMap<u64, LiveRange> = BTreeMap::new();
     let mut starts: Vec<Reservation> = Vec::new();
     for (at, &change) in changes.iter().enumerate() {
         match change {
-            PageChange::Map { addr, size, stream } => {
-                let pool = if size == SMALL_BUFFER {
-                    PoolKind::Small
-                } else {
-                    PoolKind::Large
-                };
+            RangeChange::Map { addr, size, stream } => {
+                // A small range's maps are one 2 MiB page each; a large one's are 20 MiB pages.
+                let pool = pool_of_page(size);
                 let end = addr.saturating_add(size);
                 // The range starting closest below: the only one whose extent can hold `addr`,
                 // ranges being disjoint.
@@ -164,7 +272,7 @@ fn find_ranges(changes: &[PageChange], total: Option<u64>) -> Vec<Reservation> {
                     given_back: None,
                 });
             }
-            PageChange::Unmap { addr, size } => {
+            RangeChange::Unmap { addr, size } => {
                 if let Some((&start, range)) = live.range_mut(..=addr).next_back()
                     && addr < range.end
                 {
@@ -175,11 +283,13 @@ fn find_ranges(changes: &[PageChange], total: Option<u64>) -> Vec<Reservation> {
                     }
                 }
             }
-            PageChange::DeviceReset => {
+            RangeChange::DeviceReset => {
                 for range in std::mem::take(&mut live).into_values() {
                     starts[range.reservation].given_back = Some(at);
                 }
             }
+            // Only in recordings whose ranges `recorded_ranges` reads.
+            RangeChange::Reserve { .. } | RangeChange::Release { .. } => {}
         }
     }
     starts
@@ -252,19 +362,19 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 0x7f00_0000_0000;
 
-    fn map(addr: u64, size: u64) -> PageChange {
-        PageChange::Map {
+    fn map(addr: u64, size: u64) -> RangeChange {
+        RangeChange::Map {
             addr,
             size,
             stream: StreamId(0),
         }
     }
 
-    fn unmap(addr: u64, size: u64) -> PageChange {
-        PageChange::Unmap { addr, size }
+    fn unmap(addr: u64, size: u64) -> RangeChange {
+        RangeChange::Unmap { addr, size }
     }
 
-    fn addresses(changes: &[PageChange], capacity: Option<u64>) -> Vec<u64> {
+    fn addresses(changes: &[RangeChange], capacity: Option<u64>) -> Vec<u64> {
         range_hints(changes, capacity).addresses()
     }
 
@@ -347,7 +457,7 @@ mod tests {
         let changes = [
             map(BASE, 20 * MIB),
             map(BASE + (90 << 30), 2 * MIB),
-            PageChange::DeviceReset,
+            RangeChange::DeviceReset,
             map(BASE, 2 * MIB),
             map(BASE + (90 << 30), 20 * MIB),
         ];
@@ -477,5 +587,79 @@ mod tests {
                 assert_eq!(total_from_reservations(&ranges), every_pair, "{ranges:?}");
             }
         }
+    }
+
+    fn reserve(addr: u64, size: u64, page: u64) -> RangeChange {
+        RangeChange::Reserve { addr, size, page }
+    }
+
+    /// A recording that names its ranges is read as named: a range never mapped (its request
+    /// failed) still takes its place in the order, maps do not start ranges, a range given back
+    /// and reserved again is a reservation of its own, and a reset gives back the rest.
+    #[test]
+    fn named_ranges_are_taken_as_they_are_named() {
+        let total = 8u64 << 30;
+        let (large, small) = (
+            range_size(total, PoolKind::Large),
+            range_size(total, PoolKind::Small),
+        );
+        assert!(600 * LARGE_BUFFER > large);
+        let (a, b, c) = (BASE, BASE + (20 << 30), BASE + (40 << 30));
+        let changes = [
+            reserve(a, 600 * LARGE_BUFFER, LARGE_BUFFER),
+            reserve(b, small, SMALL_BUFFER),
+            map(b, 2 * MIB),
+            map(a, 20 * MIB),
+            // A map far from any range's extent: inference would start a range here.
+            map(a + (4 << 30), 20 * MIB),
+            unmap(b, 2 * MIB),
+            RangeChange::Release { addr: b },
+            reserve(c, large, LARGE_BUFFER),
+            reserve(b, small, SMALL_BUFFER),
+            RangeChange::DeviceReset,
+        ];
+        let hints = range_hints(&changes, None);
+        assert_eq!(hints.addresses(), [a, b, c, b]);
+        let given_back: Vec<_> = hints.reservations.iter().map(|r| r.given_back).collect();
+        assert_eq!(given_back, [Some(9), Some(6), Some(9), Some(9)]);
+        assert_eq!(hints.reservations[1].page, SMALL_BUFFER);
+        // The memory gives both pools their smallest range (the first large range was a
+        // request's own, larger than the pool's range).
+        let memory = hints.device_total.unwrap();
+        assert_eq!(range_size(memory, PoolKind::Large), large);
+        assert_eq!(range_size(memory, PoolKind::Small), small);
+        assert!(memory >= total && memory - total < SMALL_BUFFER, "{memory}");
+    }
+
+    /// The memory a replay of named ranges runs with: the capacity when it gives the recorded
+    /// ranges (a saved run of the simulated device, exactly), else the most memory that does
+    /// (a GPU, whose recording shows less memory than it has: a capacity inferred from an
+    /// out-of-memory leaves out the memory that other users held).
+    #[test]
+    fn named_ranges_give_the_device_memory() {
+        let total = (80u64 << 30) - 3 * MIB;
+        let changes = [
+            reserve(BASE, range_size(total, PoolKind::Large), LARGE_BUFFER),
+            reserve(
+                BASE + (100 << 30),
+                range_size(total, PoolKind::Small),
+                SMALL_BUFFER,
+            ),
+        ];
+        assert_eq!(range_hints(&changes, Some(total)).device_total, Some(total));
+        let inferred = total - (500 << 20);
+        let memory = range_hints(&changes, Some(inferred)).device_total.unwrap();
+        assert_eq!(range_hints(&changes, None).device_total, Some(memory));
+        let pools = [PoolKind::Large, PoolKind::Small];
+        for pool in pools {
+            assert_eq!(range_size(memory, pool), range_size(total, pool));
+        }
+        assert!(
+            pools
+                .iter()
+                .any(|&p| range_size(memory + 1, p) > range_size(total, p)),
+            "the most memory that gives the ranges"
+        );
+        assert!(memory >= total && memory - total < SMALL_BUFFER, "{memory}");
     }
 }

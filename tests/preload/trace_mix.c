@@ -7,6 +7,9 @@
  *   devices  allocations on device 1, then on device 0 (FAKECUDART_DEVICES=2).
  *   small_first  a small allocation, then a large one, then both again (with
  *            expandable_segments:True, the small pool's range is reserved before the large one's).
+ *   huge_first  with expandable_segments:True on a 1 GiB device: a 4 GiB request that fails
+ *            (its range is reserved, nothing can be mapped), then a small and a large allocation:
+ *            the large one maps its pages into the range the failed request reserved.
  *   nocuda   no CUDA call at all.
  * Each prints "ok SCENARIO" when every check held.
  */
@@ -80,6 +83,16 @@ static void scenario_small_first(void) {
         CHECK_CODE(cudaFree(p[i]), cudaSuccess);
 }
 
+static void scenario_huge_first(void) {
+    void *huge = NULL, *small = NULL, *large = NULL;
+    CHECK_CODE(cudaMalloc(&huge, 4096 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaMalloc(&small, 1000), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&large, 5 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(small), cudaSuccess);
+    CHECK_CODE(cudaFree(large), cudaSuccess);
+}
+
 static void scenario_nocuda(void) {}
 
 int main(int argc, char **argv) {
@@ -90,10 +103,12 @@ int main(int argc, char **argv) {
         scenario_devices();
     else if (strcmp(name, "small_first") == 0)
         scenario_small_first();
+    else if (strcmp(name, "huge_first") == 0)
+        scenario_huge_first();
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, nocuda)\n", name);
+        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, nocuda)\n", name);
         return 2;
     }
     if (failures != 0)

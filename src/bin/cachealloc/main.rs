@@ -173,6 +173,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
                 capacity: args.common.capacity,
+                device_memory: config.total(),
                 placement: config.placement.name(),
                 recorded: Default::default(),
                 faithful: false,
@@ -225,8 +226,11 @@ fn run(cli: Cli) -> Result<String, String> {
             }
             if args.faithful {
                 config.capacity = args.common.capacity.or(loaded.capacity);
-                config
-                    .follow_recorded_addresses(loaded.address_hints.clone(), &loaded.page_changes);
+                config.follow_recorded_addresses(
+                    loaded.address_hints.clone(),
+                    &loaded.range_changes,
+                    loaded.device_memory,
+                );
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
                 {
@@ -255,6 +259,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
+                device_memory: config.total(),
                 placement: config.placement.name(),
                 orphans_replayed: loaded.start.is_some(),
                 start_rebuildable: loaded.start_rebuildable,

@@ -50,6 +50,10 @@ pub struct ReplayJson {
     /// `num_device_free` count page maps and unmaps, not cudaMalloc and cudaFree calls.
     pub expandable_segments: bool,
     pub capacity_bytes: Option<u64>,
+    /// The total memory the simulated device reports (it sizes the ranges of expandable
+    /// segments and the limit of a memory fraction): the capacity, or in a faithful replay the
+    /// memory the recording names or its ranges imply; null when unlimited.
+    pub device_memory_bytes: Option<u64>,
     /// Where the simulated driver placed new segments (`top-down`, `bottom-up`); a faithful
     /// replay places them at their recorded addresses first.
     pub placement: &'static str,
@@ -269,6 +273,8 @@ pub struct Context {
     /// The replay ran with expandable segments.
     pub expandable_segments: bool,
     pub capacity: Option<u64>,
+    /// The total memory the simulated device reports (`ReplayConfig::total`).
+    pub device_memory: Option<u64>,
     pub placement: &'static str,
     pub recorded: Recorded,
     pub faithful: bool,
@@ -291,6 +297,7 @@ impl ReplayJson {
             mode: ctx.mode,
             settings: ctx.settings,
             capacity_bytes: ctx.capacity,
+            device_memory_bytes: ctx.device_memory,
             placement: ctx.placement,
             events: out.ops,
             allocs: out.allocs,
@@ -420,6 +427,15 @@ impl ReplayJson {
         );
         if let Some(c) = self.capacity_bytes {
             t += &format!("  device capacity: {}\n", format_size(c));
+        }
+        if let Some(m) = self.device_memory_bytes
+            && self.capacity_bytes != Some(m)
+        {
+            t += &format!(
+                "  device memory: {} (it sizes the ranges of expandable segments and the limit \
+                 of a memory fraction)\n",
+                format_size(m)
+            );
         }
         // Top-down is the default and what the Linux driver mostly does: named only otherwise.
         if self.placement != Placement::TopDown.name() {

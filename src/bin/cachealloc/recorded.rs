@@ -93,11 +93,12 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         } else {
             Vec::new()
         },
-        page_changes: if faithful {
-            rec.page_changes
+        range_changes: if faithful {
+            rec.range_changes
         } else {
             Vec::new()
         },
+        device_memory: rec.device_memory.filter(|_| faithful),
         recorded,
         recorded_settings: Some(trace.settings),
         settings_inferred: false,

@@ -5,7 +5,7 @@ use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
 use cachealloc::backend::sim::Placement;
 use cachealloc::pool::Settings;
-use cachealloc::trace::ranges::PageChange;
+use cachealloc::trace::ranges::RangeChange;
 use cachealloc::trace::{
     DeviceRecording, Op, RecordedFigures, StartLayout, Workload, read_snapshot,
 };
@@ -20,7 +20,10 @@ pub struct Loaded {
     pub address_hints: Vec<(u64, u64)>,
     /// The recording's page maps, unmaps and device resets (faithful mode), from which the
     /// replay finds where it reserved the ranges of expandable segments.
-    pub page_changes: Vec<PageChange>,
+    pub range_changes: Vec<RangeChange>,
+    /// The device's total memory, when the recording says it (a cachealloc trace's
+    /// `device_memory` line; faithful mode).
+    pub device_memory: Option<u64>,
     pub recorded: Recorded,
     /// The allocator settings the recording ran with, when the file says or shows them.
     pub recorded_settings: Option<Settings>,
@@ -91,7 +94,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             start: Some(f.start.layout()),
             capacity: f.capacity,
             address_hints: rec.segment_addresses(),
-            page_changes: rec.page_changes(),
+            range_changes: rec.range_changes(),
+            device_memory: None,
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
@@ -113,7 +117,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             start: None,
             capacity: None,
             address_hints: Vec::new(),
-            page_changes: Vec::new(),
+            range_changes: Vec::new(),
+            device_memory: None,
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),

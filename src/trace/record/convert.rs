@@ -25,7 +25,7 @@ use super::{Action, Event};
 use crate::pool::{Settings, StreamId};
 use crate::trace::capacity::CapacityEstimate;
 use crate::trace::figures::{RecordedFigures, RecordedOom};
-use crate::trace::ranges::PageChange;
+use crate::trace::ranges::RangeChange;
 use crate::trace::workload::{AllocId, Op, Workload};
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -38,9 +38,11 @@ pub struct RecordedDevice {
     pub segment_addresses: Vec<(u64, u64)>,
     /// The page maps, unmaps and device resets, in order: where the driver reserved the ranges
     /// of expandable segments (`ranges::range_hints`).
-    pub page_changes: Vec<PageChange>,
+    pub range_changes: Vec<RangeChange>,
     /// What the recording says about the device's capacity (`None`: no cudaMalloc failed).
     pub capacity: Option<CapacityEstimate>,
+    /// The device's total memory, from its `device_memory` line (`None`: the file has none).
+    pub device_memory: Option<u64>,
 }
 
 /// The malloc-release run in progress: reserved bytes before it.
@@ -81,8 +83,16 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
     let mut in_empty_cache = false;
     let mut burst: Option<Burst> = None;
     let mut failed_level: Option<u64> = None;
+    let mut device_memory = None;
     for (index, e) in device.events.iter().enumerate() {
-        if !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+        // Lines that hold no memory: a release and the new segment after it are one retry
+        // with a range line between them.
+        let passes_by = matches!(
+            e.action,
+            Action::RangeReserve | Action::RangeRelease | Action::DeviceMemory
+        );
+        if !passes_by
+            && !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
             && let Some(b) = burst.take()
             && matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)
         {
@@ -162,6 +172,9 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
                     index,
                 );
             }
+            // Read by `range_changes` below.
+            Action::RangeReserve | Action::RangeRelease => {}
+            Action::DeviceMemory => device_memory = device_memory.or(Some(e.size)),
             Action::EmptyCache => {
                 figures.empty_cache_calls += 1;
                 workload.push(Op::EmptyCache, index);
@@ -181,7 +194,7 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         in_empty_cache = match e.action {
             Action::EmptyCache => true,
             Action::SegmentFree | Action::SegmentUnmap => in_empty_cache,
-            _ => false,
+            _ => passes_by && in_empty_cache,
         };
     }
     figures.end_reserved_bytes = reserved;
@@ -197,20 +210,26 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         }),
         (None, None) => None,
     };
-    let page_changes = device
+    let range_changes = device
         .events
         .iter()
         .filter_map(|e| match e.action {
-            Action::SegmentMap => Some(PageChange::Map {
+            Action::SegmentMap => Some(RangeChange::Map {
                 addr: e.addr,
                 size: e.size,
                 stream: StreamId(e.stream),
             }),
-            Action::SegmentUnmap => Some(PageChange::Unmap {
+            Action::SegmentUnmap => Some(RangeChange::Unmap {
                 addr: e.addr,
                 size: e.size,
             }),
-            Action::DeviceReset => Some(PageChange::DeviceReset),
+            Action::RangeReserve => Some(RangeChange::Reserve {
+                addr: e.addr,
+                size: e.size,
+                page: e.page.unwrap_or(e.size),
+            }),
+            Action::RangeRelease => Some(RangeChange::Release { addr: e.addr }),
+            Action::DeviceReset => Some(RangeChange::DeviceReset),
             _ => None,
         })
         .collect();
@@ -218,8 +237,9 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         workload,
         figures,
         segment_addresses,
-        page_changes,
+        range_changes,
         capacity,
+        device_memory,
     }
 }
 

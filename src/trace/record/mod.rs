@@ -5,7 +5,7 @@
 //! JSON lines, one file per process (all devices), UTF-8:
 //!
 //! ```text
-//! {"format":"cachealloc-trace","version":1,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
+//! {"format":"cachealloc-trace","version":2,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
 //! {"t_us":17,"device":0,"action":"segment_alloc","addr":140737286160384,"size":20971520,"stream":0}
 //! {"t_us":18,"device":0,"action":"alloc","addr":140737286160384,"size":4000000,"stream":0}
 //! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576}
@@ -19,13 +19,23 @@
 //!   `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
 //!   `segment_unmap` (expandable segments), `oom`, `empty_cache`)
 //!   plus `device_reset` (the program called `cudaDeviceReset`: the pool and its segments are
-//!   gone without `segment_free`s). `size` is the requested size for `alloc` and the frees, the
-//!   segment size for segment events, the rounded request for `oom` (which also carries
-//!   `device_free`, the free device bytes at the failure), 0 for the markers; `addr` is 0 where
-//!   there is no address. `t_us` is monotonic, in microseconds since recording began (a saved
-//!   replay numbers its events instead).
+//!   gone without `segment_free`s), and for expandable segments `range_reserve` (an address
+//!   range reserved for a pool and stream, before its first `segment_map`; it also carries
+//!   `page`, the size of the pages its pool maps) and `range_release` (a range with nothing
+//!   mapped given back, after its last `segment_unmap`), and `device_memory` (written when a
+//!   device's pool is created: `size` is the device's total memory, as `cudaMemGetInfo`
+//!   reports it). `size` is the requested size for
+//!   `alloc` and the frees, the segment, page run or range size for segment and range events,
+//!   the rounded request for `oom` (which also carries `device_free`, the free device bytes at
+//!   the failure), 0 for the markers; `addr` is 0 where there is no address. `t_us` is
+//!   monotonic, in microseconds since recording began (a saved replay numbers its events
+//!   instead).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
 //!   `segment_free`s it caused; `segment_free`s without it are the OOM ladder's own releases.
+//!
+//! Version 2 added the range and `device_memory` lines; a version 1 file (without them) is still
+//! read, and a faithful replay then infers the ranges from the page maps
+//! (`crate::trace::ranges`) and the device's memory from them and its failures.
 //!
 //! The recording begins with each pool, so a trace starts from an empty device: a replay
 //! needs no rebuilt start state (see `convert`).
@@ -44,8 +54,10 @@ use serde::{Deserialize, Serialize};
 
 /// The `format` value of the header.
 pub const FORMAT_NAME: &str = "cachealloc-trace";
-/// The version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version this build writes.
+pub const FORMAT_VERSION: u32 = 2;
+/// The versions this build reads: version 1 lacks the range lines.
+pub const READABLE_VERSIONS: [u32; 2] = [1, 2];
 
 /// The first line of a trace file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,6 +110,11 @@ pub enum Action {
     /// Expandable segments: pages mapped into, and unmapped from, a reserved range.
     SegmentMap,
     SegmentUnmap,
+    /// Expandable segments: an address range reserved, and one given back.
+    RangeReserve,
+    RangeRelease,
+    /// The device's total memory, when its pool was created.
+    DeviceMemory,
     Oom,
     EmptyCache,
     DeviceReset,
@@ -118,11 +135,15 @@ pub struct Event {
     /// Free device bytes at an `oom` (only there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,
+    /// The page size of a `range_reserve`'s pool (only there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<u64>,
 }
 
 impl Event {
     /// The line for a pool event of `device` at `t_us`.
     pub fn from_pool(event: &PoolEvent, device: i32, t_us: u64) -> Self {
+        let mut page = None;
         let (action, addr, size, stream, device_free) = match *event {
             PoolEvent::Alloc { ptr, size, stream } => {
                 (Action::Alloc, ptr.addr(), size, stream, None)
@@ -138,6 +159,18 @@ impl Event {
             }
             PoolEvent::SegmentFree { ptr, size, stream } => {
                 (Action::SegmentFree, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::RangeReserve {
+                ptr,
+                size,
+                page: range_page,
+                stream,
+            } => {
+                page = Some(range_page);
+                (Action::RangeReserve, ptr.addr(), size, stream, None)
+            }
+            PoolEvent::RangeRelease { ptr, size, stream } => {
+                (Action::RangeRelease, ptr.addr(), size, stream, None)
             }
             PoolEvent::SegmentMap { ptr, size, stream } => {
                 (Action::SegmentMap, ptr.addr(), size, stream, None)
@@ -160,19 +193,30 @@ impl Event {
             size,
             stream: stream.0,
             device_free,
+            page,
         }
     }
 
     /// A `device_reset` marker.
     pub fn device_reset(device: i32, t_us: u64) -> Self {
+        Self::marker(Action::DeviceReset, device, 0, t_us)
+    }
+
+    /// The `device_memory` line of a device with `total` bytes.
+    pub fn device_memory(device: i32, total: u64, t_us: u64) -> Self {
+        Self::marker(Action::DeviceMemory, device, total, t_us)
+    }
+
+    fn marker(action: Action, device: i32, size: u64, t_us: u64) -> Self {
         Event {
             t_us,
             device,
-            action: Action::DeviceReset,
+            action,
             addr: 0,
-            size: 0,
+            size,
             stream: 0,
             device_free: None,
+            page: None,
         }
     }
 }

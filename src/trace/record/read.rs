@@ -8,7 +8,7 @@
 //! process killed while its trace was being written leaves; it is left out and reported
 //! (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
-use super::{Action, Event, FORMAT_NAME, FORMAT_VERSION, Header};
+use super::{Action, Event, FORMAT_NAME, FORMAT_VERSION, Header, READABLE_VERSIONS};
 use crate::backend::sim::Placement;
 use crate::config::Config;
 use crate::pool::{DeviceId, Settings};
@@ -187,9 +187,10 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
              pid, devices, settings and free_sync"
         )
     })?;
-    if header.version != FORMAT_VERSION {
+    if !READABLE_VERSIONS.contains(&header.version) {
         return Err(format!(
-            "format version {} is not supported (this cachealloc reads version {FORMAT_VERSION})",
+            "format version {} is not supported (this cachealloc reads versions 1 to \
+             {FORMAT_VERSION})",
             header.version
         ));
     }
@@ -220,7 +221,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
     let event: Event = serde_json::from_str(text).map_err(|e| {
         format!(
             "not an event ({e}); an event holds t_us, device, action, addr, size and stream \
-             (device_free for oom)"
+             (device_free for oom, page for range_reserve)"
         )
     })?;
     if event.device < 0 {
@@ -235,12 +236,30 @@ fn parse_event(text: &str) -> Result<Event, String> {
             | Action::SegmentFree
             | Action::SegmentMap
             | Action::SegmentUnmap
+            | Action::RangeReserve
+            | Action::RangeRelease
     );
     if has_address && event.addr == 0 {
-        return Err(format!("{:?} at address 0", event.action));
+        let name = serde_json::to_value(event.action).expect("actions serialize");
+        return Err(format!(
+            "{name} at address 0; it must name its block, segment or range"
+        ));
     }
     if event.action == Action::Oom && event.device_free.is_none() {
         return Err("an oom event without device_free".to_string());
+    }
+    if event.action == Action::DeviceMemory && event.size == 0 {
+        return Err("a device_memory event of 0 bytes; it holds the device's total memory".into());
+    }
+    if event.action == Action::RangeReserve {
+        let page = event.page.ok_or("a range_reserve event without page")?;
+        if page == 0 || event.size == 0 || !event.size.is_multiple_of(page) {
+            return Err(format!(
+                "a range_reserve of {} bytes in pages of {page} bytes; a range is one or more \
+                 whole pages",
+                event.size
+            ));
+        }
     }
     Ok(event)
 }

@@ -180,6 +180,7 @@ fn device_reset_frees_what_was_live_and_resets_reserved() {
         size,
         stream: 0,
         device_free: None,
+        page: None,
     };
     let mut bytes = Vec::new();
     write_header(&mut bytes, &Header::new(1, vec![], String::new(), "none"));
@@ -272,7 +273,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9",
+            "version 9 is not supported (this cachealloc reads versions 1 to 2)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
@@ -304,6 +305,27 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             ),
             "line 2",
             "address 0",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_reserve\",\"addr\":4096,\"size\":4194304,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "a range_reserve event without page",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_reserve\",\"addr\":4096,\"size\":5000000,\"stream\":0,\"page\":2097152}}\n"
+            ),
+            "line 2",
+            "a range_reserve of 5000000 bytes in pages of 2097152 bytes; a range is one or more whole pages",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_release\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "\"range_release\" at address 0; it must name its block, segment or range",
         ),
         (
             format!(

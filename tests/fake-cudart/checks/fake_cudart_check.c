@@ -558,6 +558,25 @@ static void no_device(void) {
 }
 
 /* Prints the capacity of device 0 as cudaMemGetInfo reports it, or the error code. */
+/* Run with FAKECUDART_CAPACITY=1MiB and FAKECUDART_CONTEXT=256KiB: the context's bytes are in
+ * the total, never free, and not allocatable. */
+static void context(void) {
+    size_t free_b = 0, total_b = 0;
+    CHECK_RC(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    CHECK(total_b == MiB && free_b == MiB / 4 * 3);
+    void *a = NULL, *b = NULL;
+    CHECK_RC(cudaMalloc(&a, MiB / 4 * 3 + 1), cudaErrorMemoryAllocation);
+    CHECK_RC(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_RC(cudaMalloc(&a, MiB / 2), cudaSuccess);
+    CHECK_RC(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    CHECK(total_b == MiB && free_b == MiB / 4);
+    CHECK_RC(cudaMalloc(&b, MiB / 4), cudaSuccess);
+    CHECK_RC(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    CHECK(free_b == 0);
+    CHECK_RC(cudaFree(a), cudaSuccess);
+    CHECK_RC(cudaFree(b), cudaSuccess);
+}
+
 static void total(void) {
     size_t free_b = 0, total_b = 0;
     cudaError_t rc = cudaMemGetInfo(&free_b, &total_b);
@@ -631,6 +650,7 @@ static const struct {
     {"alloc", alloc},         {"oom", oom},           {"devices", devices},
     {"clock", clock_and_streams}, {"legacy", legacy_stream}, {"no-driver", no_driver},
     {"no-device", no_device}, {"total", total},       {"threads", threads},
+    {"context", context},
     {"driver-load", driver_load}, {"peer", peer}, {"ipc", ipc},
 };
 

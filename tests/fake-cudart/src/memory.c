@@ -108,7 +108,7 @@ static cudaError_t device_alloc(void **out, size_t size, enum fake_alloc_kind ki
     if (fake.injected_failures > 0) {
         fake.injected_failures--;
         rc = fake.injected_code;
-    } else if (size > d->capacity || d->used > d->capacity - size) {
+    } else if (size > fake_free_bytes(d)) {
         rc = cudaErrorMemoryAllocation;
     } else {
         rc = map_alloc_locked(out, size, device, kind);
@@ -237,7 +237,7 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
     lock();
     struct fake_device *d = &fake.devices[fake_current_device];
     *total = d->capacity;
-    *free = d->used < d->capacity ? d->capacity - d->used : 0;
+    *free = fake_free_bytes(d);
     fake.counters.mem_get_infos++;
     unlock();
     return cudaSuccess;

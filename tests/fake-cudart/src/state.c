@@ -6,6 +6,9 @@
  *   FAKECUDART_DEVICES   number of devices, 0..64 (default 2; 0 = every call answers 100)
  *   FAKECUDART_CAPACITY  bytes per device: digits with an optional suffix K/M/G/T (= KiB/MiB/GiB/
  *                        TiB, powers of 1024) or KB/MB/GB/TB (powers of 1000); default 16GiB
+ *   FAKECUDART_CONTEXT   bytes of each device's capacity the context holds, as a real context
+ *                        does: in the total cudaMemGetInfo reports, never free (same syntax;
+ *                        default 0)
  *   FAKECUDART_FAIL      a cudaError_t code that every call answers (0 or unset = off)
  *   FAKECUDART_VMM       1 (default) or 0: whether the devices support the driver's virtual memory
  *                        management (cuMemCreate answers CUDA_ERROR_NOT_SUPPORTED with 0)
@@ -120,6 +123,9 @@ static int parse_int(const char *text, long min, long max, long *out) {
     return 0;
 }
 
+/* What a size variable takes. */
+#define SIZE_SYNTAX "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+
 static void config_error(const char *name, const char *value, const char *allowed) {
     fprintf(stderr, "fakecudart: %s='%s' is not valid (%s); every CUDA call now answers 3 "
                     "cudaErrorInitializationError\n", name, value, allowed);
@@ -137,9 +143,13 @@ static void init(void) {
         devices = FAKE_DEFAULT_DEVICES;
     }
     if ((v = getenv("FAKECUDART_CAPACITY")) != NULL && *v != '\0' && parse_size(v, &capacity) != 0) {
-        config_error("FAKECUDART_CAPACITY", v,
-                     "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB");
+        config_error("FAKECUDART_CAPACITY", v, SIZE_SYNTAX);
         capacity = FAKE_DEFAULT_CAPACITY;
+    }
+    uint64_t context = 0;
+    if ((v = getenv("FAKECUDART_CONTEXT")) != NULL && *v != '\0' && parse_size(v, &context) != 0) {
+        config_error("FAKECUDART_CONTEXT", v, SIZE_SYNTAX);
+        context = 0;
     }
     long vmm = 1;
     if ((v = getenv("FAKECUDART_VMM")) != NULL && *v != '\0' && parse_int(v, 0, 1, &vmm) != 0) {
@@ -165,6 +175,7 @@ static void init(void) {
     fake.vmm_fd = -1;
     for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
         fake.devices[d].capacity = capacity;
+        fake.devices[d].context = context;
         fake.devices[d].legacy.device = d;
         fake.devices[d].per_thread.device = d;
     }

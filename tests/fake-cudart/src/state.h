@@ -46,12 +46,19 @@ struct CUevent_st {
 
 struct fake_device {
     uint64_t capacity;        /* bytes */
+    uint64_t context;         /* bytes the context holds (FAKECUDART_CONTEXT): never free */
     uint64_t used;            /* bytes charged by live allocations */
     struct CUstream_st legacy;
     struct CUstream_st per_thread;
     uint64_t retired_blocking_tail; /* latest tail of destroyed blocking streams */
     uint64_t max_tail;        /* latest completion of anything issued on the device */
 };
+
+/* The device's free bytes: its capacity less what the context holds and what is allocated. */
+static inline uint64_t fake_free_bytes(const struct fake_device *d) {
+    uint64_t held = d->context + d->used;
+    return held < d->capacity ? d->capacity - held : 0;
+}
 
 enum fake_alloc_kind { ALLOC_DEVICE, ALLOC_PITCH, ALLOC_MANAGED, ALLOC_HOST };
 

@@ -243,7 +243,7 @@ static CUresult create_locked(CUmemGenericAllocationHandle *handle, size_t size,
     struct fake_device *d = &fake.devices[device];
     if (!fake.vmm_supported)
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (size > d->capacity || d->used > d->capacity - size)
+    if (size > fake_free_bytes(d))
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (reserve_one((void **)&fake.handles, &fake.handle_cap, fake.handle_count,
                     sizeof *fake.handles))
