@@ -8,6 +8,7 @@ use cachealloc::trace::rng::SplitMix64;
 use serde_json::Value;
 use std::path::PathBuf;
 use support::cli::{cachealloc, json};
+use support::trace_lines::copy_without;
 
 /// A path in the temporary directory for this test process.
 fn temp_path(name: &str) -> PathBuf {
@@ -349,15 +350,21 @@ fn random_saved_runs_replay_faithfully() {
             faithful["allocs_at_recorded_addr"], faithful["allocs"],
             "{what}"
         );
-        // Without the range lines (as a PyTorch snapshot has none), the ranges are inferred
-        // from the page maps, to the same result.
-        let saved = std::fs::read_to_string(&path).unwrap();
-        if saved.contains("\"range_reserve\"") {
-            let kept: Vec<&str> = saved
-                .lines()
-                .filter(|l| !l.contains("\"range_reserve\"") && !l.contains("\"range_release\""))
-                .collect();
-            std::fs::write(&inferred_path, kept.join("\n") + "\n").unwrap();
+        assert_eq!(
+            faithful["device_memory_bytes"], synth["device_memory_bytes"],
+            "{what}"
+        );
+        // Without the range and device_memory lines (a PyTorch snapshot has none), the ranges
+        // are inferred from the page maps, to the same result.
+        if std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("\"range_reserve\"")
+        {
+            copy_without(
+                &path,
+                &["range_reserve", "range_release", "device_memory"],
+                &inferred_path,
+            );
             let inferred = json(&cachealloc(&["replay", ip, "--faithful", "--json"]));
             let what = format!("{what} (ranges inferred)");
             assert_same_figures(&what, &synth, &inferred);

@@ -46,6 +46,33 @@ fn requests_grow_an_address_range_page_by_page_and_empty_cache_gives_it_back() {
     assert!(stderr(&out).is_empty(), "unexpected log: {}", stderr(&out));
 }
 
+/// The device-call log shows a range's life: reserved, pages mapped into it, unmapped, and the
+/// range given back.
+#[test]
+fn the_debug_log_shows_a_range_reserved_mapped_and_given_back() {
+    let log = stderr(&check(
+        "grow",
+        "",
+        &[("CACHEALLOC_LOG", "cachealloc::device=debug")],
+    ));
+    let expected = [
+        "device 0: reserve ",
+        " of address space at 0x",
+        "(cuMemAddressReserve; stream 0x0)",
+        "device 0: map 20.00 MiB at 0x",
+        "device 0: unmap ",
+        "device 0: release ",
+        "(cuMemAddressFree)",
+    ];
+    let mut from = 0;
+    for part in expected {
+        let at = log[from..]
+            .find(part)
+            .unwrap_or_else(|| panic!("no {part:?} after byte {from} of:\n{log}"));
+        from += at + part.len();
+    }
+}
+
 #[test]
 fn pages_are_unmapped_only_after_the_work_on_their_stream() {
     check("unmap_waits", ",free_sync:none", &[]);

@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::fake_cudart;
 use support::shim::{preloaded, stderr, stdout};
+use support::trace_lines::copy_without;
 
 fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
@@ -224,22 +225,6 @@ fn lines_of(trace: &Path, action: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A copy of `trace` beside it without the lines of `actions`, as a file that lacks them.
-fn copy_without(trace: &Path, actions: &[&str]) -> PathBuf {
-    let text = std::fs::read_to_string(trace).unwrap();
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            !actions
-                .iter()
-                .any(|a| l.contains(&format!("\"action\":\"{a}\"")))
-        })
-        .collect();
-    let copy = trace.with_extension("without.jsonl");
-    std::fs::write(&copy, kept.join("\n") + "\n").unwrap();
-    copy
-}
-
 /// A request too large for the device still reserves its range, and a later large allocation
 /// maps its pages there, after the small pool reserved its own range: the range's first map
 /// comes after another range's. The recording names each range where it was reserved, so a
@@ -272,7 +257,8 @@ fn ranges_are_replayed_where_and_when_the_recording_reserved_them() {
     assert_eq!(faithful["allocs_at_recorded_addr"], 2, "{faithful}");
     assert_eq!(faithful["num_ooms"], 1, "{faithful}");
 
-    let stripped = copy_without(&trace, &["range_reserve", "range_release"]);
+    let stripped = trace.with_extension("without-ranges.jsonl");
+    copy_without(&trace, &["range_reserve", "range_release"], &stripped);
     let inferred = replay_json(&stripped, &["--faithful"]);
     assert_eq!(inferred["allocs"], 2, "{inferred}");
     assert_eq!(
@@ -318,15 +304,19 @@ fn a_memory_fraction_is_replayed_of_the_recorded_device_memory() {
         assert_eq!(faithful[replayed], stats[shim], "{replayed}: {faithful}");
     }
     assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+    // A capacity beyond the recorded memory, for a what-if, makes a device that large.
+    let larger = replay_json(&trace, &["--faithful", "--capacity", "2GiB"]);
+    assert_eq!(larger["device_memory_bytes"].as_u64(), Some(2 << 30));
 
     // Without the line, the fraction is taken of the capacity: a lower limit, under which the
     // replay collects and releases where the shim did not, and departs from the recording.
-    let stripped = copy_without(&trace, &["device_memory"]);
+    let stripped = trace.with_extension("without-memory.jsonl");
+    copy_without(&trace, &["device_memory"], &stripped);
     let guessed = replay_json(&stripped, &["--faithful"]);
     assert_eq!(guessed["device_memory_bytes"], guessed["capacity_bytes"]);
     assert_ne!(guessed["num_device_alloc"], stats["num_device_alloc"]);
     assert!(
-        guessed["allocs_at_recorded_addr"].as_u64() < guessed["allocs"].as_u64(),
+        guessed["allocs_at_recorded_addr"].as_u64().unwrap() < guessed["allocs"].as_u64().unwrap(),
         "{guessed}"
     );
 }

@@ -59,7 +59,7 @@ pub(super) fn with_device_pool<R>(
 #[cold]
 #[inline(never)]
 fn made_under_lock(config: &Config, rt: &'static Runtime, device: DeviceId) -> Pool {
-    new_pool(config, rt, device).0
+    new_pool(config, rt, device).installed(device)
 }
 
 /// `with_device_pool` for a device with no pool yet.
@@ -71,13 +71,14 @@ fn with_new_device_pool<R>(
     device: DeviceId,
     f: impl FnOnce(&mut Pool) -> R,
 ) -> Result<Option<R>, ShimError> {
-    let (made, why) = new_pool(config, rt, device);
+    let made = new_pool(config, rt, device);
+    let why = made.unsupported.clone();
     let mut used = false;
     let served = pools::with_pool_or_create(
         device,
         || {
             used = true;
-            made
+            made.installed(device)
         },
         f,
     );
@@ -94,9 +95,30 @@ fn with_new_device_pool<R>(
     served
 }
 
-/// A new pool for `device` with the configured settings and `free_sync` policy, and why it
-/// could not have the expandable segments the settings ask for.
-fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> (Pool, Option<String>) {
+/// A pool made for a device, not yet its device's.
+struct MadePool {
+    pool: Pool,
+    /// Why it could not have the expandable segments the settings ask for.
+    unsupported: Option<String>,
+    /// The device's total memory, when a trace is recorded.
+    memory: Option<u64>,
+}
+
+impl MadePool {
+    /// The pool, now its device's: a recording notes the device's memory (for a faithful
+    /// replay: it sizes the ranges of expandable segments and the limit of a memory fraction,
+    /// which the pool's events do not show). A pool another thread made first is dropped
+    /// without a note.
+    fn installed(self, device: DeviceId) -> Pool {
+        if let Some(total) = self.memory {
+            trace_file::note_device_memory(device, total);
+        }
+        self.pool
+    }
+}
+
+/// A new pool for `device` with the configured settings and `free_sync` policy.
+fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> MadePool {
     let fences = match (config.free_sync, pools::epochs(device)) {
         (FreeSync::Device, Some(epochs)) => FencePolicy::DeviceSync(epochs),
         (FreeSync::Device, None) | (FreeSync::Event, _) => {
@@ -114,18 +136,19 @@ fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> (Pool, O
         None
     };
     let sink = trace_file::sink(device);
-    if sink.is_some()
-        && let Ok(info) = backend.mem_info()
-    {
-        // For a faithful replay: the memory that sizes the ranges of expandable segments and
-        // the limit of a memory fraction, which the pool's events do not show.
-        trace_file::note_device_memory(device, info.total);
-    }
+    let memory = sink
+        .as_ref()
+        .and_then(|_| backend.mem_info().ok())
+        .map(|info| info.total);
     let mut pool = DeviceAllocator::new(backend, config.settings.clone());
     if let Some(sink) = sink {
         pool.set_event_sink(Some(Box::new(sink)));
     }
-    (pool, unsupported)
+    MadePool {
+        pool,
+        unsupported,
+        memory,
+    }
 }
 
 fn runtime_error(call: &'static str) -> impl Fn(CudaError) -> ShimError {

@@ -235,6 +235,21 @@ fn log_device_calls(events: &[Event]) {
                 format_size(e.size),
                 e.addr
             ),
+            Action::RangeReserve => log_event!(debug,
+                target: DEVICE_LOG,
+                "device {d}: reserve {} of address space at {:#x} for pages of {} \
+                 (cuMemAddressReserve; stream {:#x})",
+                format_size(e.size),
+                e.addr,
+                format_size(e.page.unwrap_or(0)),
+                e.stream
+            ),
+            Action::RangeRelease => log_event!(debug,
+                target: DEVICE_LOG,
+                "device {d}: release {} of address space at {:#x} (cuMemAddressFree)",
+                format_size(e.size),
+                e.addr
+            ),
             Action::Oom => log_event!(debug,
                 target: DEVICE_LOG,
                 "device {d}: out of memory: {} requested (rounded), {} free on the device",

@@ -3,7 +3,8 @@
 
 use super::types::{DevicePtr, StreamId};
 
-/// One thing the pool did, in PyTorch's trace vocabulary.
+/// One thing the pool did, in PyTorch's trace vocabulary (and the reservation and release of
+/// expandable segments' ranges, which PyTorch's traces leave out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolEvent {
     /// An allocation handed out: `size` is the requested size.

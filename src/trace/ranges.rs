@@ -56,7 +56,8 @@ pub enum RangeChange {
 pub struct Reservation {
     pub addr: u64,
     pub page: u64,
-    /// The index of its first map among the recording's page changes.
+    /// The index among the recording's range changes of its `range_reserve`, or where that is
+    /// not recorded, of its first map.
     pub reserved: usize,
     /// The index of the change that gave it back (`None`: kept to the end).
     pub given_back: Option<usize>,
@@ -160,7 +161,7 @@ fn recorded_ranges(changes: &[RangeChange], capacity: Option<u64>) -> RangeHints
     };
     let most = smallest
         .iter()
-        .map(|(&page, &size)| most_memory_for_range(size, page))
+        .filter_map(|(&page, &size)| most_memory_for_range(size, page))
         .min();
     let device_total = match capacity {
         Some(c) if gives(c) => Some(c),
@@ -187,8 +188,12 @@ fn pool_of_page(page: u64) -> PoolKind {
 }
 
 /// The most device memory under which a pool with pages of `page` bytes reserves ranges of no
-/// more than `size` bytes (ranges grow with the memory, so a binary search finds it).
-fn most_memory_for_range(size: u64, page: u64) -> u64 {
+/// more than `size` bytes (ranges grow with the memory, so a binary search finds it); `None`
+/// when any memory does (a range at the pool's bound: a device of unlimited memory).
+fn most_memory_for_range(size: u64, page: u64) -> Option<u64> {
+    if range_size_in_pages(u64::MAX, page) <= size {
+        return None;
+    }
     let (mut low, mut high) = (0u64, u64::MAX);
     while low < high {
         let mid = low + (high - low).div_ceil(2);
@@ -198,7 +203,7 @@ fn most_memory_for_range(size: u64, page: u64) -> u64 {
             high = mid - 1;
         }
     }
-    low
+    Some(low)
 }
 
 /// The device memory a faithful replay sizes expandable segments' ranges with: its capacity,
@@ -495,16 +500,6 @@ mod tests {
         assert_eq!(addresses(&changes, None), [BASE, small]);
     }
 
-    /// The range a pool reserves on a device of `total` bytes.
-    fn range(total: u64, page: u64) -> u64 {
-        let pool = if page == SMALL_BUFFER {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
-        range_size(total, pool)
-    }
-
     /// Whatever the distance between two recorded ranges, the range of the lower one's pool,
     /// sized with the total it implies, fits in it, and is within one page of it (so the total
     /// is no smaller than it must be: it is also the simulated device's memory). A library
@@ -530,8 +525,14 @@ mod tests {
                 // In either order of reservation.
                 for pair in [[lower, upper], [upper, lower]] {
                     let total = total_from_reservations(&pair).unwrap();
-                    assert!(range(total, page) <= gap, "gap {gap}, page {page}");
-                    assert!(range(total, page) + page > gap, "gap {gap}, page {page}");
+                    assert!(
+                        range_size_in_pages(total, page) <= gap,
+                        "gap {gap}, page {page}"
+                    );
+                    assert!(
+                        range_size_in_pages(total, page) + page > gap,
+                        "gap {gap}, page {page}"
+                    );
                 }
             }
         }
@@ -542,7 +543,7 @@ mod tests {
         let total = total_from_reservations(&[small, next]).unwrap();
         assert!((16384 * MIB - total) < 16, "{total}");
         assert!(
-            range(4622 * MIB / 9 * 8, LARGE_BUFFER) > audit_gap,
+            range_size_in_pages(4622 * MIB / 9 * 8, LARGE_BUFFER) > audit_gap,
             "the case before the fix"
         );
     }

@@ -8,4 +8,5 @@ pub mod fake_cudart;
 pub mod real_cudart;
 pub mod reference_pool;
 pub mod shim;
+pub mod trace_lines;
 pub mod traces;

@@ -18,8 +18,9 @@ pub struct Loaded {
     pub start: Option<StartLayout>,
     pub capacity: Option<u64>,
     pub address_hints: Vec<(u64, u64)>,
-    /// The recording's page maps, unmaps and device resets (faithful mode), from which the
-    /// replay finds where it reserved the ranges of expandable segments.
+    /// The recording's range reservations and releases, page maps, unmaps and device resets
+    /// (faithful mode), from which the replay finds where it reserved the ranges of expandable
+    /// segments.
     pub range_changes: Vec<RangeChange>,
     /// The device's total memory, when the recording says it (a cachealloc trace's
     /// `device_memory` line; faithful mode).

@@ -9,6 +9,10 @@
 //!   segments alive at the reset.
 //! - Segment events produce no op (the replayed pool makes its own device calls); they give the
 //!   figures and the driver's addresses (`segment_addresses`, used as address hints).
+//! - `range_reserve` and `range_release` produce no op either: with the page maps and unmaps
+//!   they are the `range_changes` from which a faithful replay takes the ranges of expandable
+//!   segments; `device_memory` gives `device_memory`. These lines hold no memory: they neither
+//!   end a run of releases nor start one.
 //!
 //! Figures: a recording starts with its pool, so reserved bytes start at 0 and follow
 //! `segment_alloc` / `segment_free` (a `device_reset` drops them to 0). Retries and capacity
@@ -36,8 +40,8 @@ pub struct RecordedDevice {
     pub figures: RecordedFigures,
     /// `(size, address)` of every `segment_alloc`, in order: where the driver put them.
     pub segment_addresses: Vec<(u64, u64)>,
-    /// The page maps, unmaps and device resets, in order: where the driver reserved the ranges
-    /// of expandable segments (`ranges::range_hints`).
+    /// The range reservations and releases, page maps, unmaps and device resets, in order:
+    /// where the driver reserved the ranges of expandable segments (`ranges::range_hints`).
     pub range_changes: Vec<RangeChange>,
     /// What the recording says about the device's capacity (`None`: no cudaMalloc failed).
     pub capacity: Option<CapacityEstimate>,

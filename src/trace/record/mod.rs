@@ -120,6 +120,16 @@ pub enum Action {
     DeviceReset,
 }
 
+impl Action {
+    /// The action's name in a trace file.
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
 /// One event line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
@@ -143,47 +153,50 @@ pub struct Event {
 impl Event {
     /// The line for a pool event of `device` at `t_us`.
     pub fn from_pool(event: &PoolEvent, device: i32, t_us: u64) -> Self {
-        let mut page = None;
-        let (action, addr, size, stream, device_free) = match *event {
+        let (action, addr, size, stream, device_free, page) = match *event {
             PoolEvent::Alloc { ptr, size, stream } => {
-                (Action::Alloc, ptr.addr(), size, stream, None)
+                (Action::Alloc, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::FreeRequested { ptr, size, stream } => {
-                (Action::FreeRequested, ptr.addr(), size, stream, None)
+                (Action::FreeRequested, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::FreeCompleted { ptr, size, stream } => {
-                (Action::FreeCompleted, ptr.addr(), size, stream, None)
+                (Action::FreeCompleted, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::SegmentAlloc { ptr, size, stream } => {
-                (Action::SegmentAlloc, ptr.addr(), size, stream, None)
+                (Action::SegmentAlloc, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::SegmentFree { ptr, size, stream } => {
-                (Action::SegmentFree, ptr.addr(), size, stream, None)
+                (Action::SegmentFree, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::RangeReserve {
                 ptr,
                 size,
-                page: range_page,
+                page,
                 stream,
-            } => {
-                page = Some(range_page);
-                (Action::RangeReserve, ptr.addr(), size, stream, None)
-            }
+            } => (
+                Action::RangeReserve,
+                ptr.addr(),
+                size,
+                stream,
+                None,
+                Some(page),
+            ),
             PoolEvent::RangeRelease { ptr, size, stream } => {
-                (Action::RangeRelease, ptr.addr(), size, stream, None)
+                (Action::RangeRelease, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::SegmentMap { ptr, size, stream } => {
-                (Action::SegmentMap, ptr.addr(), size, stream, None)
+                (Action::SegmentMap, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::SegmentUnmap { ptr, size, stream } => {
-                (Action::SegmentUnmap, ptr.addr(), size, stream, None)
+                (Action::SegmentUnmap, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::Oom {
                 size,
                 stream,
                 device_free,
-            } => (Action::Oom, 0, size, stream, Some(device_free)),
-            PoolEvent::EmptyCache => (Action::EmptyCache, 0, 0, StreamId(0), None),
+            } => (Action::Oom, 0, size, stream, Some(device_free), None),
+            PoolEvent::EmptyCache => (Action::EmptyCache, 0, 0, StreamId(0), None, None),
         };
         Event {
             t_us,

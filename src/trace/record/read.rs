@@ -1,5 +1,7 @@
 //! Reading a cachealloc trace file: the header is checked (format, version, settings), then
-//! every event line, and the events are split by device.
+//! every event line, and the events are split by device. Every readable version's lines are
+//! read whatever the header's version (a version 1 header over version 2 lines reads as they
+//! are).
 //!
 //! A broken file fails at its first bad line with the file name, the line number and what was
 //! wrong. Blank lines are skipped. Times must not go backwards (a file is one process's
@@ -8,9 +10,10 @@
 //! process killed while its trace was being written leaves; it is left out and reported
 //! (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
-use super::{Action, Event, FORMAT_NAME, FORMAT_VERSION, Header, READABLE_VERSIONS};
+use super::{Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS};
 use crate::backend::sim::Placement;
 use crate::config::Config;
+use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::pool::{DeviceId, Settings};
 use crate::trace::error::TraceError;
 use std::io::BufRead;
@@ -189,9 +192,9 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
     })?;
     if !READABLE_VERSIONS.contains(&header.version) {
         return Err(format!(
-            "format version {} is not supported (this cachealloc reads versions 1 to \
-             {FORMAT_VERSION})",
-            header.version
+            "format version {} is not supported (this cachealloc reads versions {})",
+            header.version,
+            READABLE_VERSIONS.map(|v| v.to_string()).join(" and ")
         ));
     }
     if let Some(p) = &header.placement
@@ -240,9 +243,9 @@ fn parse_event(text: &str) -> Result<Event, String> {
             | Action::RangeRelease
     );
     if has_address && event.addr == 0 {
-        let name = serde_json::to_value(event.action).expect("actions serialize");
         return Err(format!(
-            "{name} at address 0; it must name its block, segment or range"
+            "{} at address 0; it must name its block, segment or range",
+            event.action.name()
         ));
     }
     if event.action == Action::Oom && event.device_free.is_none() {
@@ -252,8 +255,17 @@ fn parse_event(text: &str) -> Result<Event, String> {
         return Err("a device_memory event of 0 bytes; it holds the device's total memory".into());
     }
     if event.action == Action::RangeReserve {
-        let page = event.page.ok_or("a range_reserve event without page")?;
-        if page == 0 || event.size == 0 || !event.size.is_multiple_of(page) {
+        let pages = format!(
+            "a range's pages are {SMALL_BUFFER} bytes (small pool) or {LARGE_BUFFER} bytes \
+             (large pool)"
+        );
+        let page = event
+            .page
+            .ok_or_else(|| format!("a range_reserve event without page; {pages}"))?;
+        if page != SMALL_BUFFER && page != LARGE_BUFFER {
+            return Err(format!("a range_reserve in pages of {page} bytes; {pages}"));
+        }
+        if event.size == 0 || !event.size.is_multiple_of(page) {
             return Err(format!(
                 "a range_reserve of {} bytes in pages of {page} bytes; a range is one or more \
                  whole pages",

@@ -72,6 +72,13 @@ pub fn replay_saved<W: Write + Send + 'static>(
         let mut w = lock(&writer);
         write_header(&mut w.line, &header);
         w.write_line();
+        // The memory the simulated device reports, as the library notes a device's.
+        if let Some(total) = config.total() {
+            let line = Event::device_memory(device, total, w.events);
+            w.events += 1;
+            write_events(&mut w.line, &[line]);
+            w.write_line();
+        }
     }
     let sink = Sink(Arc::clone(&writer));
     let outcome = replay_with_sink(workload, config, Box::new(sink)).map_err(SaveError::Replay)?;

@@ -159,6 +159,132 @@ fn the_mix_exercises_every_action() {
     assert_eq!(events[oom.event_index].action, Action::Oom);
 }
 
+/// With expandable segments the recording names its ranges: each `range_reserve` with its
+/// pool's page size, before the range's first map; each `range_release` after its last unmap
+/// (here the large range, emptied by `empty_cache`, and then reserved again). They come back
+/// as the ranges a faithful replay reserves.
+#[test]
+fn an_expandable_recording_names_its_ranges() {
+    let settings = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    let buffer = EventBuffer::new();
+    let mut pool = recording_pool(300 * MIB, &settings);
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    let _small = pool.malloc(1000, StreamId(0)).unwrap();
+    let large = pool.malloc(30 * MIB, StreamId(0)).unwrap();
+    pool.free_deferred(large).unwrap();
+    pool.backend_mut().complete_work();
+    pool.empty_cache().unwrap();
+    let _again = pool.malloc(30 * MIB, StreamId(0)).unwrap();
+    let events = buffer.take();
+    let seen: Vec<(Action, Option<u64>)> = events
+        .iter()
+        .filter(|e| e.action != Action::Alloc && e.action != Action::FreeRequested)
+        .filter(|e| e.action != Action::FreeCompleted)
+        .map(|e| (e.action, e.page))
+        .collect();
+    let large_page = Some(20 * MIB);
+    assert_eq!(
+        seen,
+        [
+            (Action::RangeReserve, Some(2 * MIB)),
+            (Action::SegmentMap, None),
+            (Action::RangeReserve, large_page),
+            (Action::SegmentMap, None),
+            (Action::EmptyCache, None),
+            (Action::SegmentUnmap, None),
+            (Action::RangeRelease, None),
+            (Action::RangeReserve, large_page),
+            (Action::SegmentMap, None),
+        ]
+    );
+    let mut bytes = Vec::new();
+    write_header(
+        &mut bytes,
+        &Header::new(1, vec![0], settings_text(&settings), "none"),
+    );
+    write_events(&mut bytes, &events);
+    let rec = device0(&read_back(&bytes));
+    let hints = crate::trace::ranges::range_hints(&rec.range_changes, None);
+    let reserved: Vec<u64> = events
+        .iter()
+        .filter(|e| e.action == Action::RangeReserve)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(hints.addresses(), reserved);
+    assert_eq!(hints.reservations[1].given_back, Some(5));
+}
+
+/// Range and device_memory lines hold no memory: a malloc's release, a range given back and
+/// another reserved, then its map, is one retry as without them; unmaps after an
+/// `empty_cache` with a range given back among them stay the call's (no retry); and the
+/// device's memory comes back from its line.
+#[test]
+fn range_lines_pass_by_retries_and_empty_cache_runs() {
+    let line = |t_us, action, addr, size| Event {
+        t_us,
+        device: 0,
+        action,
+        addr,
+        size,
+        stream: 0,
+        device_free: None,
+        page: (action == Action::RangeReserve).then_some(20 * MIB),
+    };
+    let (a, b) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
+    let range = 100 * 20 * MIB;
+    let events = [
+        Event::device_memory(0, 8 << 30, 0),
+        line(1, Action::RangeReserve, a, range),
+        line(2, Action::SegmentMap, a, 40 * MIB),
+        line(3, Action::Alloc, a, 30 * MIB),
+        line(4, Action::FreeCompleted, a, 30 * MIB),
+        // A malloc's release, then its new segment in a new range.
+        line(5, Action::SegmentUnmap, a, 40 * MIB),
+        line(6, Action::RangeRelease, a, range),
+        line(7, Action::RangeReserve, b, range),
+        line(8, Action::SegmentMap, b, 60 * MIB),
+        line(9, Action::Alloc, b, 60 * MIB),
+        line(10, Action::FreeCompleted, b, 60 * MIB),
+        // empty_cache's release, the range given back between its unmaps.
+        line(11, Action::EmptyCache, 0, 0),
+        line(12, Action::SegmentUnmap, b, 20 * MIB),
+        line(13, Action::RangeRelease, b, range),
+        line(14, Action::SegmentUnmap, b + 20 * MIB, 40 * MIB),
+        line(15, Action::RangeReserve, a, range),
+        line(16, Action::SegmentMap, a, 20 * MIB),
+        line(17, Action::Alloc, a, 20 * MIB),
+    ];
+    let read = |events: &[Event]| {
+        let mut bytes = Vec::new();
+        write_header(&mut bytes, &Header::new(1, vec![0], String::new(), "none"));
+        write_events(&mut bytes, events);
+        device0(&read_back(&bytes))
+    };
+    let with = read(&events);
+    assert_eq!(with.figures.recorded_retries, 1);
+    assert_eq!(with.device_memory, Some(8 << 30));
+    let without: Vec<Event> = events
+        .iter()
+        .filter(|e| {
+            !matches!(
+                e.action,
+                Action::RangeReserve | Action::RangeRelease | Action::DeviceMemory
+            )
+        })
+        .copied()
+        .collect();
+    let without = read(&without);
+    // The same figures but for the count of lines.
+    let mut figures = with.figures.clone();
+    figures.entries = without.figures.entries;
+    assert_eq!(without.figures, figures);
+    assert_eq!(without.capacity, with.capacity);
+    assert_eq!(without.device_memory, None);
+}
+
 #[test]
 fn settings_text_names_only_changed_keys_and_parses_back() {
     assert_eq!(settings_text(&Settings::default()), "");
@@ -273,7 +399,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 to 2)",
+            "version 9 is not supported (this cachealloc reads versions 1 and 2)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
@@ -311,7 +437,21 @@ fn broken_files_name_the_line_and_what_was_wrong() {
                 "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_reserve\",\"addr\":4096,\"size\":4194304,\"stream\":0}}\n"
             ),
             "line 2",
-            "a range_reserve event without page",
+            "a range_reserve event without page; a range's pages are 2097152 bytes (small pool) or 20971520 bytes (large pool)",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_reserve\",\"addr\":4096,\"size\":4096,\"stream\":0,\"page\":4096}}\n"
+            ),
+            "line 2",
+            "a range_reserve in pages of 4096 bytes; a range's pages are",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"device_memory\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "a device_memory event of 0 bytes; it holds the device's total memory",
         ),
         (
             format!(
@@ -325,7 +465,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
                 "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_release\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
             ),
             "line 2",
-            "\"range_release\" at address 0; it must name its block, segment or range",
+            "range_release at address 0; it must name its block, segment or range",
         ),
         (
             format!(

@@ -557,7 +557,6 @@ static void no_device(void) {
     CHECK_RC(cudaMalloc(&p, 1), cudaErrorNoDevice);
 }
 
-/* Prints the capacity of device 0 as cudaMemGetInfo reports it, or the error code. */
 /* Run with FAKECUDART_CAPACITY=1MiB and FAKECUDART_CONTEXT=256KiB: the context's bytes are in
  * the total, never free, and not allocatable. */
 static void context(void) {
@@ -577,6 +576,7 @@ static void context(void) {
     CHECK_RC(cudaFree(b), cudaSuccess);
 }
 
+/* Prints the capacity of device 0 as cudaMemGetInfo reports it, or the error code. */
 static void total(void) {
     size_t free_b = 0, total_b = 0;
     cudaError_t rc = cudaMemGetInfo(&free_b, &total_b);

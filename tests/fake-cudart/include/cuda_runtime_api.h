@@ -8,7 +8,9 @@
  *
  *  - Memory. Device memory is host memory from mmap (page aligned, zero filled, readable and
  *    writable by the host, which lets tests inspect it). Each device has a capacity
- *    (FAKECUDART_CAPACITY, default 16GiB); cudaMalloc/cudaMallocPitch/cudaMallocManaged beyond it
+ *    (FAKECUDART_CAPACITY, default 16GiB), of which a context may hold part (FAKECUDART_CONTEXT,
+ *    default 0: in the total cudaMemGetInfo reports, never free, as a real context's memory);
+ *    cudaMalloc/cudaMallocPitch/cudaMallocManaged beyond what is free
  *    fail with cudaErrorMemoryAllocation (2). cudaFree(NULL) succeeds; an unknown or interior
  *    pointer, or a double free, gives cudaErrorInvalidValue (1). cudaFree of a live allocation
  *    synchronizes the owning device first (as the real one may). cudaMallocHost memory is pinned
