@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, run_ok, run_scenario, stderr, stdout};
+use support::shim::{assert_in_order, preloaded, run_ok, run_scenario, stderr, stdout};
 
 fn source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/shim_check.c")
@@ -300,13 +300,7 @@ fn the_debug_log_shows_the_pools_device_calls() {
         "device 0: cudaFree 40.00 MiB at 0x",
         "device 0: cudaMalloc 50.00 MiB at 0x",
     ];
-    let mut from = 0;
-    for line in expected {
-        let at = log[from..]
-            .find(line)
-            .unwrap_or_else(|| panic!("no {line:?} after byte {from} of:\n{log}"));
-        from += at + line.len();
-    }
+    assert_in_order(&log, &expected);
     // The last 40 MiB request is served from the cached 50 MiB segment: no third cudaMalloc.
     assert_eq!(log.matches("cudaMalloc ").count(), 2, "{log}");
     // A filter naming only the device lines keeps the default warnings: the OOM report too.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{library, preloaded, run_ok, run_scenario, stderr, stdout};
+use support::shim::{assert_in_order, library, preloaded, run_ok, run_scenario, stderr, stdout};
 
 fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
@@ -64,13 +64,7 @@ fn the_debug_log_shows_a_range_reserved_mapped_and_given_back() {
         "device 0: release ",
         "(cuMemAddressFree)",
     ];
-    let mut from = 0;
-    for part in expected {
-        let at = log[from..]
-            .find(part)
-            .unwrap_or_else(|| panic!("no {part:?} after byte {from} of:\n{log}"));
-        from += at + part.len();
-    }
+    assert_in_order(&log, &expected);
 }
 
 #[test]

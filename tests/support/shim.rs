@@ -71,3 +71,14 @@ pub fn stdout(out: &Output) -> String {
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// Require `parts` to appear in `log` in this order (each after the end of the one before).
+pub fn assert_in_order(log: &str, parts: &[&str]) {
+    let mut from = 0;
+    for part in parts {
+        let at = log[from..]
+            .find(part)
+            .unwrap_or_else(|| panic!("no {part:?} after byte {from} of:\n{log}"));
+        from += at + part.len();
+    }
+}
