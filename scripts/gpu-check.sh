@@ -17,7 +17,10 @@
 #   (f) sharing memory with another process: the IPC handle of a segment's first block opens, in
 #       a child process, on that block's bytes; a block further inside is refused (1);
 #   (g) another device's memory copied to and from the host while device 0 is current, with
-#       fixed and with expandable segments (needs two GPUs; the fake runtime models two).
+#       fixed and with expandable segments (needs two GPUs; the fake runtime models two);
+#   (h) the run of (e) recorded (trace:PATH) and replayed with `cachealloc replay --faithful`:
+#       every allocation at its recorded address, the same peak, page maps and OOM, with the
+#       device memory the recording names (on the fake runtime, a 300 MiB context holds part).
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -25,7 +28,8 @@
 # the same allocation pattern.
 #
 # The library is --lib PATH, else $CACHEALLOC_LIB, else target/release/libcachealloc.so built
-# with `cargo build --release --lib`. The real runtime is $CACHEALLOC_REAL_CUDART, else the one in
+# with `cargo build --release --lib --bin cachealloc`; the CLI (row h) is $CACHEALLOC_CLI, else
+# the `cachealloc` beside the library. The real runtime is $CACHEALLOC_REAL_CUDART, else the one in
 # .venv (scripts/setup-test-deps.sh), else one the dynamic linker knows (ldconfig) or torch's.
 # The whole run is bounded by $GPU_CHECK_BUDGET seconds (default 300).
 set -euo pipefail
@@ -141,8 +145,8 @@ lib_problem=""
 if [[ -z "$lib" ]]; then
     lib="$root/target/release/libcachealloc.so"
     if command -v cargo >/dev/null 2>&1; then
-        note "cargo build --release --lib"
-        if ! (cd "$root" && cargo build --release --lib --quiet); then
+        note "cargo build --release --lib --bin cachealloc"
+        if ! (cd "$root" && cargo build --release --lib --bin cachealloc --quiet); then
             # A machine without network cannot fetch crates: a library built before still serves.
             if [[ -f "$lib" ]]; then
                 note "cargo build --release --lib failed; using the library already built at $lib"
@@ -399,3 +403,32 @@ for segments in fixed expandable; do
         row "$cross_check" "$variant" "FAILED: $(why_failed)" "$on"
     fi
 done
+
+# --- (h) a recording replayed faithfully ---------------------------------------------------------
+
+replay_check="(h) recording replayed faithfully"
+replay_variant="the run of (e), recorded with trace:PATH, then cachealloc replay --faithful"
+cli="${CACHEALLOC_CLI:-$(dirname "$lib")/cachealloc}"
+trace_dir="$work/trace-h"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$replay_check" "$replay_variant" "not run: ${build_problem:-$shim_problem}" "$on"
+elif [[ ! -x "$cli" ]]; then
+    row "$replay_check" "$replay_variant" "not run: no cachealloc CLI at $cli (set CACHEALLOC_CLI)" "$on"
+elif ! command -v python3 >/dev/null 2>&1; then
+    row "$replay_check" "$replay_variant" "not run: python3 not found (it reads the replay's JSON)" "$on"
+else
+    rm -rf "$trace_dir" && mkdir -p "$trace_dir"
+    chunk=$OOM_CHUNK_GPU
+    [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
+    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB FAKECUDART_CONTEXT=300MiB \
+        CACHEALLOC_CONF="expandable_segments:True,trace:$trace_dir/run-%p.jsonl" \
+        "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" touch &&
+        trace="$(ls "$trace_dir"/run-*.jsonl 2>/dev/null | head -n 1)" && [[ -n "$trace" ]] &&
+        bounded 120 "$cli" replay "$trace" --faithful --json; then
+        verdict="$(python3 "$helpers/faithful_verdict.py" <<<"$out")" ||
+            verdict="FAILED: the replay's JSON could not be read"
+        row "$replay_check" "$replay_variant" "$verdict" "$on"
+    else
+        row "$replay_check" "$replay_variant" "FAILED: $(why_failed)" "$on"
+    fi
+fi

@@ -32,6 +32,7 @@ fn dry_run() -> (bool, String, String) {
         .arg("--lib")
         .arg(&shim)
         .current_dir(root)
+        .env("CACHEALLOC_CLI", env!("CARGO_BIN_EXE_cachealloc"))
         .env("GPU_CHECK_BUDGET", (WALL_LIMIT_S - 5).to_string())
         .env_remove("LD_PRELOAD")
         .env_remove("CACHEALLOC_CONF")
@@ -81,7 +82,7 @@ fn dry_run_prints_one_honest_table() {
         .iter()
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
-    for check in ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)"] {
+    for check in ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)"] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
             "no {check} row:\n{stdout}"
@@ -129,6 +130,16 @@ fn dry_run_prints_one_honest_table() {
             "(b)",
             "PYTORCH_NO_CUDA_MEMORY_CACHING=1, no shim",
             "ms (median)"
+        ),
+        "{stdout}"
+    );
+    // The recording names the device's memory; the capacity the replay infers leaves out the
+    // fake context's 300 MiB.
+    assert!(
+        figure(
+            "(h)",
+            "the run of (e)",
+            "device memory 1024.0 MiB, capacity 724.0 MiB"
         ),
         "{stdout}"
     );

@@ -1,0 +1,36 @@
+"""Row (h) of gpu-check.sh: reads `cachealloc replay --faithful --json` on stdin and prints one
+line, the replay's figures next to the recording's, prefixed with "FAILED: " when any differs."""
+import json
+import sys
+
+
+def mib(b):
+    return "none" if b is None else "%.1f MiB" % (b / 1048576)
+
+
+r = json.load(sys.stdin)
+oom = (r["recorded_oom"] or {}).get("event_index")
+same = (
+    r["allocs_at_recorded_addr"] == r["allocs"]
+    and r["peak_reserved_bytes"] == r["recorded_peak_reserved_bytes"]
+    and r["num_device_alloc"] == r["recorded_segment_maps"]
+    and r["first_oom_event_index"] == oom
+)
+print(
+    "%s%d of %d allocations at their recorded address; peak reserved %s (recorded %s); "
+    "%d page maps (recorded %d); first OOM at event %s (recorded %s); device memory %s, "
+    "capacity %s"
+    % (
+        "" if same else "FAILED: ",
+        r["allocs_at_recorded_addr"],
+        r["allocs"],
+        mib(r["peak_reserved_bytes"]),
+        mib(r["recorded_peak_reserved_bytes"]),
+        r["num_device_alloc"],
+        r["recorded_segment_maps"],
+        r["first_oom_event_index"],
+        oom,
+        mib(r["device_memory_bytes"]),
+        mib(r["capacity_bytes"]),
+    )
+)
