@@ -18,7 +18,7 @@
 #       a child process, on that block's bytes; a block further inside is refused (1);
 #   (g) another device's memory copied to and from the host while device 0 is current, with
 #       fixed and with expandable segments (needs two GPUs; the fake runtime models two);
-#   (h) the run of (e) recorded (trace:PATH) and replayed with `cachealloc replay --faithful`:
+#   (h) the run of (e), recorded with trace:PATH, replayed with `cachealloc replay --faithful`:
 #       every allocation at its recorded address, the same peak, page maps and OOM, with the
 #       device memory the recording names (on the fake runtime, a 300 MiB context holds part).
 #
@@ -149,9 +149,9 @@ if [[ -z "$lib" ]]; then
         if ! (cd "$root" && cargo build --release --lib --bin cachealloc --quiet); then
             # A machine without network cannot fetch crates: a library built before still serves.
             if [[ -f "$lib" ]]; then
-                note "cargo build --release --lib failed; using the library already built at $lib"
+                note "cargo build --release --lib --bin cachealloc failed; using the library (and CLI) already built beside $lib"
             else
-                lib_problem="cargo build --release --lib failed (build it elsewhere and pass --lib PATH)"
+                lib_problem="cargo build --release --lib --bin cachealloc failed (build it elsewhere and pass --lib PATH)"
             fi
         fi
     fi
@@ -333,13 +333,17 @@ fi
 # --- (e) expandable segments under the shim ----------------------------------------------------
 
 expandable_check="(e) expandable segments"
+trace_dir="$work/trace-e"
 if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
     row "$expandable_check" "allocate and write until 2, free, continue" "not run: ${build_problem:-$shim_problem}" "$on"
 else
     chunk=$OOM_CHUNK_GPU
     [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
-    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB \
-        CACHEALLOC_CONF=expandable_segments:True CACHEALLOC_LOG=cachealloc::device=debug \
+    rm -rf "$trace_dir" && mkdir -p "$trace_dir"
+    # Recorded for (h); on the fake runtime a context holds part of the device, as on a GPU.
+    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB FAKECUDART_CONTEXT=300MiB \
+        CACHEALLOC_CONF="expandable_segments:True,trace:$trace_dir/run-%p.jsonl" \
+        CACHEALLOC_LOG=cachealloc::device=debug \
         "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" touch &&
         [[ "$out" =~ chunks=([0-9]+)\ oom_rc=2\ last_error=2 ]]; then
         chunks=${BASH_REMATCH[1]}
@@ -404,31 +408,30 @@ for segments in fixed expandable; do
     fi
 done
 
-# --- (h) a recording replayed faithfully ---------------------------------------------------------
+# --- (h) the recording of (e) replayed faithfully -------------------------------------------------
 
 replay_check="(h) recording replayed faithfully"
 replay_variant="the run of (e), recorded with trace:PATH, then cachealloc replay --faithful"
 cli="${CACHEALLOC_CLI:-$(dirname "$lib")/cachealloc}"
-trace_dir="$work/trace-h"
+trace="$(ls "$trace_dir"/run-*.jsonl 2>/dev/null | head -n 1 || true)"
 if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
     row "$replay_check" "$replay_variant" "not run: ${build_problem:-$shim_problem}" "$on"
 elif [[ ! -x "$cli" ]]; then
     row "$replay_check" "$replay_variant" "not run: no cachealloc CLI at $cli (set CACHEALLOC_CLI)" "$on"
 elif ! command -v python3 >/dev/null 2>&1; then
     row "$replay_check" "$replay_variant" "not run: python3 not found (it reads the replay's JSON)" "$on"
+elif [[ -z "$trace" ]]; then
+    row "$replay_check" "$replay_variant" "FAILED: (e) wrote no trace in $trace_dir" "$on"
 else
-    rm -rf "$trace_dir" && mkdir -p "$trace_dir"
-    chunk=$OOM_CHUNK_GPU
-    [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
-    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB FAKECUDART_CONTEXT=300MiB \
-        CACHEALLOC_CONF="expandable_segments:True,trace:$trace_dir/run-%p.jsonl" \
-        "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" touch &&
-        trace="$(ls "$trace_dir"/run-*.jsonl 2>/dev/null | head -n 1)" && [[ -n "$trace" ]] &&
-        bounded 120 "$cli" replay "$trace" --faithful --json; then
+    rc=0
+    bounded 120 "$cli" replay "$trace" --faithful --json || rc=$?
+    if ((rc == 125)); then
+        row "$replay_check" "$replay_variant" "not run: $out" "$on"
+    elif ((rc != 0)); then
+        row "$replay_check" "$replay_variant" "FAILED: $(why_failed)" "$on"
+    else
         verdict="$(python3 "$helpers/faithful_verdict.py" <<<"$out")" ||
             verdict="FAILED: the replay's JSON could not be read"
         row "$replay_check" "$replay_variant" "$verdict" "$on"
-    else
-        row "$replay_check" "$replay_variant" "FAILED: $(why_failed)" "$on"
     fi
 fi

@@ -1154,3 +1154,46 @@ fn a_faithful_replay_reserves_again_after_a_device_reset() {
     assert_eq!(v["allocs"], 2);
     assert_eq!(v["allocs_at_recorded_addr"], 2);
 }
+
+/// A recording names its device's memory: a faithful replay's device has it, and a capacity
+/// inferred without an OOM (the middle of what the retry brackets, here 1,100 MiB) is held to
+/// it. A capacity given beyond it makes a device that large.
+#[test]
+fn a_faithful_replay_keeps_to_the_recorded_device_memory() {
+    let (a, b, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
+    let path = write_trace(
+        "device-memory",
+        &[
+            ("device_memory", 0, 1024 * mib, 0),
+            ("segment_alloc", a, 600 * mib, 0),
+            ("alloc", a, 600 * mib, 0),
+            ("free_completed", a, 600 * mib, 0),
+            // The allocator's release before a retry: 600 + 800 MiB did not fit.
+            ("segment_free", a, 600 * mib, 0),
+            ("segment_alloc", b, 800 * mib, 0),
+            ("alloc", b, 800 * mib, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(1024 * mib), "{v}");
+    assert_eq!(v["capacity_bytes"].as_u64(), Some(1024 * mib), "{v}");
+    assert_eq!(v["num_alloc_retries"], 1, "{v}");
+    assert_eq!(v["allocs_at_recorded_addr"], 2, "{v}");
+    let larger = json(&cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--capacity",
+        "2GiB",
+        "--json",
+    ]));
+    assert_eq!(larger["device_memory_bytes"].as_u64(), Some(2048 * mib));
+    let text =
+        String::from_utf8_lossy(&cachealloc(&["replay", p, "--faithful"]).stdout).into_owned();
+    assert!(
+        !text.contains("device memory:"),
+        "the capacity is the memory: {text}"
+    );
+    std::fs::remove_file(&path).unwrap();
+}

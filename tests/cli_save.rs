@@ -256,6 +256,26 @@ fn the_notes_say_how_to_replay_and_what_a_failed_run_keeps() {
     ]);
     let err = String::from_utf8_lossy(&fits.stderr);
     assert!(!err.contains("ran out of memory"), "{err}");
+    // A run that allocated nothing says so, also when the file names the device's memory.
+    let nothing = cachealloc(&[
+        "synth",
+        "loguniform:ops=0",
+        "--capacity",
+        "1GiB",
+        "--save",
+        path.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&nothing.stderr);
+    assert!(
+        err.contains("the run allocated nothing") && !err.contains("replays this run"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        2,
+        "the header and device_memory: {text}"
+    );
     std::fs::remove_file(&path).unwrap();
 }
 

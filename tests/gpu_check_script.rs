@@ -134,7 +134,7 @@ fn dry_run_prints_one_honest_table() {
         "{stdout}"
     );
     // The recording names the device's memory; the capacity the replay infers leaves out the
-    // fake context's 300 MiB.
+    // fake context's 300 MiB. Every allocation lands at its recorded address.
     assert!(
         figure(
             "(h)",
@@ -142,5 +142,21 @@ fn dry_run_prints_one_honest_table() {
             "device memory 1024.0 MiB, capacity 724.0 MiB"
         ),
         "{stdout}"
+    );
+    let replayed = rows
+        .iter()
+        .find(|r| r[0].starts_with("(h)"))
+        .map(|r| r[2])
+        .unwrap_or_default();
+    let counts: Vec<u64> = replayed
+        .split(" allocations at their recorded address")
+        .next()
+        .unwrap_or_default()
+        .split(" of ")
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    assert!(
+        counts.len() == 2 && counts[0] == counts[1] && counts[0] > 0,
+        "{replayed}"
     );
 }

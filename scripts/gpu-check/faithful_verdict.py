@@ -1,5 +1,6 @@
 """Row (h) of gpu-check.sh: reads `cachealloc replay --faithful --json` on stdin and prints one
-line, the replay's figures next to the recording's, prefixed with "FAILED: " when any differs."""
+line, the replay's figures next to the recording's, prefixed with "FAILED: " when any differs,
+when nothing was allocated or when the recording has no out-of-memory (row (e) runs until one)."""
 import json
 import sys
 
@@ -9,17 +10,20 @@ def mib(b):
 
 
 r = json.load(sys.stdin)
-oom = (r["recorded_oom"] or {}).get("event_index")
+recorded_oom = r["recorded_oom"] or {}
+oom = recorded_oom.get("event_index")
 same = (
-    r["allocs_at_recorded_addr"] == r["allocs"]
+    r["allocs"] > 0
+    and oom is not None
+    and r["allocs_at_recorded_addr"] == r["allocs"]
     and r["peak_reserved_bytes"] == r["recorded_peak_reserved_bytes"]
     and r["num_device_alloc"] == r["recorded_segment_maps"]
     and r["first_oom_event_index"] == oom
 )
 print(
     "%s%d of %d allocations at their recorded address; peak reserved %s (recorded %s); "
-    "%d page maps (recorded %d); first OOM at event %s (recorded %s); device memory %s, "
-    "capacity %s"
+    "%d page maps (recorded %d); first OOM at event %s (recorded %s, %s free then); "
+    "device memory %s, capacity %s"
     % (
         "" if same else "FAILED: ",
         r["allocs_at_recorded_addr"],
@@ -30,6 +34,7 @@ print(
         r["recorded_segment_maps"],
         r["first_oom_event_index"],
         oom,
+        mib(recorded_oom.get("device_free")),
         mib(r["device_memory_bytes"]),
         mib(r["capacity_bytes"]),
     )

@@ -360,8 +360,9 @@ pub static VARIABLES: &[VariableSpec] = &[
         name: LOG_VAR,
         default: DEFAULT_LOG_FILTER,
         doc: "Log filter in `tracing` EnvFilter syntax, for example `cachealloc=debug`; \
-              `cachealloc::device=debug` logs the pool's own cudaMalloc/cudaFree calls, \
-              out-of-memory failures and `empty_cache` calls.",
+              `cachealloc::device=debug` logs the pool's own cudaMalloc/cudaFree calls (with \
+              expandable segments its page maps and unmaps and its address ranges reserved and \
+              given back), out-of-memory failures and `empty_cache` calls.",
     },
 ];
 

@@ -17,7 +17,8 @@
 //!
 //! The same buffer feeds the device-call log: when `CACHEALLOC_LOG` enables debug lines for
 //! `cachealloc::device` (`debug`, `cachealloc=debug`), the buffer is kept even without
-//! `trace:`, and each flush logs the pool's cudaMalloc and cudaFree calls, out-of-memory
+//! `trace:`, and each flush logs the pool's cudaMalloc and cudaFree calls (with expandable
+//! segments, its page maps and unmaps and the ranges it reserves and gives back), out-of-memory
 //! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
 //! lines.
 

@@ -98,8 +98,6 @@ impl ReplayConfig {
         device_memory: Option<u64>,
     ) {
         self.address_hints = segment_addresses;
-        // A capacity beyond the recorded memory (given for a what-if) makes a larger device.
-        let device_memory = device_memory.map(|m| m.max(self.capacity.unwrap_or(0)));
         let ranges = range_hints(range_changes, device_memory.or(self.capacity));
         self.reservation_hints = ranges.addresses();
         self.device_total = device_memory.or(ranges.device_total);

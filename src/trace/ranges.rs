@@ -6,7 +6,8 @@
 //! A recording of cachealloc's own (trace format version 2) names each range: a
 //! `range_reserve` line with its address, size and page size, and a `range_release` line when
 //! it is given back. The ranges are then read from those lines, and the device memory is the
-//! one under which the pool reserves ranges of the recorded sizes (the capacity, when it does).
+//! one under which the pool reserves ranges of the recorded sizes (the capacity, when it does;
+//! none for ranges at the pool's bound, which a device of unlimited memory reserves).
 //!
 //! A PyTorch snapshot (and a version 1 recording) has no entry for a reservation, so the ranges
 //! are found from the page maps and unmaps. A range's first map is at its start, and every

@@ -226,10 +226,15 @@ fn run(cli: Cli) -> Result<String, String> {
             }
             if args.faithful {
                 config.capacity = args.common.capacity.or(loaded.capacity);
+                // A capacity given beyond the recorded memory, for a what-if, makes a device
+                // that large.
+                let device_memory = loaded
+                    .device_memory
+                    .map(|m| m.max(args.common.capacity.unwrap_or(0)));
                 config.follow_recorded_addresses(
                     loaded.address_hints.clone(),
                     &loaded.range_changes,
-                    loaded.device_memory,
+                    device_memory,
                 );
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
@@ -336,9 +341,7 @@ fn save_replay(
     })?;
     let file = cachealloc::config::shell_word(&path.display().to_string());
     if saved.events == 0 {
-        eprintln!(
-            "cachealloc: note: the run allocated nothing: {file} holds only the trace's header"
-        );
+        eprintln!("cachealloc: note: the run allocated nothing: {file} holds no event of the pool");
     } else {
         eprintln!(
             "cachealloc: note: saved the run as a trace in {file}; cachealloc replay {file} \

@@ -80,11 +80,14 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         device: chosen.device.0,
         workload: rec.workload,
         start: None,
+        // (No more than the device's memory: a capacity inferred without an OOM is the middle
+        // of a bracket, which can reach beyond it.)
         capacity: if faithful {
             trace
                 .header
                 .capacity
                 .or_else(|| rec.capacity.and_then(|c| c.replay_capacity()))
+                .map(|c| rec.device_memory.map_or(c, |m| c.min(m)))
         } else {
             None
         },

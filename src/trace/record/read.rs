@@ -192,9 +192,10 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
     })?;
     if !READABLE_VERSIONS.contains(&header.version) {
         return Err(format!(
-            "format version {} is not supported (this cachealloc reads versions {})",
+            "format version {} is not supported (this cachealloc reads versions {} to {})",
             header.version,
-            READABLE_VERSIONS.map(|v| v.to_string()).join(" and ")
+            READABLE_VERSIONS[0],
+            READABLE_VERSIONS[READABLE_VERSIONS.len() - 1]
         ));
     }
     if let Some(p) = &header.placement

@@ -4,7 +4,8 @@
 //!
 //! The file is what the library would have written had a program made the same calls under the
 //! same settings on a device like the replay's: the header names the replay's settings, device,
-//! capacity and placement, with `pid` 0 (no process made the calls) and `free_sync` `none` (a
+//! capacity and placement, a `device_memory` line the simulated device's memory (when it is
+//! limited), with `pid` 0 (no process made the calls) and `free_sync` `none` (a
 //! replay's frees complete at once); `t_us` numbers the events (a replay has no clock worth
 //! keeping), so one workload always writes the same bytes. The lines are written as the replay
 //! makes them, not gathered first.
@@ -38,7 +39,7 @@ impl fmt::Display for SaveError {
 
 impl std::error::Error for SaveError {}
 
-/// What a saved replay did, and how many event lines its trace holds.
+/// What a saved replay did, and how many of the pool's event lines its trace holds.
 #[derive(Debug)]
 pub struct Saved {
     pub outcome: ReplayOutcome,
@@ -72,11 +73,10 @@ pub fn replay_saved<W: Write + Send + 'static>(
         let mut w = lock(&writer);
         write_header(&mut w.line, &header);
         w.write_line();
-        // The memory the simulated device reports, as the library notes a device's.
+        // The memory the simulated device reports, as the library notes a device's (at time
+        // 0, not counted among the pool's events).
         if let Some(total) = config.total() {
-            let line = Event::device_memory(device, total, w.events);
-            w.events += 1;
-            write_events(&mut w.line, &[line]);
+            write_events(&mut w.line, &[Event::device_memory(device, total, 0)]);
             w.write_line();
         }
     }

@@ -399,7 +399,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 and 2)",
+            "version 9 is not supported (this cachealloc reads versions 1 to 2)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
