@@ -53,6 +53,13 @@ pub fn page_size(pool: PoolKind) -> u64 {
     }
 }
 
+/// The pool whose expandable segments map pages of `page` bytes (`None`: no pool's).
+pub fn pool_with_page(page: u64) -> Option<PoolKind> {
+    [PoolKind::Small, PoolKind::Large]
+        .into_iter()
+        .find(|&pool| page_size(pool) == page)
+}
+
 /// The unmapped blocks of each pool, in (stream, address) order (PyTorch's `BlockPool.unmapped`).
 /// Named by address: the blocks are found in the table when needed.
 #[derive(Debug, Default)]

@@ -33,7 +33,7 @@ pub use allocator::DeviceAllocator;
 pub use block::BlockState;
 pub use error::{BadPointer, Error};
 pub use event::{EventSink, PoolEvent};
-pub use expandable::{page_size, range_size};
+pub use expandable::{page_size, pool_with_page, range_size};
 pub use format::format_size;
 pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentSpan, SegmentView};
 pub use oom::{OomHint, OomReport};

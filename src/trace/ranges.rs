@@ -27,8 +27,7 @@
 //! first finds the ranges without it, takes the memory they imply (or the capacity, if
 //! smaller), and reads the maps again under that size.
 
-use crate::pool::rounding::SMALL_BUFFER;
-use crate::pool::{PoolKind, StreamId, page_size, range_size};
+use crate::pool::{PoolKind, StreamId, page_size, pool_with_page, range_size};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A recording's entry that changes the ranges of expandable segments or their mapped pages.
@@ -179,13 +178,10 @@ fn range_size_in_pages(total: u64, page: u64) -> u64 {
     range_size(total, pool_of_page(page))
 }
 
-/// The pool whose expandable segments map pages of `page` bytes.
+/// The pool whose expandable segments map pages of `page` bytes, or of maps `page` bytes long:
+/// the small pool maps one page at a time, and any other length is a run of large pages.
 fn pool_of_page(page: u64) -> PoolKind {
-    if page == SMALL_BUFFER {
-        PoolKind::Small
-    } else {
-        PoolKind::Large
-    }
+    pool_with_page(page).unwrap_or(PoolKind::Large)
 }
 
 /// The most device memory under which a pool with pages of `page` bytes reserves ranges of no
@@ -363,7 +359,7 @@ fn memory_fitting(lower: &Reservation, gap: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::rounding::LARGE_BUFFER;
+    use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 0x7f00_0000_0000;

@@ -14,7 +14,7 @@ use super::{Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS};
 use crate::backend::sim::Placement;
 use crate::config::Config;
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
-use crate::pool::{DeviceId, Settings};
+use crate::pool::{DeviceId, Settings, pool_with_page};
 use crate::trace::error::TraceError;
 use std::io::BufRead;
 use std::path::Path;
@@ -263,7 +263,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
         let page = event
             .page
             .ok_or_else(|| format!("a range_reserve event without page; {pages}"))?;
-        if page != SMALL_BUFFER && page != LARGE_BUFFER {
+        if pool_with_page(page).is_none() {
             return Err(format!("a range_reserve in pages of {page} bytes; {pages}"));
         }
         if event.size == 0 || !event.size.is_multiple_of(page) {
