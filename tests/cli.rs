@@ -5,6 +5,7 @@ mod support;
 
 use std::process::Command;
 use support::cli::{cachealloc, cachealloc_with, json};
+use support::trace_lines::{write_trace, write_trace_with_settings};
 use support::traces::trace;
 
 #[test]
@@ -860,7 +861,7 @@ fn options_without_effect_on_a_replay_are_warned_about() {
         "{err}"
     );
     assert!(
-        err.contains("per_process_memory_fraction limits a fraction of the device's capacity"),
+        err.contains("per_process_memory_fraction limits a fraction of the device's memory"),
         "{err}"
     );
     let quiet = cachealloc(&[
@@ -936,34 +937,6 @@ fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
     assert_eq!(small.status.code(), Some(2));
     let err = String::from_utf8_lossy(&small.stderr);
     assert!(!err.contains("drop --faithful"), "{err}");
-}
-
-/// A cachealloc trace file of device 0 in the temporary directory, one event per
-/// (action, address, size, stream), a microsecond apart.
-fn write_trace(name: &str, events: &[(&str, u64, u64, u32)]) -> std::path::PathBuf {
-    write_trace_with_settings(name, "", events)
-}
-
-/// `write_trace` of a recording made under `settings`.
-fn write_trace_with_settings(
-    name: &str,
-    settings: &str,
-    events: &[(&str, u64, u64, u32)],
-) -> std::path::PathBuf {
-    let header = format!(
-        r#"{{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"{settings}","free_sync":"device"}}"#
-    );
-    let mut lines = vec![header];
-    for (t, (action, addr, size, stream)) in events.iter().enumerate() {
-        lines.push(format!(
-            r#"{{"t_us":{},"device":0,"action":"{action}","addr":{addr},"size":{size},"stream":{stream}}}"#,
-            t + 1
-        ));
-    }
-    let file = format!("cachealloc-{name}-{}.jsonl", std::process::id());
-    let path = std::env::temp_dir().join(file);
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
 }
 
 /// Write a trace of `events`, replay it in plain mode as JSON and as text, and remove it.

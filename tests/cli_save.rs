@@ -312,9 +312,11 @@ fn an_unwritable_save_path_is_named_and_nothing_else_is_printed() {
     assert!(out.stdout.is_empty(), "no summary after a failed save");
 }
 
-/// Saved runs drawn at random — workload, settings, capacity, placement, seed — each replayed
-/// faithfully from its file alone to the run's figures, every allocation at its address; a run
-/// of expandable segments also with its range lines taken out, so that its ranges are inferred.
+/// Saved runs drawn at random — workload, settings, capacity, memory held by a context,
+/// placement, seed — each replayed faithfully from its file alone to the run's figures, every
+/// allocation at its address; a run of expandable segments also with its range and
+/// `device_memory` lines taken out, so that its ranges are inferred, and the device's memory
+/// given with `--device-memory` as a PyTorch snapshot's replay takes it.
 /// `CACHEALLOC_SAVE_CASES` sets how many (`scripts/save-sweep.sh` runs hundreds) and
 /// `CACHEALLOC_SAVE_SEED` which; a failure names the case's command.
 #[test]
@@ -335,13 +337,9 @@ fn random_saved_runs_replay_faithfully() {
         "max_split_size_mb:40,garbage_collection_threshold:0.5,per_process_memory_fraction:0.9",
         "roundup_power2_divisions:[256:1,512:2,>:8],max_split_size_mb:256",
     ];
-    const CAPACITIES: [Option<&str>; 5] = [
-        None,
-        Some("1.5GiB"),
-        Some("3GiB"),
-        Some("5GiB"),
-        Some("8GiB"),
-    ];
+    // In MiB.
+    const CAPACITIES: [Option<u64>; 5] = [None, Some(1536), Some(3072), Some(5120), Some(8192)];
+    const CONTEXTS: [u64; 3] = [0, 300, 1024];
     let cases: u64 = env_number("CACHEALLOC_SAVE_CASES", 12);
     let seed: u64 = env_number("CACHEALLOC_SAVE_SEED", 1);
     let mut rng = SplitMix64::new(seed);
@@ -354,12 +352,21 @@ fn random_saved_runs_replay_faithfully() {
         let spec = SPECS[pick(&mut rng, SPECS.len())];
         let conf = CONFS[pick(&mut rng, CONFS.len())];
         let capacity = CAPACITIES[pick(&mut rng, CAPACITIES.len())];
+        let context = CONTEXTS[pick(&mut rng, CONTEXTS.len())];
         let placement = ["top-down", "bottom-up"][pick(&mut rng, 2)];
         let run_seed = rng.below(1000).to_string();
         let mut args = vec!["synth", spec, "--seed", &run_seed, "--placement", placement];
         args.extend(["--conf", conf]);
-        if let Some(c) = capacity {
+        // A device whose context holds some of its memory: the capacity is the rest.
+        let capacity_arg = capacity.map(|c| format!("{c}MiB"));
+        let memory_arg = capacity
+            .filter(|_| context > 0)
+            .map(|c| format!("{}MiB", c + context));
+        if let Some(c) = &capacity_arg {
             args.extend(["--capacity", c]);
+        }
+        if let Some(m) = &memory_arg {
+            args.extend(["--device-memory", m]);
         }
         args.extend(["--json", "--save", p]);
         let what = format!("case {case}: cachealloc {}", args.join(" "));
@@ -385,7 +392,12 @@ fn random_saved_runs_replay_faithfully() {
                 &["range_reserve", "range_release", "device_memory"],
                 &inferred_path,
             );
-            let inferred = json(&cachealloc(&["replay", ip, "--faithful", "--json"]));
+            let memory = synth["device_memory_bytes"].as_u64().map(|m| m.to_string());
+            let mut replay = vec!["replay", ip, "--faithful", "--json"];
+            if let Some(m) = &memory {
+                replay.extend(["--device-memory", m]);
+            }
+            let inferred = json(&cachealloc(&replay));
             let what = format!("{what} (ranges inferred)");
             assert_same_figures(&what, &synth, &inferred);
             assert_eq!(

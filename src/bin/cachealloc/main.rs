@@ -58,6 +58,13 @@ struct Common {
     /// 1000) or bytes, at least 2 MiB (one segment). Default: unlimited.
     #[arg(long, value_parser = size::parse_capacity, allow_hyphen_values = true)]
     capacity: Option<u64>,
+    /// The device's total memory, as cudaMemGetInfo reports it (same forms as --capacity): what
+    /// per_process_memory_fraction takes its fraction of and the ranges of expandable segments
+    /// are sized from. More than the capacity when a CUDA context or other processes hold the
+    /// rest; without --capacity the allocator may have all of it. Default: the capacity (in a
+    /// faithful replay: the memory the recording names or its ranges imply).
+    #[arg(long, value_parser = size::parse_device_memory, allow_hyphen_values = true)]
+    device_memory: Option<u64>,
     /// Print one JSON object instead of the readable summary.
     #[arg(long)]
     json: bool,
@@ -172,7 +179,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 mode: "synthetic",
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
-                capacity: args.common.capacity,
+                capacity: config.capacity,
                 device_memory: config.total(),
                 placement: config.placement.name(),
                 recorded: Default::default(),
@@ -225,17 +232,26 @@ fn run(cli: Cli) -> Result<String, String> {
                 }
             }
             if args.faithful {
-                config.capacity = args.common.capacity.or(loaded.capacity);
+                let given_memory = args.common.device_memory;
+                config.capacity = args
+                    .common
+                    .capacity
+                    .or_else(|| recorded_capacity_within(loaded.capacity, given_memory));
                 // A capacity given beyond the recorded memory, for a what-if, makes a device
                 // that large.
-                let device_memory = loaded
-                    .device_memory
-                    .map(|m| m.max(args.common.capacity.unwrap_or(0)));
-                config.follow_recorded_addresses(
+                let device_memory = given_memory.or_else(|| {
+                    loaded
+                        .device_memory
+                        .map(|m| m.max(args.common.capacity.unwrap_or(0)))
+                });
+                let most = config.follow_recorded_addresses(
                     loaded.address_hints.clone(),
                     &loaded.range_changes,
                     device_memory,
                 );
+                if let (Some(given), Some(most)) = (given_memory, most) {
+                    warn_ranges_too_large(given, most);
+                }
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
                 {
@@ -310,11 +326,64 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     };
     let replay_config = ReplayConfig {
         settings: config.settings,
-        capacity: common.capacity,
+        capacity: device_capacity(common.capacity, common.device_memory)?,
+        device_total: common.device_memory,
         placement,
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
+}
+
+/// The capacity of a replay's device: `--capacity`, else all of `--device-memory`. A capacity
+/// beyond the device's memory is refused.
+fn device_capacity(
+    capacity: Option<u64>,
+    device_memory: Option<u64>,
+) -> Result<Option<u64>, String> {
+    if let (Some(c), Some(m)) = (capacity, device_memory)
+        && c > m
+    {
+        return Err(format!(
+            "--capacity {} is more than --device-memory {}: the capacity is the part of the \
+             device's memory the allocator can have (the memory less what the CUDA context and \
+             other processes hold); give a capacity of at most the device memory",
+            cachealloc::pool::format_size(c),
+            cachealloc::pool::format_size(m)
+        ));
+    }
+    Ok(capacity.or(device_memory))
+}
+
+/// A faithful replay's capacity without `--capacity`: the recording's, held to a
+/// `--device-memory` given (a what-if on a smaller device, said in a note), else all of that
+/// memory.
+fn recorded_capacity_within(recorded: Option<u64>, given_memory: Option<u64>) -> Option<u64> {
+    match (recorded, given_memory) {
+        (Some(recorded), Some(memory)) if recorded > memory => {
+            eprintln!(
+                "cachealloc: note: the recording had {} available to the allocator, more than \
+                 --device-memory {}: the replay's device has {} and all of it is available",
+                cachealloc::pool::format_size(recorded),
+                cachealloc::pool::format_size(memory),
+                cachealloc::pool::format_size(memory)
+            );
+            Some(memory)
+        }
+        (recorded, memory) => recorded.or(memory),
+    }
+}
+
+/// A `--device-memory` beyond what the recording's expandable segments show: PyTorch reserves
+/// each range from the device's memory, so the recording's ranges bound it, and larger ones
+/// cannot all be reserved where the recording's were.
+fn warn_ranges_too_large(given: u64, most: u64) {
+    eprintln!(
+        "cachealloc: warning: --device-memory {}: the recording's expandable segments reserved \
+         ranges that fit a device of at most {} ({most} bytes); the replay's ranges are larger \
+         and cannot all lie at the recorded addresses (give at most that to follow them)",
+        cachealloc::pool::format_size(given),
+        cachealloc::pool::format_size(most)
+    );
 }
 
 /// `synth --save`: replay `workload`, writing its events to `path` as a cachealloc trace.
@@ -394,8 +463,8 @@ fn memory_limit(config: &ReplayConfig) -> Option<u64> {
 }
 
 /// `per_process_memory_fraction` limits the pool to a fraction of the device's total (its
-/// capacity, or in a faithful replay the total the recorded reservations imply), which a replay
-/// with neither does not have.
+/// memory, or its capacity, or in a faithful replay the total the recording names or its
+/// reservations imply), which a replay with none of them does not have.
 /// Warn about a fraction limit on an unlimited device (the other settings that do nothing as
 /// set are warned about with the configuration: `Config::value_warnings`).
 fn warn_fraction_without_capacity(config: &ReplayConfig) {
@@ -404,8 +473,8 @@ fn warn_fraction_without_capacity(config: &ReplayConfig) {
     if config.total().is_none() && fraction > 0.0 && fraction < 1.0 {
         eprintln!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
-             capacity, and this replay's device is unlimited: give --capacity for the limit to \
-             apply"
+             memory, and this replay's device is unlimited: give --device-memory (or --capacity) for \
+             the limit to apply"
         );
     }
 }

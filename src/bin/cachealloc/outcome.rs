@@ -51,8 +51,9 @@ pub struct ReplayJson {
     pub expandable_segments: bool,
     pub capacity_bytes: Option<u64>,
     /// The total memory the simulated device reports (it sizes the ranges of expandable
-    /// segments and the limit of a memory fraction): the capacity, or in a faithful replay the
-    /// memory the recording names or its ranges imply; null when unlimited.
+    /// segments and the limit of a memory fraction): `--device-memory`, else the capacity, or in
+    /// a faithful replay the memory the recording names or its ranges imply; null when
+    /// unlimited.
     pub device_memory_bytes: Option<u64>,
     /// Where the simulated driver placed new segments (`top-down`, `bottom-up`); a faithful
     /// replay places them at their recorded addresses first.

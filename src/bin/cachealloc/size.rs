@@ -71,12 +71,23 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Parse a device capacity: room for at least one segment, and no more than the simulated device's address
-/// space (a larger one could not be simulated: the run would show a capacity it does not have).
+/// Parse a device capacity: room for at least one segment, and no more than the simulated
+/// device's address space (a larger one could not be simulated: the run would show a capacity it
+/// does not have).
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    parse_device_size(text, "capacity", "--capacity")
+}
+
+/// Parse a device's total memory (`--device-memory`), within the same bounds as a capacity.
+pub fn parse_device_memory(text: &str) -> Result<u64, String> {
+    parse_device_size(text, "device memory", "--device-memory")
+}
+
+/// A size of the simulated device: `what` names it in errors, `option` is the option to omit.
+fn parse_device_size(text: &str, what: &str, option: &str) -> Result<u64, String> {
     match parse_size(text)? {
         0 => Err(format!(
-            "invalid capacity {text:?}: a device needs more than 0 bytes (omit --capacity for an \
+            "invalid {what} {text:?}: a device needs more than 0 bytes (omit {option} for an \
              unlimited one)"
         )),
         // The smallest segment the pool obtains from a device (a small-pool segment).
@@ -93,14 +104,14 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
                 String::new()
             };
             Err(format!(
-                "invalid capacity {text:?}: {bytes} bytes cannot hold a single segment (the \
+                "invalid {what} {text:?}: {bytes} bytes cannot hold a single segment (the \
                  smallest is 2 MiB){hint}"
             ))
         }
         bytes if bytes > ADDRESS_SPACE => Err(format!(
-            "invalid capacity {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
+            "invalid {what} {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
              space (just under 128 TiB: 127TiB fits, 128TiB does not); give at most that, or \
-             omit --capacity for an unlimited device"
+             omit {option} for an unlimited device"
         )),
         bytes => Ok(bytes),
     }
@@ -108,7 +119,7 @@ pub fn parse_capacity(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_capacity, parse_size};
+    use super::{parse_capacity, parse_device_memory, parse_size};
 
     #[test]
     fn accepts_binary_decimal_and_plain_sizes() {
@@ -185,5 +196,26 @@ mod tests {
         assert_eq!(parse_capacity("127TiB"), Ok(127 << 40));
         let refused = parse_capacity("200TiB").unwrap_err();
         assert!(refused.contains("address space"), "{refused}");
+    }
+
+    #[test]
+    fn a_device_memory_error_names_its_option() {
+        assert_eq!(
+            parse_device_memory("0").unwrap_err(),
+            "invalid device memory \"0\": a device needs more than 0 bytes (omit \
+             --device-memory for an unlimited one)"
+        );
+        let err = parse_device_memory("80").unwrap_err();
+        assert!(
+            err.starts_with("invalid device memory \"80\": 80 bytes"),
+            "{err}"
+        );
+        assert!(err.ends_with("write 80GiB)"), "{err}");
+        let refused = parse_device_memory("200TiB").unwrap_err();
+        assert!(
+            refused.ends_with("omit --device-memory for an unlimited device"),
+            "{refused}"
+        );
+        assert_eq!(parse_device_memory("80GiB"), Ok(80 << 30));
     }
 }

@@ -1,0 +1,229 @@
+//! `--device-memory`: the simulated device's total memory, given apart from the capacity the
+//! allocator may take (a CUDA context and other processes hold the rest). It is what a memory
+//! fraction takes its share of, what the out-of-memory report calls the total, and what the
+//! ranges of expandable segments are sized from.
+
+mod support;
+
+use support::cli::{cachealloc, json};
+use support::trace_lines::{write_trace, write_trace_with_settings};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Two transformer steps (peak reserved 4.81 GiB) as JSON, with `extra` options.
+fn two_steps(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["synth", "transformer:steps=2", "--json"];
+    args.extend_from_slice(extra);
+    json(&cachealloc(&args))
+}
+
+#[test]
+fn a_memory_fraction_is_a_share_of_the_device_memory_not_of_the_capacity() {
+    let fraction = ["--conf", "per_process_memory_fraction:0.5"];
+    // Half of a 7 GiB device is 3.5 GiB: the workload runs out.
+    let on_capacity = two_steps(&[&fraction[..], &["--capacity", "7GiB"]].concat());
+    assert!(
+        on_capacity["num_ooms"].as_u64().unwrap() > 0,
+        "{on_capacity}"
+    );
+    assert_eq!(on_capacity["device_memory_bytes"].as_u64(), Some(7 * GIB));
+    // Half of 10 GiB, of which 7 GiB are free to the allocator: 5 GiB, and it fits.
+    let on_memory = two_steps(
+        &[
+            &fraction[..],
+            &["--capacity", "7GiB", "--device-memory", "10GiB"],
+        ]
+        .concat(),
+    );
+    assert_eq!(on_memory["num_ooms"], 0, "{on_memory}");
+    assert_eq!(on_memory["capacity_bytes"].as_u64(), Some(7 * GIB));
+    assert_eq!(on_memory["device_memory_bytes"].as_u64(), Some(10 * GIB));
+    let peak = on_memory["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(peak > 7 * GIB / 2 && peak <= 5 * GIB, "{peak}");
+    // A device of unknown memory has no share to take.
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--json",
+        fraction[0],
+        fraction[1],
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("this replay's device is unlimited: give --device-memory (or --capacity)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_oom_report_counts_the_memory_beyond_the_capacity_as_not_tracked() {
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=2",
+        "--capacity",
+        "3GiB",
+        "--device-memory",
+        "10GiB",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("device capacity: 3.00 GiB"), "{text}");
+    assert!(text.contains("device memory: 10.00 GiB"), "{text}");
+    assert!(
+        text.contains("GPU 0 has a total capacity of 10.00 GiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Memory not tracked by cachealloc (other processes, CUDA contexts, other allocators): 7.00 GiB"),
+        "{text}"
+    );
+}
+
+#[test]
+fn device_memory_alone_is_all_available() {
+    let v = two_steps(&["--device-memory", "4GiB"]);
+    assert_eq!(v["capacity_bytes"].as_u64(), Some(4 * GIB), "{v}");
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(4 * GIB), "{v}");
+    assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
+fn a_capacity_beyond_the_device_memory_is_refused() {
+    for (args, expected) in [
+        (
+            vec!["--capacity", "8GiB", "--device-memory", "7GiB"],
+            "--capacity 8.00 GiB is more than --device-memory 7.00 GiB: the capacity is the part \
+             of the device's memory the allocator can have",
+        ),
+        (
+            vec!["--device-memory", "0"],
+            "invalid device memory \"0\": a device needs more than 0 bytes (omit \
+             --device-memory for an unlimited one)",
+        ),
+        (vec!["--device-memory", "80"], "for gibibytes write 80GiB"),
+    ] {
+        let out = cachealloc(&[&["synth", "transformer:steps=1"][..], &args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
+
+/// A cachealloc trace of device 0 without range lines (as PyTorch's snapshots have none): a
+/// 20 MiB page mapped for stream 0, and one 9 GiB above it for stream 1, each allocated.
+fn two_ranges_9_gib_apart() -> std::path::PathBuf {
+    let (a, b, page) = (0x7f00_0000_0000u64, 0x7f00_0000_0000u64 + 9 * GIB, 20 * MIB);
+    write_trace_with_settings(
+        "device-memory-ranges",
+        "expandable_segments:True",
+        &[
+            ("segment_map", a, page, 0),
+            ("alloc", a, page, 0),
+            ("segment_map", b, page, 1),
+            ("alloc", b, page, 1),
+        ],
+    )
+}
+
+/// Ranges are 1⅛ of the device's memory in whole 20 MiB pages: ranges 9 GiB apart fit a device
+/// of just under 8 GiB. Given less, a faithful replay reserves them where the recording did;
+/// given more, it warns that they cannot lie there, and names the most.
+#[test]
+fn a_faithful_replay_sizes_the_recorded_ranges_with_the_device_memory() {
+    let path = two_ranges_9_gib_apart();
+    let p = path.to_str().unwrap();
+    let fits = cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--device-memory",
+        "7GiB",
+        "--json",
+    ]);
+    let v = json(&fits);
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(7 * GIB), "{v}");
+    assert_eq!(v["allocs_at_recorded_addr"], 2, "{v}");
+    assert!(
+        !String::from_utf8_lossy(&fits.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+
+    let too_large = cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--device-memory",
+        "16GiB",
+        "--json",
+    ]);
+    let v = json(&too_large);
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(16 * GIB), "{v}");
+    assert_eq!(v["allocs_at_recorded_addr"], 1, "{v}");
+    let err = String::from_utf8_lossy(&too_large.stderr);
+    assert!(
+        err.contains(
+            "warning: --device-memory 16.00 GiB: the recording's expandable segments reserved \
+             ranges that fit a device of at most 7.99 GiB"
+        ),
+        "{err}"
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A recording's capacity beyond the device memory given: the device has the memory given,
+/// all of it available, and a note says the replay departs from the recording.
+#[test]
+fn a_smaller_device_memory_holds_the_recorded_capacity() {
+    let path = two_ranges_9_gib_apart();
+    let p = path.to_str().unwrap();
+    // No OOM: the recording's capacity is unknown, and the device memory given is all of it.
+    let v = json(&cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--device-memory",
+        "6GiB",
+        "--json",
+    ]));
+    assert_eq!(v["capacity_bytes"].as_u64(), Some(6 * GIB), "{v}");
+    std::fs::remove_file(&path).unwrap();
+
+    // The capacity of a run that released a cached segment to fit a request (600 MiB, then
+    // 800 MiB) on a device of 1 GiB: inferred from the retry, and held to the device's memory.
+    let (a, b) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
+    let path = write_trace(
+        "device-memory-smaller",
+        &[
+            ("device_memory", 0, 1024 * MIB, 0),
+            ("segment_alloc", a, 600 * MIB, 0),
+            ("alloc", a, 600 * MIB, 0),
+            ("free_completed", a, 600 * MIB, 0),
+            ("segment_free", a, 600 * MIB, 0),
+            ("segment_alloc", b, 800 * MIB, 0),
+            ("alloc", b, 800 * MIB, 0),
+        ],
+    );
+    let out = cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--device-memory",
+        "900MiB",
+        "--json",
+    ]);
+    std::fs::remove_file(&path).unwrap();
+    let v = json(&out);
+    assert_eq!(v["capacity_bytes"].as_u64(), Some(900 * MIB), "{v}");
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(900 * MIB), "{v}");
+    assert_eq!(v["num_alloc_retries"], 1, "{v}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "note: the recording had 1024.00 MiB available to the allocator, more than \
+             --device-memory 900.00 MiB: the replay's device has 900.00 MiB"
+        ),
+        "{err}"
+    );
+}
