@@ -462,11 +462,11 @@ fn memory_limit(config: &ReplayConfig) -> Option<u64> {
     }
 }
 
-/// `per_process_memory_fraction` limits the pool to a fraction of the device's total (its
-/// memory, or its capacity, or in a faithful replay the total the recording names or its
-/// reservations imply), which a replay with none of them does not have.
-/// Warn about a fraction limit on an unlimited device (the other settings that do nothing as
-/// set are warned about with the configuration: `Config::value_warnings`).
+/// Warn about a fraction limit on an unlimited device: `per_process_memory_fraction` limits the
+/// pool to a fraction of the device's total (its memory, or its capacity, or in a faithful
+/// replay the total the recording names or its reservations imply), which a replay with none of
+/// them does not have. (The other settings that do nothing as set are warned about with the
+/// configuration: `Config::value_warnings`.)
 fn warn_fraction_without_capacity(config: &ReplayConfig) {
     let fraction = config.settings.per_process_memory_fraction;
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
@@ -479,9 +479,8 @@ fn warn_fraction_without_capacity(config: &ReplayConfig) {
     }
 }
 
-/// After a replay that ran out of memory, the `max_split_size_mb` values that would have fit.
-/// After an out-of-memory: the `max_split_size_mb` search, and the replay with expandable
-/// segments when this one ran without them.
+/// After a replay that ran out of memory: the `max_split_size_mb` values that would have fit,
+/// and the replay with expandable segments when this one ran without them.
 fn fits_after_oom(
     out: &cachealloc::trace::ReplayOutcome,
     workload: &cachealloc::trace::Workload,
