@@ -6,7 +6,8 @@
 mod support;
 
 use support::cli::{cachealloc, json};
-use support::trace_lines::{write_trace, write_trace_with_settings};
+use support::trace_lines::{copy_without, write_trace, write_trace_with_settings};
+use support::traces::trace;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -108,6 +109,50 @@ fn a_capacity_beyond_the_device_memory_is_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expected), "{args:?}: {err}");
     }
+    // Sizes that read the same are told apart by their bytes.
+    let out = cachealloc(&["synth", "--capacity", "8.001GiB", "--device-memory", "8GiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--capacity 8.00 GiB (8591008334 bytes) is more than --device-memory 8.00 GiB \
+             (8589934592 bytes)"
+        ),
+        "{err}"
+    );
+    // A replay, plain or faithful, refuses it too.
+    let path = two_ranges_9_gib_apart();
+    let p = path.to_str().unwrap();
+    for mode in [&[][..], &["--faithful"][..]] {
+        let args = [
+            &["replay", p, "--capacity", "8GiB", "--device-memory", "7GiB"][..],
+            mode,
+        ]
+        .concat();
+        let out = cachealloc(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is more than --device-memory 7.00 GiB"),
+            "{err}"
+        );
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_plain_replay_of_a_trace_runs_on_the_device_memory_given() {
+    let path = two_ranges_9_gib_apart();
+    let v = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--device-memory",
+        "4GiB",
+        "--json",
+    ]));
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(v["capacity_bytes"].as_u64(), Some(4 * GIB), "{v}");
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(4 * GIB), "{v}");
+    assert_eq!(v["mode"], "plain");
 }
 
 /// A cachealloc trace of device 0 without range lines (as PyTorch's snapshots have none): a
@@ -162,14 +207,175 @@ fn a_faithful_replay_sizes_the_recorded_ranges_with_the_device_memory() {
     assert_eq!(v["device_memory_bytes"].as_u64(), Some(16 * GIB), "{v}");
     assert_eq!(v["allocs_at_recorded_addr"], 1, "{v}");
     let err = String::from_utf8_lossy(&too_large.stderr);
+    let warning = "warning: a device of 16.00 GiB reserves larger ranges for expandable segments \
+                   than the recording's, which fit a device of at most 7.99 GiB";
+    assert!(err.contains(warning), "{err}");
+
+    // A capacity given beyond that memory makes a device as large, with the same warning
+    // (the device had reported less memory than its capacity).
+    let out = cachealloc(&["replay", p, "--faithful", "--capacity", "16GiB", "--json"]);
+    let v = json(&out);
+    assert_eq!(v["capacity_bytes"].as_u64(), Some(16 * GIB), "{v}");
+    assert_eq!(v["device_memory_bytes"].as_u64(), Some(16 * GIB), "{v}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(warning),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Without expandable segments the ranges do not matter, and nothing is said of them.
+    let out = cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--device-memory",
+        "16GiB",
+        "--conf",
+        "expandable_segments:False",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("ranges"), "{err}");
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A faithful replay on less memory than the recording reserved, or on another memory than it
+/// names, says that its device is not the recording's.
+#[test]
+fn a_device_memory_unlike_the_recordings_is_noted() {
+    let path = two_ranges_9_gib_apart();
+    let out = cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--device-memory",
+        "30MiB",
+        "--json",
+    ]);
+    std::fs::remove_file(&path).unwrap();
+    let v = json(&out);
+    assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "warning: --device-memory 16.00 GiB: the recording's expandable segments reserved \
-             ranges that fit a device of at most 7.99 GiB"
+            "note: the recording reserved up to 40.00 MiB, more than --device-memory 30.00 MiB: \
+             this replay's device is smaller than the recording's"
         ),
         "{err}"
     );
-    std::fs::remove_file(&path).unwrap();
+
+    let saved = std::env::temp_dir().join(format!(
+        "cachealloc-device-memory-saved-{}.jsonl",
+        std::process::id()
+    ));
+    let s = saved.to_str().unwrap();
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--capacity",
+        "6GiB",
+        "--device-memory",
+        "8GiB",
+        "--save",
+        s,
+    ]);
+    assert!(out.status.success());
+    let out = cachealloc(&["replay", s, "--faithful", "--device-memory", "7GiB"]);
+    std::fs::remove_file(&saved).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "note: the recording names its device's memory, 8.00 GiB; this replay's device has \
+             --device-memory 7.00 GiB instead"
+        ),
+        "{err}"
+    );
+}
+
+/// A recording whose file does not name its device's memory, as a PyTorch snapshot does not:
+/// a run of expandable segments under a memory fraction, on a device whose context holds
+/// 300 MiB, saved with its range and `device_memory` lines taken out. Given the device's
+/// memory, a faithful replay reproduces the run; without it, the fraction's limit and the
+/// ranges are taken from the capacity, and it does not.
+#[test]
+fn a_recording_without_its_memory_replays_faithfully_when_given_it() {
+    let dir = std::env::temp_dir();
+    let id = std::process::id();
+    let saved = dir.join(format!("cachealloc-device-memory-run-{id}.jsonl"));
+    let stripped = dir.join(format!("cachealloc-device-memory-stripped-{id}.jsonl"));
+    let synth = json(&cachealloc(&[
+        "synth",
+        "transformer:steps=2",
+        "--conf",
+        "expandable_segments:True,per_process_memory_fraction:0.7",
+        "--capacity",
+        "5GiB",
+        "--device-memory",
+        "5420MiB",
+        "--json",
+        "--save",
+        saved.to_str().unwrap(),
+    ]));
+    assert!(synth["num_alloc_retries"].as_u64().unwrap() > 0, "{synth}");
+    copy_without(
+        &saved,
+        &["range_reserve", "range_release", "device_memory"],
+        &stripped,
+    );
+    let s = stripped.to_str().unwrap();
+    let given = json(&cachealloc(&[
+        "replay",
+        s,
+        "--faithful",
+        "--device-memory",
+        "5420MiB",
+        "--json",
+    ]));
+    let guessed = json(&cachealloc(&["replay", s, "--faithful", "--json"]));
+    std::fs::remove_file(&saved).unwrap();
+    std::fs::remove_file(&stripped).unwrap();
+    for key in [
+        "peak_reserved_bytes",
+        "num_device_alloc",
+        "num_device_free",
+        "num_alloc_retries",
+        "num_ooms",
+        "device_memory_bytes",
+    ] {
+        assert_eq!(given[key], synth[key], "{key}");
+    }
+    assert_eq!(given["allocs_at_recorded_addr"], given["allocs"]);
+    assert_ne!(guessed["device_memory_bytes"], synth["device_memory_bytes"]);
+    assert!(
+        guessed["num_alloc_retries"] != synth["num_alloc_retries"]
+            || guessed["allocs_at_recorded_addr"] != guessed["allocs"],
+        "{guessed}"
+    );
+}
+
+/// A PyTorch snapshot's start state that the device memory given cannot hold is refused, naming
+/// the option to change.
+#[test]
+fn a_start_state_beyond_the_device_memory_names_the_option() {
+    let Some(snapshot) = trace("cs336-magma27/15883f2/memory_snapshot.pickle") else {
+        return;
+    };
+    let out = cachealloc(&[
+        "replay",
+        snapshot.to_str().unwrap(),
+        "--faithful",
+        "--device-memory",
+        "20MiB",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "the segments live at the start of the recording hold 13.21 GiB, more than \
+             --device-memory 20.00 MiB gives the allocator; give --device-memory of at least that"
+        ),
+        "{err}"
+    );
 }
 
 /// A recording's capacity beyond the device memory given: the device has the memory given,

@@ -91,24 +91,16 @@ impl ReplayConfig {
     /// that `range_changes` show. The simulated device reports `device_memory` when the
     /// recording (or the user) says it, else the memory the ranges imply for this replay's
     /// capacity (so the capacity is set first).
-    ///
-    /// Returns the most memory the recorded ranges allow when `device_memory` is more: the
-    /// ranges the replay then reserves are larger than the recording's and cannot all lie where
-    /// those did.
     pub fn follow_recorded_addresses(
         &mut self,
         segment_addresses: Vec<(u64, u64)>,
         range_changes: &[RangeChange],
         device_memory: Option<u64>,
-    ) -> Option<u64> {
+    ) {
         self.address_hints = segment_addresses;
         let ranges = range_hints(range_changes, device_memory.or(self.capacity));
         self.reservation_hints = ranges.addresses();
         self.device_total = device_memory.or(ranges.device_total);
-        let memory = device_memory?;
-        // What the ranges imply on their own, with no memory to fit them to.
-        let most = range_hints(range_changes, None).device_total?;
-        (most < memory).then_some(most)
     }
 }
 
@@ -130,8 +122,7 @@ pub fn replay_faithful(
     let faithful = rec.faithful().map_err(|e| e.to_string())?;
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
-    // (No device memory is given, so none can be more than the ranges allow.)
-    let _ = config.follow_recorded_addresses(rec.segment_addresses(), &rec.range_changes(), None);
+    config.follow_recorded_addresses(rec.segment_addresses(), &rec.range_changes(), None);
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;

@@ -108,6 +108,13 @@ pub fn range_hints(changes: &[RangeChange], capacity: Option<u64>) -> RangeHints
     }
 }
 
+/// The most device memory under which PyTorch reserves ranges no larger than the recording's
+/// (`None`: the recording reserved none, or any memory would). On a device with more, a replay
+/// reserves larger ranges, which cannot all lie where the recording's did.
+pub fn most_memory(changes: &[RangeChange]) -> Option<u64> {
+    range_hints(changes, None).device_total
+}
+
 /// The ranges a recording names with `range_reserve` and `range_release` lines, and the device
 /// memory under which the pool reserves ranges of their sizes.
 ///

@@ -2,6 +2,7 @@
 //! pool on a simulated device, and list the configuration options.
 
 mod device_arg;
+mod device_size;
 mod outcome;
 mod recorded;
 mod size;
@@ -61,8 +62,9 @@ struct Common {
     /// The device's total memory, as cudaMemGetInfo reports it (same forms as --capacity): what
     /// per_process_memory_fraction takes its fraction of and the ranges of expandable segments
     /// are sized from. More than the capacity when a CUDA context or other processes hold the
-    /// rest; without --capacity the allocator may have all of it. Default: the capacity (in a
-    /// faithful replay: the memory the recording names or its ranges imply).
+    /// rest; without --capacity the allocator may have all of it (a faithful replay keeps the
+    /// recording's capacity, held to it). Default: the capacity (in a faithful replay: the
+    /// memory the recording names or its ranges imply).
     #[arg(long, value_parser = size::parse_device_memory, allow_hyphen_values = true)]
     device_memory: Option<u64>,
     /// Print one JSON object instead of the readable summary.
@@ -72,6 +74,15 @@ struct Common {
     /// of a run saved by synth --save: the run's].
     #[arg(long, value_enum)]
     placement: Option<PlacementArg>,
+}
+
+impl Common {
+    fn given_device(&self) -> device_size::GivenDevice {
+        device_size::GivenDevice {
+            capacity: self.capacity,
+            memory: self.device_memory,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -84,7 +95,7 @@ struct ReplayArgs {
     device: Option<i32>,
     /// Reproduce the recording exactly: rebuild the state at trace start, use the recording's
     /// settings (unless --conf is given: then a what-if from the recorded start state), device
-    /// capacity (unless --capacity is given) and segment addresses.
+    /// capacity (unless --capacity is given; held to --device-memory) and segment addresses.
     #[arg(long)]
     faithful: bool,
     #[command(flatten)]
@@ -167,7 +178,7 @@ fn run(cli: Cli) -> Result<String, String> {
             if args.common.conf.is_none() {
                 note_unread_variable();
             }
-            warn_fraction_without_capacity(&config);
+            warn_fraction_without_memory(&config);
             let out = match &args.save {
                 Some(path) => save_replay(&workload, &config, path)?,
                 None => replay(&workload, &config, None).map_err(|e| e.to_string())?,
@@ -232,26 +243,8 @@ fn run(cli: Cli) -> Result<String, String> {
                 }
             }
             if args.faithful {
-                let given_memory = args.common.device_memory;
-                config.capacity = args
-                    .common
-                    .capacity
-                    .or_else(|| recorded_capacity_within(loaded.capacity, given_memory));
-                // A capacity given beyond the recorded memory, for a what-if, makes a device
-                // that large.
-                let device_memory = given_memory.or_else(|| {
-                    loaded
-                        .device_memory
-                        .map(|m| m.max(args.common.capacity.unwrap_or(0)))
-                });
-                let most = config.follow_recorded_addresses(
-                    loaded.address_hints.clone(),
-                    &loaded.range_changes,
-                    device_memory,
-                );
-                if let (Some(given), Some(most)) = (given_memory, most) {
-                    warn_ranges_too_large(given, most);
-                }
+                device_size::follow_recording(&mut config, &loaded, args.common.given_device())
+                    .map_err(|e| format!("{}: {e}", args.trace.display()))?;
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
                 {
@@ -259,7 +252,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 }
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
-            warn_fraction_without_capacity(&config);
+            warn_fraction_without_memory(&config);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
                 let advice = match e {
                     cachealloc::pool::Error::SeedForbiddenBySettings(_)
@@ -326,64 +319,12 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     };
     let replay_config = ReplayConfig {
         settings: config.settings,
-        capacity: device_capacity(common.capacity, common.device_memory)?,
+        capacity: device_size::plain_capacity(common.given_device())?,
         device_total: common.device_memory,
         placement,
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
-}
-
-/// The capacity of a replay's device: `--capacity`, else all of `--device-memory`. A capacity
-/// beyond the device's memory is refused.
-fn device_capacity(
-    capacity: Option<u64>,
-    device_memory: Option<u64>,
-) -> Result<Option<u64>, String> {
-    if let (Some(c), Some(m)) = (capacity, device_memory)
-        && c > m
-    {
-        return Err(format!(
-            "--capacity {} is more than --device-memory {}: the capacity is the part of the \
-             device's memory the allocator can have (the memory less what the CUDA context and \
-             other processes hold); give a capacity of at most the device memory",
-            cachealloc::pool::format_size(c),
-            cachealloc::pool::format_size(m)
-        ));
-    }
-    Ok(capacity.or(device_memory))
-}
-
-/// A faithful replay's capacity without `--capacity`: the recording's, held to a
-/// `--device-memory` given (a what-if on a smaller device, said in a note), else all of that
-/// memory.
-fn recorded_capacity_within(recorded: Option<u64>, given_memory: Option<u64>) -> Option<u64> {
-    match (recorded, given_memory) {
-        (Some(recorded), Some(memory)) if recorded > memory => {
-            eprintln!(
-                "cachealloc: note: the recording had {} available to the allocator, more than \
-                 --device-memory {}: the replay's device has {} and all of it is available",
-                cachealloc::pool::format_size(recorded),
-                cachealloc::pool::format_size(memory),
-                cachealloc::pool::format_size(memory)
-            );
-            Some(memory)
-        }
-        (recorded, memory) => recorded.or(memory),
-    }
-}
-
-/// A `--device-memory` beyond what the recording's expandable segments show: PyTorch reserves
-/// each range from the device's memory, so the recording's ranges bound it, and larger ones
-/// cannot all be reserved where the recording's were.
-fn warn_ranges_too_large(given: u64, most: u64) {
-    eprintln!(
-        "cachealloc: warning: --device-memory {}: the recording's expandable segments reserved \
-         ranges that fit a device of at most {} ({most} bytes); the replay's ranges are larger \
-         and cannot all lie at the recorded addresses (give at most that to follow them)",
-        cachealloc::pool::format_size(given),
-        cachealloc::pool::format_size(most)
-    );
 }
 
 /// `synth --save`: replay `workload`, writing its events to `path` as a cachealloc trace.
@@ -467,7 +408,7 @@ fn memory_limit(config: &ReplayConfig) -> Option<u64> {
 /// replay the total the recording names or its reservations imply), which a replay with none of
 /// them does not have. (The other settings that do nothing as set are warned about with the
 /// configuration: `Config::value_warnings`.)
-fn warn_fraction_without_capacity(config: &ReplayConfig) {
+fn warn_fraction_without_memory(config: &ReplayConfig) {
     let fraction = config.settings.per_process_memory_fraction;
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
     if config.total().is_none() && fraction > 0.0 && fraction < 1.0 {

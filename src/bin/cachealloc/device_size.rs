@@ -1,0 +1,160 @@
+//! The simulated device's capacity and memory, from `--capacity`, `--device-memory` and, in a
+//! faithful replay, the recording.
+//!
+//! The device memory is the total `cudaMemGetInfo` reports (a memory fraction takes its share of
+//! it, expandable segments size their ranges from it); the capacity is the part the allocator
+//! may have. A replay never has a capacity beyond its device's memory. Where the device departs
+//! from the recording's, a note or a warning on stderr says how.
+
+use crate::sources::Loaded;
+use cachealloc::pool::format_size;
+use cachealloc::trace::ReplayConfig;
+use cachealloc::trace::ranges::most_memory;
+
+/// What the command line says of the device.
+#[derive(Clone, Copy, Debug)]
+pub struct GivenDevice {
+    /// `--capacity`.
+    pub capacity: Option<u64>,
+    /// `--device-memory`.
+    pub memory: Option<u64>,
+}
+
+/// The capacity of a plain replay's (or synth's) device: `--capacity`, else all of
+/// `--device-memory`. A capacity beyond the device's memory is refused.
+pub fn plain_capacity(given: GivenDevice) -> Result<Option<u64>, String> {
+    if let (Some(c), Some(m)) = (given.capacity, given.memory)
+        && c > m
+    {
+        let (c, m) = two_sizes(c, m);
+        return Err(format!(
+            "--capacity {c} is more than --device-memory {m}: the capacity is the part of the \
+             device's memory the allocator can have (the memory less what the CUDA context and \
+             other processes hold); give a capacity of at most the device memory"
+        ));
+    }
+    Ok(given.capacity.or(given.memory))
+}
+
+/// Set a faithful replay's capacity, device memory and recorded addresses in `config`.
+///
+/// The capacity is `--capacity`, else the recording's (held to a `--device-memory` given), else
+/// all of `--device-memory`. The memory is `--device-memory`, else the recording's (its
+/// `device_memory` line, or what its ranges imply), raised to a `--capacity` given beyond it.
+pub fn follow_recording(
+    config: &mut ReplayConfig,
+    loaded: &Loaded,
+    given: GivenDevice,
+) -> Result<(), String> {
+    config.capacity = given
+        .capacity
+        .or_else(|| recorded_capacity_within(loaded, given.memory));
+    if let (Some(memory), Some(recorded)) = (given.memory, loaded.device_memory)
+        && memory != recorded
+    {
+        let (recorded, memory) = two_sizes(recorded, memory);
+        eprintln!(
+            "cachealloc: note: the recording names its device's memory, {recorded}; this \
+             replay's device has --device-memory {memory} instead"
+        );
+    }
+    let memory = given.memory.or_else(|| {
+        loaded
+            .device_memory
+            .map(|m| m.max(given.capacity.unwrap_or(0)))
+    });
+    config.follow_recorded_addresses(loaded.address_hints.clone(), &loaded.range_changes, memory);
+    // The memory the ranges imply can fall short of a capacity: one given makes the device
+    // that large (a what-if), one inferred (the middle of a retry's bracket) is held to it.
+    if let (Some(capacity), Some(memory)) = (config.capacity, config.device_total)
+        && capacity > memory
+    {
+        if given.capacity.is_some() {
+            config.device_total = Some(capacity);
+        } else {
+            config.capacity = Some(memory);
+        }
+    }
+    if given.capacity.is_none()
+        && let Some(memory) = given.memory
+    {
+        check_start_fits(loaded, memory)?;
+    }
+    if config.settings.expandable_segments
+        && let (Some(total), Some(most)) = (config.device_total, most_memory(&loaded.range_changes))
+        && total > most
+    {
+        let (total, most) = two_sizes(total, most);
+        eprintln!(
+            "cachealloc: warning: a device of {total} reserves larger ranges for expandable \
+             segments than the recording's, which fit a device of at most {most}: they cannot \
+             all lie at the recorded addresses (a device memory and capacity of at most that \
+             follow them)"
+        );
+    }
+    Ok(())
+}
+
+/// The recording's capacity, held to a `--device-memory` given (a what-if on a smaller device,
+/// said in a note), else all of that memory.
+fn recorded_capacity_within(loaded: &Loaded, given_memory: Option<u64>) -> Option<u64> {
+    let Some(memory) = given_memory else {
+        return loaded.capacity;
+    };
+    match loaded.capacity {
+        Some(recorded) if recorded > memory => {
+            let (recorded, shown) = two_sizes(recorded, memory);
+            eprintln!(
+                "cachealloc: note: the recording had {recorded} available to the allocator, \
+                 more than --device-memory {shown}: the replay's device has {shown} and all of \
+                 it is available"
+            );
+            Some(memory)
+        }
+        Some(recorded) => Some(recorded),
+        None => {
+            if let Some(peak) = loaded.recorded.peak_reserved_bytes
+                && peak > memory
+            {
+                let (peak, shown) = two_sizes(peak, memory);
+                eprintln!(
+                    "cachealloc: note: the recording reserved up to {peak}, more than \
+                     --device-memory {shown}: this replay's device is smaller than the \
+                     recording's"
+                );
+            }
+            Some(memory)
+        }
+    }
+}
+
+/// A start state that a `--device-memory` (the capacity, without `--capacity`) cannot hold is
+/// refused, naming the option to change.
+fn check_start_fits(loaded: &Loaded, memory: u64) -> Result<(), String> {
+    let Some(start) = &loaded.start else {
+        return Ok(());
+    };
+    let held = start
+        .segments
+        .iter()
+        .fold(0u64, |sum, seg| sum.saturating_add(seg.size));
+    if held > memory {
+        let (held, memory) = two_sizes(held, memory);
+        return Err(format!(
+            "the segments live at the start of the recording hold {held}, more than \
+             --device-memory {memory} gives the allocator; give --device-memory of at least \
+             that (without --capacity, the allocator may have all of it)"
+        ));
+    }
+    Ok(())
+}
+
+/// Two sizes as the summary writes them, each with its bytes where the two read the same.
+fn two_sizes(a: u64, b: u64) -> (String, String) {
+    let (sa, sb) = (format_size(a), format_size(b));
+    if sa == sb && a != b {
+        (format!("{sa} ({a} bytes)"), format!("{sb} ({b} bytes)"))
+    } else {
+        (sa, sb)
+    }
+}
