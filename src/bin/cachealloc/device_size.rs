@@ -38,9 +38,10 @@ pub fn plain_capacity(given: GivenDevice) -> Result<Option<u64>, String> {
 
 /// Set a faithful replay's capacity, device memory and recorded addresses in `config`.
 ///
-/// The capacity is `--capacity`, else the recording's (held to a `--device-memory` given), else
-/// all of `--device-memory`. The memory is `--device-memory`, else the recording's (its
-/// `device_memory` line, or what its ranges imply), raised to a `--capacity` given beyond it.
+/// The capacity is `--capacity`, else the recording's (held to a `--device-memory` given, and to
+/// the memory its ranges imply), else all of `--device-memory`. The memory is
+/// `--device-memory`, else the recording's (its `device_memory` line, or what its ranges
+/// imply), raised to a `--capacity` given beyond it.
 pub fn follow_recording(
     config: &mut ReplayConfig,
     loaded: &Loaded,
@@ -49,23 +50,10 @@ pub fn follow_recording(
     config.capacity = given
         .capacity
         .or_else(|| recorded_capacity_within(loaded, given.memory));
-    if let (Some(memory), Some(recorded)) = (given.memory, loaded.device_memory)
-        && memory != recorded
-    {
-        let (recorded, memory) = two_sizes(recorded, memory);
-        eprintln!(
-            "cachealloc: note: the recording names its device's memory, {recorded}; this \
-             replay's device has --device-memory {memory} instead"
-        );
-    }
-    let memory = given.memory.or_else(|| {
-        loaded
-            .device_memory
-            .map(|m| m.max(given.capacity.unwrap_or(0)))
-    });
+    let memory = given.memory.or(loaded.device_memory);
     config.follow_recorded_addresses(loaded.address_hints.clone(), &loaded.range_changes, memory);
-    // The memory the ranges imply can fall short of a capacity: one given makes the device
-    // that large (a what-if), one inferred (the middle of a retry's bracket) is held to it.
+    // The memory can fall short of a capacity: one given makes the device that large (a
+    // what-if), one inferred (the middle of a retry's bracket) is held to it.
     if let (Some(capacity), Some(memory)) = (config.capacity, config.device_total)
         && capacity > memory
     {
@@ -74,6 +62,20 @@ pub fn follow_recording(
         } else {
             config.capacity = Some(memory);
         }
+    }
+    if let (Some(recorded), Some(total)) = (loaded.device_memory, config.device_total)
+        && total != recorded
+    {
+        let option = if given.memory.is_some() {
+            "--device-memory"
+        } else {
+            "--capacity"
+        };
+        let (recorded, total) = two_sizes(recorded, total);
+        eprintln!(
+            "cachealloc: note: the recording names its device's memory, {recorded}; this \
+             replay's device has {total}, from {option}"
+        );
     }
     if given.capacity.is_none()
         && let Some(memory) = given.memory
@@ -84,12 +86,12 @@ pub fn follow_recording(
         && let (Some(total), Some(most)) = (config.device_total, most_memory(&loaded.range_changes))
         && total > most
     {
-        let (total, most) = two_sizes(total, most);
+        let (total, limit) = (format_size(total), with_bytes(most));
         eprintln!(
             "cachealloc: warning: a device of {total} reserves larger ranges for expandable \
-             segments than the recording's, which fit a device of at most {most}: they cannot \
-             all lie at the recorded addresses (a device memory and capacity of at most that \
-             follow them)"
+             segments than the recording's, which fit a device of at most {limit}: they cannot \
+             all lie at the recorded addresses (give --device-memory, and --capacity, of at \
+             most that to reserve them where the recording did)"
         );
     }
     Ok(())
@@ -105,9 +107,9 @@ fn recorded_capacity_within(loaded: &Loaded, given_memory: Option<u64>) -> Optio
         Some(recorded) if recorded > memory => {
             let (recorded, shown) = two_sizes(recorded, memory);
             eprintln!(
-                "cachealloc: note: the recording had {recorded} available to the allocator, \
-                 more than --device-memory {shown}: the replay's device has {shown} and all of \
-                 it is available"
+                "cachealloc: note: the capacity found for the recording, {recorded}, is more \
+                 than --device-memory {shown}: the replay's device has {shown} and all of it is \
+                 available"
             );
             Some(memory)
         }
@@ -139,7 +141,7 @@ fn check_start_fits(loaded: &Loaded, memory: u64) -> Result<(), String> {
         .iter()
         .fold(0u64, |sum, seg| sum.saturating_add(seg.size));
     if held > memory {
-        let (held, memory) = two_sizes(held, memory);
+        let (held, memory) = (with_bytes(held), format_size(memory));
         return Err(format!(
             "the segments live at the start of the recording hold {held}, more than \
              --device-memory {memory} gives the allocator; give --device-memory of at least \
@@ -147,6 +149,11 @@ fn check_start_fits(loaded: &Loaded, memory: u64) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A size as the summary writes it, with its bytes: a limit the user may have to give exactly.
+fn with_bytes(bytes: u64) -> String {
+    format!("{} ({bytes} bytes)", format_size(bytes))
 }
 
 /// Two sizes as the summary writes them, each with its bytes where the two read the same.

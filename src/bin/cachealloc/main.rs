@@ -64,7 +64,7 @@ struct Common {
     /// are sized from. More than the capacity when a CUDA context or other processes hold the
     /// rest; without --capacity the allocator may have all of it (a faithful replay keeps the
     /// recording's capacity, held to it). Default: the capacity (in a faithful replay: the
-    /// memory the recording names or its ranges imply).
+    /// memory the recording names or its ranges imply, raised to a larger --capacity).
     #[arg(long, value_parser = size::parse_device_memory, allow_hyphen_values = true)]
     device_memory: Option<u64>,
     /// Print one JSON object instead of the readable summary.
