@@ -726,6 +726,12 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         .count();
     assert!(full > 0);
     assert_eq!(text.matches("(fills the device)").count(), full, "{text}");
+    // The JSON marks the same settings.
+    let marked = fits
+        .iter()
+        .filter(|f| f["fills_memory_limit"] == true)
+        .count();
+    assert_eq!(marked, full);
     // Under a memory fraction the limit is the fraction's (PyTorch's allowed maximum, whole
     // bytes of 0.7 × 8 GiB), and the mark says so.
     let args = ["synth", "transformer", "--capacity", "8GiB"];
@@ -737,7 +743,11 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         .as_array()
         .expect("the fraction makes the default settings run out")
         .iter()
-        .filter(|f| limit - f["peak_reserved_bytes"].as_u64().unwrap() < 20 << 20)
+        .filter(|f| {
+            let fills = limit - f["peak_reserved_bytes"].as_u64().unwrap() < 20 << 20;
+            assert_eq!(f["fills_memory_limit"], fills, "{f}");
+            fills
+        })
         .count();
     assert!(full > 0);
     assert_eq!(

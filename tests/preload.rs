@@ -108,6 +108,11 @@ fn out_of_memory_answers_2_and_the_program_goes_on() {
         "one OOM report, at warn level:\n{log}"
     );
     assert!(log.contains("WARN"), "{log}");
+    // Live memory alone exceeds the device: the report says no setting helps, and so does not
+    // go on to advise recording the run to find one.
+    assert!(log.contains("Hint: Not fragmentation"), "{log}");
+    assert!(!log.contains("To replay this run offline"), "{log}");
+    assert!(!log.contains("cachealloc replay"), "{log}");
 }
 
 /// CUDA calls made at exit (an atexit handler, a C++ static destructor) are served as at any

@@ -339,7 +339,7 @@ pub static VARIABLES: &[VariableSpec] = &[
     VariableSpec {
         name: CONF_VAR,
         default: "unset",
-        doc: "Options below, `key:value,key:[a:b,>:c]`. When set (even empty) it is the only options variable read.",
+        doc: "The options of the options table (`cachealloc options`), `key:value,key:[a:b,>:c]`. When set (even empty) it is the only options variable read.",
     },
     VariableSpec {
         name: PYTORCH_CUDA_CONF_VAR,

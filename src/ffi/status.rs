@@ -20,7 +20,13 @@ use crate::pool::{DeviceId, Error};
 pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
     match err {
         ShimError::Pool(Error::OutOfMemory(report)) => {
-            log_event!(warn, "{call}: {report}\n{}", replay_advice(report.device));
+            // The advice replaces the hint's own pointer to a replay, and is left out where no
+            // setting can help.
+            if report.hint().settings_may_help() {
+                log_event!(warn, "{call}: {report:#}\n{}", replay_advice(report.device));
+            } else {
+                log_event!(warn, "{call}: {report:#}");
+            }
             codes::MEMORY_ALLOCATION
         }
         ShimError::Pool(Error::Backend(BackendError::OutOfMemory)) => codes::MEMORY_ALLOCATION,

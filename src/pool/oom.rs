@@ -257,6 +257,9 @@ impl OomReport {
     }
 }
 
+/// The end of a hint that names a `max_split_size_mb` value to try.
+const FINDS_VALUES: &str = " `cachealloc replay` of a recorded trace finds the values that fit.";
+
 /// Qualifies "free on the device" when the fraction limit caps what this process may use.
 fn within_limit(fraction_capped: bool) -> &'static str {
     if fraction_capped {
@@ -274,6 +277,26 @@ fn segment_rule(segment: u64) -> &'static str {
         LARGE_BUFFER => "requests of 1-10 MiB get 20 MiB segments",
         _ => "larger requests get segments rounded up to 2 MiB",
     }
+}
+
+impl OomHint {
+    /// Whether an allocator setting may avoid this out-of-memory (the hints that point to a
+    /// replay of a recording to find one). The others name what no setting changes: live
+    /// memory, a segment's size, memory held outside the allocator, or the fraction limit,
+    /// which the hint itself names.
+    pub fn settings_may_help(&self) -> bool {
+        matches!(
+            self,
+            OomHint::Fragmentation { .. } | OomHint::OtherStream { .. }
+        )
+    }
+}
+
+/// `cachealloc replay` as the way to find a setting that helps, where the hint's text ends
+/// with it; left out in the alternate form (`{:#}`), for a reader who is already shown that
+/// replay's answer or the advice that leads to it.
+fn replay_pointer(f: &fmt::Formatter<'_>, text: &'static str) -> &'static str {
+    if f.alternate() { "" } else { text }
 }
 
 impl fmt::Display for OomHint {
@@ -348,14 +371,17 @@ impl fmt::Display for OomHint {
                  device{} would hold this {} block, and a free cached block of {} would too, but \
                  it belongs to stream {:#x}: a block is reused only on the stream it was \
                  allocated on. Allocating these tensors on the stream that freed that memory, \
-                 or all of them on one stream, lets it be reused; `cachealloc replay` of a \
-                 recorded trace shows whether any setting helps.",
+                 or all of them on one stream, lets it be reused{}.",
                 format_size(unallocated),
                 format_size(device_free),
                 within_limit(fraction_capped),
                 format_size(request),
                 format_size(other_stream_block),
-                other_stream.0
+                other_stream.0,
+                replay_pointer(
+                    f,
+                    "; `cachealloc replay` of a recorded trace shows whether any setting helps"
+                )
             ),
             OomHint::Fragmentation {
                 request,
@@ -402,8 +428,8 @@ impl fmt::Display for OomHint {
                         "A value to try: max_split_size_mb:{mb} (added to the other settings in \
                          force): with expandable segments it splits nothing whole, but requests \
                          smaller than {mb} MiB no longer take cached blocks of {mb} MiB or more, \
-                         which keeps such blocks for the large requests. `cachealloc replay` of \
-                         a recorded trace finds the values that fit."
+                         which keeps such blocks for the large requests.{}",
+                        replay_pointer(f, FINDS_VALUES)
                     ),
                     (Some(mb), _) => write!(
                         f,
@@ -412,8 +438,8 @@ impl fmt::Display for OomHint {
                          MiB or more are then never split, so free memory is no longer left in \
                          pieces that large cut from bigger segments, and when the device cannot \
                          supply a new segment, cached blocks of {mb} MiB or more that the \
-                         request cannot use are released first. `cachealloc replay` of a \
-                         recorded trace finds the values that fit."
+                         request cannot use are released first.{}",
+                        replay_pointer(f, FINDS_VALUES)
                     ),
                     (None, Some(current)) if largest_free_block >= smallest * MIB => write!(
                         f,
@@ -425,8 +451,12 @@ impl fmt::Display for OomHint {
                         "Every free cached block is smaller than {smallest} MiB, the smallest \
                          max_split_size_mb, so no value keeps pieces this small whole. Keep less \
                          memory alive or allocate the large tensors first, before small ones \
-                         split the segments; `cachealloc replay` of a recorded trace shows \
-                         whether any max_split_size_mb value helps."
+                         split the segments{}.",
+                        replay_pointer(
+                            f,
+                            "; `cachealloc replay` of a recorded trace shows whether any \
+                             max_split_size_mb value helps"
+                        )
                     ),
                 }
             }
@@ -436,7 +466,8 @@ impl fmt::Display for OomHint {
 
 impl fmt::Display for OomReport {
     /// PyTorch's sentence first, then one line each: the request's sizes, memory not tracked by
-    /// cachealloc, the largest free cached blocks, and the hint.
+    /// cachealloc, the largest free cached blocks, and the hint (in the alternate form `{:#}`,
+    /// without its pointer to `cachealloc replay`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -497,7 +528,11 @@ impl fmt::Display for OomReport {
                 format_size(self.other_streams_largest_free_block)
             )?;
         }
-        write!(f, "Hint: {}", self.hint())
+        if f.alternate() {
+            write!(f, "Hint: {:#}", self.hint())
+        } else {
+            write!(f, "Hint: {}", self.hint())
+        }
     }
 }
 
@@ -890,5 +925,33 @@ mod tests {
         assert_eq!(report.untracked(), 0);
         assert!(matches!(report.hint(), OomHint::Exhausted { .. }));
         assert!(!report.to_string().is_empty());
+    }
+
+    /// The hints that name a value to try point to a replay of a recording, except in the
+    /// alternate form, which a replay's own output and the shim's log (which give that replay's
+    /// answer or the command) use; the hints that name what no setting changes do not.
+    #[test]
+    fn only_hints_a_setting_may_help_point_to_a_replay() {
+        let report = fragmented();
+        assert!(report.hint().settings_may_help());
+        assert!(
+            report
+                .to_string()
+                .contains("`cachealloc replay` of a recorded trace")
+        );
+        let alternate = format!("{report:#}");
+        assert!(!alternate.contains("cachealloc replay"), "{alternate}");
+        assert!(
+            alternate.ends_with("cannot use are released first."),
+            "{alternate}"
+        );
+        let exhausted = OomReport {
+            allocated: 79 * GIB + 512 * MIB,
+            reserved: 79 * GIB + 512 * MIB,
+            ..fragmented()
+        };
+        assert!(matches!(exhausted.hint(), OomHint::Exhausted { .. }));
+        assert!(!exhausted.hint().settings_may_help());
+        assert_eq!(exhausted.to_string(), format!("{exhausted:#}"));
     }
 }

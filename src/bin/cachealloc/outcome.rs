@@ -172,16 +172,20 @@ pub struct FittingJson {
     pub peak_reserved_bytes: u64,
     pub num_device_alloc: u64,
     pub num_alloc_retries: u64,
+    /// Its peak reserved memory fills the device, or the limit of a memory fraction below 1
+    /// (within a 20 MiB segment): it fits by releasing cached blocks, its retries.
+    pub fills_memory_limit: bool,
 }
 
-impl From<FittingSetting> for FittingJson {
-    fn from(f: FittingSetting) -> Self {
+impl FittingJson {
+    fn new(f: FittingSetting, memory_limit: Option<u64>) -> Self {
         FittingJson {
             max_split_size_mb: f.max_split_size_mb,
             conf: f.conf,
             peak_reserved_bytes: f.peak_reserved_bytes,
             num_device_alloc: f.num_device_alloc,
             num_alloc_retries: f.num_alloc_retries,
+            fills_memory_limit: memory_limit.is_some_and(|l| fills(l, f.peak_reserved_bytes)),
         }
     }
 }
@@ -240,7 +244,8 @@ impl From<&OomReport> for OomReportJson {
             other_streams_free_bytes: r.other_streams_free,
             other_streams_largest_free_block_bytes: r.other_streams_largest_free_block,
             suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
-            text: r.to_string(),
+            // The replay's own search follows the report: no pointer to a replay in its hint.
+            text: format!("{r:#}"),
         }
     }
 }
@@ -368,7 +373,14 @@ impl ReplayJson {
             });
         }
         self.max_split_sizes_not_replayable = Some(search.cannot_start.clone());
-        self.fitting_settings = Some(search.fits.into_iter().map(FittingJson::from).collect());
+        let limit = self.memory_limit;
+        self.fitting_settings = Some(
+            search
+                .fits
+                .into_iter()
+                .map(|f| FittingJson::new(f, limit))
+                .collect(),
+        );
         self
     }
 
@@ -447,7 +459,7 @@ impl ReplayJson {
         let allocs = counted(self.allocs, "allocation");
         let mut frees = counted(self.frees, "free");
         let mut of_frees = Vec::new();
-        if self.orphans_replayed {
+        if self.orphans_replayed && self.orphan_frees > 0 {
             of_frees.push(format!(
                 "{} of memory from before the trace, freed from the rebuilt start state",
                 self.orphan_frees
@@ -676,15 +688,10 @@ impl ReplayJson {
             } else {
                 ""
             };
-            let whole = match self.memory_limit {
-                Some(limit) if fills(limit, f.peak_reserved_bytes) => {
-                    if self.memory_limit == self.capacity_bytes {
-                        " (fills the device)"
-                    } else {
-                        " (fills its memory fraction)"
-                    }
-                }
-                _ => "",
+            let whole = match f.fills_memory_limit {
+                true if self.memory_limit == self.capacity_bytes => " (fills the device)",
+                true => " (fills its memory fraction)",
+                false => "",
             };
             t += &format!(
                 "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {} retries{note}\n",
