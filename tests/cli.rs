@@ -5,7 +5,7 @@ mod support;
 
 use std::process::Command;
 use support::cli::{cachealloc, cachealloc_with, json};
-use support::trace_lines::{write_trace, write_trace_with_settings};
+use support::trace_lines::{write_retry_on_1_gib_device, write_trace, write_trace_with_settings};
 use support::traces::trace;
 
 #[test]
@@ -1143,20 +1143,8 @@ fn a_faithful_replay_reserves_again_after_a_device_reset() {
 /// it. A capacity given beyond it makes a device that large.
 #[test]
 fn a_faithful_replay_keeps_to_the_recorded_device_memory() {
-    let (a, b, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
-    let path = write_trace(
-        "device-memory",
-        &[
-            ("device_memory", 0, 1024 * mib, 0),
-            ("segment_alloc", a, 600 * mib, 0),
-            ("alloc", a, 600 * mib, 0),
-            ("free_completed", a, 600 * mib, 0),
-            // The allocator's release before a retry: 600 + 800 MiB did not fit.
-            ("segment_free", a, 600 * mib, 0),
-            ("segment_alloc", b, 800 * mib, 0),
-            ("alloc", b, 800 * mib, 0),
-        ],
-    );
+    let mib = 1u64 << 20;
+    let path = write_retry_on_1_gib_device("device-memory");
     let p = path.to_str().unwrap();
     let v = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
     assert_eq!(v["device_memory_bytes"].as_u64(), Some(1024 * mib), "{v}");

@@ -6,7 +6,7 @@
 mod support;
 
 use support::cli::{cachealloc, json};
-use support::trace_lines::{copy_without, write_trace, write_trace_with_settings};
+use support::trace_lines::{copy_without, write_retry_on_1_gib_device, write_trace_with_settings};
 use support::traces::trace;
 
 const MIB: u64 = 1 << 20;
@@ -445,19 +445,7 @@ fn a_smaller_device_memory_holds_the_recorded_capacity() {
 
     // The capacity of a run that released a cached segment to fit a request (600 MiB, then
     // 800 MiB) on a device of 1 GiB: inferred from the retry, and held to the device's memory.
-    let (a, b) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
-    let path = write_trace(
-        "device-memory-smaller",
-        &[
-            ("device_memory", 0, 1024 * MIB, 0),
-            ("segment_alloc", a, 600 * MIB, 0),
-            ("alloc", a, 600 * MIB, 0),
-            ("free_completed", a, 600 * MIB, 0),
-            ("segment_free", a, 600 * MIB, 0),
-            ("segment_alloc", b, 800 * MIB, 0),
-            ("alloc", b, 800 * MIB, 0),
-        ],
-    );
+    let path = write_retry_on_1_gib_device("device-memory-smaller");
     let out = cachealloc(&[
         "replay",
         path.to_str().unwrap(),

@@ -63,6 +63,15 @@ pub struct StartLayout {
     pub ids: Vec<Vec<Option<AllocId>>>,
 }
 
+impl StartLayout {
+    /// The bytes its segments hold (saturating: a corrupt recording's sum may overflow).
+    pub fn held_bytes(&self) -> u64 {
+        self.segments
+            .iter()
+            .fold(0u64, |sum, seg| sum.saturating_add(seg.size))
+    }
+}
+
 /// The first allocation that ran out of memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OomAt {
@@ -143,11 +152,7 @@ fn replay_observed(
     sim.set_total(config.device_total);
     let mut live: Vec<Option<DevicePtr>> = vec![None; workload.num_ids as usize];
     if let Some(start) = start {
-        let held = start
-            .segments
-            .iter()
-            .try_fold(0u64, |sum, seg| sum.checked_add(seg.size))
-            .unwrap_or(u64::MAX);
+        let held = start.held_bytes();
         if held > capacity {
             return Err(Error::InvalidSeed(format!(
                 "the segments live at trace start hold {} ({held} bytes), more than the device \

@@ -2,7 +2,7 @@
 //! event, and a recording with some kinds of line taken out, which reads as one whose writer
 //! never wrote them (an older version, or a PyTorch snapshot's vocabulary).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Write `trace` to `copy` without the event lines whose action is one of `actions`.
 pub fn copy_without(trace: &Path, actions: &[&str], copy: &Path) {
@@ -20,7 +20,7 @@ pub fn copy_without(trace: &Path, actions: &[&str], copy: &Path) {
 
 /// A cachealloc trace file of device 0 in the temporary directory, one event per
 /// (action, address, size, stream), a microsecond apart.
-pub fn write_trace(name: &str, events: &[(&str, u64, u64, u32)]) -> std::path::PathBuf {
+pub fn write_trace(name: &str, events: &[(&str, u64, u64, u32)]) -> PathBuf {
     write_trace_with_settings(name, "", events)
 }
 
@@ -29,7 +29,7 @@ pub fn write_trace_with_settings(
     name: &str,
     settings: &str,
     events: &[(&str, u64, u64, u32)],
-) -> std::path::PathBuf {
+) -> PathBuf {
     let header = format!(
         r#"{{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"{settings}","free_sync":"device"}}"#
     );
@@ -44,4 +44,24 @@ pub fn write_trace_with_settings(
     let path = std::env::temp_dir().join(file);
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path
+}
+
+/// `write_trace` of a run on a device of 1 GiB (its `device_memory` line) that released a
+/// cached 600 MiB segment and retried to fit an 800 MiB request: its capacity is inferred from
+/// the retry (the middle of what it brackets, 1,100 MiB) and held to the device's memory.
+pub fn write_retry_on_1_gib_device(name: &str) -> PathBuf {
+    let (a, b, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
+    write_trace(
+        name,
+        &[
+            ("device_memory", 0, 1024 * mib, 0),
+            ("segment_alloc", a, 600 * mib, 0),
+            ("alloc", a, 600 * mib, 0),
+            ("free_completed", a, 600 * mib, 0),
+            // The allocator's release before a retry: 600 + 800 MiB did not fit.
+            ("segment_free", a, 600 * mib, 0),
+            ("segment_alloc", b, 800 * mib, 0),
+            ("alloc", b, 800 * mib, 0),
+        ],
+    )
 }

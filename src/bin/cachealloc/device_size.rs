@@ -136,10 +136,7 @@ fn check_start_fits(loaded: &Loaded, memory: u64) -> Result<(), String> {
     let Some(start) = &loaded.start else {
         return Ok(());
     };
-    let held = start
-        .segments
-        .iter()
-        .fold(0u64, |sum, seg| sum.saturating_add(seg.size));
+    let held = start.held_bytes();
     if held > memory {
         let (held, memory) = (with_bytes(held), format_size(memory));
         return Err(format!(
