@@ -1,6 +1,7 @@
 //! Damaged recordings never panic: truncations and random byte changes of a real snapshot
 //! either load or give an error, and recordings with fields set to extreme or inconsistent
-//! values replay (plain, with a capacity, faithful) to a result or an error.
+//! values replay (plain, with a capacity, faithful) to a result or an error, and their memory
+//! states report (`cachealloc state`) or give an error the same way.
 //!
 //! Each test damages the small recording 200 times and the larger one 25 times;
 //! `CACHEALLOC_CORRUPT_ROUNDS=N` makes that N and N/8 (`scripts/corrupt-long.sh`).
@@ -10,10 +11,14 @@ mod support;
 use support::traces::trace;
 
 use cachealloc::global::panics::catch;
+use cachealloc::pool::StreamId;
 use cachealloc::trace::pickle::decode;
 use cachealloc::trace::recording::Action;
 use cachealloc::trace::rng::SplitMix64;
-use cachealloc::trace::{DeviceRecording, ReplayConfig, parse_snapshot, replay, replay_faithful};
+use cachealloc::trace::{
+    DeviceRecording, MemoryState, ReplayConfig, end_state, parse_snapshot, replay, replay_faithful,
+    try_request,
+};
 
 /// The project's deterministic generator, with indexes as `usize`.
 struct Rng(SplitMix64);
@@ -146,6 +151,29 @@ fn replay_every_way(rec: &DeviceRecording, what: &str) {
     let _ = no_panic(&format!("{what}: faithful replay"), || {
         replay_faithful(rec, &ReplayConfig::default())
     });
+    report_state(rec, what);
+}
+
+/// What `cachealloc state` does with the recording's end state: its figures, and requests of a
+/// few sizes tried in it on a full device and on one with 1 GiB free.
+fn report_state(rec: &DeviceRecording, what: &str) {
+    let memory = no_panic(&format!("{what}: memory state"), || MemoryState::of(rec));
+    let Ok(state) = no_panic(&format!("{what}: end state"), || end_state(rec)) else {
+        return;
+    };
+    let reserved = memory.total().reserved;
+    for free in [0, 1 << 30] {
+        for size in [1, 3 << 20, 700 << 20, 1 << 60] {
+            let config = ReplayConfig {
+                capacity: Some(reserved.saturating_add(free)),
+                ..ReplayConfig::default()
+            };
+            let _ = no_panic(
+                &format!("{what}: request of {size} with {free} free"),
+                || try_request(&state, &config, size, StreamId(0)),
+            );
+        }
+    }
 }
 
 #[test]

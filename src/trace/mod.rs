@@ -8,7 +8,8 @@
 //! that keeps Python's object sharing) into a [`RecordedSnapshot`] (model in `recording`);
 //! `figures` gives what the recorded run did; `bursts` tells `empty_cache()` calls from the OOM
 //! ladder's releases; `capacity` infers the device size; `start_state` rebuilds the pool at
-//! trace start; `convert` produces the plain and faithful workloads.
+//! trace start; `convert` produces the plain and faithful workloads. `memory_state` reports the
+//! state a snapshot records (for snapshots with no trace to replay) and tries a request in it.
 //!
 //! Rules inferred from the recordings (details in each module):
 //! - **Frees**: `free_completed` becomes `Op::Free` (`free_requested` only in files without
@@ -36,6 +37,7 @@ pub mod figures;
 pub mod fit;
 #[cfg(test)]
 mod fixtures;
+pub mod memory_state;
 pub mod pickle;
 pub mod ranges;
 pub mod record;
@@ -52,8 +54,9 @@ pub use convert::FaithfulReplay;
 pub use error::TraceError;
 pub use faithful::{FaithfulOutcome, replay_faithful};
 pub use figures::{RecordedFigures, RecordedOom};
+pub use memory_state::{MemoryState, RequestOutcome, RequestTrial, try_request};
 pub use recording::{DeviceRecording, RecordedSnapshot};
-pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay};
+pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay, seeded_pool};
 pub use snapshot::{parse_snapshot, read_snapshot};
-pub use start_state::{SeedBlock, SeedSegment, StartState};
+pub use start_state::{SeedBlock, SeedSegment, StartState, end_state};
 pub use workload::{AllocId, Op, Workload};

@@ -210,6 +210,9 @@ pub struct RecordedSnapshot {
     /// Indexed by device ordinal; devices without entries or segments are present but empty.
     pub devices: Vec<DeviceRecording>,
     pub settings: Option<RecordedSettings>,
+    /// The file is `torch.cuda.memory_snapshot()`'s list of segments: a state with no trace
+    /// and no settings.
+    pub segments_only: bool,
 }
 
 impl RecordedSnapshot {

@@ -139,41 +139,10 @@ fn replay_observed(
     start: Option<&StartLayout>,
     sink: Option<Box<dyn EventSink>>,
 ) -> Result<ReplayOutcome, Error> {
-    let capacity = config.capacity.unwrap_or(u64::MAX);
-    let mut sim = SimDevice::new(capacity)
-        .with_device(config.device)
-        .with_placement(config.placement);
-    for &(size, addr) in &config.address_hints {
-        sim.push_address_hint(size, addr);
-    }
-    for &addr in &config.reservation_hints {
-        sim.push_reservation_hint(addr);
-    }
-    sim.set_total(config.device_total);
+    let mut pool = seeded_pool(config, start)?;
     let mut live: Vec<Option<DevicePtr>> = vec![None; workload.num_ids as usize];
     if let Some(start) = start {
-        let held = start.held_bytes();
-        if held > capacity {
-            return Err(Error::InvalidSeed(format!(
-                "the segments live at trace start hold {} ({held} bytes), more than the device \
-                 capacity of {} ({capacity} bytes); give a larger capacity",
-                format_size(held),
-                format_size(capacity)
-            )));
-        }
-        for seg in &start.segments {
-            if !sim.claim(seg.addr, seg.size) {
-                return Err(Error::InvalidSeed(format!(
-                    "segment {:#x} of {} bytes overlaps another",
-                    seg.addr, seg.size
-                )));
-            }
-        }
-    }
-    let mut pool = DeviceAllocator::new(sim, config.settings.clone());
-    if let Some(start) = start {
         for (seg, ids) in start.segments.iter().zip(&start.ids) {
-            pool.adopt_segment(seg)?;
             for (block, id) in seg.blocks.iter().zip(ids) {
                 if let (true, Some(id)) = (block.allocated, id) {
                     let slot = live_slot(&mut live, *id);
@@ -181,7 +150,6 @@ fn replay_observed(
                 }
             }
         }
-        pool.reset_accumulated_stats();
     }
     pool.set_event_sink(sink);
     let mut out = ReplayOutcome {
@@ -248,6 +216,53 @@ fn replay_observed(
     out.stats = pool.stats();
     out.final_segments = pool.segments().len();
     Ok(out)
+}
+
+/// The pool a replay starts with: on the simulated device `config` describes, holding the
+/// segments of `start` (if any) at their addresses, with statistics counted from there (the
+/// start state's blocks are current, no total has moved yet).
+pub fn seeded_pool(
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Result<DeviceAllocator<SimDevice>, Error> {
+    let capacity = config.capacity.unwrap_or(u64::MAX);
+    let mut sim = SimDevice::new(capacity)
+        .with_device(config.device)
+        .with_placement(config.placement);
+    for &(size, addr) in &config.address_hints {
+        sim.push_address_hint(size, addr);
+    }
+    for &addr in &config.reservation_hints {
+        sim.push_reservation_hint(addr);
+    }
+    sim.set_total(config.device_total);
+    if let Some(start) = start {
+        let held = start.held_bytes();
+        if held > capacity {
+            return Err(Error::InvalidSeed(format!(
+                "the segments live at trace start hold {} ({held} bytes), more than the device \
+                 capacity of {} ({capacity} bytes); give a larger capacity",
+                format_size(held),
+                format_size(capacity)
+            )));
+        }
+        for seg in &start.segments {
+            if !sim.claim(seg.addr, seg.size) {
+                return Err(Error::InvalidSeed(format!(
+                    "segment {:#x} of {} bytes overlaps another",
+                    seg.addr, seg.size
+                )));
+            }
+        }
+    }
+    let mut pool = DeviceAllocator::new(sim, config.settings.clone());
+    if let Some(start) = start {
+        for seg in &start.segments {
+            pool.adopt_segment(seg)?;
+        }
+        pool.reset_accumulated_stats();
+    }
+    Ok(pool)
 }
 
 fn live_slot(live: &mut Vec<Option<DevicePtr>>, id: AllocId) -> &mut Option<DevicePtr> {

@@ -184,14 +184,16 @@ impl<'a> Reader<'a> {
     }
 
     fn snapshot(&self, value: PyValue) -> Result<RecordedSnapshot, TraceError> {
+        // `torch.cuda.memory_snapshot()` gives the segments alone, as a list: a state without
+        // a trace or settings.
+        if self.p.as_list(value).is_some() {
+            return self.segments_only(value);
+        }
         let Some(top) = self.p.as_dict(value) else {
-            let detail = match self.p.type_name(value) {
-                "list" => "the top level is a list (torch.cuda.memory_snapshot() writes only the \
-                           segments, without a trace; use torch.cuda.memory._dump_snapshot)"
-                    .to_owned(),
-                other => format!("the top level is a {other}"),
-            };
-            return Err(TraceError::not_snapshot(self.source, detail));
+            return Err(TraceError::not_snapshot(
+                self.source,
+                format!("the top level is a {}", self.p.type_name(value)),
+            ));
         };
         for required in ["segments", "device_traces"] {
             if self.get(top, required).is_none() {
@@ -220,14 +222,47 @@ impl<'a> Reader<'a> {
                 .collect::<Result<Vec<_>, _>>()?;
             entries_per_device.push(entries);
         }
-        let raw_segments = self.list(self.field(top, "segments", "top level")?, "segments")?;
+        let segments = self.segments(self.field(top, "segments", "top level")?)?;
+        Ok(self.recorded(entries_per_device, segments, settings, false))
+    }
+
+    /// A snapshot of `torch.cuda.memory_snapshot()`: its list of segments.
+    fn segments_only(&self, value: PyValue) -> Result<RecordedSnapshot, TraceError> {
+        let items = self.p.as_list(value).unwrap_or_default();
+        if let Some(other) = items.iter().find(|&&v| self.p.as_dict(v).is_none()) {
+            return Err(TraceError::not_snapshot(
+                self.source,
+                format!(
+                    "the top level is a list, but of {} values, not of the segment dicts that \
+                     torch.cuda.memory_snapshot() writes",
+                    self.p.type_name(*other)
+                ),
+            ));
+        }
+        let segments = self.segments(value)?;
+        Ok(self.recorded(Vec::new(), segments, None, true))
+    }
+
+    /// The segments, in (device, address) order.
+    fn segments(&self, value: PyValue) -> Result<Vec<RecordedSegment>, TraceError> {
+        let raw_segments = self.list(value, "segments")?;
         let mut segments = raw_segments
             .iter()
             .enumerate()
             .map(|(i, &s)| self.segment(s, &format!("segments[{i}]")))
             .collect::<Result<Vec<_>, _>>()?;
         segments.sort_by_key(|s| (s.device, s.address));
+        Ok(segments)
+    }
 
+    /// One recording per device that has a trace or segments.
+    fn recorded(
+        &self,
+        mut entries_per_device: Vec<Vec<TraceEntry>>,
+        segments: Vec<RecordedSegment>,
+        settings: Option<RecordedSettings>,
+        segments_only: bool,
+    ) -> RecordedSnapshot {
         let max_segment_device = segments.iter().map(|s| s.device.0 + 1).max().unwrap_or(0);
         let num_devices = entries_per_device.len().max(max_segment_device as usize);
         entries_per_device.resize_with(num_devices, Vec::new);
@@ -246,11 +281,12 @@ impl<'a> Reader<'a> {
                 settings: settings.clone(),
             })
             .collect();
-        Ok(RecordedSnapshot {
+        RecordedSnapshot {
             source: self.source.to_owned(),
             devices,
             settings,
-        })
+            segments_only,
+        }
     }
 
     fn entry(&self, value: PyValue, at: &str) -> Result<TraceEntry, TraceError> {
@@ -668,10 +704,38 @@ mod tests {
             err.contains("not a PyTorch memory snapshot") && err.contains("list"),
             "{err}"
         );
+        assert!(err.contains("but of int values"), "{err}");
         let err = error_of(&bytes(&dict(vec![("segments", V::List(vec![]))]))).to_string();
         assert!(err.contains("'device_traces'"), "{err}");
         let err = error_of(&bytes(&s("just a string"))).to_string();
         assert!(err.contains("top level is a str"), "{err}");
+    }
+
+    /// `torch.cuda.memory_snapshot()` writes its segments alone, as a list: a state with no
+    /// trace and no settings, each segment on the device it names.
+    #[test]
+    fn a_list_of_segments_is_a_state_without_a_trace() {
+        let V::Dict(top) = snapshot(vec![]) else {
+            unreachable!()
+        };
+        let mut segments = top[&H::String("segments".into())].clone();
+        if let V::List(list) = &mut segments {
+            let mut second = list[0].clone();
+            if let V::Dict(d) = &mut second {
+                d.insert(H::String("device".into()), V::I64(2));
+            }
+            list.push(second);
+        }
+        let snap = parse_snapshot(&bytes(&segments), "list.pickle").unwrap();
+        assert!(snap.segments_only);
+        assert_eq!(snap.settings, None);
+        assert_eq!(snap.devices.len(), 3);
+        assert_eq!(snap.traced_devices().count(), 0);
+        for d in [0, 2] {
+            assert_eq!(snap.devices[d].segments.len(), 1, "device {d}");
+            assert_eq!(snap.devices[d].segments[0].blocks.len(), 2);
+        }
+        assert!(snap.devices[1].segments.is_empty());
     }
 
     #[test]

@@ -255,6 +255,34 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
     Ok(start)
 }
 
+/// The state a snapshot's `segments` hold for one device, as the pool would hold it: the
+/// memory state when the snapshot was taken, whatever its trace holds (nothing is undone).
+/// Blocks pending their free count as allocated, as the pool counts them until their events
+/// complete.
+pub fn end_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
+    if rec.segments.iter().any(|s| s.is_expandable) {
+        return Err(TraceError::unsupported(
+            &rec.source,
+            format!(
+                "device {}: its segments are expandable (mapped pages of reserved ranges), \
+                 whose state cachealloc does not rebuild from a snapshot",
+                rec.device.0
+            ),
+        ));
+    }
+    let state = Walk::from_end_state(rec)?.into_start_state();
+    state.validate().map_err(|detail| {
+        TraceError::inconsistent(
+            &rec.source,
+            format!(
+                "device {}: the memory state is invalid: {detail}",
+                rec.device.0
+            ),
+        )
+    })?;
+    Ok(state)
+}
+
 /// The error for an expandable-segments recording whose start state cannot be rebuilt: it
 /// began with `reserved` bytes already mapped, or frees `orphan_frees` allocations made before
 /// it.

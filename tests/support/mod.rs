@@ -8,5 +8,6 @@ pub mod fake_cudart;
 pub mod real_cudart;
 pub mod reference_pool;
 pub mod shim;
+pub mod snapshot_pickle;
 pub mod trace_lines;
 pub mod traces;

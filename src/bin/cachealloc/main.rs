@@ -7,6 +7,7 @@ mod outcome;
 mod recorded;
 mod size;
 mod sources;
+mod state;
 
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, ConfigSource, options};
@@ -40,6 +41,10 @@ enum Command {
     Replay(ReplayArgs),
     /// Generate a built-in workload (transformer, loguniform) and replay it.
     Synth(SynthArgs),
+    /// Report the memory state a PyTorch snapshot records (one without an allocation trace
+    /// too, as taken in an out-of-memory handler): what each pool reserves, holds and has free,
+    /// and whether a request of a given size would be served in that state.
+    State(state::StateArgs),
     /// List the configuration options (CACHEALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF keys).
     Options {
         /// Print the Markdown table used in the README.
@@ -156,6 +161,7 @@ fn run(cli: Cli) -> Result<String, String> {
         } else {
             options::render_help()
         }),
+        Command::State(args) => state::run(args),
         Command::Synth(args) => {
             if args.device.is_some() || args.faithful {
                 let option = if args.faithful {
@@ -293,6 +299,23 @@ fn run(cli: Cli) -> Result<String, String> {
 
 fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     let conf = common.conf.as_deref().unwrap_or("");
+    let config = parse_conf(conf)?;
+    let placement = match common.placement {
+        None | Some(PlacementArg::TopDown) => Placement::TopDown,
+        Some(PlacementArg::BottomUp) => Placement::BottomUp,
+    };
+    let replay_config = ReplayConfig {
+        settings: config.settings,
+        capacity: device_size::plain_capacity(common.given_device())?,
+        device_total: common.device_memory,
+        placement,
+        ..ReplayConfig::default()
+    };
+    Ok((replay_config, conf.to_string()))
+}
+
+/// Parse `--conf`, printing the warnings its keys and values earn.
+fn parse_conf(conf: &str) -> Result<Config, String> {
     let config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
     for warning in config.unsupported_key_warnings() {
         eprintln!("cachealloc: warning: {warning}");
@@ -313,18 +336,7 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
             library_keys.join(", ")
         );
     }
-    let placement = match common.placement {
-        None | Some(PlacementArg::TopDown) => Placement::TopDown,
-        Some(PlacementArg::BottomUp) => Placement::BottomUp,
-    };
-    let replay_config = ReplayConfig {
-        settings: config.settings,
-        capacity: device_size::plain_capacity(common.given_device())?,
-        device_total: common.device_memory,
-        placement,
-        ..ReplayConfig::default()
-    };
-    Ok((replay_config, conf.to_string()))
+    Ok(config)
 }
 
 /// `synth --save`: replay `workload`, writing its events to `path` as a cachealloc trace.

@@ -744,7 +744,7 @@ fn opt(v: Option<u64>) -> String {
 }
 
 /// `n` and the noun, plural unless `n` is 1: "1 free", "3 frees".
-fn counted(n: u64, noun: &str) -> String {
+pub(crate) fn counted(n: u64, noun: &str) -> String {
     if n == 1 {
         format!("1 {noun}")
     } else {

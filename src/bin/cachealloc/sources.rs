@@ -3,6 +3,7 @@
 
 use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
+use crate::state::state_command;
 use cachealloc::backend::sim::Placement;
 use cachealloc::pool::Settings;
 use cachealloc::trace::ranges::RangeChange;
@@ -69,10 +70,17 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             .or(traced.first())
             .copied()
             .ok_or_else(|| {
+                let how = if snapshot.segments_only {
+                    "torch.cuda.memory_snapshot() writes the segments alone; a trace needs \
+                     torch.cuda.memory._record_memory_history and _dump_snapshot"
+                } else {
+                    "it was saved without torch.cuda.memory._record_memory_history"
+                };
                 format!(
-                    "{}: the snapshot holds no allocation trace (it was saved without \
-                 torch.cuda.memory._record_memory_history), nothing to replay",
-                    path.display()
+                    "{}: the snapshot holds no allocation trace ({how}), nothing to replay; {} \
+                     reports the memory state it records",
+                    path.display(),
+                    state_command(path)
                 )
             })?,
     };
@@ -131,8 +139,8 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
 
 /// The error for a trace without the allocations a replay needs; `orphan_frees` counts its
 /// frees of memory allocated before it began (which only a faithful replay can apply).
-fn nothing_to_replay(path: &Path, rec: &DeviceRecording, orphan_frees: usize) -> String {
-    let (path, device) = (path.display(), rec.device.0);
+fn nothing_to_replay(file: &Path, rec: &DeviceRecording, orphan_frees: usize) -> String {
+    let (path, device) = (file.display(), rec.device.0);
     let entries = match rec.entries.len() {
         1 => "1 entry".to_string(),
         n => format!("{n} entries"),
@@ -151,8 +159,9 @@ fn nothing_to_replay(path: &Path, rec: &DeviceRecording, orphan_frees: usize) ->
     } else {
         format!(
             "{path}: device {device}'s trace ({entries}) holds no allocation or free: nothing to \
-             replay (the snapshot records the memory state alone; an allocation trace needs \
-             torch.cuda.memory._record_memory_history)"
+             replay (the snapshot records the memory state alone, which {} reports; an \
+             allocation trace needs torch.cuda.memory._record_memory_history)",
+            state_command(file)
         )
     }
 }

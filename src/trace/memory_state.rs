@@ -1,0 +1,403 @@
+//! The memory state a snapshot records, for the snapshots that hold no allocation trace to
+//! replay (`torch.cuda.memory._snapshot()` taken in an out-of-memory handler, without
+//! `_record_memory_history`): what each pool reserves, holds and has free, and the largest free
+//! cached blocks (`MemoryState`); and whether a request of a given size would be served in that
+//! state, with the out-of-memory report when it would not (`try_request`).
+//!
+//! The state alone cannot say which settings would have avoided it (that depends on the
+//! requests that led there, which only a recorded trace holds); it can say whether the memory
+//! was exhausted or cut into pieces, and how.
+
+use super::recording::DeviceRecording;
+use super::replay::{ReplayConfig, seeded_pool};
+use super::start_state::StartState;
+use crate::backend::sim::SimDevice;
+use crate::pool::rounding::{pool_for, round_size};
+use crate::pool::{DeviceAllocator, Error, OomReport, PoolKind, StreamId};
+use crate::trace::recording::BlockState;
+
+/// How many of the largest free cached blocks a `MemoryState` keeps.
+pub const LISTED_FREE_BLOCKS: usize = 8;
+
+/// What one pool (or both together) holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolMemory {
+    pub segments: usize,
+    pub reserved: u64,
+    /// Bytes of blocks allocated or pending their free (block sizes, as the pool counts them).
+    pub allocated: u64,
+    /// What their allocations asked for.
+    pub requested: u64,
+    /// Bytes of blocks whose free waits for work on other streams (`active_pending_free`).
+    pub pending_free: u64,
+    /// Reserved but unallocated: the free cached blocks.
+    pub free: u64,
+    pub free_blocks: usize,
+    pub largest_free_block: u64,
+    /// Segments wholly free, and their bytes: what the allocator returns to the device when a
+    /// request finds no room (and `empty_cache()` does). The rest of `free` lies in segments
+    /// that also hold allocations, and stays reserved until they are freed.
+    pub free_segments: usize,
+    pub free_segment_bytes: u64,
+}
+
+impl PoolMemory {
+    fn add(&mut self, other: &PoolMemory) {
+        self.segments = self.segments.saturating_add(other.segments);
+        self.reserved = self.reserved.saturating_add(other.reserved);
+        self.allocated = self.allocated.saturating_add(other.allocated);
+        self.requested = self.requested.saturating_add(other.requested);
+        self.pending_free = self.pending_free.saturating_add(other.pending_free);
+        self.free = self.free.saturating_add(other.free);
+        self.free_blocks = self.free_blocks.saturating_add(other.free_blocks);
+        self.largest_free_block = self.largest_free_block.max(other.largest_free_block);
+        self.free_segments = self.free_segments.saturating_add(other.free_segments);
+        self.free_segment_bytes = self
+            .free_segment_bytes
+            .saturating_add(other.free_segment_bytes);
+    }
+}
+
+/// What the segments of one stream hold (a block is reused only on its segment's stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamMemory {
+    pub stream: StreamId,
+    pub reserved: u64,
+    pub free: u64,
+    pub largest_free_block: u64,
+}
+
+/// One free cached block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeBlock {
+    pub addr: u64,
+    pub size: u64,
+    pub pool: PoolKind,
+    pub stream: StreamId,
+}
+
+/// A device's memory state as its snapshot records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryState {
+    pub small: PoolMemory,
+    pub large: PoolMemory,
+    /// By stream, in the order of their ids.
+    pub streams: Vec<StreamMemory>,
+    /// The largest free cached blocks, largest first (at most `LISTED_FREE_BLOCKS`).
+    pub largest_free_blocks: Vec<FreeBlock>,
+}
+
+impl MemoryState {
+    /// The state of `rec`'s end-state segments.
+    pub fn of(rec: &DeviceRecording) -> Self {
+        let mut state = MemoryState {
+            small: PoolMemory::default(),
+            large: PoolMemory::default(),
+            streams: Vec::new(),
+            largest_free_blocks: Vec::new(),
+        };
+        let mut free_blocks = Vec::new();
+        for seg in &rec.segments {
+            let pool = match seg.pool {
+                PoolKind::Small => &mut state.small,
+                PoolKind::Large => &mut state.large,
+            };
+            pool.segments = pool.segments.saturating_add(1);
+            pool.reserved = pool.reserved.saturating_add(seg.total_size);
+            let stream = match state.streams.iter_mut().find(|s| s.stream == seg.stream) {
+                Some(stream) => stream,
+                None => {
+                    state.streams.push(StreamMemory {
+                        stream: seg.stream,
+                        reserved: 0,
+                        free: 0,
+                        largest_free_block: 0,
+                    });
+                    state.streams.last_mut().expect("just pushed")
+                }
+            };
+            stream.reserved = stream.reserved.saturating_add(seg.total_size);
+            if seg.blocks.iter().all(|b| b.state == BlockState::Inactive) {
+                pool.free_segments = pool.free_segments.saturating_add(1);
+                pool.free_segment_bytes = pool.free_segment_bytes.saturating_add(seg.total_size);
+            }
+            for b in &seg.blocks {
+                match b.state {
+                    BlockState::Inactive => {
+                        pool.free = pool.free.saturating_add(b.size);
+                        pool.free_blocks = pool.free_blocks.saturating_add(1);
+                        pool.largest_free_block = pool.largest_free_block.max(b.size);
+                        stream.free = stream.free.saturating_add(b.size);
+                        stream.largest_free_block = stream.largest_free_block.max(b.size);
+                        free_blocks.push(FreeBlock {
+                            addr: b.address,
+                            size: b.size,
+                            pool: seg.pool,
+                            stream: seg.stream,
+                        });
+                    }
+                    BlockState::Allocated | BlockState::PendingFree => {
+                        pool.allocated = pool.allocated.saturating_add(b.size);
+                        pool.requested = pool.requested.saturating_add(b.requested_size);
+                        if b.state == BlockState::PendingFree {
+                            pool.pending_free = pool.pending_free.saturating_add(b.size);
+                        }
+                    }
+                }
+            }
+        }
+        state.streams.sort_by_key(|s| s.stream.0);
+        free_blocks.sort_by(|a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
+        free_blocks.truncate(LISTED_FREE_BLOCKS);
+        state.largest_free_blocks = free_blocks;
+        state
+    }
+
+    /// Both pools together.
+    pub fn total(&self) -> PoolMemory {
+        let mut total = self.small;
+        total.add(&self.large);
+        total
+    }
+}
+
+/// What became of a request tried in a recorded state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestOutcome {
+    /// Served from the free cached block of `block_size` bytes at `block_addr`.
+    Cached { block_addr: u64, block_size: u64 },
+    /// Served from a new segment of `segment` bytes obtained from the device, after returning
+    /// `released_segments` cached segments to it (a retry, when more than none).
+    NewSegment {
+        segment: u64,
+        released_segments: u64,
+    },
+    /// Refused: out of memory, with the report the pool gave.
+    OutOfMemory(Box<OomReport>),
+}
+
+/// A request tried in a recorded state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestTrial {
+    pub requested: u64,
+    /// The block size after rounding, and the pool that serves it.
+    pub rounded: u64,
+    pub pool: PoolKind,
+    pub stream: StreamId,
+    pub outcome: RequestOutcome,
+}
+
+/// Request `size` bytes on `stream` from a pool holding `state`, on the device `config`
+/// describes (its capacity: what the state reserves plus what the device had free).
+pub fn try_request(
+    state: &StartState,
+    config: &ReplayConfig,
+    size: u64,
+    stream: StreamId,
+) -> Result<RequestTrial, Error> {
+    let mut pool: DeviceAllocator<SimDevice> = seeded_pool(config, Some(&state.layout()))?;
+    let before = pool.stats().counts;
+    let outcome = match pool.malloc(size, stream) {
+        Ok(ptr) => {
+            let after = pool.stats().counts;
+            if after.num_device_alloc > before.num_device_alloc {
+                let segment = pool.segment_of(ptr.addr()).map_or(0, |span| span.size);
+                RequestOutcome::NewSegment {
+                    segment,
+                    released_segments: after.num_device_free - before.num_device_free,
+                }
+            } else {
+                let block =
+                    state.segments.iter().flat_map(|s| &s.blocks).find(|b| {
+                        !b.allocated && b.addr <= ptr.addr() && ptr.addr() < b.addr + b.size
+                    });
+                let (block_addr, block_size) = block.map_or((ptr.addr(), 0), |b| (b.addr, b.size));
+                RequestOutcome::Cached {
+                    block_addr,
+                    block_size,
+                }
+            }
+        }
+        Err(Error::OutOfMemory(report)) => RequestOutcome::OutOfMemory(report),
+        Err(e) => return Err(e),
+    };
+    let rounded = round_size(&config.settings, size);
+    Ok(RequestTrial {
+        requested: size,
+        rounded,
+        pool: pool_for(rounded),
+        stream,
+        outcome,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{OomHint, Settings};
+    use crate::trace::fixtures::{recording, segment};
+    use crate::trace::start_state::end_state;
+
+    const MIB: u64 = 1 << 20;
+    const SEG: u64 = 0x7f00_0000_0000;
+
+    /// Two 100 MiB segments, each with 60 MiB allocated at its front and 40 MiB free behind,
+    /// and a small segment with 1 KiB allocated.
+    fn split_state() -> DeviceRecording {
+        recording(
+            vec![],
+            vec![
+                segment(
+                    SEG,
+                    2 * MIB,
+                    &[(0, 1024, 1000, true), (1024, 2 * MIB - 1024, 0, false)],
+                ),
+                segment(
+                    SEG + 0x1000_0000,
+                    100 * MIB,
+                    &[
+                        (0, 60 * MIB, 60 * MIB, true),
+                        (60 * MIB, 40 * MIB, 0, false),
+                    ],
+                ),
+                segment(
+                    SEG + 0x2000_0000,
+                    100 * MIB,
+                    &[
+                        (0, 60 * MIB, 60 * MIB - 5, true),
+                        (60 * MIB, 40 * MIB, 0, false),
+                    ],
+                ),
+            ],
+        )
+    }
+
+    fn device(state: &StartState, free: u64) -> ReplayConfig {
+        ReplayConfig {
+            capacity: Some(state.reserved_bytes() + free),
+            settings: Settings::default(),
+            ..ReplayConfig::default()
+        }
+    }
+
+    #[test]
+    fn counts_each_pool_and_lists_the_largest_free_blocks() {
+        let state = MemoryState::of(&split_state());
+        assert_eq!(state.small.segments, 1);
+        assert_eq!((state.small.allocated, state.small.requested), (1024, 1000));
+        assert_eq!(state.small.largest_free_block, 2 * MIB - 1024);
+        assert_eq!(state.large.reserved, 200 * MIB);
+        assert_eq!(state.large.allocated, 120 * MIB);
+        assert_eq!(state.large.requested, 120 * MIB - 5);
+        assert_eq!((state.large.free, state.large.free_blocks), (80 * MIB, 2));
+        let total = state.total();
+        assert_eq!(total.reserved, 202 * MIB);
+        assert_eq!(total.free_blocks, 3);
+        assert_eq!(total.largest_free_block, 40 * MIB);
+        let sizes: Vec<u64> = state.largest_free_blocks.iter().map(|b| b.size).collect();
+        assert_eq!(sizes, [40 * MIB, 40 * MIB, 2 * MIB - 1024]);
+        // Equal sizes in address order.
+        assert_eq!(
+            state.largest_free_blocks[0].addr,
+            SEG + 0x1000_0000 + 60 * MIB
+        );
+        assert_eq!(state.streams.len(), 1);
+        assert_eq!(state.streams[0].free, 80 * MIB + 2 * MIB - 1024);
+        assert_eq!(total.free_segments, 0, "every segment holds an allocation");
+    }
+
+    #[test]
+    fn wholly_free_segments_are_counted_apart() {
+        let mut rec = split_state();
+        rec.segments.push(segment(
+            SEG + 0x3000_0000,
+            20 * MIB,
+            &[(0, 20 * MIB, 0, false)],
+        ));
+        let state = MemoryState::of(&rec);
+        assert_eq!(
+            (state.large.free_segments, state.large.free_segment_bytes),
+            (1, 20 * MIB)
+        );
+        assert_eq!(state.large.free, 100 * MIB);
+        assert_eq!(state.small.free_segments, 0);
+    }
+
+    #[test]
+    fn a_request_a_free_block_holds_is_served_from_it() {
+        let state = end_state(&split_state()).unwrap();
+        let trial = try_request(&state, &device(&state, 0), 30 * MIB, StreamId(0)).unwrap();
+        assert_eq!(trial.pool, PoolKind::Large);
+        assert_eq!(
+            trial.outcome,
+            RequestOutcome::Cached {
+                block_addr: SEG + 0x1000_0000 + 60 * MIB,
+                block_size: 40 * MIB
+            }
+        );
+    }
+
+    #[test]
+    fn a_request_larger_than_every_free_block_is_fragmentation_on_a_full_device() {
+        let state = end_state(&split_state()).unwrap();
+        let trial = try_request(&state, &device(&state, 0), 50 * MIB, StreamId(0)).unwrap();
+        let RequestOutcome::OutOfMemory(report) = trial.outcome else {
+            panic!("80 MiB free in two 40 MiB pieces cannot hold 50 MiB");
+        };
+        match report.hint() {
+            OomHint::Fragmentation {
+                unallocated,
+                largest_free_block,
+                suggested_max_split_size_mb,
+                ..
+            } => {
+                assert_eq!(unallocated, 80 * MIB + 2 * MIB - 1024);
+                assert_eq!(largest_free_block, 40 * MIB);
+                assert_eq!(suggested_max_split_size_mb, Some(32));
+            }
+            other => panic!("expected fragmentation, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn free_device_memory_gives_a_new_segment() {
+        let state = end_state(&split_state()).unwrap();
+        let trial = try_request(&state, &device(&state, 64 * MIB), 50 * MIB, StreamId(0)).unwrap();
+        assert_eq!(
+            trial.outcome,
+            RequestOutcome::NewSegment {
+                segment: 50 * MIB,
+                released_segments: 0
+            }
+        );
+    }
+
+    #[test]
+    fn more_than_reserved_and_free_together_is_exhaustion() {
+        let state = end_state(&split_state()).unwrap();
+        let trial = try_request(&state, &device(&state, 0), 100 * MIB, StreamId(0)).unwrap();
+        let RequestOutcome::OutOfMemory(report) = trial.outcome else {
+            panic!("121 MiB allocated + 100 MiB cannot fit in 202 MiB");
+        };
+        assert!(matches!(report.hint(), OomHint::Exhausted { .. }));
+    }
+
+    #[test]
+    fn a_block_cached_for_another_stream_is_named() {
+        let state = end_state(&split_state()).unwrap();
+        let trial = try_request(&state, &device(&state, 0), 30 * MIB, StreamId(7)).unwrap();
+        let RequestOutcome::OutOfMemory(report) = trial.outcome else {
+            panic!("stream 7 has no cached block");
+        };
+        assert!(matches!(report.hint(), OomHint::OtherStream { .. }));
+    }
+
+    #[test]
+    fn pending_frees_count_as_allocated() {
+        let mut rec = split_state();
+        rec.segments[1].blocks[0].state = BlockState::PendingFree;
+        let state = MemoryState::of(&rec);
+        assert_eq!(state.large.allocated, 120 * MIB);
+        assert_eq!(state.large.pending_free, 60 * MIB);
+    }
+}

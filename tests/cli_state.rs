@@ -1,0 +1,369 @@
+//! `cachealloc state`: the memory state a snapshot records, for snapshots with no allocation
+//! trace to replay (as one taken in an out-of-memory handler), and whether a request of a given
+//! size would be served in it.
+
+mod support;
+
+use support::cli::{cachealloc, json};
+use support::snapshot_pickle::{Segment, write_segment_list, write_state_snapshot};
+use support::traces::trace;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const SEG: u64 = 0x7f00_0000_0000;
+
+/// Two 100 MiB segments with 60 MiB allocated at the front of each and 40 MiB free behind (the
+/// second with 5 bytes less requested), and a small segment with 1 KiB allocated; all on the
+/// default stream.
+fn split_segments() -> Vec<Segment> {
+    vec![
+        Segment {
+            address: SEG,
+            stream: 0,
+            expandable: false,
+            blocks: vec![
+                (1024, 1000, "active_allocated"),
+                (2 * MIB - 1024, 0, "inactive"),
+            ],
+        },
+        Segment {
+            address: SEG + 0x1000_0000,
+            stream: 0,
+            expandable: false,
+            blocks: vec![
+                (60 * MIB, 60 * MIB, "active_allocated"),
+                (40 * MIB, 0, "inactive"),
+            ],
+        },
+        Segment {
+            address: SEG + 0x2000_0000,
+            stream: 0,
+            expandable: false,
+            blocks: vec![
+                (60 * MIB, 60 * MIB - 5, "active_allocated"),
+                (40 * MIB, 0, "inactive"),
+            ],
+        },
+    ]
+}
+
+fn state(path: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["state", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    cachealloc(&args)
+}
+
+fn state_json(path: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    json(&state(path, &[extra, &["--json"]].concat()))
+}
+
+#[test]
+fn reports_each_pool_and_the_largest_free_blocks() {
+    let path = write_state_snapshot("pools.pickle", &split_segments(), None);
+    let j = state_json(&path, &[]);
+    assert_eq!(j["device"], 0);
+    assert_eq!(j["replayable"], false);
+    let large = &j["pools"]["large"];
+    assert_eq!(large["segments"], 2);
+    assert_eq!(large["reserved_bytes"], 200 * MIB);
+    assert_eq!(large["allocated_bytes"], 120 * MIB);
+    assert_eq!(large["requested_bytes"], 120 * MIB - 5);
+    assert_eq!(large["free_bytes"], 80 * MIB);
+    assert_eq!(large["free_blocks"], 2);
+    assert_eq!(large["largest_free_block_bytes"], 40 * MIB);
+    assert_eq!(large["free_segments"], 0);
+    let all = &j["pools"]["all"];
+    assert_eq!(all["reserved_bytes"], 202 * MIB);
+    assert_eq!(all["allocated_bytes"], 120 * MIB + 1024);
+    assert_eq!(all["free_blocks"], 3);
+    let blocks = j["largest_free_blocks"].as_array().unwrap();
+    assert_eq!(blocks.len(), 3);
+    assert_eq!(blocks[0]["size"], 40 * MIB);
+    assert_eq!(blocks[0]["address"], SEG + 0x1000_0000 + 60 * MIB);
+    assert_eq!(blocks[2]["pool"], "small");
+    assert_eq!(j["request"], serde_json::Value::Null);
+    assert!(
+        j["settings"]
+            .as_str()
+            .unwrap()
+            .starts_with("defaults (the snapshot names none"),
+        "{j}"
+    );
+
+    let out = state(&path, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("(it holds no allocation trace to replay)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("82.00 MiB of the 202.00 MiB reserved (40.6%) is cached free, in 3 blocks."),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "The large pool's largest free block is 40.00 MiB (50.0% of its free memory)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("--request SIZE"), "{text}");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn a_request_is_served_from_a_cached_block_a_new_segment_or_runs_out_of_memory() {
+    let path = write_state_snapshot("requests.pickle", &split_segments(), None);
+    // 30 MiB: the first 40 MiB block (best fit, lowest address among equals).
+    let cached = state_json(&path, &["--request", "30MiB"]);
+    let r = &cached["request"];
+    assert_eq!(r["outcome"], "cached", "{cached}");
+    assert_eq!(r["block_address"], SEG + 0x1000_0000 + 60 * MIB);
+    assert_eq!(r["block_bytes"], 40 * MIB);
+    assert_eq!(
+        (r["pool"].as_str(), r["stream"].as_u64()),
+        (Some("large"), Some(0))
+    );
+
+    // 50 MiB on a full device: 82 MiB is free but in pieces of 40 MiB at most.
+    let frag = state_json(&path, &["--request", "50MiB"]);
+    let r = &frag["request"];
+    assert_eq!(r["outcome"], "out_of_memory", "{frag}");
+    assert_eq!(r["oom"]["kind"], "fragmentation");
+    assert_eq!(r["oom"]["suggested_max_split_size_mb"], 32);
+    assert_eq!(r["settings_may_help"], true);
+    let out = state(&path, &["--request", "50MiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Fragmentation: "), "{text}");
+    assert!(text.contains("_record_memory_history()"), "{text}");
+    // The hint's own pointer to a replay is left out: the advice says how to get a trace.
+    assert!(
+        !text.contains("`cachealloc replay` of a recorded trace"),
+        "{text}"
+    );
+
+    // With 64 MiB free on the device, a new segment serves it.
+    let fresh = state_json(&path, &["--request", "50MiB", "--device-free", "64MiB"]);
+    let r = &fresh["request"];
+    assert_eq!(r["outcome"], "new_segment", "{fresh}");
+    assert_eq!(r["segment_bytes"], 50 * MIB);
+    assert_eq!(r["released_segments"], 0);
+
+    // More than is reserved and free together: no setting helps.
+    let out = state(&path, &["--request", "100MiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Not fragmentation"), "{text}");
+    assert!(!text.contains("_record_memory_history()"), "{text}");
+
+    // A stream with nothing cached: the block of the default stream is named.
+    let other = state_json(&path, &["--request", "30MiB", "--stream", "0x7"]);
+    assert_eq!(other["request"]["oom"]["kind"], "other_stream", "{other}");
+    assert_eq!(other["request"]["stream"], 7);
+    std::fs::remove_file(path).unwrap();
+}
+
+/// The device's total memory beyond what is reserved and free is reported as memory held
+/// outside the allocator, and the snapshot's settings are used unless --conf replaces them
+/// (with settings under which the state could not exist refused).
+#[test]
+fn device_memory_and_settings() {
+    let path = write_state_snapshot(
+        "settings.pickle",
+        &split_segments(),
+        Some(("max_split_size_mb:128", Some(128 * MIB))),
+    );
+    let j = state_json(
+        &path,
+        &[
+            "--request",
+            "50MiB",
+            "--device-memory",
+            "1GiB",
+            "--device-free",
+            "10MiB",
+        ],
+    );
+    assert_eq!(j["settings"], "as recorded: max_split_size_mb:128");
+    let oom = &j["request"]["oom"];
+    assert_eq!(oom["device_total_bytes"], GIB);
+    assert_eq!(oom["device_free_bytes"], 10 * MIB);
+    assert_eq!(oom["suggested_max_split_size_mb"], 32);
+    assert!(
+        oom["text"]
+            .as_str()
+            .unwrap()
+            .contains("other allocators): 812.00 MiB."),
+        "{oom}"
+    );
+    let replaced = state_json(&path, &["--conf", "", "--request", "50MiB"]);
+    assert_eq!(replaced["settings"], "defaults (from --conf)");
+    // 60 MiB blocks split off their segments cannot exist under max_split_size_mb:32.
+    let out = state(
+        &path,
+        &["--conf", "max_split_size_mb:32", "--request", "50MiB"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "the snapshot's state cannot exist under the settings max_split_size_mb:32 (from \
+             --conf): segment 0x7f0010000000: holds a split-off block of 62914560 bytes"
+        ),
+        "{err}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn wholly_free_segments_and_pending_frees_are_told_apart() {
+    let mut segments = split_segments();
+    segments[1].blocks[0].2 = "active_pending_free";
+    segments.push(Segment {
+        address: SEG + 0x3000_0000,
+        stream: 0,
+        expandable: false,
+        blocks: vec![(20 * MIB, 0, "inactive")],
+    });
+    let path = write_state_snapshot("free-segment.pickle", &segments, None);
+    let j = state_json(&path, &[]);
+    assert_eq!(j["pools"]["large"]["free_segments"], 1);
+    assert_eq!(j["pools"]["large"]["free_segment_bytes"], 20 * MIB);
+    assert_eq!(j["pools"]["all"]["pending_free_bytes"], 60 * MIB);
+    let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
+    assert!(
+        text.contains("20.00 MiB in 1 segment wholly free"),
+        "{text}"
+    );
+    assert!(text.contains("60.00 MiB is freed but pending"), "{text}");
+    // A 50 MiB request on the full device: the free segment goes back to the device first.
+    let j = state_json(&path, &["--request", "50MiB", "--device-free", "30MiB"]);
+    assert_eq!(j["request"]["outcome"], "new_segment", "{j}");
+    assert_eq!(j["request"]["released_segments"], 1);
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn bad_input_is_refused_with_what_is_allowed() {
+    let path = write_state_snapshot("bad-input.pickle", &split_segments(), None);
+    let empty = write_state_snapshot("no-segments.pickle", &[], None);
+    let expandable = write_state_snapshot(
+        "expandable.pickle",
+        &[Segment {
+            address: SEG,
+            stream: 0,
+            expandable: true,
+            blocks: vec![(20 * MIB, 20 * MIB, "active_allocated")],
+        }],
+        None,
+    );
+    let cases: [(&std::path::Path, &[&str], &str); 8] = [
+        (&path, &["--device-free", "1GiB"], "--request <REQUEST>"),
+        (
+            &path,
+            &["--request", "0"],
+            "a request of 0 bytes allocates nothing",
+        ),
+        (&path, &["--request", "ten"], "invalid size \"ten\""),
+        (
+            &path,
+            &["--stream", "main"],
+            "expected a stream id, decimal or 0x hex",
+        ),
+        (
+            &path,
+            &["--device", "1"],
+            "device 1 has no memory reserved in this snapshot (devices with memory reserved: 0)",
+        ),
+        (
+            &path,
+            &["--request", "1MiB", "--device-memory", "100MiB"],
+            "--device-memory 100.00 MiB (104857600 bytes) is less than the memory the snapshot \
+             reserves plus --device-free: 202.00 MiB",
+        ),
+        (&empty, &[], "the snapshot holds no segments"),
+        (
+            &expandable,
+            &["--request", "1MiB"],
+            "its segments are expandable",
+        ),
+    ];
+    for (file, extra, needle) in cases {
+        let out = state(file, extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+    // Without a request, an expandable state is still reported.
+    let j = state_json(&expandable, &[]);
+    assert_eq!(j["pools"]["all"]["allocated_bytes"], 20 * MIB);
+    for p in [path, empty, expandable] {
+        std::fs::remove_file(p).unwrap();
+    }
+}
+
+/// A real snapshot taken in an out-of-memory handler (flexgen): 176 segments, 11,296 MiB
+/// reserved (SOURCES.md), nearly all of it allocated: true exhaustion, which no setting helps.
+#[test]
+fn a_real_out_of_memory_snapshot_is_exhaustion() {
+    let Some(t) = trace("flexgen-llm-inference/41810ba/oom_snapshot.pickle") else {
+        return;
+    };
+    let j = state_json(&t, &["--request", "100MiB"]);
+    assert_eq!(j["pools"]["all"]["segments"], 176);
+    assert_eq!(j["pools"]["all"]["reserved_bytes"], 11296 * MIB);
+    assert_eq!(j["request"]["oom"]["kind"], "exhausted", "{j}");
+    assert_eq!(j["request"]["settings_may_help"], false);
+    // The replay that refuses it points here.
+    let out = cachealloc(&["replay", t.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("which cachealloc state "),
+        "{out:?}"
+    );
+}
+
+/// verl's state (127 segments, 24.4 GiB, frees pending on other streams): a 300 MiB request
+/// does not fit in its cached pieces, the largest 130 MiB once the free segments are returned.
+#[test]
+fn a_real_fragmented_state() {
+    let Some(t) = trace("verl/27ee9a4/mem.pickle") else {
+        return;
+    };
+    let j = state_json(&t, &["--request", "300MiB"]);
+    assert_eq!(j["pools"]["all"]["segments"], 127);
+    assert!(j["pools"]["all"]["pending_free_bytes"].as_u64().unwrap() > 0);
+    let oom = &j["request"]["oom"];
+    assert_eq!(oom["kind"], "fragmentation", "{j}");
+    assert_eq!(oom["suggested_max_split_size_mb"], 128);
+    let out = cachealloc(&["replay", t.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("; cachealloc state "),
+        "{out:?}"
+    );
+}
+
+/// `torch.cuda.memory_snapshot()` writes the segments alone, as a list: `state` reports it, and
+/// `replay` says it has no trace and points here.
+#[test]
+fn a_segment_list_is_a_state() {
+    let path = write_segment_list("segment-list.pickle", &split_segments());
+    let j = state_json(&path, &["--request", "50MiB"]);
+    assert_eq!(j["pools"]["all"]["reserved_bytes"], 202 * MIB);
+    assert_eq!(j["request"]["oom"]["kind"], "fragmentation");
+    let out = cachealloc(&["replay", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("torch.cuda.memory_snapshot() writes the segments alone")
+            && err.contains("cachealloc state "),
+        "{err}"
+    );
+    std::fs::remove_file(path).unwrap();
+    // layout-editing's list: 255 segments on device 1, 3,480 MiB reserved (SOURCES.md).
+    let Some(t) = trace("layout-editing/413b2eb/memory_snapshot.pkl") else {
+        return;
+    };
+    let j = state_json(&t, &[]);
+    assert_eq!(j["device"], 1);
+    assert_eq!(j["pools"]["all"]["segments"], 255);
+    assert_eq!(j["pools"]["all"]["reserved_bytes"], 3480 * MIB);
+}

@@ -1,0 +1,105 @@
+//! Writing PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot` pickles) by hand, for
+//! tests that need a state no real file has.
+
+use serde_pickle::{HashableValue as H, SerOptions, Value as V};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// One block: `(size, requested, state)`, the state as PyTorch names it (`active_allocated`,
+/// `active_pending_free`, `inactive`).
+pub type Block = (u64, u64, &'static str);
+
+/// One segment: its address, stream and blocks in address order (the segment's size is their
+/// sum; 2 MiB segments are small-pool ones).
+pub struct Segment {
+    pub address: u64,
+    pub stream: u64,
+    pub expandable: bool,
+    pub blocks: Vec<Block>,
+}
+
+fn dict(items: Vec<(&str, V)>) -> V {
+    V::Dict(
+        items
+            .into_iter()
+            .map(|(k, v)| (H::String(k.into()), v))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+fn int(n: u64) -> V {
+    V::I64(i64::try_from(n).expect("fits a Python int here"))
+}
+
+fn segment(s: &Segment, device: u64) -> V {
+    let total: u64 = s.blocks.iter().map(|b| b.0).sum();
+    let mut at = s.address;
+    let blocks = s
+        .blocks
+        .iter()
+        .map(|&(size, requested, state)| {
+            let b = dict(vec![
+                ("address", int(at)),
+                ("size", int(size)),
+                ("requested_size", int(requested)),
+                ("state", V::String(state.into())),
+            ]);
+            at += size;
+            b
+        })
+        .collect();
+    dict(vec![
+        ("device", int(device)),
+        ("address", int(s.address)),
+        ("total_size", int(total)),
+        ("stream", int(s.stream)),
+        (
+            "segment_type",
+            V::String(if total == 2 << 20 { "small" } else { "large" }.into()),
+        ),
+        ("is_expandable", V::Bool(s.expandable)),
+        ("blocks", V::List(blocks)),
+    ])
+}
+
+/// Write a snapshot of device 0's `segments` with an empty trace (as `_snapshot()` without
+/// `_record_memory_history` gives) under `name` in the temporary folder; `conf` is the
+/// `allocator_settings`' PYTORCH_CUDA_ALLOC_CONF and max_split_size, when the file names them.
+pub fn write_state_snapshot(
+    name: &str,
+    segments: &[Segment],
+    settings: Option<(&str, Option<u64>)>,
+) -> PathBuf {
+    let mut top = vec![
+        (
+            "segments",
+            V::List(segments.iter().map(|s| segment(s, 0)).collect()),
+        ),
+        ("device_traces", V::List(vec![V::List(vec![])])),
+    ];
+    if let Some((conf, max_split)) = settings {
+        top.push((
+            "allocator_settings",
+            dict(vec![
+                ("PYTORCH_CUDA_ALLOC_CONF", V::String(conf.into())),
+                ("max_split_size", max_split.map_or(V::I64(-1), int)),
+                ("garbage_collection_threshold", V::F64(0.0)),
+                ("expandable_segments", V::Bool(false)),
+                ("roundup_power2_divisions", V::Dict(BTreeMap::new())),
+            ]),
+        ));
+    }
+    let bytes = serde_pickle::value_to_vec(&dict(top), SerOptions::new()).expect("pickles");
+    let path = std::env::temp_dir().join(format!("cachealloc-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).expect("temporary file written");
+    path
+}
+
+/// Write `torch.cuda.memory_snapshot()`'s form of device 0's `segments`: the list alone.
+pub fn write_segment_list(name: &str, segments: &[Segment]) -> PathBuf {
+    let list = V::List(segments.iter().map(|s| segment(s, 0)).collect());
+    let bytes = serde_pickle::value_to_vec(&list, SerOptions::new()).expect("pickles");
+    let path = std::env::temp_dir().join(format!("cachealloc-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).expect("temporary file written");
+    path
+}
