@@ -89,16 +89,20 @@ pub fn write_state_snapshot(
             ]),
         ));
     }
-    let bytes = serde_pickle::value_to_vec(&dict(top), SerOptions::new()).expect("pickles");
-    let path = std::env::temp_dir().join(format!("cachealloc-{}-{name}", std::process::id()));
-    std::fs::write(&path, bytes).expect("temporary file written");
-    path
+    write(name, &dict(top))
 }
 
 /// Write `torch.cuda.memory_snapshot()`'s form of device 0's `segments`: the list alone.
 pub fn write_segment_list(name: &str, segments: &[Segment]) -> PathBuf {
-    let list = V::List(segments.iter().map(|s| segment(s, 0)).collect());
-    let bytes = serde_pickle::value_to_vec(&list, SerOptions::new()).expect("pickles");
+    write(
+        name,
+        &V::List(segments.iter().map(|s| segment(s, 0)).collect()),
+    )
+}
+
+/// Pickle `value` to `name` in the temporary folder (the name is made this process's own).
+fn write(name: &str, value: &V) -> PathBuf {
+    let bytes = serde_pickle::value_to_vec(value, SerOptions::new()).expect("pickles");
     let path = std::env::temp_dir().join(format!("cachealloc-{}-{name}", std::process::id()));
     std::fs::write(&path, bytes).expect("temporary file written");
     path
