@@ -6,6 +6,7 @@ mod support;
 
 use support::cli::{cachealloc, json};
 use support::snapshot_pickle::{Segment, write_segment_list, write_state_snapshot};
+use support::trace_lines::write_trace;
 use support::traces::trace;
 
 const MIB: u64 = 1 << 20;
@@ -107,7 +108,10 @@ fn reports_each_pool_and_the_largest_free_blocks() {
         ),
         "{text}"
     );
-    assert!(text.contains("--request SIZE"), "{text}");
+    assert!(
+        text.contains("Try a request in this state: --request SIZE"),
+        "{text}"
+    );
     std::fs::remove_file(path).unwrap();
 }
 
@@ -124,6 +128,12 @@ fn a_request_is_served_from_a_cached_block_a_new_segment_or_runs_out_of_memory()
         (r["pool"].as_str(), r["stream"].as_u64()),
         (Some("large"), Some(0))
     );
+    // 4 KiB: the small pool's free block, behind its 1 KiB allocation.
+    let small = state_json(&path, &["--request", "4KiB"]);
+    let r = &small["request"];
+    assert_eq!(r["outcome"], "cached", "{small}");
+    assert_eq!(r["pool"], "small");
+    assert_eq!(r["block_address"], SEG + 1024);
 
     // 50 MiB on a full device: 82 MiB is free but in pieces of 40 MiB at most.
     let frag = state_json(&path, &["--request", "50MiB"]);
@@ -235,10 +245,22 @@ fn wholly_free_segments_and_pending_frees_are_told_apart() {
         "{text}"
     );
     assert!(text.contains("60.00 MiB is freed but pending"), "{text}");
-    // A 50 MiB request on the full device: the free segment goes back to the device first.
+    // A 50 MiB request with 30 MiB free on the device: the pool synchronizes (the pending
+    // free completes and its segment is whole) and returns both wholly free segments first.
     let j = state_json(&path, &["--request", "50MiB", "--device-free", "30MiB"]);
     assert_eq!(j["request"]["outcome"], "new_segment", "{j}");
-    assert_eq!(j["request"]["released_segments"], 1);
+    assert_eq!(j["request"]["released_segments"], 2);
+    let text = String::from_utf8_lossy(
+        &state(&path, &["--request", "50MiB", "--device-free", "30MiB"]).stdout,
+    )
+    .into_owned();
+    assert!(
+        text.contains(
+            "served by a new segment of 50.00 MiB from the device, after returning 2 \
+             free cached segments to it."
+        ),
+        "{text}"
+    );
     std::fs::remove_file(path).unwrap();
 }
 
@@ -252,12 +274,29 @@ fn bad_input_is_refused_with_what_is_allowed() {
             address: SEG,
             stream: 0,
             expandable: true,
-            blocks: vec![(20 * MIB, 20 * MIB, "active_allocated")],
+            blocks: vec![
+                (20 * MIB, 20 * MIB, "active_allocated"),
+                (20 * MIB, 0, "inactive"),
+            ],
         }],
         None,
     );
-    let cases: [(&std::path::Path, &[&str], &str); 8] = [
+    let recorded = write_trace(
+        "state-recorded.trace",
+        &[("alloc", 0x7f00_0000_0000, 1024, 0)],
+    );
+    let cases: [(&std::path::Path, &[&str], &str); 10] = [
         (&path, &["--device-free", "1GiB"], "--request <REQUEST>"),
+        (
+            &path,
+            &["--request", "1152921504606846976"],
+            "PyTorch refuses a request of 1 EB",
+        ),
+        (
+            &recorded,
+            &[],
+            "a trace cachealloc recorded, which begins with the process: replay it",
+        ),
         (
             &path,
             &["--request", "0"],
@@ -272,7 +311,7 @@ fn bad_input_is_refused_with_what_is_allowed() {
         (
             &path,
             &["--device", "1"],
-            "device 1 has no memory reserved in this snapshot (devices with memory reserved: 0)",
+            "device 1 has no memory reserved in this snapshot (device 0 has memory reserved)",
         ),
         (
             &path,
@@ -296,7 +335,11 @@ fn bad_input_is_refused_with_what_is_allowed() {
     // Without a request, an expandable state is still reported.
     let j = state_json(&expandable, &[]);
     assert_eq!(j["pools"]["all"]["allocated_bytes"], 20 * MIB);
-    for p in [path, empty, expandable] {
+    let text = String::from_utf8_lossy(&state(&expandable, &[]).stdout).into_owned();
+    assert!(text.contains("The segments are expandable"), "{text}");
+    assert!(!text.contains("wholly free"), "{text}");
+    assert!(!text.contains("--request SIZE"), "{text}");
+    for p in [path, empty, expandable, recorded] {
         std::fs::remove_file(p).unwrap();
     }
 }
@@ -321,24 +364,33 @@ fn a_real_out_of_memory_snapshot_is_exhaustion() {
     );
 }
 
-/// verl's state (127 segments, 24.4 GiB, frees pending on other streams): a 300 MiB request
-/// does not fit in its cached pieces, the largest 130 MiB once the free segments are returned.
+/// verl's state (127 segments, 24.4 GiB, 569.7 MiB of frees pending on other streams): a
+/// 300 MiB request is larger than every free block, and the device is full; the pool waits for
+/// the pending frees and returns the 12 segments then wholly free (as an independent model of
+/// PyTorch's ladder counted), and a new segment serves it. layout-editing's state has 676 MiB
+/// free in pieces of at most 22.5 MiB: a 1 GiB request is fragmentation there.
 #[test]
-fn a_real_fragmented_state() {
-    let Some(t) = trace("verl/27ee9a4/mem.pickle") else {
-        return;
-    };
-    let j = state_json(&t, &["--request", "300MiB"]);
-    assert_eq!(j["pools"]["all"]["segments"], 127);
-    assert!(j["pools"]["all"]["pending_free_bytes"].as_u64().unwrap() > 0);
-    let oom = &j["request"]["oom"];
-    assert_eq!(oom["kind"], "fragmentation", "{j}");
-    assert_eq!(oom["suggested_max_split_size_mb"], 128);
-    let out = cachealloc(&["replay", t.to_str().unwrap()]);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("; cachealloc state "),
-        "{out:?}"
-    );
+fn real_states_after_the_ladder() {
+    if let Some(t) = trace("verl/27ee9a4/mem.pickle") {
+        let j = state_json(&t, &["--request", "300MiB"]);
+        assert_eq!(j["pools"]["all"]["segments"], 127);
+        assert_eq!(j["pools"]["all"]["pending_free_bytes"], 597377024);
+        let r = &j["request"];
+        assert_eq!(r["outcome"], "new_segment", "{j}");
+        assert_eq!(r["released_segments"], 12);
+        let out = cachealloc(&["replay", t.to_str().unwrap()]);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("; cachealloc state "),
+            "{out:?}"
+        );
+    }
+    if let Some(t) = trace("layout-editing/33ade60/dump_snapshot.pickle") {
+        let j = state_json(&t, &["--request", "1GiB"]);
+        let oom = &j["request"]["oom"];
+        assert_eq!(oom["kind"], "fragmentation", "{j}");
+        assert_eq!(oom["suggested_max_split_size_mb"], 20);
+        assert_eq!(j["request"]["settings_may_help"], true);
+    }
 }
 
 /// `torch.cuda.memory_snapshot()` writes the segments alone, as a list: `state` reports it, and
@@ -366,4 +418,118 @@ fn a_segment_list_is_a_state() {
     assert_eq!(j["device"], 1);
     assert_eq!(j["pools"]["all"]["segments"], 255);
     assert_eq!(j["pools"]["all"]["reserved_bytes"], 3480 * MIB);
+}
+
+/// Several streams: the report lists each one's memory; a request goes on the default stream
+/// when it holds memory, must name its stream when none does, and a stream with no memory is
+/// noted.
+#[test]
+fn streams() {
+    let mut segments = split_segments();
+    segments[2].stream = 7;
+    let path = write_state_snapshot("streams.pickle", &segments, None);
+    let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
+    assert!(
+        text.contains(
+            "Streams (a cached block is reused only on its own): 0x0: 102.00 MiB reserved, \
+             42.00 MiB free cached; 0x7: 100.00 MiB reserved, 40.00 MiB free cached."
+        ),
+        "{text}"
+    );
+    assert!(text.contains("(large, stream 0x7)"), "{text}");
+    let j = state_json(&path, &["--request", "30MiB"]);
+    assert_eq!(j["request"]["stream"], 0);
+    assert_eq!(j["request"]["block_address"], SEG + 0x1000_0000 + 60 * MIB);
+    let j = state_json(&path, &["--request", "30MiB", "--stream", "7"]);
+    assert_eq!(j["request"]["block_address"], SEG + 0x2000_0000 + 60 * MIB);
+    let out = state(&path, &["--request", "30MiB", "--stream", "9", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("stream 0x9 holds no memory in this snapshot (its streams: 0x0, 0x7)"),
+        "{err}"
+    );
+    assert_eq!(json(&out)["request"]["oom"]["kind"], "other_stream");
+    std::fs::remove_file(path).unwrap();
+
+    for s in &mut segments {
+        s.stream += 5;
+    }
+    let path = write_state_snapshot("no-default-stream.pickle", &segments, None);
+    let out = state(&path, &["--request", "30MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "the snapshot's memory is on streams 0x5, 0xc, none of them the default stream: \
+             give the request's --stream"
+        ),
+        "{err}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// Under max_split_size_mb a request that no cached block may serve makes the pool return
+/// the cached blocks of that size or more first (PyTorch's release_available_cached_blocks):
+/// a wholly free 200 MiB segment is returned for a 150 MiB one; without the setting, the
+/// 150 MiB request takes that block.
+#[test]
+fn max_split_size_returns_oversize_blocks_first() {
+    let mut segments = split_segments();
+    segments.push(Segment {
+        address: SEG + 0x4000_0000,
+        stream: 0,
+        expandable: false,
+        blocks: vec![(200 * MIB, 0, "inactive")],
+    });
+    let path = write_state_snapshot("oversize.pickle", &segments, None);
+    let j = state_json(&path, &["--request", "150MiB"]);
+    assert_eq!(j["request"]["outcome"], "cached", "{j}");
+    assert_eq!(j["request"]["block_bytes"], 200 * MIB);
+    let j = state_json(
+        &path,
+        &["--request", "150MiB", "--conf", "max_split_size_mb:128"],
+    );
+    let r = &j["request"];
+    assert_eq!(r["outcome"], "new_segment", "{j}");
+    assert_eq!(r["segment_bytes"], 150 * MIB);
+    assert_eq!(r["released_segments"], 1);
+    std::fs::remove_file(path).unwrap();
+}
+
+/// PyTorch's "Tried to allocate 2.00 MiB" (or 20.00 MiB) names a segment, not the request:
+/// given as the request, the trial says so.
+#[test]
+fn a_segment_size_given_as_the_request_is_noted() {
+    let path = write_state_snapshot("segment-size.pickle", &split_segments(), None);
+    for (size, range) in [("2MiB", "up to 1 MiB"), ("20MiB", "of 1-10 MiB")] {
+        let out = state(&path, &["--request", size]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            err.contains("names the segment it tried to obtain, for any request ")
+                && err.contains(range),
+            "{size}: {err}"
+        );
+    }
+    let out = state(&path, &["--request", "3MiB"]);
+    assert!(out.stderr.is_empty(), "{out:?}");
+    std::fs::remove_file(path).unwrap();
+}
+
+/// A device other than the one `replay` picks by itself is named in the command the header
+/// gives (code_location: device 0 is replay's default).
+#[test]
+fn the_replay_command_names_the_device() {
+    let Some(t) = trace("code_location/52e52b2/memory_snapshot.pickle") else {
+        return;
+    };
+    let j = state_json(&t, &["--device", "1"]);
+    let command = j["replay_command"].as_str().unwrap();
+    assert!(command.ends_with(" --device 1"), "{command}");
+    assert_eq!(j["expandable_segments"], true);
+    let j = state_json(&t, &[]);
+    assert!(
+        !j["replay_command"].as_str().unwrap().contains("--device"),
+        "{j}"
+    );
 }

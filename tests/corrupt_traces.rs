@@ -16,8 +16,8 @@ use cachealloc::trace::pickle::decode;
 use cachealloc::trace::recording::Action;
 use cachealloc::trace::rng::SplitMix64;
 use cachealloc::trace::{
-    DeviceRecording, MemoryState, ReplayConfig, end_state, parse_snapshot, replay, replay_faithful,
-    try_request,
+    DeviceRecording, MemoryState, ReplayConfig, end_state, parse_snapshot, pending_frees, replay,
+    replay_faithful, try_request,
 };
 
 /// The project's deterministic generator, with indexes as `usize`.
@@ -162,6 +162,7 @@ fn report_state(rec: &DeviceRecording, what: &str) {
         return;
     };
     let reserved = memory.total().reserved;
+    let pending = pending_frees(rec);
     for free in [0, 1 << 30] {
         for size in [1, 3 << 20, 700 << 20, 1 << 60] {
             let config = ReplayConfig {
@@ -170,7 +171,7 @@ fn report_state(rec: &DeviceRecording, what: &str) {
             };
             let _ = no_panic(
                 &format!("{what}: request of {size} with {free} free"),
-                || try_request(&state, &config, size, StreamId(0)),
+                || try_request(&state, &pending, &config, size, StreamId(0)),
             );
         }
     }

@@ -143,9 +143,14 @@ impl SimDevice {
 
     /// Make fences pending until `complete_work` or `synchronize` (asynchronous device work).
     pub fn with_pending_work(mut self) -> Self {
+        self.hold_work();
+        self
+    }
+
+    /// From now on, fences stay pending until `complete_work` or `synchronize`.
+    pub fn hold_work(&mut self) {
         self.fences_complete_immediately = false;
         self.completed_fences = 0;
-        self
     }
 
     pub fn capacity(&self) -> u64 {

@@ -13,7 +13,7 @@ use super::replay::{ReplayConfig, seeded_pool};
 use super::start_state::StartState;
 use crate::backend::sim::SimDevice;
 use crate::pool::rounding::{pool_for, round_size};
-use crate::pool::{DeviceAllocator, Error, OomReport, PoolKind, StreamId};
+use crate::pool::{DeviceAllocator, DevicePtr, Error, OomReport, PoolKind, StreamId};
 use crate::trace::recording::BlockState;
 
 /// How many of the largest free cached blocks a `MemoryState` keeps.
@@ -187,21 +187,47 @@ pub struct RequestTrial {
     pub outcome: RequestOutcome,
 }
 
+/// The addresses of `rec`'s blocks whose free is pending (`active_pending_free`: freed while
+/// other streams still use them, `record_stream`).
+pub fn pending_frees(rec: &DeviceRecording) -> Vec<u64> {
+    rec.segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::PendingFree)
+        .map(|b| b.address)
+        .collect()
+}
+
 /// Request `size` bytes on `stream` from a pool holding `state`, on the device `config`
-/// describes (its capacity: what the state reserves plus what the device had free).
+/// describes (its capacity: what the state reserves plus what the device had free). The blocks
+/// at `pending` (allocated in `state`) are freed first, pending until the other streams' work
+/// completes: the trial takes that work as not done until the pool synchronizes, which
+/// PyTorch's does before it returns cached segments to the device when a request finds no room
+/// (`synchronize_and_free_events`).
 pub fn try_request(
     state: &StartState,
+    pending: &[u64],
     config: &ReplayConfig,
     size: u64,
     stream: StreamId,
 ) -> Result<RequestTrial, Error> {
     let mut pool: DeviceAllocator<SimDevice> = seeded_pool(config, Some(&state.layout()))?;
+    pool.backend_mut().hold_work();
+    for &addr in pending {
+        let ptr = DevicePtr::new(addr).ok_or_else(|| {
+            Error::InvalidSeed(format!("a block pending its free at address {addr:#x}"))
+        })?;
+        pool.free_after_streams(ptr, &[])?;
+    }
     let before = pool.stats().counts;
     let outcome = match pool.malloc(size, stream) {
         Ok(ptr) => {
             let after = pool.stats().counts;
             if after.num_device_alloc > before.num_device_alloc {
-                let segment = pool.segment_of(ptr.addr()).map_or(0, |span| span.size);
+                let segment = pool
+                    .segment_of(ptr.addr())
+                    .ok_or_else(|| served_from_nowhere(ptr))?
+                    .size;
                 RequestOutcome::NewSegment {
                     segment,
                     released_segments: after.num_device_free - before.num_device_free,
@@ -211,10 +237,11 @@ pub fn try_request(
                     state.segments.iter().flat_map(|s| &s.blocks).find(|b| {
                         !b.allocated && b.addr <= ptr.addr() && ptr.addr() < b.addr + b.size
                     });
-                let (block_addr, block_size) = block.map_or((ptr.addr(), 0), |b| (b.addr, b.size));
+                // Without a new segment, only a block free in the state can have served it.
+                let block = block.ok_or_else(|| served_from_nowhere(ptr))?;
                 RequestOutcome::Cached {
-                    block_addr,
-                    block_size,
+                    block_addr: block.addr,
+                    block_size: block.size,
                 }
             }
         }
@@ -229,6 +256,14 @@ pub fn try_request(
         stream,
         outcome,
     })
+}
+
+/// A request served where no segment or free block of the trial lies: a bug, reported.
+fn served_from_nowhere(ptr: DevicePtr) -> Error {
+    Error::Invariant(format!(
+        "a request was served at {:#x}, in no new segment and no free block of the state",
+        ptr.addr()
+    ))
 }
 
 #[cfg(test)]
@@ -326,7 +361,7 @@ mod tests {
     #[test]
     fn a_request_a_free_block_holds_is_served_from_it() {
         let state = end_state(&split_state()).unwrap();
-        let trial = try_request(&state, &device(&state, 0), 30 * MIB, StreamId(0)).unwrap();
+        let trial = try_request(&state, &[], &device(&state, 0), 30 * MIB, StreamId(0)).unwrap();
         assert_eq!(trial.pool, PoolKind::Large);
         assert_eq!(
             trial.outcome,
@@ -340,7 +375,7 @@ mod tests {
     #[test]
     fn a_request_larger_than_every_free_block_is_fragmentation_on_a_full_device() {
         let state = end_state(&split_state()).unwrap();
-        let trial = try_request(&state, &device(&state, 0), 50 * MIB, StreamId(0)).unwrap();
+        let trial = try_request(&state, &[], &device(&state, 0), 50 * MIB, StreamId(0)).unwrap();
         let RequestOutcome::OutOfMemory(report) = trial.outcome else {
             panic!("80 MiB free in two 40 MiB pieces cannot hold 50 MiB");
         };
@@ -362,7 +397,14 @@ mod tests {
     #[test]
     fn free_device_memory_gives_a_new_segment() {
         let state = end_state(&split_state()).unwrap();
-        let trial = try_request(&state, &device(&state, 64 * MIB), 50 * MIB, StreamId(0)).unwrap();
+        let trial = try_request(
+            &state,
+            &[],
+            &device(&state, 64 * MIB),
+            50 * MIB,
+            StreamId(0),
+        )
+        .unwrap();
         assert_eq!(
             trial.outcome,
             RequestOutcome::NewSegment {
@@ -375,7 +417,7 @@ mod tests {
     #[test]
     fn more_than_reserved_and_free_together_is_exhaustion() {
         let state = end_state(&split_state()).unwrap();
-        let trial = try_request(&state, &device(&state, 0), 100 * MIB, StreamId(0)).unwrap();
+        let trial = try_request(&state, &[], &device(&state, 0), 100 * MIB, StreamId(0)).unwrap();
         let RequestOutcome::OutOfMemory(report) = trial.outcome else {
             panic!("121 MiB allocated + 100 MiB cannot fit in 202 MiB");
         };
@@ -385,11 +427,38 @@ mod tests {
     #[test]
     fn a_block_cached_for_another_stream_is_named() {
         let state = end_state(&split_state()).unwrap();
-        let trial = try_request(&state, &device(&state, 0), 30 * MIB, StreamId(7)).unwrap();
+        let trial = try_request(&state, &[], &device(&state, 0), 30 * MIB, StreamId(7)).unwrap();
         let RequestOutcome::OutOfMemory(report) = trial.outcome else {
             panic!("stream 7 has no cached block");
         };
         assert!(matches!(report.hint(), OomHint::OtherStream { .. }));
+    }
+
+    /// A block pending its free is not reused while the other streams' work may use it, and
+    /// is reused once the pool synchronizes before returning segments to the device.
+    #[test]
+    fn pending_frees_complete_when_the_pool_synchronizes() {
+        let mut rec = split_state();
+        rec.segments[1].blocks[0].state = BlockState::PendingFree;
+        let pending = pending_frees(&rec);
+        assert_eq!(pending, [SEG + 0x1000_0000]);
+        let state = end_state(&rec).unwrap();
+        // 90 MiB: no free block holds it; the 100 MiB segment is whole once the pending free
+        // completes, and is returned for a 90 MiB one.
+        let trial = try_request(&state, &pending, &device(&state, 0), 90 * MIB, StreamId(0));
+        assert_eq!(
+            trial.unwrap().outcome,
+            RequestOutcome::NewSegment {
+                segment: 90 * MIB,
+                released_segments: 1
+            }
+        );
+        // Taken as in use, as the snapshot has it: the same request runs out of memory.
+        let trial = try_request(&state, &[], &device(&state, 0), 90 * MIB, StreamId(0));
+        assert!(matches!(
+            trial.unwrap().outcome,
+            RequestOutcome::OutOfMemory(_)
+        ));
     }
 
     #[test]

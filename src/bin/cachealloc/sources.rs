@@ -154,7 +154,8 @@ fn nothing_to_replay(file: &Path, rec: &DeviceRecording, orphan_frees: usize) ->
         format!(
             "{path}: device {device}'s trace ({entries}) holds no allocation, only \
              {orphan_frees} {frees} of memory allocated before it began: replay it with \
-             --faithful, which applies {them} to the snapshot's state"
+             --faithful, which applies {them} to the snapshot's state; {} reports that state",
+            state_command(file)
         )
     } else {
         format!(

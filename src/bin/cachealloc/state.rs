@@ -5,11 +5,12 @@
 use crate::outcome::{OomReportJson, counted};
 use crate::size;
 use cachealloc::config::{Config, render_conf};
+use cachealloc::pool::rounding::{LARGE_BUFFER, MAX_REQUEST, SMALL_BUFFER};
 use cachealloc::pool::{DeviceId, Error, PoolKind, Settings, StreamId, format_size};
 use cachealloc::trace::memory_state::{FreeBlock, PoolMemory, StreamMemory};
 use cachealloc::trace::{
-    DeviceRecording, MemoryState, ReplayConfig, RequestOutcome, RequestTrial, end_state,
-    read_snapshot, try_request,
+    DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, RequestOutcome, RequestTrial,
+    end_state, pending_frees, read_snapshot, try_request,
 };
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -25,13 +26,16 @@ pub struct StateArgs {
     /// Which device's state to report (default: the first device with memory reserved).
     #[arg(long, value_parser = crate::device_arg::parse_device, allow_hyphen_values = true)]
     device: Option<i32>,
-    /// Try a request of SIZE in this state (PyTorch's out-of-memory message names it: "Tried to
-    /// allocate SIZE"): whether a free cached block serves it, or a new segment, or why it runs
-    /// out of memory. Same forms as replay's --capacity (1.24GiB, 512MiB, bytes).
+    /// Try a request of SIZE bytes in this state: whether a free cached block serves it, or a
+    /// new segment, or why it runs out of memory. Same forms as replay's --capacity (1.24GiB,
+    /// 512MiB, bytes). PyTorch's "Tried to allocate SIZE" names the segment it tried to obtain:
+    /// the request rounded up to 2 MiB above 10 MiB, but 2.00 MiB for any request up to 1 MiB
+    /// and 20.00 MiB for one of 1-10 MiB (give the tensor's size there, when known).
     #[arg(long, value_parser = parse_request, allow_hyphen_values = true)]
     request: Option<u64>,
     /// The stream of the request, as the snapshot numbers streams (0 is the default stream;
-    /// decimal or 0x hex). Default: the snapshot's only stream, else 0.
+    /// decimal or 0x hex). Default: the snapshot's only stream, else 0 when it has memory on
+    /// the default stream.
     #[arg(long, value_parser = parse_stream, allow_hyphen_values = true, requires = "request")]
     stream: Option<u64>,
     /// Memory the device had free beyond what the pool reserved (PyTorch's message: "of which
@@ -52,11 +56,15 @@ pub struct StateArgs {
     json: bool,
 }
 
-/// A request size: bytes, at least one.
+/// A request size: bytes, at least one and less than the 1 EB PyTorch refuses outright.
 fn parse_request(text: &str) -> Result<u64, String> {
     match size::parse_size(text)? {
         0 => Err(format!(
             "invalid request {text:?}: a request of 0 bytes allocates nothing"
+        )),
+        bytes if bytes >= MAX_REQUEST => Err(format!(
+            "invalid request {text:?}: PyTorch refuses a request of 1 EB ({MAX_REQUEST} bytes) or \
+             more before its pool sees it"
         )),
         bytes => Ok(bytes),
     }
@@ -76,6 +84,13 @@ fn parse_stream(text: &str) -> Result<u64, String> {
 
 pub fn run(args: StateArgs) -> Result<String, String> {
     let path = args.snapshot.display().to_string();
+    if crate::recorded::is_recorded_trace(&args.snapshot) {
+        return Err(format!(
+            "{path}: a trace cachealloc recorded, which begins with the process: replay it \
+             (cachealloc replay {}); state reads PyTorch memory snapshots",
+            cachealloc::config::shell_word(&path)
+        ));
+    }
     let snapshot = read_snapshot(&args.snapshot).map_err(|e| e.to_string())?;
     let rec = pick_device(&snapshot.devices, args.device, &path)?;
     let (settings, settings_text) = settings(rec, args.conf.as_deref())?;
@@ -91,7 +106,10 @@ pub fn run(args: StateArgs) -> Result<String, String> {
         )?),
         None => None,
     };
-    let report = StateJson::new(&path, rec, &memory, settings_text, request);
+    let mut report = StateJson::new(&path, rec, &memory, settings_text, request);
+    report.replay_command = rec
+        .has_block_events()
+        .then(|| replay_command(&snapshot, rec, &path));
     Ok(if args.json {
         serde_json::to_string(&report).expect("plain data serializes") + "\n"
     } else {
@@ -109,10 +127,10 @@ fn pick_device<'a>(
         devices.iter().filter(|d| !d.segments.is_empty()).collect();
     let listed = || {
         let ids: Vec<String> = with_memory.iter().map(|d| d.device.0.to_string()).collect();
-        if ids.is_empty() {
-            "none".to_string()
-        } else {
-            ids.join(", ")
+        match ids.as_slice() {
+            [] => "no device has".to_string(),
+            [one] => format!("device {one} has"),
+            _ => format!("devices {} have", ids.join(", ")),
         }
     };
     match device {
@@ -122,8 +140,8 @@ fn pick_device<'a>(
             .copied()
             .ok_or_else(|| {
                 format!(
-                    "{path}: device {d} has no memory reserved in this snapshot (devices with \
-                     memory reserved: {})",
+                    "{path}: device {d} has no memory reserved in this snapshot ({} memory \
+                     reserved)",
                     listed()
                 )
             }),
@@ -191,10 +209,29 @@ fn request(
             format_size(capacity)
         ));
     }
-    let stream = StreamId(args.stream.unwrap_or(match memory.streams.as_slice() {
-        [only] => only.stream.0,
-        _ => 0,
-    }));
+    let stream = request_stream(memory, args.stream, path)?;
+    if rec.segments.iter().any(|s| s.is_expandable) {
+        return Err(format!(
+            "{path}: device {}: its segments are expandable (pages mapped into reserved \
+             ranges): a request is not tried in such a state yet (the report without --request \
+             works)",
+            rec.device.0
+        ));
+    }
+    if size == SMALL_BUFFER || size == LARGE_BUFFER {
+        eprintln!(
+            "cachealloc: note: PyTorch's \"Tried to allocate {}\" names the segment it tried to \
+             obtain, for any request {}: the trial requests {} itself; give the tensor's size, \
+             when known",
+            format_size(size),
+            if size == SMALL_BUFFER {
+                "up to 1 MiB"
+            } else {
+                "of 1-10 MiB"
+            },
+            format_size(size)
+        );
+    }
     let state = end_state(rec).map_err(|e| e.to_string())?;
     let config = ReplayConfig {
         settings,
@@ -203,14 +240,78 @@ fn request(
         device_total: args.device_memory,
         ..ReplayConfig::default()
     };
-    let trial = try_request(&state, &config, size, stream).map_err(|e| match e {
-        Error::SeedForbiddenBySettings(why) => format!(
-            "{path}: the snapshot's state cannot exist under the settings {settings_text}: \
-             {why}; give --conf with the settings the program ran with"
-        ),
-        e => format!("{path}: {e}"),
-    })?;
+    let trial =
+        try_request(&state, &pending_frees(rec), &config, size, stream).map_err(|e| match e {
+            Error::SeedForbiddenBySettings(why) => {
+                let advice = if args.conf.is_some() {
+                    "give --conf with the settings the program ran with"
+                } else {
+                    "were they changed while the program ran? give --conf with the ones in force \
+                 when the snapshot was taken"
+                };
+                format!(
+                    "{path}: the snapshot's state cannot exist under the settings {settings_text}: \
+                 {why}; {advice}"
+                )
+            }
+            e => format!("{path}: {e}"),
+        })?;
     Ok(RequestJson::new(trial, device_free, config.total()))
+}
+
+/// The stream a request is tried on: `--stream`, else the snapshot's only stream, else the
+/// default stream when it holds memory. A stream that holds none is noted (nothing is cached
+/// for it).
+fn request_stream(
+    memory: &MemoryState,
+    given: Option<u64>,
+    path: &str,
+) -> Result<StreamId, String> {
+    let streams: Vec<String> = memory
+        .streams
+        .iter()
+        .map(|s| format!("{:#x}", s.stream.0))
+        .collect();
+    let holds = |id: u64| memory.streams.iter().any(|s| s.stream.0 == id);
+    match given {
+        Some(id) => {
+            if !holds(id) {
+                eprintln!(
+                    "cachealloc: note: stream {id:#x} holds no memory in this snapshot (its streams: \
+                     {}): nothing is cached for it",
+                    streams.join(", ")
+                );
+            }
+            Ok(StreamId(id))
+        }
+        None => match memory.streams.as_slice() {
+            [only] => Ok(only.stream),
+            _ if holds(0) => Ok(StreamId(0)),
+            _ => Err(format!(
+                "{path}: the snapshot's memory is on streams {}, none of them the default stream: \
+                 give the request's --stream",
+                streams.join(", ")
+            )),
+        },
+    }
+}
+
+/// The command that replays `rec`'s trace: with `--device` unless replay picks that device
+/// itself (the first whose trace allocates or frees).
+fn replay_command(snapshot: &RecordedSnapshot, rec: &DeviceRecording, path: &str) -> String {
+    let default = snapshot
+        .traced_devices()
+        .find(|r| r.has_block_events())
+        .map(|r| r.device);
+    let device = if default == Some(rec.device) {
+        String::new()
+    } else {
+        format!(" --device {}", rec.device.0)
+    };
+    format!(
+        "cachealloc replay {}{device}",
+        cachealloc::config::shell_word(path)
+    )
 }
 
 /// One pool's (or both pools') figures.
@@ -370,8 +471,9 @@ impl RequestJson {
 
     fn to_text(&self) -> String {
         let mut out = format!(
-            "Trying a request of {} on stream {:#x} (a {} block of the {} pool), with {} free on \
-             the device beyond the reserved memory: ",
+            "Trying a request of {} on stream {:#x} (a {} block of the {} pool) through \
+             cachealloc's pool, which follows PyTorch's policy, with {} free on the device beyond \
+             the reserved memory: ",
             format_size(self.requested_bytes),
             self.stream,
             format_size(self.rounded_bytes),
@@ -407,7 +509,11 @@ impl RequestJson {
                     out += oom.text.trim_end();
                     out += "\n";
                 }
-                if self.settings_may_help == Some(true) {
+                if self
+                    .oom
+                    .as_ref()
+                    .is_some_and(|oom| oom.kind == "fragmentation")
+                {
                     out += "Which setting avoids this depends on the requests that led to this \
                             state, which a snapshot without an allocation trace does not hold: \
                             call torch.cuda.memory._record_memory_history() before the run, dump \
@@ -429,6 +535,11 @@ struct StateJson {
     /// Entries of the device's allocation trace (a replay needs allocations and frees).
     trace_entries: usize,
     replayable: bool,
+    /// The command that replays the device's trace, when it has one to replay.
+    replay_command: Option<String>,
+    /// The segments are expandable (pages mapped into reserved ranges): free pages are
+    /// unmapped when a request finds no room, so pieces of free memory matter less.
+    expandable_segments: bool,
     pools: PoolsJson,
     streams: Vec<StreamJson>,
     /// The largest free cached blocks, largest first.
@@ -450,6 +561,8 @@ impl StateJson {
             settings,
             trace_entries: rec.entries.len(),
             replayable: rec.has_block_events(),
+            replay_command: None,
+            expandable_segments: rec.segments.iter().any(|s| s.is_expandable),
             pools: PoolsJson {
                 small: memory.small.into(),
                 large: memory.large.into(),
@@ -470,13 +583,9 @@ impl StateJson {
             "{}, device {}: the memory state when the snapshot was taken",
             self.snapshot, self.device
         );
-        out += &if self.replayable {
-            format!(
-                " (its trace can be replayed: cachealloc replay {})\n",
-                cachealloc::config::shell_word(&self.snapshot)
-            )
-        } else {
-            " (it holds no allocation trace to replay)\n".to_string()
+        out += &match &self.replay_command {
+            Some(command) => format!(" (its trace can be replayed: {command})\n"),
+            None => " (it holds no allocation trace to replay)\n".to_string(),
         };
         out += &format!("Settings: {}\n\n", self.settings);
         out += &format!(
@@ -512,7 +621,9 @@ impl StateJson {
         if all.pending_free_bytes > 0 {
             out += &format!(
                 "Of the allocated memory, {} is freed but pending: blocks that other streams \
-                 still use (record_stream), cached once their work completes.\n",
+                 still use (record_stream), cached once their work completes (a request's trial \
+                 takes that work as not done until the pool synchronizes, which it does before \
+                 returning segments to the device).\n",
                 format_size(all.pending_free_bytes)
             );
         }
@@ -567,10 +678,12 @@ impl StateJson {
                 out += "\n";
                 out += &request.to_text();
             }
+            None if self.expandable_segments => {}
             None => {
-                out += "Try a request in this state with --request SIZE (PyTorch's \
-                            out-of-memory message: \"Tried to allocate SIZE\") and --device-free \
-                            (its \"of which SIZE is free\").\n"
+                out += "Try a request in this state: --request SIZE --device-free SIZE, from \
+                        PyTorch's message \"Tried to allocate SIZE ... of which SIZE is free\" \
+                        (its first size is the segment it tried to obtain: see cachealloc state \
+                        --help).\n"
             }
         }
         out
@@ -582,6 +695,18 @@ impl StateJson {
         let all = &self.pools.all;
         if all.free_bytes == 0 {
             return "Every reserved byte is allocated: nothing is cached free.\n".to_string();
+        }
+        if self.expandable_segments {
+            return format!(
+                "{} of the {} mapped ({}) is cached free, in {}. The segments are expandable: \
+                 when a request finds no room the free pages are unmapped, and a request maps \
+                 pages into its stream's range, so the free memory's pieces matter less than \
+                 with native segments.\n",
+                format_size(all.free_bytes),
+                format_size(all.reserved_bytes),
+                percent(all.free_bytes, all.reserved_bytes),
+                counted(all.free_blocks as u64, "block")
+            );
         }
         let mut out = format!(
             "{} of the {} reserved ({}) is cached free, in {}",
