@@ -285,7 +285,23 @@ fn bad_input_is_refused_with_what_is_allowed() {
         "state-recorded.trace",
         &[("alloc", 0x7f00_0000_0000, 1024, 0)],
     );
-    let cases: [(&std::path::Path, &[&str], &str); 10] = [
+    let cases: [(&std::path::Path, &[&str], &str); 12] = [
+        (
+            &path,
+            &[
+                "--request",
+                "1MiB",
+                "--conf",
+                "per_process_memory_fraction:0.5",
+            ],
+            "the snapshot reserves 202.00 MiB (211812352 bytes), more than \
+             per_process_memory_fraction:0.5 allows of the device's 202.00 MiB: 101.00 MiB",
+        ),
+        (
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+            &[],
+            "it is a directory: give the snapshot file",
+        ),
         (&path, &["--device-free", "1GiB"], "--request <REQUEST>"),
         (
             &path,
@@ -532,4 +548,52 @@ fn the_replay_command_names_the_device() {
         !j["replay_command"].as_str().unwrap().contains("--device"),
         "{j}"
     );
+}
+
+/// What a user may misread is said: a number without a unit is bytes; a request that fits did
+/// not fail in this state (so the snapshot is not the failing moment, or the inputs differ);
+/// an exhaustion found without the device's total memory may be memory held elsewhere.
+#[test]
+fn notes_for_what_may_be_misread() {
+    let path = write_state_snapshot("notes.pickle", &split_segments(), None);
+    let out = state(&path, &["--request", "300", "--device-free", "120"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--request 300 is read as 300 bytes")
+            && err.contains("--device-free 120 is read as 120 bytes"),
+        "{err}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("In this state the request fits. If the program ran out of memory here"),
+        "{text}"
+    );
+    let text = String::from_utf8_lossy(&state(&path, &["--request", "100MiB"]).stdout).into_owned();
+    assert!(
+        text.contains("The device's total memory was not given"),
+        "{text}"
+    );
+    let text = String::from_utf8_lossy(
+        &state(&path, &["--request", "100MiB", "--device-memory", "1GiB"]).stdout,
+    )
+    .into_owned();
+    assert!(!text.contains("total memory was not given"), "{text}");
+    assert!(
+        text.contains("Memory outside cachealloc: 822.00 MiB"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// The header offers the replay command only for a trace that allocates: sketchkv2's trace is
+/// one free of memory from before it, which a plain replay refuses.
+#[test]
+fn no_replay_command_for_a_trace_of_frees_alone() {
+    let Some(t) = trace("sketchkv2/b118ae0/my_snapshot.pickle") else {
+        return;
+    };
+    let j = state_json(&t, &[]);
+    assert_eq!(j["trace_entries"], 1);
+    assert_eq!(j["replayable"], false);
+    assert_eq!(j["replay_command"], serde_json::Value::Null);
 }

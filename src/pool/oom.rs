@@ -353,7 +353,7 @@ impl fmt::Display for OomHint {
             OomHint::Untracked { untracked, missing } => write!(
                 f,
                 "Memory outside cachealloc: {} of this GPU is used by other processes, CUDA \
-                 contexts or other allocators; without it this request would fit ({} short). \
+                 contexts or other allocators; the request is {} short, and would fit without it. \
                  Free that memory or run on a less busy GPU.",
                 format_size(untracked),
                 format_size(missing)

@@ -32,6 +32,15 @@ type Dict = [(PyValue, PyValue)];
 pub fn read_snapshot(path: impl AsRef<Path>) -> Result<RecordedSnapshot, TraceError> {
     let path = path.as_ref();
     let name = path.display().to_string();
+    if path.is_dir() {
+        return Err(TraceError::Io {
+            path: name,
+            source: std::io::Error::other(
+                "it is a directory: give the snapshot file, the pickle that \
+                 torch.cuda.memory._dump_snapshot wrote",
+            ),
+        });
+    }
     let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
         path: name.clone(),
         source,
@@ -71,7 +80,11 @@ fn decode_pickle(bytes: &[u8], source: &str) -> Result<Pickle, TraceError> {
 /// pickle), or other text. `None` for anything else.
 fn foreign_kind(bytes: &[u8]) -> Option<String> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Some("it is gzip-compressed, decompress it first (gunzip)".into());
+        return Some(
+            "it is gzip-compressed: a profiler trace (.json.gz) perhaps, which is not a memory \
+             snapshot; a compressed snapshot must be decompressed first (gunzip)"
+                .into(),
+        );
     }
     if bytes.starts_with(b"PK\x03\x04") {
         return Some(
@@ -662,7 +675,7 @@ mod tests {
             (b"\xff", "unknown opcode 0xff"),
             (
                 b"\x1f\x8b\x08\x00\x00\x00",
-                "gzip-compressed, decompress it first",
+                "gzip-compressed: a profiler trace (.json.gz) perhaps",
             ),
             (b"PK\x03\x04\x14\x00", "zip archive, as torch.save writes"),
             (b"  {\"traceEvents\": []}", "JSON text"),

@@ -7,7 +7,9 @@ use crate::size;
 use cachealloc::config::{Config, render_conf};
 use cachealloc::pool::rounding::{LARGE_BUFFER, MAX_REQUEST, SMALL_BUFFER};
 use cachealloc::pool::{DeviceId, Error, PoolKind, Settings, StreamId, format_size};
+use cachealloc::trace::TraceError;
 use cachealloc::trace::memory_state::{FreeBlock, PoolMemory, StreamMemory};
+use cachealloc::trace::recording::Action;
 use cachealloc::trace::{
     DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, RequestOutcome, RequestTrial,
     end_state, pending_frees, read_snapshot, try_request,
@@ -32,7 +34,7 @@ pub struct StateArgs {
     /// the request rounded up to 2 MiB above 10 MiB, but 2.00 MiB for any request up to 1 MiB
     /// and 20.00 MiB for one of 1-10 MiB (give the tensor's size there, when known).
     #[arg(long, value_parser = parse_request, allow_hyphen_values = true)]
-    request: Option<u64>,
+    request: Option<GivenSize>,
     /// The stream of the request, as the snapshot numbers streams (0 is the default stream;
     /// decimal or 0x hex). Default: the snapshot's only stream, else 0 when it has memory on
     /// the default stream.
@@ -40,11 +42,11 @@ pub struct StateArgs {
     stream: Option<u64>,
     /// Memory the device had free beyond what the pool reserved (PyTorch's message: "of which
     /// SIZE is free"). Default 0: the device was full, as at an out-of-memory error.
-    #[arg(long, value_parser = size::parse_size, allow_hyphen_values = true, requires = "request")]
-    device_free: Option<u64>,
+    #[arg(long, value_parser = parse_device_free, allow_hyphen_values = true, requires = "request")]
+    device_free: Option<GivenSize>,
     /// The device's total memory (PyTorch's message: "a total capacity of SIZE"), for the
     /// report's memory held outside the pool and for per_process_memory_fraction. Default:
-    /// what the pool reserved plus --device-free.
+    /// what the pool reserved plus --device-free (so no memory is held outside the pool).
     #[arg(long, value_parser = size::parse_device_memory, allow_hyphen_values = true, requires = "request")]
     device_memory: Option<u64>,
     /// The allocator settings the program ran with, in PYTORCH_CUDA_ALLOC_CONF syntax, in place
@@ -56,8 +58,41 @@ pub struct StateArgs {
     json: bool,
 }
 
+/// A size as given: its bytes, and whether it was written without a unit (copied from
+/// PyTorch's message with its unit left off, perhaps), which a note points out.
+#[derive(Clone, Copy, Debug)]
+struct GivenSize {
+    bytes: u64,
+    unitless: bool,
+}
+
+impl GivenSize {
+    fn of(text: &str, bytes: u64) -> Self {
+        GivenSize {
+            bytes,
+            unitless: text.trim().bytes().all(|c| c.is_ascii_digit() || c == b'.'),
+        }
+    }
+
+    /// Note, for `option`, a number below 1 MiB written without a unit: read as bytes.
+    fn note_unitless(self, option: &str) {
+        if self.unitless && self.bytes > 0 && self.bytes < 1 << 20 {
+            eprintln!(
+                "cachealloc: note: {option} {} is read as {} bytes (a number without a unit is \
+                 bytes: for mebibytes write {}MiB)",
+                self.bytes, self.bytes, self.bytes
+            );
+        }
+    }
+}
+
+/// `--device-free`: any size, 0 included.
+fn parse_device_free(text: &str) -> Result<GivenSize, String> {
+    Ok(GivenSize::of(text, size::parse_size(text)?))
+}
+
 /// A request size: bytes, at least one and less than the 1 EB PyTorch refuses outright.
-fn parse_request(text: &str) -> Result<u64, String> {
+fn parse_request(text: &str) -> Result<GivenSize, String> {
     match size::parse_size(text)? {
         0 => Err(format!(
             "invalid request {text:?}: a request of 0 bytes allocates nothing"
@@ -66,7 +101,7 @@ fn parse_request(text: &str) -> Result<u64, String> {
             "invalid request {text:?}: PyTorch refuses a request of 1 EB ({MAX_REQUEST} bytes) or \
              more before its pool sees it"
         )),
-        bytes => Ok(bytes),
+        bytes => Ok(GivenSize::of(text, bytes)),
     }
 }
 
@@ -95,8 +130,11 @@ pub fn run(args: StateArgs) -> Result<String, String> {
     let rec = pick_device(&snapshot.devices, args.device, &path)?;
     let (settings, settings_text) = settings(rec, args.conf.as_deref())?;
     let memory = MemoryState::of(rec);
+    if let Some(request) = args.request {
+        request.note_unitless("--request");
+    }
     let request = match args.request {
-        Some(size) => Some(request(
+        Some(GivenSize { bytes: size, .. }) => Some(request(
             rec,
             &memory,
             &args,
@@ -107,9 +145,13 @@ pub fn run(args: StateArgs) -> Result<String, String> {
         None => None,
     };
     let mut report = StateJson::new(&path, rec, &memory, settings_text, request);
-    report.replay_command = rec
-        .has_block_events()
-        .then(|| replay_command(&snapshot, rec, &path));
+    // Plain replay needs allocations (a trace of frees alone is refused).
+    let allocates = rec
+        .entries
+        .iter()
+        .any(|e| matches!(e.action, Action::Alloc | Action::Oom));
+    report.replay_command = allocates.then(|| replay_command(&snapshot, rec, &path));
+    report.replayable = allocates;
     Ok(if args.json {
         serde_json::to_string(&report).expect("plain data serializes") + "\n"
     } else {
@@ -195,7 +237,10 @@ fn request(
     path: &str,
 ) -> Result<RequestJson, String> {
     let reserved = memory.total().reserved;
-    let device_free = args.device_free.unwrap_or(0);
+    if let Some(free) = args.device_free {
+        free.note_unitless("--device-free");
+    }
+    let device_free = args.device_free.map_or(0, |free| free.bytes);
     let capacity = reserved.checked_add(device_free).ok_or_else(|| {
         format!("--device-free: {device_free} bytes beyond the {reserved} reserved is too large")
     })?;
@@ -207,6 +252,26 @@ fn request(
              plus --device-free: {} ({capacity} bytes)",
             format_size(total),
             format_size(capacity)
+        ));
+    }
+    let total = args.device_memory.unwrap_or(capacity);
+    if let Some(allowed) = settings.allowed_maximum(total)
+        && allowed < reserved
+    {
+        return Err(format!(
+            "{path}: the snapshot reserves {} ({reserved} bytes), more than \
+             per_process_memory_fraction:{} allows of the device's {}: {} ({allowed} bytes); \
+             this state cannot exist under the settings {settings_text}{}",
+            format_size(reserved),
+            settings.per_process_memory_fraction,
+            format_size(total),
+            format_size(allowed),
+            if args.device_memory.is_none() {
+                " (the device's total memory, not given, was taken as the reserved memory plus \
+                 --device-free: give --device-memory)"
+            } else {
+                ""
+            }
         ));
     }
     let stream = request_stream(memory, args.stream, path)?;
@@ -232,7 +297,10 @@ fn request(
             format_size(size)
         );
     }
-    let state = end_state(rec).map_err(|e| e.to_string())?;
+    let state = end_state(rec).map_err(|e| match e {
+        TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
+        e => e.to_string(),
+    })?;
     let config = ReplayConfig {
         settings,
         device: DeviceId(rec.device.0),
@@ -244,7 +312,9 @@ fn request(
         try_request(&state, &pending_frees(rec), &config, size, stream).map_err(|e| match e {
             Error::SeedForbiddenBySettings(why) => {
                 let advice = if args.conf.is_some() {
-                    "give --conf with the settings the program ran with"
+                    "--conf names the settings the program ran with, under which it reached this \
+                     state; to see how other settings would have done, record the allocation \
+                     history (torch.cuda.memory._record_memory_history) and replay it with them"
                 } else {
                     "were they changed while the program ran? give --conf with the ones in force \
                  when the snapshot was taken"
@@ -256,7 +326,9 @@ fn request(
             }
             e => format!("{path}: {e}"),
         })?;
-    Ok(RequestJson::new(trial, device_free, config.total()))
+    let mut json = RequestJson::new(trial, device_free, config.total());
+    json.device_memory_given = args.device_memory.is_some();
+    Ok(json)
 }
 
 /// The stream a request is tried on: `--stream`, else the snapshot's only stream, else the
@@ -411,6 +483,9 @@ struct RequestJson {
     /// What the device had free beyond the reserved memory, and its total.
     device_free_bytes: u64,
     device_memory_bytes: Option<u64>,
+    /// The device's total memory was given (`--device-memory`); else it is taken as the
+    /// reserved memory plus the free, with nothing held outside the pool.
+    device_memory_given: bool,
     /// `cached` (a free cached block serves it), `new_segment` (the device supplies one) or
     /// `out_of_memory`.
     outcome: &'static str,
@@ -435,6 +510,7 @@ impl RequestJson {
             stream: trial.stream.0,
             device_free_bytes: device_free,
             device_memory_bytes: device_memory,
+            device_memory_given: false,
             outcome: "",
             block_address: None,
             block_bytes: None,
@@ -486,7 +562,8 @@ impl RequestJson {
                     "served from the free cached block of {} at {:#x}.\n",
                     format_size(self.block_bytes.unwrap_or(0)),
                     self.block_address.unwrap_or(0)
-                )
+                );
+                out += FITS_HERE;
             }
             "new_segment" => {
                 out += &format!(
@@ -502,12 +579,21 @@ impl RequestJson {
                         )
                     }
                 }
+                out += FITS_HERE;
             }
             _ => {
                 out += "out of memory.\n";
                 if let Some(oom) = &self.oom {
                     out += oom.text.trim_end();
                     out += "\n";
+                    if !self.device_memory_given
+                        && matches!(oom.kind, "exhausted" | "segment_too_large")
+                    {
+                        out += "The device's total memory was not given: it is taken as the \
+                                reserved memory plus --device-free, with nothing held outside the \
+                                pool. Give --device-memory (PyTorch's \"total capacity of SIZE\") \
+                                to tell memory held by other processes or CUDA contexts apart.\n";
+                    }
                 }
                 if self
                     .oom
@@ -526,14 +612,21 @@ impl RequestJson {
     }
 }
 
+/// After a request that fits: why a program may still have run out of memory in this state.
+const FITS_HERE: &str = "In this state the request fits. If the program ran out of memory here, \
+                         the snapshot was taken after memory was freed (an exception handler runs \
+                         after the failing frame's tensors are released), or the device had less \
+                         free memory than --device-free says, or the request was another size.\n";
+
 /// The report, in the shape of the `--json` output.
 #[derive(Serialize)]
 struct StateJson {
     snapshot: String,
     device: i32,
     settings: String,
-    /// Entries of the device's allocation trace (a replay needs allocations and frees).
+    /// Entries of the device's allocation trace.
     trace_entries: usize,
+    /// The trace allocates: `cachealloc replay` can replay it.
     replayable: bool,
     /// The command that replays the device's trace, when it has one to replay.
     replay_command: Option<String>,
@@ -560,7 +653,7 @@ impl StateJson {
             device: rec.device.0,
             settings,
             trace_entries: rec.entries.len(),
-            replayable: rec.has_block_events(),
+            replayable: false,
             replay_command: None,
             expandable_segments: rec.segments.iter().any(|s| s.is_expandable),
             pools: PoolsJson {
@@ -680,10 +773,10 @@ impl StateJson {
             }
             None if self.expandable_segments => {}
             None => {
-                out += "Try a request in this state: --request SIZE --device-free SIZE, from \
-                        PyTorch's message \"Tried to allocate SIZE ... of which SIZE is free\" \
-                        (its first size is the segment it tried to obtain: see cachealloc state \
-                        --help).\n"
+                out += "Try a request in this state: --request SIZE --device-free SIZE \
+                        --device-memory SIZE, from PyTorch's message \"Tried to allocate SIZE. \
+                        GPU 0 has a total capacity of SIZE of which SIZE is free\" (its first \
+                        size is the segment it tried to obtain: see cachealloc state --help).\n"
             }
         }
         out
