@@ -8,6 +8,7 @@ mod recorded;
 mod size;
 mod sources;
 mod state;
+mod state_report;
 
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, ConfigSource, options};

@@ -1,0 +1,474 @@
+//! What `cachealloc state` prints: the memory state and the request's outcome, as one JSON
+//! object or as a readable report.
+
+use crate::outcome::{OomReportJson, counted};
+use cachealloc::pool::{PoolKind, format_size};
+use cachealloc::trace::memory_state::{FreeBlock, PoolMemory, StreamMemory};
+use cachealloc::trace::{DeviceRecording, MemoryState, RequestOutcome, RequestTrial};
+use serde::Serialize;
+
+/// How many of the largest free cached blocks the readable report lists.
+const LISTED_IN_TEXT: usize = 5;
+
+/// One pool's (or both pools') figures.
+#[derive(Serialize)]
+struct PoolJson {
+    segments: usize,
+    reserved_bytes: u64,
+    allocated_bytes: u64,
+    requested_bytes: u64,
+    pending_free_bytes: u64,
+    free_bytes: u64,
+    free_blocks: usize,
+    largest_free_block_bytes: u64,
+    /// Wholly free segments (returned to the device when a request finds no room, or by
+    /// empty_cache()) and their bytes; the rest of the free bytes lie in segments that also
+    /// hold allocations.
+    free_segments: usize,
+    free_segment_bytes: u64,
+}
+
+impl From<PoolMemory> for PoolJson {
+    fn from(p: PoolMemory) -> Self {
+        PoolJson {
+            segments: p.segments,
+            reserved_bytes: p.reserved,
+            allocated_bytes: p.allocated,
+            requested_bytes: p.requested,
+            pending_free_bytes: p.pending_free,
+            free_bytes: p.free,
+            free_blocks: p.free_blocks,
+            largest_free_block_bytes: p.largest_free_block,
+            free_segments: p.free_segments,
+            free_segment_bytes: p.free_segment_bytes,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct PoolsJson {
+    small: PoolJson,
+    large: PoolJson,
+    all: PoolJson,
+}
+
+#[derive(Serialize)]
+struct StreamJson {
+    stream: u64,
+    reserved_bytes: u64,
+    free_bytes: u64,
+    largest_free_block_bytes: u64,
+}
+
+impl From<&StreamMemory> for StreamJson {
+    fn from(s: &StreamMemory) -> Self {
+        StreamJson {
+            stream: s.stream.0,
+            reserved_bytes: s.reserved,
+            free_bytes: s.free,
+            largest_free_block_bytes: s.largest_free_block,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct FreeBlockJson {
+    address: u64,
+    size: u64,
+    pool: &'static str,
+    stream: u64,
+}
+
+impl From<&FreeBlock> for FreeBlockJson {
+    fn from(b: &FreeBlock) -> Self {
+        FreeBlockJson {
+            address: b.addr,
+            size: b.size,
+            pool: pool_name(b.pool),
+            stream: b.stream.0,
+        }
+    }
+}
+
+fn pool_name(pool: PoolKind) -> &'static str {
+    match pool {
+        PoolKind::Small => "small",
+        PoolKind::Large => "large",
+    }
+}
+
+/// A request tried in the state.
+#[derive(Serialize)]
+pub(crate) struct RequestJson {
+    requested_bytes: u64,
+    rounded_bytes: u64,
+    pool: &'static str,
+    stream: u64,
+    /// What the device had free beyond the reserved memory, and its total.
+    device_free_bytes: u64,
+    device_memory_bytes: Option<u64>,
+    /// The device's total memory was given (`--device-memory`); else it is taken as the
+    /// reserved memory plus the free, with nothing held outside the pool.
+    pub(crate) device_memory_given: bool,
+    /// `cached` (a free cached block serves it), `new_segment` (the device supplies one) or
+    /// `out_of_memory`.
+    outcome: &'static str,
+    /// The cached block that serves it.
+    block_address: Option<u64>,
+    block_bytes: Option<u64>,
+    /// The new segment, and the cached segments returned to the device first.
+    segment_bytes: Option<u64>,
+    released_segments: Option<u64>,
+    oom: Option<OomReportJson>,
+    /// Whether an allocator setting may avoid the out-of-memory error (then a recorded trace's
+    /// replay finds which).
+    settings_may_help: Option<bool>,
+}
+
+impl RequestJson {
+    pub(crate) fn new(trial: RequestTrial, device_free: u64, device_memory: Option<u64>) -> Self {
+        let mut json = RequestJson {
+            requested_bytes: trial.requested,
+            rounded_bytes: trial.rounded,
+            pool: pool_name(trial.pool),
+            stream: trial.stream.0,
+            device_free_bytes: device_free,
+            device_memory_bytes: device_memory,
+            device_memory_given: false,
+            outcome: "",
+            block_address: None,
+            block_bytes: None,
+            segment_bytes: None,
+            released_segments: None,
+            oom: None,
+            settings_may_help: None,
+        };
+        match trial.outcome {
+            RequestOutcome::Cached {
+                block_addr,
+                block_size,
+            } => {
+                json.outcome = "cached";
+                json.block_address = Some(block_addr);
+                json.block_bytes = Some(block_size);
+            }
+            RequestOutcome::NewSegment {
+                segment,
+                released_segments,
+            } => {
+                json.outcome = "new_segment";
+                json.segment_bytes = Some(segment);
+                json.released_segments = Some(released_segments);
+            }
+            RequestOutcome::OutOfMemory(report) => {
+                json.outcome = "out_of_memory";
+                json.settings_may_help = Some(report.hint().settings_may_help());
+                json.oom = Some(OomReportJson::from(&*report));
+            }
+        }
+        json
+    }
+
+    fn to_text(&self) -> String {
+        let mut out = format!(
+            "Trying a request of {} on stream {:#x} (a {} block of the {} pool) through \
+             cachealloc's pool, which follows PyTorch's policy, with {} free on the device beyond \
+             the reserved memory: ",
+            format_size(self.requested_bytes),
+            self.stream,
+            format_size(self.rounded_bytes),
+            self.pool,
+            format_size(self.device_free_bytes)
+        );
+        match self.outcome {
+            "cached" => {
+                out += &format!(
+                    "served from the free cached block of {} at {:#x}.\n",
+                    format_size(self.block_bytes.unwrap_or(0)),
+                    self.block_address.unwrap_or(0)
+                );
+                out += FITS_HERE;
+            }
+            "new_segment" => {
+                out += &format!(
+                    "served by a new segment of {} from the device",
+                    format_size(self.segment_bytes.unwrap_or(0))
+                );
+                match self.released_segments.unwrap_or(0) {
+                    0 => out += ".\n",
+                    n => {
+                        out += &format!(
+                            ", after returning {} to it.\n",
+                            counted(n, "free cached segment")
+                        )
+                    }
+                }
+                out += FITS_HERE;
+            }
+            _ => {
+                out += "out of memory.\n";
+                if let Some(oom) = &self.oom {
+                    out += oom.text.trim_end();
+                    out += "\n";
+                    if !self.device_memory_given
+                        && matches!(oom.kind, "exhausted" | "segment_too_large")
+                    {
+                        out += "The device's total memory was not given: it is taken as the \
+                                reserved memory plus --device-free, with nothing held outside the \
+                                pool. Give --device-memory (PyTorch's \"total capacity of SIZE\") \
+                                to tell memory held by other processes or CUDA contexts apart.\n";
+                    }
+                }
+                if self
+                    .oom
+                    .as_ref()
+                    .is_some_and(|oom| oom.kind == "fragmentation")
+                {
+                    out += "Which setting avoids this depends on the requests that led to this \
+                            state, which a snapshot without an allocation trace does not hold: \
+                            call torch.cuda.memory._record_memory_history() before the run, dump \
+                            the snapshot at the error, and `cachealloc replay` it to find the \
+                            values that fit.\n";
+                }
+            }
+        }
+        out
+    }
+}
+
+/// After a request that fits: why a program may still have run out of memory in this state.
+const FITS_HERE: &str = "In this state the request fits. If the program ran out of memory here, \
+                         the snapshot was taken after memory was freed (an exception handler runs \
+                         after the failing frame's tensors are released), or the device had less \
+                         free memory than --device-free says, or the request was another size.\n";
+
+/// The report, in the shape of the `--json` output.
+#[derive(Serialize)]
+pub(crate) struct StateJson {
+    snapshot: String,
+    device: i32,
+    settings: String,
+    /// Entries of the device's allocation trace.
+    trace_entries: usize,
+    /// The trace allocates: `cachealloc replay` can replay it.
+    pub(crate) replayable: bool,
+    /// The command that replays the device's trace, when it has one to replay.
+    pub(crate) replay_command: Option<String>,
+    /// The segments are expandable (pages mapped into reserved ranges): free pages are
+    /// unmapped when a request finds no room, so pieces of free memory matter less.
+    expandable_segments: bool,
+    pools: PoolsJson,
+    streams: Vec<StreamJson>,
+    /// The largest free cached blocks, largest first.
+    largest_free_blocks: Vec<FreeBlockJson>,
+    request: Option<RequestJson>,
+}
+
+impl StateJson {
+    pub(crate) fn new(
+        path: &str,
+        rec: &DeviceRecording,
+        memory: &MemoryState,
+        settings: String,
+        request: Option<RequestJson>,
+    ) -> Self {
+        StateJson {
+            snapshot: path.to_string(),
+            device: rec.device.0,
+            settings,
+            trace_entries: rec.entries.len(),
+            replayable: false,
+            replay_command: None,
+            expandable_segments: rec.segments.iter().any(|s| s.is_expandable),
+            pools: PoolsJson {
+                small: memory.small.into(),
+                large: memory.large.into(),
+                all: memory.total().into(),
+            },
+            streams: memory.streams.iter().map(StreamJson::from).collect(),
+            largest_free_blocks: memory
+                .largest_free_blocks
+                .iter()
+                .map(FreeBlockJson::from)
+                .collect(),
+            request,
+        }
+    }
+
+    pub(crate) fn to_text(&self) -> String {
+        let mut out = format!(
+            "{}, device {}: the memory state when the snapshot was taken",
+            self.snapshot, self.device
+        );
+        out += &match &self.replay_command {
+            Some(command) => format!(" (its trace can be replayed: {command})\n"),
+            None => " (it holds no allocation trace to replay)\n".to_string(),
+        };
+        out += &format!("Settings: {}\n\n", self.settings);
+        out += &format!(
+            "{:<11}{:>9}{:>14}{:>14}{:>14}{:>14}{:>8}{:>14}\n",
+            "",
+            "segments",
+            "reserved",
+            "allocated",
+            "requested",
+            "free cached",
+            "blocks",
+            "largest free"
+        );
+        for (name, p) in [
+            ("large pool", &self.pools.large),
+            ("small pool", &self.pools.small),
+            ("both", &self.pools.all),
+        ] {
+            out += &format!(
+                "{:<11}{:>9}{:>14}{:>14}{:>14}{:>14}{:>8}{:>14}\n",
+                name,
+                p.segments,
+                format_size(p.reserved_bytes),
+                format_size(p.allocated_bytes),
+                format_size(p.requested_bytes),
+                format_size(p.free_bytes),
+                p.free_blocks,
+                format_size(p.largest_free_block_bytes)
+            );
+        }
+        out += "\n";
+        let all = &self.pools.all;
+        if all.pending_free_bytes > 0 {
+            out += &format!(
+                "Of the allocated memory, {} is freed but pending: blocks that other streams \
+                 still use (record_stream), cached once their work completes (a request's trial \
+                 takes that work as not done until the pool synchronizes, which it does before \
+                 returning segments to the device).\n",
+                format_size(all.pending_free_bytes)
+            );
+        }
+        if !self.largest_free_blocks.is_empty() {
+            let one_stream = self.streams.len() == 1;
+            let listed: Vec<String> = self
+                .largest_free_blocks
+                .iter()
+                .take(LISTED_IN_TEXT)
+                .map(|b| {
+                    let stream = if one_stream {
+                        String::new()
+                    } else {
+                        format!(", stream {:#x}", b.stream)
+                    };
+                    format!(
+                        "{} at {:#x} ({}{stream})",
+                        format_size(b.size),
+                        b.address,
+                        b.pool,
+                    )
+                })
+                .collect();
+            out += &format!("Largest free cached blocks: {}", listed.join(", "));
+            let more = all.free_blocks.saturating_sub(listed.len());
+            if more > 0 {
+                out += &format!(" (and {more} more)");
+            }
+            out += ".\n";
+        }
+        if self.streams.len() > 1 {
+            let listed: Vec<String> = self
+                .streams
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{:#x}: {} reserved, {} free cached",
+                        s.stream,
+                        format_size(s.reserved_bytes),
+                        format_size(s.free_bytes)
+                    )
+                })
+                .collect();
+            out += &format!(
+                "Streams (a cached block is reused only on its own): {}.\n",
+                listed.join("; ")
+            );
+        }
+        out += &self.free_memory_sentence();
+        match &self.request {
+            Some(request) => {
+                out += "\n";
+                out += &request.to_text();
+            }
+            None if self.expandable_segments => {}
+            None => {
+                out += "Try a request in this state: --request SIZE --device-free SIZE \
+                        --device-memory SIZE, from PyTorch's message \"Tried to allocate SIZE. \
+                        GPU 0 has a total capacity of SIZE of which SIZE is free\" (its first \
+                        size is the segment it tried to obtain: see cachealloc state --help).\n"
+            }
+        }
+        out
+    }
+
+    /// What the free cached memory amounts to: how much of it the allocator can return to the
+    /// device, and how much lies in pieces beside allocations.
+    fn free_memory_sentence(&self) -> String {
+        let all = &self.pools.all;
+        if all.free_bytes == 0 {
+            return "Every reserved byte is allocated: nothing is cached free.\n".to_string();
+        }
+        if self.expandable_segments {
+            return format!(
+                "{} of the {} mapped ({}) is cached free, in {}. The segments are expandable: \
+                 when a request finds no room the free pages are unmapped, and a request maps \
+                 pages into its stream's range, so the free memory's pieces matter less than \
+                 with native segments.\n",
+                format_size(all.free_bytes),
+                format_size(all.reserved_bytes),
+                percent(all.free_bytes, all.reserved_bytes),
+                counted(all.free_blocks as u64, "block")
+            );
+        }
+        let mut out = format!(
+            "{} of the {} reserved ({}) is cached free, in {}",
+            format_size(all.free_bytes),
+            format_size(all.reserved_bytes),
+            percent(all.free_bytes, all.reserved_bytes),
+            counted(all.free_blocks as u64, "block")
+        );
+        let in_pieces = all.free_bytes.saturating_sub(all.free_segment_bytes);
+        if all.free_segments > 0 && in_pieces == 0 {
+            out += &format!(
+                ", all of it in {} wholly free, which the allocator returns to the device when a \
+                 request finds no room (as empty_cache() does)",
+                counted(all.free_segments as u64, "segment")
+            );
+        } else if all.free_segments > 0 {
+            out += &format!(
+                ": {} in {} wholly free, which the allocator returns to the device when a request \
+                 finds no room (as empty_cache() does), and {} in pieces of segments that also \
+                 hold allocations",
+                format_size(all.free_segment_bytes),
+                counted(all.free_segments as u64, "segment"),
+                format_size(in_pieces)
+            );
+        }
+        out += ".\n";
+        let large = &self.pools.large;
+        if large.free_blocks > 0 {
+            out += &format!(
+                "The large pool's largest free block is {} ({} of its free memory): a larger \
+                 request needs a new segment from the device.\n",
+                format_size(large.largest_free_block_bytes),
+                percent(large.largest_free_block_bytes, large.free_bytes)
+            );
+        }
+        out
+    }
+}
+
+/// `part` as a percentage of `whole`, one decimal ("under 0.1%" rather than "0.0%").
+fn percent(part: u64, whole: u64) -> String {
+    let p = 100.0 * part as f64 / whole.max(1) as f64;
+    if part > 0 && p < 0.1 {
+        "under 0.1%".to_string()
+    } else {
+        format!("{p:.1}%")
+    }
+}
