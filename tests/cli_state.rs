@@ -302,7 +302,7 @@ fn bad_input_is_refused_with_what_is_allowed() {
             &[],
             "it is a directory: give the snapshot file",
         ),
-        (&path, &["--device-free", "1GiB"], "--request <REQUEST>"),
+        (&path, &["--device-free", "1GiB"], "--request <SIZE>"),
         (
             &path,
             &["--request", "1152921504606846976"],

@@ -28,21 +28,30 @@ pub struct StateArgs {
     /// 512MiB, bytes). PyTorch's "Tried to allocate SIZE" names the segment it tried to obtain:
     /// the request rounded up to 2 MiB above 10 MiB, but 2.00 MiB for any request up to 1 MiB
     /// and 20.00 MiB for one of 1-10 MiB (give the tensor's size there, when known).
-    #[arg(long, value_parser = parse_request, allow_hyphen_values = true)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_request, allow_hyphen_values = true)]
     request: Option<GivenSize>,
     /// The stream of the request, as the snapshot numbers streams (0 is the default stream;
     /// decimal or 0x hex). Default: the snapshot's only stream, else 0 when it has memory on
     /// the default stream.
-    #[arg(long, value_parser = parse_stream, allow_hyphen_values = true, requires = "request")]
+    #[arg(
+        long,
+        value_name = "ID",
+        value_parser = parse_stream, allow_hyphen_values = true, requires = "request")]
     stream: Option<u64>,
     /// Memory the device had free beyond what the pool reserved (PyTorch's message: "of which
     /// SIZE is free"). Default 0: the device was full, as at an out-of-memory error.
-    #[arg(long, value_parser = parse_device_free, allow_hyphen_values = true, requires = "request")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = parse_device_free, allow_hyphen_values = true, requires = "request")]
     device_free: Option<GivenSize>,
     /// The device's total memory (PyTorch's message: "a total capacity of SIZE"), for the
     /// report's memory held outside the pool and for per_process_memory_fraction. Default:
     /// what the pool reserved plus --device-free (so no memory is held outside the pool).
-    #[arg(long, value_parser = size::parse_device_memory, allow_hyphen_values = true, requires = "request")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = size::parse_device_memory, allow_hyphen_values = true, requires = "request")]
     device_memory: Option<u64>,
     /// The allocator settings the program ran with, in PYTORCH_CUDA_ALLOC_CONF syntax, in place
     /// of the snapshot's (older snapshots name none: then the defaults).
