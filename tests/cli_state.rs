@@ -285,7 +285,27 @@ fn bad_input_is_refused_with_what_is_allowed() {
         "state-recorded.trace",
         &[("alloc", 0x7f00_0000_0000, 1024, 0)],
     );
-    let cases: [(&std::path::Path, &[&str], &str); 12] = [
+    let at_zero = write_state_snapshot(
+        "at-zero.pickle",
+        &[Segment {
+            address: 0,
+            stream: 0,
+            expandable: false,
+            blocks: vec![(20 * MIB, 20 * MIB, "active_allocated")],
+        }],
+        None,
+    );
+    let cases: [(&std::path::Path, &[&str], &str); 14] = [
+        (
+            &path,
+            &["--request", "1MiB", "--device-free", "200TiB"],
+            "invalid device free memory \"200TiB\": the simulated device has",
+        ),
+        (
+            &at_zero,
+            &["--request", "1MiB"],
+            "a segment of 20971520 bytes at address 0, which is no device address",
+        ),
         (
             &path,
             &[
@@ -339,7 +359,7 @@ fn bad_input_is_refused_with_what_is_allowed() {
         (
             &expandable,
             &["--request", "1MiB"],
-            "its segments are expandable",
+            "a request is not tried in such a state yet (the report without --request works)",
         ),
     ];
     for (file, extra, needle) in cases {
@@ -355,7 +375,7 @@ fn bad_input_is_refused_with_what_is_allowed() {
     assert!(text.contains("The segments are expandable"), "{text}");
     assert!(!text.contains("wholly free"), "{text}");
     assert!(!text.contains("--request SIZE"), "{text}");
-    for p in [path, empty, expandable, recorded] {
+    for p in [path, empty, expandable, recorded, at_zero] {
         std::fs::remove_file(p).unwrap();
     }
 }

@@ -215,7 +215,9 @@ pub fn try_request(
     pool.backend_mut().hold_work();
     for &addr in pending {
         let ptr = DevicePtr::new(addr).ok_or_else(|| {
-            Error::InvalidSeed(format!("a block pending its free at address {addr:#x}"))
+            Error::InvalidSeed(
+                "a block pending its free at address 0, which is no device address".to_string(),
+            )
         })?;
         pool.free_after_streams(ptr, &[])?;
     }

@@ -240,7 +240,7 @@ pub fn seeded_pool(
         let held = start.held_bytes();
         if held > capacity {
             return Err(Error::InvalidSeed(format!(
-                "the segments live at trace start hold {} ({held} bytes), more than the device \
+                "the start state's segments hold {} ({held} bytes), more than the device \
                  capacity of {} ({capacity} bytes); give a larger capacity",
                 format_size(held),
                 format_size(capacity)
@@ -248,10 +248,18 @@ pub fn seeded_pool(
         }
         for seg in &start.segments {
             if !sim.claim(seg.addr, seg.size) {
-                return Err(Error::InvalidSeed(format!(
-                    "segment {:#x} of {} bytes overlaps another",
-                    seg.addr, seg.size
-                )));
+                return Err(Error::InvalidSeed(if seg.addr == 0 {
+                    format!(
+                        "a segment of {} bytes at address 0, which is no device address",
+                        seg.size
+                    )
+                } else {
+                    format!(
+                        "segment {:#x} of {} bytes overlaps another, or lies outside the device's \
+                         address space",
+                        seg.addr, seg.size
+                    )
+                }));
             }
         }
     }

@@ -258,7 +258,7 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
 /// The state a snapshot's `segments` hold for one device, as the pool would hold it: the
 /// memory state when the snapshot was taken, whatever its trace holds (nothing is undone).
 /// Blocks pending their free count as allocated, as the pool counts them until their events
-/// complete.
+/// complete. (A `StartState`: the state a pool is seeded with, here at the snapshot's end.)
 pub fn end_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
     if rec.segments.iter().any(|s| s.is_expandable) {
         return Err(TraceError::unsupported(

@@ -4,6 +4,7 @@
 
 use crate::size;
 use crate::state_report::{RequestJson, StateJson};
+use cachealloc::backend::sim::ADDRESS_SPACE;
 use cachealloc::config::{Config, render_conf};
 use cachealloc::pool::rounding::{LARGE_BUFFER, MAX_REQUEST, SMALL_BUFFER};
 use cachealloc::pool::{DeviceId, Error, Settings, StreamId, format_size};
@@ -90,9 +91,16 @@ impl GivenSize {
     }
 }
 
-/// `--device-free`: any size, 0 included.
+/// `--device-free`: any size the simulated device can hold, 0 included.
 fn parse_device_free(text: &str) -> Result<GivenSize, String> {
-    Ok(GivenSize::of(text, size::parse_size(text)?))
+    match size::parse_size(text)? {
+        bytes if bytes > ADDRESS_SPACE => Err(format!(
+            "invalid device free memory {text:?}: the simulated device has {ADDRESS_SPACE} bytes \
+             of address space ({})",
+            format_size(ADDRESS_SPACE)
+        )),
+        bytes => Ok(GivenSize::of(text, bytes)),
+    }
 }
 
 /// A request size: bytes, at least one and less than the 1 EB PyTorch refuses outright.
@@ -136,6 +144,10 @@ pub fn run(args: StateArgs) -> Result<String, String> {
     let memory = MemoryState::of(rec);
     if let Some(request) = args.request {
         request.note_unitless("--request");
+        note_segment_sized(request.bytes);
+    }
+    if let Some(free) = args.device_free {
+        free.note_unitless("--device-free");
     }
     let request = match args.request {
         Some(GivenSize { bytes: size, .. }) => Some(request(
@@ -232,6 +244,7 @@ fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, Stri
     }
 }
 
+/// Try the request of `size` bytes in `rec`'s state.
 fn request(
     rec: &DeviceRecording,
     memory: &MemoryState,
@@ -240,45 +253,6 @@ fn request(
     size: u64,
     path: &str,
 ) -> Result<RequestJson, String> {
-    let reserved = memory.total().reserved;
-    if let Some(free) = args.device_free {
-        free.note_unitless("--device-free");
-    }
-    let device_free = args.device_free.map_or(0, |free| free.bytes);
-    let capacity = reserved.checked_add(device_free).ok_or_else(|| {
-        format!("--device-free: {device_free} bytes beyond the {reserved} reserved is too large")
-    })?;
-    if let Some(total) = args.device_memory
-        && total < capacity
-    {
-        return Err(format!(
-            "--device-memory {} ({total} bytes) is less than the memory the snapshot reserves \
-             plus --device-free: {} ({capacity} bytes)",
-            format_size(total),
-            format_size(capacity)
-        ));
-    }
-    let total = args.device_memory.unwrap_or(capacity);
-    if let Some(allowed) = settings.allowed_maximum(total)
-        && allowed < reserved
-    {
-        return Err(format!(
-            "{path}: the snapshot reserves {} ({reserved} bytes), more than \
-             per_process_memory_fraction:{} allows of the device's {}: {} ({allowed} bytes); \
-             this state cannot exist under the settings {settings_text}{}",
-            format_size(reserved),
-            settings.per_process_memory_fraction,
-            format_size(total),
-            format_size(allowed),
-            if args.device_memory.is_none() {
-                " (the device's total memory, not given, was taken as the reserved memory plus \
-                 --device-free: give --device-memory)"
-            } else {
-                ""
-            }
-        ));
-    }
-    let stream = request_stream(memory, args.stream, path)?;
     if rec.segments.iter().any(|s| s.is_expandable) {
         return Err(format!(
             "{path}: device {}: its segments are expandable (pages mapped into reserved \
@@ -287,20 +261,17 @@ fn request(
             rec.device.0
         ));
     }
-    if size == SMALL_BUFFER || size == LARGE_BUFFER {
-        eprintln!(
-            "cachealloc: note: PyTorch's \"Tried to allocate {}\" names the segment it tried to \
-             obtain, for any request {}: the trial requests {} itself; give the tensor's size, \
-             when known",
-            format_size(size),
-            if size == SMALL_BUFFER {
-                "up to 1 MiB"
-            } else {
-                "of 1-10 MiB"
-            },
-            format_size(size)
-        );
-    }
+    let device_free = args.device_free.map_or(0, |free| free.bytes);
+    let capacity = device_capacity(
+        memory.total().reserved,
+        device_free,
+        args,
+        (&settings, settings_text),
+    )
+    .map_err(|why| format!("{path}: {why}"))?;
+    let stream = request_stream(memory, args.stream, path)?;
+    // The library's error says the state "cannot be replayed faithfully", which is replay's
+    // word for it: here the file's state is what is wrong.
     let state = end_state(rec).map_err(|e| match e {
         TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
         e => e.to_string(),
@@ -321,18 +292,83 @@ fn request(
                      history (torch.cuda.memory._record_memory_history) and replay it with them"
                 } else {
                     "were they changed while the program ran? give --conf with the ones in force \
-                 when the snapshot was taken"
+                     when the snapshot was taken"
                 };
                 format!(
                     "{path}: the snapshot's state cannot exist under the settings {settings_text}: \
-                 {why}; {advice}"
+                     {why}; {advice}"
                 )
             }
             e => format!("{path}: {e}"),
         })?;
-    let mut json = RequestJson::new(trial, device_free, config.total());
-    json.device_memory_given = args.device_memory.is_some();
-    Ok(json)
+    Ok(RequestJson::new(
+        trial,
+        device_free,
+        config.total(),
+        args.device_memory.is_some(),
+    ))
+}
+
+/// The capacity of the trial's device: the `reserved` memory plus `device_free`, within the
+/// total `--device-memory` and any `per_process_memory_fraction` of it. `Err` says which
+/// limit the state breaks.
+fn device_capacity(
+    reserved: u64,
+    device_free: u64,
+    args: &StateArgs,
+    (settings, settings_text): (&Settings, &str),
+) -> Result<u64, String> {
+    let capacity = reserved.saturating_add(device_free);
+    if let Some(total) = args.device_memory
+        && total < capacity
+    {
+        return Err(format!(
+            "--device-memory {} ({total} bytes) is less than the memory the snapshot reserves \
+             plus --device-free: {} ({capacity} bytes)",
+            format_size(total),
+            format_size(capacity)
+        ));
+    }
+    let total = args.device_memory.unwrap_or(capacity);
+    if let Some(allowed) = settings.allowed_maximum(total)
+        && allowed < reserved
+    {
+        return Err(format!(
+            "the snapshot reserves {} ({reserved} bytes), more than \
+             per_process_memory_fraction:{} allows of the device's {}: {} ({allowed} bytes); \
+             this state cannot exist under the settings {settings_text}{}",
+            format_size(reserved),
+            settings.per_process_memory_fraction,
+            format_size(total),
+            format_size(allowed),
+            if args.device_memory.is_none() {
+                " (the device's total memory, not given, was taken as the reserved memory plus \
+                 --device-free: give --device-memory)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(capacity)
+}
+
+/// PyTorch's "Tried to allocate 2.00 MiB" (or 20.00 MiB) names a segment: a request of just
+/// that size copied from it is likely a smaller request's.
+fn note_segment_sized(size: u64) {
+    if size == SMALL_BUFFER || size == LARGE_BUFFER {
+        eprintln!(
+            "cachealloc: note: PyTorch's \"Tried to allocate {}\" names the segment it tried to \
+             obtain, for any request {}: the trial requests {} itself; give the tensor's size, \
+             when known",
+            format_size(size),
+            if size == SMALL_BUFFER {
+                "up to 1 MiB"
+            } else {
+                "of 1-10 MiB"
+            },
+            format_size(size)
+        );
+    }
 }
 
 /// The stream a request is tried on: `--stream`, else the snapshot's only stream, else the

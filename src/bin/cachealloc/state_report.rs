@@ -97,6 +97,17 @@ fn pool_name(pool: PoolKind) -> &'static str {
     }
 }
 
+/// What became of the request (`RequestOutcome` without its figures).
+#[derive(Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Outcome {
+    /// A free cached block serves it.
+    Cached,
+    /// The device supplies a new segment.
+    NewSegment,
+    OutOfMemory,
+}
+
 /// A request tried in the state.
 #[derive(Serialize)]
 pub(crate) struct RequestJson {
@@ -109,10 +120,10 @@ pub(crate) struct RequestJson {
     device_memory_bytes: Option<u64>,
     /// The device's total memory was given (`--device-memory`); else it is taken as the
     /// reserved memory plus the free, with nothing held outside the pool.
-    pub(crate) device_memory_given: bool,
+    device_memory_given: bool,
     /// `cached` (a free cached block serves it), `new_segment` (the device supplies one) or
     /// `out_of_memory`.
-    outcome: &'static str,
+    outcome: Outcome,
     /// The cached block that serves it.
     block_address: Option<u64>,
     block_bytes: Option<u64>,
@@ -126,7 +137,17 @@ pub(crate) struct RequestJson {
 }
 
 impl RequestJson {
-    pub(crate) fn new(trial: RequestTrial, device_free: u64, device_memory: Option<u64>) -> Self {
+    pub(crate) fn new(
+        trial: RequestTrial,
+        device_free: u64,
+        device_memory: Option<u64>,
+        device_memory_given: bool,
+    ) -> Self {
+        let outcome = match trial.outcome {
+            RequestOutcome::Cached { .. } => Outcome::Cached,
+            RequestOutcome::NewSegment { .. } => Outcome::NewSegment,
+            RequestOutcome::OutOfMemory(_) => Outcome::OutOfMemory,
+        };
         let mut json = RequestJson {
             requested_bytes: trial.requested,
             rounded_bytes: trial.rounded,
@@ -134,8 +155,8 @@ impl RequestJson {
             stream: trial.stream.0,
             device_free_bytes: device_free,
             device_memory_bytes: device_memory,
-            device_memory_given: false,
-            outcome: "",
+            device_memory_given,
+            outcome,
             block_address: None,
             block_bytes: None,
             segment_bytes: None,
@@ -148,7 +169,6 @@ impl RequestJson {
                 block_addr,
                 block_size,
             } => {
-                json.outcome = "cached";
                 json.block_address = Some(block_addr);
                 json.block_bytes = Some(block_size);
             }
@@ -156,12 +176,10 @@ impl RequestJson {
                 segment,
                 released_segments,
             } => {
-                json.outcome = "new_segment";
                 json.segment_bytes = Some(segment);
                 json.released_segments = Some(released_segments);
             }
             RequestOutcome::OutOfMemory(report) => {
-                json.outcome = "out_of_memory";
                 json.settings_may_help = Some(report.hint().settings_may_help());
                 json.oom = Some(OomReportJson::from(&*report));
             }
@@ -181,7 +199,7 @@ impl RequestJson {
             format_size(self.device_free_bytes)
         );
         match self.outcome {
-            "cached" => {
+            Outcome::Cached => {
                 out += &format!(
                     "served from the free cached block of {} at {:#x}.\n",
                     format_size(self.block_bytes.unwrap_or(0)),
@@ -189,7 +207,7 @@ impl RequestJson {
                 );
                 out += FITS_HERE;
             }
-            "new_segment" => {
+            Outcome::NewSegment => {
                 out += &format!(
                     "served by a new segment of {} from the device",
                     format_size(self.segment_bytes.unwrap_or(0))
@@ -205,7 +223,7 @@ impl RequestJson {
                 }
                 out += FITS_HERE;
             }
-            _ => {
+            Outcome::OutOfMemory => {
                 out += "out of memory.\n";
                 if let Some(oom) = &self.oom {
                     out += oom.text.trim_end();
