@@ -199,8 +199,8 @@ impl<'a> Reader<'a> {
     fn snapshot(&self, value: PyValue) -> Result<RecordedSnapshot, TraceError> {
         // `torch.cuda.memory_snapshot()` gives the segments alone, as a list: a state without
         // a trace or settings.
-        if self.p.as_list(value).is_some() {
-            return self.segments_only(value);
+        if let Some(items) = self.p.as_list(value) {
+            return self.segments_only(items);
         }
         let Some(top) = self.p.as_dict(value) else {
             return Err(TraceError::not_snapshot(
@@ -235,13 +235,13 @@ impl<'a> Reader<'a> {
                 .collect::<Result<Vec<_>, _>>()?;
             entries_per_device.push(entries);
         }
-        let segments = self.segments(self.field(top, "segments", "top level")?)?;
+        let segments =
+            self.segments(self.list(self.field(top, "segments", "top level")?, "segments")?)?;
         Ok(self.recorded(entries_per_device, segments, settings, false))
     }
 
     /// A snapshot of `torch.cuda.memory_snapshot()`: its list of segments.
-    fn segments_only(&self, value: PyValue) -> Result<RecordedSnapshot, TraceError> {
-        let items = self.p.as_list(value).unwrap_or_default();
+    fn segments_only(&self, items: &[PyValue]) -> Result<RecordedSnapshot, TraceError> {
         if let Some(other) = items.iter().find(|&&v| self.p.as_dict(v).is_none()) {
             return Err(TraceError::not_snapshot(
                 self.source,
@@ -252,13 +252,12 @@ impl<'a> Reader<'a> {
                 ),
             ));
         }
-        let segments = self.segments(value)?;
+        let segments = self.segments(items)?;
         Ok(self.recorded(Vec::new(), segments, None, true))
     }
 
     /// The segments, in (device, address) order.
-    fn segments(&self, value: PyValue) -> Result<Vec<RecordedSegment>, TraceError> {
-        let raw_segments = self.list(value, "segments")?;
+    fn segments(&self, raw_segments: &[PyValue]) -> Result<Vec<RecordedSegment>, TraceError> {
         let mut segments = raw_segments
             .iter()
             .enumerate()

@@ -231,20 +231,12 @@ fn run(cli: Cli) -> Result<String, String> {
                         format!("{settings_text} (from --conf, in place of the recording's)");
                 } else if let Some(recorded) = &loaded.recorded_settings {
                     config.settings = recorded.clone();
-                    let conf = cachealloc::config::render_conf(&Config {
-                        settings: recorded.clone(),
-                        ..Config::default()
-                    });
                     let how = if loaded.settings_inferred {
                         "as the recording shows them"
                     } else {
                         "as recorded"
                     };
-                    settings_text = if conf.is_empty() {
-                        format!("{how}: defaults")
-                    } else {
-                        format!("{how}: {conf}")
-                    };
+                    settings_text = named_settings(how, recorded);
                 } else {
                     settings_text = "defaults (the recording names none)".to_string();
                 }
@@ -313,6 +305,20 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         ..ReplayConfig::default()
     };
     Ok((replay_config, conf.to_string()))
+}
+
+/// A recording's settings as a summary names them: `how` they were found, then their
+/// `--conf` form, or "defaults".
+fn named_settings(how: &str, settings: &cachealloc::pool::Settings) -> String {
+    let conf = cachealloc::config::render_conf(&Config {
+        settings: settings.clone(),
+        ..Config::default()
+    });
+    if conf.is_empty() {
+        format!("{how}: defaults")
+    } else {
+        format!("{how}: {conf}")
+    }
 }
 
 /// Parse `--conf`, printing the warnings its keys and values earn.

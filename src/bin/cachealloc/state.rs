@@ -5,7 +5,6 @@
 use crate::size;
 use crate::state_report::{RequestJson, StateJson};
 use cachealloc::backend::sim::ADDRESS_SPACE;
-use cachealloc::config::{Config, render_conf};
 use cachealloc::pool::rounding::{LARGE_BUFFER, MAX_REQUEST, SMALL_BUFFER};
 use cachealloc::pool::{DeviceId, Error, Settings, StreamId, format_size};
 use cachealloc::trace::TraceError;
@@ -160,14 +159,13 @@ pub fn run(args: StateArgs) -> Result<String, String> {
         )?),
         None => None,
     };
-    let mut report = StateJson::new(&path, rec, &memory, settings_text, request);
     // Plain replay needs allocations (a trace of frees alone is refused).
     let allocates = rec
         .entries
         .iter()
         .any(|e| matches!(e.action, Action::Alloc | Action::Oom));
-    report.replay_command = allocates.then(|| replay_command(&snapshot, rec, &path));
-    report.replayable = allocates;
+    let command = allocates.then(|| replay_command(&snapshot, rec, &path));
+    let report = StateJson::new(&path, rec, &memory, settings_text, request, command);
     Ok(if args.json {
         serde_json::to_string(&report).expect("plain data serializes") + "\n"
     } else {
@@ -226,15 +224,7 @@ fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, Stri
     match &rec.settings {
         Some(recorded) => {
             let settings = recorded.to_settings();
-            let conf = render_conf(&Config {
-                settings: settings.clone(),
-                ..Config::default()
-            });
-            let text = if conf.is_empty() {
-                "as recorded: defaults".to_string()
-            } else {
-                format!("as recorded: {conf}")
-            };
+            let text = crate::named_settings("as recorded", &settings);
             Ok((settings, text))
         }
         None => Ok((

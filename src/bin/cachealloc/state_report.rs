@@ -2,7 +2,7 @@
 //! object or as a readable report.
 
 use crate::outcome::{OomReportJson, counted};
-use cachealloc::pool::{PoolKind, format_size};
+use cachealloc::pool::format_size;
 use cachealloc::trace::memory_state::{FreeBlock, PoolMemory, StreamMemory};
 use cachealloc::trace::{DeviceRecording, MemoryState, RequestOutcome, RequestTrial};
 use serde::Serialize;
@@ -84,16 +84,9 @@ impl From<&FreeBlock> for FreeBlockJson {
         FreeBlockJson {
             address: b.addr,
             size: b.size,
-            pool: pool_name(b.pool),
+            pool: b.pool.name(),
             stream: b.stream.0,
         }
-    }
-}
-
-fn pool_name(pool: PoolKind) -> &'static str {
-    match pool {
-        PoolKind::Small => "small",
-        PoolKind::Large => "large",
     }
 }
 
@@ -151,7 +144,7 @@ impl RequestJson {
         let mut json = RequestJson {
             requested_bytes: trial.requested,
             rounded_bytes: trial.rounded,
-            pool: pool_name(trial.pool),
+            pool: trial.pool.name(),
             stream: trial.stream.0,
             device_free_bytes: device_free,
             device_memory_bytes: device_memory,
@@ -269,9 +262,9 @@ pub(crate) struct StateJson {
     /// Entries of the device's allocation trace.
     trace_entries: usize,
     /// The trace allocates: `cachealloc replay` can replay it.
-    pub(crate) replayable: bool,
+    replayable: bool,
     /// The command that replays the device's trace, when it has one to replay.
-    pub(crate) replay_command: Option<String>,
+    replay_command: Option<String>,
     /// The segments are expandable (pages mapped into reserved ranges): free pages are
     /// unmapped when a request finds no room, so pieces of free memory matter less.
     expandable_segments: bool,
@@ -289,14 +282,15 @@ impl StateJson {
         memory: &MemoryState,
         settings: String,
         request: Option<RequestJson>,
+        replay_command: Option<String>,
     ) -> Self {
         StateJson {
             snapshot: path.to_string(),
             device: rec.device.0,
             settings,
             trace_entries: rec.entries.len(),
-            replayable: false,
-            replay_command: None,
+            replayable: replay_command.is_some(),
+            replay_command,
             expandable_segments: rec.segments.iter().any(|s| s.is_expandable),
             pools: PoolsJson {
                 small: memory.small.into(),
