@@ -95,6 +95,28 @@ fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
     assert_ne!(base["num_device_alloc"], tuned["num_device_alloc"]);
 }
 
+/// The summary names the settings the replay ran with: a key given twice takes its last value
+/// (as in PyTorch), and a PyTorch-only key, ignored by a replay, is not named.
+#[test]
+fn the_summary_names_the_settings_in_effect_not_the_text_given() {
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "max_split_size_mb:128, max_split_size_mb:256,pinned_use_cuda_host_register:True",
+        "--json",
+    ]);
+    assert_eq!(json(&out)["settings"], "max_split_size_mb:256");
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "pinned_use_cuda_host_register:True",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  settings: defaults\n"), "{text}");
+}
+
 #[test]
 fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
     let Some(t) = trace("discrete_diffusion/657e3e3/memory_snapshot.json") else {

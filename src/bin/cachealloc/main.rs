@@ -304,21 +304,29 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
         placement,
         ..ReplayConfig::default()
     };
-    Ok((replay_config, conf.to_string()))
+    // The settings in effect, not the text given: a key given twice names its last value, and
+    // PyTorch-only keys (ignored here) are left out.
+    let settings_text = settings_conf(&replay_config.settings);
+    Ok((replay_config, settings_text))
 }
 
 /// A recording's settings as a summary names them: `how` they were found, then their
 /// `--conf` form, or "defaults".
 fn named_settings(how: &str, settings: &cachealloc::pool::Settings) -> String {
-    let conf = cachealloc::config::render_conf(&Config {
-        settings: settings.clone(),
-        ..Config::default()
-    });
+    let conf = settings_conf(settings);
     if conf.is_empty() {
         format!("{how}: defaults")
     } else {
         format!("{how}: {conf}")
     }
+}
+
+/// The `--conf` form of `settings` (empty for the defaults).
+fn settings_conf(settings: &cachealloc::pool::Settings) -> String {
+    cachealloc::config::render_conf(&Config {
+        settings: settings.clone(),
+        ..Config::default()
+    })
 }
 
 /// Parse `--conf`, printing the warnings its keys and values earn.

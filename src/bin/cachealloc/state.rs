@@ -214,7 +214,8 @@ fn pick_device<'a>(
 fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, String), String> {
     if let Some(conf) = conf {
         let config = crate::parse_conf(conf)?;
-        let text = if conf.trim().is_empty() {
+        let conf = crate::settings_conf(&config.settings);
+        let text = if conf.is_empty() {
             "defaults (from --conf)".to_string()
         } else {
             format!("{conf} (from --conf)")
