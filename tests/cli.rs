@@ -5,6 +5,7 @@ mod support;
 
 use std::process::Command;
 use support::cli::{cachealloc, cachealloc_with, json};
+use support::snapshot_pickle::{Segment, write_snapshot};
 use support::trace_lines::{write_retry_on_1_gib_device, write_trace, write_trace_with_settings};
 use support::traces::trace;
 
@@ -1189,4 +1190,52 @@ fn a_faithful_replay_keeps_to_the_recorded_device_memory() {
         "the capacity is the memory: {text}"
     );
     std::fs::remove_file(&path).unwrap();
+}
+
+/// cachealloc keeps no private pools (CUDA graphs', MemPools'): a replay of a recording that has
+/// them says that their requests are served from the default pools, in both modes, and replays.
+#[test]
+fn replays_say_that_private_pools_are_not_kept_apart() {
+    const MIB: u64 = 1 << 20;
+    const SEG: u64 = 0x7f00_0000_0000;
+    let segment = |address, pool_id| Segment {
+        address,
+        stream: 0,
+        expandable: false,
+        pool_id,
+        blocks: vec![(20 * MIB, 0, "inactive")],
+    };
+    let path = write_snapshot(
+        "private-trace.pickle",
+        &[segment(SEG, (0, 0)), segment(SEG + 0x1000_0000, (1, 0))],
+        &[
+            ("segment_alloc", SEG + 0x1000_0000, 20 * MIB),
+            ("alloc", SEG + 0x1000_0000, 4 * MIB),
+            ("free_completed", SEG + 0x1000_0000, 4 * MIB),
+        ],
+        None,
+    );
+    for faithful in [false, true] {
+        let mut args = vec!["replay", path.to_str().unwrap(), "--json"];
+        if faithful {
+            args.push("--faithful");
+        }
+        let out = cachealloc(&args);
+        assert_eq!(json(&out)["allocs"], 1);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(
+                "device 0: 1 of the 2 segments at the end (20.00 MiB) belong to private pools \
+                 (CUDA graphs' or torch.cuda.MemPools'); cachealloc keeps no private pools, so \
+                 the replay serves the requests made in them from the default pools"
+            ),
+            "{stderr}"
+        );
+        assert_eq!(
+            stderr.contains("the start state holds their segments in the default pools"),
+            faithful,
+            "{stderr}"
+        );
+    }
+    std::fs::remove_file(path).unwrap();
 }

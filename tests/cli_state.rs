@@ -22,6 +22,7 @@ fn split_segments() -> Vec<Segment> {
             address: SEG,
             stream: 0,
             expandable: false,
+            pool_id: (0, 0),
             blocks: vec![
                 (1024, 1000, "active_allocated"),
                 (2 * MIB - 1024, 0, "inactive"),
@@ -31,6 +32,7 @@ fn split_segments() -> Vec<Segment> {
             address: SEG + 0x1000_0000,
             stream: 0,
             expandable: false,
+            pool_id: (0, 0),
             blocks: vec![
                 (60 * MIB, 60 * MIB, "active_allocated"),
                 (40 * MIB, 0, "inactive"),
@@ -40,6 +42,7 @@ fn split_segments() -> Vec<Segment> {
             address: SEG + 0x2000_0000,
             stream: 0,
             expandable: false,
+            pool_id: (0, 0),
             blocks: vec![
                 (60 * MIB, 60 * MIB - 5, "active_allocated"),
                 (40 * MIB, 0, "inactive"),
@@ -110,6 +113,92 @@ fn reports_each_pool_and_the_largest_free_blocks() {
     );
     assert!(
         text.contains("Try a request in this state: --request SIZE"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// Memory of private pools (CUDA graphs', MemPools') is reported apart, and a request to the
+/// default pools neither takes their free blocks nor returns their wholly free segments: the
+/// state of `split_segments` with a private pool's 100 MiB segment (35 MiB free behind an
+/// allocation) and its wholly free 60 MiB segment.
+#[test]
+fn private_pools_are_reported_apart_and_serve_no_request() {
+    let mut segments = split_segments();
+    segments.push(Segment {
+        address: SEG + 0x3000_0000,
+        stream: 0,
+        expandable: false,
+        pool_id: (0, 1),
+        blocks: vec![
+            (65 * MIB, 65 * MIB, "active_allocated"),
+            (35 * MIB, 0, "inactive"),
+        ],
+    });
+    segments.push(Segment {
+        address: SEG + 0x4000_0000,
+        stream: 0,
+        expandable: false,
+        pool_id: (0, 1),
+        blocks: vec![(60 * MIB, 0, "inactive")],
+    });
+    let path = write_state_snapshot("private.pickle", &segments, None);
+    let j = state_json(&path, &[]);
+    let pools = &j["pools"];
+    assert_eq!(pools["private_pool_ids"], serde_json::json!([[0, 1]]));
+    let private = &pools["private"];
+    assert_eq!(private["segments"], 2);
+    assert_eq!(private["reserved_bytes"], 160 * MIB);
+    assert_eq!(private["free_bytes"], 95 * MIB);
+    assert_eq!(private["free_segments"], 1);
+    // The default pools' figures are split_segments' alone; `all` counts every pool.
+    assert_eq!(pools["large"]["reserved_bytes"], 200 * MIB);
+    assert_eq!(pools["large"]["largest_free_block_bytes"], 40 * MIB);
+    assert_eq!(pools["all"]["reserved_bytes"], 362 * MIB);
+    assert_eq!(pools["all"]["free_bytes"], 82 * MIB - 1024 + 95 * MIB);
+    let listed: Vec<u64> = j["largest_free_blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, [40 * MIB, 40 * MIB, 2 * MIB - 1024]);
+
+    // 30 MiB: best fit in the default pools is a 40 MiB block, not the private 35 MiB one.
+    let r = &state_json(&path, &["--request", "30MiB"])["request"];
+    assert_eq!(r["outcome"], "cached", "{r}");
+    assert_eq!(r["block_address"], SEG + 0x1000_0000 + 60 * MIB);
+    // 50 MiB on a full device: the private pool's wholly free 60 MiB segment is not returned to
+    // make room, so no new segment can be had.
+    let r = &state_json(&path, &["--request", "50MiB"])["request"];
+    assert_eq!(r["outcome"], "out_of_memory", "{r}");
+    assert_eq!(r["oom"]["kind"], "fragmentation", "{r}");
+
+    let out = state(&path, &["--request", "50MiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text.lines().find(|l| l.starts_with("private "));
+    let words: Vec<&str> = row.map_or(vec![], |l| l.split_whitespace().collect());
+    assert_eq!(
+        words[..],
+        [
+            "private", "2", "160.00", "MiB", "65.00", "MiB", "65.00", "MiB", "95.00", "MiB", "2",
+            "60.00", "MiB"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "160.00 MiB of the 362.00 MiB reserved is in a private pool (CUDA graphs' or \
+             torch.cuda.MemPools', segment_pool_id (0, 1)), 95.00 MiB of it cached free there."
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("the request's trial holds the private pools' memory as allocated"),
+        "{text}"
+    );
+    assert!(
+        text.contains("82.00 MiB of the 202.00 MiB reserved (40.6%) is cached free, in 3 blocks."),
         "{text}"
     );
     std::fs::remove_file(path).unwrap();
@@ -232,6 +321,7 @@ fn wholly_free_segments_and_pending_frees_are_told_apart() {
         address: SEG + 0x3000_0000,
         stream: 0,
         expandable: false,
+        pool_id: (0, 0),
         blocks: vec![(20 * MIB, 0, "inactive")],
     });
     let path = write_state_snapshot("free-segment.pickle", &segments, None);
@@ -274,6 +364,7 @@ fn bad_input_is_refused_with_what_is_allowed() {
             address: SEG,
             stream: 0,
             expandable: true,
+            pool_id: (0, 0),
             blocks: vec![
                 (20 * MIB, 20 * MIB, "active_allocated"),
                 (20 * MIB, 0, "inactive"),
@@ -291,6 +382,7 @@ fn bad_input_is_refused_with_what_is_allowed() {
             address: 0,
             stream: 0,
             expandable: false,
+            pool_id: (0, 0),
             blocks: vec![(20 * MIB, 20 * MIB, "active_allocated")],
         }],
         None,
@@ -414,6 +506,23 @@ fn real_states_after_the_ladder() {
         let r = &j["request"];
         assert_eq!(r["outcome"], "new_segment", "{j}");
         assert_eq!(r["released_segments"], 12);
+        // 68 of its segments are two private pools' (as a plain-python count of the pickle
+        // says): a 15 MiB request takes a 96.75 MiB block of the default pool, not the private
+        // pool's 15.84 MiB one at 0x32e428000.
+        let pools = &j["pools"];
+        assert_eq!(
+            pools["private_pool_ids"],
+            serde_json::json!([[0, 1], [0, 2]])
+        );
+        assert_eq!(pools["private"]["segments"], 68);
+        assert_eq!(
+            pools["large"]["segments"].as_u64().unwrap()
+                + pools["small"]["segments"].as_u64().unwrap(),
+            59
+        );
+        let r = &state_json(&t, &["--request", "15MiB"])["request"];
+        assert_eq!(r["outcome"], "cached", "{r}");
+        assert_eq!(r["block_address"], 0x7ef1_4414_0000_u64, "{r}");
         let out = cachealloc(&["replay", t.to_str().unwrap()]);
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("; cachealloc state "),
@@ -515,6 +624,7 @@ fn max_split_size_returns_oversize_blocks_first() {
         address: SEG + 0x4000_0000,
         stream: 0,
         expandable: false,
+        pool_id: (0, 0),
         blocks: vec![(200 * MIB, 0, "inactive")],
     });
     let path = write_state_snapshot("oversize.pickle", &segments, None);

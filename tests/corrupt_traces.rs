@@ -16,8 +16,8 @@ use cachealloc::trace::pickle::decode;
 use cachealloc::trace::recording::Action;
 use cachealloc::trace::rng::SplitMix64;
 use cachealloc::trace::{
-    DeviceRecording, MemoryState, ReplayConfig, end_state, parse_snapshot, pending_frees, replay,
-    replay_faithful, try_request,
+    DeviceRecording, MemoryState, ReplayConfig, parse_snapshot, pending_frees, replay,
+    replay_faithful, trial_state, try_request,
 };
 
 /// The project's deterministic generator, with indexes as `usize`.
@@ -158,7 +158,7 @@ fn replay_every_way(rec: &DeviceRecording, what: &str) {
 /// few sizes tried in it on a full device and on one with 1 GiB free.
 fn report_state(rec: &DeviceRecording, what: &str) {
     let memory = no_panic(&format!("{what}: memory state"), || MemoryState::of(rec));
-    let Ok(state) = no_panic(&format!("{what}: end state"), || end_state(rec)) else {
+    let Ok(state) = no_panic(&format!("{what}: end state"), || trial_state(rec)) else {
         return;
     };
     let reserved = memory.total().reserved;

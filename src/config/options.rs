@@ -12,6 +12,7 @@
 use super::syntax::Value;
 use super::values::{self, MB};
 use super::{Config, FreeSync, StatsOutput};
+use crate::pool::max_split_size_from_bytes;
 use crate::pool::rounding::ROUNDUP_INTERVALS;
 
 /// Our own variable: shared and cachealloc keys.
@@ -191,7 +192,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         carrier: Carrier::Shared,
         doc: "Cached blocks this large or larger are never split; limits fragmentation. (PyTorch 2.1 and 2.2 refuse 20 itself: write 21 or more for them.)",
         apply: |c, v, notes| {
-            c.settings.max_split_size = values::size_mb_at_least_20(v, notes)?;
+            c.settings.max_split_size =
+                max_split_size_from_bytes(values::size_mb_at_least_20(v, notes)?);
             Ok(())
         },
         show: |c| match c.settings.max_split_size {

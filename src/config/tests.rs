@@ -780,9 +780,12 @@ fn numbers_pytorch_accepts_are_read_its_way_with_a_warning() {
             "{var}: garbage_collection_threshold:0.6abc: '0.6abc' is read as 0.6"
         )));
     }
-    // -1 is 2^64 - 1 to PyTorch: unlimited, clamped as PyTorch clamps.
+    // -1 is 2^64 - 1 to PyTorch, clamped to whole MiB below 2^64: more than any block can be,
+    // so unlimited, and named so.
     let c = conf("max_split_size_mb:-1").unwrap();
-    assert_eq!(c.settings.max_split_size, u64::MAX / MIB * MIB);
+    assert_eq!(c.settings.max_split_size, u64::MAX);
+    assert!(!c.settings.has_max_split_size());
+    assert_eq!(crate::config::render_conf(&c), "");
     assert!(
         conf("max_split_size_mb:128")
             .unwrap()

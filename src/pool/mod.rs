@@ -37,6 +37,6 @@ pub use expandable::{page_size, pool_with_page, range_size};
 pub use format::format_size;
 pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentSpan, SegmentView};
 pub use oom::{OomHint, OomReport};
-pub use settings::Settings;
+pub use settings::{Settings, max_split_size_from_bytes};
 pub use stats::{Counts, DeviceStats, Stat, StatArray};
 pub use types::{DeviceId, DevicePtr, PoolKind, StreamId};

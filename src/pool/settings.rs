@@ -33,6 +33,17 @@ impl Default for Settings {
     }
 }
 
+/// `max_split_size` for a limit of `bytes`: PyTorch's largest, `max_split_size_mb` clamped to
+/// whole MiB below 2^64 (where `-1` wraps to), is more than any block can be, so it is unlimited.
+pub fn max_split_size_from_bytes(bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    if bytes >= u64::MAX / MIB * MIB {
+        u64::MAX
+    } else {
+        bytes
+    }
+}
+
 impl Settings {
     /// True when `max_split_size` was set by the user.
     pub fn has_max_split_size(&self) -> bool {

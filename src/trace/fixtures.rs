@@ -46,6 +46,7 @@ pub fn segment(addr: u64, size: u64, blocks: &[(u64, u64, u64, bool)]) -> Record
         } else {
             PoolKind::Large
         },
+        private_pool: None,
         is_expandable: false,
         blocks: blocks
             .iter()

@@ -8,9 +8,10 @@
 //! requests that led there, which only a recorded trace holds); it can say whether the memory
 //! was exhausted or cut into pieces, and how.
 
-use super::recording::DeviceRecording;
+use super::error::TraceError;
+use super::recording::{DeviceRecording, RecordedSegment};
 use super::replay::{ReplayConfig, seeded_pool};
-use super::start_state::StartState;
+use super::start_state::{SeedBlock, StartState, end_state};
 use crate::backend::sim::SimDevice;
 use crate::pool::rounding::{pool_for, round_size};
 use crate::pool::{DeviceAllocator, DevicePtr, Error, OomReport, PoolKind, StreamId};
@@ -79,12 +80,49 @@ pub struct FreeBlock {
 /// A device's memory state as its snapshot records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryState {
+    /// The default pools, which serve a program's requests outside CUDA graph captures and
+    /// `torch.cuda.MemPool` contexts.
     pub small: PoolMemory,
     pub large: PoolMemory,
-    /// By stream, in the order of their ids.
+    /// The private pools (CUDA graphs', `torch.cuda.MemPool`s'), small and large together: a
+    /// request to the default pools never uses their blocks, and the allocator returns their
+    /// segments to the device only once their graph or pool is gone.
+    pub private: PoolMemory,
+    /// The private pools' ids (`segment_pool_id`), in order.
+    pub private_pools: Vec<(u64, u64)>,
+    /// The default pools' memory by stream, in the order of their ids.
     pub streams: Vec<StreamMemory>,
-    /// The largest free cached blocks, largest first (at most `LISTED_FREE_BLOCKS`).
+    /// The default pools' largest free cached blocks, largest first (at most
+    /// `LISTED_FREE_BLOCKS`).
     pub largest_free_blocks: Vec<FreeBlock>,
+}
+
+impl PoolMemory {
+    /// Count `seg` and its blocks in.
+    fn add_segment(&mut self, seg: &RecordedSegment) {
+        self.segments = self.segments.saturating_add(1);
+        self.reserved = self.reserved.saturating_add(seg.total_size);
+        if seg.blocks.iter().all(|b| b.state == BlockState::Inactive) {
+            self.free_segments = self.free_segments.saturating_add(1);
+            self.free_segment_bytes = self.free_segment_bytes.saturating_add(seg.total_size);
+        }
+        for b in &seg.blocks {
+            match b.state {
+                BlockState::Inactive => {
+                    self.free = self.free.saturating_add(b.size);
+                    self.free_blocks = self.free_blocks.saturating_add(1);
+                    self.largest_free_block = self.largest_free_block.max(b.size);
+                }
+                BlockState::Allocated | BlockState::PendingFree => {
+                    self.allocated = self.allocated.saturating_add(b.size);
+                    self.requested = self.requested.saturating_add(b.requested_size);
+                    if b.state == BlockState::PendingFree {
+                        self.pending_free = self.pending_free.saturating_add(b.size);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl MemoryState {
@@ -93,17 +131,22 @@ impl MemoryState {
         let mut state = MemoryState {
             small: PoolMemory::default(),
             large: PoolMemory::default(),
+            private: PoolMemory::default(),
+            private_pools: Vec::new(),
             streams: Vec::new(),
             largest_free_blocks: Vec::new(),
         };
         let mut free_blocks = Vec::new();
         for seg in &rec.segments {
-            let pool = match seg.pool {
-                PoolKind::Small => &mut state.small,
-                PoolKind::Large => &mut state.large,
-            };
-            pool.segments = pool.segments.saturating_add(1);
-            pool.reserved = pool.reserved.saturating_add(seg.total_size);
+            if let Some(id) = seg.private_pool {
+                state.private.add_segment(seg);
+                state.private_pools.push(id);
+                continue;
+            }
+            match seg.pool {
+                PoolKind::Small => state.small.add_segment(seg),
+                PoolKind::Large => state.large.add_segment(seg),
+            }
             let stream = match state.streams.iter_mut().find(|s| s.stream == seg.stream) {
                 Some(stream) => stream,
                 None => {
@@ -117,35 +160,23 @@ impl MemoryState {
                 }
             };
             stream.reserved = stream.reserved.saturating_add(seg.total_size);
-            if seg.blocks.iter().all(|b| b.state == BlockState::Inactive) {
-                pool.free_segments = pool.free_segments.saturating_add(1);
-                pool.free_segment_bytes = pool.free_segment_bytes.saturating_add(seg.total_size);
-            }
-            for b in &seg.blocks {
-                match b.state {
-                    BlockState::Inactive => {
-                        pool.free = pool.free.saturating_add(b.size);
-                        pool.free_blocks = pool.free_blocks.saturating_add(1);
-                        pool.largest_free_block = pool.largest_free_block.max(b.size);
-                        stream.free = stream.free.saturating_add(b.size);
-                        stream.largest_free_block = stream.largest_free_block.max(b.size);
-                        free_blocks.push(FreeBlock {
-                            addr: b.address,
-                            size: b.size,
-                            pool: seg.pool,
-                            stream: seg.stream,
-                        });
-                    }
-                    BlockState::Allocated | BlockState::PendingFree => {
-                        pool.allocated = pool.allocated.saturating_add(b.size);
-                        pool.requested = pool.requested.saturating_add(b.requested_size);
-                        if b.state == BlockState::PendingFree {
-                            pool.pending_free = pool.pending_free.saturating_add(b.size);
-                        }
-                    }
-                }
+            for b in seg
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Inactive)
+            {
+                stream.free = stream.free.saturating_add(b.size);
+                stream.largest_free_block = stream.largest_free_block.max(b.size);
+                free_blocks.push(FreeBlock {
+                    addr: b.address,
+                    size: b.size,
+                    pool: seg.pool,
+                    stream: seg.stream,
+                });
             }
         }
+        state.private_pools.sort_unstable();
+        state.private_pools.dedup();
         state.streams.sort_by_key(|s| s.stream.0);
         free_blocks.sort_by(|a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
         free_blocks.truncate(LISTED_FREE_BLOCKS);
@@ -153,10 +184,17 @@ impl MemoryState {
         state
     }
 
-    /// Both pools together.
+    /// The default pools together.
+    pub fn default_pools(&self) -> PoolMemory {
+        let mut both = self.small;
+        both.add(&self.large);
+        both
+    }
+
+    /// Every pool: what the device's memory statistics count (`reserved_bytes.all`, …).
     pub fn total(&self) -> PoolMemory {
-        let mut total = self.small;
-        total.add(&self.large);
+        let mut total = self.default_pools();
+        total.add(&self.private);
         total
     }
 }
@@ -187,11 +225,38 @@ pub struct RequestTrial {
     pub outcome: RequestOutcome,
 }
 
-/// The addresses of `rec`'s blocks whose free is pending (`active_pending_free`: freed while
-/// other streams still use them, `record_stream`).
+/// The state a request is tried in: `rec`'s end state, with each segment of a private pool
+/// held whole, as one allocated block, since a request to the default pools neither uses a
+/// private pool's free blocks nor returns its segments to the device.
+pub fn trial_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
+    let mut state = end_state(rec)?;
+    let mut private: Vec<u64> = rec
+        .segments
+        .iter()
+        .filter(|s| s.private_pool.is_some())
+        .map(|s| s.address)
+        .collect();
+    private.sort_unstable();
+    for seg in &mut state.segments {
+        if private.binary_search(&seg.addr).is_ok() {
+            seg.blocks = vec![SeedBlock {
+                addr: seg.addr,
+                size: seg.size,
+                requested: seg.size,
+                allocated: true,
+                id: None,
+            }];
+        }
+    }
+    Ok(state)
+}
+
+/// The addresses of the blocks of `rec`'s default pools whose free is pending
+/// (`active_pending_free`: freed while other streams still use them, `record_stream`).
 pub fn pending_frees(rec: &DeviceRecording) -> Vec<u64> {
     rec.segments
         .iter()
+        .filter(|s| s.private_pool.is_none())
         .flat_map(|s| &s.blocks)
         .filter(|b| b.state == BlockState::PendingFree)
         .map(|b| b.address)

@@ -54,7 +54,9 @@ pub use convert::FaithfulReplay;
 pub use error::TraceError;
 pub use faithful::{FaithfulOutcome, replay_faithful};
 pub use figures::{RecordedFigures, RecordedOom};
-pub use memory_state::{MemoryState, RequestOutcome, RequestTrial, pending_frees, try_request};
+pub use memory_state::{
+    MemoryState, RequestOutcome, RequestTrial, pending_frees, trial_state, try_request,
+};
 pub use recording::{DeviceRecording, RecordedSnapshot};
 pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay, seeded_pool};
 pub use snapshot::{parse_snapshot, read_snapshot};

@@ -121,6 +121,10 @@ pub struct RecordedSegment {
     pub total_size: u64,
     pub stream: StreamId,
     pub pool: PoolKind,
+    /// The private memory pool it belongs to (`segment_pool_id` other than (0, 0): a CUDA
+    /// graph's or a `torch.cuda.MemPool`'s, whose blocks serve only requests made in that graph's
+    /// capture or under that pool); `None` for the default pools.
+    pub private_pool: Option<(u64, u64)>,
     pub is_expandable: bool,
     pub blocks: Vec<RecordedBlock>,
 }

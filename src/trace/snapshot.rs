@@ -24,7 +24,7 @@ use super::recording::{
     RecordedSettings, RecordedSnapshot, TraceEntry,
 };
 use crate::pool::rounding::{ROUNDUP_INTERVALS, SMALL_BUFFER};
-use crate::pool::{DeviceId, PoolKind, StreamId};
+use crate::pool::{DeviceId, PoolKind, StreamId, max_split_size_from_bytes};
 
 type Dict = [(PyValue, PyValue)];
 
@@ -364,6 +364,7 @@ impl<'a> Reader<'a> {
                 }
             },
         };
+        let private_pool = self.pool_id(d, at)?;
         let is_expandable = self.get(d, "is_expandable") == Some(PyValue::Bool(true));
         let raw_blocks = self.list(self.field(d, "blocks", at)?, &format!("{at}.blocks"))?;
         let mut blocks = Vec::with_capacity(raw_blocks.len());
@@ -405,9 +406,32 @@ impl<'a> Reader<'a> {
             total_size,
             stream,
             pool,
+            private_pool,
             is_expandable,
             blocks,
         })
+    }
+
+    /// A segment's `segment_pool_id`: `None` for the default pools ((0, 0), or no such field
+    /// in files from before PyTorch named pools), else the private pool's id.
+    fn pool_id(&self, d: &Dict, at: &str) -> Result<Option<(u64, u64)>, TraceError> {
+        let value = match self.get(d, "segment_pool_id") {
+            None | Some(PyValue::None) => return Ok(None),
+            Some(value) => value,
+        };
+        let pair = match self.p.as_list(value) {
+            Some(&[a, b]) => as_u64(a).zip(as_u64(b)),
+            _ => None,
+        };
+        match pair {
+            Some((0, 0)) => Ok(None),
+            Some(id) => Ok(Some(id)),
+            None => Err(self.bad(format!(
+                "{at}: 'segment_pool_id' must be a pair of non-negative integers ((0, 0) for the \
+                 default pools), found {}",
+                self.p.describe(value)
+            ))),
+        }
     }
 
     fn settings(&self, value: PyValue) -> Result<RecordedSettings, TraceError> {
@@ -417,7 +441,10 @@ impl<'a> Reader<'a> {
             .get(d, "PYTORCH_CUDA_ALLOC_CONF")
             .and_then(|v| self.p.as_str(v))
             .map(str::to_owned);
-        let max_split_size = self.get(d, "max_split_size").and_then(as_u64);
+        let max_split_size = self
+            .get(d, "max_split_size")
+            .and_then(as_u64)
+            .filter(|&bytes| max_split_size_from_bytes(bytes) != u64::MAX);
         let garbage_collection_threshold = self
             .get(d, "garbage_collection_threshold")
             .and_then(as_f64)
@@ -768,6 +795,51 @@ mod tests {
             text.contains("'addr' must be a non-negative integer"),
             "{text}"
         );
+    }
+
+    /// The sample snapshot with its segment's `segment_pool_id` set to `id`.
+    fn with_pool_id(id: V) -> Vec<u8> {
+        let mut snap = snapshot(vec![]);
+        let V::Dict(top) = &mut snap else {
+            unreachable!("a dict")
+        };
+        let Some(V::List(segments)) = top.get_mut(&H::String("segments".into())) else {
+            unreachable!("a list of segments")
+        };
+        let V::Dict(segment) = &mut segments[0] else {
+            unreachable!("a segment dict")
+        };
+        segment.insert(H::String("segment_pool_id".into()), id);
+        bytes(&snap)
+    }
+
+    #[test]
+    fn segments_of_private_pools_are_told_apart() {
+        let pool = |bytes: &[u8]| {
+            parse_snapshot(bytes, "s.pickle").unwrap().devices[0].segments[0].private_pool
+        };
+        assert_eq!(
+            pool(&sample_bytes()),
+            None,
+            "no field: a file from before pools were named"
+        );
+        let pair = |a, b| V::Tuple(vec![V::I64(a), V::I64(b)]);
+        assert_eq!(
+            pool(&with_pool_id(pair(0, 0))),
+            None,
+            "(0, 0): the default pools"
+        );
+        assert_eq!(pool(&with_pool_id(pair(0, 2))), Some((0, 2)));
+        assert_eq!(pool(&with_pool_id(pair(3, 0))), Some((3, 0)));
+        assert_eq!(pool(&with_pool_id(V::None)), None);
+        let text = error_of(&with_pool_id(pair(-1, 0))).to_string();
+        assert!(
+            text.contains("segments[0]: 'segment_pool_id' must be a pair of non-negative integers")
+                && text.contains("found tuple"),
+            "{text}"
+        );
+        let text = error_of(&with_pool_id(s("default"))).to_string();
+        assert!(text.contains("found str \"default\""), "{text}");
     }
 
     #[test]

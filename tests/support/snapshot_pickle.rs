@@ -15,6 +15,9 @@ pub struct Segment {
     pub address: u64,
     pub stream: u64,
     pub expandable: bool,
+    /// `segment_pool_id`: (0, 0) for the default pools, else a private pool's (a CUDA graph's or
+    /// a `torch.cuda.MemPool`'s).
+    pub pool_id: (u64, u64),
     pub blocks: Vec<Block>,
 }
 
@@ -57,6 +60,10 @@ fn segment(s: &Segment, device: u64) -> V {
             "segment_type",
             V::String(if total == 2 << 20 { "small" } else { "large" }.into()),
         ),
+        (
+            "segment_pool_id",
+            V::Tuple(vec![int(s.pool_id.0), int(s.pool_id.1)]),
+        ),
         ("is_expandable", V::Bool(s.expandable)),
         ("blocks", V::List(blocks)),
     ])
@@ -70,12 +77,37 @@ pub fn write_state_snapshot(
     segments: &[Segment],
     settings: Option<(&str, Option<u64>)>,
 ) -> PathBuf {
+    write_snapshot(name, segments, &[], settings)
+}
+
+/// One trace entry: `(action, addr, size)` on the default stream.
+pub type Entry = (&'static str, u64, u64);
+
+/// Write a snapshot of device 0's `segments` and its trace of `entries` (as `_dump_snapshot()`
+/// after `_record_memory_history` gives), as `write_state_snapshot` does.
+pub fn write_snapshot(
+    name: &str,
+    segments: &[Segment],
+    entries: &[Entry],
+    settings: Option<(&str, Option<u64>)>,
+) -> PathBuf {
+    let trace = entries
+        .iter()
+        .map(|&(action, addr, size)| {
+            dict(vec![
+                ("action", V::String(action.into())),
+                ("addr", int(addr)),
+                ("size", int(size)),
+                ("stream", int(0)),
+            ])
+        })
+        .collect();
     let mut top = vec![
         (
             "segments",
             V::List(segments.iter().map(|s| segment(s, 0)).collect()),
         ),
-        ("device_traces", V::List(vec![V::List(vec![])])),
+        ("device_traces", V::List(vec![V::List(trace)])),
     ];
     if let Some((conf, max_split)) = settings {
         top.push((

@@ -5,7 +5,7 @@ use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
 use crate::state::state_command;
 use cachealloc::backend::sim::Placement;
-use cachealloc::pool::Settings;
+use cachealloc::pool::{Settings, format_size};
 use cachealloc::trace::ranges::RangeChange;
 use cachealloc::trace::{
     DeviceRecording, Op, RecordedFigures, StartLayout, Workload, read_snapshot,
@@ -84,6 +84,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
                 )
             })?,
     };
+    note_private_pools(path, rec, faithful);
     let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
     let recorded_settings =
         (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
@@ -135,6 +136,39 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             placement: None,
         })
     }
+}
+
+/// Say that the recording's private pools (CUDA graphs', MemPools') are not kept apart: a
+/// replay serves their requests from the default pools.
+fn note_private_pools(path: &Path, rec: &DeviceRecording, faithful: bool) {
+    let private: Vec<_> = rec
+        .segments
+        .iter()
+        .filter(|s| s.private_pool.is_some())
+        .collect();
+    if private.is_empty() {
+        return;
+    }
+    let bytes = private
+        .iter()
+        .map(|s| s.total_size)
+        .fold(0u64, u64::saturating_add);
+    let start = if faithful {
+        ", and the start state holds their segments in the default pools, so the recorded \
+         figures may not be reproduced"
+    } else {
+        ""
+    };
+    eprintln!(
+        "cachealloc: note: {}: device {}: {} of the {} segments at the end ({}) belong to private \
+         pools (CUDA graphs' or torch.cuda.MemPools'); cachealloc keeps no private pools, so the \
+         replay serves the requests made in them from the default pools{start}",
+        path.display(),
+        rec.device.0,
+        private.len(),
+        rec.segments.len(),
+        format_size(bytes)
+    );
 }
 
 /// The error for a trace without the allocations a replay needs; `orphan_frees` counts its

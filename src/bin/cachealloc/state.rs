@@ -10,8 +10,8 @@ use cachealloc::pool::{DeviceId, Error, Settings, StreamId, format_size};
 use cachealloc::trace::TraceError;
 use cachealloc::trace::recording::Action;
 use cachealloc::trace::{
-    DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, end_state, pending_frees,
-    read_snapshot, try_request,
+    DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, pending_frees, read_snapshot,
+    trial_state, try_request,
 };
 use std::path::{Path, PathBuf};
 
@@ -263,7 +263,7 @@ fn request(
     let stream = request_stream(memory, args.stream, path)?;
     // The library's error says the state "cannot be replayed faithfully", which is replay's
     // word for it: here the file's state is what is wrong.
-    let state = end_state(rec).map_err(|e| match e {
+    let state = trial_state(rec).map_err(|e| match e {
         TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
         e => e.to_string(),
     })?;

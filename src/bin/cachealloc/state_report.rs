@@ -47,8 +47,15 @@ impl From<PoolMemory> for PoolJson {
 
 #[derive(Serialize)]
 struct PoolsJson {
+    /// The default pools, which serve requests outside CUDA graph captures and MemPools.
     small: PoolJson,
     large: PoolJson,
+    /// The private pools (CUDA graphs', torch.cuda.MemPools'), small and large together; null
+    /// when the snapshot has none.
+    private: Option<PoolJson>,
+    /// Their ids (`segment_pool_id`).
+    private_pool_ids: Vec<[u64; 2]>,
+    /// Every pool: what PyTorch's statistics count ("reserved in total by PyTorch").
     all: PoolJson,
 }
 
@@ -269,6 +276,9 @@ pub(crate) struct StateJson {
     /// unmapped when a request finds no room, so pieces of free memory matter less.
     expandable_segments: bool,
     pools: PoolsJson,
+    /// The default pools together: what the sentences on free memory speak of.
+    #[serde(skip)]
+    default_pools: PoolJson,
     streams: Vec<StreamJson>,
     /// The largest free cached blocks, largest first.
     largest_free_blocks: Vec<FreeBlockJson>,
@@ -295,8 +305,11 @@ impl StateJson {
             pools: PoolsJson {
                 small: memory.small.into(),
                 large: memory.large.into(),
+                private: (!memory.private_pools.is_empty()).then(|| memory.private.into()),
+                private_pool_ids: memory.private_pools.iter().map(|&(a, b)| [a, b]).collect(),
                 all: memory.total().into(),
             },
+            default_pools: memory.default_pools().into(),
             streams: memory.streams.iter().map(StreamJson::from).collect(),
             largest_free_blocks: memory
                 .largest_free_blocks
@@ -328,11 +341,15 @@ impl StateJson {
             "blocks",
             "largest free"
         );
-        for (name, p) in [
+        let mut rows = vec![
             ("large pool", &self.pools.large),
             ("small pool", &self.pools.small),
-            ("both", &self.pools.all),
-        ] {
+        ];
+        if let Some(private) = &self.pools.private {
+            rows.push(("private", private));
+        }
+        rows.push(("all", &self.pools.all));
+        for (name, p) in rows {
             out += &format!(
                 "{:<11}{:>9}{:>14}{:>14}{:>14}{:>14}{:>8}{:>14}\n",
                 name,
@@ -346,7 +363,8 @@ impl StateJson {
             );
         }
         out += "\n";
-        let all = &self.pools.all;
+        out += &self.private_pools_sentence();
+        let all = &self.default_pools;
         if all.pending_free_bytes > 0 {
             out += &format!(
                 "Of the allocated memory, {} is freed but pending: blocks that other streams \
@@ -418,10 +436,44 @@ impl StateJson {
         out
     }
 
+    /// What the private pools hold, and why the rest of the report leaves them out.
+    fn private_pools_sentence(&self) -> String {
+        let Some(private) = &self.pools.private else {
+            return String::new();
+        };
+        let ids = self
+            .pools
+            .private_pool_ids
+            .iter()
+            .map(|[a, b]| format!("({a}, {b})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "{} of the {} reserved is in {} (CUDA graphs' or torch.cuda.MemPools', \
+             segment_pool_id {ids}), {} of it cached free there. Their blocks serve only requests made in their graph's \
+             capture or under their MemPool, and the allocator returns their segments to the \
+             device only once their graph or pool is gone: the rest of this report speaks of \
+             the default pools{}.\n",
+            format_size(private.reserved_bytes),
+            format_size(self.pools.all.reserved_bytes),
+            if self.pools.private_pool_ids.len() == 1 {
+                "a private pool"
+            } else {
+                "private pools"
+            },
+            format_size(private.free_bytes),
+            if self.request.is_some() {
+                ", and the request's trial holds the private pools' memory as allocated"
+            } else {
+                ""
+            }
+        )
+    }
+
     /// What the free cached memory amounts to: how much of it the allocator can return to the
     /// device, and how much lies in pieces beside allocations.
     fn free_memory_sentence(&self) -> String {
-        let all = &self.pools.all;
+        let all = &self.default_pools;
         if all.free_bytes == 0 {
             return "Every reserved byte is allocated: nothing is cached free.\n".to_string();
         }
