@@ -423,6 +423,8 @@ fn a_start_state_beyond_the_device_memory_names_the_option() {
         ),
         "{err}"
     );
+    // The refusal alone: no note on the device's size, as if the replay went on.
+    assert!(!err.contains("note:"), "{err}");
 }
 
 /// A recording's capacity beyond the device memory given: the device has the memory given,

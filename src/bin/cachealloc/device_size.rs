@@ -47,11 +47,22 @@ pub fn follow_recording(
     loaded: &Loaded,
     given: GivenDevice,
 ) -> Result<(), String> {
+    // Refused before any note on the device's size is printed.
+    if given.capacity.is_none()
+        && let Some(memory) = given.memory
+    {
+        check_start_fits(loaded, memory)?;
+    }
     config.capacity = given
         .capacity
         .or_else(|| recorded_capacity_within(loaded, given.memory));
     let memory = given.memory.or(loaded.device_memory);
     config.follow_recorded_addresses(loaded.address_hints.clone(), &loaded.range_changes, memory);
+    // A recording whose capacity nothing brackets (no out-of-memory error, no retry) still had
+    // no more than its device's memory: a what-if under other settings must not get more.
+    if config.capacity.is_none() {
+        config.capacity = config.device_total;
+    }
     // The memory can fall short of a capacity: one given makes the device that large (a
     // what-if), one inferred (the middle of a retry's bracket) is held to it.
     if let (Some(capacity), Some(memory)) = (config.capacity, config.device_total)
@@ -76,11 +87,6 @@ pub fn follow_recording(
             "cachealloc: note: the recording names its device's memory, {recorded}; this \
              replay's device has {total}, from {option}"
         );
-    }
-    if given.capacity.is_none()
-        && let Some(memory) = given.memory
-    {
-        check_start_fits(loaded, memory)?;
     }
     if config.settings.expandable_segments
         && let (Some(total), Some(most)) = (config.device_total, most_memory(&loaded.range_changes))
