@@ -96,6 +96,55 @@ fn a_saved_synthetic_run_replays_to_the_same_figures() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// Under max_split_size_mb, the pool often returns its oversize cached segments and then gets a
+/// new one without a retry; the saved file marks each counted retry with a `retry` line, so its
+/// recorded retries are the run's (counted from the releases, they read 74 against 5).
+#[test]
+fn retries_are_recorded_exactly_under_max_split_size() {
+    let options = ["--capacity", "5.6GiB", "--conf", "max_split_size_mb:128"];
+    let (synth, bytes, path) = synth_saved("oversize", "transformer", &options);
+    let retries = synth["num_alloc_retries"].as_u64().unwrap();
+    assert!(retries > 0, "{synth}");
+    let text = String::from_utf8(bytes).unwrap();
+    let lines = text.lines().filter(|l| l.contains(r#""action":"retry""#));
+    assert_eq!(lines.count() as u64, retries);
+    let faithful = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--json",
+    ]));
+    assert_eq!(faithful["recorded_retries"], retries, "{faithful}");
+    assert_eq!(faithful["num_alloc_retries"], retries, "{faithful}");
+    assert_eq!(faithful["recorded_retries_upper_bound"], false);
+    // More segments were returned before new ones than there were retries: the releases alone
+    // would not tell them apart.
+    let no_markers = temp_path("oversize-v2");
+    copy_without(&path, &["retry"], &no_markers);
+    let v2 = std::fs::read_to_string(&no_markers).unwrap().replacen(
+        r#""version":3"#,
+        r#""version":2"#,
+        1,
+    );
+    std::fs::write(&no_markers, v2).unwrap();
+    let counted = json(&cachealloc(&[
+        "replay",
+        no_markers.to_str().unwrap(),
+        "--json",
+    ]));
+    assert!(
+        counted["recorded_retries"].as_u64().unwrap() > retries,
+        "{counted}"
+    );
+    // ... and the summary says that the count is a bound.
+    assert_eq!(counted["recorded_retries_upper_bound"], true);
+    let text = cachealloc(&["replay", no_markers.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("| retries at most "), "{text}");
+    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(&no_markers).unwrap();
+}
+
 #[test]
 fn a_saved_expandable_run_replays_faithfully() {
     let options = ["--conf", "expandable_segments:True"];

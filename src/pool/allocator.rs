@@ -540,6 +540,10 @@ impl<B: Backend> DeviceAllocator<B> {
     ) -> Result<Option<BlockId>, Error> {
         if is_retry {
             self.stats.counts.num_alloc_retries += 1;
+            self.emit(|| PoolEvent::Retry {
+                size: rounded,
+                stream,
+            });
         }
         let alloc_size = segment_size(rounded);
         if let Some(max) = self.allowed_maximum

@@ -63,6 +63,10 @@ pub enum PoolEvent {
         size: u64,
         stream: StreamId,
     },
+    /// A counted retry (`num_alloc_retries`): after returning every cached segment it could
+    /// (`release_cached_blocks`), the pool asks the device once more for the request of `size`
+    /// bytes (rounded); its `SegmentAlloc` (or `SegmentMap`s) or its `Oom` follows.
+    Retry { size: u64, stream: StreamId },
     /// An allocation failed after the whole ladder: `size` is the rounded request.
     Oom {
         size: u64,

@@ -54,6 +54,10 @@ pub struct RecordedFigures {
     pub recorded_peak_reserved_bytes: u64,
     /// Counted allocation retries (see `bursts::count_retries`).
     pub recorded_retries: usize,
+    /// `recorded_retries` may count more than the recording made: its retries are told by the
+    /// releases before new segments, and under `max_split_size` or a garbage-collection
+    /// threshold some of those releases are no retry.
+    pub retries_upper_bound: bool,
     pub recorded_oom: Option<RecordedOom>,
 }
 
@@ -164,6 +168,9 @@ impl DeviceRecording {
             end_reserved_bytes: self.end_reserved_bytes(),
             recorded_peak_reserved_bytes: reserved.iter().copied().max().unwrap_or(0),
             recorded_retries: count_retries(entries, &bursts),
+            retries_upper_bound: self.settings.as_ref().is_some_and(|s| {
+                s.max_split_size.is_some() || s.garbage_collection_threshold > 0.0
+            }),
             recorded_oom,
         }
     }

@@ -23,6 +23,8 @@ pub struct Recorded {
     /// The recording used expandable segments.
     pub expandable_segments: bool,
     pub retries: Option<u64>,
+    /// `retries` may count more than the recording made (see `RecordedFigures`).
+    pub retries_upper_bound: bool,
     pub oom: Option<RecordedOomJson>,
     /// Frees in the trace of memory allocated before recording began.
     pub orphan_frees: u64,
@@ -103,6 +105,10 @@ pub struct ReplayJson {
     /// done, not a reproduction).
     pub recorded_expandable_segments: bool,
     pub recorded_retries: Option<u64>,
+    /// `recorded_retries` is an upper bound: the recording's retries are told by the releases
+    /// before new segments, and under max_split_size_mb or a garbage-collection threshold some
+    /// of those are no retry (a cachealloc trace from version 3 on marks each retry: exact).
+    pub recorded_retries_upper_bound: bool,
     pub recorded_oom: Option<RecordedOomJson>,
     /// When the replay ran out of memory: the settings that replay without any OOM (null when
     /// there was no OOM).
@@ -332,6 +338,7 @@ impl ReplayJson {
             recorded_segment_unmaps: ctx.recorded.segment_unmaps,
             recorded_expandable_segments: ctx.recorded.expandable_segments,
             recorded_retries: ctx.recorded.retries,
+            recorded_retries_upper_bound: ctx.recorded.retries_upper_bound,
             recorded_oom: ctx.recorded.oom,
             fitting_settings: None,
             gets_furthest: None,
@@ -544,7 +551,7 @@ impl ReplayJson {
         }
         if let Some(peak) = self.recorded_peak_reserved_bytes {
             t += &format!(
-                "  recorded{}: peak reserved {} | {} | retries {}{}\n",
+                "  recorded{}: peak reserved {} | {} | retries {}{}{}\n",
                 if self.recorded_expandable_segments {
                     " (expandable segments)"
                 } else {
@@ -552,6 +559,11 @@ impl ReplayJson {
                 },
                 format_size(peak),
                 self.recorded_device_calls(),
+                if self.recorded_retries_upper_bound {
+                    "at most "
+                } else {
+                    ""
+                },
                 opt(self.recorded_retries),
                 match &self.recorded_oom {
                     Some(o) => format!(

@@ -74,7 +74,12 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             ),
         });
     };
-    let rec = convert_device(&trace.source, chosen, &trace.settings);
+    let rec = convert_device(
+        &trace.source,
+        chosen,
+        &trace.settings,
+        trace.marks_retries(),
+    );
     let recorded: Recorded = recorded_figures(&rec.figures, rec.figures.recorded_segment_maps > 0);
     Ok(Loaded {
         device: chosen.device.0,

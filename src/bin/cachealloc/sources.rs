@@ -211,6 +211,7 @@ pub(crate) fn recorded_figures(f: &RecordedFigures, expandable_segments: bool) -
         segment_unmaps: Some(f.recorded_segment_unmaps as u64),
         expandable_segments,
         retries: Some(f.recorded_retries as u64),
+        retries_upper_bound: f.retries_upper_bound,
         oom: f.recorded_oom.as_ref().map(|o| RecordedOomJson {
             event_index: o.event_index,
             size: o.size,

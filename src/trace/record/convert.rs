@@ -22,7 +22,8 @@
 //! counted retry and each malloc release followed by `segment_alloc` one successful retry — exact
 //! with default settings, an upper bound with `max_split_size` (whose oversize release is
 //! counted too) or a garbage-collection threshold (whose collections are counted too, and then
-//! give no capacity bound).
+//! give no capacity bound). From version 3 on, a file marks each counted retry with a `retry`
+//! line, and those are counted instead: exact under every setting.
 
 use super::read::DeviceEvents;
 use super::{Action, Event};
@@ -54,8 +55,15 @@ struct Burst {
     reserved_before: u64,
 }
 
-/// Convert the events of one device of `source`, recorded with `settings`.
-pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) -> RecordedDevice {
+/// Convert the events of one device of `source`, recorded with `settings`; `retries_marked`:
+/// the file marks each counted retry with a `retry` line (version 3 on), which are then what
+/// the retries count.
+pub fn convert_device(
+    source: &str,
+    device: &DeviceEvents,
+    settings: &Settings,
+    retries_marked: bool,
+) -> RecordedDevice {
     let mut workload = Workload::new(format!("{source} (device {})", device.device.0));
     let mut figures = RecordedFigures {
         entries: device.events.len(),
@@ -73,11 +81,13 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         end_reserved_bytes: 0,
         recorded_peak_reserved_bytes: 0,
         recorded_retries: 0,
+        retries_upper_bound: false,
         recorded_oom: None,
     };
     // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`).
     let collects =
         settings.garbage_collection_threshold > 0.0 && settings.per_process_memory_fraction < 1.0;
+    figures.retries_upper_bound = !retries_marked && (settings.has_max_split_size() || collects);
     let mut segment_addresses = Vec::new();
     let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
     // Addresses whose free was requested and has not completed yet.
@@ -93,14 +103,16 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
         // with a range line between them.
         let passes_by = matches!(
             e.action,
-            Action::RangeReserve | Action::RangeRelease | Action::DeviceMemory
+            Action::RangeReserve | Action::RangeRelease | Action::DeviceMemory | Action::Retry
         );
         if !passes_by
             && !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
             && let Some(b) = burst.take()
             && matches!(e.action, Action::SegmentAlloc | Action::SegmentMap)
         {
-            figures.recorded_retries += 1;
+            if !retries_marked {
+                figures.recorded_retries += 1;
+            }
             if !collects {
                 let level = b.reserved_before.saturating_add(e.size);
                 failed_level = Some(failed_level.map_or(level, |l| l.min(level)));
@@ -162,8 +174,15 @@ pub fn convert_device(source: &str, device: &DeviceEvents, settings: &Settings) 
                 }
                 reserved = reserved.saturating_sub(e.size);
             }
+            Action::Retry => {
+                if retries_marked {
+                    figures.recorded_retries += 1;
+                }
+            }
             Action::Oom => {
-                figures.recorded_retries += 1;
+                if !retries_marked {
+                    figures.recorded_retries += 1;
+                }
                 if figures.recorded_oom.is_none() {
                     figures.recorded_oom = Some(oom_at(index, e, reserved));
                 }

@@ -5,7 +5,7 @@
 //! JSON lines, one file per process (all devices), UTF-8:
 //!
 //! ```text
-//! {"format":"cachealloc-trace","version":2,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
+//! {"format":"cachealloc-trace","version":3,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
 //! {"t_us":17,"device":0,"action":"segment_alloc","addr":140737286160384,"size":20971520,"stream":0}
 //! {"t_us":18,"device":0,"action":"alloc","addr":140737286160384,"size":4000000,"stream":0}
 //! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576}
@@ -22,9 +22,11 @@
 //!   gone without `segment_free`s), and for expandable segments `range_reserve` (an address
 //!   range reserved for a pool and stream, before its first `segment_map`; it also carries
 //!   `page`, the size of the pages its pool maps) and `range_release` (a range with nothing
-//!   mapped given back, after its last `segment_unmap`), and `device_memory` (written when a
+//!   mapped given back, after its last `segment_unmap`), `device_memory` (written when a
 //!   device's pool is created: `size` is the device's total memory, as `cudaMemGetInfo`
-//!   reports it). `size` is the requested size for
+//!   reports it), and `retry` (a counted retry: the pool returned every cached segment it could
+//!   and asks the device once more; `size` is the rounded request, and its `segment_alloc`,
+//!   `segment_map`s or `oom` follow). `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
 //!   the rounded request for `oom` (which also carries `device_free`, the free device bytes at
 //!   the failure), 0 for the markers; `addr` is 0 where there is no address. `t_us` is
@@ -35,7 +37,8 @@
 //!
 //! Version 2 added the range and `device_memory` lines; a version 1 file (without them) is still
 //! read, and a faithful replay then infers the ranges from the page maps
-//! (`crate::trace::ranges`) and the device's memory from them and its failures.
+//! (`crate::trace::ranges`) and the device's memory from them and its failures. Version 3 added
+//! the `retry` lines; without them the retries are counted from the releases (`convert`).
 //!
 //! The recording begins with each pool, so a trace starts from an empty device: a replay
 //! needs no rebuilt start state (see `convert`).
@@ -55,9 +58,12 @@ use serde::{Deserialize, Serialize};
 /// The `format` value of the header.
 pub const FORMAT_NAME: &str = "cachealloc-trace";
 /// The version this build writes.
-pub const FORMAT_VERSION: u32 = 2;
-/// The versions this build reads: version 1 lacks the range lines.
-pub const READABLE_VERSIONS: [u32; 2] = [1, 2];
+pub const FORMAT_VERSION: u32 = 3;
+/// The versions this build reads: version 1 lacks the range lines, and versions 1 and 2 the
+/// `retry` lines.
+pub const READABLE_VERSIONS: [u32; 3] = [1, 2, 3];
+/// The first version whose files mark every counted retry with a `retry` line.
+pub const RETRIES_MARKED_FROM: u32 = 3;
 
 /// The first line of a trace file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,6 +121,9 @@ pub enum Action {
     RangeRelease,
     /// The device's total memory, when its pool was created.
     DeviceMemory,
+    /// A counted retry (version 3): the pool returned every cached segment it could and asks
+    /// the device once more; its `segment_alloc` (or `segment_map`s) or `oom` follows.
+    Retry,
     Oom,
     EmptyCache,
     DeviceReset,
@@ -191,6 +200,7 @@ impl Event {
             PoolEvent::SegmentUnmap { ptr, size, stream } => {
                 (Action::SegmentUnmap, ptr.addr(), size, stream, None, None)
             }
+            PoolEvent::Retry { size, stream } => (Action::Retry, 0, size, stream, None, None),
             PoolEvent::Oom {
                 size,
                 stream,

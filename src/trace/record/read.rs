@@ -10,7 +10,7 @@
 //! process killed while its trace was being written leaves; it is left out and reported
 //! (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
-use super::{Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS};
+use super::{Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM};
 use crate::backend::sim::Placement;
 use crate::config::Config;
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
@@ -55,6 +55,11 @@ pub struct RecordedTrace {
 }
 
 impl RecordedTrace {
+    /// The file marks each counted retry with a `retry` line.
+    pub fn marks_retries(&self) -> bool {
+        self.header.version >= RETRIES_MARKED_FROM
+    }
+
     /// Devices with at least one event.
     pub fn traced_devices(&self) -> impl Iterator<Item = &DeviceEvents> {
         self.devices.iter().filter(|d| !d.events.is_empty())

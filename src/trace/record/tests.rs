@@ -71,7 +71,12 @@ fn read_back(bytes: &[u8]) -> RecordedTrace {
 }
 
 fn device0(trace: &RecordedTrace) -> RecordedDevice {
-    convert_device(&trace.source, &trace.devices[0], &trace.settings)
+    convert_device(
+        &trace.source,
+        &trace.devices[0],
+        &trace.settings,
+        trace.marks_retries(),
+    )
 }
 
 #[test]
@@ -94,6 +99,11 @@ fn a_replay_of_the_written_trace_reproduces_the_recording() {
         assert_eq!(
             rec.figures.recorded_peak_reserved_bytes as i64,
             recorded.reserved_bytes.all.peak
+        );
+        // Marked by their lines: exact under max_split_size_mb too.
+        assert_eq!(
+            rec.figures.recorded_retries as u64, recorded.counts.num_alloc_retries,
+            "seed {seed}"
         );
         let capacity = rec.capacity.and_then(|c| c.replay_capacity());
         assert!(
@@ -218,9 +228,9 @@ fn an_expandable_recording_names_its_ranges() {
 }
 
 /// Range and device_memory lines hold no memory: a malloc's release, a range given back and
-/// another reserved, then its map, is one retry as without them; unmaps after an
-/// `empty_cache` with a range given back among them stay the call's (no retry); and the
-/// device's memory comes back from its line.
+/// another reserved, then its map, is one retry as without them (in a version 2 file, whose
+/// retries are told by their releases); unmaps after an `empty_cache` with a range given back
+/// among them stay the call's (no retry); and the device's memory comes back from its line.
 #[test]
 fn range_lines_pass_by_retries_and_empty_cache_runs() {
     let line = |t_us, action, addr, size| Event {
@@ -259,7 +269,11 @@ fn range_lines_pass_by_retries_and_empty_cache_runs() {
     ];
     let read = |events: &[Event]| {
         let mut bytes = Vec::new();
-        write_header(&mut bytes, &Header::new(1, vec![0], String::new(), "none"));
+        let header = Header {
+            version: 2,
+            ..Header::new(1, vec![0], String::new(), "none")
+        };
+        write_header(&mut bytes, &header);
         write_events(&mut bytes, events);
         device0(&read_back(&bytes))
     };
@@ -283,6 +297,60 @@ fn range_lines_pass_by_retries_and_empty_cache_runs() {
     assert_eq!(without.figures, figures);
     assert_eq!(without.capacity, with.capacity);
     assert_eq!(without.device_memory, None);
+}
+
+/// From version 3 a file marks each counted retry with a `retry` line, and the retries are
+/// those lines: a release followed by a new segment without one (the oversize release of
+/// `max_split_size`, or a garbage collection) is no retry, and an `oom` counts only with its
+/// `retry`.
+#[test]
+fn marked_retries_are_counted_by_their_lines() {
+    let line = |t_us, action, addr, size| Event {
+        t_us,
+        device: 0,
+        action,
+        addr,
+        size,
+        stream: 0,
+        device_free: (action == Action::Oom).then_some(0),
+        page: None,
+    };
+    let (a, b, c) = (
+        0x7f00_0000_0000u64,
+        0x7e00_0000_0000u64,
+        0x7d00_0000_0000u64,
+    );
+    let events = [
+        line(1, Action::SegmentAlloc, a, 200 * MIB),
+        line(2, Action::Alloc, a, 200 * MIB),
+        line(3, Action::FreeCompleted, a, 200 * MIB),
+        // An oversize release: no retry.
+        line(4, Action::SegmentFree, a, 200 * MIB),
+        line(5, Action::SegmentAlloc, b, 300 * MIB),
+        line(6, Action::Alloc, b, 300 * MIB),
+        line(7, Action::FreeCompleted, b, 300 * MIB),
+        // The full release, then the retry.
+        line(8, Action::SegmentFree, b, 300 * MIB),
+        line(9, Action::Retry, 0, 400 * MIB),
+        line(10, Action::SegmentAlloc, c, 400 * MIB),
+        line(11, Action::Alloc, c, 400 * MIB),
+        // A failed retry.
+        line(12, Action::Retry, 0, 800 * MIB),
+        line(13, Action::Oom, 0, 800 * MIB),
+    ];
+    let read = |version| {
+        let mut bytes = Vec::new();
+        let header = Header {
+            version,
+            ..Header::new(1, vec![0], "max_split_size_mb:128".to_string(), "none")
+        };
+        write_header(&mut bytes, &header);
+        write_events(&mut bytes, &events);
+        device0(&read_back(&bytes)).figures.recorded_retries
+    };
+    assert_eq!(read(3), 2);
+    // Version 2 lines under a version 2 header: every release before a new segment counts.
+    assert_eq!(read(2), 3);
 }
 
 #[test]
@@ -399,7 +467,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 to 2)",
+            "version 9 is not supported (this cachealloc reads versions 1 to 3)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
