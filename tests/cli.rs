@@ -178,8 +178,8 @@ fn a_replay_names_the_library_variables_it_does_not_read() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
         "cachealloc: note: PYTORCH_CUDA_ALLOC_CONF is set, but a replay reads its settings from \
-         --conf only (the variable configures the preloaded library); to replay with them, give \
-         --conf expandable_segments:True\n"
+         --conf only (the variable configures the preloaded library); to replay with its \
+         allocator settings, give --conf expandable_segments:True\n"
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("  settings: defaults\n"), "{text}");
@@ -211,6 +211,28 @@ fn a_replay_names_the_library_variables_it_does_not_read() {
         out.stderr.is_empty(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // The --conf offered holds the allocator's settings only (the library's own keys and
+    // PyTorch's would be warned about or refused there); a variable with none needs no note.
+    let note = |value: &str| {
+        let out = cachealloc_with(
+            &["synth", "transformer:steps=1"],
+            &[("CACHEALLOC_CONF", value)],
+        );
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = note("max_split_size_mb:128,stats:text");
+    assert!(
+        err.ends_with("give --conf max_split_size_mb:128\n"),
+        "{err}"
+    );
+    assert_eq!(note("stats:text"), "");
+    // One the library would refuse is said to be so, with its error.
+    let err = note("bogus:1");
+    assert!(
+        err.contains("the preloaded library would refuse it: CACHEALLOC_CONF: unknown key 'bogus'"),
+        "{err}"
     );
 }
 
@@ -559,6 +581,25 @@ fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
     );
     assert!(
         text.contains("the recording used expandable_segments:True and this replay did not"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(--conf expandable_segments:True or --faithful replays them)"),
+        "{text}"
+    );
+    // A faithful what-if under --conf without them: --faithful is there already.
+    let out = cachealloc(&[
+        "replay",
+        path,
+        "--device",
+        "1",
+        "--faithful",
+        "--conf",
+        "max_split_size_mb:256",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(add expandable_segments:True to --conf, which replaces the recording's"),
         "{text}"
     );
     // A native recording keeps its cudaMalloc line and no such note.

@@ -528,6 +528,19 @@ fn a_configuration_error_is_reported_once_and_allocations_fail_with_3() {
     assert_eq!(log.lines().count(), 1, "one message: {log}");
 }
 
+/// A log filter that cannot be read changes no allocation: a warning, and the pool serves.
+#[test]
+fn a_bad_log_filter_is_a_warning_and_the_pool_serves() {
+    let out = check("churn", &[("CACHEALLOC_LOG", "verbose")]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("CACHEALLOC_LOG=verbose: 'verbose' is neither a level")
+            && log.contains("logging stays at the default, warn"),
+        "{log}"
+    );
+    assert_eq!(log.lines().count(), 1, "one message: {log}");
+}
+
 /// A PyTorch tuning that `CACHEALLOC_CONF` shadows is named in a warning when the pool starts.
 #[test]
 fn a_shadowed_pytorch_tuning_is_warned_about() {

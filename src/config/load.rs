@@ -15,7 +15,15 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
         // A pure pass-through: nothing else is read, so nothing else can stop it.
         return Ok(config);
     }
-    config.log_filter = log_filter(lookup(options::LOG_VAR))?;
+    // A log filter that cannot be read changes no allocation: a warning, not an error that would
+    // take the GPU's memory away from the program.
+    config.log_filter = log_filter(lookup(options::LOG_VAR)).unwrap_or_else(|e| {
+        config.reading_notes.push(format!(
+            "{e}; logging stays at the default, {}",
+            options::DEFAULT_LOG_FILTER
+        ));
+        options::DEFAULT_LOG_FILTER.to_string()
+    });
     let mut sources = ConfigSource::PRECEDENCE.into_iter();
     for source in sources.by_ref() {
         if let Some(text) = lookup(source.name()) {

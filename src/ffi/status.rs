@@ -88,7 +88,8 @@ fn replay_advice(device: DeviceId) -> String {
         Some(path) => format!(
             "This run is recorded to {path}: once it has ended, `cachealloc replay {} \
              --device {} --faithful` replays it and lists the max_split_size_mb values, if \
-             any, that avoid this out-of-memory.",
+             any, under which the whole run has no out-of-memory error (else the one that gets \
+             furthest past this one), and whether expandable segments avoid them.",
             shell_word(path),
             device.0
         ),

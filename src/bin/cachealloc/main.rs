@@ -406,15 +406,32 @@ fn note_unread_variable() {
         .into_iter()
         .map(ConfigSource::name)
         .find_map(|var| std::env::var(var).ok().map(|value| (var, value)));
-    if let Some((var, value)) = read
-        && !value.trim().is_empty()
-    {
-        eprintln!(
-            "cachealloc: note: {var} is set, but a replay reads its settings from --conf only \
-             (the variable configures the preloaded library); to replay with them, give \
-             --conf {}",
-            cachealloc::config::shell_word(&value)
-        );
+    let Some((var, value)) = read else {
+        return;
+    };
+    let unread = "a replay reads its settings from --conf only (the variable configures the \
+                  preloaded library)";
+    if value.trim().is_empty() {
+        return;
+    }
+    // Read as the library reads it: the same variable, the same keys, the same errors.
+    match Config::from_env() {
+        // Only the pool's settings matter to a replay: library and PyTorch-only keys are left
+        // out of the --conf offered, and a variable with none of them needs no note.
+        Ok(config) => {
+            let conf = settings_conf(&config.settings);
+            if !conf.is_empty() {
+                eprintln!(
+                    "cachealloc: note: {var} is set, but {unread}; to replay with its allocator \
+                     settings, give --conf {}",
+                    cachealloc::config::shell_word(&conf)
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "cachealloc: note: {var} is set, but {unread}; the preloaded library would refuse \
+             it: {e}"
+        ),
     }
 }
 

@@ -578,7 +578,13 @@ impl ReplayJson {
         if self.recorded_expandable_segments && !self.expandable_segments {
             t += "  the recording used expandable_segments:True and this replay did not: its \
                   reserved memory and device calls are what native segments would have done \
-                  (--conf expandable_segments:True or --faithful replays them)\n";
+                  (";
+            t += if self.mode == "faithful" {
+                "add expandable_segments:True to --conf, which replaces the recording's settings, \
+                 to replay them)\n"
+            } else {
+                "--conf expandable_segments:True or --faithful replays them)\n"
+            };
         }
         t += "\n";
         t += &memory_summary(&self.stats, DeviceId(self.device), false);
