@@ -5,7 +5,6 @@ mod support;
 
 use std::process::Command;
 use support::cli::{cachealloc, cachealloc_with, json};
-use support::snapshot_pickle::{Segment, write_snapshot};
 use support::trace_lines::{write_retry_on_1_gib_device, write_trace, write_trace_with_settings};
 use support::traces::trace;
 
@@ -82,43 +81,6 @@ fn synth_json_is_deterministic_and_complete() {
 }
 
 #[test]
-fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
-    let base = json(&cachealloc(&["synth", "--capacity", "7GiB", "--json"]));
-    let tuned = json(&cachealloc(&[
-        "synth",
-        "--capacity",
-        "7GiB",
-        "--conf",
-        "max_split_size_mb:64",
-        "--json",
-    ]));
-    assert_eq!(tuned["settings"], "max_split_size_mb:64");
-    assert_ne!(base["num_device_alloc"], tuned["num_device_alloc"]);
-}
-
-/// The summary names the settings the replay ran with: a key given twice takes its last value
-/// (as in PyTorch), and a PyTorch-only key, ignored by a replay, is not named.
-#[test]
-fn the_summary_names_the_settings_in_effect_not_the_text_given() {
-    let out = cachealloc(&[
-        "synth",
-        "transformer:steps=1",
-        "--conf",
-        "max_split_size_mb:128, max_split_size_mb:256,pinned_use_cuda_host_register:True",
-        "--json",
-    ]);
-    assert_eq!(json(&out)["settings"], "max_split_size_mb:256");
-    let out = cachealloc(&[
-        "synth",
-        "transformer:steps=1",
-        "--conf",
-        "pinned_use_cuda_host_register:True",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("  settings: defaults\n"), "{text}");
-}
-
-#[test]
 fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
     let Some(t) = trace("discrete_diffusion/657e3e3/memory_snapshot.json") else {
         return;
@@ -164,76 +126,6 @@ fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
     assert_eq!(free["num_ooms"], 0);
     let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains("not requested again (no capacity)"), "{text}");
-}
-
-/// A replay reads its settings from --conf only: a variable set for the preloaded library is
-/// named, with the --conf that would replay with it, and not followed.
-#[test]
-fn a_replay_names_the_library_variables_it_does_not_read() {
-    let out = cachealloc_with(
-        &["synth", "transformer:steps=1"],
-        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
-    );
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
-        "cachealloc: note: PYTORCH_CUDA_ALLOC_CONF is set, but a replay reads its settings from \
-         --conf only (the variable configures the preloaded library); to replay with its \
-         allocator settings, give --conf expandable_segments:True\n"
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("  settings: defaults\n"), "{text}");
-    // Only the variable the library would read is named: CACHEALLOC_CONF comes first.
-    let out = cachealloc_with(
-        &["synth", "transformer:steps=1"],
-        &[
-            ("CACHEALLOC_CONF", "max_split_size_mb:128"),
-            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-        ],
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.starts_with("cachealloc: note: CACHEALLOC_CONF is set") && err.lines().count() == 1,
-        "{err}"
-    );
-    // Given --conf, the variable is not mentioned.
-    let out = cachealloc_with(
-        &[
-            "synth",
-            "transformer:steps=1",
-            "--conf",
-            "max_split_size_mb:64",
-        ],
-        &[("CACHEALLOC_CONF", "max_split_size_mb:128")],
-    );
-    assert!(out.status.success());
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The --conf offered holds the allocator's settings only (the library's own keys and
-    // PyTorch's would be warned about or refused there); a variable with none needs no note.
-    let note = |value: &str| {
-        let out = cachealloc_with(
-            &["synth", "transformer:steps=1"],
-            &[("CACHEALLOC_CONF", value)],
-        );
-        assert!(out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    let err = note("max_split_size_mb:128,stats:text");
-    assert!(
-        err.ends_with("give --conf max_split_size_mb:128\n"),
-        "{err}"
-    );
-    assert_eq!(note("stats:text"), "");
-    // One the library would refuse is said to be so, with its error.
-    let err = note("bogus:1");
-    assert!(
-        err.contains("the preloaded library would refuse it: CACHEALLOC_CONF: unknown key 'bogus'"),
-        "{err}"
-    );
 }
 
 /// Slips a user makes on the command line are named with the fix: a key joined to its value
@@ -919,64 +811,6 @@ fn the_oom_hint_study_runs_on_one_workload() {
     );
 }
 
-/// Options that cannot act on a replay are named in a warning, and the replay still runs.
-#[test]
-fn options_without_effect_on_a_replay_are_warned_about() {
-    let out = cachealloc(&[
-        "synth",
-        "transformer:steps=1",
-        "--conf",
-        "free_sync:none,trace:/tmp/unused.jsonl,per_process_memory_fraction:0.5",
-    ]);
-    assert!(out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--conf free_sync, trace: configure the preloaded library, not the pool"),
-        "{err}"
-    );
-    assert!(
-        err.contains("per_process_memory_fraction limits a fraction of the device's memory"),
-        "{err}"
-    );
-    let quiet = cachealloc(&[
-        "synth",
-        "transformer:steps=1",
-        "--capacity",
-        "8GiB",
-        "--conf",
-        "per_process_memory_fraction:0.5",
-    ]);
-    assert!(quiet.status.success());
-    assert!(
-        quiet.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&quiet.stderr)
-    );
-    // A garbage-collection threshold acts only under a fraction limit; a fraction of 0
-    // refuses everything.
-    let stderr_of = |conf: &str| {
-        let out = cachealloc(&[
-            "synth",
-            "transformer:steps=1",
-            "--capacity",
-            "8GiB",
-            "--conf",
-            conf,
-        ]);
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    let err = stderr_of("garbage_collection_threshold:0.5");
-    assert!(
-        err.contains("without one, no cached block is ever collected"),
-        "{err}"
-    );
-    assert!(
-        stderr_of("garbage_collection_threshold:0.5,per_process_memory_fraction:0.9").is_empty()
-    );
-    let err = stderr_of("per_process_memory_fraction:0");
-    assert!(err.contains("allows no memory at all"), "{err}");
-}
-
 /// A faithful replay whose start state cannot exist under --conf's settings says how to ask
 /// the what-if question instead.
 #[test]
@@ -1231,83 +1065,4 @@ fn a_faithful_replay_keeps_to_the_recorded_device_memory() {
         "the capacity is the memory: {text}"
     );
     std::fs::remove_file(&path).unwrap();
-}
-
-/// cachealloc keeps no private pools (CUDA graphs', MemPools'): a replay of a recording that has
-/// them says that their requests are served from the default pools, in both modes, and replays.
-#[test]
-fn replays_say_that_private_pools_are_not_kept_apart() {
-    const MIB: u64 = 1 << 20;
-    const SEG: u64 = 0x7f00_0000_0000;
-    let segment = |address, pool_id| Segment {
-        address,
-        stream: 0,
-        expandable: false,
-        pool_id,
-        blocks: vec![(20 * MIB, 0, "inactive")],
-    };
-    let path = write_snapshot(
-        "private-trace.pickle",
-        &[segment(SEG, (0, 0)), segment(SEG + 0x1000_0000, (1, 0))],
-        &[
-            ("segment_alloc", SEG + 0x1000_0000, 20 * MIB),
-            ("alloc", SEG + 0x1000_0000, 4 * MIB),
-            ("free_completed", SEG + 0x1000_0000, 4 * MIB),
-        ],
-        None,
-    );
-    for faithful in [false, true] {
-        let mut args = vec!["replay", path.to_str().unwrap(), "--json"];
-        if faithful {
-            args.push("--faithful");
-        }
-        let out = cachealloc(&args);
-        assert_eq!(json(&out)["allocs"], 1);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(
-                "device 0: 1 of the 2 segments at the end (20.00 MiB) belong to private pools \
-                 (CUDA graphs' or torch.cuda.MemPools'); cachealloc keeps no private pools, so \
-                 the replay serves the requests made in them from the default pools"
-            ),
-            "{stderr}"
-        );
-        assert_eq!(
-            stderr.contains("the start state holds their segments in the default pools"),
-            faithful,
-            "{stderr}"
-        );
-    }
-    std::fs::remove_file(path).unwrap();
-}
-
-/// A cachealloc recording on a 1 GiB device (its `device_memory` line) that neither ran out of
-/// memory nor retried: nothing brackets its capacity, but a faithful what-if under other
-/// settings still runs on no more than the device's memory. Three 300 MiB requests, rounded to
-/// 384 MiB under roundup_power2_divisions:2, do not all fit there.
-#[test]
-fn a_faithful_what_if_keeps_the_recorded_device_memory() {
-    let (mib, base) = (1u64 << 20, 0x7f00_0000_0000u64);
-    let mut events = vec![("device_memory", 0, 1024 * mib, 0)];
-    for i in 0..3 {
-        let addr = base + i * 0x1000_0000;
-        events.push(("segment_alloc", addr, 300 * mib, 0));
-        events.push(("alloc", addr, 300 * mib, 0));
-    }
-    let path = write_trace("three-on-1-gib", &events);
-    let p = path.to_str().unwrap();
-    let as_recorded = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
-    assert_eq!(as_recorded["capacity_bytes"], 1024 * mib);
-    assert_eq!(as_recorded["num_ooms"], 0);
-    let what_if = json(&cachealloc(&[
-        "replay",
-        p,
-        "--faithful",
-        "--conf",
-        "roundup_power2_divisions:2",
-        "--json",
-    ]));
-    assert_eq!(what_if["capacity_bytes"], 1024 * mib, "{what_if}");
-    assert_eq!(what_if["num_ooms"], 1, "{what_if}");
-    std::fs::remove_file(path).unwrap();
 }

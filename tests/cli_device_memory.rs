@@ -6,7 +6,9 @@
 mod support;
 
 use support::cli::{cachealloc, json};
-use support::trace_lines::{copy_without, write_retry_on_1_gib_device, write_trace_with_settings};
+use support::trace_lines::{
+    copy_without, write_retry_on_1_gib_device, write_trace, write_trace_with_settings,
+};
 use support::traces::trace;
 
 const MIB: u64 = 1 << 20;
@@ -469,4 +471,46 @@ fn a_smaller_device_memory_holds_the_recorded_capacity() {
         ),
         "{err}"
     );
+}
+
+/// A cachealloc recording on a 1 GiB device (its `device_memory` line) that neither ran out of
+/// memory nor retried: nothing brackets its capacity, but a faithful what-if under other
+/// settings still runs on no more than the device's memory. Three 300 MiB requests, rounded to
+/// 384 MiB under roundup_power2_divisions:2, do not all fit there.
+#[test]
+fn a_faithful_what_if_keeps_the_recorded_device_memory() {
+    let base = 0x7f00_0000_0000u64;
+    let mib = MIB;
+    let mut events = vec![("device_memory", 0, 1024 * mib, 0)];
+    for i in 0..3 {
+        let addr = base + i * 0x1000_0000;
+        events.push(("segment_alloc", addr, 300 * mib, 0));
+        events.push(("alloc", addr, 300 * mib, 0));
+    }
+    let path = write_trace("three-on-1-gib", &events);
+    let p = path.to_str().unwrap();
+    let as_recorded = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_eq!(as_recorded["capacity_bytes"], 1024 * mib);
+    assert_eq!(as_recorded["capacity_is_device_memory"], true);
+    assert_eq!(as_recorded["num_ooms"], 0);
+    let what_if = json(&cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--conf",
+        "roundup_power2_divisions:2",
+        "--json",
+    ]));
+    assert_eq!(what_if["capacity_bytes"], 1024 * mib, "{what_if}");
+    assert_eq!(what_if["num_ooms"], 1, "{what_if}");
+    let text = cachealloc(&["replay", p, "--faithful"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(
+            "device capacity: 1024.00 MiB (the device's whole memory: nothing in the recording \
+             brackets less)"
+        ),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
 }

@@ -145,6 +145,27 @@ fn retries_are_recorded_exactly_under_max_split_size() {
     std::fs::remove_file(&no_markers).unwrap();
 }
 
+/// With expandable segments a retry unmaps free pages and maps new ones: its line comes before
+/// the maps (one of the two retries here succeeds, the other ends in an out-of-memory error).
+#[test]
+fn retries_are_recorded_exactly_with_expandable_segments() {
+    let options = ["--capacity", "5.3GiB", "--conf", "expandable_segments:True"];
+    let (synth, bytes, path) = synth_saved("expandable-retry", "transformer", &options);
+    assert_eq!(synth["num_alloc_retries"], 2, "{synth}");
+    assert_eq!(synth["num_ooms"], 1, "{synth}");
+    let text = String::from_utf8(bytes).unwrap();
+    assert_eq!(text.matches(r#""action":"retry""#).count(), 2);
+    let faithful = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--json",
+    ]));
+    assert_same_figures("faithful replay", &synth, &faithful);
+    assert_eq!(faithful["recorded_retries"], 2, "{faithful}");
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn a_saved_expandable_run_replays_faithfully() {
     let options = ["--conf", "expandable_segments:True"];

@@ -5,7 +5,7 @@
 mod support;
 
 use support::cli::{cachealloc, json};
-use support::snapshot_pickle::{Segment, write_segment_list, write_state_snapshot};
+use support::snapshot_pickle::{Segment, write_segment_list, write_snapshot, write_state_snapshot};
 use support::trace_lines::write_trace;
 use support::traces::trace;
 
@@ -198,7 +198,18 @@ fn private_pools_are_reported_apart_and_serve_no_request() {
         "{text}"
     );
     assert!(
-        text.contains("82.00 MiB of the 202.00 MiB reserved (40.6%) is cached free, in 3 blocks."),
+        text.contains(
+            "82.00 MiB of the 202.00 MiB the default pools reserve (40.6%) is cached free, in 3 \
+             blocks."
+        ),
+        "{text}"
+    );
+    // The out-of-memory report counts the private pools as allocated, and says so.
+    assert!(
+        text.contains(
+            "Of the memory counted allocated above, 160.00 MiB is the private pools' (95.00 MiB \
+             of it cached free there"
+        ),
         "{text}"
     );
     std::fs::remove_file(path).unwrap();
@@ -726,4 +737,63 @@ fn no_replay_command_for_a_trace_of_frees_alone() {
     assert_eq!(j["trace_entries"], 1);
     assert_eq!(j["replayable"], false);
     assert_eq!(j["replay_command"], serde_json::Value::Null);
+}
+
+/// cachealloc keeps no private pools (CUDA graphs', MemPools'): a replay of a recording that has
+/// them says that their requests are served from the default pools, in both modes, and replays.
+#[test]
+fn replays_say_that_private_pools_are_not_kept_apart() {
+    const MIB: u64 = 1 << 20;
+    const SEG: u64 = 0x7f00_0000_0000;
+    let segment = |address, pool_id| Segment {
+        address,
+        stream: 0,
+        expandable: false,
+        pool_id,
+        blocks: vec![(20 * MIB, 0, "inactive")],
+    };
+    let path = write_snapshot(
+        "private-trace.pickle",
+        &[segment(SEG, (0, 0)), segment(SEG + 0x1000_0000, (1, 0))],
+        &[
+            ("segment_alloc", SEG + 0x1000_0000, 20 * MIB),
+            ("alloc", SEG + 0x1000_0000, 4 * MIB),
+            ("free_completed", SEG + 0x1000_0000, 4 * MIB),
+        ],
+        None,
+    );
+    for faithful in [false, true] {
+        let mut args = vec!["replay", path.to_str().unwrap(), "--json"];
+        if faithful {
+            args.push("--faithful");
+        }
+        let out = cachealloc(&args);
+        assert_eq!(json(&out)["allocs"], 1);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(
+                "device 0: 1 of the 2 segments at the end (20.00 MiB) belong to private pools \
+                 (CUDA graphs' or torch.cuda.MemPools'); cachealloc keeps no private pools, so \
+                 the replay serves the requests made in them from the default pools"
+            ),
+            "{stderr}"
+        );
+        assert_eq!(
+            stderr.contains("the start state holds their segments in the default pools"),
+            faithful,
+            "{stderr}"
+        );
+    }
+    // A replay refused is refused alone, without the note.
+    let out = cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--device-memory",
+        "10MiB",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("note:"), "{stderr}");
+    std::fs::remove_file(path).unwrap();
 }

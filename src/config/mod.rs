@@ -175,8 +175,9 @@ pub struct Config {
     /// Policy-changing PyTorch-only settings (`options::POLICY_KEYS_NOT_SUPPORTED`) in PyTorch
     /// variables cachealloc did not read (PyTorch may read them): source, key, value.
     pub unread_policy: Vec<(ConfigSource, String, String)>,
-    /// Numbers not written plainly, with what they were read as (PyTorch's reading), one
-    /// warning each: "VARIABLE: key:value: 'value' is read as ...".
+    /// Warnings from reading the variables, one each: numbers not written plainly, with what
+    /// they were read as (PyTorch's reading: "VARIABLE: key:value: 'value' is read as ..."), a
+    /// key given twice, and a `CACHEALLOC_LOG` filter that cannot be read.
     pub reading_notes: Vec<String>,
     /// Variables set but not read (a variable before them in precedence was set), with the
     /// allocator keys they hold: a tuning the user may think is in force.

@@ -85,14 +85,24 @@ const SUGGESTED_TRACE: &str = "/tmp/cachealloc-%p.jsonl";
 /// command when the run is being recorded, else how to record it.
 fn replay_advice(device: DeviceId) -> String {
     match recording_path() {
-        Some(path) => format!(
-            "This run is recorded to {path}: once it has ended, `cachealloc replay {} \
-             --device {} --faithful` replays it and lists the max_split_size_mb values, if \
-             any, under which the whole run has no out-of-memory error (else the one that gets \
-             furthest past this one), and whether expandable segments avoid them.",
-            shell_word(path),
-            device.0
-        ),
+        Some(path) => {
+            // The replay tries expandable segments only when the run did without them.
+            let expandable =
+                init::active_config().is_some_and(|config| config.settings.expandable_segments);
+            format!(
+                "This run is recorded to {path}: once it has ended, `cachealloc replay {} \
+                 --device {} --faithful` replays it and lists the max_split_size_mb values, if \
+                 any, under which the whole run has no out-of-memory error (else the one that \
+                 gets furthest past this one){}.",
+                shell_word(path),
+                device.0,
+                if expandable {
+                    ""
+                } else {
+                    ", and whether expandable segments avoid them"
+                }
+            )
+        }
         None => {
             // The same settings, wherever they came from, plus the recording (in place of a
             // `trace:` whose file could not be written).

@@ -65,7 +65,9 @@ pub enum PoolEvent {
     },
     /// A counted retry (`num_alloc_retries`): after returning every cached segment it could
     /// (`release_cached_blocks`), the pool asks the device once more for the request of `size`
-    /// bytes (rounded); its `SegmentAlloc` (or `SegmentMap`s) or its `Oom` follows.
+    /// bytes (rounded); its `SegmentAlloc` (with expandable segments, its `SegmentMap`s, perhaps
+    /// after a `RangeReserve`) or its `Oom` follows — or nothing, after a device error other
+    /// than out of memory.
     Retry { size: u64, stream: StreamId },
     /// An allocation failed after the whole ladder: `size` is the rounded request.
     Oom {

@@ -107,15 +107,21 @@ pub fn release_bursts(entries: &[TraceEntry]) -> Vec<ReleaseBurst> {
 /// bound.
 pub fn count_retries(entries: &[TraceEntry], bursts: &[ReleaseBurst]) -> usize {
     let ooms = entries.iter().filter(|e| e.action == Action::Oom).count();
-    let successful = bursts
+    ooms + releases_before_new_segments(entries, bursts)
+}
+
+/// The malloc releases followed directly by a new segment: the successful retries, under
+/// default settings; under `max_split_size` or a garbage-collection threshold, some of them may
+/// be the oversize release or a collection instead.
+pub fn releases_before_new_segments(entries: &[TraceEntry], bursts: &[ReleaseBurst]) -> usize {
+    bursts
         .iter()
         .filter(|b| b.kind == BurstKind::MallocRelease)
         .filter(|b| {
             b.next_entry(entries)
                 .is_some_and(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
         })
-        .count();
-    ooms + successful
+        .count()
 }
 
 #[cfg(test)]

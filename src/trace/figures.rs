@@ -7,7 +7,7 @@
 //! `segment_unmap` subtract). The peak is the highest running value from there, the start
 //! included.
 
-use super::bursts::{BurstKind, count_retries, release_bursts};
+use super::bursts::{BurstKind, count_retries, release_bursts, releases_before_new_segments};
 use super::recording::{Action, DeviceRecording, TraceEntry};
 use crate::pool::StreamId;
 
@@ -168,9 +168,10 @@ impl DeviceRecording {
             end_reserved_bytes: self.end_reserved_bytes(),
             recorded_peak_reserved_bytes: reserved.iter().copied().max().unwrap_or(0),
             recorded_retries: count_retries(entries, &bursts),
-            retries_upper_bound: self.settings.as_ref().is_some_and(|s| {
-                s.max_split_size.is_some() || s.garbage_collection_threshold > 0.0
-            }),
+            retries_upper_bound: releases_before_new_segments(entries, &bursts) > 0
+                && self.settings.as_ref().is_some_and(|s| {
+                    s.max_split_size.is_some() || s.garbage_collection_threshold > 0.0
+                }),
             recorded_oom,
         }
     }
@@ -180,7 +181,7 @@ impl DeviceRecording {
 mod tests {
     use super::*;
     use crate::trace::fixtures::{BASE, MIB, at, entry, recording, segment};
-    use crate::trace::recording::CallSite;
+    use crate::trace::recording::{CallSite, RecordedSettings};
 
     #[test]
     fn peak_counts_what_was_reserved_before_the_trace() {
@@ -206,6 +207,36 @@ mod tests {
         );
         assert_eq!((f.empty_cache_calls, f.recorded_retries), (1, 0));
         assert_eq!(f.recorded_oom, None);
+    }
+
+    /// A release before a new segment is a retry under default settings, and may be the
+    /// oversize release under max_split_size: the count is then a bound, when such a release
+    /// counted.
+    #[test]
+    fn retries_from_releases_are_a_bound_under_max_split_size() {
+        let entries = vec![
+            entry(Action::SegmentAlloc, BASE, 200 * MIB),
+            at(Action::SegmentFree, BASE, 200 * MIB, CallSite::Malloc),
+            entry(Action::SegmentAlloc, BASE + 512 * MIB, 300 * MIB),
+        ];
+        let segments = vec![segment(
+            BASE + 512 * MIB,
+            300 * MIB,
+            &[(0, 300 * MIB, 0, false)],
+        )];
+        let mut rec = recording(entries.clone(), segments.clone());
+        let f = rec.figures();
+        assert_eq!((f.recorded_retries, f.retries_upper_bound), (1, false));
+        rec.settings = Some(RecordedSettings {
+            max_split_size: Some(128 * MIB),
+            ..RecordedSettings::default()
+        });
+        let f = rec.figures();
+        assert_eq!((f.recorded_retries, f.retries_upper_bound), (1, true));
+        // No release before a new segment: nothing counted that could be no retry.
+        let mut quiet = recording(entries[..1].to_vec(), vec![]);
+        quiet.settings = rec.settings.clone();
+        assert!(!quiet.figures().retries_upper_bound);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! the recording's were, or fit between them — what a faithful replay needs to reserve its
 //! ranges where the recording's were (`range_hints`).
 //!
-//! A recording of cachealloc's own (trace format version 2) names each range: a
+//! A recording of cachealloc's own (trace format version 2 on) names each range: a
 //! `range_reserve` line with its address, size and page size, and a `range_release` line when
 //! it is given back. The ranges are then read from those lines, and the device memory is the
 //! one under which the pool reserves ranges of the recorded sizes (the capacity, when it does;

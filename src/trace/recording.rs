@@ -122,7 +122,7 @@ pub struct RecordedSegment {
     pub stream: StreamId,
     pub pool: PoolKind,
     /// The private memory pool it belongs to (`segment_pool_id` other than (0, 0): a CUDA
-    /// graph's or a `torch.cuda.MemPool`'s, whose blocks serve only requests made in that graph's
+    /// graph's or a `torch.cuda.MemPool`'s, whose blocks serve the requests made in that graph's
     /// capture or under that pool); `None` for the default pools.
     pub private_pool: Option<(u64, u64)>,
     pub is_expandable: bool,
@@ -146,7 +146,9 @@ impl RecordedSettings {
     /// The pool settings the recording ran with.
     pub fn to_settings(&self) -> Settings {
         Settings {
-            max_split_size: self.max_split_size.unwrap_or(u64::MAX),
+            max_split_size: self
+                .max_split_size
+                .map_or(u64::MAX, crate::pool::max_split_size_from_bytes),
             roundup_power2_divisions: self.roundup_power2_divisions,
             garbage_collection_threshold: self.garbage_collection_threshold,
             expandable_segments: self.expandable_segments,

@@ -13,6 +13,8 @@
 //!   optional `frames` (list of `{name, filename, line}`).
 //! - blocks: `size`, `requested_size`, `state`; `address` is absent in PyTorch 2.0 files and is
 //!   then the running sum of block sizes from the segment start.
+//! - segments: `segment_pool_id`, a pair of integers, (0, 0) for the default pools and another
+//!   pair for a private pool (a CUDA graph's or a MemPool's); absent in older files.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -24,7 +26,7 @@ use super::recording::{
     RecordedSettings, RecordedSnapshot, TraceEntry,
 };
 use crate::pool::rounding::{ROUNDUP_INTERVALS, SMALL_BUFFER};
-use crate::pool::{DeviceId, PoolKind, StreamId, max_split_size_from_bytes};
+use crate::pool::{DeviceId, PoolKind, StreamId};
 
 type Dict = [(PyValue, PyValue)];
 
@@ -419,8 +421,12 @@ impl<'a> Reader<'a> {
             None | Some(PyValue::None) => return Ok(None),
             Some(value) => value,
         };
+        let int = |v| match v {
+            PyValue::Int(n) => u64::try_from(n).ok(),
+            _ => None,
+        };
         let pair = match self.p.as_list(value) {
-            Some(&[a, b]) => as_u64(a).zip(as_u64(b)),
+            Some(&[a, b]) => int(a).zip(int(b)),
             _ => None,
         };
         match pair {
@@ -441,10 +447,9 @@ impl<'a> Reader<'a> {
             .get(d, "PYTORCH_CUDA_ALLOC_CONF")
             .and_then(|v| self.p.as_str(v))
             .map(str::to_owned);
-        let max_split_size = self
-            .get(d, "max_split_size")
-            .and_then(as_u64)
-            .filter(|&bytes| max_split_size_from_bytes(bytes) != u64::MAX);
+        // PyTorch writes -1 for unlimited; `max_split_size_mb:-1` is its clamp at whole MiB
+        // below 2^64, negative as a signed int, unlimited too (`to_settings`).
+        let max_split_size = self.get(d, "max_split_size").and_then(as_u64);
         let garbage_collection_threshold = self
             .get(d, "garbage_collection_threshold")
             .and_then(as_f64)
@@ -832,6 +837,12 @@ mod tests {
         assert_eq!(pool(&with_pool_id(pair(0, 2))), Some((0, 2)));
         assert_eq!(pool(&with_pool_id(pair(3, 0))), Some((3, 0)));
         assert_eq!(pool(&with_pool_id(V::None)), None);
+        let bools = with_pool_id(V::Tuple(vec![V::Bool(true), V::Bool(false)]));
+        assert!(
+            error_of(&bools)
+                .to_string()
+                .contains("'segment_pool_id' must be")
+        );
         let text = error_of(&with_pool_id(pair(-1, 0))).to_string();
         assert!(
             text.contains("segments[0]: 'segment_pool_id' must be a pair of non-negative integers")

@@ -36,7 +36,9 @@ pub fn plain_capacity(given: GivenDevice) -> Result<Option<u64>, String> {
     Ok(given.capacity.or(given.memory))
 }
 
-/// Set a faithful replay's capacity, device memory and recorded addresses in `config`.
+/// Set a faithful replay's capacity, device memory and recorded addresses in `config`. `Ok(true)`
+/// when the capacity is the device's whole memory because nothing in the recording brackets
+/// less (no `--capacity` or `--device-memory` given).
 ///
 /// The capacity is `--capacity`, else the recording's (held to a `--device-memory` given, and to
 /// the memory its ranges imply), else all of `--device-memory`. The memory is
@@ -46,7 +48,7 @@ pub fn follow_recording(
     config: &mut ReplayConfig,
     loaded: &Loaded,
     given: GivenDevice,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     // Refused before any note on the device's size is printed.
     if given.capacity.is_none()
         && let Some(memory) = given.memory
@@ -60,7 +62,8 @@ pub fn follow_recording(
     config.follow_recorded_addresses(loaded.address_hints.clone(), &loaded.range_changes, memory);
     // A recording whose capacity nothing brackets (no out-of-memory error, no retry) still had
     // no more than its device's memory: a what-if under other settings must not get more.
-    if config.capacity.is_none() {
+    let whole_memory = config.capacity.is_none() && config.device_total.is_some();
+    if whole_memory {
         config.capacity = config.device_total;
     }
     // The memory can fall short of a capacity: one given makes the device that large (a
@@ -100,7 +103,7 @@ pub fn follow_recording(
              most that to reserve them where the recording did)"
         );
     }
-    Ok(())
+    Ok(whole_memory)
 }
 
 /// The recording's capacity, held to a `--device-memory` given (a what-if on a smaller device,

@@ -62,7 +62,9 @@ struct Common {
     #[arg(long)]
     conf: Option<String>,
     /// Device capacity: 24GiB, 512MiB (KiB..TiB and K..T are powers of 1024, KB..TB powers of
-    /// 1000) or bytes, at least 2 MiB (one segment). Default: unlimited.
+    /// 1000) or bytes, at least 2 MiB (one segment). Default: unlimited, or all of
+    /// --device-memory (in a faithful replay: the capacity the recording's failures and retries
+    /// imply, else the device's memory when the recording names or implies it).
     #[arg(long, value_parser = size::parse_capacity, allow_hyphen_values = true)]
     capacity: Option<u64>,
     /// The device's total memory, as cudaMemGetInfo reports it (same forms as --capacity): what
@@ -198,6 +200,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
+                capacity_is_device_memory: false,
                 device_memory: config.total(),
                 placement: config.placement.name(),
                 recorded: Default::default(),
@@ -241,9 +244,11 @@ fn run(cli: Cli) -> Result<String, String> {
                     settings_text = "defaults (the recording names none)".to_string();
                 }
             }
+            let mut capacity_is_device_memory = false;
             if args.faithful {
-                device_size::follow_recording(&mut config, &loaded, args.common.given_device())
-                    .map_err(|e| format!("{}: {e}", args.trace.display()))?;
+                capacity_is_device_memory =
+                    device_size::follow_recording(&mut config, &loaded, args.common.given_device())
+                        .map_err(|e| format!("{}: {e}", args.trace.display()))?;
                 if args.common.placement.is_none()
                     && let Some(placement) = loaded.placement
                 {
@@ -251,6 +256,9 @@ fn run(cli: Cli) -> Result<String, String> {
                 }
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
+            if let Some(note) = &loaded.note {
+                eprintln!("cachealloc: note: {note}");
+            }
             warn_fraction_without_memory(&config);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
                 let advice = match e {
@@ -272,6 +280,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 settings: settings_text,
                 expandable_segments: config.settings.expandable_segments,
                 capacity: config.capacity,
+                capacity_is_device_memory,
                 device_memory: config.total(),
                 placement: config.placement.name(),
                 orphans_replayed: loaded.start.is_some(),
@@ -430,7 +439,7 @@ fn note_unread_variable() {
         }
         Err(e) => eprintln!(
             "cachealloc: note: {var} is set, but {unread}; the preloaded library would refuse \
-             it: {e}"
+             its configuration: {e}"
         ),
     }
 }

@@ -52,6 +52,9 @@ pub struct ReplayJson {
     /// `num_device_free` count page maps and unmaps, not cudaMalloc and cudaFree calls.
     pub expandable_segments: bool,
     pub capacity_bytes: Option<u64>,
+    /// In a faithful replay: the capacity is the device's whole memory (the memory the
+    /// recording names or its ranges imply), since nothing in the recording brackets less.
+    pub capacity_is_device_memory: bool,
     /// The total memory the simulated device reports (it sizes the ranges of expandable
     /// segments and the limit of a memory fraction): `--device-memory`, else the capacity, or in
     /// a faithful replay the memory the recording names or its ranges imply; null when
@@ -285,6 +288,9 @@ pub struct Context {
     /// The replay ran with expandable segments.
     pub expandable_segments: bool,
     pub capacity: Option<u64>,
+    /// A faithful replay's capacity is the device's whole memory: nothing in the recording
+    /// brackets less.
+    pub capacity_is_device_memory: bool,
     /// The total memory the simulated device reports (`ReplayConfig::total`).
     pub device_memory: Option<u64>,
     pub placement: &'static str,
@@ -309,6 +315,7 @@ impl ReplayJson {
             mode: ctx.mode,
             settings: ctx.settings,
             capacity_bytes: ctx.capacity,
+            capacity_is_device_memory: ctx.capacity_is_device_memory,
             device_memory_bytes: ctx.device_memory,
             placement: ctx.placement,
             events: out.ops,
@@ -446,7 +453,11 @@ impl ReplayJson {
             }
         );
         if let Some(c) = self.capacity_bytes {
-            t += &format!("  device capacity: {}\n", format_size(c));
+            t += &format!("  device capacity: {}", format_size(c));
+            if self.capacity_is_device_memory {
+                t += " (the device's whole memory: nothing in the recording brackets less)";
+            }
+            t += "\n";
         }
         if let Some(m) = self.device_memory_bytes
             && self.capacity_bytes != Some(m)

@@ -117,5 +117,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             .placement
             .as_deref()
             .and_then(Placement::from_name),
+        // A cachealloc recording has no private pools.
+        note: None,
     })
 }

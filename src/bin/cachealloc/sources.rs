@@ -37,6 +37,9 @@ pub struct Loaded {
     pub start_rebuildable: bool,
     /// Where the recording's driver placed segments, when the file says (a saved replay).
     pub placement: Option<Placement>,
+    /// What the replay cannot keep as the recording had it (private pools), said once the
+    /// replay is sure to run.
+    pub note: Option<String>,
 }
 
 /// Read `path` and prepare device `device` (default: the first device whose trace allocates
@@ -84,7 +87,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
                 )
             })?,
     };
-    note_private_pools(path, rec, faithful);
+    let note = private_pools_note(path, rec, faithful);
     let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
     let recorded_settings =
         (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
@@ -111,6 +114,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             settings_inferred: rec.settings.is_none(),
             start_rebuildable: true,
             placement: None,
+            note: note.clone(),
         })
     } else {
         let workload = rec.plain();
@@ -134,20 +138,21 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
             settings_inferred: rec.settings.is_none(),
             start_rebuildable: true,
             placement: None,
+            note: note.clone(),
         })
     }
 }
 
-/// Say that the recording's private pools (CUDA graphs', MemPools') are not kept apart: a
+/// The note that the recording's private pools (CUDA graphs', MemPools') are not kept apart: a
 /// replay serves their requests from the default pools.
-fn note_private_pools(path: &Path, rec: &DeviceRecording, faithful: bool) {
+fn private_pools_note(path: &Path, rec: &DeviceRecording, faithful: bool) -> Option<String> {
     let private: Vec<_> = rec
         .segments
         .iter()
         .filter(|s| s.private_pool.is_some())
         .collect();
     if private.is_empty() {
-        return;
+        return None;
     }
     let bytes = private
         .iter()
@@ -159,16 +164,16 @@ fn note_private_pools(path: &Path, rec: &DeviceRecording, faithful: bool) {
     } else {
         ""
     };
-    eprintln!(
-        "cachealloc: note: {}: device {}: {} of the {} segments at the end ({}) belong to private \
-         pools (CUDA graphs' or torch.cuda.MemPools'); cachealloc keeps no private pools, so the \
-         replay serves the requests made in them from the default pools{start}",
+    Some(format!(
+        "{}: device {}: {} of the {} segments at the end ({}) belong to private pools (CUDA \
+         graphs' or torch.cuda.MemPools'); cachealloc keeps no private pools, so the replay \
+         serves the requests made in them from the default pools{start}",
         path.display(),
         rec.device.0,
         private.len(),
         rec.segments.len(),
         format_size(bytes)
-    );
+    ))
 }
 
 /// The error for a trace without the allocations a replay needs; `orphan_frees` counts its

@@ -187,7 +187,9 @@ impl RequestJson {
         json
     }
 
-    fn to_text(&self) -> String {
+    /// The request's outcome in words; `private` is what the private pools hold, which the
+    /// trial counts as allocated.
+    fn to_text(&self, private: Option<&PoolJson>) -> String {
         let mut out = format!(
             "Trying a request of {} on stream {:#x} (a {} block of the {} pool) through \
              cachealloc's pool, which follows PyTorch's policy, with {} free on the device beyond \
@@ -228,6 +230,17 @@ impl RequestJson {
                 if let Some(oom) = &self.oom {
                     out += oom.text.trim_end();
                     out += "\n";
+                    if let Some(private) = private {
+                        out += &format!(
+                            "Of the memory counted allocated above, {} is the private pools' \
+                             ({} of it cached free there, which PyTorch's message calls \
+                             \"allocated in private pools\"): it goes back to the device only \
+                             when their CUDA graphs or MemPools are deleted, which no allocator \
+                             setting does.\n",
+                            format_size(private.reserved_bytes),
+                            format_size(private.free_bytes)
+                        );
+                    }
                     if !self.device_memory_given
                         && matches!(oom.kind, "exhausted" | "segment_too_large")
                     {
@@ -423,7 +436,7 @@ impl StateJson {
         match &self.request {
             Some(request) => {
                 out += "\n";
-                out += &request.to_text();
+                out += &request.to_text(self.pools.private.as_ref());
             }
             None if self.expandable_segments => {}
             None => {
@@ -450,10 +463,12 @@ impl StateJson {
             .join(", ");
         format!(
             "{} of the {} reserved is in {} (CUDA graphs' or torch.cuda.MemPools', \
-             segment_pool_id {ids}), {} of it cached free there. Their blocks serve only requests made in their graph's \
-             capture or under their MemPool, and the allocator returns their segments to the \
-             device only once their graph or pool is gone: the rest of this report speaks of \
-             the default pools{}.\n",
+             segment_pool_id {ids}), {} of it cached free there. Their blocks serve the \
+             requests made in their graph's capture or under their MemPool (the newest PyTorch \
+             also lends a free block of a MemPool made with use_on_oom to a request that found \
+             no room, which the trial does not), and the allocator returns their segments to \
+             the device only once their graph or pool is gone: the rest of this report speaks \
+             of the default pools{}.\n",
             format_size(private.reserved_bytes),
             format_size(self.pools.all.reserved_bytes),
             if self.pools.private_pool_ids.len() == 1 {
@@ -474,9 +489,21 @@ impl StateJson {
     /// device, and how much lies in pieces beside allocations.
     fn free_memory_sentence(&self) -> String {
         let all = &self.default_pools;
+        let private = self.pools.private.is_some();
         if all.free_bytes == 0 {
-            return "Every reserved byte is allocated: nothing is cached free.\n".to_string();
+            return if private {
+                "Every byte the default pools reserve is allocated: nothing is cached free \
+                 there.\n"
+            } else {
+                "Every reserved byte is allocated: nothing is cached free.\n"
+            }
+            .to_string();
         }
+        let reserved = if private {
+            "the default pools reserve"
+        } else {
+            "reserved"
+        };
         if self.expandable_segments {
             return format!(
                 "{} of the {} mapped ({}) is cached free, in {}. The segments are expandable: \
@@ -490,7 +517,7 @@ impl StateJson {
             );
         }
         let mut out = format!(
-            "{} of the {} reserved ({}) is cached free, in {}",
+            "{} of the {} {reserved} ({}) is cached free, in {}",
             format_size(all.free_bytes),
             format_size(all.reserved_bytes),
             percent(all.free_bytes, all.reserved_bytes),

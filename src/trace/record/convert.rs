@@ -87,7 +87,8 @@ pub fn convert_device(
     // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`).
     let collects =
         settings.garbage_collection_threshold > 0.0 && settings.per_process_memory_fraction < 1.0;
-    figures.retries_upper_bound = !retries_marked && (settings.has_max_split_size() || collects);
+    // Counted from a release before a new segment, which under these settings may be no retry.
+    let releases_may_be_no_retry = !retries_marked && (settings.has_max_split_size() || collects);
     let mut segment_addresses = Vec::new();
     let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
     // Addresses whose free was requested and has not completed yet.
@@ -112,6 +113,7 @@ pub fn convert_device(
         {
             if !retries_marked {
                 figures.recorded_retries += 1;
+                figures.retries_upper_bound |= releases_may_be_no_retry;
             }
             if !collects {
                 let level = b.reserved_before.saturating_add(e.size);

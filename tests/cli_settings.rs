@@ -1,0 +1,175 @@
+//! The settings a replay runs with: `--conf` alone (the variables that configure the preloaded
+//! library are named, not followed), as the summary names them, and options that change
+//! nothing in a replay warned about.
+
+mod support;
+
+use support::cli::{cachealloc, cachealloc_with, json};
+
+#[test]
+fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
+    let base = json(&cachealloc(&["synth", "--capacity", "7GiB", "--json"]));
+    let tuned = json(&cachealloc(&[
+        "synth",
+        "--capacity",
+        "7GiB",
+        "--conf",
+        "max_split_size_mb:64",
+        "--json",
+    ]));
+    assert_eq!(tuned["settings"], "max_split_size_mb:64");
+    assert_ne!(base["num_device_alloc"], tuned["num_device_alloc"]);
+}
+
+/// The summary names the settings the replay ran with: a key given twice takes its last value
+/// (as in PyTorch), and a PyTorch-only key, ignored by a replay, is not named.
+#[test]
+fn the_summary_names_the_settings_in_effect_not_the_text_given() {
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "max_split_size_mb:128, max_split_size_mb:256,pinned_use_cuda_host_register:True",
+        "--json",
+    ]);
+    assert_eq!(json(&out)["settings"], "max_split_size_mb:256");
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "pinned_use_cuda_host_register:True",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  settings: defaults\n"), "{text}");
+}
+
+/// A replay reads its settings from --conf only: a variable set for the preloaded library is
+/// named, with the --conf that would replay with it, and not followed.
+#[test]
+fn a_replay_names_the_library_variables_it_does_not_read() {
+    let out = cachealloc_with(
+        &["synth", "transformer:steps=1"],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+    );
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cachealloc: note: PYTORCH_CUDA_ALLOC_CONF is set, but a replay reads its settings from \
+         --conf only (the variable configures the preloaded library); to replay with its \
+         allocator settings, give --conf expandable_segments:True\n"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  settings: defaults\n"), "{text}");
+    // Only the variable the library would read is named: CACHEALLOC_CONF comes first.
+    let out = cachealloc_with(
+        &["synth", "transformer:steps=1"],
+        &[
+            ("CACHEALLOC_CONF", "max_split_size_mb:128"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("cachealloc: note: CACHEALLOC_CONF is set") && err.lines().count() == 1,
+        "{err}"
+    );
+    // Given --conf, the variable is not mentioned.
+    let out = cachealloc_with(
+        &[
+            "synth",
+            "transformer:steps=1",
+            "--conf",
+            "max_split_size_mb:64",
+        ],
+        &[("CACHEALLOC_CONF", "max_split_size_mb:128")],
+    );
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The --conf offered holds the allocator's settings only (the library's own keys and
+    // PyTorch's would be warned about or refused there); a variable with none needs no note.
+    let note = |value: &str| {
+        let out = cachealloc_with(
+            &["synth", "transformer:steps=1"],
+            &[("CACHEALLOC_CONF", value)],
+        );
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = note("max_split_size_mb:128,stats:text");
+    assert!(
+        err.ends_with("give --conf max_split_size_mb:128\n"),
+        "{err}"
+    );
+    assert_eq!(note("stats:text"), "");
+    // One the library would refuse is said to be so, with its error.
+    let err = note("bogus:1");
+    assert!(
+        err.contains(
+            "the preloaded library would refuse its configuration: CACHEALLOC_CONF: unknown \
+             key 'bogus'"
+        ),
+        "{err}"
+    );
+}
+
+/// Options that cannot act on a replay are named in a warning, and the replay still runs.
+#[test]
+fn options_without_effect_on_a_replay_are_warned_about() {
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--conf",
+        "free_sync:none,trace:/tmp/unused.jsonl,per_process_memory_fraction:0.5",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--conf free_sync, trace: configure the preloaded library, not the pool"),
+        "{err}"
+    );
+    assert!(
+        err.contains("per_process_memory_fraction limits a fraction of the device's memory"),
+        "{err}"
+    );
+    let quiet = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--capacity",
+        "8GiB",
+        "--conf",
+        "per_process_memory_fraction:0.5",
+    ]);
+    assert!(quiet.status.success());
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+    // A garbage-collection threshold acts only under a fraction limit; a fraction of 0
+    // refuses everything.
+    let stderr_of = |conf: &str| {
+        let out = cachealloc(&[
+            "synth",
+            "transformer:steps=1",
+            "--capacity",
+            "8GiB",
+            "--conf",
+            conf,
+        ]);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = stderr_of("garbage_collection_threshold:0.5");
+    assert!(
+        err.contains("without one, no cached block is ever collected"),
+        "{err}"
+    );
+    assert!(
+        stderr_of("garbage_collection_threshold:0.5,per_process_memory_fraction:0.9").is_empty()
+    );
+    let err = stderr_of("per_process_memory_fraction:0");
+    assert!(err.contains("allows no memory at all"), "{err}");
+}
