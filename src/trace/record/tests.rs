@@ -227,22 +227,27 @@ fn an_expandable_recording_names_its_ranges() {
     assert_eq!(hints.reservations[1].given_back, Some(5));
 }
 
-/// Range and device_memory lines hold no memory: a malloc's release, a range given back and
-/// another reserved, then its map, is one retry as without them (in a version 2 file, whose
-/// retries are told by their releases); unmaps after an `empty_cache` with a range given back
-/// among them stay the call's (no retry); and the device's memory comes back from its line.
-#[test]
-fn range_lines_pass_by_retries_and_empty_cache_runs() {
-    let line = |t_us, action, addr, size| Event {
+/// An event line of device 0 on the default stream (a `range_reserve` of 20 MiB pages, an `oom`
+/// with nothing free on the device).
+fn line(t_us: u64, action: Action, addr: u64, size: u64) -> Event {
+    Event {
         t_us,
         device: 0,
         action,
         addr,
         size,
         stream: 0,
-        device_free: None,
+        device_free: (action == Action::Oom).then_some(0),
         page: (action == Action::RangeReserve).then_some(20 * MIB),
-    };
+    }
+}
+
+/// Range and device_memory lines hold no memory: a malloc's release, a range given back and
+/// another reserved, then its map, is one retry as without them (in a version 2 file, whose
+/// retries are told by their releases); unmaps after an `empty_cache` with a range given back
+/// among them stay the call's (no retry); and the device's memory comes back from its line.
+#[test]
+fn range_lines_pass_by_retries_and_empty_cache_runs() {
     let (a, b) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
     let range = 100 * 20 * MIB;
     let events = [
@@ -305,16 +310,6 @@ fn range_lines_pass_by_retries_and_empty_cache_runs() {
 /// `retry`.
 #[test]
 fn marked_retries_are_counted_by_their_lines() {
-    let line = |t_us, action, addr, size| Event {
-        t_us,
-        device: 0,
-        action,
-        addr,
-        size,
-        stream: 0,
-        device_free: (action == Action::Oom).then_some(0),
-        page: None,
-    };
     let (a, b, c) = (
         0x7f00_0000_0000u64,
         0x7e00_0000_0000u64,
