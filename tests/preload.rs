@@ -98,6 +98,34 @@ fn disabled_library_passes_every_call_through() {
     assert_eq!(number_after(&text, "frees"), 1000);
 }
 
+/// A program that meets out-of-memory errors again and again gets the first three reports in
+/// full, then a line counting them at the 4th, 8th and 16th; each report in full at debug.
+#[test]
+fn repeated_out_of_memory_errors_are_counted_after_the_first_reports() {
+    let capacity = ("FAKECUDART_CAPACITY", "64MiB");
+    let log = stderr(&check("oom_loop", &[capacity]));
+    assert_eq!(log.matches("CUDA out of memory").count(), 3, "{log}");
+    assert!(
+        log.contains("3 out-of-memory errors: later ones are counted here now and then"),
+        "{log}"
+    );
+    for n in [4, 8, 16] {
+        assert!(
+            log.contains(&format!(
+                "{n} out-of-memory errors so far; the latest asked for 40.00 MiB on device 0"
+            )),
+            "{log}"
+        );
+    }
+    assert_eq!(
+        log.matches("out-of-memory errors so far").count(),
+        3,
+        "{log}"
+    );
+    let all = stderr(&check("oom_loop", &[capacity, ("CACHEALLOC_LOG", "debug")]));
+    assert_eq!(all.matches("CUDA out of memory").count(), 20, "{all}");
+}
+
 #[test]
 fn out_of_memory_answers_2_and_the_program_goes_on() {
     let out = check("oom", &[("FAKECUDART_CAPACITY", "64MiB")]);

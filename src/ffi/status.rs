@@ -4,10 +4,12 @@
 use crate::backend::BackendError;
 use crate::backend::cuda::runtime::{CudaError, codes};
 use crate::config::{Config, render_conf, shell_word};
+use crate::ffi::oom_log::{FULL_REPORTS, OomLog};
 use crate::global::{ShimError, init, panics, recording_path};
-use crate::pool::{DeviceId, Error};
+use crate::pool::{DeviceId, Error, OomReport, format_size};
 
-/// The code for `err`, logging what the program should know (an OOM report once, at warn).
+/// The code for `err`, logging what the program should know (an OOM report at warn: the first
+/// few in full, then counted, `oom_log`).
 ///
 /// - out of memory (after the whole retry ladder), or a request over 1 EiB: 2
 ///   `cudaErrorMemoryAllocation`;
@@ -20,13 +22,7 @@ use crate::pool::{DeviceId, Error};
 pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
     match err {
         ShimError::Pool(Error::OutOfMemory(report)) => {
-            // The advice replaces the hint's own pointer to a replay, and is left out where no
-            // setting can help.
-            if report.hint().settings_may_help() {
-                log_event!(warn, "{call}: {report:#}\n{}", replay_advice(report.device));
-            } else {
-                log_event!(warn, "{call}: {report:#}");
-            }
+            log_oom(call, &report);
             codes::MEMORY_ALLOCATION
         }
         ShimError::Pool(Error::Backend(BackendError::OutOfMemory)) => codes::MEMORY_ALLOCATION,
@@ -75,6 +71,42 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             log_event!(error, "{call}: {e}");
             codes::UNKNOWN
         }
+    }
+}
+
+/// Log an out-of-memory report: in full at warn for the first few of the process, then at
+/// debug, with a line at warn counting them now and then (`oom_log`).
+fn log_oom(call: &'static str, report: &OomReport) {
+    let (n, how) = OomLog::next();
+    // The advice replaces the hint's own pointer to a replay, and is left out where no setting
+    // can help.
+    let text = if report.hint().settings_may_help() {
+        format!("{report:#}\n{}", replay_advice(report.device))
+    } else {
+        format!("{report:#}")
+    };
+    match how {
+        OomLog::Full => {
+            log_event!(warn, "{call}: {text}");
+            if n == FULL_REPORTS {
+                log_event!(
+                    warn,
+                    "{call}: {n} out-of-memory errors: later ones are counted here now and then \
+                     (CACHEALLOC_LOG=debug prints each report)"
+                );
+            }
+        }
+        OomLog::Counted => {
+            log_event!(debug, "{call}: {text}");
+            log_event!(
+                warn,
+                "{call}: {n} out-of-memory errors so far; the latest asked for {} on device {} \
+                 (CACHEALLOC_LOG=debug prints each report)",
+                format_size(report.requested),
+                report.device.0
+            );
+        }
+        OomLog::Quiet => log_event!(debug, "{call}: {text}"),
     }
 }
 

@@ -119,6 +119,18 @@ static void scenario_oom(void) {
     CHECK_CODE(cudaFree(b), cudaSuccess);
 }
 
+/* A program that tries again and again (FAKECUDART_CAPACITY=64MiB): 20 requests of 40 MiB
+ * beside a live 40 MiB allocation, each refused with 2. */
+static void scenario_oom_loop(void) {
+    void *a = NULL, *b = NULL;
+    CHECK_CODE(cudaMalloc(&a, 40 * MIB), cudaSuccess);
+    for (int i = 0; i < 20; i++) {
+        CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaErrorMemoryAllocation);
+        CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    }
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+}
+
 /* Fragmentation (FAKECUDART_CAPACITY=256MiB): two 100 MiB segments, each cut by a live 60 MiB
  * block, leave 80 MiB free in 40 MiB pieces and 56 MiB on the device, so a third 100 MiB
  * request runs out of memory under the default settings. Prints that request's answer: the
@@ -491,6 +503,7 @@ static const struct scenario scenarios[] = {
     {"last_error", scenario_last_error},
     {"churn", scenario_churn},
     {"oom", scenario_oom},
+    {"oom_loop", scenario_oom_loop},
     {"fragmentation", scenario_fragmentation},
     {"foreign", scenario_foreign},
     {"double_free", scenario_double_free},
