@@ -43,6 +43,32 @@ pub struct PoolMemory {
 }
 
 impl PoolMemory {
+    /// Count `seg` and its blocks in.
+    fn add_segment(&mut self, seg: &RecordedSegment) {
+        self.segments = self.segments.saturating_add(1);
+        self.reserved = self.reserved.saturating_add(seg.total_size);
+        if seg.blocks.iter().all(|b| b.state == BlockState::Inactive) {
+            self.free_segments = self.free_segments.saturating_add(1);
+            self.free_segment_bytes = self.free_segment_bytes.saturating_add(seg.total_size);
+        }
+        for b in &seg.blocks {
+            match b.state {
+                BlockState::Inactive => {
+                    self.free = self.free.saturating_add(b.size);
+                    self.free_blocks = self.free_blocks.saturating_add(1);
+                    self.largest_free_block = self.largest_free_block.max(b.size);
+                }
+                BlockState::Allocated | BlockState::PendingFree => {
+                    self.allocated = self.allocated.saturating_add(b.size);
+                    self.requested = self.requested.saturating_add(b.requested_size);
+                    if b.state == BlockState::PendingFree {
+                        self.pending_free = self.pending_free.saturating_add(b.size);
+                    }
+                }
+            }
+        }
+    }
+
     fn add(&mut self, other: &PoolMemory) {
         self.segments = self.segments.saturating_add(other.segments);
         self.reserved = self.reserved.saturating_add(other.reserved);
@@ -95,34 +121,6 @@ pub struct MemoryState {
     /// The default pools' largest free cached blocks, largest first (at most
     /// `LISTED_FREE_BLOCKS`).
     pub largest_free_blocks: Vec<FreeBlock>,
-}
-
-impl PoolMemory {
-    /// Count `seg` and its blocks in.
-    fn add_segment(&mut self, seg: &RecordedSegment) {
-        self.segments = self.segments.saturating_add(1);
-        self.reserved = self.reserved.saturating_add(seg.total_size);
-        if seg.blocks.iter().all(|b| b.state == BlockState::Inactive) {
-            self.free_segments = self.free_segments.saturating_add(1);
-            self.free_segment_bytes = self.free_segment_bytes.saturating_add(seg.total_size);
-        }
-        for b in &seg.blocks {
-            match b.state {
-                BlockState::Inactive => {
-                    self.free = self.free.saturating_add(b.size);
-                    self.free_blocks = self.free_blocks.saturating_add(1);
-                    self.largest_free_block = self.largest_free_block.max(b.size);
-                }
-                BlockState::Allocated | BlockState::PendingFree => {
-                    self.allocated = self.allocated.saturating_add(b.size);
-                    self.requested = self.requested.saturating_add(b.requested_size);
-                    if b.state == BlockState::PendingFree {
-                        self.pending_free = self.pending_free.saturating_add(b.size);
-                    }
-                }
-            }
-        }
-    }
 }
 
 impl MemoryState {
