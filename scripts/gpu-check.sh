@@ -19,7 +19,7 @@
 #   (g) another device's memory copied to and from the host while device 0 is current, with
 #       fixed and with expandable segments (needs two GPUs; the fake runtime models two);
 #   (h) the run of (e), recorded with trace:PATH, replayed with `cachealloc replay --faithful`:
-#       every allocation at its recorded address, the same peak, page maps and OOM, with the
+#       every allocation at its recorded address, the same peak, page maps, retries and OOM, with the
 #       device memory the recording names (on the fake runtime, a 300 MiB context holds part).
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
