@@ -16,6 +16,7 @@ use cachealloc::trace::fit::{
     ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
 };
 use cachealloc::trace::record::save::{SaveError, replay_saved};
+use cachealloc::trace::record::settings_text;
 use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay};
 use clap::{Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
@@ -315,27 +316,19 @@ fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
     };
     // The settings in effect, not the text given: a key given twice names its last value, and
     // PyTorch-only keys (ignored here) are left out.
-    let settings_text = settings_conf(&replay_config.settings);
-    Ok((replay_config, settings_text))
+    let named = settings_text(&replay_config.settings);
+    Ok((replay_config, named))
 }
 
 /// A recording's settings as a summary names them: `how` they were found, then their
 /// `--conf` form, or "defaults".
 fn named_settings(how: &str, settings: &cachealloc::pool::Settings) -> String {
-    let conf = settings_conf(settings);
+    let conf = settings_text(settings);
     if conf.is_empty() {
         format!("{how}: defaults")
     } else {
         format!("{how}: {conf}")
     }
-}
-
-/// The `--conf` form of `settings` (empty for the defaults).
-fn settings_conf(settings: &cachealloc::pool::Settings) -> String {
-    cachealloc::config::render_conf(&Config {
-        settings: settings.clone(),
-        ..Config::default()
-    })
 }
 
 /// Parse `--conf`, printing the warnings its keys and values earn.
@@ -418,17 +411,17 @@ fn note_unread_variable() {
     let Some((var, value)) = read else {
         return;
     };
-    let unread = "a replay reads its settings from --conf only (the variable configures the \
-                  preloaded library)";
     if value.trim().is_empty() {
         return;
     }
+    let unread = "a replay reads its settings from --conf only (the variable configures the \
+                  preloaded library)";
     // Read as the library reads it: the same variable, the same keys, the same errors.
     match Config::from_env() {
         // Only the pool's settings matter to a replay: library and PyTorch-only keys are left
         // out of the --conf offered, and a variable with none of them needs no note.
         Ok(config) => {
-            let conf = settings_conf(&config.settings);
+            let conf = settings_text(&config.settings);
             if !conf.is_empty() {
                 eprintln!(
                     "cachealloc: note: {var} is set, but {unread}; to replay with its allocator \

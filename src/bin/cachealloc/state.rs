@@ -214,7 +214,7 @@ fn pick_device<'a>(
 fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, String), String> {
     if let Some(conf) = conf {
         let config = crate::parse_conf(conf)?;
-        let conf = crate::settings_conf(&config.settings);
+        let conf = cachealloc::trace::record::settings_text(&config.settings);
         let text = if conf.is_empty() {
             "defaults (from --conf)".to_string()
         } else {
