@@ -80,14 +80,18 @@ fn log_oom(call: &'static str, report: &OomReport) {
     let (n, how) = OomLog::next();
     // The advice replaces the hint's own pointer to a replay, and is left out where no setting
     // can help.
-    let text = if report.hint().settings_may_help() {
-        format!("{report:#}\n{}", replay_advice(report.device))
-    } else {
-        format!("{report:#}")
+    // Built only where a line is written: a program that fails in a loop logs most of its
+    // reports at debug, which the default filter drops.
+    let text = || {
+        if report.hint().settings_may_help() {
+            format!("{report:#}\n{}", replay_advice(report.device))
+        } else {
+            format!("{report:#}")
+        }
     };
     match how {
         OomLog::Full => {
-            log_event!(warn, "{call}: {text}");
+            log_event!(warn, "{call}: {}", text());
             if n == FULL_REPORTS {
                 log_event!(
                     warn,
@@ -97,7 +101,7 @@ fn log_oom(call: &'static str, report: &OomReport) {
             }
         }
         OomLog::Counted => {
-            log_event!(debug, "{call}: {text}");
+            log_event!(debug, "{call}: {}", text());
             log_event!(
                 warn,
                 "{call}: {n} out-of-memory errors so far; the latest asked for {} on device {} \
@@ -106,7 +110,7 @@ fn log_oom(call: &'static str, report: &OomReport) {
                 report.device.0
             );
         }
-        OomLog::Quiet => log_event!(debug, "{call}: {text}"),
+        OomLog::Quiet => log_event!(debug, "{call}: {}", text()),
     }
 }
 
