@@ -4,7 +4,7 @@
 # (arithmetic overflow included: the `corrupt` profile checks it, as the debug build the suite
 # runs does) fails with the change that caused it.
 # Usage: scripts/corrupt-long.sh [ROUNDS]   (default 5000 copies of the small recording, 625 of
-# the larger one, per test)
+# the larger one and 200 of the expandable-segments one, per test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHEALLOC_CORRUPT_ROUNDS="${1:-5000}" cargo test --profile corrupt --test corrupt_traces

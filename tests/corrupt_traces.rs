@@ -48,9 +48,11 @@ fn rounds() -> usize {
 /// The recordings damaged, each with the fraction of the rounds it gets: a small one with
 /// little but allocations, and a larger one with frees of memory from before the trace,
 /// `empty_cache()` bursts and retries (slower to load and replay, so fewer rounds).
-const TRACES: [(&str, usize); 2] = [
+const TRACES: [(&str, usize); 3] = [
     ("octree-nca/752276c/my_snapshot.pickle", 1),
     ("cs336-magma27/15883f2/memory_snapshot.pickle", 8),
+    // Expandable segments.
+    ("code_location/52e52b2/memory_snapshot.pickle", 25),
 ];
 
 /// Each trace found, with its share of `rounds()`.
@@ -158,15 +160,20 @@ fn replay_every_way(rec: &DeviceRecording, what: &str) {
 /// few sizes tried in it on a full device and on one with 1 GiB free.
 fn report_state(rec: &DeviceRecording, what: &str) {
     let memory = no_panic(&format!("{what}: memory state"), || MemoryState::of(rec));
-    let Ok(state) = no_panic(&format!("{what}: end state"), || trial_state(rec)) else {
+    let reserved = memory.total().reserved;
+    let device_memory = reserved.saturating_add(1 << 30);
+    let Ok(state) = no_panic(&format!("{what}: end state"), || {
+        trial_state(rec, device_memory)
+    }) else {
         return;
     };
-    let reserved = memory.total().reserved;
     let pending = pending_frees(rec);
     for free in [0, 1 << 30] {
         for size in [1, 3 << 20, 700 << 20, 1 << 60] {
             let config = ReplayConfig {
                 capacity: Some(reserved.saturating_add(free)),
+                device_total: Some(device_memory),
+                settings: rec.replay_settings(),
                 ..ReplayConfig::default()
             };
             let _ = no_panic(
@@ -232,7 +239,11 @@ fn damage_fields(path: &std::path::Path, rounds: usize) {
                     let s = rng.below(rec.segments.len());
                     let seg = &mut rec.segments[s];
                     let b = rng.below(seg.blocks.len().max(1));
-                    match (rng.below(4), seg.blocks.get_mut(b)) {
+                    match (rng.below(5), seg.blocks.get_mut(b)) {
+                        (4, _) => {
+                            seg.is_expandable = !seg.is_expandable;
+                            changes.push(format!("segment {s} expandable {}", seg.is_expandable));
+                        }
                         (0, _) | (_, None) => {
                             seg.total_size = extreme(&mut rng, seg.total_size);
                             changes.push(format!("segment {s} size {}", seg.total_size));

@@ -222,6 +222,42 @@ impl SimDevice {
         true
     }
 
+    /// Mark an expandable segment that exists before the simulation starts: its address range
+    /// of whole `page`s reserved, and the `(address, size)` runs in it mapped (in address
+    /// order, whole pages from the range's start). Returns false if the range overlaps a live
+    /// segment or the runs are not such pages.
+    pub fn claim_range(&mut self, addr: u64, size: u64, page: u64, runs: &[(u64, u64)]) -> bool {
+        let Some(end) = addr.checked_add(size) else {
+            return false;
+        };
+        let runs_fit = runs.iter().try_fold(addr, |cursor, &(start, len)| {
+            let run_end = start.checked_add(len)?;
+            let whole = start >= cursor
+                && run_end <= end
+                && len > 0
+                && (start - addr).is_multiple_of(page)
+                && len.is_multiple_of(page);
+            whole.then_some(run_end)
+        });
+        if addr == 0
+            || page == 0
+            || !size.is_multiple_of(page)
+            || runs_fit.is_none()
+            || !self.range_is_free(addr, size)
+        {
+            return false;
+        }
+        self.segments.insert(addr, size);
+        self.reserved.insert(addr, size);
+        self.range_pages.insert(addr, page);
+        self.carve(addr, size);
+        for &(start, len) in runs {
+            self.mapped.insert(start, start + len);
+            self.used += len;
+        }
+        true
+    }
+
     /// Finish all work issued so far: every fence recorded until now is done.
     pub fn complete_work(&mut self) {
         self.completed_fences = self.next_fence;

@@ -83,7 +83,7 @@ impl UnmappedSets {
         }
     }
 
-    fn insert(&mut self, b: &Block) {
+    pub(super) fn insert(&mut self, b: &Block) {
         self.of_mut(b.pool).insert((b.stream, b.addr));
     }
 

@@ -58,6 +58,48 @@ pub struct SegmentSeed {
     pub blocks: Vec<BlockSeed>,
 }
 
+/// Check that `blocks` tile `[start, end)` exactly, in address order, in sizes of whole
+/// 512-byte units, with no two free blocks side by side. Returns what is wrong.
+pub(super) fn check_tiling(start: u64, end: u64, blocks: &[BlockSeed]) -> Result<(), String> {
+    let mut cursor = start;
+    let mut prev_free = false;
+    for b in blocks {
+        if b.addr != cursor {
+            return Err(format!(
+                "block at {:#x} does not follow the previous one ({cursor:#x})",
+                b.addr
+            ));
+        }
+        if b.size == 0 || b.size % MIN_BLOCK_SIZE != 0 {
+            return Err(format!(
+                "block at {:#x} has size {} (not a multiple of 512)",
+                b.addr, b.size
+            ));
+        }
+        if !b.allocated && prev_free {
+            return Err(format!("two adjacent free blocks at {:#x}", b.addr));
+        }
+        prev_free = !b.allocated;
+        match cursor.checked_add(b.size) {
+            Some(next) if next <= end => cursor = next,
+            _ => {
+                return Err(format!(
+                    "block at {:#x} of {} bytes runs past the end ({end:#x})",
+                    b.addr, b.size
+                ));
+            }
+        }
+    }
+    if cursor != end {
+        return Err(format!(
+            "blocks add up to {} bytes, not {}",
+            cursor - start,
+            end - start
+        ));
+    }
+    Ok(())
+}
+
 impl<B: Backend> DeviceAllocator<B> {
     /// The segment that holds `addr`, if this pool has one there.
     pub fn segment_of(&self, addr: u64) -> Option<SegmentSpan> {
@@ -219,37 +261,8 @@ impl<B: Backend> DeviceAllocator<B> {
         if self.segments.overlaps(seed.addr, seed.size) {
             return bad("overlaps an existing segment".into());
         }
-        let mut cursor = seed.addr;
-        let mut prev_free = false;
-        for b in &seed.blocks {
-            if b.addr != cursor {
-                return bad(format!(
-                    "block at {:#x} does not follow the previous one ({cursor:#x})",
-                    b.addr
-                ));
-            }
-            if b.size == 0 || b.size % MIN_BLOCK_SIZE != 0 {
-                return bad(format!(
-                    "block at {:#x} has size {} (not a multiple of 512)",
-                    b.addr, b.size
-                ));
-            }
-            if !b.allocated && prev_free {
-                return bad(format!("two adjacent free blocks at {:#x}", b.addr));
-            }
-            prev_free = !b.allocated;
-            match cursor.checked_add(b.size) {
-                Some(next) if next <= end => cursor = next,
-                _ => {
-                    return bad(format!(
-                        "block at {:#x} of {} bytes runs past the segment's end",
-                        b.addr, b.size
-                    ));
-                }
-            }
-        }
-        if cursor != end {
-            return bad("blocks do not add up to the segment size".into());
+        if let Err(why) = check_tiling(seed.addr, end, &seed.blocks) {
+            return bad(why);
         }
         let mss = self.settings.max_split_size;
         if seed.pool == PoolKind::Large

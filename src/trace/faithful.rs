@@ -7,7 +7,7 @@ use super::ranges::{RangeChange, range_hints};
 use super::recording::{Action, DeviceRecording};
 use super::replay::{ReplayConfig, ReplayOutcome, StartLayout, replay};
 use super::start_state::StartState;
-use crate::pool::{BlockSeed, SegmentSeed, Settings};
+use crate::pool::{SegmentSeed, Settings};
 
 impl StartState {
     /// The layout the replay installs into the pool.
@@ -20,16 +20,7 @@ impl StartState {
                 size: s.size,
                 stream: s.stream,
                 pool: s.pool,
-                blocks: s
-                    .blocks
-                    .iter()
-                    .map(|b| BlockSeed {
-                        addr: b.addr,
-                        size: b.size,
-                        requested: b.requested,
-                        allocated: b.allocated,
-                    })
-                    .collect(),
+                blocks: s.block_seeds(),
             })
             .collect();
         let ids = self
@@ -37,7 +28,11 @@ impl StartState {
             .iter()
             .map(|s| s.blocks.iter().map(|b| b.id).collect())
             .collect();
-        StartLayout { segments, ids }
+        StartLayout {
+            segments,
+            ids,
+            ranges: self.ranges.iter().map(|r| r.layout()).collect(),
+        }
     }
 }
 

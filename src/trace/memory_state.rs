@@ -9,6 +9,7 @@
 //! was exhausted or cut into pieces, and how.
 
 use super::error::TraceError;
+use super::expandable_state::SeedRange;
 use super::recording::{DeviceRecording, RecordedSegment};
 use super::replay::{ReplayConfig, seeded_pool};
 use super::start_state::{SeedBlock, StartState, end_state};
@@ -208,6 +209,17 @@ pub enum RequestOutcome {
         segment: u64,
         released_segments: u64,
     },
+    /// Served at `addr` by mapping `mapped` bytes of pages into an expandable segment: into
+    /// the range at `range` of `range_size` bytes, reserved for it when `new_range`. First
+    /// `unmapped` bytes of free pages were unmapped (a retry, when more than none).
+    Mapped {
+        addr: u64,
+        range: u64,
+        range_size: u64,
+        new_range: bool,
+        mapped: u64,
+        unmapped: u64,
+    },
     /// Refused: out of memory, with the report the pool gave.
     OutOfMemory(Box<OomReport>),
 }
@@ -223,11 +235,12 @@ pub struct RequestTrial {
     pub outcome: RequestOutcome,
 }
 
-/// The state a request is tried in: `rec`'s end state, with each segment of a private pool
-/// held whole, as one allocated block, since a request to the default pools neither uses a
-/// private pool's free blocks nor returns its segments to the device.
-pub fn trial_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
-    let mut state = end_state(rec)?;
+/// The state a request is tried in, on a device of `device_memory` bytes: `rec`'s end state,
+/// with each segment of a private pool held whole, as one allocated block, since a request to
+/// the default pools neither uses a private pool's free blocks nor returns its segments to the
+/// device. (A private pool's expandable segment is held the same way, run by run.)
+pub fn trial_state(rec: &DeviceRecording, device_memory: u64) -> Result<StartState, TraceError> {
+    let mut state = end_state(rec, device_memory)?;
     let mut private: Vec<u64> = rec
         .segments
         .iter()
@@ -235,8 +248,18 @@ pub fn trial_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
         .map(|s| s.address)
         .collect();
     private.sort_unstable();
+    let is_private = |addr: u64| private.binary_search(&addr).is_ok();
+    let (private_ranges, ranges): (Vec<SeedRange>, Vec<SeedRange>) =
+        std::mem::take(&mut state.ranges)
+            .into_iter()
+            .partition(|r| r.runs.iter().any(|run| is_private(run.addr)));
+    state.ranges = ranges;
+    state
+        .segments
+        .extend(private_ranges.into_iter().flat_map(|r| r.runs));
+    state.segments.sort_by_key(|s| s.addr);
     for seg in &mut state.segments {
-        if private.binary_search(&seg.addr).is_ok() {
+        if is_private(seg.addr) {
             seg.blocks = vec![SeedBlock {
                 addr: seg.addr,
                 size: seg.size,
@@ -284,25 +307,36 @@ pub fn try_request(
         })?;
         pool.free_after_streams(ptr, &[])?;
     }
-    let before = pool.stats().counts;
+    let before = pool.stats();
     let outcome = match pool.malloc(size, stream) {
         Ok(ptr) => {
-            let after = pool.stats().counts;
-            if after.num_device_alloc > before.num_device_alloc {
-                let segment = pool
-                    .segment_of(ptr.addr())
-                    .ok_or_else(|| served_from_nowhere(ptr))?
-                    .size;
+            let after = pool.stats();
+            let (counts, reserved) = (after.counts, after.reserved_bytes.all);
+            let span = pool
+                .segment_of(ptr.addr())
+                .ok_or_else(|| served_from_nowhere(ptr))?;
+            if span.expandable && counts.num_device_alloc > before.counts.num_device_alloc {
+                let mapped = reserved.allocated - before.reserved_bytes.all.allocated;
+                let unmapped = reserved.freed - before.reserved_bytes.all.freed;
+                RequestOutcome::Mapped {
+                    addr: ptr.addr(),
+                    range: span.start,
+                    range_size: span.size,
+                    new_range: !state.ranges.iter().any(|r| r.addr == span.start),
+                    mapped: mapped.unsigned_abs(),
+                    unmapped: unmapped.unsigned_abs(),
+                }
+            } else if counts.num_device_alloc > before.counts.num_device_alloc {
                 RequestOutcome::NewSegment {
-                    segment,
-                    released_segments: after.num_device_free - before.num_device_free,
+                    segment: span.size,
+                    released_segments: counts.num_device_free - before.counts.num_device_free,
                 }
             } else {
-                let block =
-                    state.segments.iter().flat_map(|s| &s.blocks).find(|b| {
-                        !b.allocated && b.addr <= ptr.addr() && ptr.addr() < b.addr + b.size
-                    });
-                // Without a new segment, only a block free in the state can have served it.
+                let block = state
+                    .blocks()
+                    .find(|b| !b.allocated && b.addr <= ptr.addr() && ptr.addr() < b.addr + b.size);
+                // Without a new segment or pages, only a block free in the state can have
+                // served it.
                 let block = block.ok_or_else(|| served_from_nowhere(ptr))?;
                 RequestOutcome::Cached {
                     block_addr: block.addr,
@@ -323,7 +357,8 @@ pub fn try_request(
     })
 }
 
-/// A request served where no segment or free block of the trial lies: a bug, reported.
+/// A request served where no segment, free block or mapped page of the trial lies: a bug,
+/// reported.
 fn served_from_nowhere(ptr: DevicePtr) -> Error {
     Error::Invariant(format!(
         "a request was served at {:#x}, in no new segment and no free block of the state",
@@ -425,7 +460,7 @@ mod tests {
 
     #[test]
     fn a_request_a_free_block_holds_is_served_from_it() {
-        let state = end_state(&split_state()).unwrap();
+        let state = end_state(&split_state(), u64::MAX).unwrap();
         let trial = try_request(&state, &[], &device(&state, 0), 30 * MIB, StreamId(0)).unwrap();
         assert_eq!(trial.pool, PoolKind::Large);
         assert_eq!(
@@ -439,7 +474,7 @@ mod tests {
 
     #[test]
     fn a_request_larger_than_every_free_block_is_fragmentation_on_a_full_device() {
-        let state = end_state(&split_state()).unwrap();
+        let state = end_state(&split_state(), u64::MAX).unwrap();
         let trial = try_request(&state, &[], &device(&state, 0), 50 * MIB, StreamId(0)).unwrap();
         let RequestOutcome::OutOfMemory(report) = trial.outcome else {
             panic!("80 MiB free in two 40 MiB pieces cannot hold 50 MiB");
@@ -461,7 +496,7 @@ mod tests {
 
     #[test]
     fn free_device_memory_gives_a_new_segment() {
-        let state = end_state(&split_state()).unwrap();
+        let state = end_state(&split_state(), u64::MAX).unwrap();
         let trial = try_request(
             &state,
             &[],
@@ -481,7 +516,7 @@ mod tests {
 
     #[test]
     fn more_than_reserved_and_free_together_is_exhaustion() {
-        let state = end_state(&split_state()).unwrap();
+        let state = end_state(&split_state(), u64::MAX).unwrap();
         let trial = try_request(&state, &[], &device(&state, 0), 100 * MIB, StreamId(0)).unwrap();
         let RequestOutcome::OutOfMemory(report) = trial.outcome else {
             panic!("121 MiB allocated + 100 MiB cannot fit in 202 MiB");
@@ -491,7 +526,7 @@ mod tests {
 
     #[test]
     fn a_block_cached_for_another_stream_is_named() {
-        let state = end_state(&split_state()).unwrap();
+        let state = end_state(&split_state(), u64::MAX).unwrap();
         let trial = try_request(&state, &[], &device(&state, 0), 30 * MIB, StreamId(7)).unwrap();
         let RequestOutcome::OutOfMemory(report) = trial.outcome else {
             panic!("stream 7 has no cached block");
@@ -507,7 +542,7 @@ mod tests {
         rec.segments[1].blocks[0].state = BlockState::PendingFree;
         let pending = pending_frees(&rec);
         assert_eq!(pending, [SEG + 0x1000_0000]);
-        let state = end_state(&rec).unwrap();
+        let state = end_state(&rec, u64::MAX).unwrap();
         // 90 MiB: no free block holds it; the 100 MiB segment is whole once the pending free
         // completes, and is returned for a 90 MiB one.
         let trial = try_request(&state, &pending, &device(&state, 0), 90 * MIB, StreamId(0));
@@ -533,5 +568,66 @@ mod tests {
         let state = MemoryState::of(&rec);
         assert_eq!(state.large.allocated, 120 * MIB);
         assert_eq!(state.large.pending_free, 60 * MIB);
+    }
+
+    /// A private pool's expandable segment is held whole: its free block serves no request to
+    /// the default pools, and its pages are not unmapped for one.
+    #[test]
+    fn a_private_pools_expandable_segment_is_held() {
+        let page = 20 * MIB;
+        let run = |addr: u64, blocks: &[(u64, u64, u64, bool)], pool: Option<(u64, u64)>| {
+            RecordedSegment {
+                is_expandable: true,
+                private_pool: pool,
+                ..segment(addr, page, blocks)
+            }
+        };
+        let rec = recording(
+            vec![],
+            vec![
+                run(
+                    SEG,
+                    &[
+                        (0, 10 * MIB, 10 * MIB, true),
+                        (10 * MIB, 10 * MIB, 0, false),
+                    ],
+                    None,
+                ),
+                run(SEG + 0x1_0000_0000, &[(0, page, 0, false)], Some((0, 1))),
+            ],
+        );
+        let settings = Settings {
+            expandable_segments: true,
+            ..Settings::default()
+        };
+        let on = |free: u64| ReplayConfig {
+            capacity: Some(2 * page + free),
+            settings: settings.clone(),
+            ..ReplayConfig::default()
+        };
+        let state = trial_state(&rec, 1 << 30).unwrap();
+        assert_eq!(
+            state.ranges.len(),
+            1,
+            "the private run is held as a segment"
+        );
+        let trial = try_request(&state, &[], &on(0), 15 * MIB, StreamId(0)).unwrap();
+        assert!(
+            matches!(trial.outcome, RequestOutcome::OutOfMemory(_)),
+            "{:?}",
+            trial.outcome
+        );
+        let trial = try_request(&state, &[], &on(page), 15 * MIB, StreamId(0)).unwrap();
+        assert_eq!(
+            trial.outcome,
+            RequestOutcome::Mapped {
+                addr: SEG + 10 * MIB,
+                range: SEG,
+                range_size: crate::pool::range_size(1 << 30, PoolKind::Large),
+                new_range: false,
+                mapped: page,
+                unmapped: 0
+            }
+        );
     }
 }

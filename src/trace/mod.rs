@@ -32,6 +32,7 @@ pub mod bursts;
 pub mod capacity;
 pub mod convert;
 pub mod error;
+pub mod expandable_state;
 pub mod faithful;
 pub mod figures;
 pub mod fit;

@@ -7,8 +7,8 @@
 use super::workload::{AllocId, Op, Workload};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{
-    DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, EventSink, OomReport, SegmentSeed,
-    Settings, format_size,
+    DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, EventSink, OomReport, RangeSeed,
+    SegmentSeed, Settings, format_size, page_size,
 };
 
 /// How to replay.
@@ -61,14 +61,21 @@ pub struct StartLayout {
     pub segments: Vec<SegmentSeed>,
     /// Parallel to `segments[i].blocks`.
     pub ids: Vec<Vec<Option<AllocId>>>,
+    /// Expandable segments (their blocks are freed by no workload id).
+    pub ranges: Vec<RangeSeed>,
 }
 
 impl StartLayout {
-    /// The bytes its segments hold (saturating: a corrupt recording's sum may overflow).
+    /// The bytes its segments and mapped pages hold (saturating: a corrupt recording's sum may
+    /// overflow).
     pub fn held_bytes(&self) -> u64 {
-        self.segments
+        let segments = self
+            .segments
             .iter()
-            .fold(0u64, |sum, seg| sum.saturating_add(seg.size))
+            .fold(0u64, |sum, seg| sum.saturating_add(seg.size));
+        self.ranges.iter().fold(segments, |sum, range| {
+            sum.saturating_add(range.mapped_bytes())
+        })
     }
 }
 
@@ -262,11 +269,24 @@ pub fn seeded_pool(
                 }));
             }
         }
+        for range in &start.ranges {
+            let runs: Vec<(u64, u64)> = range.runs.iter().map(|r| (r.addr, r.size)).collect();
+            if !sim.claim_range(range.addr, range.size, page_size(range.pool), &runs) {
+                return Err(Error::InvalidSeed(format!(
+                    "expandable segment {:#x} of {} bytes overlaps another segment, lies outside \
+                     the device's address space, or maps other than whole pages of it",
+                    range.addr, range.size
+                )));
+            }
+        }
     }
     let mut pool = DeviceAllocator::new(sim, config.settings.clone());
     if let Some(start) = start {
         for seg in &start.segments {
             pool.adopt_segment(seg)?;
+        }
+        for range in &start.ranges {
+            pool.adopt_range(range)?;
         }
         pool.reset_accumulated_stats();
     }

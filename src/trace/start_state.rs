@@ -23,12 +23,14 @@
 //! - `oom`, `snapshot`, `annotate`: nothing.
 //!
 //! Expandable-segment recordings (`segment_map`/`segment_unmap`) are refused: pages are
-//! unmapped in ranges that do not match their maps, which this walk does not model.
+//! unmapped in ranges that do not match their maps, which this walk does not model. (A
+//! snapshot's end state with expandable segments is read, `end_state`: nothing is undone.)
 
 use std::collections::BTreeMap;
 
 use super::error::TraceError;
-use super::recording::{Action, DeviceRecording};
+use super::expandable_state::{SeedRange, infer_ranges};
+use super::recording::{Action, DeviceRecording, RecordedSegment};
 use super::workload::AllocId;
 use crate::pool::rounding::{MAX_REQUEST, SMALL_BUFFER, round_size};
 use crate::pool::{PoolKind, Settings, StreamId};
@@ -65,11 +67,15 @@ pub struct SeedSegment {
 pub struct StartState {
     /// Segments in address order.
     pub segments: Vec<SeedSegment>,
+    /// Expandable segments (only in a snapshot's end state), in address order.
+    pub ranges: Vec<SeedRange>,
 }
 
 impl StartState {
+    /// Bytes of its segments and mapped pages.
     pub fn reserved_bytes(&self) -> u64 {
-        self.segments.iter().map(|s| s.size).sum()
+        let segments: u64 = self.segments.iter().map(|s| s.size).sum();
+        segments + self.ranges.iter().map(SeedRange::mapped_bytes).sum::<u64>()
     }
 
     /// Bytes in allocated blocks (block sizes, as the pool counts them).
@@ -82,12 +88,18 @@ impl StartState {
         self.live_blocks().map(|b| b.requested).sum()
     }
 
-    /// Allocated blocks, in address order.
-    pub fn live_blocks(&self) -> impl Iterator<Item = &SeedBlock> {
+    /// Every block: the segments', then the mapped runs' of the expandable segments.
+    pub fn blocks(&self) -> impl Iterator<Item = &SeedBlock> {
+        let runs = self.ranges.iter().flat_map(|r| &r.runs);
         self.segments
             .iter()
+            .chain(runs)
             .flat_map(|s| s.blocks.iter())
-            .filter(|b| b.allocated)
+    }
+
+    /// Allocated blocks: the segments', in address order, then the expandable segments'.
+    pub fn live_blocks(&self) -> impl Iterator<Item = &SeedBlock> {
+        self.blocks().filter(|b| b.allocated)
     }
 
     /// Number of ids handed to live blocks (they are `0..n`).
@@ -258,19 +270,11 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
 /// The state a snapshot's `segments` hold for one device, as the pool would hold it: the
 /// memory state when the snapshot was taken, whatever its trace holds (nothing is undone).
 /// Blocks pending their free count as allocated, as the pool counts them until their events
-/// complete. (A `StartState`: the state a pool is seeded with, here at the snapshot's end.)
-pub fn end_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
-    if rec.segments.iter().any(|s| s.is_expandable) {
-        return Err(TraceError::unsupported(
-            &rec.source,
-            format!(
-                "device {}: its segments are expandable (mapped pages of reserved ranges), \
-                 whose state cachealloc does not rebuild from a snapshot",
-                rec.device.0
-            ),
-        ));
-    }
-    let state = Walk::from_end_state(rec)?.into_start_state();
+/// complete. Expandable segments' runs of mapped pages are placed in the ranges
+/// `infer_ranges` infers for a device of `device_memory` bytes. (A `StartState`: the state a
+/// pool is seeded with, here at the snapshot's end.)
+pub fn end_state(rec: &DeviceRecording, device_memory: u64) -> Result<StartState, TraceError> {
+    let mut state = Walk::from_segments(rec, |s| !s.is_expandable)?.into_start_state();
     state.validate().map_err(|detail| {
         TraceError::inconsistent(
             &rec.source,
@@ -280,6 +284,10 @@ pub fn end_state(rec: &DeviceRecording) -> Result<StartState, TraceError> {
             ),
         )
     })?;
+    let runs = Walk::from_segments(rec, |s| s.is_expandable)?
+        .into_start_state()
+        .segments;
+    state.ranges = infer_ranges(rec, runs, device_memory);
     Ok(state)
 }
 
@@ -316,8 +324,16 @@ struct Walk {
 
 impl Walk {
     fn from_end_state(rec: &DeviceRecording) -> Result<Self, TraceError> {
+        Self::from_segments(rec, |_| true)
+    }
+
+    /// The walk's state from those of `rec`'s end-state segments that `include` picks.
+    fn from_segments(
+        rec: &DeviceRecording,
+        include: impl Fn(&RecordedSegment) -> bool,
+    ) -> Result<Self, TraceError> {
         let mut segments = BTreeMap::new();
-        for seg in &rec.segments {
+        for seg in rec.segments.iter().filter(|s| include(s)) {
             // Its blocks, then the segment itself.
             let ranges = seg.blocks.iter().map(|b| (b.address, b.size));
             if let Some((addr, size)) = ranges
@@ -541,7 +557,10 @@ impl Walk {
                 }
             })
             .collect();
-        StartState { segments }
+        StartState {
+            segments,
+            ranges: Vec::new(),
+        }
     }
 }
 

@@ -46,8 +46,9 @@ pub struct StateArgs {
         value_parser = parse_device_free, allow_hyphen_values = true, requires = "request")]
     device_free: Option<GivenSize>,
     /// The device's total memory (PyTorch's message: "a total capacity of SIZE"), for the
-    /// report's memory held outside the pool and for per_process_memory_fraction. Default:
-    /// what the pool reserved plus --device-free (so no memory is held outside the pool).
+    /// report's memory held outside the pool, for per_process_memory_fraction, and for the
+    /// size of expandable segments' ranges (1⅛ of it). Default: what the pool reserved plus
+    /// --device-free (so no memory is held outside the pool).
     #[arg(
         long,
         value_name = "SIZE",
@@ -223,11 +224,19 @@ fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, Stri
         return Ok((config.settings, text));
     }
     match &rec.settings {
-        Some(recorded) => {
-            let settings = recorded.to_settings();
+        Some(_) => {
+            // (With expandable segments on, as the segments show, whatever the settings say:
+            // the program may have turned them on after starting.)
+            let settings = rec.replay_settings();
             let text = crate::named_settings("as recorded", &settings);
             Ok((settings, text))
         }
+        None if rec.segments.iter().any(|s| s.is_expandable) => Ok((
+            rec.replay_settings(),
+            "expandable_segments:True, as the segments show, and otherwise the defaults (the \
+             snapshot names no settings; give --conf with the program's)"
+                .to_string(),
+        )),
         None => Ok((
             Settings::default(),
             "defaults (the snapshot names none; give --conf with the program's)".to_string(),
@@ -244,14 +253,6 @@ fn request(
     size: u64,
     path: &str,
 ) -> Result<RequestJson, String> {
-    if rec.segments.iter().any(|s| s.is_expandable) {
-        return Err(format!(
-            "{path}: device {}: its segments are expandable (pages mapped into reserved \
-             ranges): a request is not tried in such a state yet (the report without --request \
-             works)",
-            rec.device.0
-        ));
-    }
     let device_free = args.device_free.map_or(0, |free| free.bytes);
     let capacity = device_capacity(
         memory.total().reserved,
@@ -263,7 +264,7 @@ fn request(
     let stream = request_stream(memory, args.stream, path)?;
     // The library's error says the state "cannot be replayed faithfully", which is replay's
     // word for it: here the file's state is what is wrong.
-    let state = trial_state(rec).map_err(|e| match e {
+    let state = trial_state(rec, args.device_memory.unwrap_or(capacity)).map_err(|e| match e {
         TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
         e => e.to_string(),
     })?;
@@ -294,6 +295,7 @@ fn request(
         })?;
     Ok(RequestJson::new(
         trial,
+        &state.ranges,
         device_free,
         config.total(),
         args.device_memory.is_some(),

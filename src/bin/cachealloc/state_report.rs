@@ -3,6 +3,7 @@
 
 use crate::outcome::{OomReportJson, counted};
 use cachealloc::pool::format_size;
+use cachealloc::trace::expandable_state::SeedRange;
 use cachealloc::trace::memory_state::{FreeBlock, PoolMemory, StreamMemory};
 use cachealloc::trace::{DeviceRecording, MemoryState, RequestOutcome, RequestTrial};
 use serde::Serialize;
@@ -105,7 +106,32 @@ enum Outcome {
     Cached,
     /// The device supplies a new segment.
     NewSegment,
+    /// Pages are mapped into an expandable segment.
+    MappedPages,
     OutOfMemory,
+}
+
+/// An expandable segment's reserved range as the trial takes it (a snapshot does not record
+/// it: see `cachealloc::trace::expandable_state`).
+#[derive(Serialize)]
+struct RangeJson {
+    address: u64,
+    size: u64,
+    pool: &'static str,
+    stream: u64,
+    mapped_bytes: u64,
+}
+
+impl From<&SeedRange> for RangeJson {
+    fn from(r: &SeedRange) -> Self {
+        RangeJson {
+            address: r.addr,
+            size: r.size,
+            pool: r.pool.name(),
+            stream: r.stream.0,
+            mapped_bytes: r.mapped_bytes(),
+        }
+    }
 }
 
 /// A request tried in the state.
@@ -121,8 +147,8 @@ pub(crate) struct RequestJson {
     /// The device's total memory was given (`--device-memory`); else it is taken as the
     /// reserved memory plus the free, with nothing held outside the pool.
     device_memory_given: bool,
-    /// `cached` (a free cached block serves it), `new_segment` (the device supplies one) or
-    /// `out_of_memory`.
+    /// `cached` (a free cached block serves it), `new_segment` (the device supplies one),
+    /// `mapped_pages` (pages are mapped into an expandable segment) or `out_of_memory`.
     outcome: Outcome,
     /// The cached block that serves it.
     block_address: Option<u64>,
@@ -130,6 +156,18 @@ pub(crate) struct RequestJson {
     /// The new segment, and the cached segments returned to the device first.
     segment_bytes: Option<u64>,
     released_segments: Option<u64>,
+    /// Pages mapped for it: where it is served, the bytes mapped, the bytes of free pages
+    /// unmapped first (a retry, when more than 0), and the range they lie in (reserved for it
+    /// when `new_range`).
+    address: Option<u64>,
+    mapped_bytes: Option<u64>,
+    unmapped_bytes: Option<u64>,
+    range_address: Option<u64>,
+    range_bytes: Option<u64>,
+    new_range: Option<bool>,
+    /// The reserved ranges the trial takes the expandable segments to have (a snapshot
+    /// records only their mapped pages), in address order; empty without expandable segments.
+    inferred_ranges: Vec<RangeJson>,
     oom: Option<OomReportJson>,
     /// Whether an allocator setting may avoid the out-of-memory error (then a recorded trace's
     /// replay finds which).
@@ -139,6 +177,7 @@ pub(crate) struct RequestJson {
 impl RequestJson {
     pub(crate) fn new(
         trial: RequestTrial,
+        ranges: &[SeedRange],
         device_free: u64,
         device_memory: Option<u64>,
         device_memory_given: bool,
@@ -146,6 +185,7 @@ impl RequestJson {
         let outcome = match trial.outcome {
             RequestOutcome::Cached { .. } => Outcome::Cached,
             RequestOutcome::NewSegment { .. } => Outcome::NewSegment,
+            RequestOutcome::Mapped { .. } => Outcome::MappedPages,
             RequestOutcome::OutOfMemory(_) => Outcome::OutOfMemory,
         };
         let mut json = RequestJson {
@@ -161,6 +201,13 @@ impl RequestJson {
             block_bytes: None,
             segment_bytes: None,
             released_segments: None,
+            address: None,
+            mapped_bytes: None,
+            unmapped_bytes: None,
+            range_address: None,
+            range_bytes: None,
+            new_range: None,
+            inferred_ranges: ranges.iter().map(RangeJson::from).collect(),
             oom: None,
             settings_may_help: None,
         };
@@ -178,6 +225,21 @@ impl RequestJson {
             } => {
                 json.segment_bytes = Some(segment);
                 json.released_segments = Some(released_segments);
+            }
+            RequestOutcome::Mapped {
+                addr,
+                range,
+                range_size,
+                new_range,
+                mapped,
+                unmapped,
+            } => {
+                json.address = Some(addr);
+                json.mapped_bytes = Some(mapped);
+                json.unmapped_bytes = Some(unmapped);
+                json.range_address = Some(range);
+                json.range_bytes = Some(range_size);
+                json.new_range = Some(new_range);
             }
             RequestOutcome::OutOfMemory(report) => {
                 json.settings_may_help = Some(report.hint().settings_may_help());
@@ -225,6 +287,35 @@ impl RequestJson {
                 }
                 out += FITS_HERE;
             }
+            Outcome::MappedPages => {
+                let range = if self.new_range == Some(true) {
+                    format!(
+                        "a range of {} reserved for it at {:#x}",
+                        format_size(self.range_bytes.unwrap_or(0)),
+                        self.range_address.unwrap_or(0)
+                    )
+                } else {
+                    format!(
+                        "the expandable segment at {:#x}",
+                        self.range_address.unwrap_or(0)
+                    )
+                };
+                out += &format!(
+                    "served at {:#x} by mapping {} of pages into {range}",
+                    self.address.unwrap_or(0),
+                    format_size(self.mapped_bytes.unwrap_or(0))
+                );
+                match self.unmapped_bytes.unwrap_or(0) {
+                    0 => out += ".\n",
+                    unmapped => {
+                        out += &format!(
+                            ", after unmapping {} of free cached pages (a retry).\n",
+                            format_size(unmapped)
+                        )
+                    }
+                }
+                out += FITS_HERE;
+            }
             Outcome::OutOfMemory => {
                 out += "out of memory.\n";
                 if let Some(oom) = &self.oom {
@@ -263,7 +354,41 @@ impl RequestJson {
                 }
             }
         }
+        out += &self.ranges_sentence();
         out
+    }
+
+    /// The reserved ranges the trial took the expandable segments to have.
+    fn ranges_sentence(&self) -> String {
+        if self.inferred_ranges.is_empty() {
+            return String::new();
+        }
+        let listed: Vec<String> = self
+            .inferred_ranges
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} at {:#x} ({} pool, stream {:#x}, {} mapped)",
+                    format_size(r.size),
+                    r.address,
+                    r.pool,
+                    r.stream,
+                    format_size(r.mapped_bytes)
+                )
+            })
+            .collect();
+        format!(
+            "A snapshot records the pages mapped in expandable segments, not the address ranges \
+             reserved for them: the trial took each pool and stream's to begin at its lowest \
+             mapped page and to span 1/8 more than the device's memory ({}), as PyTorch reserves \
+             them, ending early where another segment begins: {}. Where the request lands in \
+             them may differ from where the program's would.\n",
+            match self.device_memory_bytes {
+                Some(total) => format_size(total),
+                None => "unlimited".to_string(),
+            },
+            listed.join("; ")
+        )
     }
 }
 
@@ -438,7 +563,6 @@ impl StateJson {
                 out += "\n";
                 out += &request.to_text(self.pools.private.as_ref());
             }
-            None if self.expandable_segments => {}
             None => {
                 out += "Try a request in this state: --request SIZE --device-free SIZE \
                         --device-memory SIZE, from PyTorch's message \"Tried to allocate SIZE. \

@@ -1,0 +1,244 @@
+//! The expandable segments of a snapshot's memory state, as the pool holds them: reserved
+//! address ranges with runs of mapped pages in them.
+//!
+//! A snapshot shows each run of mapped pages as a segment of its own and does not record the
+//! range reserved around it, which a request uses (it grows a free block into the unmapped pages
+//! after it, or maps pages in a gap). The ranges are inferred from how PyTorch makes them: one
+//! range per pool and stream (and private pool), of 1⅛ the device's memory (`range_size`),
+//! whose pages are mapped from its start. So a group's runs, in address order, are taken to lie
+//! in a range that begins at its lowest run and is `range_size` long; a run beyond that, or
+//! right after the run before it (two runs of one range are never adjacent), or past a segment
+//! of another group, begins the next range. A range ends early where another segment begins,
+//! and reaches at least to the end of its last run.
+
+use super::recording::DeviceRecording;
+use super::start_state::SeedSegment;
+use crate::pool::{BlockSeed, MappedRunSeed, PoolKind, RangeSeed, StreamId, page_size, range_size};
+
+/// An expandable segment in a state: its (inferred) reserved range and its runs of mapped
+/// pages, in address order, each with the range's stream and pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeedRange {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub runs: Vec<SeedSegment>,
+}
+
+impl SeedRange {
+    /// The bytes of its mapped pages.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.runs
+            .iter()
+            .fold(0u64, |sum, r| sum.saturating_add(r.size))
+    }
+
+    /// The range as the pool installs it.
+    pub(crate) fn layout(&self) -> RangeSeed {
+        RangeSeed {
+            addr: self.addr,
+            size: self.size,
+            stream: self.stream,
+            pool: self.pool,
+            runs: self
+                .runs
+                .iter()
+                .map(|run| MappedRunSeed {
+                    addr: run.addr,
+                    size: run.size,
+                    blocks: run.block_seeds(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What keeps runs apart: runs of one group may share a range, runs of two never do.
+type Group = (PoolKind, StreamId, Option<(u64, u64)>);
+
+/// The ranges that hold `runs`, the runs of mapped pages of `rec`'s expandable segments (in
+/// any order), on a device of `device_memory` bytes.
+pub(crate) fn infer_ranges(
+    rec: &DeviceRecording,
+    runs: Vec<SeedSegment>,
+    device_memory: u64,
+) -> Vec<SeedRange> {
+    // Every segment of the state (runs included): start, end, group (`None` for a native one).
+    let occupied: Vec<(u64, u64, Option<Group>)> = rec
+        .segments
+        .iter()
+        .map(|s| {
+            let group = s
+                .is_expandable
+                .then_some((s.pool, s.stream, s.private_pool));
+            (s.address, s.address.saturating_add(s.total_size), group)
+        })
+        .collect();
+    let group_of = |addr: u64| {
+        occupied
+            .iter()
+            .find(|(start, _, _)| *start == addr)
+            .and_then(|&(_, _, group)| group)
+    };
+    // The start of the first segment of another group at or after `from` (below `to`).
+    let foreign_start = |group: Group, from: u64, to: u64| {
+        occupied
+            .iter()
+            .filter(|&&(start, _, g)| g != Some(group) && start >= from && start < to)
+            .map(|&(start, _, _)| start)
+            .min()
+    };
+    let mut grouped: Vec<(Group, SeedSegment)> = runs
+        .into_iter()
+        .map(|run| {
+            let group = group_of(run.addr).unwrap_or((run.pool, run.stream, None));
+            (group, run)
+        })
+        .collect();
+    grouped.sort_by_key(|(group, run)| (group.0 as u8, group.1, group.2, run.addr));
+    let mut ranges: Vec<(Group, SeedRange)> = Vec::new();
+    for (group, run) in grouped {
+        let page = page_size(group.0);
+        let want = range_size(device_memory, group.0);
+        if let Some((g, range)) = ranges.last_mut()
+            && *g == group
+        {
+            let last_end = range.runs.last().map_or(range.addr, run_end);
+            let joins = run.addr > last_end
+                && run_end(&run) <= range.addr.saturating_add(want)
+                && (run.addr - range.addr).is_multiple_of(page)
+                && foreign_start(group, last_end, run.addr).is_none();
+            if joins {
+                range.runs.push(run);
+                continue;
+            }
+        }
+        ranges.push((
+            group,
+            SeedRange {
+                addr: run.addr,
+                size: 0,
+                stream: run.stream,
+                pool: run.pool,
+                runs: vec![run],
+            },
+        ));
+    }
+    // A range ends where the next segment not its own begins: another group's, or the next
+    // range of its own group.
+    let starts: Vec<u64> = ranges.iter().map(|(_, r)| r.addr).collect();
+    let mut ranges = ranges
+        .into_iter()
+        .map(|(group, mut range)| {
+            let page = page_size(range.pool);
+            let last_end = range.runs.last().map_or(range.addr, run_end);
+            let want = range
+                .addr
+                .saturating_add(range_size(device_memory, range.pool));
+            let next_range = starts.iter().copied().filter(|&s| s >= last_end).min();
+            let end = [foreign_start(group, last_end, want), next_range, Some(want)]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(want);
+            // Whole pages from the start, at least to the end of the last run.
+            range.size =
+                ((end.max(last_end) - range.addr) / page * page).max(last_end - range.addr);
+            range
+        })
+        .collect::<Vec<_>>();
+    ranges.sort_by_key(|r| r.addr);
+    ranges
+}
+
+fn run_end(run: &SeedSegment) -> u64 {
+    run.addr.saturating_add(run.size)
+}
+
+impl SeedSegment {
+    /// Its blocks as the pool installs them.
+    pub(crate) fn block_seeds(&self) -> Vec<BlockSeed> {
+        self.blocks
+            .iter()
+            .map(|b| BlockSeed {
+                addr: b.addr,
+                size: b.size,
+                requested: b.requested,
+                allocated: b.allocated,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::fixtures::{BASE, MIB, recording, segment};
+    use crate::trace::recording::RecordedSegment;
+    use crate::trace::start_state::end_state;
+
+    const PAGE: u64 = 20 * MIB;
+    /// The device's memory: its ranges are 1⅛ of it, 45 pages.
+    const DEVICE: u64 = 800 * MIB;
+    const RANGE: u64 = 45 * PAGE;
+
+    /// A run of `pages` pages at `addr`, wholly free, on `stream`.
+    fn run(addr: u64, pages: u64, stream: u64) -> RecordedSegment {
+        RecordedSegment {
+            is_expandable: true,
+            stream: StreamId(stream),
+            ..segment(addr, pages * PAGE, &[(0, pages * PAGE, 0, false)])
+        }
+    }
+
+    /// (address, size, stream, runs) of each range taken.
+    fn ranges(segments: Vec<RecordedSegment>) -> Vec<(u64, u64, u64, usize)> {
+        let state = end_state(&recording(vec![], segments), DEVICE).unwrap();
+        state
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.size, r.stream.0, r.runs.len()))
+            .collect()
+    }
+
+    #[test]
+    fn one_range_per_stream_from_its_lowest_run() {
+        let taken = ranges(vec![
+            run(BASE, 2, 0),
+            run(BASE + 5 * PAGE, 1, 0),
+            run(BASE + 0x1_0000_0000, 1, 1),
+        ]);
+        assert_eq!(
+            taken,
+            [(BASE, RANGE, 0, 2), (BASE + 0x1_0000_0000, RANGE, 1, 1)]
+        );
+    }
+
+    /// Two runs of one range are never adjacent (the snapshot shows them as one), nor beyond
+    /// a range's length, nor on either side of another segment: each begins a range.
+    #[test]
+    fn runs_that_one_range_cannot_hold_begin_another() {
+        assert_eq!(
+            ranges(vec![run(BASE, 2, 0), run(BASE + 2 * PAGE, 1, 0)]),
+            [(BASE, 2 * PAGE, 0, 1), (BASE + 2 * PAGE, RANGE, 0, 1)],
+            "the first range ends where the next begins"
+        );
+        assert_eq!(
+            ranges(vec![run(BASE, 1, 0), run(BASE + RANGE, 1, 0)]),
+            [(BASE, RANGE, 0, 1), (BASE + RANGE, RANGE, 0, 1)]
+        );
+        let native = segment(BASE + 3 * PAGE, PAGE, &[(0, PAGE, PAGE, true)]);
+        assert_eq!(
+            ranges(vec![run(BASE, 1, 0), native, run(BASE + 5 * PAGE, 1, 0)]),
+            [(BASE, 3 * PAGE, 0, 1), (BASE + 5 * PAGE, RANGE, 0, 1)]
+        );
+    }
+
+    /// A run larger than a range (a request larger than 1⅛ of the device got a range of its
+    /// own size) gets a range that holds it.
+    #[test]
+    fn a_range_holds_at_least_its_runs() {
+        assert_eq!(ranges(vec![run(BASE, 50, 0)]), [(BASE, 50 * PAGE, 0, 1)]);
+    }
+}
