@@ -3,6 +3,7 @@
 
 mod support;
 
+use serde_json::json as value;
 use support::cli::{cachealloc, json};
 use support::snapshot_pickle::{Segment, write_state_snapshot};
 use support::traces::trace;
@@ -78,7 +79,7 @@ fn requests_grow_blocks_map_pages_and_unmap_free_ones() {
     // block make room; one page is mapped, with the device's 20 MiB free.
     let r = on_1_gib(&["--request", "35MiB", "--device-free", "20MiB"]);
     assert_eq!(r["outcome"], "mapped_pages", "{r}");
-    assert_eq!(r["address"], SEG + 20 * MIB);
+    assert_eq!(r["served_address"], SEG + 20 * MIB);
     assert_eq!(r["mapped_bytes"], 20 * MIB);
     assert_eq!(r["unmapped_bytes"], 0);
     assert_eq!(r["range_address"], SEG);
@@ -162,7 +163,10 @@ fn settings_without_expandable_segments_cannot_hold_the_state() {
     let path = write_state_snapshot("expandable-settings.pickle", &runs(), Some(("", None)));
     let out = state(&path, &["--request", "15MiB", "--json"]);
     let j = json(&out);
-    assert_eq!(j["settings"], "as recorded: expandable_segments:True");
+    assert_eq!(
+        j["settings"],
+        "as recorded: defaults, with expandable_segments:True, as the segments show"
+    );
     assert_eq!(j["request"]["outcome"], "cached");
     let out = state(
         &path,
@@ -172,10 +176,10 @@ fn settings_without_expandable_segments_cannot_hold_the_state() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("the snapshot's state cannot exist under the settings max_split_size_mb:100")
-            && err.contains(
-                "an expandable segment (pages mapped into a reserved range), but \
-                             expandable_segments is off"
-            ),
+            && err.contains(&format!(
+                "the segment at {SEG:#x} is expandable (pages mapped into a reserved range), \
+                 but expandable_segments is off"
+            )),
         "{err}"
     );
     // Older snapshots name no settings.
@@ -215,4 +219,162 @@ fn a_real_expandable_state() {
     // Live memory plus the request exceed the device.
     let r = on_device_1("78.10GiB");
     assert_eq!(r["oom"]["kind"], "exhausted", "{r}");
+}
+
+/// One run of the default stream at `SEG`, its blocks as `(size, requested, state)`.
+fn one_run(blocks: Vec<(u64, u64, &'static str)>) -> Segment {
+    Segment {
+        address: SEG,
+        stream: 0,
+        expandable: true,
+        pool_id: (0, 0),
+        blocks,
+    }
+}
+
+/// The calls the pool made to the device, in order, as the JSON lists them.
+fn calls(r: &serde_json::Value) -> &Vec<serde_json::Value> {
+    r["device_calls"].as_array().unwrap()
+}
+
+/// A block whose free was pending can serve the request once the pool synchronizes, which it
+/// does before giving memory back: its page is unmapped first, and what is left of the block
+/// serves it without any page mapped.
+#[test]
+fn a_block_freed_pending_serves_after_the_retry() {
+    let path = write_state_snapshot(
+        "expandable-pending.pickle",
+        &[one_run(vec![
+            (MIB, MIB, "active_allocated"),
+            (38 * MIB, 38 * MIB, "active_pending_free"),
+            (MIB, 0, "inactive"),
+        ])],
+        None,
+    );
+    let r = request(&path, &["--request", "15MiB"]);
+    assert_eq!(r["outcome"], "cached", "{r}");
+    assert_eq!(r["block_address"], SEG + MIB);
+    assert_eq!(r["block_was_pending"], true);
+    assert_eq!(r["retried"], true);
+    assert_eq!(calls(&r), &[value!({"call": "unmap", "bytes": 20 * MIB})]);
+    let text = String::from_utf8_lossy(&state(&path, &["--request", "15MiB"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!(
+            "served from the block of 38.00 MiB at {:#x}, whose free was pending",
+            SEG + MIB
+        )) && text
+            .contains("after these calls to the device: unmapped 20.00 MiB of free cached pages"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// Every call is told, in order: a page mapped that the retry then unmaps with the other free
+/// pages, before mapping what the request needs; a native segment returned with cudaFree
+/// (the program turned expandable segments on after it started) is not counted as unmapped.
+#[test]
+fn the_calls_on_the_way_are_listed_in_order() {
+    // Stream 0's range: 30 MiB allocated, 10 MiB free, a page unmapped, a free page. Stream 1
+    // holds 40 MiB free in a range of its own.
+    let runs = vec![
+        one_run(vec![
+            (30 * MIB, 30 * MIB, "active_allocated"),
+            (10 * MIB, 0, "inactive"),
+        ]),
+        Segment {
+            address: SEG + 60 * MIB,
+            ..one_run(vec![(20 * MIB, 0, "inactive")])
+        },
+        Segment {
+            address: SEG + (1 << 40),
+            stream: 1,
+            ..one_run(vec![(40 * MIB, 0, "inactive")])
+        },
+    ];
+    let path = write_state_snapshot("expandable-calls.pickle", &runs, None);
+    let args = [
+        "--request",
+        "75MiB",
+        "--device-free",
+        "20MiB",
+        "--device-memory",
+        "1GiB",
+    ];
+    let r = request(&path, &args);
+    assert_eq!(r["outcome"], "mapped_pages", "{r}");
+    assert_eq!(
+        calls(&r),
+        &[
+            value!({"call": "map", "bytes": 20 * MIB}),
+            value!({"call": "unmap", "bytes": 80 * MIB}),
+            value!({"call": "map", "bytes": 80 * MIB}),
+        ]
+    );
+    assert_eq!(
+        (r["mapped_bytes"].as_u64(), r["unmapped_bytes"].as_u64()),
+        (Some(100 * MIB), Some(80 * MIB))
+    );
+    let text = String::from_utf8_lossy(&state(&path, &args).stdout).into_owned();
+    assert!(
+        text.contains(
+            "after these calls to the device: mapped 20.00 MiB of pages, then unmapped \
+                       80.00 MiB of free cached pages, then mapped 80.00 MiB of pages"
+        ),
+        "{text}"
+    );
+
+    // A native segment, wholly free, beside a range of stream 0.
+    let mixed = vec![
+        Segment {
+            expandable: false,
+            ..one_run(vec![(40 * MIB, 0, "inactive")])
+        },
+        Segment {
+            address: SEG + (1 << 40),
+            ..one_run(vec![(20 * MIB, 20 * MIB, "active_allocated")])
+        },
+    ];
+    let mixed = write_state_snapshot("expandable-mixed.pickle", &mixed, None);
+    let r = request(&mixed, &["--request", "50MiB", "--device-free", "20MiB"]);
+    assert_eq!(r["outcome"], "mapped_pages", "{r}");
+    assert_eq!(r["unmapped_bytes"], 0);
+    assert_eq!(
+        calls(&r),
+        &[
+            value!({"call": "release", "segments": 1, "bytes": 40 * MIB}),
+            value!({"call": "map", "bytes": 60 * MIB}),
+        ]
+    );
+    for p in [path, mixed] {
+        std::fs::remove_file(p).unwrap();
+    }
+}
+
+/// A request on a stream with no range gets one reserved for it.
+#[test]
+fn a_stream_without_a_range_gets_one() {
+    let path = write_state_snapshot("expandable-stream.pickle", &runs(), None);
+    let args = [
+        "--request",
+        "30MiB",
+        "--stream",
+        "7",
+        "--device-free",
+        "40MiB",
+    ];
+    let r = request(&path, &args);
+    assert_eq!(r["outcome"], "mapped_pages", "{r}");
+    assert_eq!(r["new_range"], true);
+    assert_eq!(r["mapped_bytes"], 40 * MIB);
+    let range = r["range_address"].as_u64().unwrap();
+    assert_eq!(r["served_address"], range);
+    let text = String::from_utf8_lossy(&state(&path, &args).stdout).into_owned();
+    assert!(
+        text.contains(&format!(
+            "by mapping 40.00 MiB of pages into a range of {} reserved for it at {range:#x}.",
+            "120.00 MiB"
+        )),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
 }

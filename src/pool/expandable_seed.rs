@@ -55,10 +55,10 @@ impl<B: Backend> DeviceAllocator<B> {
     /// on: with them off the pool holds no expandable block.
     pub fn adopt_range(&mut self, seed: &RangeSeed) -> Result<Vec<DevicePtr>, Error> {
         if !self.settings.expandable_segments {
+            let at = seed.runs.first().map_or(seed.addr, |run| run.addr);
             return Err(Error::SeedForbiddenBySettings(format!(
-                "range {:#x}: an expandable segment (pages mapped into a reserved range), but \
-                 expandable_segments is off",
-                seed.addr
+                "the segment at {at:#x} is expandable (pages mapped into a reserved range), but \
+                 expandable_segments is off"
             )));
         }
         let pieces = self.range_pieces(seed).map_err(|why| {

@@ -24,6 +24,8 @@ pub struct SeedRange {
     pub stream: StreamId,
     pub pool: PoolKind,
     pub runs: Vec<SeedSegment>,
+    /// It ends short of `range_size`, where another segment begins.
+    pub cut_short: bool,
 }
 
 impl SeedRange {
@@ -64,30 +66,34 @@ pub(crate) fn infer_ranges(
     runs: Vec<SeedSegment>,
     device_memory: u64,
 ) -> Vec<SeedRange> {
-    // Every segment of the state (runs included): start, end, group (`None` for a native one).
-    let occupied: Vec<(u64, u64, Option<Group>)> = rec
+    // Every segment of the state (runs included), in address order: start, group (`None`
+    // for a native one).
+    let mut occupied: Vec<(u64, Option<Group>)> = rec
         .segments
         .iter()
         .map(|s| {
             let group = s
                 .is_expandable
                 .then_some((s.pool, s.stream, s.private_pool));
-            (s.address, s.address.saturating_add(s.total_size), group)
+            (s.address, group)
         })
         .collect();
+    occupied.sort_unstable_by_key(|&(start, _)| start);
     let group_of = |addr: u64| {
+        let i = occupied.partition_point(|&(start, _)| start < addr);
         occupied
-            .iter()
-            .find(|(start, _, _)| *start == addr)
-            .and_then(|&(_, _, group)| group)
+            .get(i)
+            .filter(|&&(start, _)| start == addr)
+            .and_then(|&(_, group)| group)
     };
     // The start of the first segment of another group at or after `from` (below `to`).
     let foreign_start = |group: Group, from: u64, to: u64| {
-        occupied
+        let i = occupied.partition_point(|&(start, _)| start < from);
+        occupied[i..]
             .iter()
-            .filter(|&&(start, _, g)| g != Some(group) && start >= from && start < to)
-            .map(|&(start, _, _)| start)
-            .min()
+            .take_while(|&&(start, _)| start < to)
+            .find(|&&(_, g)| g != Some(group))
+            .map(|&(start, _)| start)
     };
     let mut grouped: Vec<(Group, SeedSegment)> = runs
         .into_iter()
@@ -122,12 +128,14 @@ pub(crate) fn infer_ranges(
                 stream: run.stream,
                 pool: run.pool,
                 runs: vec![run],
+                cut_short: false,
             },
         ));
     }
     // A range ends where the next segment not its own begins: another group's, or the next
     // range of its own group.
-    let starts: Vec<u64> = ranges.iter().map(|(_, r)| r.addr).collect();
+    let mut starts: Vec<u64> = ranges.iter().map(|(_, r)| r.addr).collect();
+    starts.sort_unstable();
     let mut ranges = ranges
         .into_iter()
         .map(|(group, mut range)| {
@@ -136,7 +144,9 @@ pub(crate) fn infer_ranges(
             let want = range
                 .addr
                 .saturating_add(range_size(device_memory, range.pool));
-            let next_range = starts.iter().copied().filter(|&s| s >= last_end).min();
+            let next_range = starts
+                .get(starts.partition_point(|&s| s < last_end))
+                .copied();
             let end = [foreign_start(group, last_end, want), next_range, Some(want)]
                 .into_iter()
                 .flatten()

@@ -73,3 +73,34 @@ pub fn recording(entries: Vec<TraceEntry>, segments: Vec<RecordedSegment>) -> De
         settings: None,
     }
 }
+
+/// Two 100 MiB segments, each with 60 MiB allocated at its front and 40 MiB free behind (the
+/// second with 5 bytes less requested), and a small segment with 1 KiB allocated.
+pub fn split_state() -> DeviceRecording {
+    recording(
+        vec![],
+        vec![
+            segment(
+                BASE,
+                2 * MIB,
+                &[(0, 1024, 1000, true), (1024, 2 * MIB - 1024, 0, false)],
+            ),
+            segment(
+                BASE + 0x1000_0000,
+                100 * MIB,
+                &[
+                    (0, 60 * MIB, 60 * MIB, true),
+                    (60 * MIB, 40 * MIB, 0, false),
+                ],
+            ),
+            segment(
+                BASE + 0x2000_0000,
+                100 * MIB,
+                &[
+                    (0, 60 * MIB, 60 * MIB - 5, true),
+                    (60 * MIB, 40 * MIB, 0, false),
+                ],
+            ),
+        ],
+    )
+}

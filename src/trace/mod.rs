@@ -9,7 +9,8 @@
 //! `figures` gives what the recorded run did; `bursts` tells `empty_cache()` calls from the OOM
 //! ladder's releases; `capacity` infers the device size; `start_state` rebuilds the pool at
 //! trace start; `convert` produces the plain and faithful workloads. `memory_state` reports the
-//! state a snapshot records (for snapshots with no trace to replay) and tries a request in it.
+//! state a snapshot records (for snapshots with no trace to replay), `expandable_state` places
+//! its expandable segments' runs in ranges, and `request_trial` tries a request in it.
 //!
 //! Rules inferred from the recordings (details in each module):
 //! - **Frees**: `free_completed` becomes `Op::Free` (`free_requested` only in files without
@@ -44,6 +45,7 @@ pub mod ranges;
 pub mod record;
 pub mod recording;
 pub mod replay;
+pub mod request_trial;
 pub mod rng;
 pub mod snapshot;
 pub mod start_state;
@@ -55,11 +57,12 @@ pub use convert::FaithfulReplay;
 pub use error::TraceError;
 pub use faithful::{FaithfulOutcome, replay_faithful};
 pub use figures::{RecordedFigures, RecordedOom};
-pub use memory_state::{
-    MemoryState, RequestOutcome, RequestTrial, pending_frees, trial_state, try_request,
-};
+pub use memory_state::MemoryState;
 pub use recording::{DeviceRecording, RecordedSnapshot};
 pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay, seeded_pool};
+pub use request_trial::{
+    DeviceCall, RequestOutcome, RequestTrial, pending_frees, trial_state, try_request,
+};
 pub use snapshot::{parse_snapshot, read_snapshot};
 pub use start_state::{SeedBlock, SeedSegment, StartState, end_state};
 pub use workload::{AllocId, Op, Workload};

@@ -5,6 +5,7 @@ mod device_arg;
 mod device_size;
 mod outcome;
 mod recorded;
+mod request_report;
 mod size;
 mod sources;
 mod state;

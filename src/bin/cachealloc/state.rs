@@ -2,8 +2,9 @@
 //! given size would be served in it. For the snapshots a replay cannot use (no allocation
 //! trace: `_snapshot()` in an out-of-memory handler), and for the end state of any other.
 
+use crate::request_report::RequestJson;
 use crate::size;
-use crate::state_report::{RequestJson, StateJson};
+use crate::state_report::StateJson;
 use cachealloc::backend::sim::ADDRESS_SPACE;
 use cachealloc::pool::rounding::{LARGE_BUFFER, MAX_REQUEST, SMALL_BUFFER};
 use cachealloc::pool::{DeviceId, Error, Settings, StreamId, format_size};
@@ -24,7 +25,7 @@ pub struct StateArgs {
     #[arg(long, value_parser = crate::device_arg::parse_device, allow_hyphen_values = true)]
     device: Option<i32>,
     /// Try a request of SIZE bytes in this state: whether a free cached block serves it, or a
-    /// new segment, or why it runs out of memory. Same forms as replay's --capacity (1.24GiB,
+    /// new segment, or pages mapped into an expandable segment, or why it runs out of memory. Same forms as replay's --capacity (1.24GiB,
     /// 512MiB, bytes). PyTorch's "Tried to allocate SIZE" names the segment it tried to obtain:
     /// the request rounded up to 2 MiB above 10 MiB, but 2.00 MiB for any request up to 1 MiB
     /// and 20.00 MiB for one of 1-10 MiB (give the tensor's size there, when known).
@@ -224,11 +225,13 @@ fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, Stri
         return Ok((config.settings, text));
     }
     match &rec.settings {
-        Some(_) => {
-            // (With expandable segments on, as the segments show, whatever the settings say:
-            // the program may have turned them on after starting.)
+        Some(recorded) => {
             let settings = rec.replay_settings();
-            let text = crate::named_settings("as recorded", &settings);
+            let mut text = crate::named_settings("as recorded", &recorded.to_settings());
+            if settings.expandable_segments && !recorded.expandable_segments {
+                // The program turned them on after it started, as the segments show.
+                text += ", with expandable_segments:True, as the segments show";
+            }
             Ok((settings, text))
         }
         None if rec.segments.iter().any(|s| s.is_expandable) => Ok((
