@@ -595,7 +595,10 @@ fn streams() {
     let out = state(&path, &["--request", "30MiB", "--stream", "9", "--json"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("stream 0x9 holds no memory in this snapshot (its streams: 0x0, 0x7)"),
+        err.contains(
+            "stream 0x9 holds no memory of the default pools in this snapshot (their streams: \
+             0x0, 0x7)"
+        ),
         "{err}"
     );
     assert_eq!(json(&out)["request"]["oom"]["kind"], "other_stream");

@@ -224,28 +224,43 @@ impl SimDevice {
 
     /// Mark an expandable segment that exists before the simulation starts: its address range
     /// of whole `page`s reserved, and the `(address, size)` runs in it mapped (in address
-    /// order, whole pages from the range's start). Returns false if the range overlaps a live
-    /// segment or the runs are not such pages.
-    pub fn claim_range(&mut self, addr: u64, size: u64, page: u64, runs: &[(u64, u64)]) -> bool {
-        let Some(end) = addr.checked_add(size) else {
-            return false;
-        };
-        let runs_fit = runs.iter().try_fold(addr, |cursor, &(start, len)| {
-            let run_end = start.checked_add(len)?;
-            let whole = start >= cursor
-                && run_end <= end
-                && len > 0
-                && (start - addr).is_multiple_of(page)
-                && len.is_multiple_of(page);
-            whole.then_some(run_end)
-        });
-        if addr == 0
-            || page == 0
-            || !size.is_multiple_of(page)
-            || runs_fit.is_none()
-            || !self.range_is_free(addr, size)
-        {
-            return false;
+    /// order, whole pages from the range's start). `Err` says why it cannot be: the range
+    /// overlaps a live segment or lies outside the address space, or a run is not such pages.
+    pub fn claim_range(
+        &mut self,
+        addr: u64,
+        size: u64,
+        page: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), String> {
+        let end = addr
+            .checked_add(size)
+            .filter(|_| addr != 0 && page != 0 && size.is_multiple_of(page))
+            .ok_or_else(|| {
+                format!("{size} bytes at {addr:#x} are not whole pages of {page} bytes")
+            })?;
+        let mut cursor = addr;
+        for &(start, len) in runs {
+            let run_end = start.saturating_add(len);
+            if start < cursor || run_end > end {
+                return Err(format!(
+                    "the run of {len} bytes at {start:#x} overlaps the run before it or lies \
+                     outside the range"
+                ));
+            }
+            if len == 0 || !(start - addr).is_multiple_of(page) || !len.is_multiple_of(page) {
+                return Err(format!(
+                    "the run of {len} bytes at {start:#x} is not whole pages of {page} bytes \
+                     from the range's start"
+                ));
+            }
+            cursor = run_end;
+        }
+        if !self.range_is_free(addr, size) {
+            return Err(
+                "it overlaps another segment, or lies outside the device's address space"
+                    .to_string(),
+            );
         }
         self.segments.insert(addr, size);
         self.reserved.insert(addr, size);
@@ -255,7 +270,7 @@ impl SimDevice {
             self.mapped.insert(start, start + len);
             self.used += len;
         }
-        true
+        Ok(())
     }
 
     /// Finish all work issued so far: every fence recorded until now is done.

@@ -845,6 +845,21 @@ impl<B: Backend> DeviceAllocator<B> {
             .get(stream)
             .and_then(|index| index.iter_desc().next())
             .map_or(0, |e| e.size);
+        let own_stream_fit = pool.get(stream).and_then(|index| {
+            index
+                .iter()
+                .map(|e| e.size)
+                .filter(|&size| {
+                    size >= rounded
+                        && may_serve(
+                            rounded,
+                            size,
+                            self.settings.max_split_size,
+                            self.settings.max_non_split_rounding,
+                        )
+                })
+                .min()
+        });
         // The block the request would have taken had it been cached for its stream.
         let (mss, rounding) = (
             self.settings.max_split_size,
@@ -872,6 +887,7 @@ impl<B: Backend> DeviceAllocator<B> {
             other_streams_free: other_streams.iter().map(|&(size, _)| size).sum(),
             other_streams_largest_free_block,
             other_stream_fit,
+            own_stream_fit,
             max_split_size: self.settings.max_split_size,
             expandable_segments: self.settings.expandable_segments,
         }))

@@ -238,7 +238,8 @@ mod tests {
     ) -> Result<DeviceAllocator<SimDevice>, Error> {
         let mut sim = SimDevice::new(capacity);
         let runs: Vec<(u64, u64)> = seed.runs.iter().map(|r| (r.addr, r.size)).collect();
-        assert!(sim.claim_range(seed.addr, seed.size, page_size(seed.pool), &runs));
+        sim.claim_range(seed.addr, seed.size, page_size(seed.pool), &runs)
+            .unwrap();
         let mut pool = DeviceAllocator::new(sim, settings);
         pool.adopt_range(seed)?;
         Ok(pool)
@@ -338,14 +339,17 @@ mod tests {
         let mut pool = DeviceAllocator::new(SimDevice::new(1 << 40), expandable());
         let err = pool.adopt_range(&seed).unwrap_err().to_string();
         assert!(err.contains("not whole pages"), "{err}");
-        assert!(
-            !SimDevice::new(1 << 40).claim_range(
+        let err = SimDevice::new(1 << 40)
+            .claim_range(
                 seed.addr,
                 seed.size,
                 PAGE,
-                &[(RANGE, 2 * PAGE), (RANGE + 3 * PAGE + MIB, PAGE)]
-            ),
-            "the device refuses it too"
+                &[(RANGE, 2 * PAGE), (RANGE + 3 * PAGE + MIB, PAGE)],
+            )
+            .unwrap_err();
+        assert!(
+            err.contains("is not whole pages"),
+            "the device refuses it too: {err}"
         );
     }
 
@@ -403,7 +407,8 @@ mod tests {
             let mut sim = SimDevice::new(mapped + rng.below(6) * PAGE);
             for r in [&large, &small] {
                 let runs: Vec<(u64, u64)> = r.runs.iter().map(|r| (r.addr, r.size)).collect();
-                assert!(sim.claim_range(r.addr, r.size, page_size(r.pool), &runs));
+                sim.claim_range(r.addr, r.size, page_size(r.pool), &runs)
+                    .unwrap();
             }
             let mut pool = DeviceAllocator::new(sim, expandable());
             let mut live: Vec<DevicePtr> = Vec::new();

@@ -10,6 +10,10 @@
 //!   enough, but it belongs to another stream. PyTorch's pools reuse a block only on the stream
 //!   it was allocated on, and a split segment cannot be released while part of it is live, so
 //!   the remedy is to allocate on one stream, not an allocator setting.
+//! - Freed during the request: a free block of the request's own stream serves it now. It
+//!   became free only while the request failed (frees waiting for other streams' work complete
+//!   when the pool synchronizes before returning memory), after the search, which PyTorch does
+//!   not repeat (pytorch#189504): the same request made again is served.
 //! - Segment too large: the request fits next to what is allocated, but no free block of any
 //!   stream can hold it and the segment a new block needs (20 MiB for a 1–10 MiB request) is
 //!   larger than all the memory this process may use. No setting changes segment sizes: a
@@ -90,6 +94,11 @@ pub struct OomReport {
     /// The block of another stream that would have served the request, had it been cached for
     /// the request's stream: its stream and size.
     pub other_stream_fit: Option<(StreamId, u64)>,
+    /// A free block of the request's own stream and pool that serves it now (its size): it
+    /// became free while the request failed (frees pending on other streams' work, completed
+    /// when the pool synchronized before returning memory), after the search PyTorch does not
+    /// repeat.
+    pub own_stream_fit: Option<u64>,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
     /// Expandable segments were on: blocks of any size are split, and memory grows by pages.
@@ -148,6 +157,15 @@ pub enum OomHint {
         current_max_split_size_mb: Option<u64>,
         /// Expandable segments were on (`max_split_size` then splits nothing whole).
         expandable_segments: bool,
+    },
+    /// A free block of the request's stream would serve it now: it became free only while the
+    /// request failed (pending frees completed when the pool synchronized), and PyTorch does
+    /// not search its cache again after that (pytorch#189504). The same request made again is
+    /// served.
+    FreedDuringRequest {
+        /// Rounded size of the request, and the block.
+        request: u64,
+        block: u64,
     },
     /// As fragmentation, but a free block large enough is cached for another stream: PyTorch's
     /// pools reuse a block only on the stream it was allocated on.
@@ -209,6 +227,12 @@ impl OomReport {
         // What the device has free, as far as the fraction limit lets this process use it.
         let usable_free = self.device_free.min(limit.saturating_sub(self.reserved));
         let fraction_capped = usable_free < self.device_free;
+        if let Some(block) = self.own_stream_fit {
+            return OomHint::FreedDuringRequest {
+                request: self.rounded,
+                block,
+            };
+        }
         if let Some((other_stream, block)) = self.other_stream_fit {
             return OomHint::OtherStream {
                 request: self.rounded,
@@ -350,6 +374,17 @@ impl fmt::Display for OomHint {
                     "No allocator setting changes segment sizes: use a larger GPU."
                 })
             }
+            OomHint::FreedDuringRequest { request, block } => write!(
+                f,
+                "Freed too late: a free cached block of {} now holds this {} block, but it \
+                 became free only while this request failed (frees waiting for other streams' \
+                 work, record_stream, completed when the pool synchronized before returning \
+                 memory), and PyTorch does not search its cache again after that \
+                 (pytorch#189504). The same request made again is served; no allocator setting \
+                 is needed.",
+                format_size(block),
+                format_size(request)
+            ),
             OomHint::Untracked { untracked, missing } => write!(
                 f,
                 "Memory outside cachealloc: {} of this GPU is used by other processes, CUDA \
@@ -562,6 +597,7 @@ mod tests {
             other_streams_free: 0,
             other_streams_largest_free_block: 0,
             other_stream_fit: None,
+            own_stream_fit: None,
             max_split_size: u64::MAX,
         }
     }

@@ -155,6 +155,7 @@ pub(crate) fn infer_ranges(
             // Whole pages from the start, at least to the end of the last run.
             range.size =
                 ((end.max(last_end) - range.addr) / page * page).max(last_end - range.addr);
+            range.cut_short = end < want;
             range
         })
         .collect::<Vec<_>>();
@@ -238,6 +239,16 @@ mod tests {
             ranges(vec![run(BASE, 1, 0), run(BASE + RANGE, 1, 0)]),
             [(BASE, RANGE, 0, 1), (BASE + RANGE, RANGE, 0, 1)]
         );
+        let cut: Vec<bool> = end_state(
+            &recording(vec![], vec![run(BASE, 2, 0), run(BASE + 2 * PAGE, 1, 0)]),
+            DEVICE,
+        )
+        .unwrap()
+        .ranges
+        .iter()
+        .map(|r| r.cut_short)
+        .collect();
+        assert_eq!(cut, [true, false]);
         let native = segment(BASE + 3 * PAGE, PAGE, &[(0, PAGE, PAGE, true)]);
         assert_eq!(
             ranges(vec![run(BASE, 1, 0), native, run(BASE + 5 * PAGE, 1, 0)]),

@@ -271,13 +271,16 @@ pub fn seeded_pool(
         }
         for range in &start.ranges {
             let runs: Vec<(u64, u64)> = range.runs.iter().map(|r| (r.addr, r.size)).collect();
-            if !sim.claim_range(range.addr, range.size, page_size(range.pool), &runs) {
-                return Err(Error::InvalidSeed(format!(
-                    "expandable segment {:#x} of {} bytes overlaps another segment, lies outside \
-                     the device's address space, or maps other than whole pages of it",
-                    range.addr, range.size
-                )));
-            }
+            sim.claim_range(range.addr, range.size, page_size(range.pool), &runs)
+                .map_err(|why| {
+                    let first = runs.first().map_or(range.addr, |&(addr, _)| addr);
+                    Error::InvalidSeed(format!(
+                        "the expandable segment whose pages begin at {first:#x} (its range taken \
+                         as {} at {:#x}): {why}",
+                        format_size(range.size),
+                        range.addr
+                    ))
+                })?;
         }
     }
     let mut pool = DeviceAllocator::new(sim, config.settings.clone());

@@ -479,4 +479,37 @@ mod tests {
             }
         );
     }
+
+    /// A block whose free was pending becomes free while the request fails (the pool
+    /// synchronizes before returning memory), after the search that PyTorch does not repeat:
+    /// the out-of-memory says so, not fragmentation.
+    #[test]
+    fn a_block_freed_during_the_request_is_told_apart() {
+        let rec = recording(
+            vec![],
+            vec![segment(
+                SEG,
+                70 * MIB,
+                &[
+                    (0, 20 * MIB, 20 * MIB, true),
+                    (20 * MIB, 50 * MIB, 50 * MIB, true),
+                ],
+            )],
+        );
+        let pending = [SEG + 20 * MIB];
+        let state = end_state(&rec, u64::MAX).unwrap();
+        let trial = try_request(&state, &pending, &device(&state, 0), 30 * MIB, StreamId(0));
+        let RequestOutcome::OutOfMemory(report) = trial.unwrap().outcome else {
+            panic!("PyTorch does not search the cache again after the retry");
+        };
+        assert_eq!(
+            report.hint(),
+            OomHint::FreedDuringRequest {
+                request: 30 * MIB,
+                block: 50 * MIB
+            }
+        );
+        assert!(!report.hint().settings_may_help());
+        assert!(report.to_string().contains("Freed too late"), "{report}");
+    }
 }

@@ -350,6 +350,34 @@ impl Walk {
                 ));
             }
             let mut blocks = BTreeMap::new();
+            let seg_end = seg.address.saturating_add(seg.total_size);
+            if let Some(b) = seg
+                .blocks
+                .iter()
+                .find(|b| b.address < seg.address || b.address.saturating_add(b.size) > seg_end)
+            {
+                return Err(TraceError::inconsistent(
+                    &rec.source,
+                    format!(
+                        "end-state segment {:#x}: its block at {:#x} of {} bytes lies outside it",
+                        seg.address, b.address, b.size
+                    ),
+                ));
+            }
+            if let Some(b) = seg
+                .blocks
+                .iter()
+                .find(|b| b.state.is_occupied() && b.requested_size > b.size)
+            {
+                return Err(TraceError::inconsistent(
+                    &rec.source,
+                    format!(
+                        "end-state segment {:#x}: its block at {:#x} requests {} bytes, more than \
+                         its size of {}",
+                        seg.address, b.address, b.requested_size, b.size
+                    ),
+                ));
+            }
             for b in seg.blocks.iter().filter(|b| b.state.is_occupied()) {
                 blocks.insert(
                     b.address,
@@ -375,7 +403,7 @@ impl Walk {
                     ),
                 ));
             }
-            segments.insert(
+            let twice = segments.insert(
                 seg.address,
                 WalkSegment {
                     size: seg.total_size,
@@ -384,6 +412,12 @@ impl Walk {
                     blocks,
                 },
             );
+            if twice.is_some() {
+                return Err(TraceError::inconsistent(
+                    &rec.source,
+                    format!("two end-state segments at {:#x}", seg.address),
+                ));
+            }
         }
         Ok(Self { segments })
     }

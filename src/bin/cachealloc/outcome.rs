@@ -239,6 +239,7 @@ impl From<&OomReport> for OomReportJson {
                 OomHint::Untracked { .. } => "untracked",
                 OomHint::Fragmentation { .. } => "fragmentation",
                 OomHint::OtherStream { .. } => "other_stream",
+                OomHint::FreedDuringRequest { .. } => "freed_during_request",
             },
             requested_bytes: r.requested,
             rounded_bytes: r.rounded,

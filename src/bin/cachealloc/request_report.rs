@@ -234,7 +234,7 @@ impl RequestJson {
     /// free, which the trial counts as allocated.
     pub(crate) fn to_text(&self, private: Option<(u64, u64)>) -> String {
         let mut out = format!(
-            "Trying a request of {} on stream {:#x} (a {} block of the {} pool) through \
+            "Trying a request of {} on stream {:#x} (a block of {} in the {} pool) through \
              cachealloc's pool, which follows PyTorch's policy, with {} free on the device beyond \
              the reserved memory: ",
             format_size(self.requested_bytes),
@@ -358,6 +358,14 @@ impl RequestJson {
         };
         out += oom.text.trim_end();
         out += "\n";
+        if !self.device_calls.is_empty() {
+            let listed: Vec<String> = self.device_calls.iter().map(|c| c.to_text()).collect();
+            out += &format!(
+                "On the way the pool {}{}.\n",
+                listed.join(", then "),
+                if self.retried { " and retried" } else { "" }
+            );
+        }
         if let Some((reserved, free)) = private {
             out += &format!(
                 "Of the memory counted allocated above, {} is the private pools' ({} of it cached \
@@ -419,11 +427,11 @@ impl RequestJson {
         };
         format!(
             "A snapshot records the pages mapped in expandable segments, not the address ranges \
-             reserved for them. The trial took each pool and stream's runs of pages to lie in one \
-             range from its lowest run (a run such a range cannot hold begins another), 1⅛ of \
-             the device's memory long ({memory}), as PyTorch reserves them: {}{}. Where the \
-             request lands in them, and so which free block it grows, may differ from the \
-             program's.\n",
+             reserved for them. The trial took the runs of each pool and stream to lie in a range \
+             that begins at the lowest of them and is 1⅛ of the device's memory long \
+             ({memory}), as PyTorch reserves them; a run beyond it begins another range: {}{}. \
+             Where the request lands in them, and so which free block it grows, may differ from \
+             the program's.\n",
             listed.join("; "),
             if more > 0 {
                 format!(" (and {more} more)")

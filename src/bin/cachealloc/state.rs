@@ -10,6 +10,8 @@ use cachealloc::pool::rounding::{LARGE_BUFFER, MAX_REQUEST, SMALL_BUFFER};
 use cachealloc::pool::{DeviceId, Error, Settings, StreamId, format_size};
 use cachealloc::trace::TraceError;
 use cachealloc::trace::recording::Action;
+use cachealloc::trace::replay::seeded_pool;
+use cachealloc::trace::start_state::StartState;
 use cachealloc::trace::{
     DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, pending_frees, read_snapshot,
     trial_state, try_request,
@@ -130,7 +132,7 @@ fn parse_stream(text: &str) -> Result<u64, String> {
     })
 }
 
-pub fn run(args: StateArgs) -> Result<String, String> {
+pub fn run(mut args: StateArgs) -> Result<String, String> {
     let path = args.snapshot.display().to_string();
     if crate::recorded::is_recorded_trace(&args.snapshot) {
         return Err(format!(
@@ -150,6 +152,7 @@ pub fn run(args: StateArgs) -> Result<String, String> {
     if let Some(free) = args.device_free {
         free.note_unitless("--device-free");
     }
+    within_rounding(&mut args, memory.total().reserved);
     let request = match args.request {
         Some(GivenSize { bytes: size, .. }) => Some(request(
             rec,
@@ -159,7 +162,11 @@ pub fn run(args: StateArgs) -> Result<String, String> {
             size,
             &path,
         )?),
-        None => None,
+        None => {
+            let reserved = memory.total().reserved;
+            checked_state(rec, &args, (&settings, &settings_text), reserved, &path)?;
+            None
+        }
     };
     // Plain replay needs allocations (a trace of frees alone is refused).
     let allocates = rec
@@ -265,37 +272,10 @@ fn request(
     )
     .map_err(|why| format!("{path}: {why}"))?;
     let stream = request_stream(memory, args.stream, path)?;
-    // The library's error says the state "cannot be replayed faithfully", which is replay's
-    // word for it: here the file's state is what is wrong.
-    let state = trial_state(rec, args.device_memory.unwrap_or(capacity)).map_err(|e| match e {
-        TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
-        e => e.to_string(),
-    })?;
-    let config = ReplayConfig {
-        settings,
-        device: DeviceId(rec.device.0),
-        capacity: Some(capacity),
-        device_total: args.device_memory,
-        ..ReplayConfig::default()
-    };
-    let trial =
-        try_request(&state, &pending_frees(rec), &config, size, stream).map_err(|e| match e {
-            Error::SeedForbiddenBySettings(why) => {
-                let advice = if args.conf.is_some() {
-                    "--conf names the settings the program ran with, under which it reached this \
-                     state; to see how other settings would have done, record the allocation \
-                     history (torch.cuda.memory._record_memory_history) and replay it with them"
-                } else {
-                    "were they changed while the program ran? give --conf with the ones in force \
-                     when the snapshot was taken"
-                };
-                format!(
-                    "{path}: the snapshot's state cannot exist under the settings {settings_text}: \
-                     {why}; {advice}"
-                )
-            }
-            e => format!("{path}: {e}"),
-        })?;
+    let state = checked_state(rec, args, (&settings, settings_text), capacity, path)?;
+    let config = trial_device(rec, &settings, capacity, args.device_memory);
+    let trial = try_request(&state, &pending_frees(rec), &config, size, stream)
+        .map_err(|e| state_error(e, args, settings_text, path))?;
     Ok(RequestJson::new(
         trial,
         &state.ranges,
@@ -303,6 +283,89 @@ fn request(
         config.total(),
         args.device_memory.is_some(),
     ))
+}
+
+/// The device a request is tried on: `capacity` bytes for the pool, `device_memory` in all.
+fn trial_device(
+    rec: &DeviceRecording,
+    settings: &Settings,
+    capacity: u64,
+    device_memory: Option<u64>,
+) -> ReplayConfig {
+    ReplayConfig {
+        settings: settings.clone(),
+        device: DeviceId(rec.device.0),
+        capacity: Some(capacity),
+        device_total: device_memory,
+        ..ReplayConfig::default()
+    }
+}
+
+/// `rec`'s state as a pool holds it under `settings` on a device of `capacity` bytes (and
+/// `--device-memory`): an error names what in the file, or in the settings, it cannot hold.
+/// Checked with or without a request, so that a report is never made of a state that cannot
+/// exist.
+fn checked_state(
+    rec: &DeviceRecording,
+    args: &StateArgs,
+    (settings, settings_text): (&Settings, &str),
+    capacity: u64,
+    path: &str,
+) -> Result<StartState, String> {
+    // The library's error says the state "cannot be replayed faithfully", which is replay's
+    // word for it: here the file's state is what is wrong.
+    let state = trial_state(rec, args.device_memory.unwrap_or(capacity)).map_err(|e| match e {
+        TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
+        e => e.to_string(),
+    })?;
+    let config = trial_device(rec, settings, capacity, args.device_memory);
+    seeded_pool(&config, Some(&state.layout()))
+        .map_err(|e| state_error(e, args, settings_text, path))?;
+    Ok(state)
+}
+
+/// The error of a state the pool cannot hold, saying what to do about the settings when they
+/// are what forbids it.
+fn state_error(e: Error, args: &StateArgs, settings_text: &str, path: &str) -> String {
+    match e {
+        Error::SeedForbiddenBySettings(why) => {
+            let advice = if args.conf.is_some() {
+                "--conf names the settings the program ran with, under which it reached this \
+                 state; to see how other settings would have done, record the allocation \
+                 history (torch.cuda.memory._record_memory_history) and replay it with them"
+            } else {
+                "were they changed while the program ran? give --conf with the ones in force \
+                 when the snapshot was taken"
+            };
+            format!(
+                "{path}: the snapshot's state cannot exist under the settings {settings_text}: \
+                 {why}; {advice}"
+            )
+        }
+        e => format!("{path}: {e}"),
+    }
+}
+
+/// PyTorch's message prints sizes to two decimals, so a total copied from it may read up to
+/// half a unit of its last digit (0.5% of the number) below the memory the snapshot reserves
+/// plus the free memory copied with it. `--device-memory` that much short is taken as exactly
+/// that memory, with a note; more is refused by `device_capacity`.
+fn within_rounding(args: &mut StateArgs, reserved: u64) {
+    let held = reserved.saturating_add(args.device_free.map_or(0, |free| free.bytes));
+    if let Some(total) = args.device_memory
+        && total < held
+        && held - total <= total / 200
+    {
+        eprintln!(
+            "cachealloc: note: --device-memory {} is {} less than the memory the snapshot \
+             reserves plus --device-free ({}): taken as that, since PyTorch's message rounds \
+             sizes to two decimals",
+            format_size(total),
+            format_size(held - total),
+            format_size(held)
+        );
+        args.device_memory = Some(held);
+    }
 }
 
 /// The capacity of the trial's device: the `reserved` memory plus `device_free`, within the
@@ -381,19 +444,25 @@ fn request_stream(
         .map(|s| format!("{:#x}", s.stream.0))
         .collect();
     let holds = |id: u64| memory.streams.iter().any(|s| s.stream.0 == id);
+    let listed = if streams.is_empty() {
+        "the default pools hold no memory".to_string()
+    } else {
+        format!("their streams: {}", streams.join(", "))
+    };
     match given {
         Some(id) => {
             if !holds(id) {
                 eprintln!(
-                    "cachealloc: note: stream {id:#x} holds no memory in this snapshot (its streams: \
-                     {}): nothing is cached for it",
-                    streams.join(", ")
+                    "cachealloc: note: stream {id:#x} holds no memory of the default pools in this \
+                     snapshot ({listed}): nothing is cached for it"
                 );
             }
             Ok(StreamId(id))
         }
         None => match memory.streams.as_slice() {
             [only] => Ok(only.stream),
+            // Nothing cached anywhere (the memory is the private pools'): the default stream.
+            [] => Ok(StreamId(0)),
             _ if holds(0) => Ok(StreamId(0)),
             _ => Err(format!(
                 "{path}: the snapshot's memory is on streams {}, none of them the default stream: \

@@ -265,10 +265,13 @@ impl StateJson {
                 out += &request.to_text(private.map(|p| (p.reserved_bytes, p.free_bytes)));
             }
             None => {
-                out += "Try a request in this state: --request SIZE --device-free SIZE \
-                        --device-memory SIZE, from PyTorch's message \"Tried to allocate SIZE. \
-                        GPU 0 has a total capacity of SIZE of which SIZE is free\" (its first \
-                        size is the segment it tried to obtain: see cachealloc state --help).\n"
+                out += &format!(
+                    "Try a request in this state: --request SIZE --device-free SIZE \
+                     --device-memory SIZE, from PyTorch's message \"Tried to allocate SIZE. GPU \
+                     {} has a total capacity of SIZE of which SIZE is free\" (its first size is \
+                     the segment it tried to obtain: see cachealloc state --help).\n",
+                    self.device
+                )
             }
         }
         out
@@ -315,6 +318,9 @@ impl StateJson {
     fn free_memory_sentence(&self) -> String {
         let all = &self.default_pools;
         let private = self.pools.private.is_some();
+        if all.reserved_bytes == 0 {
+            return "The default pools reserve nothing.\n".to_string();
+        }
         if all.free_bytes == 0 {
             return if private {
                 "Every byte the default pools reserve is allocated: nothing is cached free \
