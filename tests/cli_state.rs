@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::cli::{cachealloc, json};
+use support::cli::{cachealloc, json, state};
 use support::snapshot_pickle::{Segment, write_segment_list, write_snapshot, write_state_snapshot};
 use support::trace_lines::write_trace;
 use support::traces::trace;
@@ -49,12 +49,6 @@ fn split_segments() -> Vec<Segment> {
             ],
         },
     ]
-}
-
-fn state(path: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["state", path.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    cachealloc(&args)
 }
 
 fn state_json(path: &std::path::Path, extra: &[&str]) -> serde_json::Value {

@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::json as value;
-use support::cli::{cachealloc, json};
+use support::cli::{json, state};
 use support::snapshot_pickle::{Segment, write_state_snapshot};
 use support::traces::trace;
 
@@ -42,12 +42,6 @@ fn runs() -> Vec<Segment> {
             ],
         ),
     ]
-}
-
-fn state(path: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["state", path.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    cachealloc(&args)
 }
 
 fn request(path: &std::path::Path, extra: &[&str]) -> serde_json::Value {

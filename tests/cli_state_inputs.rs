@@ -5,17 +5,11 @@
 
 mod support;
 
-use support::cli::{cachealloc, json};
+use support::cli::{json, state};
 use support::snapshot_pickle::{Segment, write_state_snapshot};
 
 const MIB: u64 = 1 << 20;
 const SEG: u64 = 0x7f00_0000_0000;
-
-fn state(path: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["state", path.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    cachealloc(&args)
-}
 
 /// A native segment at `address` with `blocks` as `(size, requested, state)`.
 fn native(address: u64, blocks: Vec<(u64, u64, &'static str)>) -> Segment {

@@ -498,11 +498,15 @@ impl<B: Backend> DeviceAllocator<B> {
         {
             return Ok(self.entry_of(id));
         }
+        // Frees still pending complete when `release_cached_blocks` synchronizes: a block they
+        // free is not searched for again (as in PyTorch), which the report tells.
+        let pending = self.pending_frees();
         self.release_cached_blocks()?;
         if let Some(id) = self.alloc_block(pool, stream, rounded, true)? {
             return Ok(self.entry_of(id));
         }
-        Err(self.out_of_memory(stream, size, rounded, alloc_size))
+        let freed_during = self.pending_frees() < pending;
+        Err(self.out_of_memory(stream, (size, rounded, alloc_size), freed_during))
     }
 
     /// Block `id` as the free index would list it.
@@ -808,12 +812,13 @@ impl<B: Backend> DeviceAllocator<B> {
         self.stats.requested_bytes.decrease(pool, requested);
     }
 
+    /// The out-of-memory error of a request of `size` bytes (`rounded`, needing a segment of
+    /// `alloc_size`); `freed_during`: frees pending before the last release completed in it.
     fn out_of_memory(
         &mut self,
         stream: StreamId,
-        size: u64,
-        rounded: u64,
-        alloc_size: u64,
+        (size, rounded, alloc_size): (u64, u64, u64),
+        freed_during: bool,
     ) -> Error {
         let info = self.backend.mem_info().unwrap_or_default();
         self.stats.counts.num_ooms += 1;
@@ -845,7 +850,7 @@ impl<B: Backend> DeviceAllocator<B> {
             .get(stream)
             .and_then(|index| index.iter_desc().next())
             .map_or(0, |e| e.size);
-        let own_stream_fit = pool.get(stream).and_then(|index| {
+        let own_stream_fit = pool.get(stream).filter(|_| freed_during).and_then(|index| {
             index
                 .iter()
                 .map(|e| e.size)

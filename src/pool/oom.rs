@@ -94,10 +94,9 @@ pub struct OomReport {
     /// The block of another stream that would have served the request, had it been cached for
     /// the request's stream: its stream and size.
     pub other_stream_fit: Option<(StreamId, u64)>,
-    /// A free block of the request's own stream and pool that serves it now (its size): it
-    /// became free while the request failed (frees pending on other streams' work, completed
-    /// when the pool synchronized before returning memory), after the search PyTorch does not
-    /// repeat.
+    /// A free block of the request's own stream and pool that serves it now (its size), when
+    /// frees pending on other streams' work completed while the request failed (the pool
+    /// synchronizes before returning memory), after the search PyTorch does not repeat.
     pub own_stream_fit: Option<u64>,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,

@@ -31,3 +31,10 @@ pub fn json(out: &Output) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
+
+/// Run `cachealloc state PATH` with `extra` arguments.
+pub fn state(path: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec!["state", path.to_str().expect("a UTF-8 temporary path")];
+    args.extend_from_slice(extra);
+    cachealloc(&args)
+}
