@@ -850,29 +850,23 @@ impl<B: Backend> DeviceAllocator<B> {
             .get(stream)
             .and_then(|index| index.iter_desc().next())
             .map_or(0, |e| e.size);
-        let own_stream_fit = pool.get(stream).filter(|_| freed_during).and_then(|index| {
-            index
-                .iter()
-                .map(|e| e.size)
-                .filter(|&size| {
-                    size >= rounded
-                        && may_serve(
-                            rounded,
-                            size,
-                            self.settings.max_split_size,
-                            self.settings.max_non_split_rounding,
-                        )
-                })
-                .min()
-        });
-        // The block the request would have taken had it been cached for its stream.
+        // Whether a cached block of `size` bytes would serve the request (PyTorch's
+        // `max_split_size` rules).
         let (mss, rounding) = (
             self.settings.max_split_size,
             self.settings.max_non_split_rounding,
         );
+        let serves = |size: u64| size >= rounded && may_serve(rounded, size, mss, rounding);
+        // The block the request would take now on its own stream, when frees completed while
+        // it failed (after the search, which is not repeated).
+        let own_stream_fit = pool
+            .get(stream)
+            .filter(|_| freed_during)
+            .and_then(|index| index.iter().map(|e| e.size).filter(|&s| serves(s)).min());
+        // The block the request would have taken had it been cached for its stream.
         let other_stream_fit = other_streams
             .iter()
-            .filter(|&&(size, _)| size >= rounded && may_serve(rounded, size, mss, rounding))
+            .filter(|&&(size, _)| serves(size))
             .min()
             .map(|&(size, s)| (s, size));
         Error::OutOfMemory(Box::new(OomReport {

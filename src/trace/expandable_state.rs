@@ -13,7 +13,7 @@
 
 use super::recording::DeviceRecording;
 use super::start_state::SeedSegment;
-use crate::pool::{BlockSeed, MappedRunSeed, PoolKind, RangeSeed, StreamId, page_size, range_size};
+use crate::pool::{MappedRunSeed, PoolKind, RangeSeed, StreamId, page_size, range_size};
 
 /// An expandable segment in a state: its (inferred) reserved range and its runs of mapped
 /// pages, in address order, each with the range's stream and pool.
@@ -165,21 +165,6 @@ pub(crate) fn infer_ranges(
 
 fn run_end(run: &SeedSegment) -> u64 {
     run.addr.saturating_add(run.size)
-}
-
-impl SeedSegment {
-    /// Its blocks as the pool installs them.
-    pub(crate) fn block_seeds(&self) -> Vec<BlockSeed> {
-        self.blocks
-            .iter()
-            .map(|b| BlockSeed {
-                addr: b.addr,
-                size: b.size,
-                requested: b.requested,
-                allocated: b.allocated,
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use super::expandable_state::{SeedRange, infer_ranges};
 use super::recording::{Action, DeviceRecording, RecordedSegment};
 use super::workload::AllocId;
 use crate::pool::rounding::{MAX_REQUEST, SMALL_BUFFER, round_size};
-use crate::pool::{PoolKind, Settings, StreamId};
+use crate::pool::{BlockSeed, PoolKind, Settings, StreamId};
 
 /// A large-pool block is split only if more than this would remain.
 const LARGE_SPLIT_REMAINDER: u64 = 1 << 20; // 1 MiB
@@ -60,6 +60,21 @@ pub struct SeedSegment {
     pub stream: StreamId,
     pub pool: PoolKind,
     pub blocks: Vec<SeedBlock>,
+}
+
+impl SeedSegment {
+    /// Its blocks as the pool installs them.
+    pub(crate) fn block_seeds(&self) -> Vec<BlockSeed> {
+        self.blocks
+            .iter()
+            .map(|b| BlockSeed {
+                addr: b.addr,
+                size: b.size,
+                requested: b.requested,
+                allocated: b.allocated,
+            })
+            .collect()
+    }
 }
 
 /// The allocator state at trace start.

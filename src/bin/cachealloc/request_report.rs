@@ -78,6 +78,12 @@ impl CallJson {
     }
 }
 
+/// `calls` in words, in order.
+fn calls_text(calls: &[CallJson]) -> String {
+    let listed: Vec<String> = calls.iter().map(|c| c.to_text()).collect();
+    listed.join(", then ")
+}
+
 /// An expandable segment's reserved range as the trial takes it (a snapshot does not record
 /// it: see `cachealloc::trace::expandable_state`).
 #[derive(Serialize)]
@@ -338,10 +344,9 @@ impl RequestJson {
         if told {
             return served;
         }
-        let listed: Vec<String> = calls.iter().map(|c| c.to_text()).collect();
         format!(
             "{served}, after these calls to the device: {}{}",
-            listed.join(", then "),
+            calls_text(&calls),
             if self.retried {
                 " (a retry, after giving memory back)"
             } else {
@@ -359,10 +364,9 @@ impl RequestJson {
         out += oom.text.trim_end();
         out += "\n";
         if !self.device_calls.is_empty() {
-            let listed: Vec<String> = self.device_calls.iter().map(|c| c.to_text()).collect();
             out += &format!(
                 "On the way the pool {}{}.\n",
-                listed.join(", then "),
+                calls_text(&self.device_calls),
                 if self.retried { " and retried" } else { "" }
             );
         }

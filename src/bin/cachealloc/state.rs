@@ -27,10 +27,11 @@ pub struct StateArgs {
     #[arg(long, value_parser = crate::device_arg::parse_device, allow_hyphen_values = true)]
     device: Option<i32>,
     /// Try a request of SIZE bytes in this state: whether a free cached block serves it, or a
-    /// new segment, or pages mapped into an expandable segment, or why it runs out of memory. Same forms as replay's --capacity (1.24GiB,
-    /// 512MiB, bytes). PyTorch's "Tried to allocate SIZE" names the segment it tried to obtain:
-    /// the request rounded up to 2 MiB above 10 MiB, but 2.00 MiB for any request up to 1 MiB
-    /// and 20.00 MiB for one of 1-10 MiB (give the tensor's size there, when known).
+    /// new segment, or pages mapped into an expandable segment, or why it runs out of memory.
+    /// Same forms as replay's --capacity (1.24GiB, 512MiB, bytes). PyTorch's "Tried to allocate
+    /// SIZE" names the segment it tried to obtain: the request rounded up to 2 MiB above 10 MiB,
+    /// but 2.00 MiB for any request up to 1 MiB and 20.00 MiB for one of 1-10 MiB (give the
+    /// tensor's size there, when known).
     #[arg(long, value_name = "SIZE", value_parser = parse_request, allow_hyphen_values = true)]
     request: Option<GivenSize>,
     /// The stream of the request, as the snapshot numbers streams (0 is the default stream;
@@ -272,8 +273,9 @@ fn request(
     )
     .map_err(|why| format!("{path}: {why}"))?;
     let stream = request_stream(memory, args.stream, path)?;
-    let state = checked_state(rec, args, (&settings, settings_text), capacity, path)?;
+    let state = file_state(rec, args.device_memory.unwrap_or(capacity))?;
     let config = trial_device(rec, &settings, capacity, args.device_memory);
+    // The trial installs the state in its pool: its errors are `checked_state`'s.
     let trial = try_request(&state, &pending_frees(rec), &config, size, stream)
         .map_err(|e| state_error(e, args, settings_text, path))?;
     Ok(RequestJson::new(
@@ -301,27 +303,32 @@ fn trial_device(
     }
 }
 
-/// `rec`'s state as a pool holds it under `settings` on a device of `capacity` bytes (and
-/// `--device-memory`): an error names what in the file, or in the settings, it cannot hold.
-/// Checked with or without a request, so that a report is never made of a state that cannot
-/// exist.
+/// The state a request is tried in (`trial_state`), on a device of `device_memory` bytes: an
+/// error names what in the file is wrong.
+fn file_state(rec: &DeviceRecording, device_memory: u64) -> Result<StartState, String> {
+    // The library's error says the state "cannot be replayed faithfully", which is replay's
+    // word for it: here the file's state is what is wrong.
+    trial_state(rec, device_memory).map_err(|e| match e {
+        TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
+        e => e.to_string(),
+    })
+}
+
+/// Check, without a request, that a pool can hold `rec`'s state under `settings` on a device
+/// of `capacity` bytes, as a request's trial does: an error names what in the file, or in the
+/// settings, it cannot hold, so that a report is never made of a state that cannot exist.
 fn checked_state(
     rec: &DeviceRecording,
     args: &StateArgs,
     (settings, settings_text): (&Settings, &str),
     capacity: u64,
     path: &str,
-) -> Result<StartState, String> {
-    // The library's error says the state "cannot be replayed faithfully", which is replay's
-    // word for it: here the file's state is what is wrong.
-    let state = trial_state(rec, args.device_memory.unwrap_or(capacity)).map_err(|e| match e {
-        TraceError::Inconsistent { path, detail } => format!("{path}: {detail}"),
-        e => e.to_string(),
-    })?;
+) -> Result<(), String> {
+    let state = file_state(rec, args.device_memory.unwrap_or(capacity))?;
     let config = trial_device(rec, settings, capacity, args.device_memory);
     seeded_pool(&config, Some(&state.layout()))
         .map_err(|e| state_error(e, args, settings_text, path))?;
-    Ok(state)
+    Ok(())
 }
 
 /// The error of a state the pool cannot hold, saying what to do about the settings when they
