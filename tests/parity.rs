@@ -1,11 +1,11 @@
 //! Parity with PyTorch on real recorded traces: a faithful replay of every trace (native
-//! segments, and expandable ones that begin with nothing reserved) reproduces the recorded peak
+//! segments and expandable ones, also cut short to begin mid-run) reproduces the recorded peak
 //! reserved bytes, cudaMalloc and cudaFree counts (page maps and unmaps with expandable
 //! segments), retries, OOM point, and puts every allocation at its recorded address.
 //!
 //! Traces come from `$CACHEALLOC_TRACES` or `../shared/traces/real`; the test says when it skips.
 
-use cachealloc::trace::{ReplayConfig, read_snapshot, replay_faithful};
+use cachealloc::trace::{DeviceRecording, ReplayConfig, read_snapshot, replay_faithful};
 mod support;
 
 use std::path::Path;
@@ -14,12 +14,17 @@ use support::traces::{snapshot_files, traces_dir_or_skip};
 /// Replay every traced device of `file` faithfully and compare. Returns the failures and the
 /// number of expandable-segments devices replayed.
 fn check_file(file: &Path) -> (Vec<String>, usize) {
+    let Ok(snapshot) = read_snapshot(file) else {
+        return (Vec::new(), 0); // not a memory snapshot (e.g. a kineto trace): covered elsewhere
+    };
+    check_devices(snapshot.traced_devices())
+}
+
+/// Parity failures of the devices' faithful replays, and how many are expandable.
+fn check_devices<'a>(devices: impl Iterator<Item = &'a DeviceRecording>) -> (Vec<String>, usize) {
     let mut failures = Vec::new();
     let mut expandable = 0;
-    let Ok(snapshot) = read_snapshot(file) else {
-        return (failures, 0); // not a memory snapshot (e.g. a kineto trace): covered elsewhere
-    };
-    for rec in snapshot.traced_devices() {
+    for rec in devices {
         expandable += usize::from(rec.is_expandable());
         let settings = rec.replay_settings();
         let config = ReplayConfig {
@@ -116,6 +121,59 @@ fn faithful_replay_reproduces_every_trace() {
             "code_location's three expandable-segments devices were not replayed"
         );
     }
+    assert!(
+        failures.is_empty(),
+        "parity failures:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// An expandable-segments recording that begins with pages mapped (its ring buffer wrapped, or
+/// recording began mid-run) replays faithfully from the state rebuilt at its start:
+/// code_location's devices, their first entries cut off at 63 places each (or
+/// `CACHEALLOC_PARITY_CUTS` − 1: a number above a device's entry count cuts it at every entry),
+/// reproduce the rest exactly — device 1's two retries and out-of-memory error included.
+#[test]
+fn expandable_recordings_cut_mid_run_replay_exactly() {
+    let Some(dir) = traces_dir_or_skip() else {
+        return;
+    };
+    let file = dir.join("code_location/52e52b2/memory_snapshot.pickle");
+    if !file.exists() {
+        eprintln!("skipping: {} is missing", file.display());
+        return;
+    }
+    let snapshot = read_snapshot(&file).unwrap();
+    let parts: usize = std::env::var("CACHEALLOC_PARITY_CUTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let mut cut = Vec::new();
+    for rec in snapshot.traced_devices() {
+        let n = rec.entries.len();
+        let mut at: Vec<usize> = (1..parts)
+            .map(|k| n * k / parts)
+            .filter(|&i| i > 0)
+            .collect();
+        at.dedup();
+        for i in at {
+            let mut rest = rec.clone();
+            rest.entries.drain(..i);
+            let start = rest.faithful().unwrap().start;
+            let reserved = rest.figures().start_reserved_bytes;
+            assert!(reserved > 0, "device {} cut at {i}", rec.device.0);
+            assert_eq!(
+                start.reserved_bytes(),
+                reserved,
+                "device {} cut at {i}",
+                rec.device.0
+            );
+            cut.push(rest);
+        }
+    }
+    assert!(cut.len() >= 3 * 60, "{} cuts", cut.len());
+    let (failures, expandable) = check_devices(cut.iter());
+    assert_eq!(expandable, cut.len());
     assert!(
         failures.is_empty(),
         "parity failures:\n{}",

@@ -21,8 +21,9 @@ use rustc_hash::FxHashMap;
 
 use super::bursts::{BurstKind, release_bursts};
 use super::error::TraceError;
+use super::ranges::RangeChange;
 use super::recording::{Action, DeviceRecording};
-use super::start_state::{StartState, expandable_error, reconstruct_start};
+use super::start_state::{StartState, reconstruct_start};
 use super::workload::{AllocId, Op, Workload};
 
 /// Everything a faithful replay needs.
@@ -33,6 +34,9 @@ pub struct FaithfulReplay {
     pub workload: Workload,
     /// Device capacity to simulate, when the recording implies one (see `capacity`).
     pub capacity: Option<u64>,
+    /// The ranges of expandable segments at the start (`RangeChange::Adopt`), then the
+    /// recording's changes to them: where the replay finds where to reserve its ranges.
+    pub range_changes: Vec<RangeChange>,
 }
 
 impl DeviceRecording {
@@ -45,36 +49,17 @@ impl DeviceRecording {
 
     /// The start state and workload for a replay that reproduces the recording exactly.
     pub fn faithful(&self) -> Result<FaithfulReplay, TraceError> {
-        let start = if self.is_expandable() {
-            self.expandable_start()?
-        } else {
-            reconstruct_start(self)?
-        };
+        let start = reconstruct_start(self)?;
         let mut live: FxHashMap<u64, Option<AllocId>> =
             start.live_blocks().map(|b| (b.addr, b.id)).collect();
         let workload = build(self, &mut live, start.num_ids(), true)?;
         let capacity = self.capacity().and_then(|c| c.replay_capacity());
         Ok(FaithfulReplay {
+            range_changes: start.range_changes(self),
             start,
             workload,
             capacity,
         })
-    }
-}
-
-impl DeviceRecording {
-    /// The start state of an expandable-segments recording: only an empty one is rebuilt (the
-    /// mapped pages of ranges reserved before the trace are not modelled).
-    fn expandable_start(&self) -> Result<StartState, TraceError> {
-        let f = self.figures();
-        if f.start_reserved_bytes > 0 || f.orphan_frees > 0 {
-            return Err(expandable_error(
-                self,
-                f.start_reserved_bytes,
-                f.orphan_frees,
-            ));
-        }
-        Ok(StartState::default())
     }
 }
 

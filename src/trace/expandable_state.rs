@@ -57,19 +57,15 @@ impl SeedRange {
 }
 
 /// What keeps runs apart: runs of one group may share a range, runs of two never do.
-type Group = (PoolKind, StreamId, Option<(u64, u64)>);
+pub(crate) type Group = (PoolKind, StreamId, Option<(u64, u64)>);
 
-/// The ranges that hold `runs`, the runs of mapped pages of `rec`'s expandable segments (in
-/// any order), on a device of `device_memory` bytes.
-pub(crate) fn infer_ranges(
-    rec: &DeviceRecording,
-    runs: Vec<SeedSegment>,
-    device_memory: u64,
-) -> Vec<SeedRange> {
-    // Every segment of the state (runs included), in address order: start, group (`None`
-    // for a native one).
-    let mut occupied: Vec<(u64, Option<Group>)> = rec
-        .segments
+/// Where a segment of a state begins, and the group of a run of mapped pages (`None` for a
+/// segment of its own).
+pub(crate) type Occupied = (u64, Option<Group>);
+
+/// The segments of `rec`'s snapshot, as `infer_ranges` takes them.
+pub(crate) fn end_state_groups(rec: &DeviceRecording) -> Vec<Occupied> {
+    rec.segments
         .iter()
         .map(|s| {
             let group = s
@@ -77,7 +73,19 @@ pub(crate) fn infer_ranges(
                 .then_some((s.pool, s.stream, s.private_pool));
             (s.address, group)
         })
-        .collect();
+        .collect()
+}
+
+/// The ranges that hold `runs`, the runs of mapped pages of a state's expandable segments (in
+/// any order), on a device of `device_memory` bytes. `occupied` is every segment of the state,
+/// runs included, in any order; a run takes the group `occupied` gives at its address, else
+/// its own pool and stream.
+pub(crate) fn infer_ranges(
+    occupied: &[Occupied],
+    runs: Vec<SeedSegment>,
+    device_memory: u64,
+) -> Vec<SeedRange> {
+    let mut occupied = occupied.to_vec();
     occupied.sort_unstable_by_key(|&(start, _)| start);
     let group_of = |addr: u64| {
         let i = occupied.partition_point(|&(start, _)| start < addr);

@@ -32,6 +32,13 @@ impl StartState {
             segments,
             ids,
             ranges: self.ranges.iter().map(|r| r.layout()).collect(),
+            range_ids: self
+                .ranges
+                .iter()
+                .flat_map(|r| &r.runs)
+                .flat_map(|run| &run.blocks)
+                .filter_map(|b| Some((b.addr, b.id?)))
+                .collect(),
         }
     }
 }
@@ -117,7 +124,7 @@ pub fn replay_faithful(
     let faithful = rec.faithful().map_err(|e| e.to_string())?;
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
-    config.follow_recorded_addresses(rec.segment_addresses(), &rec.range_changes(), None);
+    config.follow_recorded_addresses(rec.segment_addresses(), &faithful.range_changes, None);
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;

@@ -8,9 +8,10 @@
 //! that keeps Python's object sharing) into a [`RecordedSnapshot`] (model in `recording`);
 //! `figures` gives what the recorded run did; `bursts` tells `empty_cache()` calls from the OOM
 //! ladder's releases; `capacity` infers the device size; `start_state` rebuilds the pool at
-//! trace start; `convert` produces the plain and faithful workloads. `memory_state` reports the
-//! state a snapshot records (for snapshots with no trace to replay), `expandable_state` places
-//! its expandable segments' runs in ranges, and `request_trial` tries a request in it.
+//! trace start (`expandable_start` its expandable segments' runs of mapped pages); `convert`
+//! produces the plain and faithful workloads. `memory_state` reports the state a snapshot
+//! records (for snapshots with no trace to replay), `expandable_state` places expandable
+//! segments' runs in ranges, and `request_trial` tries a request in it.
 //!
 //! Rules inferred from the recordings (details in each module):
 //! - **Frees**: `free_completed` becomes `Op::Free` (`free_requested` only in files without
@@ -33,6 +34,7 @@ pub mod bursts;
 pub mod capacity;
 pub mod convert;
 pub mod error;
+mod expandable_start;
 pub mod expandable_state;
 pub mod faithful;
 pub mod figures;

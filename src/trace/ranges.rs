@@ -48,6 +48,16 @@ pub enum RangeChange {
     Unmap { addr: u64, size: u64 },
     /// `device_reset`: every range is gone, without unmaps.
     DeviceReset,
+    /// A range reserved before the recording began, `mapped` bytes of it mapped (from the
+    /// rebuilt start state, not the recording: it goes before the recording's changes). The
+    /// replay installs it with the start state; it is no reservation of the replay's.
+    Adopt {
+        addr: u64,
+        size: u64,
+        page: u64,
+        stream: StreamId,
+        mapped: u64,
+    },
 }
 
 /// Where an expandable segment's address range was reserved, the size of its pool's pages
@@ -61,6 +71,8 @@ pub struct Reservation {
     pub reserved: usize,
     /// The index of the change that gave it back (`None`: kept to the end).
     pub given_back: Option<usize>,
+    /// It was there before the recording (`RangeChange::Adopt`).
+    pub adopted: bool,
 }
 
 /// What a faithful replay takes from the recording's ranges.
@@ -73,9 +85,14 @@ pub struct RangeHints {
 }
 
 impl RangeHints {
-    /// The start addresses of the ranges, in the order they were reserved.
+    /// The start addresses of the ranges reserved during the recording, in the order they were
+    /// reserved (adopted ranges are the start state's).
     pub fn addresses(&self) -> Vec<u64> {
-        self.reservations.iter().map(|r| r.addr).collect()
+        self.reservations
+            .iter()
+            .filter(|r| !r.adopted)
+            .map(|r| r.addr)
+            .collect()
     }
 }
 
@@ -132,7 +149,7 @@ fn recorded_ranges(changes: &[RangeChange], capacity: Option<u64>) -> RangeHints
     let mut smallest: BTreeMap<u64, u64> = BTreeMap::new();
     for (at, &change) in changes.iter().enumerate() {
         match change {
-            RangeChange::Reserve { addr, size, page } => {
+            RangeChange::Reserve { addr, page, .. } | RangeChange::Adopt { addr, page, .. } => {
                 if let Some(gone) = live.insert(addr, reservations.len()) {
                     reservations[gone].given_back = Some(at);
                 }
@@ -141,9 +158,13 @@ fn recorded_ranges(changes: &[RangeChange], capacity: Option<u64>) -> RangeHints
                     page,
                     reserved: at,
                     given_back: None,
+                    adopted: matches!(change, RangeChange::Adopt { .. }),
                 });
-                let least = smallest.entry(page).or_insert(size);
-                *least = (*least).min(size);
+                // An adopted range's size is inferred, not recorded: it bounds no memory.
+                if let RangeChange::Reserve { size, .. } = change {
+                    let least = smallest.entry(page).or_insert(size);
+                    *least = (*least).min(size);
+                }
             }
             RangeChange::Release { addr } => {
                 if let Some(gone) = live.remove(&addr) {
@@ -279,6 +300,35 @@ fn find_ranges(changes: &[RangeChange], total: Option<u64>) -> Vec<Reservation> 
                     page: page_size(pool),
                     reserved: at,
                     given_back: None,
+                    adopted: false,
+                });
+            }
+            RangeChange::Adopt {
+                addr,
+                size,
+                page,
+                stream,
+                mapped,
+            } => {
+                // Every map of its pool and stream inside it is its own.
+                let end = addr.saturating_add(size);
+                live.insert(
+                    addr,
+                    LiveRange {
+                        pool: pool_of_page(page),
+                        stream,
+                        mapped,
+                        end,
+                        limit: end,
+                        reservation: starts.len(),
+                    },
+                );
+                starts.push(Reservation {
+                    addr,
+                    page,
+                    reserved: at,
+                    given_back: None,
+                    adopted: true,
                 });
             }
             RangeChange::Unmap { addr, size } => {
@@ -394,6 +444,7 @@ mod tests {
             page,
             reserved: 0,
             given_back: None,
+            adopted: false,
         }
     }
 
@@ -569,6 +620,7 @@ mod tests {
                         page: [SMALL_BUFFER, LARGE_BUFFER][rng.below(2) as usize],
                         reserved,
                         given_back,
+                        adopted: false,
                     }
                 })
                 .collect();

@@ -61,8 +61,10 @@ pub struct StartLayout {
     pub segments: Vec<SegmentSeed>,
     /// Parallel to `segments[i].blocks`.
     pub ids: Vec<Vec<Option<AllocId>>>,
-    /// Expandable segments (their blocks are freed by no workload id).
+    /// Expandable segments.
     pub ranges: Vec<RangeSeed>,
+    /// `(address, id)` of the allocated blocks in `ranges` that the workload frees.
+    pub range_ids: Vec<(u64, AllocId)>,
 }
 
 impl StartLayout {
@@ -156,6 +158,9 @@ fn replay_observed(
                     *slot = DevicePtr::new(block.addr);
                 }
             }
+        }
+        for &(addr, id) in &start.range_ids {
+            *live_slot(&mut live, id) = DevicePtr::new(addr);
         }
     }
     pool.set_event_sink(sink);

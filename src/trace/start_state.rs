@@ -21,16 +21,16 @@
 //! - `segment_alloc` (undo): the segment, which must be wholly free, disappears.
 //! - `segment_free` (undo): a wholly free segment reappears (pool by size: 2 MiB = small).
 //! - `oom`, `snapshot`, `annotate`: nothing.
-//!
-//! Expandable-segment recordings (`segment_map`/`segment_unmap`) are refused: pages are
-//! unmapped in ranges that do not match their maps, which this walk does not model. (A
-//! snapshot's end state with expandable segments is read, `end_state`: nothing is undone.)
+//! - `segment_map`, `segment_unmap`, and frees in runs of mapped pages of expandable segments:
+//!   see `expandable_start`, which walks the runs as segments of their own and places them in
+//!   ranges at the end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::error::TraceError;
-use super::expandable_state::{SeedRange, infer_ranges};
-use super::recording::{Action, DeviceRecording, RecordedSegment};
+use super::expandable_start::start_ranges;
+use super::expandable_state::{SeedRange, end_state_groups, infer_ranges};
+use super::recording::{Action, DeviceRecording};
 use super::workload::AllocId;
 use crate::pool::rounding::{MAX_REQUEST, SMALL_BUFFER, round_size};
 use crate::pool::{BlockSeed, PoolKind, Settings, StreamId};
@@ -184,21 +184,26 @@ impl StartState {
 
 /// An occupied block during the backward walk.
 #[derive(Clone, Debug)]
-struct WalkBlock {
-    size: u64,
-    requested: u64,
+pub(super) struct WalkBlock {
+    pub(super) size: u64,
+    pub(super) requested: u64,
     /// False while the end is a guess (rounded size; an unsplit tail may follow).
-    exact_end: bool,
+    pub(super) exact_end: bool,
     /// Set for blocks that reappeared by undoing a free: the trace frees them.
-    freed_in_trace: bool,
+    pub(super) freed_in_trace: bool,
 }
 
 #[derive(Clone, Debug)]
-struct WalkSegment {
-    size: u64,
-    stream: StreamId,
-    pool: PoolKind,
-    blocks: BTreeMap<u64, WalkBlock>,
+pub(super) struct WalkSegment {
+    pub(super) size: u64,
+    pub(super) stream: StreamId,
+    pub(super) pool: PoolKind,
+    pub(super) blocks: BTreeMap<u64, WalkBlock>,
+    /// A run of mapped pages of an expandable segment, not a segment of its own.
+    pub(super) expandable: bool,
+    /// Its pool is a guess (pages mapped again by undoing an unmap, with nothing yet to say
+    /// which pool's they were).
+    pub(super) pool_guessed: bool,
 }
 
 /// Whether `size` bytes at `addr` can be memory of a device: below the 1 EB that no request
@@ -212,21 +217,10 @@ fn beyond_address_space(addr: u64, size: u64) -> String {
 }
 
 /// Rebuild the state at trace start of one device (blocks' ids assigned in address order to
-/// the live blocks the trace frees).
+/// the live blocks the trace frees). An expandable-segments recording's runs of mapped pages
+/// are placed in ranges (`expandable_start::start_ranges`).
 pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError> {
-    if rec.is_expandable() {
-        let f = rec.figures();
-        return Err(expandable_error(
-            rec,
-            f.start_reserved_bytes,
-            f.orphan_frees,
-        ));
-    }
-    let settings = rec
-        .settings
-        .as_ref()
-        .map(|s| s.to_settings())
-        .unwrap_or_default();
+    let settings = rec.replay_settings();
     let mut walk = Walk::from_end_state(rec)?;
     let free_action = rec.free_action();
     for (index, entry) in rec.entries.iter().enumerate().rev() {
@@ -238,7 +232,11 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
         };
         let sized = matches!(
             entry.action,
-            Action::Alloc | Action::SegmentAlloc | Action::SegmentFree
+            Action::Alloc
+                | Action::SegmentAlloc
+                | Action::SegmentFree
+                | Action::SegmentMap
+                | Action::SegmentUnmap
         ) || entry.action == free_action;
         if sized && !in_address_space(entry.addr, entry.size) {
             return Err(fail(beyond_address_space(entry.addr, entry.size)));
@@ -254,14 +252,12 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
             Action::SegmentFree => walk
                 .undo_segment_free(entry.addr, entry.size, entry.stream)
                 .map_err(fail)?,
-            Action::SegmentMap | Action::SegmentUnmap => {
-                let f = rec.figures();
-                return Err(expandable_error(
-                    rec,
-                    f.start_reserved_bytes,
-                    f.orphan_frees,
-                ));
-            }
+            Action::SegmentMap => walk
+                .undo_map(entry.addr, entry.size, entry.stream)
+                .map_err(fail)?,
+            Action::SegmentUnmap => walk
+                .undo_unmap(entry.addr, entry.size, entry.stream)
+                .map_err(fail)?,
             Action::FreeRequested
             | Action::FreeCompleted
             | Action::Oom
@@ -269,7 +265,7 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
             | Action::Annotate => {}
         }
     }
-    let start = walk.into_start_state();
+    let (mut start, runs) = walk.into_parts();
     start.validate().map_err(|detail| {
         TraceError::inconsistent(
             &rec.source,
@@ -279,6 +275,7 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
             ),
         )
     })?;
+    start.ranges = start_ranges(rec, &start.segments, runs);
     Ok(start)
 }
 
@@ -289,7 +286,7 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
 /// `infer_ranges` infers for a device of `device_memory` bytes. (A `StartState`: the state a
 /// pool is seeded with, here at the snapshot's end.)
 pub fn end_state(rec: &DeviceRecording, device_memory: u64) -> Result<StartState, TraceError> {
-    let mut state = Walk::from_segments(rec, |s| !s.is_expandable)?.into_start_state();
+    let (mut state, runs) = Walk::from_end_state(rec)?.into_parts();
     state.validate().map_err(|detail| {
         TraceError::inconsistent(
             &rec.source,
@@ -299,56 +296,22 @@ pub fn end_state(rec: &DeviceRecording, device_memory: u64) -> Result<StartState
             ),
         )
     })?;
-    let runs = Walk::from_segments(rec, |s| s.is_expandable)?
-        .into_start_state()
-        .segments;
-    state.ranges = infer_ranges(rec, runs, device_memory);
+    state.ranges = infer_ranges(&end_state_groups(rec), runs, device_memory);
     Ok(state)
 }
 
-/// The error for an expandable-segments recording whose start state cannot be rebuilt: it
-/// began with `reserved` bytes already mapped, or frees `orphan_frees` allocations made before
-/// it.
-pub(crate) fn expandable_error(
-    rec: &DeviceRecording,
-    reserved: u64,
-    orphan_frees: usize,
-) -> TraceError {
-    let begins = if reserved > 0 {
-        format!("{} already reserved", crate::pool::format_size(reserved))
-    } else {
-        match orphan_frees {
-            1 => "an allocation made before it, which it frees".to_string(),
-            n => format!("{n} allocations made before it, which it frees"),
-        }
-    };
-    TraceError::unsupported(
-        &rec.source,
-        format!(
-            "device {}: expandable segments trace that begins with {begins}: faithful replay \
-             rebuilds the start of such a trace only when it begins with nothing (the pages \
-             mapped before it are not modelled); plain replay works",
-            rec.device.0
-        ),
-    )
-}
-
-struct Walk {
-    segments: BTreeMap<u64, WalkSegment>,
+pub(super) struct Walk {
+    pub(super) segments: BTreeMap<u64, WalkSegment>,
+    /// Where two of the end state's runs of mapped pages meet: two ranges meet there (a
+    /// snapshot shows a range's adjacent mapped pages as one run), so no run grows across it.
+    pub(super) joints: BTreeSet<u64>,
 }
 
 impl Walk {
+    /// The walk's state from `rec`'s end-state segments (and runs of mapped pages).
     fn from_end_state(rec: &DeviceRecording) -> Result<Self, TraceError> {
-        Self::from_segments(rec, |_| true)
-    }
-
-    /// The walk's state from those of `rec`'s end-state segments that `include` picks.
-    fn from_segments(
-        rec: &DeviceRecording,
-        include: impl Fn(&RecordedSegment) -> bool,
-    ) -> Result<Self, TraceError> {
         let mut segments = BTreeMap::new();
-        for seg in rec.segments.iter().filter(|s| include(s)) {
+        for seg in &rec.segments {
             // Its blocks, then the segment itself.
             let ranges = seg.blocks.iter().map(|b| (b.address, b.size));
             if let Some((addr, size)) = ranges
@@ -425,6 +388,8 @@ impl Walk {
                     stream: seg.stream,
                     pool: seg.pool,
                     blocks,
+                    expandable: seg.is_expandable,
+                    pool_guessed: false,
                 },
             );
             if twice.is_some() {
@@ -434,10 +399,19 @@ impl Walk {
                 ));
             }
         }
-        Ok(Self { segments })
+        let mut joints = BTreeSet::new();
+        let mut runs = segments.iter().filter(|(_, s)| s.expandable).peekable();
+        while let Some((&addr, run)) = runs.next() {
+            if let Some(&(&next, _)) = runs.peek()
+                && addr + run.size == next
+            {
+                joints.insert(next);
+            }
+        }
+        Ok(Self { segments, joints })
     }
 
-    fn segment_at(&mut self, addr: u64) -> Result<(u64, &mut WalkSegment), String> {
+    pub(super) fn segment_at(&mut self, addr: u64) -> Result<(u64, &mut WalkSegment), String> {
         match self.segments.range_mut(..=addr).next_back() {
             Some((&start, seg)) if addr < start + seg.size => Ok((start, seg)),
             _ => Err(format!("address {addr:#x} lies in no segment")),
@@ -462,6 +436,9 @@ impl Walk {
     }
 
     fn undo_free(&mut self, addr: u64, requested: u64, settings: &Settings) -> Result<(), String> {
+        if self.segment_at(addr)?.1.expandable {
+            return self.undo_free_in_run(addr, requested, settings);
+        }
         let (seg_start, seg) = self.segment_at(addr)?;
         let seg_end = seg_start + seg.size;
         let rounded = round_size(settings, requested);
@@ -564,17 +541,22 @@ impl Walk {
                 stream,
                 pool,
                 blocks: BTreeMap::new(),
+                expandable: false,
+                pool_guessed: false,
             },
         );
         Ok(())
     }
 
-    fn into_start_state(self) -> StartState {
+    /// The state the walk reached: the segments, and apart from them the runs of mapped pages
+    /// of expandable segments (not yet placed in ranges).
+    fn into_parts(self) -> (StartState, Vec<SeedSegment>) {
         let mut next_id: AllocId = 0;
-        let segments = self
+        let (runs, segments): (Vec<_>, Vec<_>) = self
             .segments
             .into_iter()
             .map(|(addr, seg)| {
+                let expandable = seg.expandable;
                 let mut blocks = Vec::with_capacity(seg.blocks.len() * 2 + 1);
                 let mut at = addr;
                 for (baddr, b) in seg.blocks {
@@ -597,19 +579,21 @@ impl Walk {
                 if at < addr + seg.size {
                     blocks.push(free_block(at, addr + seg.size - at));
                 }
-                SeedSegment {
+                let seed = SeedSegment {
                     addr,
                     size: seg.size,
                     stream: seg.stream,
                     pool: seg.pool,
                     blocks,
-                }
+                };
+                (expandable, seed)
             })
-            .collect();
-        StartState {
-            segments,
+            .partition(|(expandable, _)| *expandable);
+        let state = StartState {
+            segments: segments.into_iter().map(|(_, s)| s).collect(),
             ranges: Vec::new(),
-        }
+        };
+        (state, runs.into_iter().map(|(_, s)| s).collect())
     }
 }
 
@@ -627,6 +611,7 @@ fn free_block(addr: u64, size: u64) -> SeedBlock {
 mod tests {
     use super::*;
     use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
+    use crate::trace::recording::RecordedSegment;
 
     #[test]
     fn orphan_free_keeps_its_unsplit_tail() {
@@ -774,61 +759,28 @@ mod tests {
         );
     }
 
-    /// An expandable-segments recording replays faithfully when it begins with nothing
-    /// reserved; one that begins with mapped pages is refused, saying why.
+    /// An expandable-segments recording that begins with nothing reserved replays from an
+    /// empty start, with expandable segments on though the file names no settings.
     #[test]
-    fn expandable_recordings_need_an_empty_start() {
+    fn expandable_recordings_from_nothing_start_empty() {
         let from_empty = recording(
             vec![
                 entry(Action::SegmentMap, BASE, 20 * MIB),
                 entry(Action::Alloc, BASE, MIB),
             ],
-            vec![segment(
-                BASE,
-                20 * MIB,
-                &[(0, MIB, MIB, true), (MIB, 19 * MIB, 0, false)],
-            )],
+            vec![RecordedSegment {
+                is_expandable: true,
+                ..segment(
+                    BASE,
+                    20 * MIB,
+                    &[(0, MIB, MIB, true), (MIB, 19 * MIB, 0, false)],
+                )
+            }],
         );
         let f = from_empty.faithful().unwrap();
-        assert!(f.start.segments.is_empty());
-        // The file names no settings: its segment_map entries turn them on for the replay.
+        assert_eq!(f.start, StartState::default());
         assert!(from_empty.settings.is_none());
         assert!(from_empty.replay_settings().expandable_segments);
         assert_eq!(f.workload.allocs(), 1);
-        let err = reconstruct_start(&from_empty).unwrap_err().to_string();
-        assert!(err.contains("expandable segments trace"), "{err}");
-        let mid_run = recording(
-            vec![
-                entry(Action::SegmentMap, BASE + 20 * MIB, 20 * MIB),
-                entry(Action::Alloc, BASE + 20 * MIB, MIB),
-            ],
-            vec![segment(
-                BASE,
-                40 * MIB,
-                &[
-                    (0, 20 * MIB, 20 * MIB, true),
-                    (20 * MIB, MIB, MIB, true),
-                    (21 * MIB, 19 * MIB, 0, false),
-                ],
-            )],
-        );
-        let frees_earlier = recording(
-            vec![
-                entry(Action::SegmentMap, BASE, 20 * MIB),
-                entry(Action::FreeCompleted, BASE, MIB),
-            ],
-            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
-        );
-        let err = frees_earlier.faithful().unwrap_err().to_string();
-        assert!(
-            err.contains("begins with an allocation made before it, which it frees"),
-            "{err}"
-        );
-        let err = mid_run.faithful().unwrap_err().to_string();
-        assert!(
-            err.contains("begins with 20.00 MiB already reserved")
-                && err.contains("plain replay works"),
-            "{err}"
-        );
     }
 }

@@ -1,0 +1,561 @@
+//! The start state of an expandable-segments recording that begins mid-run (its ring buffer
+//! wrapped, or recording began after warm-up): the runs of mapped pages and their blocks at
+//! trace start, found by the backward walk of `start_state` from the snapshot's runs, then
+//! placed in ranges.
+//!
+//! What the walk undoes in a run of mapped pages:
+//! - A free: the block reappears exactly its rounded size. With expandable segments PyTorch
+//!   splits off any remainder of 512 bytes or more, so no block keeps an unsplit tail.
+//! - `segment_map`: its pages, which must be mapped and hold no block, become unmapped; a run
+//!   they cut in two leaves two runs.
+//! - `segment_unmap`: its pages, which must be unmapped, are mapped again, wholly free. They
+//!   join the runs of the same stream they touch, never across a place where two of the
+//!   snapshot's runs meet (two ranges meet there: the snapshot shows a range's adjacent mapped
+//!   pages as one run), and take their pool. Pages that touch no run are the small pool's when
+//!   they are not whole 20 MiB pages; otherwise their pool is a guess, the large pool's, until a
+//!   block or a map placed in them says which (a small-pool block is at most 1 MiB, a
+//!   small-pool map one 2 MiB page).
+//!
+//! The runs at the start are placed in ranges as a snapshot's are (`infer_ranges`), on the
+//! device memory a faithful replay sizes ranges with: the one `range_hints` finds when it is
+//! told of these ranges (`RangeChange::Adopt`, before the recording's own changes).
+
+use std::collections::BTreeMap;
+
+use super::expandable_state::{Occupied, SeedRange, infer_ranges};
+use super::ranges::{RangeChange, range_hints};
+use super::recording::DeviceRecording;
+use super::start_state::{SeedSegment, StartState, Walk, WalkBlock, WalkSegment};
+use crate::pool::rounding::{SMALL_BUFFER, SMALL_SIZE, round_size};
+use crate::pool::{PoolKind, Settings, StreamId, page_size};
+
+impl Walk {
+    /// Undo a free in a run of mapped pages: the block reappears, exactly its rounded size.
+    pub(super) fn undo_free_in_run(
+        &mut self,
+        addr: u64,
+        requested: u64,
+        settings: &Settings,
+    ) -> Result<(), String> {
+        let (start, run) = self.segment_at(addr)?;
+        let rounded = round_size(settings, requested);
+        let end = addr.saturating_add(rounded);
+        let block_pool = if rounded <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        if run.pool != block_pool {
+            if !run.pool_guessed {
+                return Err(format!(
+                    "free at {addr:#x} of {requested} bytes, a {} block, in pages of the {}",
+                    pool_name(block_pool),
+                    pool_name(run.pool)
+                ));
+            }
+            run.pool = block_pool;
+        }
+        run.pool_guessed = false;
+        if let Some((&other, b)) = run.blocks.range(..end).next_back()
+            && other + b.size > addr
+        {
+            return Err(format!(
+                "free at {addr:#x} of {requested} bytes ({rounded} rounded) overlaps the block \
+                 still live at {other:#x}"
+            ));
+        }
+        if end > start + run.size {
+            return Err(format!(
+                "free at {addr:#x} of {requested} bytes ({rounded} rounded) reaches past the \
+                 mapped pages, which end at {:#x}",
+                start + run.size
+            ));
+        }
+        run.blocks.insert(
+            addr,
+            WalkBlock {
+                size: rounded,
+                requested,
+                exact_end: true,
+                freed_in_trace: true,
+            },
+        );
+        Ok(())
+    }
+
+    /// Undo `segment_map`: the pages become unmapped.
+    pub(super) fn undo_map(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<(), String> {
+        let end = addr + size;
+        let covering = self.covering(addr, end);
+        // Mapped from `addr` on, without a gap.
+        let mut at = addr;
+        for &(start, run_end) in &covering {
+            if start > at {
+                break;
+            }
+            at = run_end;
+        }
+        if at < end {
+            return Err(format!(
+                "segment_map of {size} bytes at {addr:#x}, but those pages are not all mapped \
+                 later"
+            ));
+        }
+        // A small-pool map is one 2 MiB page; any other length is a run of large pages.
+        let map_pool = if size == SMALL_BUFFER {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        for &(start, _) in &covering {
+            let run = &self.segments[&start];
+            if !run.expandable {
+                return Err(format!(
+                    "segment_map at {addr:#x}, inside the segment at {start:#x}, which is not \
+                     expandable"
+                ));
+            }
+            if run.stream != stream {
+                return Err(format!(
+                    "segment_map at {addr:#x} on stream {}, in pages of stream {}",
+                    stream.0, run.stream.0
+                ));
+            }
+            if !run.pool_guessed && run.pool != map_pool {
+                return Err(format!(
+                    "segment_map of {size} bytes at {addr:#x} (the {}'s pages) in pages of the {}",
+                    pool_name(map_pool),
+                    pool_name(run.pool)
+                ));
+            }
+            if let Some((&b, _)) = run
+                .blocks
+                .iter()
+                .find(|&(&b, block)| b < end && b + block.size > addr)
+            {
+                return Err(format!(
+                    "segment_map at {addr:#x}, but the block at {b:#x} in its pages is live \
+                     later"
+                ));
+            }
+        }
+        for (start, run_end) in covering {
+            let mut run = self.segments.remove(&start).expect("found above");
+            if run.pool_guessed {
+                (run.pool, run.pool_guessed) = (map_pool, false);
+            }
+            let above = run.blocks.split_off(&end);
+            if run_end > end {
+                let high = WalkSegment {
+                    size: run_end - end,
+                    blocks: above,
+                    ..run.clone_empty()
+                };
+                self.segments.insert(end, high);
+            }
+            if start < addr {
+                run.size = addr - start;
+                self.segments.insert(start, run);
+            }
+        }
+        Ok(())
+    }
+
+    /// Undo `segment_unmap`: the pages are mapped again, wholly free, joining the runs of their
+    /// stream they touch.
+    pub(super) fn undo_unmap(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<(), String> {
+        let end = addr + size;
+        if let Some(&(start, _)) = self.covering(addr, end).first() {
+            return Err(format!(
+                "segment_unmap of {size} bytes at {addr:#x}, but the pages at {:#x} are mapped \
+                 later",
+                start.max(addr)
+            ));
+        }
+        let joins = |run: &WalkSegment, at: u64| {
+            run.expandable && run.stream == stream && !self.joints.contains(&at)
+        };
+        let below = self
+            .segments
+            .range(..addr)
+            .next_back()
+            .filter(|&(&start, run)| start + run.size == addr && joins(run, addr))
+            .map(|(&start, run)| (start, run.pool, run.pool_guessed));
+        let above = self
+            .segments
+            .get(&end)
+            .filter(|run| joins(run, end))
+            .map(|run| (run.pool, run.pool_guessed));
+        let (pool, pool_guessed) = match (below, above) {
+            (Some((_, pool, guessed)), _) | (None, Some((pool, guessed))) => (pool, guessed),
+            (None, None) if !size.is_multiple_of(page_size(PoolKind::Large)) => {
+                (PoolKind::Small, false)
+            }
+            (None, None) => (PoolKind::Large, true),
+        };
+        let mut run = WalkSegment {
+            size,
+            stream,
+            pool,
+            blocks: BTreeMap::new(),
+            expandable: true,
+            pool_guessed,
+        };
+        let mut start = addr;
+        if let Some((below_start, below_pool, _)) = below
+            && below_pool == pool
+        {
+            let low = self.segments.remove(&below_start).expect("found above");
+            run.size += low.size;
+            run.blocks = low.blocks;
+            run.pool_guessed &= low.pool_guessed;
+            start = below_start;
+        }
+        if let Some((above_pool, _)) = above
+            && above_pool == pool
+        {
+            let high = self.segments.remove(&end).expect("found above");
+            run.size += high.size;
+            run.blocks.extend(high.blocks);
+            run.pool_guessed &= high.pool_guessed;
+        }
+        self.segments.insert(start, run);
+        Ok(())
+    }
+
+    /// `(start, end)` of the segments and runs that overlap `addr..end`, in address order.
+    fn covering(&self, addr: u64, end: u64) -> Vec<(u64, u64)> {
+        let first = self
+            .segments
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&start, s)| start + s.size > addr)
+            .map(|(&start, _)| start)
+            .unwrap_or(addr);
+        self.segments
+            .range(first..end)
+            .map(|(&start, s)| (start, start + s.size))
+            .filter(|&(_, e)| e > addr)
+            .collect()
+    }
+}
+
+impl WalkSegment {
+    /// Its description without size or blocks.
+    fn clone_empty(&self) -> Self {
+        WalkSegment {
+            size: 0,
+            stream: self.stream,
+            pool: self.pool,
+            blocks: BTreeMap::new(),
+            expandable: self.expandable,
+            pool_guessed: self.pool_guessed,
+        }
+    }
+}
+
+fn pool_name(pool: PoolKind) -> &'static str {
+    match pool {
+        PoolKind::Small => "small pool",
+        PoolKind::Large => "large pool",
+    }
+}
+
+/// The ranges that hold `runs`, the runs of mapped pages at the start of `rec` (next to its
+/// `segments` at the start).
+pub(super) fn start_ranges(
+    rec: &DeviceRecording,
+    segments: &[SeedSegment],
+    runs: Vec<SeedSegment>,
+) -> Vec<SeedRange> {
+    if runs.is_empty() {
+        return Vec::new();
+    }
+    // A run keeps the private pool of the snapshot's run at its address.
+    let private: BTreeMap<u64, Option<(u64, u64)>> = rec
+        .segments
+        .iter()
+        .filter(|s| s.is_expandable)
+        .map(|s| (s.address, s.private_pool))
+        .collect();
+    let occupied: Vec<Occupied> = segments
+        .iter()
+        .map(|s| (s.addr, None))
+        .chain(runs.iter().map(|r| {
+            let pool_id = private.get(&r.addr).copied().flatten();
+            (r.addr, Some((r.pool, r.stream, pool_id)))
+        }))
+        .collect();
+    let capacity = rec.capacity().and_then(|c| c.replay_capacity());
+    let changes = rec.range_changes();
+    let mut memory = range_hints(&changes, capacity)
+        .device_total
+        .or(capacity)
+        .unwrap_or(u64::MAX);
+    let mut ranges = infer_ranges(&occupied, runs.clone(), memory);
+    // The ranges bound the memory too: read again under what they imply, until it settles.
+    for _ in 0..4 {
+        let told: Vec<RangeChange> = adopted(&ranges)
+            .into_iter()
+            .chain(changes.clone())
+            .collect();
+        let again = range_hints(&told, capacity).device_total.unwrap_or(memory);
+        if again == memory {
+            break;
+        }
+        memory = again;
+        ranges = infer_ranges(&occupied, runs.clone(), memory);
+    }
+    ranges
+}
+
+/// The changes that tell `range_hints` of `ranges`, there before the recording.
+pub(crate) fn adopted(ranges: &[SeedRange]) -> Vec<RangeChange> {
+    ranges
+        .iter()
+        .map(|r| RangeChange::Adopt {
+            addr: r.addr,
+            size: r.size,
+            page: page_size(r.pool),
+            stream: r.stream,
+            mapped: r.mapped_bytes(),
+        })
+        .collect()
+}
+
+impl StartState {
+    /// The range changes a faithful replay follows: the start state's ranges (`Adopt`), then
+    /// the recording's.
+    pub fn range_changes(&self, rec: &DeviceRecording) -> Vec<RangeChange> {
+        let mut changes = adopted(&self.ranges);
+        changes.extend(rec.range_changes());
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::pool::StreamId;
+    use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
+    use crate::trace::recording::{Action, DeviceRecording, RecordedSegment, TraceEntry};
+    use crate::trace::{ReplayConfig, ReplayOutcome, replay_faithful};
+
+    const GIB: u64 = 1 << 30;
+
+    /// A run of mapped pages of an expandable segment, from `(offset, size, requested,
+    /// allocated)` blocks.
+    fn run(addr: u64, size: u64, stream: u64, blocks: &[(u64, u64, u64, bool)]) -> RecordedSegment {
+        RecordedSegment {
+            is_expandable: true,
+            stream: StreamId(stream),
+            ..segment(addr, size, blocks)
+        }
+    }
+
+    /// 40 MiB of mapped pages on stream 0: a 20 MiB block, then a 4 MiB one allocated at the
+    /// start of the 20 MiB page after it (`SegmentMap` and `Alloc` at `BASE + 20 MiB`).
+    fn grown_by_a_map() -> RecordedSegment {
+        run(
+            BASE,
+            40 * MIB,
+            0,
+            &[
+                (0, 20 * MIB, 20 * MIB, true),
+                (20 * MIB, 4 * MIB, 4 * MIB, true),
+                (24 * MIB, 16 * MIB, 0, false),
+            ],
+        )
+    }
+
+    fn on(stream: u64, action: Action, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry {
+            stream: StreamId(stream),
+            ..entry(action, addr, size)
+        }
+    }
+
+    fn replayed(rec: &DeviceRecording) -> ReplayOutcome {
+        let config = ReplayConfig {
+            settings: rec.replay_settings(),
+            ..ReplayConfig::default()
+        };
+        replay_faithful(rec, &config).unwrap().outcome
+    }
+
+    /// (address, size, allocated, id) of every block of the start's runs, and each range's
+    /// (address, runs).
+    type Blocks = Vec<(u64, u64, bool, Option<u32>)>;
+    fn start_of(rec: &DeviceRecording) -> (Blocks, Vec<(u64, usize)>) {
+        let start = rec.faithful().unwrap().start;
+        let blocks = start
+            .blocks()
+            .map(|b| (b.addr, b.size, b.allocated, b.id))
+            .collect();
+        let ranges = start
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.runs.len()))
+            .collect();
+        (blocks, ranges)
+    }
+
+    /// A recording that begins with pages mapped: the pages its maps add are taken away, and
+    /// the replay maps them again where the recording did.
+    #[test]
+    fn pages_mapped_in_the_trace_are_unmapped_at_its_start() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, BASE + 20 * MIB, 20 * MIB),
+                entry(Action::Alloc, BASE + 20 * MIB, 4 * MIB),
+            ],
+            vec![grown_by_a_map()],
+        );
+        assert_eq!(rec.figures().start_reserved_bytes, 20 * MIB);
+        let (blocks, ranges) = start_of(&rec);
+        assert_eq!(blocks, [(BASE, 20 * MIB, true, None)]);
+        assert_eq!(ranges, [(BASE, 1)]);
+        let out = replayed(&rec);
+        assert_eq!(out.allocs_at_recorded_addr, 1);
+        assert_eq!(out.stats.counts.num_device_alloc, 1);
+        assert_eq!(out.stats.reserved_bytes.all.peak as u64, 40 * MIB);
+    }
+
+    /// Pages the trace unmaps were mapped at its start, holding the blocks it frees, in the run
+    /// they touch; `empty_cache()` unmaps them again.
+    #[test]
+    fn pages_unmapped_in_the_trace_are_mapped_at_its_start() {
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, BASE + 20 * MIB, 4 * MIB),
+                entry(Action::SegmentUnmap, BASE + 20 * MIB, 20 * MIB),
+            ],
+            vec![run(
+                BASE,
+                20 * MIB,
+                0,
+                &[(0, 4 * MIB, 4 * MIB, true), (4 * MIB, 16 * MIB, 0, false)],
+            )],
+        );
+        let (blocks, ranges) = start_of(&rec);
+        assert_eq!(
+            blocks,
+            [
+                (BASE, 4 * MIB, true, None),
+                (BASE + 4 * MIB, 16 * MIB, false, None),
+                (BASE + 20 * MIB, 4 * MIB, true, Some(0)),
+                (BASE + 24 * MIB, 16 * MIB, false, None),
+            ]
+        );
+        assert_eq!(ranges, [(BASE, 1)], "one run of 40 MiB");
+        let out = replayed(&rec);
+        assert_eq!((out.frees, out.empty_cache_calls), (1, 1));
+        assert_eq!(out.stats.counts.num_device_free, 1);
+        assert_eq!(out.stats.reserved_bytes.all.current as u64, 20 * MIB);
+    }
+
+    /// Pages mapped again by undoing an unmap that touch no run are the large pool's (whole
+    /// 20 MiB pages) until a block placed in them says otherwise.
+    #[test]
+    fn an_unmapped_runs_pool_is_told_by_its_blocks() {
+        let small = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, small + 512, 512),
+                entry(Action::SegmentUnmap, small, 20 * MIB),
+            ],
+            vec![run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)])],
+        );
+        let start = rec.faithful().unwrap().start;
+        let pools: Vec<_> = start.ranges.iter().map(|r| (r.addr, r.pool)).collect();
+        use crate::pool::PoolKind::{Large, Small};
+        assert_eq!(pools, [(BASE, Large), (small, Small)]);
+        // Not whole large pages: the small pool's at once.
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, small, 6 * MIB)],
+            vec![run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)])],
+        );
+        let start = rec.faithful().unwrap().start;
+        assert_eq!(start.ranges[1].pool, Small);
+    }
+
+    /// A range reserved during the recording goes where the recording's driver put it, though
+    /// the trace maps pages of a range that was there before it first: that map reserves
+    /// nothing.
+    #[test]
+    fn ranges_reserved_before_the_trace_are_not_reserved_again() {
+        let later = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                on(0, Action::SegmentMap, BASE + 20 * MIB, 20 * MIB),
+                on(0, Action::Alloc, BASE + 20 * MIB, 4 * MIB),
+                on(1, Action::SegmentMap, later, 20 * MIB),
+                on(1, Action::Alloc, later, 4 * MIB),
+            ],
+            vec![
+                grown_by_a_map(),
+                run(
+                    later,
+                    20 * MIB,
+                    1,
+                    &[(0, 4 * MIB, 4 * MIB, true), (4 * MIB, 16 * MIB, 0, false)],
+                ),
+            ],
+        );
+        let f = rec.faithful().unwrap();
+        let hints = crate::trace::ranges::range_hints(&f.range_changes, None);
+        assert_eq!(hints.addresses(), [later]);
+        let out = replayed(&rec);
+        assert_eq!(out.allocs_at_recorded_addr, 2);
+        assert_eq!(out.stats.counts.num_device_alloc, 2);
+    }
+
+    /// A recording whose walk meets pages that cannot be so is refused, naming the entry.
+    #[test]
+    fn impossible_pages_are_refused_by_entry() {
+        let end = vec![run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)])];
+        let cases = [
+            (
+                vec![
+                    entry(Action::SegmentMap, BASE, 20 * MIB),
+                    entry(Action::FreeCompleted, BASE, 2 * MIB),
+                ],
+                "entry 0: segment_map at 0x7f0000000000, but the block at 0x7f0000000000 in its \
+                 pages is live later",
+            ),
+            (
+                vec![entry(Action::SegmentMap, BASE + 20 * MIB, 20 * MIB)],
+                "entry 0: segment_map of 20971520 bytes at 0x7f0001400000, but those pages are \
+                 not all mapped later",
+            ),
+            (
+                vec![entry(Action::SegmentUnmap, BASE, 20 * MIB)],
+                "entry 0: segment_unmap of 20971520 bytes at 0x7f0000000000, but the pages at \
+                 0x7f0000000000 are mapped later",
+            ),
+            (
+                vec![entry(Action::FreeCompleted, BASE, 512)],
+                "entry 0: free at 0x7f0000000000 of 512 bytes, a small pool block, in pages of \
+                 the large pool",
+            ),
+            (
+                vec![entry(Action::FreeCompleted, BASE + 19 * MIB, 2 * MIB)],
+                "reaches past the mapped pages, which end at 0x7f0001400000",
+            ),
+        ];
+        for (entries, want) in cases {
+            let rec = recording(entries, end.clone());
+            let err = rec.faithful().unwrap_err().to_string();
+            assert!(err.contains(want), "{err}\nwants: {want}");
+        }
+    }
+}
