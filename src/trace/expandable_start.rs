@@ -1,6 +1,6 @@
-//! The start state of an expandable-segments recording that begins mid-run (its ring buffer
-//! wrapped, or recording began after warm-up): the runs of mapped pages and their blocks at
-//! trace start, found by the backward walk of `start_state` from the snapshot's runs, then
+//! The start state of an expandable-segments recording that begins mid-run (its history
+//! buffer wrapped, or recording began after warm-up): the runs of mapped pages and their blocks
+//! at trace start, found by the backward walk of `start_state` from the snapshot's runs, then
 //! placed in ranges.
 //!
 //! What the walk undoes in a run of mapped pages:
@@ -12,22 +12,95 @@
 //!   join the runs of the same stream they touch, never across a place where two of the
 //!   snapshot's runs meet (two ranges meet there: the snapshot shows a range's adjacent mapped
 //!   pages as one run), and take their pool. Pages that touch no run are the small pool's when
-//!   they are not whole 20 MiB pages; otherwise their pool is a guess, the large pool's, until a
-//!   block or a map placed in them says which (a small-pool block is at most 1 MiB, a
-//!   small-pool map one 2 MiB page).
+//!   they are not whole 20 MiB pages; else they take, as a guess, the pool of pages seen at
+//!   their place later in the recording (a map, a snapshot's run: a guess, since a range given
+//!   back and reserved again may hold the other pool's pages there), else of the nearer of the
+//!   pages of their stream seen next to them each way that could share a range with them (a
+//!   large range's pages lie whole 20 MiB pages apart), else the large pool's. A guess stands
+//!   until a block or a map placed in the pages says which (a small-pool block is at most
+//!   1 MiB, a small-pool map one 2 MiB page).
 //!
-//! The runs at the start are placed in ranges as a snapshot's are (`infer_ranges`), on the
-//! device memory a faithful replay sizes ranges with: the one `range_hints` finds when it is
-//! told of these ranges (`RangeChange::Adopt`, before the recording's own changes).
+//! The runs at the start are placed in ranges as a snapshot's are (`infer_ranges`), and
+//! `range_hints` is told of them (`RangeChange::Adopt`, before the recording's own changes), so
+//! that their pages' maps reserve nothing. A range's pages may have been unmapped below its
+//! lowest run when the recording began: a map of its pool and stream below it, with no range
+//! between, shows how far down it reaches (`range_hints` lowers it), and it is placed again
+//! from there. Its size comes from the device memory: the capacity the recording implies, else
+//! the one the ranges reserved in the recording imply (a range there before the recording bounds
+//! the ones below it, not its own size: its start may lie lower), read again until both settle.
+//! It ends short of a range the recording reserves while it is kept.
+//!
+//! What a recording cut mid-run cannot show, and so a replay of it may not reproduce: the pool
+//! of wholly free pages it only unmaps, when nothing around them tells; and a range's pages
+//! below every page of it the recording maps, which a request could have reached (a map there,
+//! or an out-of-memory error for want of it). tests/expandable_cuts.rs measures how often.
 
 use std::collections::BTreeMap;
 
 use super::expandable_state::{Occupied, SeedRange, infer_ranges};
-use super::ranges::{RangeChange, range_hints};
+use super::ranges::{RangeChange, Reservation, range_hints};
 use super::recording::DeviceRecording;
 use super::start_state::{SeedSegment, StartState, Walk, WalkBlock, WalkSegment};
-use crate::pool::rounding::{SMALL_BUFFER, SMALL_SIZE, round_size};
-use crate::pool::{PoolKind, Settings, StreamId, page_size};
+use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER, pool_for, round_size};
+use crate::pool::{PoolKind, Settings, StreamId, page_size, pool_with_page};
+
+/// Pages of expandable segments the walk has seen (a snapshot's runs, the maps it undid), with
+/// their pool: what tells the pool of pages mapped again by undoing an unmap.
+#[derive(Debug, Default)]
+pub(super) struct PagesSeen {
+    /// `(stream, start)` → `(end, pool)`.
+    pages: BTreeMap<(StreamId, u64), (u64, PoolKind)>,
+}
+
+impl PagesSeen {
+    pub(super) fn note(&mut self, stream: StreamId, addr: u64, end: u64, pool: PoolKind) {
+        self.pages.insert((stream, addr), (end, pool));
+    }
+
+    /// The pool of `addr..end` on `stream`, and whether it is a guess.
+    fn pool_of(&self, stream: StreamId, addr: u64, end: u64) -> Option<(PoolKind, bool)> {
+        if !(end - addr).is_multiple_of(LARGE_BUFFER) {
+            return Some((PoolKind::Small, false));
+        }
+        let seen = |(&(_, start), &(seen_end, pool)): (&(StreamId, u64), &(u64, PoolKind))| {
+            (start, seen_end, pool)
+        };
+        let mut below = self.pages.range((stream, 0)..(stream, end)).rev().map(seen);
+        let mut above = self
+            .pages
+            .range((stream, end)..=(stream, u64::MAX))
+            .map(seen);
+        // Pages seen at this place (later: a range given back and reserved again may have put
+        // the other pool's pages there since, so this too is a guess).
+        let mut below = below.by_ref().peekable();
+        if let Some(&(_, seen_end, pool)) = below.peek()
+            && seen_end > addr
+        {
+            return Some((pool, true));
+        }
+        // Else the nearer of the pages seen next to these each way, if they could lie in one
+        // range with them (a large range's pages lie whole 20 MiB pages apart). (Looking past
+        // the next pages each way for some that could made more cut recordings depart in
+        // tests/expandable_cuts.rs's long sweep: 68 of 48,203 against 59.)
+        let could_share = |&(start, _, pool): &(u64, u64, PoolKind)| {
+            pool == PoolKind::Small || start.abs_diff(addr).is_multiple_of(LARGE_BUFFER)
+        };
+        let distance = |&(start, seen_end, _): &(u64, u64, PoolKind)| {
+            if start >= end {
+                start - end
+            } else {
+                addr - seen_end.min(addr)
+            }
+        };
+        let below = below.next().filter(could_share);
+        let above = above.next().filter(could_share);
+        [below, above]
+            .into_iter()
+            .flatten()
+            .min_by_key(distance)
+            .map(|(_, _, pool)| (pool, true))
+    }
+}
 
 impl Walk {
     /// Undo a free in a run of mapped pages: the block reappears, exactly its rounded size.
@@ -40,22 +113,24 @@ impl Walk {
         let (start, run) = self.segment_at(addr)?;
         let rounded = round_size(settings, requested);
         let end = addr.saturating_add(rounded);
-        let block_pool = if rounded <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
+        let block_pool = pool_for(rounded);
         if run.pool != block_pool {
             if !run.pool_guessed {
                 return Err(format!(
-                    "free at {addr:#x} of {requested} bytes, a {} block, in pages of the {}",
-                    pool_name(block_pool),
-                    pool_name(run.pool)
+                    "free at {addr:#x} of {requested} bytes, a {} pool block, in pages of the {} \
+                     pool",
+                    block_pool.name(),
+                    run.pool.name()
                 ));
             }
             run.pool = block_pool;
         }
         run.pool_guessed = false;
+        if run.blocks.contains_key(&addr) {
+            return Err(format!(
+                "free at {addr:#x}, but a block is still live there"
+            ));
+        }
         if let Some((&other, b)) = run.blocks.range(..end).next_back()
             && other + b.size > addr
         {
@@ -90,6 +165,7 @@ impl Walk {
         size: u64,
         stream: StreamId,
     ) -> Result<(), String> {
+        let map_pool = whole_pages("segment_map", addr, size)?;
         let end = addr + size;
         let covering = self.covering(addr, end);
         // Mapped from `addr` on, without a gap.
@@ -106,12 +182,6 @@ impl Walk {
                  later"
             ));
         }
-        // A small-pool map is one 2 MiB page; any other length is a run of large pages.
-        let map_pool = if size == SMALL_BUFFER {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
         for &(start, _) in &covering {
             let run = &self.segments[&start];
             if !run.expandable {
@@ -128,9 +198,10 @@ impl Walk {
             }
             if !run.pool_guessed && run.pool != map_pool {
                 return Err(format!(
-                    "segment_map of {size} bytes at {addr:#x} (the {}'s pages) in pages of the {}",
-                    pool_name(map_pool),
-                    pool_name(run.pool)
+                    "segment_map of {size} bytes at {addr:#x} (the {} pool's pages) in pages of \
+                     the {} pool",
+                    map_pool.name(),
+                    run.pool.name()
                 ));
             }
             if let Some((&b, _)) = run
@@ -144,6 +215,7 @@ impl Walk {
                 ));
             }
         }
+        self.seen.note(stream, addr, end, map_pool);
         for (start, run_end) in covering {
             let mut run = self.segments.remove(&start).expect("found above");
             if run.pool_guessed {
@@ -174,6 +246,7 @@ impl Walk {
         size: u64,
         stream: StreamId,
     ) -> Result<(), String> {
+        whole_pages("segment_unmap", addr, size)?;
         let end = addr + size;
         if let Some(&(start, _)) = self.covering(addr, end).first() {
             return Err(format!(
@@ -198,10 +271,10 @@ impl Walk {
             .map(|run| (run.pool, run.pool_guessed));
         let (pool, pool_guessed) = match (below, above) {
             (Some((_, pool, guessed)), _) | (None, Some((pool, guessed))) => (pool, guessed),
-            (None, None) if !size.is_multiple_of(page_size(PoolKind::Large)) => {
-                (PoolKind::Small, false)
-            }
-            (None, None) => (PoolKind::Large, true),
+            (None, None) => self
+                .seen
+                .pool_of(stream, addr, end)
+                .unwrap_or((PoolKind::Large, true)),
         };
         let mut run = WalkSegment {
             size,
@@ -250,6 +323,19 @@ impl Walk {
     }
 }
 
+/// The pool whose pages `size` bytes mapped or unmapped by `action` at `addr` are: a small-pool
+/// map is one 2 MiB page, and any other length a run of 20 MiB large-pool pages (an unmap of
+/// whole 2 MiB pages may be either: the small pool's is told). An error unless whole pages.
+fn whole_pages(action: &str, addr: u64, size: u64) -> Result<PoolKind, String> {
+    if size == 0 || !size.is_multiple_of(SMALL_BUFFER) {
+        return Err(format!(
+            "{action} of {size} bytes at {addr:#x}: not whole pages (2 MiB in the small pool, \
+             20 MiB in the large)"
+        ));
+    }
+    Ok(pool_with_page(size).unwrap_or(PoolKind::Large))
+}
+
 impl WalkSegment {
     /// Its description without size or blocks.
     fn clone_empty(&self) -> Self {
@@ -264,13 +350,6 @@ impl WalkSegment {
     }
 }
 
-fn pool_name(pool: PoolKind) -> &'static str {
-    match pool {
-        PoolKind::Small => "small pool",
-        PoolKind::Large => "large pool",
-    }
-}
-
 /// The ranges that hold `runs`, the runs of mapped pages at the start of `rec` (next to its
 /// `segments` at the start).
 pub(super) fn start_ranges(
@@ -281,42 +360,77 @@ pub(super) fn start_ranges(
     if runs.is_empty() {
         return Vec::new();
     }
-    // A run keeps the private pool of the snapshot's run at its address.
-    let private: BTreeMap<u64, Option<(u64, u64)>> = rec
-        .segments
-        .iter()
-        .filter(|s| s.is_expandable)
-        .map(|s| (s.address, s.private_pool))
-        .collect();
     let occupied: Vec<Occupied> = segments
         .iter()
-        .map(|s| (s.addr, None))
+        .map(|s| (s.addr, s.addr + s.size, None))
         .chain(runs.iter().map(|r| {
-            let pool_id = private.get(&r.addr).copied().flatten();
-            (r.addr, Some((r.pool, r.stream, pool_id)))
+            let group = (r.pool, r.stream, private_pool(rec, r));
+            (r.addr, r.addr + r.size, Some(group))
         }))
         .collect();
     let capacity = rec.capacity().and_then(|c| c.replay_capacity());
     let changes = rec.range_changes();
-    let mut memory = range_hints(&changes, capacity)
-        .device_total
-        .or(capacity)
-        .unwrap_or(u64::MAX);
-    let mut ranges = infer_ranges(&occupied, runs.clone(), memory);
-    // The ranges bound the memory too: read again under what they imply, until it settles.
+    let hints_for = |ranges: &[SeedRange]| {
+        let told: Vec<RangeChange> = adopted(ranges).into_iter().chain(changes.clone()).collect();
+        range_hints(&told, capacity)
+    };
+    let mut memory = capacity.unwrap_or(u64::MAX);
+    // The first run of a range → where the range reaches down to.
+    let mut floors: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut ranges = infer_ranges(&occupied, runs.clone(), memory, &floors);
     for _ in 0..4 {
-        let told: Vec<RangeChange> = adopted(&ranges)
-            .into_iter()
-            .chain(changes.clone())
-            .collect();
-        let again = range_hints(&told, capacity).device_total.unwrap_or(memory);
-        if again == memory {
+        let hints = hints_for(&ranges);
+        let before = (memory, floors.clone());
+        let lowered = ranges
+            .iter()
+            .zip(hints.reservations.iter().filter(|r| r.adopted))
+            .filter(|(range, r)| r.addr < range.addr)
+            .map(|(range, r)| (range.runs[0].addr, r.addr));
+        floors.extend(lowered);
+        memory = hints.device_total.or(capacity).unwrap_or(memory);
+        if (memory, &floors) == (before.0, &before.1) {
             break;
         }
-        memory = again;
-        ranges = infer_ranges(&occupied, runs.clone(), memory);
+        ranges = infer_ranges(&occupied, runs.clone(), memory, &floors);
     }
+    let hints = hints_for(&ranges);
+    end_below_later_ranges(&mut ranges, &hints.reservations);
     ranges
+}
+
+/// A range there before the recording ends short of where the recording reserves another
+/// range while it is kept: its real start may lie lower, its end too.
+fn end_below_later_ranges(ranges: &mut [SeedRange], reservations: &[Reservation]) {
+    let adopted = reservations.iter().filter(|r| r.adopted);
+    for (range, kept) in ranges.iter_mut().zip(adopted) {
+        let until = kept.given_back.unwrap_or(usize::MAX);
+        let last_end = range.runs.last().map_or(range.addr, |r| r.addr + r.size);
+        let next = reservations
+            .iter()
+            .filter(|r| !r.adopted && r.reserved < until && r.addr >= last_end)
+            .map(|r| r.addr)
+            .min();
+        if let Some(next) = next {
+            let page = page_size(range.pool);
+            let room = ((next - range.addr) / page * page).max(last_end - range.addr);
+            if room < range.size {
+                range.size = room;
+                range.cut_short = true;
+            }
+        }
+    }
+}
+
+/// The private pool of the snapshot's run that holds the start of `run`, if any.
+fn private_pool(rec: &DeviceRecording, run: &SeedSegment) -> Option<(u64, u64)> {
+    rec.segments
+        .iter()
+        .find(|s| {
+            s.is_expandable
+                && s.address <= run.addr
+                && run.addr < s.address.saturating_add(s.total_size)
+        })
+        .and_then(|s| s.private_pool)
 }
 
 /// The changes that tell `range_hints` of `ranges`, there before the recording.
@@ -346,8 +460,8 @@ impl StartState {
 #[cfg(test)]
 mod tests {
     use crate::pool::StreamId;
-    use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
-    use crate::trace::recording::{Action, DeviceRecording, RecordedSegment, TraceEntry};
+    use crate::trace::fixtures::{BASE, MIB, at, entry, recording, segment};
+    use crate::trace::recording::{Action, CallSite, DeviceRecording, RecordedSegment, TraceEntry};
     use crate::trace::{ReplayConfig, ReplayOutcome, replay_faithful};
 
     const GIB: u64 = 1 << 30;
@@ -486,6 +600,137 @@ mod tests {
         );
         let start = rec.faithful().unwrap().start;
         assert_eq!(start.ranges[1].pool, Small);
+    }
+
+    /// Wholly free pages the trace only unmaps take the pool of pages seen at their place
+    /// later, else of the nearest pages of their stream that could share a range with them.
+    #[test]
+    fn an_unmapped_runs_pool_is_told_by_pages_around_it() {
+        use crate::pool::PoolKind::{Large, Small};
+        let far = BASE + 100 * GIB;
+        let pool_at = |rec: &DeviceRecording, addr: u64| {
+            let start = rec.faithful().unwrap().start;
+            let range = start
+                .ranges
+                .iter()
+                .find(|r| r.runs.iter().any(|x| x.addr == addr));
+            range.map(|r| r.pool)
+        };
+        // The same pages mapped again later, one small page.
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                entry(Action::SegmentMap, far, 2 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(far, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
+            ],
+        );
+        assert_eq!(pool_at(&rec, far), Some(Small));
+        // A small run of the stream nearer than the large one; one of another stream nearer
+        // still does not count.
+        let near = far + 60 * MIB;
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(far - 6 * MIB, 2 * MIB, 1, &[(0, 2 * MIB, 512, true)]),
+                run(near, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+            ],
+        );
+        assert_eq!(pool_at(&rec, far), Some(Small));
+        // A large run next to it, but not whole large pages away: it cannot share a range.
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
+            vec![
+                run(BASE, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+                run(
+                    far + 22 * MIB,
+                    20 * MIB,
+                    0,
+                    &[(0, 20 * MIB, 20 * MIB, true)],
+                ),
+            ],
+        );
+        assert_eq!(pool_at(&rec, far), Some(Small));
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
+            vec![run(
+                far + 40 * MIB,
+                20 * MIB,
+                0,
+                &[(0, 20 * MIB, 20 * MIB, true)],
+            )],
+        );
+        assert_eq!(pool_at(&rec, far), Some(Large));
+    }
+
+    /// A range's pages unmapped before the recording and mapped again in it lie below its
+    /// lowest run at the start: the range reaches down to them, and the replay maps them where
+    /// the recording did.
+    #[test]
+    fn a_range_reaches_down_to_pages_mapped_below_it() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 20 * MIB),
+                entry(Action::SegmentMap, BASE + 40 * MIB, 100 * MIB),
+                entry(Action::Alloc, BASE + 40 * MIB, 100 * MIB),
+            ],
+            vec![run(
+                BASE,
+                140 * MIB,
+                0,
+                &[
+                    (0, 20 * MIB, 20 * MIB, true),
+                    (20 * MIB, 20 * MIB, 20 * MIB, true),
+                    (40 * MIB, 100 * MIB, 100 * MIB, true),
+                ],
+            )],
+        );
+        let start = rec.faithful().unwrap().start;
+        let ranges: Vec<_> = start
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.runs[0].addr))
+            .collect();
+        assert_eq!(ranges, [(BASE, BASE + 20 * MIB)]);
+        let out = replayed(&rec);
+        assert_eq!(out.allocs_at_recorded_addr, 2);
+        assert_eq!(out.stats.counts.num_device_alloc, 2);
+        assert_eq!(out.stats.reserved_bytes.all.peak as u64, 140 * MIB);
+    }
+
+    /// A range all of whose pages `empty_cache()` unmaps is given back; pages mapped at its
+    /// place afterwards reserve a range again (where the recording's was).
+    #[test]
+    fn a_range_given_back_in_the_trace_is_reserved_again() {
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, BASE, 30 * MIB),
+                at(Action::SegmentUnmap, BASE, 40 * MIB, CallSite::EmptyCache),
+                entry(Action::SegmentMap, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 10 * MIB),
+                entry(Action::SegmentMap, BASE + 20 * MIB, 40 * MIB),
+                entry(Action::Alloc, BASE + 10 * MIB, 40 * MIB),
+            ],
+            vec![run(
+                BASE,
+                60 * MIB,
+                0,
+                &[
+                    (0, 10 * MIB, 10 * MIB, true),
+                    (10 * MIB, 40 * MIB, 40 * MIB, true),
+                    (50 * MIB, 10 * MIB, 0, false),
+                ],
+            )],
+        );
+        let out = replayed(&rec);
+        assert_eq!(out.allocs_at_recorded_addr, 2);
+        assert_eq!(out.empty_cache_calls, 1);
+        let counts = &out.stats.counts;
+        assert_eq!((counts.num_device_alloc, counts.num_device_free), (2, 1));
     }
 
     /// A range reserved during the recording goes where the recording's driver put it, though

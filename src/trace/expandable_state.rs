@@ -14,6 +14,7 @@
 use super::recording::DeviceRecording;
 use super::start_state::SeedSegment;
 use crate::pool::{MappedRunSeed, PoolKind, RangeSeed, StreamId, page_size, range_size};
+use std::collections::BTreeMap;
 
 /// An expandable segment in a state: its (inferred) reserved range and its runs of mapped
 /// pages, in address order, each with the range's stream and pool.
@@ -59,9 +60,9 @@ impl SeedRange {
 /// What keeps runs apart: runs of one group may share a range, runs of two never do.
 pub(crate) type Group = (PoolKind, StreamId, Option<(u64, u64)>);
 
-/// Where a segment of a state begins, and the group of a run of mapped pages (`None` for a
-/// segment of its own).
-pub(crate) type Occupied = (u64, Option<Group>);
+/// Where a segment of a state begins and ends, and the group of a run of mapped pages (`None`
+/// for a segment of its own).
+pub(crate) type Occupied = (u64, u64, Option<Group>);
 
 /// The segments of `rec`'s snapshot, as `infer_ranges` takes them.
 pub(crate) fn end_state_groups(rec: &DeviceRecording) -> Vec<Occupied> {
@@ -71,7 +72,7 @@ pub(crate) fn end_state_groups(rec: &DeviceRecording) -> Vec<Occupied> {
             let group = s
                 .is_expandable
                 .then_some((s.pool, s.stream, s.private_pool));
-            (s.address, group)
+            (s.address, s.address.saturating_add(s.total_size), group)
         })
         .collect()
 }
@@ -80,28 +81,37 @@ pub(crate) fn end_state_groups(rec: &DeviceRecording) -> Vec<Occupied> {
 /// any order), on a device of `device_memory` bytes. `occupied` is every segment of the state,
 /// runs included, in any order; a run takes the group `occupied` gives at its address, else
 /// its own pool and stream.
+///
+/// `floors` lowers the start of a range: a range whose first run begins at a key begins at its
+/// value instead (pages of the range seen below its runs), unless another segment lies between.
 pub(crate) fn infer_ranges(
     occupied: &[Occupied],
     runs: Vec<SeedSegment>,
     device_memory: u64,
+    floors: &BTreeMap<u64, u64>,
 ) -> Vec<SeedRange> {
     let mut occupied = occupied.to_vec();
-    occupied.sort_unstable_by_key(|&(start, _)| start);
+    occupied.sort_unstable_by_key(|&(start, _, _)| start);
     let group_of = |addr: u64| {
-        let i = occupied.partition_point(|&(start, _)| start < addr);
+        let i = occupied.partition_point(|&(start, _, _)| start < addr);
         occupied
             .get(i)
-            .filter(|&&(start, _)| start == addr)
-            .and_then(|&(_, group)| group)
+            .filter(|&&(start, _, _)| start == addr)
+            .and_then(|&(_, _, group)| group)
     };
     // The start of the first segment of another group at or after `from` (below `to`).
     let foreign_start = |group: Group, from: u64, to: u64| {
-        let i = occupied.partition_point(|&(start, _)| start < from);
+        let i = occupied.partition_point(|&(start, _, _)| start < from);
         occupied[i..]
             .iter()
-            .take_while(|&&(start, _)| start < to)
-            .find(|&&(_, g)| g != Some(group))
-            .map(|&(start, _)| start)
+            .take_while(|&&(start, _, _)| start < to)
+            .find(|&&(_, _, g)| g != Some(group))
+            .map(|&(start, _, _)| start)
+    };
+    // Whether a segment lies across any of `from..to`.
+    let taken = |from: u64, to: u64| {
+        let i = occupied.partition_point(|&(start, _, _)| start < to);
+        occupied[..i].iter().any(|&(_, end, _)| end > from)
     };
     let mut grouped: Vec<(Group, SeedSegment)> = runs
         .into_iter()
@@ -128,10 +138,20 @@ pub(crate) fn infer_ranges(
                 continue;
             }
         }
+        // Whole pages below, with no segment in the way.
+        let addr = floors
+            .get(&run.addr)
+            .copied()
+            .filter(|&floor| {
+                floor < run.addr
+                    && (run.addr - floor).is_multiple_of(page)
+                    && !taken(floor, run.addr)
+            })
+            .unwrap_or(run.addr);
         ranges.push((
             group,
             SeedRange {
-                addr: run.addr,
+                addr,
                 size: 0,
                 stream: run.stream,
                 pool: run.pool,

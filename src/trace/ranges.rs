@@ -26,6 +26,11 @@
 //! the range's size settles it (a range ends 1⅛ of the memory after its start); `range_hints`
 //! first finds the ranges without it, takes the memory they imply (or the capacity, if
 //! smaller), and reads the maps again under that size.
+//!
+//! A recording that begins mid-run has ranges before its first entry: the rebuilt start state's
+//! (`RangeChange::Adopt`, placed first). Every map of a pool and stream inside such a range is
+//! its own, and a map just below it (no range between) shows that it reaches down there. Its
+//! start being a lower bound, it bounds the memory only as the upper of two ranges.
 
 use crate::pool::{PoolKind, StreamId, page_size, pool_with_page, range_size};
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,6 +69,8 @@ pub enum RangeChange {
 /// (2 MiB small, 20 MiB large), and for how long it was kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reservation {
+    /// Its start; for a range there before the recording, as far down as its pages reach, at
+    /// the start or in the recording.
     pub addr: u64,
     pub page: u64,
     /// The index among the recording's range changes of its `range_reserve`, or where that is
@@ -252,6 +259,8 @@ struct LiveRange {
     limit: u64,
     /// Its place in the list of reservations.
     reservation: usize,
+    /// It was there before the recording (`RangeChange::Adopt`).
+    adopted: bool,
 }
 
 /// The ranges reserved by `changes`, in order; `total`, the device's memory when known, bounds
@@ -277,6 +286,21 @@ fn find_ranges(changes: &[RangeChange], total: Option<u64>) -> Vec<Reservation> 
                     range.end = range.end.max(end);
                     continue;
                 }
+                // Below a range there before the recording, of its pool and stream, with no
+                // range between: pages it had unmapped before (its start was known only as
+                // far down as its pages then reached). It reaches down here.
+                if let Some((&start, range)) = live.range(addr..).next()
+                    && range.adopted
+                    && range.pool == pool
+                    && range.stream == stream
+                    && addr < start
+                {
+                    let mut range = live.remove(&start).expect("found above");
+                    range.mapped = range.mapped.saturating_add(size);
+                    starts[range.reservation].addr = addr;
+                    live.insert(addr, range);
+                    continue;
+                }
                 // A range live at this address was given back without a trace entry.
                 if let Some(gone) = live.remove(&addr) {
                     starts[gone.reservation].given_back = Some(at);
@@ -293,6 +317,7 @@ fn find_ranges(changes: &[RangeChange], total: Option<u64>) -> Vec<Reservation> 
                         end,
                         limit,
                         reservation: starts.len(),
+                        adopted: false,
                     },
                 );
                 starts.push(Reservation {
@@ -321,6 +346,7 @@ fn find_ranges(changes: &[RangeChange], total: Option<u64>) -> Vec<Reservation> 
                         end,
                         limit: end,
                         reservation: starts.len(),
+                        adopted: true,
                     },
                 );
                 starts.push(Reservation {
@@ -380,7 +406,12 @@ pub fn total_from_reservations(reservations: &[Reservation]) -> Option<u64> {
         }
     }
     moments.sort_unstable();
+    // A range there before the recording may begin below where its pages were seen: it bounds
+    // the ranges below it, not its own size.
     let fit = |lower: &Reservation, upper: &Reservation| {
+        if lower.adopted {
+            return None;
+        }
         let gap = upper.addr.checked_sub(lower.addr).filter(|&g| g > 0)?;
         Some(memory_fitting(lower, gap))
     };

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::error::TraceError;
-use super::expandable_start::start_ranges;
+use super::expandable_start::{PagesSeen, start_ranges};
 use super::expandable_state::{SeedRange, end_state_groups, infer_ranges};
 use super::recording::{Action, DeviceRecording};
 use super::workload::AllocId;
@@ -82,7 +82,7 @@ impl SeedSegment {
 pub struct StartState {
     /// Segments in address order.
     pub segments: Vec<SeedSegment>,
-    /// Expandable segments (only in a snapshot's end state), in address order.
+    /// Expandable segments, in address order.
     pub ranges: Vec<SeedRange>,
 }
 
@@ -296,7 +296,12 @@ pub fn end_state(rec: &DeviceRecording, device_memory: u64) -> Result<StartState
             ),
         )
     })?;
-    state.ranges = infer_ranges(&end_state_groups(rec), runs, device_memory);
+    state.ranges = infer_ranges(
+        &end_state_groups(rec),
+        runs,
+        device_memory,
+        &BTreeMap::new(),
+    );
     Ok(state)
 }
 
@@ -305,6 +310,8 @@ pub(super) struct Walk {
     /// Where two of the end state's runs of mapped pages meet: two ranges meet there (a
     /// snapshot shows a range's adjacent mapped pages as one run), so no run grows across it.
     pub(super) joints: BTreeSet<u64>,
+    /// The pages of expandable segments seen so far, with their pool.
+    pub(super) seen: PagesSeen,
 }
 
 impl Walk {
@@ -408,7 +415,15 @@ impl Walk {
                 joints.insert(next);
             }
         }
-        Ok(Self { segments, joints })
+        let mut seen = PagesSeen::default();
+        for (&addr, run) in segments.iter().filter(|(_, s)| s.expandable) {
+            seen.note(run.stream, addr, addr + run.size, run.pool);
+        }
+        Ok(Self {
+            segments,
+            joints,
+            seen,
+        })
     }
 
     pub(super) fn segment_at(&mut self, addr: u64) -> Result<(u64, &mut WalkSegment), String> {
@@ -436,10 +451,10 @@ impl Walk {
     }
 
     fn undo_free(&mut self, addr: u64, requested: u64, settings: &Settings) -> Result<(), String> {
-        if self.segment_at(addr)?.1.expandable {
+        let (seg_start, seg) = self.segment_at(addr)?;
+        if seg.expandable {
             return self.undo_free_in_run(addr, requested, settings);
         }
-        let (seg_start, seg) = self.segment_at(addr)?;
         let seg_end = seg_start + seg.size;
         let rounded = round_size(settings, requested);
         let next_start = seg.blocks.range(addr..).next().map_or(seg_end, |(&a, _)| a);
