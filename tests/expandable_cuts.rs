@@ -6,14 +6,17 @@
 //! off between two of the program's calls, at every third such place, and each cut recording —
 //! which begins with pages mapped, blocks live and ranges whose lowest pages may be unmapped —
 //! must replay exactly too: peak reserved, maps, unmaps, retries, the out-of-memory point and
-//! every allocation's address, on the recording's device.
+//! every allocation's address. The replay is given the recording's device size, as a user who
+//! knows the GPU would give `--capacity` (without it the capacity is inferred from the cut
+//! recording, which a cut that leaves no out-of-memory error can only bracket).
 //!
 //! `CACHEALLOC_CUT_SEEDS` (default 3, which must all replay exactly) sets the recordings per
 //! shape. A longer sweep meets what a cut recording cannot show: pages that were mapped, wholly
-//! free, when the recording began and that it only unmaps, with nothing in the trace to say
-//! which pool's they were, or the lowest pages of a range that it never maps again. The sweep
-//! allows at most 1 cut recording in 200 to depart
-//! (`CACHEALLOC_CUT_SEEDS=60 cargo test --release --test expandable_cuts`: 59 of 48,203).
+//! free, when the recording began and that it only unmaps, whose pool is then a guess, and the
+//! lowest pages of a range that it never maps again; and where such a guess is wrong, device
+//! memory estimated from ranges placed wrong. The sweep allows at most 1 cut recording in 800
+//! to depart (`CACHEALLOC_CUT_SEEDS=60 cargo test --release --test expandable_cuts`: 27 of
+//! 48,203; 160 seeds: 117 of 128,655).
 
 use cachealloc::pool::{BlockState as PoolBlockState, DeviceId, PoolEvent, Settings, StreamId};
 use cachealloc::trace::recording::{
@@ -313,7 +316,7 @@ fn recordings_cut_mid_run_replay_exactly() {
         ooms >= 1 && unmaps >= 20 * seeds as usize,
         "{ooms} OOMs, {unmaps} unmaps"
     );
-    let allowed = if sweep.is_some() { cuts / 200 } else { 0 };
+    let allowed = if sweep.is_some() { cuts / 800 } else { 0 };
     eprintln!(
         "{} of {cuts} cut recordings replayed exactly{}",
         cuts - failures.len(),

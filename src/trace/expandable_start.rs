@@ -16,7 +16,8 @@
 //!   their place later in the recording (a map, a snapshot's run: a guess, since a range given
 //!   back and reserved again may hold the other pool's pages there), else of the nearer of the
 //!   pages of their stream seen next to them each way that could share a range with them (a
-//!   large range's pages lie whole 20 MiB pages apart), else the large pool's. A guess stands
+//!   large range's pages lie whole 20 MiB pages apart, and no other stream's or pool's pages
+//!   lie between), else the large pool's. A guess stands
 //!   until a block or a map placed in the pages says which (a small-pool block is at most
 //!   1 MiB, a small-pool map one 2 MiB page).
 //!
@@ -27,8 +28,9 @@
 //! between, shows how far down it reaches (`range_hints` lowers it), and it is placed again
 //! from there. Its size comes from the device memory: the capacity the recording implies, else
 //! the one the ranges reserved in the recording imply (a range there before the recording bounds
-//! the ones below it, not its own size: its start may lie lower), read again until both settle.
-//! It ends short of a range the recording reserves while it is kept.
+//! the ones below it, not its own size: its start may lie lower; and no estimate below what the
+//! recording reserved is taken), read again until both settle, or the largest estimate if they
+//! go round in a circle. It ends short of a range the recording reserves while it is kept.
 //!
 //! What a recording cut mid-run cannot show, and so a replay of it may not reproduce: the pool
 //! of wholly free pages it only unmaps, when nothing around them tells; and a range's pages
@@ -38,11 +40,11 @@
 use std::collections::BTreeMap;
 
 use super::expandable_state::{Occupied, SeedRange, infer_ranges};
-use super::ranges::{RangeChange, Reservation, range_hints};
+use super::ranges::{RangeChange, Reservation, pool_of_page, range_hints};
 use super::recording::DeviceRecording;
 use super::start_state::{SeedSegment, StartState, Walk, WalkBlock, WalkSegment};
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER, pool_for, round_size};
-use crate::pool::{PoolKind, Settings, StreamId, page_size, pool_with_page};
+use crate::pool::{PoolKind, Settings, StreamId, page_size};
 
 /// Pages of expandable segments the walk has seen (a snapshot's runs, the maps it undid), with
 /// their pool: what tells the pool of pages mapped again by undoing an unmap.
@@ -50,11 +52,14 @@ use crate::pool::{PoolKind, Settings, StreamId, page_size, pool_with_page};
 pub(super) struct PagesSeen {
     /// `(stream, start)` → `(end, pool)`.
     pages: BTreeMap<(StreamId, u64), (u64, PoolKind)>,
+    /// The same pages by start alone: `start` → `(end, stream, pool)`.
+    by_addr: BTreeMap<u64, (u64, StreamId, PoolKind)>,
 }
 
 impl PagesSeen {
     pub(super) fn note(&mut self, stream: StreamId, addr: u64, end: u64, pool: PoolKind) {
         self.pages.insert((stream, addr), (end, pool));
+        self.by_addr.insert(addr, (end, stream, pool));
     }
 
     /// The pool of `addr..end` on `stream`, and whether it is a guess.
@@ -65,25 +70,35 @@ impl PagesSeen {
         let seen = |(&(_, start), &(seen_end, pool)): (&(StreamId, u64), &(u64, PoolKind))| {
             (start, seen_end, pool)
         };
-        let mut below = self.pages.range((stream, 0)..(stream, end)).rev().map(seen);
+        let mut below = self
+            .pages
+            .range((stream, 0)..(stream, end))
+            .rev()
+            .map(seen)
+            .peekable();
         let mut above = self
             .pages
             .range((stream, end)..=(stream, u64::MAX))
             .map(seen);
         // Pages seen at this place (later: a range given back and reserved again may have put
         // the other pool's pages there since, so this too is a guess).
-        let mut below = below.by_ref().peekable();
         if let Some(&(_, seen_end, pool)) = below.peek()
             && seen_end > addr
         {
             return Some((pool, true));
         }
         // Else the nearer of the pages seen next to these each way, if they could lie in one
-        // range with them (a large range's pages lie whole 20 MiB pages apart). (Looking past
-        // the next pages each way for some that could made more cut recordings depart in
-        // tests/expandable_cuts.rs's long sweep: 68 of 48,203 against 59.)
-        let could_share = |&(start, _, pool): &(u64, u64, PoolKind)| {
-            pool == PoolKind::Small || start.abs_diff(addr).is_multiple_of(LARGE_BUFFER)
+        // range with them: whole 20 MiB pages apart for a large range, and no pages of another
+        // stream or pool seen between. (Looking past the next pages each way for some that could
+        // made more cut recordings depart in tests/expandable_cuts.rs's long sweep.)
+        let could_share = |&(start, seen_end, pool): &(u64, u64, PoolKind)| {
+            let (low, high) = if start >= end {
+                (end, start)
+            } else {
+                (seen_end, addr)
+            };
+            (pool == PoolKind::Small || start.abs_diff(addr).is_multiple_of(LARGE_BUFFER))
+                && self.nothing_else_between(low, high, stream, pool)
         };
         let distance = |&(start, seen_end, _): &(u64, u64, PoolKind)| {
             if start >= end {
@@ -99,6 +114,16 @@ impl PagesSeen {
             .flatten()
             .min_by_key(distance)
             .map(|(_, _, pool)| (pool, true))
+    }
+
+    /// Whether no pages seen of another stream or pool lie across any of `low..high`.
+    fn nothing_else_between(&self, low: u64, high: u64, stream: StreamId, pool: PoolKind) -> bool {
+        let before = self.by_addr.range(..low).next_back();
+        !before.into_iter().chain(self.by_addr.range(low..high)).any(
+            |(&start, &(seen_end, s, p))| {
+                start < high && seen_end > low && (s != stream || p != pool)
+            },
+        )
     }
 }
 
@@ -165,7 +190,7 @@ impl Walk {
         size: u64,
         stream: StreamId,
     ) -> Result<(), String> {
-        let map_pool = whole_pages("segment_map", addr, size)?;
+        let map_pool = mapped_pages(addr, size)?;
         let end = addr + size;
         let covering = self.covering(addr, end);
         // Mapped from `addr` on, without a gap.
@@ -246,7 +271,7 @@ impl Walk {
         size: u64,
         stream: StreamId,
     ) -> Result<(), String> {
-        whole_pages("segment_unmap", addr, size)?;
+        unmapped_pages(addr, size)?;
         let end = addr + size;
         if let Some(&(start, _)) = self.covering(addr, end).first() {
             return Err(format!(
@@ -323,17 +348,28 @@ impl Walk {
     }
 }
 
-/// The pool whose pages `size` bytes mapped or unmapped by `action` at `addr` are: a small-pool
-/// map is one 2 MiB page, and any other length a run of 20 MiB large-pool pages (an unmap of
-/// whole 2 MiB pages may be either: the small pool's is told). An error unless whole pages.
-fn whole_pages(action: &str, addr: u64, size: u64) -> Result<PoolKind, String> {
-    if size == 0 || !size.is_multiple_of(SMALL_BUFFER) {
-        return Err(format!(
-            "{action} of {size} bytes at {addr:#x}: not whole pages (2 MiB in the small pool, \
-             20 MiB in the large)"
-        ));
+/// The pool whose pages a `segment_map` of `size` bytes at `addr` maps: the small pool maps one
+/// 2 MiB page at a time, the large pool 20 MiB pages. An error for any other length.
+fn mapped_pages(addr: u64, size: u64) -> Result<PoolKind, String> {
+    if size == SMALL_BUFFER || (size > 0 && size.is_multiple_of(LARGE_BUFFER)) {
+        return Ok(pool_of_page(size));
     }
-    Ok(pool_with_page(size).unwrap_or(PoolKind::Large))
+    Err(format!(
+        "segment_map of {size} bytes at {addr:#x}: neither one 2 MiB page (the small pool \
+         maps one at a time) nor whole 20 MiB pages (the large pool's)"
+    ))
+}
+
+/// An error unless a `segment_unmap` of `size` bytes at `addr` is whole pages (2 MiB ones at
+/// least: the small pool unmaps several at once).
+fn unmapped_pages(addr: u64, size: u64) -> Result<(), String> {
+    if size > 0 && size.is_multiple_of(SMALL_BUFFER) {
+        return Ok(());
+    }
+    Err(format!(
+        "segment_unmap of {size} bytes at {addr:#x}: not whole pages (2 MiB in the small pool, \
+         20 MiB in the large)"
+    ))
 }
 
 impl WalkSegment {
@@ -375,11 +411,16 @@ pub(super) fn start_ranges(
         range_hints(&told, capacity)
     };
     let mut memory = capacity.unwrap_or(u64::MAX);
+    // No device has less memory than the recording reserved: an estimate below that rests on
+    // ranges placed wrong, and is not taken.
+    let reserved = rec.figures().recorded_peak_reserved_bytes;
     // The first run of a range → where the range reaches down to.
     let mut floors: BTreeMap<u64, u64> = BTreeMap::new();
     let mut ranges = infer_ranges(&occupied, runs.clone(), memory, &floors);
-    for _ in 0..4 {
-        let hints = hints_for(&ranges);
+    let mut hints = hints_for(&ranges);
+    let mut estimates = Vec::new();
+    let mut settled = false;
+    for _ in 0..6 {
         let before = (memory, floors.clone());
         let lowered = ranges
             .iter()
@@ -387,13 +428,24 @@ pub(super) fn start_ranges(
             .filter(|(range, r)| r.addr < range.addr)
             .map(|(range, r)| (range.runs[0].addr, r.addr));
         floors.extend(lowered);
-        memory = hints.device_total.or(capacity).unwrap_or(memory);
+        memory = hints
+            .device_total
+            .or(capacity)
+            .filter(|&m| m >= reserved)
+            .unwrap_or(memory);
         if (memory, &floors) == (before.0, &before.1) {
+            settled = true;
             break;
         }
+        estimates.push(memory);
         ranges = infer_ranges(&occupied, runs.clone(), memory, &floors);
+        hints = hints_for(&ranges);
     }
-    let hints = hints_for(&ranges);
+    // Estimates that go round in a circle: the largest, which cuts the fewest ranges short.
+    if !settled && let Some(&largest) = estimates.iter().max() {
+        ranges = infer_ranges(&occupied, runs.clone(), largest, &floors);
+        hints = hints_for(&ranges);
+    }
     end_below_later_ranges(&mut ranges, &hints.reservations);
     ranges
 }
@@ -795,6 +847,21 @@ mod tests {
             (
                 vec![entry(Action::FreeCompleted, BASE + 19 * MIB, 2 * MIB)],
                 "reaches past the mapped pages, which end at 0x7f0001400000",
+            ),
+            (
+                vec![entry(Action::SegmentMap, BASE, 22 * MIB)],
+                "segment_map of 23068672 bytes at 0x7f0000000000: neither one 2 MiB page",
+            ),
+            (
+                vec![entry(Action::SegmentUnmap, BASE + 40 * MIB, 0)],
+                "segment_unmap of 0 bytes at 0x7f0002800000: not whole pages",
+            ),
+            (
+                vec![
+                    entry(Action::FreeCompleted, BASE, 4 * MIB),
+                    entry(Action::FreeCompleted, BASE, 4 * MIB),
+                ],
+                "entry 0: free at 0x7f0000000000, but a block is still live there",
             ),
         ];
         for (entries, want) in cases {

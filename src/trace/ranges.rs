@@ -215,7 +215,7 @@ fn range_size_in_pages(total: u64, page: u64) -> u64 {
 
 /// The pool whose expandable segments map pages of `page` bytes, or of maps `page` bytes long:
 /// the small pool maps one page at a time, and any other length is a run of large pages.
-fn pool_of_page(page: u64) -> PoolKind {
+pub(super) fn pool_of_page(page: u64) -> PoolKind {
     pool_with_page(page).unwrap_or(PoolKind::Large)
 }
 
