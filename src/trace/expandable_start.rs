@@ -89,15 +89,17 @@ impl PagesSeen {
         }
         // Else the nearer of the pages seen next to these each way, if they could lie in one
         // range with them: whole 20 MiB pages apart for a large range, and no pages of another
-        // stream or pool seen between. (Looking past the next pages each way for some that could
-        // made more cut recordings depart in tests/expandable_cuts.rs's long sweep.)
+        // stream or pool seen between. (Looking past the next pages each way for some that could,
+        // or taking these before the pages seen at this place, made more cut recordings depart
+        // in tests/expandable_cuts.rs's long sweep: 57 of 48,203 against 27 for the latter.)
         let could_share = |&(start, seen_end, pool): &(u64, u64, PoolKind)| {
             let (low, high) = if start >= end {
                 (end, start)
             } else {
                 (seen_end, addr)
             };
-            (pool == PoolKind::Small || start.abs_diff(addr).is_multiple_of(LARGE_BUFFER))
+            low <= high
+                && (pool == PoolKind::Small || start.abs_diff(addr).is_multiple_of(LARGE_BUFFER))
                 && self.nothing_else_between(low, high, stream, pool)
         };
         let distance = |&(start, seen_end, _): &(u64, u64, PoolKind)| {
