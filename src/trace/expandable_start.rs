@@ -41,7 +41,7 @@ use std::collections::BTreeMap;
 
 use super::expandable_state::{Occupied, SeedRange, infer_ranges};
 use super::ranges::{RangeChange, Reservation, pool_of_page, range_hints};
-use super::recording::DeviceRecording;
+use super::recording::{DeviceRecording, RecordedSegment};
 use super::start_state::{SeedSegment, StartState, Walk, WalkBlock, WalkSegment};
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER, pool_for, round_size};
 use crate::pool::{PoolKind, Settings, StreamId, page_size};
@@ -401,10 +401,14 @@ pub(super) fn start_ranges(
     let occupied: Vec<Occupied> = segments
         .iter()
         .map(|s| (s.addr, s.addr + s.size, None))
-        .chain(runs.iter().map(|r| {
-            let group = (r.pool, r.stream, private_pool(rec, r));
-            (r.addr, r.addr + r.size, Some(group))
-        }))
+        .chain(
+            runs.iter()
+                .zip(private_pools(rec, &runs))
+                .map(|(r, private)| {
+                    let group = (r.pool, r.stream, private);
+                    (r.addr, r.addr + r.size, Some(group))
+                }),
+        )
         .collect();
     let capacity = rec.capacity().and_then(|c| c.replay_capacity());
     let changes = rec.range_changes();
@@ -458,7 +462,7 @@ fn end_below_later_ranges(ranges: &mut [SeedRange], reservations: &[Reservation]
     let adopted = reservations.iter().filter(|r| r.adopted);
     for (range, kept) in ranges.iter_mut().zip(adopted) {
         let until = kept.given_back.unwrap_or(usize::MAX);
-        let last_end = range.runs.last().map_or(range.addr, |r| r.addr + r.size);
+        let last_end = range.runs_end();
         let next = reservations
             .iter()
             .filter(|r| !r.adopted && r.reserved < until && r.addr >= last_end)
@@ -475,16 +479,20 @@ fn end_below_later_ranges(ranges: &mut [SeedRange], reservations: &[Reservation]
     }
 }
 
-/// The private pool of the snapshot's run that holds the start of `run`, if any.
-fn private_pool(rec: &DeviceRecording, run: &SeedSegment) -> Option<(u64, u64)> {
-    rec.segments
-        .iter()
-        .find(|s| {
-            s.is_expandable
-                && s.address <= run.addr
-                && run.addr < s.address.saturating_add(s.total_size)
+/// For each run, the private pool of the snapshot's run that holds its start, if any.
+fn private_pools(rec: &DeviceRecording, runs: &[SeedSegment]) -> Vec<Option<(u64, u64)>> {
+    // The snapshot's runs in address order.
+    let mut held: Vec<&RecordedSegment> = rec.segments.iter().filter(|s| s.is_expandable).collect();
+    held.sort_unstable_by_key(|s| s.address);
+    runs.iter()
+        .map(|run| {
+            let i = held.partition_point(|s| s.address <= run.addr);
+            i.checked_sub(1)
+                .map(|i| held[i])
+                .filter(|s| run.addr < s.address.saturating_add(s.total_size))
+                .and_then(|s| s.private_pool)
         })
-        .and_then(|s| s.private_pool)
+        .collect()
 }
 
 /// The changes that tell `range_hints` of `ranges`, there before the recording.

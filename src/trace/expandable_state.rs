@@ -37,6 +37,11 @@ impl SeedRange {
             .fold(0u64, |sum, r| sum.saturating_add(r.size))
     }
 
+    /// The end of its last run (its start when it has none).
+    pub fn runs_end(&self) -> u64 {
+        self.runs.last().map_or(self.addr, run_end)
+    }
+
     /// The range as the pool installs it.
     pub(crate) fn layout(&self) -> RangeSeed {
         RangeSeed {
@@ -128,7 +133,7 @@ pub(crate) fn infer_ranges(
         if let Some((g, range)) = ranges.last_mut()
             && *g == group
         {
-            let last_end = range.runs.last().map_or(range.addr, run_end);
+            let last_end = range.runs_end();
             let joins = run.addr > last_end
                 && run_end(&run) <= range.addr.saturating_add(want)
                 && (run.addr - range.addr).is_multiple_of(page)
@@ -168,7 +173,7 @@ pub(crate) fn infer_ranges(
         .into_iter()
         .map(|(group, mut range)| {
             let page = page_size(range.pool);
-            let last_end = range.runs.last().map_or(range.addr, run_end);
+            let last_end = range.runs_end();
             let want = range
                 .addr
                 .saturating_add(range_size(device_memory, range.pool));
