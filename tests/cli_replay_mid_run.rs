@@ -54,37 +54,26 @@ fn a_wrapped_expandable_recording_replays_exactly() {
         return;
     };
     let path = path.to_str().unwrap();
+    let whole = trace("code_location/52e52b2/memory_snapshot.pickle").unwrap();
     for device in ["0", "1", "2"] {
-        let j = json(&cachealloc(&[
+        let faithful = ["replay", path, "--device", device, "--faithful", "--json"];
+        // The device's memory, as the whole recording implies it: given with
+        // --device-memory, it sizes the ranges the cut recording begins with, and the replay
+        // stays exact.
+        let memory = json(&cachealloc(&[
             "replay",
-            path,
+            whole.to_str().unwrap(),
             "--device",
             device,
             "--faithful",
             "--json",
-        ]));
-        let same = |ours: &str, recorded: &str| {
-            assert_eq!(
-                j[ours], j[recorded],
-                "device {device}: {ours} against {recorded}"
-            );
-        };
-        same("peak_reserved_bytes", "recorded_peak_reserved_bytes");
-        same("num_device_alloc", "recorded_segment_maps");
-        same("num_device_free", "recorded_segment_unmaps");
-        same("num_alloc_retries", "recorded_retries");
-        same("allocs_at_recorded_addr", "allocs");
-        assert!(j["allocs"].as_u64().unwrap() > 50, "device {device}");
-        // It frees memory allocated before it, which the rebuilt start state holds.
-        assert!(j["orphan_frees"].as_u64().unwrap() > 0, "device {device}");
-        assert_eq!(j["missing_frees"], 0, "device {device}");
-        assert_eq!(j["recorded_expandable_segments"], true);
-        let oom = &j["recorded_oom"];
-        if device == "1" {
-            assert_eq!(j["first_oom_event_index"], oom["event_index"]);
-            assert_eq!(j["num_ooms"], 1);
-        } else {
-            assert!(oom.is_null() && j["num_ooms"] == 0, "device {device}");
+        ]))["device_memory_bytes"]
+            .to_string();
+        let told = [&faithful[..], &["--device-memory", &memory]].concat();
+        let (plain, told) = (json(&cachealloc(&faithful)), json(&cachealloc(&told)));
+        assert_eq!(told["device_memory_bytes"].to_string(), memory);
+        for j in [plain, told] {
+            check_device(&j, device);
         }
     }
     // The summary says where the frees of memory from before the trace went.
@@ -99,4 +88,31 @@ fn a_wrapped_expandable_recording_replays_exactly() {
         text.contains("of memory from before the trace, freed from the rebuilt start state"),
         "{text}"
     );
+}
+
+/// A faithful replay of device `device` matches the recording's own figures.
+fn check_device(j: &serde_json::Value, device: &str) {
+    let same = |ours: &str, recorded: &str| {
+        assert_eq!(
+            j[ours], j[recorded],
+            "device {device}: {ours} against {recorded}"
+        );
+    };
+    same("peak_reserved_bytes", "recorded_peak_reserved_bytes");
+    same("num_device_alloc", "recorded_segment_maps");
+    same("num_device_free", "recorded_segment_unmaps");
+    same("num_alloc_retries", "recorded_retries");
+    same("allocs_at_recorded_addr", "allocs");
+    assert!(j["allocs"].as_u64().unwrap() > 50, "device {device}");
+    // It frees memory allocated before it, which the rebuilt start state holds.
+    assert!(j["orphan_frees"].as_u64().unwrap() > 0, "device {device}");
+    assert_eq!(j["missing_frees"], 0, "device {device}");
+    assert_eq!(j["recorded_expandable_segments"], true);
+    let oom = &j["recorded_oom"];
+    if device == "1" {
+        assert_eq!(j["first_oom_event_index"], oom["event_index"]);
+        assert_eq!(j["num_ooms"], 1);
+    } else {
+        assert!(oom.is_null() && j["num_ooms"] == 0, "device {device}");
+    }
 }

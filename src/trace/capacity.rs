@@ -48,6 +48,15 @@ impl CapacityEstimate {
             CapacityEstimate::Bracket { .. } => None,
         }
     }
+
+    /// The most the capacity can be: the exact value, or the bracket's `high`; `None` for an
+    /// empty bracket.
+    pub fn most(&self) -> Option<u64> {
+        match *self {
+            CapacityEstimate::Exact { bytes, .. } => Some(bytes),
+            CapacityEstimate::Bracket { low, high } => (low < high).then_some(high),
+        }
+    }
 }
 
 impl DeviceRecording {

@@ -47,9 +47,16 @@ impl DeviceRecording {
         build(self, &mut live, 0, false).unwrap_or_else(|_| Workload::new(self.name()))
     }
 
-    /// The start state and workload for a replay that reproduces the recording exactly.
+    /// The start state and workload for a replay that reproduces the recording exactly, on
+    /// the device the recording implies.
     pub fn faithful(&self) -> Result<FaithfulReplay, TraceError> {
-        let start = reconstruct_start(self)?;
+        self.faithful_on(None)
+    }
+
+    /// As `faithful`, on a device of `device_memory` bytes when it is known (`--device-memory`):
+    /// the ranges of expandable segments there at the start are sized from it.
+    pub fn faithful_on(&self, device_memory: Option<u64>) -> Result<FaithfulReplay, TraceError> {
+        let start = reconstruct_start(self, device_memory)?;
         let mut live: FxHashMap<u64, Option<AllocId>> =
             start.live_blocks().map(|b| (b.addr, b.id)).collect();
         let workload = build(self, &mut live, start.num_ids(), true)?;

@@ -17,7 +17,11 @@
 //!   back and reserved again may hold the other pool's pages there), else of the nearer of the
 //!   pages of their stream seen next to them each way that could share a range with them (a
 //!   large range's pages lie whole 20 MiB pages apart, and no other stream's or pool's pages
-//!   lie between), else the large pool's. A guess stands
+//!   lie between), else the large pool's. PyTorch's small pool maps its stream's lowest
+//!   unmapped page, and a small range's pages up to its highest were all mapped at once: small
+//!   pages the stream maps later above the unmapped ones (at their place or beyond), or small
+//!   pages seen so far from them that one range holding both would span more than the device
+//!   could map (`PagesSeen::set_most_mapped`), do not make them small. A guess stands
 //!   until a block or a map placed in the pages says which (a small-pool block is at most
 //!   1 MiB, a small-pool map one 2 MiB page).
 //!
@@ -26,11 +30,13 @@
 //! that their pages' maps reserve nothing. A range's pages may have been unmapped below its
 //! lowest run when the recording began: a map of its pool and stream below it, with no range
 //! between, shows how far down it reaches (`range_hints` lowers it), and it is placed again
-//! from there. Its size comes from the device memory: the capacity the recording implies, else
-//! the one the ranges reserved in the recording imply (a range there before the recording bounds
-//! the ones below it, not its own size: its start may lie lower; and no estimate below what the
-//! recording reserved is taken), read again until both settle, or the largest estimate if they
-//! go round in a circle. It ends short of a range the recording reserves while it is kept.
+//! from there. Its size comes from the device memory: `--device-memory` when it is given, else
+//! the capacity the recording implies, else the memory the ranges reserved in the recording
+//! imply (a range there before the recording bounds the ones below it, not its own size: its
+//! start may lie lower; and no estimate below what the recording reserved is taken), read again
+//! until both settle, or the largest estimate if they go round in a circle. It ends short of a
+//! range the recording reserves while it is kept. (What the device could map at once, for the
+//! walk's guesses, is the least of `--device-memory` and the most the recorded capacity can be.)
 //!
 //! What a recording cut mid-run cannot show, and so a replay of it may not reproduce: the pool
 //! of wholly free pages it only unmaps, when nothing around them tells; and a range's pages
@@ -50,15 +56,31 @@ use crate::pool::{PoolKind, Settings, StreamId, page_size};
 /// their pool: what tells the pool of pages mapped again by undoing an unmap.
 #[derive(Debug, Default)]
 pub(super) struct PagesSeen {
-    /// `(stream, start)` → `(end, pool)`.
-    pages: BTreeMap<(StreamId, u64), (u64, PoolKind)>,
+    /// `(stream, start)` → `(end, pool, mapped)`; `mapped`: seen as a map (later in the
+    /// recording than what the walk undoes), not as a snapshot's run.
+    pages: BTreeMap<(StreamId, u64), (u64, PoolKind, bool)>,
     /// The same pages by start alone: `start` → `(end, stream, pool)`.
     by_addr: BTreeMap<u64, (u64, StreamId, PoolKind)>,
+    /// The most memory the device could have mapped at once, when known (`None`: unbounded).
+    most_mapped: Option<u64>,
 }
 
 impl PagesSeen {
-    pub(super) fn note(&mut self, stream: StreamId, addr: u64, end: u64, pool: PoolKind) {
-        self.pages.insert((stream, addr), (end, pool));
+    /// Bound the memory mapped at once to `most_mapped` bytes (the capacity's upper bound):
+    /// a small range's pages up to its highest were all mapped at once.
+    pub(super) fn set_most_mapped(&mut self, most_mapped: Option<u64>) {
+        self.most_mapped = most_mapped;
+    }
+
+    pub(super) fn note(
+        &mut self,
+        stream: StreamId,
+        addr: u64,
+        end: u64,
+        pool: PoolKind,
+        mapped: bool,
+    ) {
+        self.pages.insert((stream, addr), (end, pool, mapped));
         self.by_addr.insert(addr, (end, stream, pool));
     }
 
@@ -67,9 +89,9 @@ impl PagesSeen {
         if !(end - addr).is_multiple_of(LARGE_BUFFER) {
             return Some((PoolKind::Small, false));
         }
-        let seen = |(&(_, start), &(seen_end, pool)): (&(StreamId, u64), &(u64, PoolKind))| {
-            (start, seen_end, pool)
-        };
+        type Entry<'a> = (&'a (StreamId, u64), &'a (u64, PoolKind, bool));
+        let seen =
+            |(&(_, start), &(seen_end, pool, mapped)): Entry| (start, seen_end, pool, mapped);
         let mut below = self
             .pages
             .range((stream, 0)..(stream, end))
@@ -82,8 +104,9 @@ impl PagesSeen {
             .map(seen);
         // Pages seen at this place (later: a range given back and reserved again may have put
         // the other pool's pages there since, so this too is a guess).
-        if let Some(&(_, seen_end, pool)) = below.peek()
+        if let Some(&(start, seen_end, pool, _)) = below.peek()
             && seen_end > addr
+            && (pool == PoolKind::Large || start <= addr)
         {
             return Some((pool, true));
         }
@@ -92,17 +115,26 @@ impl PagesSeen {
         // stream or pool seen between. (Looking past the next pages each way for some that could,
         // or taking these before the pages seen at this place, made more cut recordings depart
         // in tests/expandable_cuts.rs's long sweep: 57 of 48,203 against 27 for the latter.)
-        let could_share = |&(start, seen_end, pool): &(u64, u64, PoolKind)| {
+        let could_share = |&(start, seen_end, pool, mapped): &(u64, u64, PoolKind, bool)| {
             let (low, high) = if start >= end {
                 (end, start)
             } else {
                 (seen_end, addr)
             };
+            let span = seen_end.max(end) - start.min(addr);
             low <= high
-                && (pool == PoolKind::Small || start.abs_diff(addr).is_multiple_of(LARGE_BUFFER))
+                && match pool {
+                    // The small pool maps its stream's lowest unmapped page: pages up to a small
+                    // range's highest were all mapped at once.
+                    PoolKind::Small => {
+                        self.most_mapped.is_none_or(|most| span <= most)
+                            && !(mapped && start >= end)
+                    }
+                    PoolKind::Large => start.abs_diff(addr).is_multiple_of(LARGE_BUFFER),
+                }
                 && self.nothing_else_between(low, high, stream, pool)
         };
-        let distance = |&(start, seen_end, _): &(u64, u64, PoolKind)| {
+        let distance = |&(start, seen_end, _, _): &(u64, u64, PoolKind, bool)| {
             if start >= end {
                 start - end
             } else {
@@ -115,7 +147,7 @@ impl PagesSeen {
             .into_iter()
             .flatten()
             .min_by_key(distance)
-            .map(|(_, _, pool)| (pool, true))
+            .map(|(_, _, pool, _)| (pool, true))
     }
 
     /// Whether no pages seen of another stream or pool lie across any of `low..high`.
@@ -242,7 +274,7 @@ impl Walk {
                 ));
             }
         }
-        self.seen.note(stream, addr, end, map_pool);
+        self.seen.note(stream, addr, end, map_pool, true);
         for (start, run_end) in covering {
             let mut run = self.segments.remove(&start).expect("found above");
             if run.pool_guessed {
@@ -389,11 +421,13 @@ impl WalkSegment {
 }
 
 /// The ranges that hold `runs`, the runs of mapped pages at the start of `rec` (next to its
-/// `segments` at the start).
+/// `segments` at the start), on a device of `device_memory` bytes when it is known, else of
+/// the memory estimated from the recording.
 pub(super) fn start_ranges(
     rec: &DeviceRecording,
     segments: &[SeedSegment],
     runs: Vec<SeedSegment>,
+    device_memory: Option<u64>,
 ) -> Vec<SeedRange> {
     if runs.is_empty() {
         return Vec::new();
@@ -410,7 +444,9 @@ pub(super) fn start_ranges(
                 }),
         )
         .collect();
-    let capacity = rec.capacity().and_then(|c| c.replay_capacity());
+    // The memory ranges are sized from: the device's, when known, else the recording's
+    // capacity to begin with, read again from where the ranges then lie.
+    let capacity = device_memory.or_else(|| rec.capacity().and_then(|c| c.replay_capacity()));
     let changes = rec.range_changes();
     let hints_for = |ranges: &[SeedRange]| {
         let told: Vec<RangeChange> = adopted(ranges).into_iter().chain(changes.clone()).collect();
@@ -434,11 +470,13 @@ pub(super) fn start_ranges(
             .filter(|(range, r)| r.addr < range.addr)
             .map(|(range, r)| (range.runs[0].addr, r.addr));
         floors.extend(lowered);
-        memory = hints
-            .device_total
-            .or(capacity)
-            .filter(|&m| m >= reserved)
-            .unwrap_or(memory);
+        memory = device_memory.unwrap_or_else(|| {
+            hints
+                .device_total
+                .or(capacity)
+                .filter(|&m| m >= reserved)
+                .unwrap_or(memory)
+        });
         if (memory, &floors) == (before.0, &before.1) {
             settled = true;
             break;
@@ -726,6 +764,92 @@ mod tests {
             )],
         );
         assert_eq!(pool_at(&rec, far), Some(Large));
+    }
+
+    /// The small pool maps its stream's lowest unmapped page, so wholly free pages the trace
+    /// only unmaps were not small pages of their stream when the stream's small pool maps a page
+    /// above them later, nor when a small range holding them and the small pages seen would
+    /// span more than the device's memory.
+    #[test]
+    fn an_unmapped_runs_pool_is_not_small_where_the_small_pool_could_not_have_it() {
+        use crate::pool::PoolKind::{Large, Small};
+        let far = BASE + 100 * GIB;
+        let pool_at = |rec: &DeviceRecording, addr: u64, memory: Option<u64>| {
+            let start = rec.faithful_on(memory).unwrap().start;
+            let range = start
+                .ranges
+                .iter()
+                .find(|r| r.runs.iter().any(|x| x.addr == addr));
+            range.map(|r| r.pool)
+        };
+        let large_run = || run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]);
+        // A small page of the stream mapped later inside the pages, above their start: had
+        // they been small, the map would have taken the lowest of them.
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                entry(Action::SegmentMap, far + 4 * MIB, 2 * MIB),
+            ],
+            vec![
+                large_run(),
+                run(far + 4 * MIB, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
+            ],
+        );
+        assert_eq!(pool_at(&rec, far, None), Some(Large));
+        // One mapped later above them, after an `empty_cache()` (an unmap just before a map
+        // would be a release for want of memory, which bounds the capacity).
+        let above = far + 60 * MIB;
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                entry(Action::Alloc, BASE, 20 * MIB),
+                entry(Action::FreeCompleted, BASE, 20 * MIB),
+                entry(Action::SegmentMap, above, 2 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)]),
+                run(above, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
+            ],
+        );
+        assert_eq!(rec.capacity(), None);
+        assert_eq!(pool_at(&rec, far, None), Some(Large));
+        // Small pages there at the snapshot (mapped before the trace, perhaps) still tell.
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
+            vec![
+                large_run(),
+                run(above, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+            ],
+        );
+        assert_eq!(pool_at(&rec, far, None), Some(Small));
+        // Small pages 10 GiB above: one small range holds both only on a device of more than
+        // 10 GiB, whose small pool had them all mapped at once.
+        let high = far + 10 * GIB;
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
+            vec![
+                large_run(),
+                run(high, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+            ],
+        );
+        assert_eq!(pool_at(&rec, far, None), Some(Small));
+        assert_eq!(pool_at(&rec, far, Some(16 * GIB)), Some(Small));
+        assert_eq!(pool_at(&rec, far, Some(8 * GIB)), Some(Large));
+    }
+
+    /// The device memory, when known (`--device-memory`), sizes the ranges there at the start.
+    #[test]
+    fn a_known_device_memory_sizes_the_start_ranges() {
+        use crate::pool::{PoolKind, range_size};
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, BASE, 20 * MIB)],
+            vec![run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)])],
+        );
+        for memory in [8 * GIB, 80 * GIB] {
+            let start = rec.faithful_on(Some(memory)).unwrap().start;
+            let sizes: Vec<u64> = start.ranges.iter().map(|r| r.size).collect();
+            assert_eq!(sizes, [range_size(memory, PoolKind::Large)]);
+        }
     }
 
     /// A range's pages unmapped before the recording and mapped again in it lie below its

@@ -116,15 +116,20 @@ pub struct FaithfulOutcome {
 }
 
 /// Replay `rec` faithfully. `config.settings` is used as given (callers start from the
-/// recording's settings); a capacity in `config` overrides the one inferred from the trace.
+/// recording's settings); a capacity in `config` overrides the one inferred from the trace, and
+/// a device memory (`device_total`) the one the recording implies, for the ranges of expandable
+/// segments there at the start too.
 pub fn replay_faithful(
     rec: &DeviceRecording,
     config: &ReplayConfig,
 ) -> Result<FaithfulOutcome, String> {
-    let faithful = rec.faithful().map_err(|e| e.to_string())?;
+    let faithful = rec
+        .faithful_on(config.device_total)
+        .map_err(|e| e.to_string())?;
     let mut config = config.clone();
     config.capacity = config.capacity.or(faithful.capacity);
-    config.follow_recorded_addresses(rec.segment_addresses(), &faithful.range_changes, None);
+    let memory = config.device_total;
+    config.follow_recorded_addresses(rec.segment_addresses(), &faithful.range_changes, memory);
     let layout = faithful.start.layout();
     let outcome = replay(&faithful.workload, &config, Some(&layout))
         .map_err(|e| format!("{}: {e}", rec.source))?;

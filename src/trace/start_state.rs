@@ -218,10 +218,20 @@ fn beyond_address_space(addr: u64, size: u64) -> String {
 
 /// Rebuild the state at trace start of one device (blocks' ids assigned in address order to
 /// the live blocks the trace frees). An expandable-segments recording's runs of mapped pages
-/// are placed in ranges (`expandable_start::start_ranges`).
-pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError> {
+/// are placed in ranges (`expandable_start::start_ranges`), sized for a device of
+/// `device_memory` bytes (`None`: the memory the recording implies).
+pub fn reconstruct_start(
+    rec: &DeviceRecording,
+    device_memory: Option<u64>,
+) -> Result<StartState, TraceError> {
     let settings = rec.replay_settings();
     let mut walk = Walk::from_end_state(rec)?;
+    let most_capacity = rec.capacity().and_then(|c| c.most());
+    let most_mapped = match (most_capacity, device_memory) {
+        (Some(c), Some(m)) => Some(c.min(m)),
+        (c, m) => c.or(m),
+    };
+    walk.seen.set_most_mapped(most_mapped);
     let free_action = rec.free_action();
     for (index, entry) in rec.entries.iter().enumerate().rev() {
         let fail = |detail: String| {
@@ -275,7 +285,7 @@ pub fn reconstruct_start(rec: &DeviceRecording) -> Result<StartState, TraceError
             ),
         )
     })?;
-    start.ranges = start_ranges(rec, &start.segments, runs);
+    start.ranges = start_ranges(rec, &start.segments, runs, device_memory);
     Ok(start)
 }
 
@@ -417,7 +427,7 @@ impl Walk {
         }
         let mut seen = PagesSeen::default();
         for (&addr, run) in segments.iter().filter(|(_, s)| s.expandable) {
-            seen.note(run.stream, addr, addr + run.size, run.pool);
+            seen.note(run.stream, addr, addr + run.size, run.pool, false);
         }
         Ok(Self {
             segments,
@@ -637,7 +647,7 @@ mod tests {
             vec![entry(Action::FreeCompleted, BASE, req)],
             vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
         );
-        let start = reconstruct_start(&rec).unwrap();
+        let start = reconstruct_start(&rec, None).unwrap();
         let blocks = &start.segments[0].blocks;
         assert_eq!(blocks.len(), 1);
         assert_eq!(
@@ -665,7 +675,7 @@ mod tests {
             ],
             vec![segment(BASE, 40 * MIB, &[(0, 40 * MIB, 0, false)])],
         );
-        let start = reconstruct_start(&rec).unwrap();
+        let start = reconstruct_start(&rec, None).unwrap();
         let sizes: Vec<(u64, bool, Option<AllocId>)> = start.segments[0]
             .blocks
             .iter()
@@ -696,7 +706,7 @@ mod tests {
                 &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
             )],
         );
-        let start = reconstruct_start(&rec).unwrap();
+        let start = reconstruct_start(&rec, None).unwrap();
         assert_eq!(start.segments.len(), 1);
         let seg = &start.segments[0];
         assert_eq!(
@@ -722,7 +732,7 @@ mod tests {
                 &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
             )],
         );
-        let err = reconstruct_start(&rec).unwrap_err().to_string();
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
         assert!(
             err.contains("entry 1") && err.contains("no block is live"),
             "{err}"
@@ -736,18 +746,18 @@ mod tests {
                 &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
             )],
         );
-        let err = reconstruct_start(&rec).unwrap_err().to_string();
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
         assert!(err.contains("entry 0") && err.contains("predate"), "{err}");
         // A free outside every segment.
         let rec = recording(vec![entry(Action::FreeCompleted, 512, 512)], vec![]);
-        assert!(reconstruct_start(&rec).is_err());
+        assert!(reconstruct_start(&rec, None).is_err());
     }
 
     /// Sizes no device can hold are refused by name instead of wrapping around: in the end
     /// state (a block, or the segment) and in an entry.
     #[test]
     fn sizes_beyond_the_address_space_are_refused() {
-        let beyond = |rec: &DeviceRecording| reconstruct_start(rec).unwrap_err().to_string();
+        let beyond = |rec: &DeviceRecording| reconstruct_start(rec, None).unwrap_err().to_string();
         let block = recording(
             vec![],
             vec![segment(BASE, 20 * MIB, &[(0, u64::MAX, 0, false)])],

@@ -224,7 +224,12 @@ fn run(cli: Cli) -> Result<String, String> {
             if args.common.conf.is_none() && !args.faithful {
                 note_unread_variable();
             }
-            let loaded = sources::load(&args.trace, args.device, args.faithful)?;
+            let loaded = sources::load(
+                &args.trace,
+                args.device,
+                args.faithful,
+                args.common.device_memory,
+            )?;
             if args.faithful {
                 // Faithful replay runs with the recording's own settings unless told otherwise:
                 // --conf makes it a what-if from the recorded start state, and says so.

@@ -43,8 +43,14 @@ pub struct Loaded {
 }
 
 /// Read `path` and prepare device `device` (default: the first device whose trace allocates
-/// or frees, else the first device with a trace).
-pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
+/// or frees, else the first device with a trace). `device_memory` (`--device-memory`) sizes the
+/// ranges of expandable segments that a snapshot's faithful replay begins with.
+pub fn load(
+    path: &Path,
+    device: Option<i32>,
+    faithful: bool,
+    device_memory: Option<u64>,
+) -> Result<Loaded, String> {
     if recorded::is_recorded_trace(path) {
         return recorded::load(path, device, faithful);
     }
@@ -92,7 +98,7 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
     let recorded_settings =
         (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
     if faithful {
-        let f = rec.faithful().map_err(|e| e.to_string())?;
+        let f = rec.faithful_on(device_memory).map_err(|e| e.to_string())?;
         if !f
             .workload
             .ops
