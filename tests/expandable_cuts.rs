@@ -6,20 +6,21 @@
 //! off between two of the program's calls, at every third such place, and each cut recording —
 //! which begins with pages mapped, blocks live and ranges whose lowest pages may be unmapped —
 //! must replay exactly too: peak reserved, maps, unmaps, retries, the out-of-memory point and
-//! every allocation's address. The replay is given the recording's device size as its capacity
-//! and its memory, as a user who knows the GPU would give `--capacity` and `--device-memory`
-//! (without them the capacity is inferred from the cut recording, which a cut that leaves no
-//! out-of-memory error can only bracket). `CACHEALLOC_CUT_MEMORY_UNKNOWN=1` gives the capacity
-//! alone: the memory that sizes the ranges at the start is then estimated from the recording.
+//! every allocation's address. Each cut is replayed twice on the recording's device size: given
+//! as the capacity and as the device's memory, as a user who knows the GPU would give
+//! `--capacity` and `--device-memory`; and given as the capacity alone, so that the memory that
+//! sizes the ranges at the start is estimated from the recording. (Without a capacity it is
+//! inferred from the cut recording, which a cut that leaves no out-of-memory error can only
+//! bracket.)
 //!
-//! `CACHEALLOC_CUT_SEEDS` (default 3, which must all replay exactly) sets the recordings per
-//! shape. A longer sweep meets what a cut recording cannot show: pages that were mapped, wholly
-//! free, when the recording began and that it only unmaps, whose pool is then a guess, and the
-//! lowest pages of a range that it never maps again; and where such a guess is wrong, device
-//! memory estimated from ranges placed wrong. The sweep allows at most 1 cut recording in 2,000
-//! to depart with the memory given, 1 in 800 without
-//! (`CACHEALLOC_CUT_SEEDS=60 cargo test --release --test expandable_cuts`: 8 of 48,203; 160
-//! seeds: 25 of 128,655; with `CACHEALLOC_CUT_MEMORY_UNKNOWN=1`: 26 and 76).
+//! `CACHEALLOC_CUT_SEEDS` (default 3, whose cuts must all replay exactly both ways) sets the
+//! recordings per shape. A longer sweep meets what a cut recording cannot show: pages that were
+//! mapped, wholly free, when the recording began and that it only unmaps, whose pool is then a
+//! guess, and the lowest pages of a range that it never maps again; and where such a guess is
+//! wrong, device memory estimated from ranges placed wrong. The sweep allows at most 1 cut
+//! recording in 2,000 to depart with the memory given, 1 in 800 without
+//! (`CACHEALLOC_CUT_SEEDS=60 cargo test --release --test expandable_cuts -- --nocapture`: 8 and
+//! 13 of 48,203; 160 seeds: 25 and 46 of 128,655).
 
 use cachealloc::pool::{BlockState as PoolBlockState, DeviceId, PoolEvent, Settings, StreamId};
 use cachealloc::trace::recording::{
@@ -221,18 +222,14 @@ fn record(seed: u64, shape: Shape) -> DeviceRecording {
     }
 }
 
-/// Whether the replay is given the capacity alone (`CACHEALLOC_CUT_MEMORY_UNKNOWN`).
-fn memory_unknown() -> bool {
-    std::env::var("CACHEALLOC_CUT_MEMORY_UNKNOWN").is_ok_and(|v| !v.is_empty())
-}
-
-/// How a faithful replay of `rec` on a device of `device` bytes (its capacity, and its memory
-/// unless `memory_unknown`) departs from the recording (empty: not at all).
-fn departures(rec: &DeviceRecording, device: u64) -> Vec<String> {
+/// How a faithful replay of `rec` on a device of `device` bytes departs from the recording
+/// (empty: not at all). The replay is given the device's capacity, and its memory when
+/// `memory_known` (else the memory is estimated from the recording).
+fn departures(rec: &DeviceRecording, device: u64, memory_known: bool) -> Vec<String> {
     let config = ReplayConfig {
         settings: rec.replay_settings(),
         capacity: Some(device),
-        device_total: (!memory_unknown()).then_some(device),
+        device_total: memory_known.then_some(device),
         ..ReplayConfig::default()
     };
     let run = match replay_faithful(rec, &config) {
@@ -300,11 +297,13 @@ fn recordings_cut_mid_run_replay_exactly() {
         .ok()
         .and_then(|v| v.parse().ok());
     let seeds = sweep.unwrap_or(3);
-    let (mut cuts, mut failures, mut ooms, mut unmaps) = (0, Vec::new(), 0, 0);
+    let (mut cuts, mut ooms, mut unmaps) = (0, 0, 0);
+    // Departures with the device's memory given, and with the capacity alone.
+    let (mut known, mut unknown) = (Vec::new(), Vec::new());
     for shape in SHAPES {
         for seed in 0..seeds {
             let rec = record(seed, shape);
-            let whole = departures(&rec, shape.device);
+            let whole = departures(&rec, shape.device, false);
             assert!(whole.is_empty(), "{}: {whole:?}", rec.source);
             let figures = rec.figures();
             ooms += usize::from(figures.recorded_oom.is_some());
@@ -313,9 +312,11 @@ fn recordings_cut_mid_run_replay_exactly() {
                 let mut cut = rec.clone();
                 cut.entries.drain(..at);
                 cuts += 1;
-                let found = departures(&cut, shape.device);
-                if !found.is_empty() {
-                    failures.push(format!("{} cut at {at}: {}", rec.source, found.join(", ")));
+                for (memory_known, failures) in [(true, &mut known), (false, &mut unknown)] {
+                    let found = departures(&cut, shape.device, memory_known);
+                    if !found.is_empty() {
+                        failures.push(format!("{} cut at {at}: {}", rec.source, found.join(", ")));
+                    }
                 }
             }
         }
@@ -325,24 +326,25 @@ fn recordings_cut_mid_run_replay_exactly() {
         ooms >= 1 && unmaps >= 20 * seeds as usize,
         "{ooms} OOMs, {unmaps} unmaps"
     );
-    let allowed = match sweep {
-        None => 0,
-        Some(_) if memory_unknown() => cuts / 800,
-        Some(_) => cuts / 2000,
-    };
-    eprintln!(
-        "{} of {cuts} cut recordings replayed exactly{}",
-        cuts - failures.len(),
-        failures
-            .iter()
-            .take(20)
-            .map(|f| format!("\n  departed: {f}"))
-            .collect::<String>()
-    );
-    assert!(
-        failures.len() <= allowed,
-        "{} of {cuts} cut recordings departed (at most {allowed} allowed):\n{}",
-        failures.len(),
-        failures[..failures.len().min(10)].join("\n")
-    );
+    for (failures, per, given) in [
+        (known, 2000, "the device's memory given"),
+        (unknown, 800, "the capacity alone"),
+    ] {
+        let allowed = if sweep.is_some() { cuts / per } else { 0 };
+        eprintln!(
+            "{} of {cuts} cut recordings replayed exactly with {given}{}",
+            cuts - failures.len(),
+            failures
+                .iter()
+                .take(20)
+                .map(|f| format!("\n  departed: {f}"))
+                .collect::<String>()
+        );
+        assert!(
+            failures.len() <= allowed,
+            "{} of {cuts} cut recordings departed with {given} (at most {allowed} allowed):\n{}",
+            failures.len(),
+            failures[..failures.len().min(10)].join("\n")
+        );
+    }
 }

@@ -36,7 +36,9 @@
 //! start may lie lower; and no estimate below what the recording reserved is taken), read again
 //! until both settle, or the largest estimate if they go round in a circle. It ends short of a
 //! range the recording reserves while it is kept. (What the device could map at once, for the
-//! walk's guesses, is the least of `--device-memory` and the most the recorded capacity can be.)
+//! walk's guesses, is the least of `--device-memory` and the most the recorded capacity can be;
+//! without `--device-memory`, the trace is walked back again under the memory the start's
+//! ranges were sized with, `start_state::reconstruct_start`.)
 //!
 //! What a recording cut mid-run cannot show, and so a replay of it may not reproduce: the pool
 //! of wholly free pages it only unmaps, when nothing around them tells; and a range's pages
@@ -422,15 +424,16 @@ impl WalkSegment {
 
 /// The ranges that hold `runs`, the runs of mapped pages at the start of `rec` (next to its
 /// `segments` at the start), on a device of `device_memory` bytes when it is known, else of
-/// the memory estimated from the recording.
+/// the memory estimated from the recording; and the memory they were sized with, when any
+/// bounds it.
 pub(super) fn start_ranges(
     rec: &DeviceRecording,
     segments: &[SeedSegment],
     runs: Vec<SeedSegment>,
     device_memory: Option<u64>,
-) -> Vec<SeedRange> {
+) -> (Vec<SeedRange>, Option<u64>) {
     if runs.is_empty() {
-        return Vec::new();
+        return (Vec::new(), device_memory);
     }
     let occupied: Vec<Occupied> = segments
         .iter()
@@ -487,11 +490,12 @@ pub(super) fn start_ranges(
     }
     // Estimates that go round in a circle: the largest, which cuts the fewest ranges short.
     if !settled && let Some(&largest) = estimates.iter().max() {
-        ranges = infer_ranges(&occupied, runs.clone(), largest, &floors);
+        memory = largest;
+        ranges = infer_ranges(&occupied, runs.clone(), memory, &floors);
         hints = hints_for(&ranges);
     }
     end_below_later_ranges(&mut ranges, &hints.reservations);
-    ranges
+    (ranges, Some(memory).filter(|&m| m != u64::MAX))
 }
 
 /// A range there before the recording ends short of where the recording reserves another
@@ -835,6 +839,46 @@ mod tests {
         assert_eq!(pool_at(&rec, far, None), Some(Small));
         assert_eq!(pool_at(&rec, far, Some(16 * GIB)), Some(Small));
         assert_eq!(pool_at(&rec, far, Some(8 * GIB)), Some(Large));
+    }
+
+    /// Without the device's memory, the pools are guessed again under the memory the start's
+    /// ranges are sized with: here the memory that two ranges the recording reserves, one
+    /// right below the other, imply.
+    #[test]
+    fn an_unmapped_runs_pool_is_guessed_again_under_the_estimated_memory() {
+        use crate::pool::PoolKind::{Large, Small};
+        use crate::pool::{PoolKind, range_size};
+        let far = BASE + 100 * GIB;
+        let high = far + 10 * GIB;
+        let top = far + 40 * GIB;
+        let below_top = top - range_size(8 * GIB, PoolKind::Large);
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                on(1, Action::SegmentMap, top, 20 * MIB),
+                on(1, Action::Alloc, top, 20 * MIB),
+                on(2, Action::SegmentMap, below_top, 20 * MIB),
+                on(2, Action::Alloc, below_top, 20 * MIB),
+            ],
+            vec![
+                run(high, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+                run(top, 20 * MIB, 1, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(below_top, 20 * MIB, 2, &[(0, 20 * MIB, 20 * MIB, true)]),
+            ],
+        );
+        let pool_at = |memory: Option<u64>| {
+            let start = rec.faithful_on(memory).unwrap().start;
+            let range = start
+                .ranges
+                .iter()
+                .find(|r| r.runs.iter().any(|x| x.addr == far));
+            range.map(|r| (r.pool, r.size))
+        };
+        // 10 GiB from the small pages: on a device of 16 GiB, one small range holds both.
+        assert_eq!(pool_at(Some(16 * GIB)).unwrap().0, Small);
+        // The recording's ranges imply about 8 GiB: then it cannot.
+        let (pool, size) = pool_at(None).unwrap();
+        assert_eq!((pool, size), (Large, range_size(8 * GIB, PoolKind::Large)));
     }
 
     /// The device memory, when known (`--device-memory`), sizes the ranges there at the start.
