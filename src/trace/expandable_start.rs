@@ -17,13 +17,17 @@
 //!   back and reserved again may hold the other pool's pages there), else of the nearer of the
 //!   pages of their stream seen next to them each way that could share a range with them (a
 //!   large range's pages lie whole 20 MiB pages apart, and no other stream's or pool's pages
-//!   lie between), else the large pool's. PyTorch's small pool maps its stream's lowest
-//!   unmapped page, and a small range's pages up to its highest were all mapped at once: small
-//!   pages the stream maps later above the unmapped ones (at their place or beyond), or small
+//!   lie between), else the large pool's. Pages seen at their start decide among those seen at
+//!   their place, and pages of their stream seen there only after another stream's tell nothing
+//!   (the range was given back and reserved again in between). PyTorch's small pool maps its
+//!   stream's lowest unmapped page, and a small range's pages up to its highest were all
+//!   mapped at once. So while the stream's small range is kept (it has pages mapped once these
+//!   are unmapped; a range is given back only when all its pages are), small pages the stream
+//!   maps later above their start and none at it do not make them small; nor, ever, do small
 //!   pages seen so far from them that one range holding both would span more than the device
-//!   could map (`PagesSeen::set_most_mapped`), do not make them small. A guess stands
-//!   until a block or a map placed in the pages says which (a small-pool block is at most
-//!   1 MiB, a small-pool map one 2 MiB page).
+//!   could map (`PagesSeen::set_most_mapped`). A guess stands until a block or a map placed in
+//!   the pages says which (a small-pool block is at most 1 MiB, a small-pool map one 2 MiB
+//!   page).
 //!
 //! The runs at the start are placed in ranges as a snapshot's are (`infer_ranges`), and
 //! `range_hints` is told of them (`RangeChange::Adopt`, before the recording's own changes), so
@@ -58,13 +62,27 @@ use crate::pool::{PoolKind, Settings, StreamId, page_size};
 /// their pool: what tells the pool of pages mapped again by undoing an unmap.
 #[derive(Debug, Default)]
 pub(super) struct PagesSeen {
-    /// `(stream, start)` → `(end, pool, mapped)`; `mapped`: seen as a map (later in the
-    /// recording than what the walk undoes), not as a snapshot's run.
-    pages: BTreeMap<(StreamId, u64), (u64, PoolKind, bool)>,
-    /// The same pages by start alone: `start` → `(end, stream, pool)`.
-    by_addr: BTreeMap<u64, (u64, StreamId, PoolKind)>,
+    /// `(stream, start)` → the pages.
+    pages: BTreeMap<(StreamId, u64), Seen>,
+    /// The same pages by start alone.
+    by_addr: BTreeMap<u64, Seen>,
+    /// Pages noted so far.
+    noted: u64,
     /// The most memory the device could have mapped at once, when known (`None`: unbounded).
     most_mapped: Option<u64>,
+}
+
+/// Pages seen: where they start and end, whose, and when.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    start: u64,
+    end: u64,
+    stream: StreamId,
+    pool: PoolKind,
+    /// Seen as a map (later in the recording than what the walk undoes), not a snapshot's run.
+    mapped: bool,
+    /// Noted as the `order`-th: the walk goes back in time, so a larger one is earlier.
+    order: u64,
 }
 
 impl PagesSeen {
@@ -82,34 +100,81 @@ impl PagesSeen {
         pool: PoolKind,
         mapped: bool,
     ) {
-        self.pages.insert((stream, addr), (end, pool, mapped));
-        self.by_addr.insert(addr, (end, stream, pool));
+        self.noted += 1;
+        let seen = Seen {
+            start: addr,
+            end,
+            stream,
+            pool,
+            mapped,
+            order: self.noted,
+        };
+        self.pages.insert((stream, addr), seen);
+        self.by_addr.insert(addr, seen);
     }
 
-    /// The pool of `addr..end` on `stream`, and whether it is a guess.
-    fn pool_of(&self, stream: StreamId, addr: u64, end: u64) -> Option<(PoolKind, bool)> {
+    /// The pages seen of any stream across any of `low..high`.
+    fn across(&self, low: u64, high: u64) -> impl Iterator<Item = &Seen> {
+        let before = self.by_addr.range(..low).next_back();
+        before
+            .into_iter()
+            .chain(self.by_addr.range(low..high))
+            .map(|(_, seen)| seen)
+            .filter(move |seen| seen.start < high && seen.end > low)
+    }
+
+    /// The pool of `addr..end` on `stream`, and whether it is a guess. `small_kept`: the
+    /// stream's small pool still has pages mapped once these are unmapped, so its range is kept
+    /// (PyTorch gives a range back only when all its pages are unmapped).
+    fn pool_of(
+        &self,
+        stream: StreamId,
+        addr: u64,
+        end: u64,
+        small_kept: bool,
+    ) -> Option<(PoolKind, bool)> {
         if !(end - addr).is_multiple_of(LARGE_BUFFER) {
             return Some((PoolKind::Small, false));
         }
-        type Entry<'a> = (&'a (StreamId, u64), &'a (u64, PoolKind, bool));
-        let seen =
-            |(&(_, start), &(seen_end, pool, mapped)): Entry| (start, seen_end, pool, mapped);
         let mut below = self
             .pages
             .range((stream, 0)..(stream, end))
             .rev()
-            .map(seen)
+            .map(|(_, seen)| *seen)
             .peekable();
         let mut above = self
             .pages
             .range((stream, end)..=(stream, u64::MAX))
-            .map(seen);
-        // Pages seen at this place (later: a range given back and reserved again may have put
-        // the other pool's pages there since, so this too is a guess).
-        if let Some(&(start, seen_end, pool, _)) = below.peek()
-            && seen_end > addr
-            && (pool == PoolKind::Large || start <= addr)
-        {
+            .map(|(_, seen)| *seen);
+        // Pages seen at this place later (a guess too: a range given back and reserved again
+        // may have put the other pool's pages there since). Those covering `addr` decide. Small
+        // pages seen only above `addr` do not make these small while the stream's small range is
+        // kept: its pool maps the stream's lowest unmapped page, so it would have mapped `addr`
+        // first. Pages of the stream seen only after another stream's there tell nothing: the
+        // range there was given back and reserved again by then.
+        let taken_over = self
+            .across(addr, end)
+            .filter(|seen| seen.stream != stream)
+            .map(|seen| seen.order)
+            .max()
+            .unwrap_or(0);
+        let mut inside = None;
+        while let Some(seen) = below.peek().copied() {
+            if seen.start <= addr {
+                if seen.end > addr && seen.order > taken_over {
+                    return Some((seen.pool, true));
+                }
+                break;
+            }
+            below.next();
+            if seen.order > taken_over && (seen.pool == PoolKind::Large || !small_kept) {
+                // Large pages seen anywhere inside them outweigh small ones.
+                if inside != Some(PoolKind::Large) {
+                    inside = Some(seen.pool);
+                }
+            }
+        }
+        if let Some(pool) = inside {
             return Some((pool, true));
         }
         // Else the nearer of the pages seen next to these each way, if they could lie in one
@@ -117,30 +182,30 @@ impl PagesSeen {
         // stream or pool seen between. (Looking past the next pages each way for some that could,
         // or taking these before the pages seen at this place, made more cut recordings depart
         // in tests/expandable_cuts.rs's long sweep: 57 of 48,203 against 27 for the latter.)
-        let could_share = |&(start, seen_end, pool, mapped): &(u64, u64, PoolKind, bool)| {
-            let (low, high) = if start >= end {
-                (end, start)
+        let could_share = |seen: &Seen| {
+            let (low, high) = if seen.start >= end {
+                (end, seen.start)
             } else {
-                (seen_end, addr)
+                (seen.end, addr)
             };
-            let span = seen_end.max(end) - start.min(addr);
+            let span = seen.end.max(end) - seen.start.min(addr);
             low <= high
-                && match pool {
+                && match seen.pool {
                     // The small pool maps its stream's lowest unmapped page: pages up to a small
                     // range's highest were all mapped at once.
                     PoolKind::Small => {
                         self.most_mapped.is_none_or(|most| span <= most)
-                            && !(mapped && start >= end)
+                            && !(small_kept && seen.mapped && seen.start >= end)
                     }
-                    PoolKind::Large => start.abs_diff(addr).is_multiple_of(LARGE_BUFFER),
+                    PoolKind::Large => seen.start.abs_diff(addr).is_multiple_of(LARGE_BUFFER),
                 }
-                && self.nothing_else_between(low, high, stream, pool)
+                && self.nothing_else_between(low, high, stream, seen.pool)
         };
-        let distance = |&(start, seen_end, _, _): &(u64, u64, PoolKind, bool)| {
-            if start >= end {
-                start - end
+        let distance = |seen: &Seen| {
+            if seen.start >= end {
+                seen.start - end
             } else {
-                addr - seen_end.min(addr)
+                addr - seen.end.min(addr)
             }
         };
         let below = below.next().filter(could_share);
@@ -149,17 +214,14 @@ impl PagesSeen {
             .into_iter()
             .flatten()
             .min_by_key(distance)
-            .map(|(_, _, pool, _)| (pool, true))
+            .map(|seen| (seen.pool, true))
     }
 
     /// Whether no pages seen of another stream or pool lie across any of `low..high`.
     fn nothing_else_between(&self, low: u64, high: u64, stream: StreamId, pool: PoolKind) -> bool {
-        let before = self.by_addr.range(..low).next_back();
-        !before.into_iter().chain(self.by_addr.range(low..high)).any(
-            |(&start, &(seen_end, s, p))| {
-                start < high && seen_end > low && (s != stream || p != pool)
-            },
-        )
+        !self
+            .across(low, high)
+            .any(|seen| seen.stream != stream || seen.pool != pool)
     }
 }
 
@@ -332,10 +394,14 @@ impl Walk {
             .map(|run| (run.pool, run.pool_guessed));
         let (pool, pool_guessed) = match (below, above) {
             (Some((_, pool, guessed)), _) | (None, Some((pool, guessed))) => (pool, guessed),
-            (None, None) => self
-                .seen
-                .pool_of(stream, addr, end)
-                .unwrap_or((PoolKind::Large, true)),
+            (None, None) => {
+                let small_kept = self.segments.values().any(|run| {
+                    run.expandable && run.stream == stream && run.pool == PoolKind::Small
+                });
+                self.seen
+                    .pool_of(stream, addr, end, small_kept)
+                    .unwrap_or((PoolKind::Large, true))
+            }
         };
         let mut run = WalkSegment {
             size,
@@ -424,8 +490,9 @@ impl WalkSegment {
 
 /// The ranges that hold `runs`, the runs of mapped pages at the start of `rec` (next to its
 /// `segments` at the start), on a device of `device_memory` bytes when it is known, else of
-/// the memory estimated from the recording; and the memory they were sized with, when any
-/// bounds it.
+/// the memory estimated from the recording; and, when the device memory is not known, the
+/// memory those ranges and the recording's imply, when they bound it (not the recording's
+/// capacity, which may be the middle of a bracket).
 pub(super) fn start_ranges(
     rec: &DeviceRecording,
     segments: &[SeedSegment],
@@ -433,7 +500,7 @@ pub(super) fn start_ranges(
     device_memory: Option<u64>,
 ) -> (Vec<SeedRange>, Option<u64>) {
     if runs.is_empty() {
-        return (Vec::new(), device_memory);
+        return (Vec::new(), None);
     }
     let occupied: Vec<Occupied> = segments
         .iter()
@@ -451,10 +518,10 @@ pub(super) fn start_ranges(
     // capacity to begin with, read again from where the ranges then lie.
     let capacity = device_memory.or_else(|| rec.capacity().and_then(|c| c.replay_capacity()));
     let changes = rec.range_changes();
-    let hints_for = |ranges: &[SeedRange]| {
-        let told: Vec<RangeChange> = adopted(ranges).into_iter().chain(changes.clone()).collect();
-        range_hints(&told, capacity)
+    let told = |ranges: &[SeedRange]| -> Vec<RangeChange> {
+        adopted(ranges).into_iter().chain(changes.clone()).collect()
     };
+    let hints_for = |ranges: &[SeedRange]| range_hints(&told(ranges), capacity);
     let mut memory = capacity.unwrap_or(u64::MAX);
     // No device has less memory than the recording reserved: an estimate below that rests on
     // ranges placed wrong, and is not taken.
@@ -495,7 +562,13 @@ pub(super) fn start_ranges(
         hints = hints_for(&ranges);
     }
     end_below_later_ranges(&mut ranges, &hints.reservations);
-    (ranges, Some(memory).filter(|&m| m != u64::MAX))
+    let implied = match device_memory {
+        Some(_) => None,
+        None => range_hints(&told(&ranges), None)
+            .device_total
+            .filter(|&m| m >= reserved),
+    };
+    (ranges, implied)
 }
 
 /// A range there before the recording ends short of where the recording reserves another
@@ -771,9 +844,9 @@ mod tests {
     }
 
     /// The small pool maps its stream's lowest unmapped page, so wholly free pages the trace
-    /// only unmaps were not small pages of their stream when the stream's small pool maps a page
-    /// above them later, nor when a small range holding them and the small pages seen would
-    /// span more than the device's memory.
+    /// only unmaps were not small pages of their stream when, with the stream's small range
+    /// kept, its small pool maps a page above them later and none at them; nor when a small
+    /// range holding them and the small pages seen would span more than the device's memory.
     #[test]
     fn an_unmapped_runs_pool_is_not_small_where_the_small_pool_could_not_have_it() {
         use crate::pool::PoolKind::{Large, Small};
@@ -787,36 +860,67 @@ mod tests {
             range.map(|r| r.pool)
         };
         let large_run = || run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]);
-        // A small page of the stream mapped later inside the pages, above their start: had
-        // they been small, the map would have taken the lowest of them.
-        let rec = recording(
+        // The stream's small range, kept: pages mapped below the large run.
+        let kept_small = || run(BASE - 100 * MIB, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]);
+        // Small pages of the stream mapped later inside the pages: those at their start tell;
+        // one above their start alone does not, while the small range is kept (the map would
+        // have taken the lowest of them), and does when it may have been given back.
+        let inside = |at: &[u64], kept: bool| {
+            let maps = at.iter().map(|&a| entry(Action::SegmentMap, a, 2 * MIB));
+            let runs = at
+                .iter()
+                .map(|&a| run(a, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]));
+            let held = [large_run()].into_iter().chain(kept.then(kept_small));
+            let entries = [entry(Action::SegmentUnmap, far, 20 * MIB)];
+            recording(
+                entries.into_iter().chain(maps).collect(),
+                held.chain(runs).collect(),
+            )
+        };
+        assert_eq!(
+            pool_at(&inside(&[far, far + 2 * MIB], true), far, None),
+            Some(Small)
+        );
+        assert_eq!(
+            pool_at(&inside(&[far + 4 * MIB], true), far, None),
+            Some(Large)
+        );
+        assert_eq!(
+            pool_at(&inside(&[far + 4 * MIB], false), far, None),
+            Some(Small)
+        );
+        // Pages of the stream at their start seen only after another stream's there: the range
+        // was given back and reserved again in between, and they tell nothing.
+        let taken_over = recording(
             vec![
                 entry(Action::SegmentUnmap, far, 20 * MIB),
-                entry(Action::SegmentMap, far + 4 * MIB, 2 * MIB),
+                on(1, Action::SegmentMap, far, 40 * MIB),
+                on(1, Action::SegmentUnmap, far, 40 * MIB),
+                entry(Action::SegmentMap, far, 2 * MIB),
             ],
-            vec![
-                large_run(),
-                run(far + 4 * MIB, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
-            ],
+            vec![large_run(), run(far, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)])],
         );
-        assert_eq!(pool_at(&rec, far, None), Some(Large));
+        assert_eq!(pool_at(&taken_over, far, None), Some(Large));
         // One mapped later above them, after an `empty_cache()` (an unmap just before a map
         // would be a release for want of memory, which bounds the capacity).
         let above = far + 60 * MIB;
-        let rec = recording(
-            vec![
-                entry(Action::SegmentUnmap, far, 20 * MIB),
-                entry(Action::Alloc, BASE, 20 * MIB),
-                entry(Action::FreeCompleted, BASE, 20 * MIB),
-                entry(Action::SegmentMap, above, 2 * MIB),
-            ],
-            vec![
-                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)]),
-                run(above, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
-            ],
-        );
-        assert_eq!(rec.capacity(), None);
-        assert_eq!(pool_at(&rec, far, None), Some(Large));
+        let after_empty_cache = |kept: bool| {
+            let held = [run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)])].into_iter();
+            recording(
+                vec![
+                    entry(Action::SegmentUnmap, far, 20 * MIB),
+                    entry(Action::Alloc, BASE, 20 * MIB),
+                    entry(Action::FreeCompleted, BASE, 20 * MIB),
+                    entry(Action::SegmentMap, above, 2 * MIB),
+                ],
+                held.chain(kept.then(kept_small))
+                    .chain([run(above, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)])])
+                    .collect(),
+            )
+        };
+        assert_eq!(after_empty_cache(true).capacity(), None);
+        assert_eq!(pool_at(&after_empty_cache(true), far, None), Some(Large));
+        assert_eq!(pool_at(&after_empty_cache(false), far, None), Some(Small));
         // Small pages there at the snapshot (mapped before the trace, perhaps) still tell.
         let rec = recording(
             vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
@@ -879,6 +983,55 @@ mod tests {
         // The recording's ranges imply about 8 GiB: then it cannot.
         let (pool, size) = pool_at(None).unwrap();
         assert_eq!((pool, size), (Large, range_size(8 * GIB, PoolKind::Large)));
+    }
+
+    /// A capacity the recording only brackets bounds what the device could map by the
+    /// bracket's top, in the second walk too (not by its middle, which a replay runs with).
+    #[test]
+    fn a_bracketed_capacity_bounds_the_guesses_by_its_top() {
+        use crate::pool::PoolKind::{Large, Small};
+        use crate::trace::CapacityEstimate;
+        let far = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                entry(Action::SegmentMap, BASE + 20 * MIB, 20 * MIB),
+                entry(Action::Alloc, BASE + 20 * MIB, 20 * MIB),
+            ],
+            vec![
+                run(
+                    BASE,
+                    40 * MIB,
+                    0,
+                    &[
+                        (0, 20 * MIB, 20 * MIB, true),
+                        (20 * MIB, 20 * MIB, 20 * MIB, true),
+                    ],
+                ),
+                run(far + 56 * MIB, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+            ],
+        );
+        // The unmap released cached pages for the map after it, which did not fit.
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 42 * MIB,
+                high: 62 * MIB
+            })
+        );
+        let pool_at = |memory: Option<u64>| {
+            let start = rec.faithful_on(memory).unwrap().start;
+            let range = start
+                .ranges
+                .iter()
+                .find(|r| r.runs.iter().any(|x| x.addr == far));
+            range.map(|r| r.pool)
+        };
+        // The unmapped pages and the small ones span 58 MiB: a device of up to 62 MiB could
+        // have had them all mapped.
+        assert_eq!(pool_at(None), Some(Small));
+        assert_eq!(pool_at(Some(62 * MIB)), Some(Small));
+        assert_eq!(pool_at(Some(56 * MIB)), Some(Large));
     }
 
     /// The device memory, when known (`--device-memory`), sizes the ranges there at the start.

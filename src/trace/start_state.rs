@@ -224,22 +224,23 @@ pub fn reconstruct_start(
     rec: &DeviceRecording,
     device_memory: Option<u64>,
 ) -> Result<StartState, TraceError> {
-    let (start, sized_with) = walk_back(rec, device_memory, device_memory)?;
+    let (start, implied) = walk_back(rec, device_memory, device_memory)?;
     // Without the device's memory, the walk's guesses of pools knew only what the recorded
-    // capacity bounds: walk again under the memory the start's ranges were sized with (in
-    // tests/expandable_cuts.rs given the capacity alone, 13 of 48,203 cut recordings depart
+    // capacity bounds: walk again under the memory the start's ranges and the recording's imply
+    // (in tests/expandable_cuts.rs given the capacity alone, 13 of 48,203 cut recordings depart
     // against 26 after one walk).
-    match sized_with {
-        Some(memory) if device_memory.is_none() => Ok(walk_back(rec, None, Some(memory))
+    match implied {
+        Some(memory) => Ok(walk_back(rec, None, Some(memory))
             .map(|(again, _)| again)
             .unwrap_or(start)),
-        _ => Ok(start),
+        None => Ok(start),
     }
 }
 
-/// The start state of `rec` and the memory its ranges were sized with: the trace walked back
-/// from the snapshot's state, its pools of pages guessed for a device of at most `walk_memory`
-/// bytes, its ranges sized for a device of `device_memory` bytes (`None`: estimated).
+/// The start state of `rec`, and without `device_memory` the memory its ranges and the
+/// recording's imply (`start_ranges`): the trace walked back from the snapshot's state, its pools
+/// of pages guessed for a device of at most `walk_memory` bytes, its ranges sized for a device
+/// of `device_memory` bytes (`None`: estimated).
 fn walk_back(
     rec: &DeviceRecording,
     device_memory: Option<u64>,
@@ -306,9 +307,9 @@ fn walk_back(
             ),
         )
     })?;
-    let sized_with;
-    (start.ranges, sized_with) = start_ranges(rec, &start.segments, runs, device_memory);
-    Ok((start, sized_with))
+    let implied;
+    (start.ranges, implied) = start_ranges(rec, &start.segments, runs, device_memory);
+    Ok((start, implied))
 }
 
 /// The state a snapshot's `segments` hold for one device, as the pool would hold it: the

@@ -1,6 +1,8 @@
 //! Writing PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot` pickles) by hand, for
 //! tests that need a state no real file has.
 
+use cachealloc::pool::PoolKind;
+use cachealloc::trace::recording::{Action, BlockState, CallSite, DeviceRecording};
 use serde_pickle::{HashableValue as H, SerOptions, Value as V};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -130,6 +132,102 @@ pub fn write_segment_list(name: &str, segments: &[Segment]) -> PathBuf {
         name,
         &V::List(segments.iter().map(|s| segment(s, 0)).collect()),
     )
+}
+
+/// Write `rec` (device 0, with expandable segments) as the snapshot PyTorch would have dumped:
+/// its trace (each entry's call site as a stack frame's name) and its segments.
+pub fn write_recording(name: &str, rec: &DeviceRecording) -> PathBuf {
+    let trace = rec
+        .entries
+        .iter()
+        .map(|e| {
+            let action = match e.action {
+                Action::Alloc => "alloc",
+                Action::FreeRequested => "free_requested",
+                Action::FreeCompleted => "free_completed",
+                Action::SegmentAlloc => "segment_alloc",
+                Action::SegmentFree => "segment_free",
+                Action::SegmentMap => "segment_map",
+                Action::SegmentUnmap => "segment_unmap",
+                Action::Snapshot => "snapshot",
+                Action::Oom => "oom",
+                Action::Annotate => "user_defined",
+            };
+            let mut items = vec![
+                ("action", V::String(action.into())),
+                ("addr", int(e.addr)),
+                ("size", int(e.size)),
+                ("stream", int(e.stream.0)),
+            ];
+            let frame = match e.call_site {
+                CallSite::EmptyCache => Some("emptyCache"),
+                CallSite::Malloc => Some("malloc"),
+                CallSite::Other => Some("forward"),
+                CallSite::Unrecorded => None,
+            };
+            if let Some(frame) = frame {
+                let frame = dict(vec![("name", V::String(frame.into()))]);
+                items.push(("frames", V::List(vec![frame])));
+            }
+            if let Some(free) = e.device_free {
+                items.push(("device_free", int(free)));
+            }
+            dict(items)
+        })
+        .collect();
+    let segments = rec
+        .segments
+        .iter()
+        .map(|s| {
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|b| {
+                    let state = match b.state {
+                        BlockState::Allocated => "active_allocated",
+                        BlockState::PendingFree => "active_pending_free",
+                        BlockState::Inactive => "inactive",
+                    };
+                    dict(vec![
+                        ("address", int(b.address)),
+                        ("size", int(b.size)),
+                        ("requested_size", int(b.requested_size)),
+                        ("state", V::String(state.into())),
+                    ])
+                })
+                .collect();
+            let pool = match s.pool {
+                PoolKind::Small => "small",
+                PoolKind::Large => "large",
+            };
+            dict(vec![
+                ("device", int(0)),
+                ("address", int(s.address)),
+                ("total_size", int(s.total_size)),
+                ("stream", int(s.stream.0)),
+                ("segment_type", V::String(pool.into())),
+                ("segment_pool_id", V::Tuple(vec![int(0), int(0)])),
+                ("is_expandable", V::Bool(s.is_expandable)),
+                ("blocks", V::List(blocks)),
+            ])
+        })
+        .collect();
+    let settings = dict(vec![
+        (
+            "PYTORCH_CUDA_ALLOC_CONF",
+            V::String("expandable_segments:True".into()),
+        ),
+        ("max_split_size", V::I64(-1)),
+        ("garbage_collection_threshold", V::F64(0.0)),
+        ("expandable_segments", V::Bool(true)),
+        ("roundup_power2_divisions", V::Dict(BTreeMap::new())),
+    ]);
+    let top = dict(vec![
+        ("segments", V::List(segments)),
+        ("device_traces", V::List(vec![V::List(trace)])),
+        ("allocator_settings", settings),
+    ]);
+    write(name, &top)
 }
 
 /// Pickle `value` to `name` in the temporary folder (the name is made this process's own).
