@@ -636,7 +636,7 @@ impl StartState {
 
 #[cfg(test)]
 mod tests {
-    use crate::pool::StreamId;
+    use crate::pool::{PoolKind, StreamId};
     use crate::trace::fixtures::{BASE, MIB, at, entry, recording, segment};
     use crate::trace::recording::{Action, CallSite, DeviceRecording, RecordedSegment, TraceEntry};
     use crate::trace::{ReplayConfig, ReplayOutcome, replay_faithful};
@@ -698,6 +698,21 @@ mod tests {
             .map(|r| (r.addr, r.runs.len()))
             .collect();
         (blocks, ranges)
+    }
+
+    /// The pool and size of the range at the start of `rec` that holds the run at `addr`, on a
+    /// device of `memory` bytes when given.
+    fn range_holding(
+        rec: &DeviceRecording,
+        addr: u64,
+        memory: Option<u64>,
+    ) -> Option<(PoolKind, u64)> {
+        let start = rec.faithful_on(memory).unwrap().start;
+        let range = start
+            .ranges
+            .iter()
+            .find(|r| r.runs.iter().any(|x| x.addr == addr));
+        range.map(|r| (r.pool, r.size))
     }
 
     /// A recording that begins with pages mapped: the pages its maps add are taken away, and
@@ -785,14 +800,8 @@ mod tests {
     fn an_unmapped_runs_pool_is_told_by_pages_around_it() {
         use crate::pool::PoolKind::{Large, Small};
         let far = BASE + 100 * GIB;
-        let pool_at = |rec: &DeviceRecording, addr: u64| {
-            let start = rec.faithful().unwrap().start;
-            let range = start
-                .ranges
-                .iter()
-                .find(|r| r.runs.iter().any(|x| x.addr == addr));
-            range.map(|r| r.pool)
-        };
+        let pool_at =
+            |rec: &DeviceRecording, addr: u64| range_holding(rec, addr, None).map(|r| r.0);
         // The same pages mapped again later, one small page.
         let rec = recording(
             vec![
@@ -852,12 +861,7 @@ mod tests {
         use crate::pool::PoolKind::{Large, Small};
         let far = BASE + 100 * GIB;
         let pool_at = |rec: &DeviceRecording, addr: u64, memory: Option<u64>| {
-            let start = rec.faithful_on(memory).unwrap().start;
-            let range = start
-                .ranges
-                .iter()
-                .find(|r| r.runs.iter().any(|x| x.addr == addr));
-            range.map(|r| r.pool)
+            range_holding(rec, addr, memory).map(|r| r.0)
         };
         let large_run = || run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]);
         // The stream's small range, kept: pages mapped below the large run.
@@ -921,25 +925,17 @@ mod tests {
         assert_eq!(after_empty_cache(true).capacity(), None);
         assert_eq!(pool_at(&after_empty_cache(true), far, None), Some(Large));
         assert_eq!(pool_at(&after_empty_cache(false), far, None), Some(Small));
-        // Small pages there at the snapshot (mapped before the trace, perhaps) still tell.
-        let rec = recording(
-            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
-            vec![
-                large_run(),
-                run(above, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
-            ],
-        );
-        assert_eq!(pool_at(&rec, far, None), Some(Small));
+        // Small pages at `at` in the snapshot (mapped before the trace, perhaps).
+        let small_at = |at: u64| {
+            recording(
+                vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
+                vec![large_run(), run(at, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)])],
+            )
+        };
+        assert_eq!(pool_at(&small_at(above), far, None), Some(Small));
         // Small pages 10 GiB above: one small range holds both only on a device of more than
         // 10 GiB, whose small pool had them all mapped at once.
-        let high = far + 10 * GIB;
-        let rec = recording(
-            vec![entry(Action::SegmentUnmap, far, 20 * MIB)],
-            vec![
-                large_run(),
-                run(high, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
-            ],
-        );
+        let rec = small_at(far + 10 * GIB);
         assert_eq!(pool_at(&rec, far, None), Some(Small));
         assert_eq!(pool_at(&rec, far, Some(16 * GIB)), Some(Small));
         assert_eq!(pool_at(&rec, far, Some(8 * GIB)), Some(Large));
@@ -951,7 +947,7 @@ mod tests {
     #[test]
     fn an_unmapped_runs_pool_is_guessed_again_under_the_estimated_memory() {
         use crate::pool::PoolKind::{Large, Small};
-        use crate::pool::{PoolKind, range_size};
+        use crate::pool::range_size;
         let far = BASE + 100 * GIB;
         let high = far + 10 * GIB;
         let top = far + 40 * GIB;
@@ -970,14 +966,7 @@ mod tests {
                 run(below_top, 20 * MIB, 2, &[(0, 20 * MIB, 20 * MIB, true)]),
             ],
         );
-        let pool_at = |memory: Option<u64>| {
-            let start = rec.faithful_on(memory).unwrap().start;
-            let range = start
-                .ranges
-                .iter()
-                .find(|r| r.runs.iter().any(|x| x.addr == far));
-            range.map(|r| (r.pool, r.size))
-        };
+        let pool_at = |memory: Option<u64>| range_holding(&rec, far, memory);
         // 10 GiB from the small pages: on a device of 16 GiB, one small range holds both.
         assert_eq!(pool_at(Some(16 * GIB)).unwrap().0, Small);
         // The recording's ranges imply about 8 GiB: then it cannot.
@@ -1019,14 +1008,7 @@ mod tests {
                 high: 62 * MIB
             })
         );
-        let pool_at = |memory: Option<u64>| {
-            let start = rec.faithful_on(memory).unwrap().start;
-            let range = start
-                .ranges
-                .iter()
-                .find(|r| r.runs.iter().any(|x| x.addr == far));
-            range.map(|r| r.pool)
-        };
+        let pool_at = |memory: Option<u64>| range_holding(&rec, far, memory).map(|r| r.0);
         // The unmapped pages and the small ones span 58 MiB: a device of up to 62 MiB could
         // have had them all mapped.
         assert_eq!(pool_at(None), Some(Small));
@@ -1037,7 +1019,7 @@ mod tests {
     /// The device memory, when known (`--device-memory`), sizes the ranges there at the start.
     #[test]
     fn a_known_device_memory_sizes_the_start_ranges() {
-        use crate::pool::{PoolKind, range_size};
+        use crate::pool::range_size;
         let rec = recording(
             vec![entry(Action::FreeCompleted, BASE, 20 * MIB)],
             vec![run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)])],
