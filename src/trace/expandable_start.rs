@@ -51,6 +51,7 @@
 
 use std::collections::BTreeMap;
 
+use super::capacity::CapacityEstimate;
 use super::expandable_state::{Occupied, SeedRange, infer_ranges};
 use super::ranges::{RangeChange, Reservation, pool_of_page, range_hints};
 use super::recording::{DeviceRecording, RecordedSegment};
@@ -490,14 +491,15 @@ impl WalkSegment {
 
 /// The ranges that hold `runs`, the runs of mapped pages at the start of `rec` (next to its
 /// `segments` at the start), on a device of `device_memory` bytes when it is known, else of
-/// the memory estimated from the recording; and, when the device memory is not known, the
-/// memory those ranges and the recording's imply, when they bound it (not the recording's
-/// capacity, which may be the middle of a bracket).
+/// the memory estimated from the recording (starting from its `recorded` capacity); and, when
+/// the device memory is not known, the memory those ranges and the recording's imply, when
+/// they bound it (not the recording's capacity, which may be the middle of a bracket).
 pub(super) fn start_ranges(
     rec: &DeviceRecording,
     segments: &[SeedSegment],
     runs: Vec<SeedSegment>,
     device_memory: Option<u64>,
+    recorded: Option<CapacityEstimate>,
 ) -> (Vec<SeedRange>, Option<u64>) {
     if runs.is_empty() {
         return (Vec::new(), None);
@@ -516,7 +518,7 @@ pub(super) fn start_ranges(
         .collect();
     // The memory ranges are sized from: the device's, when known, else the recording's
     // capacity to begin with, read again from where the ranges then lie.
-    let capacity = device_memory.or_else(|| rec.capacity().and_then(|c| c.replay_capacity()));
+    let capacity = device_memory.or_else(|| recorded.and_then(|c| c.replay_capacity()));
     let changes = rec.range_changes();
     let told = |ranges: &[SeedRange]| -> Vec<RangeChange> {
         adopted(ranges).into_iter().chain(changes.clone()).collect()

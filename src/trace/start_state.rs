@@ -27,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::capacity::CapacityEstimate;
 use super::error::TraceError;
 use super::expandable_start::{PagesSeen, start_ranges};
 use super::expandable_state::{SeedRange, end_state_groups, infer_ranges};
@@ -224,13 +225,20 @@ pub fn reconstruct_start(
     rec: &DeviceRecording,
     device_memory: Option<u64>,
 ) -> Result<StartState, TraceError> {
-    let (start, implied) = walk_back(rec, device_memory, device_memory)?;
+    // What the recording says of its capacity bounds the guesses and sizes the ranges of
+    // expandable segments, in both walks: read once, and only where there are such segments.
+    let recorded = if rec.is_expandable() {
+        rec.capacity()
+    } else {
+        None
+    };
+    let (start, implied) = walk_back(rec, recorded, device_memory, device_memory)?;
     // Without the device's memory, the walk's guesses of pools knew only what the recorded
     // capacity bounds: walk again under the memory the start's ranges and the recording's imply
     // (in tests/expandable_cuts.rs given the capacity alone, 13 of 48,203 cut recordings depart
     // against 26 after one walk).
     match implied {
-        Some(memory) => Ok(walk_back(rec, None, Some(memory))
+        Some(memory) => Ok(walk_back(rec, recorded, None, Some(memory))
             .map(|(again, _)| again)
             .unwrap_or(start)),
         None => Ok(start),
@@ -239,16 +247,17 @@ pub fn reconstruct_start(
 
 /// The start state of `rec`, and without `device_memory` the memory its ranges and the
 /// recording's imply (`start_ranges`): the trace walked back from the snapshot's state, its pools
-/// of pages guessed for a device of at most `walk_memory` bytes, its ranges sized for a device
-/// of `device_memory` bytes (`None`: estimated).
+/// of pages guessed for a device of at most `walk_memory` bytes and the `recorded` capacity,
+/// its ranges sized for a device of `device_memory` bytes (`None`: estimated).
 fn walk_back(
     rec: &DeviceRecording,
+    recorded: Option<CapacityEstimate>,
     device_memory: Option<u64>,
     walk_memory: Option<u64>,
 ) -> Result<(StartState, Option<u64>), TraceError> {
     let settings = rec.replay_settings();
     let mut walk = Walk::from_end_state(rec)?;
-    let most_capacity = rec.capacity().and_then(|c| c.most());
+    let most_capacity = recorded.and_then(|c| c.most());
     let most_mapped = match (most_capacity, walk_memory) {
         (Some(c), Some(m)) => Some(c.min(m)),
         (c, m) => c.or(m),
@@ -308,7 +317,7 @@ fn walk_back(
         )
     })?;
     let implied;
-    (start.ranges, implied) = start_ranges(rec, &start.segments, runs, device_memory);
+    (start.ranges, implied) = start_ranges(rec, &start.segments, runs, device_memory, recorded);
     Ok((start, implied))
 }
 
