@@ -20,7 +20,8 @@
 //! wrong, device memory estimated from ranges placed wrong. The sweep allows at most 1 cut
 //! recording in 2,000 to depart with the memory given, 1 in 800 without
 //! (`CACHEALLOC_CUT_SEEDS=60 cargo test --release --test expandable_cuts -- --nocapture`: 8 and
-//! 13 of 48,203; 160 seeds: 25 and 46 of 128,655).
+//! 13 of 48,203; 160 seeds: 23 and 44 of 128,655). `CACHEALLOC_CUT_FIRST_SEED` starts the
+//! sweep at another seed, to look at one recording.
 
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::pool::{BlockState as PoolBlockState, DeviceId, PoolEvent, Settings, StreamId};
@@ -349,11 +350,16 @@ fn recordings_cut_mid_run_replay_exactly() {
         .ok()
         .and_then(|v| v.parse().ok());
     let seeds = sweep.unwrap_or(3);
+    // Where a sweep starts (`CACHEALLOC_CUT_FIRST_SEED`, default 0): to look at one recording.
+    let first: u64 = std::env::var("CACHEALLOC_CUT_FIRST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let (mut cuts, mut ooms, mut unmaps) = (0, 0, 0);
     // Departures with the device's memory given, and with the capacity alone.
     let (mut known, mut unknown) = (Vec::new(), Vec::new());
     for shape in SHAPES {
-        for seed in 0..seeds {
+        for seed in first..first + seeds {
             let rec = record(seed, shape);
             let whole = departures(&rec, shape.device, false);
             assert!(whole.is_empty(), "{}: {whole:?}", rec.source);
@@ -373,9 +379,9 @@ fn recordings_cut_mid_run_replay_exactly() {
             }
         }
     }
-    // The shapes do what they are for.
+    // The shapes do what they are for (over the seeds from 0: a chosen one may not run out).
     assert!(
-        ooms >= 1 && unmaps >= 20 * seeds as usize,
+        first > 0 || (ooms >= 1 && unmaps >= 20 * seeds as usize),
         "{ooms} OOMs, {unmaps} unmaps"
     );
     for (failures, per, given) in [

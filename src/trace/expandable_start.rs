@@ -19,7 +19,9 @@
 //!   large range's pages lie whole 20 MiB pages apart, and no other stream's or pool's pages
 //!   lie between), else the large pool's. Pages seen at their start decide among those seen at
 //!   their place, and pages of their stream seen there only after another stream's tell nothing
-//!   (the range was given back and reserved again in between). PyTorch's small pool maps its
+//!   (the range was given back and reserved again in between); nor do any pages of their stream
+//!   seen after it had none mapped (its ranges were all given back then, and those reserved
+//!   again may have swapped places). PyTorch's small pool maps its
 //!   stream's lowest unmapped page, and a small range's pages up to its highest were all
 //!   mapped at once. So while the stream's small range is kept (it has pages mapped once these
 //!   are unmapped; a range is given back only when all its pages are), small pages the stream
@@ -71,6 +73,9 @@ pub(super) struct PagesSeen {
     noted: u64,
     /// The most memory the device could have mapped at once, when known (`None`: unbounded).
     most_mapped: Option<u64>,
+    /// Per stream, `noted` when the walk last found it with no pages mapped: its ranges were
+    /// given back then, so pages of it noted until then lie in ranges reserved again since.
+    given_back: BTreeMap<StreamId, u64>,
 }
 
 /// Pages seen: where they start and end, whose, and when.
@@ -114,6 +119,13 @@ impl PagesSeen {
         self.by_addr.insert(addr, seen);
     }
 
+    /// `stream` has no pages mapped at this point of the walk: PyTorch gave its ranges back
+    /// (a range goes back when its last pages are unmapped), and those reserved afterwards may
+    /// lie anywhere, the other pool's where this one's were.
+    fn given_back(&mut self, stream: StreamId) {
+        self.given_back.insert(stream, self.noted);
+    }
+
     /// The pages seen of any stream across any of `low..high`.
     fn across(&self, low: u64, high: u64) -> impl Iterator<Item = &Seen> {
         let before = self.by_addr.range(..low).next_back();
@@ -137,16 +149,20 @@ impl PagesSeen {
         if !(end - addr).is_multiple_of(LARGE_BUFFER) {
             return Some((PoolKind::Small, false));
         }
+        // Pages of the stream seen after its ranges were last given back tell nothing.
+        let given_back = self.given_back.get(&stream).copied().unwrap_or(0);
         let mut below = self
             .pages
             .range((stream, 0)..(stream, end))
             .rev()
             .map(|(_, seen)| *seen)
+            .filter(|seen| seen.order > given_back)
             .peekable();
         let mut above = self
             .pages
             .range((stream, end)..=(stream, u64::MAX))
-            .map(|(_, seen)| *seen);
+            .map(|(_, seen)| *seen)
+            .filter(|seen| seen.order > given_back);
         // Pages seen at this place later (a guess too: a range given back and reserved again
         // may have put the other pool's pages there since). Those covering `addr` decide. Small
         // pages seen only above `addr` do not make these small while the stream's small range is
@@ -358,6 +374,13 @@ impl Walk {
                 run.size = addr - start;
                 self.segments.insert(start, run);
             }
+        }
+        if !self
+            .segments
+            .values()
+            .any(|run| run.expandable && run.stream == stream)
+        {
+            self.seen.given_back(stream);
         }
         Ok(())
     }
@@ -852,6 +875,51 @@ mod tests {
             )],
         );
         assert_eq!(pool_at(&rec, far), Some(Large));
+    }
+
+    /// Once all of a stream's pages are unmapped, PyTorch has given its ranges back, and those
+    /// it reserves again may swap places: pages seen later at the place of wholly free pages
+    /// unmapped before then do not tell their pool.
+    #[test]
+    fn pages_seen_after_the_streams_ranges_were_given_back_do_not_tell_a_pool() {
+        use crate::pool::PoolKind::{Large, Small};
+        let (far, top) = (BASE + 100 * GIB, BASE + 200 * GIB);
+        // Large pages at `far` and small ones at `top` unmapped (empty_cache()), then the
+        // small pool's range reserved at `far` and the large pool's at `top`.
+        let swapped = |kept: Vec<RecordedSegment>| {
+            let runs = [
+                run(far, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+                run(top, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+            ];
+            recording(
+                vec![
+                    entry(Action::SegmentUnmap, far, 20 * MIB),
+                    entry(Action::SegmentUnmap, top, 2 * MIB),
+                    entry(Action::SegmentMap, far, 2 * MIB),
+                    entry(Action::Alloc, far, 512),
+                    entry(Action::SegmentMap, top, 20 * MIB),
+                    entry(Action::Alloc, top, 20 * MIB),
+                ],
+                kept.into_iter().chain(runs).collect(),
+            )
+        };
+        let pool_at = |rec: &DeviceRecording, addr: u64| {
+            let start = rec.faithful().unwrap().start;
+            let run = start.ranges.iter().flat_map(|r| &r.runs);
+            run.filter(|x| x.addr == addr).map(|x| x.pool).next()
+        };
+        let rec = swapped(Vec::new());
+        assert_eq!(pool_at(&rec, far), Some(Large));
+        assert_eq!(pool_at(&rec, top), Some(Small));
+        // With other pages of the stream mapped all along, no range was given back: the small
+        // pages seen at `far` say what its pages were.
+        let rec = swapped(vec![run(
+            BASE,
+            20 * MIB,
+            0,
+            &[(0, 20 * MIB, 20 * MIB, true)],
+        )]);
+        assert_eq!(pool_at(&rec, far), Some(Small));
     }
 
     /// The small pool maps its stream's lowest unmapped page, so wholly free pages the trace
