@@ -80,7 +80,7 @@ def study(name, source):
         if not report or report["kind"] != "fragmentation":
             continue
         req_mib = report["rounded_bytes"] / MIB
-        lf_mib = max(report["largest_free_block_bytes"], default=0) / MIB
+        lf_mib = max(report["largest_free_blocks_bytes"], default=0) / MIB
         fitting = {f["max_split_size_mb"]: f["num_device_alloc"]
                    for f in out["fitting_settings"]}
         named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}

@@ -259,13 +259,23 @@ fn the_default_device_is_the_first_with_allocations_or_frees() {
     let j = json(&cachealloc(&["replay", path, "--faithful", "--json"]));
     assert_eq!(j["device"], 1);
     assert_eq!(j["events"], 1);
-    // Asked for, device 0 is still replayed (and has nothing to replay).
+    // Asked for, device 0 is still replayed (and has nothing to replay). Nor has it memory
+    // for `state` to report: the message points to the device that has, with the command that
+    // reports it (which takes device 1 by itself).
     let out = cachealloc(&["replay", path, "--device", "0"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("device 0's trace (1 entry) holds no allocation or free"),
+        err.contains("device 0's trace (1 entry) holds no allocation or free")
+            && err.contains("records no memory reserved on it")
+            && err.contains(&format!(
+                "memory reserved on device 1: cachealloc state {path})"
+            )),
         "{err}"
     );
+    let state = cachealloc(&["state", path]);
+    assert!(state.status.success());
+    let text = String::from_utf8_lossy(&state.stdout);
+    assert!(text.contains(", device 1:"), "{text}");
 }
 
 /// The same for a cachealloc trace: a device whose only events are markers (a device reset)
@@ -329,6 +339,23 @@ fn a_faithful_search_names_the_values_it_cannot_replay() {
     let text = String::from_utf8(cachealloc(&args).stdout).unwrap();
     assert!(
         text.contains("(max_split_size_mb:32, the report's suggestion, cannot be replayed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(max_split_size_mb values 32, 20 were not tried: ")
+            && text.contains("could not exist under them.)"),
+        "{text}"
+    );
+    // One value: in the singular.
+    let Some(t) = trace("octree-nca/e67173f/my_snapshot.pickle") else {
+        return;
+    };
+    let path = t.to_str().unwrap();
+    let args = ["replay", path, "--faithful", "--capacity", "2GiB"];
+    let text = String::from_utf8(cachealloc(&args).stdout).unwrap();
+    assert!(
+        text.contains("(max_split_size_mb value 20 was not tried: ")
+            && text.contains("could not exist under it.)"),
         "{text}"
     );
 }
@@ -575,7 +602,7 @@ fn bad_input_exits_2_with_a_clear_message() {
                 "--device".into(),
                 "-1".into(),
             ],
-            "not a device ordinal: expected a whole number, 0 or more",
+            "not a device ordinal: expected a whole number from 0 to 2147483647",
         ),
         (
             vec![
@@ -584,7 +611,7 @@ fn bad_input_exits_2_with_a_clear_message() {
                 "--device".into(),
                 "gpu0".into(),
             ],
-            "not a device ordinal: expected a whole number, 0 or more",
+            "not a device ordinal: expected a whole number from 0 to 2147483647",
         ),
         (
             vec![
@@ -662,7 +689,7 @@ fn an_oom_comes_with_settings_verified_to_fit() {
     assert_eq!(report["other_streams_largest_free_block_bytes"], 0);
     let mb = report["suggested_max_split_size_mb"].as_u64().unwrap();
     assert_eq!(conf, format!("max_split_size_mb:{mb}"));
-    let largest = report["largest_free_block_bytes"][0].as_u64().unwrap();
+    let largest = report["largest_free_blocks_bytes"][0].as_u64().unwrap();
     assert!(mb << 20 <= largest && largest < report["rounded_bytes"].as_u64().unwrap());
     assert!(
         report["text"]
@@ -1065,4 +1092,38 @@ fn a_faithful_replay_keeps_to_the_recorded_device_memory() {
         "the capacity is the memory: {text}"
     );
     std::fs::remove_file(&path).unwrap();
+}
+
+/// Output to a reader that went away (`cachealloc … | head`) ends quietly; output that cannot
+/// be written (a full disk) is an error that says so. Neither is a panic.
+#[test]
+fn output_that_cannot_be_written_is_not_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+        .args(["synth", "transformer:steps=2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary runs");
+    // The reader goes away before the summary is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.is_empty(), "{stderr}");
+
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped the full-disk case: no /dev/full");
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+        .args(["synth", "transformer:steps=2"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("could not write the output to stdout") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }

@@ -345,6 +345,7 @@ fn wholly_free_segments_and_pending_frees_are_told_apart() {
     let j = state_json(&path, &["--request", "50MiB", "--device-free", "30MiB"]);
     assert_eq!(j["request"]["outcome"], "new_segment", "{j}");
     assert_eq!(j["request"]["released_segments"], 2);
+    assert_eq!(j["request"]["released_once_pending"], 1);
     let text = String::from_utf8_lossy(
         &state(&path, &["--request", "50MiB", "--device-free", "30MiB"]).stdout,
     )
@@ -352,7 +353,8 @@ fn wholly_free_segments_and_pending_frees_are_told_apart() {
     assert!(
         text.contains(
             "served by a new segment of 50.00 MiB from the device, after returning 2 \
-             free cached segments to it."
+             free cached segments to it, 1 of them wholly free only once the pending frees \
+             completed (the pool synchronizes first)."
         ),
         "{text}"
     );
@@ -505,6 +507,9 @@ fn real_states_after_the_ladder() {
         let r = &j["request"];
         assert_eq!(r["outcome"], "new_segment", "{j}");
         assert_eq!(r["released_segments"], 12);
+        // 8 of them wholly free in the state, 4 once its pending frees complete.
+        assert_eq!(j["pools"]["all"]["free_segments"], 8);
+        assert_eq!(r["released_once_pending"], 4);
         // 68 of its segments are two private pools' (as a plain-python count of the pickle
         // says): a 15 MiB request takes a 96.75 MiB block of the default pool, not the private
         // pool's 15.84 MiB one at 0x32e428000.

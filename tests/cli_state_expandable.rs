@@ -139,7 +139,10 @@ fn the_ranges_taken_are_listed() {
         "{text}"
     );
     assert!(
-        text.contains("A snapshot records the pages mapped in expandable segments"),
+        text.contains("A snapshot records the pages mapped in expandable segments")
+            && text.contains(&format!(
+                "(a run beyond it begins another range). The ranges: 1.13 GiB at {SEG:#x}"
+            )),
         "{text}"
     );
     // Without a request the report offers one, as for native segments.

@@ -489,6 +489,13 @@ pub fn render_help() -> String {
         "\nAccepted and ignored (PyTorch-only): {}\n",
         PYTORCH_ONLY_KEYS.join(", ")
     ));
+    for p in POLICY_KEYS_NOT_SUPPORTED {
+        out.push_str(&format!(
+            "  {} changes PyTorch's policy, so ignoring it is a warning: {}.\n",
+            p.written(),
+            p.instead
+        ));
+    }
     out
 }
 
@@ -591,6 +598,11 @@ mod tests {
         }
         for v in VARIABLES {
             assert!(help.contains(v.name), "{} missing from help", v.name);
+        }
+        // Ignoring a key that changes PyTorch's policy is a warning, and the help says so.
+        for p in POLICY_KEYS_NOT_SUPPORTED {
+            let warned = format!("{} changes PyTorch's policy", p.written());
+            assert!(help.contains(&warned), "{warned} missing from help");
         }
         assert!(!help.contains('`'));
     }

@@ -68,6 +68,36 @@ impl FromStr for SynthKind {
     }
 }
 
+/// What each generator's parameters set, with their defaults: the command line's help for a
+/// spec.
+pub fn parameters_help() -> String {
+    let kinds = [
+        (
+            SynthKind::Transformer,
+            "training steps of a decoder-only transformer, GPT-2 small by default",
+            TransformerParams::described(),
+        ),
+        (
+            SynthKind::LogUniform,
+            "the benchmark's trace: sizes drawn log-uniformly from min to max, random frees",
+            LogUniformParams::described(),
+        ),
+    ];
+    let mut text = String::from(
+        "The workload: transformer or loguniform, optionally with parameters \
+         (KIND:key=value,...), e.g. \"transformer:layers=24,seq=512-4096\" or \
+         \"loguniform:ops=100000,budget_gib=4\". Values are whole numbers (`_` may separate \
+         digits), except free_p; defaults in parentheses.",
+    );
+    for (kind, what, params) in kinds {
+        text.push_str(&format!("\n\n{kind}: {what}"));
+        for (key, described) in params {
+            text.push_str(&format!("\n  {key}: {described}"));
+        }
+    }
+    text
+}
+
 /// A generator with its parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SynthSpec {
@@ -119,6 +149,7 @@ impl FromStr for SynthSpec {
             None => (s, None),
         };
         let mut spec = SynthSpec::new(kind.parse()?);
+        let mut given: Vec<(&str, &str)> = Vec::new();
         for pair in overrides.into_iter().flat_map(|o| o.split(',')) {
             let pair = pair.trim();
             if pair.is_empty() {
@@ -130,6 +161,13 @@ impl FromStr for SynthSpec {
                 ))
             })?;
             let (key, value) = (key.trim(), value.trim());
+            if let Some((_, first)) = given.iter().find(|(k, _)| *k == key) {
+                return Err(SynthError(format!(
+                    "synthetic workload parameter {key} is given twice ({key}={first}, then \
+                     {key}={value}); give it once"
+                )));
+            }
+            given.push((key, value));
             match &mut spec {
                 SynthSpec::Transformer(p) => p.set(key, value)?,
                 SynthSpec::LogUniform(p) => p.set(key, value)?,
@@ -190,6 +228,30 @@ mod tests {
         assert!(err("loguniform:free_p=1.5").contains("free_p"));
         assert!(err("loguniform:min=4096,max=512").contains("min"));
         assert!(err("loguniform:ops=99999999999").contains("at most 10000000"));
+        assert!(err("loguniform:ops=99999999999999999999").ends_with("is too large"));
+        assert!(err("loguniform:min=1KiB").contains("is not a whole number of bytes"));
+        assert!(err("loguniform:budget_gib=0.5").ends_with("is not a whole number of GiB"));
+        assert_eq!(
+            err("transformer:layers=2,layers=3"),
+            "synthetic workload parameter layers is given twice (layers=2, then layers=3); give \
+             it once"
+        );
+    }
+
+    #[test]
+    fn the_help_describes_every_parameter_with_its_default() {
+        let help = parameters_help();
+        for key in transformer::KEYS.iter().chain(loguniform::KEYS) {
+            assert!(
+                help.contains(&format!("\n  {key}: ")),
+                "{key} missing:\n{help}"
+            );
+        }
+        assert!(help.contains("seq: each step's sequence length in tokens, drawn from LO-HI"));
+        assert!(
+            help.contains("(128-1024)") && help.contains("(1000000)"),
+            "{help}"
+        );
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub fn follow_recording(
             "--capacity"
         };
         let (recorded, total) = two_sizes(recorded, total);
-        eprintln!(
+        say!(
             "cachealloc: note: the recording names its device's memory, {recorded}; this \
              replay's device has {total}, from {option}"
         );
@@ -96,7 +96,7 @@ pub fn follow_recording(
         && total > most
     {
         let (total, limit) = (format_size(total), with_bytes(most));
-        eprintln!(
+        say!(
             "cachealloc: warning: a device of {total} reserves larger ranges for expandable \
              segments than the recording's, which fit a device of at most {limit}: they cannot \
              all lie at the recorded addresses (give --device-memory, and --capacity, of at \
@@ -115,7 +115,7 @@ fn recorded_capacity_within(loaded: &Loaded, given_memory: Option<u64>) -> Optio
     match loaded.capacity {
         Some(recorded) if recorded > memory => {
             let (recorded, shown) = two_sizes(recorded, memory);
-            eprintln!(
+            say!(
                 "cachealloc: note: the capacity found for the recording, {recorded}, is more \
                  than --device-memory {shown}: the replay's device has {shown} and all of it is \
                  available"
@@ -128,7 +128,7 @@ fn recorded_capacity_within(loaded: &Loaded, given_memory: Option<u64>) -> Optio
                 && peak > memory
             {
                 let (peak, shown) = two_sizes(peak, memory);
-                eprintln!(
+                say!(
                     "cachealloc: note: the recording reserved up to {peak}, more than \
                      --device-memory {shown}: this replay's device is smaller than the \
                      recording's"

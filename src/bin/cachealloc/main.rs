@@ -1,11 +1,14 @@
 //! The `cachealloc` command line: replay recorded or synthetic allocation traces through the
 //! pool on a simulated device, and list the configuration options.
 
+#[macro_use]
+mod console;
 mod device_arg;
 mod device_size;
 mod outcome;
 mod recorded;
 mod request_report;
+mod seed_arg;
 mod size;
 mod sources;
 mod state;
@@ -18,8 +21,8 @@ use cachealloc::trace::fit::{
 };
 use cachealloc::trace::record::save::{SaveError, replay_saved};
 use cachealloc::trace::record::settings_text;
-use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay};
-use clap::{Parser, Subcommand, ValueEnum};
+use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay, synth};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
 use std::fs::File;
 use std::io::BufWriter;
@@ -115,13 +118,11 @@ struct ReplayArgs {
 #[derive(clap::Args)]
 struct SynthArgs {
     /// The workload: transformer or loguniform, optionally with parameters
-    /// (e.g. "transformer:layers=24,seq=512-4096"). transformer takes layers, hidden, heads,
-    /// vocab, batch, seq (a range of sequence lengths), steps and dtype_bytes; loguniform takes
-    /// ops, min and max (sizes in bytes), free_p and budget_gib.
+    /// (e.g. "transformer:layers=24,seq=512-4096"; --help lists them).
     #[arg(default_value = "transformer")]
     spec: String,
     /// Seed of the generator (same seed, same workload).
-    #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 1, allow_hyphen_values = true, value_parser = seed_arg::parse_seed)]
     seed: u64,
     /// Also write the run to FILE as a cachealloc trace (the library's trace:PATH format), to
     /// replay later with other settings: cachealloc replay FILE [--faithful].
@@ -145,15 +146,45 @@ enum PlacementArg {
     BottomUp,
 }
 
+/// The command line, with `synth`'s help for the options it shares with `replay` told without
+/// what they do in a faithful replay, which `synth` has not.
+fn command() -> clap::Command {
+    let synth_help = [
+        (
+            "capacity",
+            "Device capacity: 24GiB, 512MiB (KiB..TiB and K..T are powers of 1024, KB..TB \
+             powers of 1000) or bytes, at least 2 MiB (one segment). Default: unlimited, or all \
+             of --device-memory",
+        ),
+        (
+            "device_memory",
+            "The device's total memory, as cudaMemGetInfo reports it (same forms as \
+             --capacity): what per_process_memory_fraction takes its fraction of and the ranges \
+             of expandable segments are sized from. More than the capacity when a CUDA context \
+             or other processes hold the rest; without --capacity the allocator may have all of \
+             it. Default: the capacity",
+        ),
+        (
+            "placement",
+            "Where the simulated driver places new segments [default: top-down]",
+        ),
+    ];
+    Cli::command().mut_subcommand("synth", |synth| {
+        synth_help
+            .into_iter()
+            .fold(synth, |synth, (id, help)| {
+                synth.mut_arg(id, |arg| arg.help(help).long_help(help))
+            })
+            .mut_arg("spec", |arg| arg.long_help(synth::parameters_help()))
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    match run(cli).and_then(|text| console::write_output(&text)) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("cachealloc: error: {message}");
+            say!("cachealloc: error: {message}");
             ExitCode::from(2)
         }
     }
@@ -264,7 +295,7 @@ fn run(cli: Cli) -> Result<String, String> {
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
             if let Some(note) = &loaded.note {
-                eprintln!("cachealloc: note: {note}");
+                say!("cachealloc: note: {note}");
             }
             warn_fraction_without_memory(&config);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
@@ -341,10 +372,10 @@ fn named_settings(how: &str, settings: &cachealloc::pool::Settings) -> String {
 fn parse_conf(conf: &str) -> Result<Config, String> {
     let config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
     for warning in config.unsupported_key_warnings() {
-        eprintln!("cachealloc: warning: {warning}");
+        say!("cachealloc: warning: {warning}");
     }
     for warning in config.value_warnings() {
-        eprintln!("cachealloc: warning: {warning}");
+        say!("cachealloc: warning: {warning}");
     }
     let library_keys = config.library_keys_set();
     if !library_keys.is_empty() {
@@ -353,7 +384,7 @@ fn parse_conf(conf: &str) -> Result<Config, String> {
         } else {
             ("configure", "have")
         };
-        eprintln!(
+        say!(
             "cachealloc: warning: --conf {}: {configure} the preloaded library, not the pool, \
              and {have} no effect on a replay",
             library_keys.join(", ")
@@ -386,16 +417,16 @@ fn save_replay(
     })?;
     let file = cachealloc::config::shell_word(&path.display().to_string());
     if saved.events == 0 {
-        eprintln!("cachealloc: note: the run allocated nothing: {file} holds no event of the pool");
+        say!("cachealloc: note: the run allocated nothing: {file} holds no event of the pool");
     } else {
-        eprintln!(
+        say!(
             "cachealloc: note: saved the run as a trace in {file}; cachealloc replay {file} \
              --faithful replays this run again, and with --conf or --capacity instead of \
              --faithful, its requests under other settings"
         );
     }
     if saved.outcome.first_oom.is_some() {
-        eprintln!(
+        say!(
             "cachealloc: note: the run ran out of memory, and the trace keeps its outcome: each \
              refused request is an oom line (a replay requests it again and frees it at once) \
              and the frees of refused allocations are left out; to keep the workload itself, \
@@ -429,14 +460,14 @@ fn note_unread_variable() {
         Ok(config) => {
             let conf = settings_text(&config.settings);
             if !conf.is_empty() {
-                eprintln!(
+                say!(
                     "cachealloc: note: {var} is set, but {unread}; to replay with its allocator \
                      settings, give --conf {}",
                     cachealloc::config::shell_word(&conf)
                 );
             }
         }
-        Err(e) => eprintln!(
+        Err(e) => say!(
             "cachealloc: note: {var} is set, but {unread}; the preloaded library would refuse \
              its configuration: {e}"
         ),
@@ -464,7 +495,7 @@ fn warn_fraction_without_memory(config: &ReplayConfig) {
     let fraction = config.settings.per_process_memory_fraction;
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
     if config.total().is_none() && fraction > 0.0 && fraction < 1.0 {
-        eprintln!(
+        say!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
              memory, and this replay's device is unlimited: give --device-memory (or --capacity) for \
              the limit to apply"

@@ -217,7 +217,7 @@ pub struct OomReportJson {
     /// The `per_process_memory_fraction` limit, when one is set.
     pub allowed_maximum_bytes: Option<u64>,
     /// Sizes in bytes of the largest free cached blocks, largest first (at most 16).
-    pub largest_free_block_bytes: Vec<u64>,
+    pub largest_free_blocks_bytes: Vec<u64>,
     /// How many free cached blocks the device had (listed or not).
     pub free_blocks: usize,
     /// Free cached bytes of the request's pool held for other streams, which it cannot use.
@@ -249,7 +249,7 @@ impl From<&OomReport> for OomReportJson {
             device_total_bytes: r.device_total,
             device_free_bytes: r.device_free,
             allowed_maximum_bytes: r.allowed_maximum,
-            largest_free_block_bytes: r.largest_free_blocks.clone(),
+            largest_free_blocks_bytes: r.largest_free_blocks.clone(),
             free_blocks: r.free_blocks,
             other_streams_free_bytes: r.other_streams_free,
             other_streams_largest_free_block_bytes: r.other_streams_largest_free_block,
@@ -653,14 +653,14 @@ impl ReplayJson {
         let untried = if not_replayable.is_empty() {
             String::new()
         } else {
+            let (values, were, them) = if not_replayable.len() == 1 {
+                ("value", "was", "it")
+            } else {
+                ("values", "were", "them")
+            };
             format!(
-                "  (max_split_size_mb values {skipped} were not tried: the start state rebuilt \
-                 from the snapshot holds blocks that could not exist under {}.)\n",
-                if not_replayable.len() == 1 {
-                    "it"
-                } else {
-                    "them"
-                }
+                "  (max_split_size_mb {values} {skipped} {were} not tried: the start state \
+                 rebuilt from the snapshot holds blocks that could not exist under {them}.)\n"
             )
         };
         // What became of the value the report's hint named.

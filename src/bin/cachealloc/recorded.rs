@@ -40,7 +40,7 @@ pub fn is_recorded_trace(path: &Path) -> bool {
 pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
     let trace = read_recorded_trace(path).map_err(|e| e.to_string())?;
     if let Some(line) = trace.cut_off_line {
-        eprintln!(
+        say!(
             "cachealloc: warning: {}: line {line} is cut off (the recording stopped in the \
              middle of it, as when the program is killed); replaying the lines before it",
             path.display()

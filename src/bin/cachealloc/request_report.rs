@@ -132,9 +132,12 @@ pub(crate) struct RequestJson {
     block_address: Option<u64>,
     block_bytes: Option<u64>,
     block_was_pending: Option<bool>,
-    /// The new segment, and the cached segments returned to the device first.
+    /// The new segment, and the cached segments returned to the device first: of those, how
+    /// many were wholly free only once the pending frees completed (the pool synchronizes
+    /// before it returns segments).
     segment_bytes: Option<u64>,
     released_segments: Option<u64>,
+    released_once_pending: Option<u64>,
     /// Pages mapped: where the request is served, the bytes of pages mapped and unmapped for
     /// it in all, and the range it lies in (reserved for it when `new_range`).
     served_address: Option<u64>,
@@ -163,6 +166,7 @@ impl RequestJson {
         device_free: u64,
         device_memory: Option<u64>,
         device_memory_given: bool,
+        wholly_free_segments: usize,
     ) -> Self {
         let outcome = match trial.outcome {
             RequestOutcome::Cached { .. } => Outcome::Cached,
@@ -184,6 +188,7 @@ impl RequestJson {
             block_was_pending: None,
             segment_bytes: None,
             released_segments: None,
+            released_once_pending: None,
             served_address: None,
             mapped_bytes: None,
             unmapped_bytes: None,
@@ -212,6 +217,8 @@ impl RequestJson {
             } => {
                 json.segment_bytes = Some(segment);
                 json.released_segments = Some(released_segments);
+                json.released_once_pending =
+                    Some(released_segments.saturating_sub(wholly_free_segments as u64));
             }
             RequestOutcome::Mapped {
                 addr,
@@ -296,9 +303,16 @@ impl RequestJson {
                     [CallJson::Allocate { .. }]
                         | [CallJson::Release { .. }, CallJson::Allocate { .. }]
                 );
+                let once_pending = match self.released_once_pending.unwrap_or(0) {
+                    0 => String::new(),
+                    n => format!(
+                        ", {n} of them wholly free only once the pending frees completed (the \
+                         pool synchronizes first)"
+                    ),
+                };
                 let served = match self.released_segments.unwrap_or(0) {
                     n if n > 0 && told => format!(
-                        "{served}, after returning {} to it",
+                        "{served}, after returning {} to it{once_pending}",
                         counted(n, "free cached segment")
                     ),
                     _ => served,
@@ -433,7 +447,8 @@ impl RequestJson {
             "A snapshot records the pages mapped in expandable segments, not the address ranges \
              reserved for them. The trial took the runs of each pool and stream to lie in a range \
              that begins at the lowest of them and is 1⅛ of the device's memory long \
-             ({memory}), as PyTorch reserves them; a run beyond it begins another range: {}{}. \
+             ({memory}), as PyTorch reserves them (a run beyond it begins another range). The \
+             ranges: {}{}. \
              Where the request lands in them, and so which free block it grows, may differ from \
              the program's.\n",
             listed.join("; "),

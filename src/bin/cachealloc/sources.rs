@@ -3,7 +3,7 @@
 
 use crate::outcome::{Recorded, RecordedOomJson};
 use crate::recorded;
-use crate::state::state_command;
+use crate::state::{state_command, state_command_on};
 use cachealloc::backend::sim::Placement;
 use cachealloc::pool::{Settings, format_size};
 use cachealloc::trace::ranges::RangeChange;
@@ -105,7 +105,7 @@ pub fn load(
             .iter()
             .any(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. } | Op::Oom { .. }))
         {
-            return Err(nothing_to_replay(path, rec, 0));
+            return Err(nothing_to_replay(path, rec, 0, &snapshot.devices));
         }
         Ok(Loaded {
             device: rec.device.0,
@@ -129,7 +129,12 @@ pub fn load(
             .iter()
             .any(|op| matches!(op, Op::Alloc { .. } | Op::Oom { .. }))
         {
-            return Err(nothing_to_replay(path, rec, rec.figures().orphan_frees));
+            return Err(nothing_to_replay(
+                path,
+                rec,
+                rec.figures().orphan_frees,
+                &snapshot.devices,
+            ));
         }
         Ok(Loaded {
             device: rec.device.0,
@@ -184,8 +189,16 @@ fn private_pools_note(path: &Path, rec: &DeviceRecording, faithful: bool) -> Opt
 
 /// The error for a trace without the allocations a replay needs; `orphan_frees` counts its
 /// frees of memory allocated before it began (which only a faithful replay can apply).
-fn nothing_to_replay(file: &Path, rec: &DeviceRecording, orphan_frees: usize) -> String {
+/// Why device `rec` of the snapshot at `file` (whose devices are `devices`) has nothing to
+/// replay, and what reports what it has.
+fn nothing_to_replay(
+    file: &Path,
+    rec: &DeviceRecording,
+    orphan_frees: usize,
+    devices: &[DeviceRecording],
+) -> String {
     let (path, device) = (file.display(), rec.device.0);
+    let state = state_command_on(file, rec, devices);
     let entries = match rec.entries.len() {
         1 => "1 entry".to_string(),
         n => format!("{n} entries"),
@@ -199,15 +212,34 @@ fn nothing_to_replay(file: &Path, rec: &DeviceRecording, orphan_frees: usize) ->
         format!(
             "{path}: device {device}'s trace ({entries}) holds no allocation, only \
              {orphan_frees} {frees} of memory allocated before it began: replay it with \
-             --faithful, which applies {them} to the snapshot's state; {} reports that state",
-            state_command(file)
+             --faithful, which applies {them} to the snapshot's state; {state} reports that \
+             state"
+        )
+    } else if rec.segments.is_empty() {
+        let others: Vec<String> = devices
+            .iter()
+            .filter(|d| !d.segments.is_empty())
+            .map(|d| {
+                format!(
+                    "device {}: {}",
+                    d.device.0,
+                    state_command_on(file, d, devices)
+                )
+            })
+            .collect();
+        let others = match others.as_slice() {
+            [] => "nor on any other device".to_string(),
+            _ => format!("memory reserved on {}", others.join("; ")),
+        };
+        format!(
+            "{path}: device {device}'s trace ({entries}) holds no allocation or free, and the \
+             snapshot records no memory reserved on it: nothing to replay or report ({others})"
         )
     } else {
         format!(
             "{path}: device {device}'s trace ({entries}) holds no allocation or free: nothing to \
-             replay (the snapshot records the memory state alone, which {} reports; an \
-             allocation trace needs torch.cuda.memory._record_memory_history)",
-            state_command(file)
+             replay (the snapshot records the memory state alone, which {state} reports; an \
+             allocation trace needs torch.cuda.memory._record_memory_history)"
         )
     }
 }

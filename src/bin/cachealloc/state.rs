@@ -34,25 +34,26 @@ pub struct StateArgs {
     /// tensor's size there, when known).
     #[arg(long, value_name = "SIZE", value_parser = parse_request, allow_hyphen_values = true)]
     request: Option<GivenSize>,
-    /// The stream of the request, as the snapshot numbers streams (0 is the default stream;
-    /// decimal or 0x hex). Default: the snapshot's only stream, else 0 when it has memory on
-    /// the default stream.
+    /// With --request: the request's stream, as the snapshot numbers streams (0 is the default
+    /// stream; decimal or 0x hex). Default: the snapshot's only stream, else 0 when it has
+    /// memory on the default stream.
     #[arg(
         long,
         value_name = "ID",
         value_parser = parse_stream, allow_hyphen_values = true, requires = "request")]
     stream: Option<u64>,
-    /// Memory the device had free beyond what the pool reserved (PyTorch's message: "of which
-    /// SIZE is free"). Default 0: the device was full, as at an out-of-memory error.
+    /// With --request: memory the device had free beyond what the pool reserved (PyTorch's
+    /// message: "of which SIZE is free"). Default 0: the device was full, as at an
+    /// out-of-memory error.
     #[arg(
         long,
         value_name = "SIZE",
         value_parser = parse_device_free, allow_hyphen_values = true, requires = "request")]
     device_free: Option<GivenSize>,
-    /// The device's total memory (PyTorch's message: "a total capacity of SIZE"), for the
-    /// report's memory held outside the pool, for per_process_memory_fraction, and for the
-    /// size of expandable segments' ranges (1⅛ of it). Default: what the pool reserved plus
-    /// --device-free (so no memory is held outside the pool).
+    /// With --request: the device's total memory (PyTorch's message: "a total capacity of
+    /// SIZE"), for the report's memory held outside the pool, for per_process_memory_fraction,
+    /// and for the size of expandable segments' ranges (1⅛ of it). Default: what the pool
+    /// reserved plus --device-free (so no memory is held outside the pool).
     #[arg(
         long,
         value_name = "SIZE",
@@ -86,10 +87,12 @@ impl GivenSize {
     /// Note, for `option`, a number below 1 MiB written without a unit: read as bytes.
     fn note_unitless(self, option: &str) {
         if self.unitless && self.bytes > 0 && self.bytes < 1 << 20 {
-            eprintln!(
+            say!(
                 "cachealloc: note: {option} {} is read as {} bytes (a number without a unit is \
                  bytes: for mebibytes write {}MiB)",
-                self.bytes, self.bytes, self.bytes
+                self.bytes,
+                self.bytes,
+                self.bytes
             );
         }
     }
@@ -284,6 +287,7 @@ fn request(
         device_free,
         config.total(),
         args.device_memory.is_some(),
+        memory.small.free_segments + memory.large.free_segments,
     ))
 }
 
@@ -363,7 +367,7 @@ fn within_rounding(args: &mut StateArgs, reserved: u64) {
         && total < held
         && held - total <= total / 200
     {
-        eprintln!(
+        say!(
             "cachealloc: note: --device-memory {} is {} less than the memory the snapshot \
              reserves plus --device-free ({}): taken as that, since PyTorch's message rounds \
              sizes to two decimals",
@@ -422,7 +426,7 @@ fn device_capacity(
 /// that size copied from it is likely a smaller request's.
 fn note_segment_sized(size: u64) {
     if size == SMALL_BUFFER || size == LARGE_BUFFER {
-        eprintln!(
+        say!(
             "cachealloc: note: PyTorch's \"Tried to allocate {}\" names the segment it tried to \
              obtain, for any request {}: the trial requests {} itself; give the tensor's size, \
              when known",
@@ -459,7 +463,7 @@ fn request_stream(
     match given {
         Some(id) => {
             if !holds(id) {
-                eprintln!(
+                say!(
                     "cachealloc: note: stream {id:#x} holds no memory of the default pools in this \
                      snapshot ({listed}): nothing is cached for it"
                 );
@@ -504,4 +508,14 @@ pub fn state_command(path: &Path) -> String {
         "cachealloc state {}",
         cachealloc::config::shell_word(&path.display().to_string())
     )
+}
+
+/// The command that reports `rec`'s memory state, one of the snapshot's `devices`: with
+/// `--device` unless state picks that device itself (the first with memory reserved).
+pub fn state_command_on(path: &Path, rec: &DeviceRecording, devices: &[DeviceRecording]) -> String {
+    let default = devices.iter().find(|d| !d.segments.is_empty());
+    match default {
+        Some(d) if d.device == rec.device => state_command(path),
+        _ => format!("{} --device {}", state_command(path), rec.device.0),
+    }
 }

@@ -40,9 +40,42 @@ impl Default for LogUniformParams {
     }
 }
 
-const KEYS: &[&str] = &["ops", "min", "max", "free_p", "budget_gib"];
+pub(super) const KEYS: &[&str] = &["ops", "min", "max", "free_p", "budget_gib"];
 
 impl LogUniformParams {
+    /// Each parameter's key with what it sets and its default, for the command line's help.
+    pub fn described() -> Vec<(&'static str, String)> {
+        let d = Self::default();
+        vec![
+            (
+                "ops",
+                format!("operations, allocations and frees ({})", d.ops),
+            ),
+            (
+                "min",
+                format!("smallest request in bytes, no unit ({})", d.min_size),
+            ),
+            (
+                "max",
+                format!("largest request in bytes, no unit ({})", d.max_size),
+            ),
+            (
+                "free_p",
+                format!(
+                    "chance that an operation frees a random live allocation, from 0 to 1 ({})",
+                    d.free_probability
+                ),
+            ),
+            (
+                "budget_gib",
+                format!(
+                    "live requested bytes kept under this many GiB, a whole number ({})",
+                    d.budget >> 30
+                ),
+            ),
+        ]
+    }
+
     pub(super) fn set(&mut self, key: &str, value: &str) -> Result<(), SynthError> {
         match key {
             "ops" => self.ops = whole(key, value)? as usize,

@@ -1,14 +1,28 @@
 //! Parsing of `key=value` overrides in a synthetic-workload spec.
 
 use super::SynthError;
+use std::num::{IntErrorKind, ParseIntError};
 
 /// A whole number, with `_` allowed as a digit separator (`1_000_000`).
 pub(super) fn whole(key: &str, value: &str) -> Result<u64, SynthError> {
-    value.replace('_', "").parse().map_err(|_| {
+    value.replace('_', "").parse().map_err(|e: ParseIntError| {
+        let what = match e.kind() {
+            IntErrorKind::PosOverflow => "is too large".to_string(),
+            _ => format!("is not a whole number{}", unit_of(key)),
+        };
         SynthError(format!(
-            "synthetic workload parameter {key}={value:?} is not a whole number"
+            "synthetic workload parameter {key}={value:?} {what}"
         ))
     })
+}
+
+/// What a whole-number parameter counts, where a user might write another unit.
+fn unit_of(key: &str) -> &'static str {
+    match key {
+        "min" | "max" => " of bytes (without a unit: 1024, not 1KiB)",
+        "budget_gib" => " of GiB",
+        _ => "",
+    }
 }
 
 /// A fraction in `[0, 1]`.

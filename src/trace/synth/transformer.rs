@@ -64,7 +64,7 @@ impl Default for TransformerParams {
     }
 }
 
-const KEYS: &[&str] = &[
+pub(super) const KEYS: &[&str] = &[
     "layers",
     "hidden",
     "heads",
@@ -85,6 +85,37 @@ const FP32: u64 = 4; // bytes
 const TOKEN: u64 = 8; // bytes
 
 impl TransformerParams {
+    /// Each parameter's key with what it sets and its default, for the command line's help.
+    pub fn described() -> Vec<(&'static str, String)> {
+        let d = Self::default();
+        vec![
+            ("layers", format!("transformer blocks ({})", d.layers)),
+            ("hidden", format!("model width in elements ({})", d.hidden)),
+            (
+                "heads",
+                format!("attention heads, dividing hidden ({})", d.heads),
+            ),
+            ("vocab", format!("vocabulary size ({})", d.vocab)),
+            ("batch", format!("sequences per step ({})", d.batch)),
+            (
+                "seq",
+                format!(
+                    "each step's sequence length in tokens, drawn from LO-HI, or one length \
+                     ({}-{})",
+                    d.seq_min, d.seq_max
+                ),
+            ),
+            ("steps", format!("training steps ({})", d.steps)),
+            (
+                "dtype_bytes",
+                format!(
+                    "bytes per element of weights and activations ({}: bf16/fp16)",
+                    d.dtype_bytes
+                ),
+            ),
+        ]
+    }
+
     pub(super) fn set(&mut self, key: &str, value: &str) -> Result<(), SynthError> {
         let small = |v: u64| {
             u32::try_from(v).map_err(|_| {
