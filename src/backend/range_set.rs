@@ -64,7 +64,8 @@ impl RangeSet {
             if e_old <= start {
                 break;
             }
-            if s < start {
+            let below = s < start;
+            if below {
                 // Keep the part below in place (the usual case for the free address space: a
                 // top-down placement takes the top of a range).
                 *e = start;
@@ -73,6 +74,10 @@ impl RangeSet {
             }
             if end < e_old {
                 self.0.insert(end, e_old);
+            }
+            if below {
+                // Every range further down ends below `s`: none overlaps.
+                break;
             }
         }
     }

@@ -15,7 +15,8 @@
 //! into an ordered map of its own, where every operation is logarithmic. Blocks freed
 //! afterwards are listed in the class's vector again, so a search of a class with filed entries
 //! takes the better of its vector's best and the map's; the map is dropped when its last entry
-//! is taken. A class that never grew long pays a test of its map pointer per search and a
+//! is taken. The map's smallest entry is kept beside it, so that a search the smallest entry
+//! fits (most do: a long class is mostly one size) does not search the map. A class that never grew long pays a test of its map pointer per search and a
 //! length check when an entry is taken.
 
 use super::block::BlockId;
@@ -63,8 +64,32 @@ fn class_of(size: u64) -> usize {
     class.min(NUM_CLASSES - 1)
 }
 
-/// Entries of a class that grew long: (size, address) → block.
-type Filed = BTreeMap<(u64, u64), BlockId>;
+/// Entries of a class that grew long: (size, address) → block, never empty, with its smallest
+/// entry kept beside it (a search whose request the smallest fits — most of them, a long class
+/// being mostly one size — reads it instead of searching the map).
+#[derive(Debug)]
+struct Filed {
+    map: BTreeMap<(u64, u64), BlockId>,
+    /// The map's first entry.
+    min: FreeEntry,
+}
+
+impl Filed {
+    /// The map's entries, into a new `Filed` (`None` when there are none).
+    fn of(map: BTreeMap<(u64, u64), BlockId>) -> Option<Box<Filed>> {
+        let min = map.first_key_value().map(filed_entry)?;
+        Some(Box::new(Filed { map, min }))
+    }
+
+    /// Bring `min` up to date after the map changed (it is not empty).
+    fn refresh_min(&mut self) {
+        self.min = self
+            .map
+            .first_key_value()
+            .map(filed_entry)
+            .expect("a filed map is never empty");
+    }
+}
 
 /// One size class: its listed entries and, once it grew long, its filed ones.
 #[derive(Debug, Default)]
@@ -212,7 +237,8 @@ impl FreeIndex {
                 Some(e) => std::ops::Bound::Excluded((e.size, e.addr)),
                 None => std::ops::Bound::Unbounded,
             };
-            f.range((from, std::ops::Bound::Unbounded))
+            f.map
+                .range((from, std::ops::Bound::Unbounded))
                 .next()
                 .map(filed_entry)
         });
@@ -245,11 +271,13 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn best_with_filed(&self, class: usize, min_size: u64, listed: Option<usize>) -> Option<Slot> {
-        let filed = self.classes[class]
-            .filed
-            .as_ref()
-            .and_then(|f| f.range((min_size, 0)..).next())
-            .map(filed_entry);
+        let filed = self.classes[class].filed.as_ref().and_then(|f| {
+            if f.min.size >= min_size {
+                Some(f.min)
+            } else {
+                f.map.range((min_size, 0)..).next().map(filed_entry)
+            }
+        });
         match (listed, filed) {
             (Some(pos), Some(f)) if self.classes[class].listed[pos].key() > f.key() => {
                 Some(Slot::Filed(class, f))
@@ -278,9 +306,20 @@ impl FreeIndex {
     #[inline(never)]
     fn file(&mut self, class: usize) {
         let size_class = &mut self.classes[class];
-        let filed = size_class.filed.get_or_insert_default();
-        for e in size_class.listed.drain(..) {
-            filed.insert((e.size, e.addr), e.id);
+        let listed = size_class
+            .listed
+            .drain(..)
+            .map(|e| ((e.size, e.addr), e.id));
+        match size_class.filed.as_mut() {
+            None => {
+                let mut map = BTreeMap::new();
+                map.extend(listed);
+                size_class.filed = Filed::of(map);
+            }
+            Some(filed) => {
+                filed.map.extend(listed);
+                filed.refresh_min();
+            }
         }
     }
 
@@ -292,14 +331,18 @@ impl FreeIndex {
         let Some(filed) = size_class.filed.as_mut() else {
             return false;
         };
-        if filed.remove(&(size, addr)).is_none() {
+        let key = (size, addr);
+        if filed.map.remove(&key).is_none() {
             return false;
         }
-        if filed.is_empty() {
+        let took_min = key == (filed.min.size, filed.min.addr);
+        if filed.map.is_empty() {
             size_class.filed = None;
             if size_class.listed.is_empty() {
                 self.bitmap[class / 64] &= !(1 << (class % 64));
             }
+        } else if took_min {
+            filed.refresh_min();
         }
         self.len -= 1;
         // Entries listed since the class was filed: file them too once they are several, or
@@ -317,8 +360,11 @@ impl FreeIndex {
             for e in class.listed.iter_mut() {
                 e.id = moved.id(e.id);
             }
-            for id in class.filed.iter_mut().flat_map(|f| f.values_mut()) {
-                *id = moved.id(*id);
+            if let Some(filed) = class.filed.as_mut() {
+                for id in filed.map.values_mut() {
+                    *id = moved.id(*id);
+                }
+                filed.min.id = moved.id(filed.min.id);
             }
         }
     }
@@ -348,7 +394,7 @@ impl FreeIndex {
             .classes
             .iter()
             .flat_map(|c| {
-                let filed = c.filed.iter().flat_map(|f| f.iter().map(filed_entry));
+                let filed = c.filed.iter().flat_map(|f| f.map.iter().map(filed_entry));
                 c.listed.iter().copied().chain(filed)
             })
             .collect();
@@ -444,6 +490,14 @@ mod tests {
                 }
             }
             filed_at_some_point |= index.classes.iter().any(SizeClass::has_filed);
+            for filed in index.classes.iter().filter_map(|c| c.filed.as_ref()) {
+                let first = filed.map.first_key_value().map(filed_entry);
+                assert_eq!(
+                    first,
+                    Some(filed.min),
+                    "a filed class's kept smallest entry"
+                );
+            }
             let expect = set.range((probe, 0)..).next().copied();
             let found = index.lower_bound(probe);
             assert_eq!(found.map(|e| (e.size, e.addr)), expect);

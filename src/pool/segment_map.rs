@@ -27,6 +27,11 @@ impl SegmentMap {
 
     /// Record a segment; its start must not be in the map.
     pub fn insert(&mut self, start: u64, size: u64) {
+        // The usual case first: a segment below all the others (top-down placement).
+        if self.by_start_desc.last().is_none_or(|&(s, _)| s > start) {
+            self.by_start_desc.push((start, size));
+            return;
+        }
         let at = self.first_at_or_below(start);
         debug_assert!(self.by_start_desc.get(at).is_none_or(|&(s, _)| s != start));
         self.by_start_desc.insert(at, (start, size));
