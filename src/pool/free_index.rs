@@ -16,8 +16,9 @@
 //! afterwards are listed in the class's vector again, so a search of a class with filed entries
 //! takes the better of its vector's best and the map's; the map is dropped when its last entry
 //! is taken. The map's smallest entry is kept beside it, so that a search the smallest entry
-//! fits (most do: a long class is mostly one size) does not search the map. A class that never grew long pays a test of its map pointer per search and a
-//! length check when an entry is taken.
+//! fits (most do: a long class is mostly one size) does not search the map. A class that never
+//! grew long pays a test of its map pointer per search and a length check when an entry is
+//! taken.
 
 use super::block::BlockId;
 use super::block_table::Moved;
