@@ -247,25 +247,27 @@ fn a_faithful_replay_sizes_the_recorded_ranges_with_the_device_memory() {
 #[test]
 fn a_device_memory_unlike_the_recordings_is_noted() {
     let path = two_ranges_9_gib_apart("noted");
-    let out = cachealloc(&[
-        "replay",
-        path.to_str().unwrap(),
-        "--faithful",
-        "--device-memory",
-        "30MiB",
-        "--json",
-    ]);
+    for option in ["--device-memory", "--capacity"] {
+        let out = cachealloc(&[
+            "replay",
+            path.to_str().unwrap(),
+            "--faithful",
+            option,
+            "30MiB",
+            "--json",
+        ]);
+        let v = json(&out);
+        assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "note: the recording reserved up to 40.00 MiB, more than {option} 30.00 MiB: \
+                 this replay's device is smaller than the recording's"
+            )),
+            "{err}"
+        );
+    }
     std::fs::remove_file(&path).unwrap();
-    let v = json(&out);
-    assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(
-            "note: the recording reserved up to 40.00 MiB, more than --device-memory 30.00 MiB: \
-             this replay's device is smaller than the recording's"
-        ),
-        "{err}"
-    );
 
     let saved = std::env::temp_dir().join(format!(
         "cachealloc-device-memory-saved-{}.jsonl",

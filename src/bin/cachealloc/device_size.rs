@@ -55,6 +55,15 @@ pub fn follow_recording(
     {
         check_start_fits(loaded, memory)?;
     }
+    if let (Some(capacity), Some(peak)) = (given.capacity, loaded.recorded.peak_reserved_bytes)
+        && peak > capacity
+    {
+        let (peak, shown) = two_sizes(peak, capacity);
+        say!(
+            "cachealloc: note: the recording reserved up to {peak}, more than --capacity \
+             {shown}: this replay's device is smaller than the recording's"
+        );
+    }
     config.capacity = given
         .capacity
         .or_else(|| recorded_capacity_within(loaded, given.memory));
