@@ -237,6 +237,8 @@ fn nothing_to_replay_and_a_capacity_below_the_start_state_are_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
+        // The refusal says enough: no note on the device's size before it.
+        assert!(!err.contains("note:"), "{args:?}: {err}");
     }
 }
 
