@@ -492,6 +492,25 @@ fn device_reset_drops_the_pool() {
     check("reset", &[]);
 }
 
+/// The exit statistics cover the whole run, the pool a `cudaDeviceReset()` ended too (CUDA
+/// programs often end with one): its allocations and segment counted, what was live then freed
+/// by the reset.
+#[test]
+fn the_exit_statistics_span_a_device_reset() {
+    let (text, _) = stats_file_run_of("reset", "json");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let stats = &doc["devices"][0]["stats"];
+    // 1 MiB, again from the cache (live at the reset), then 1 MiB in a new segment.
+    assert_eq!(stats["allocation.all.allocated"], 3, "{text}");
+    assert_eq!(stats["allocation.all.freed"], 3, "{text}");
+    assert_eq!(stats["allocation.all.current"], 0, "{text}");
+    assert_eq!(stats["num_device_alloc"], 2, "{text}");
+    assert_eq!(stats["reserved_bytes.all.current"], 2 << 20, "{text}");
+    assert_eq!(stats["reserved_bytes.all.peak"], 2 << 20, "{text}");
+    assert_eq!(stats["reserved_bytes.all.freed"], 2 << 20, "{text}");
+    assert_eq!(stats["num_device_free"], 0, "{text}");
+}
+
 #[test]
 fn a_pointer_is_freed_to_its_owner_device() {
     check("cross_device", &[]);
@@ -601,13 +620,18 @@ fn a_process_that_never_calls_cuda_is_untouched() {
 }
 
 fn stats_file_run(format: &str) -> (String, String) {
+    stats_file_run_of("stats", format)
+}
+
+/// (the statistics file, stderr) of `scenario` run with `stats:FORMAT` to a file.
+fn stats_file_run_of(scenario: &str, format: &str) -> (String, String) {
     let dir = std::env::temp_dir().join(format!("cachealloc-stats-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let template = dir.join(format!("stats-{format}-%p.out"));
+    let template = dir.join(format!("stats-{scenario}-{format}-%p.out"));
     let conf = format!("stats:{format},stats_file:{}", template.display());
-    let out = check("stats", &[("CACHEALLOC_CONF", &conf)]);
+    let out = check(scenario, &[("CACHEALLOC_CONF", &conf)]);
     let pid = number_after(&stdout(&out), "pid");
-    let path = dir.join(format!("stats-{format}-{pid}.out"));
+    let path = dir.join(format!("stats-{scenario}-{format}-{pid}.out"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{} not written: {e}", path.display()));
     let _ = std::fs::remove_file(&path);

@@ -54,7 +54,8 @@ mod tests {
             .collect();
         assert_eq!(logs[..3], [OomLog::Full; 3]);
         assert_eq!(counted, [4, 8, 16]);
-        // A million failures: 3 in full and 18 counted lines (the 4th to the 524,288th).
+        // A million failures: 3 in full and 18 counted lines (the 4th to the 524,288th); with
+        // the line after the third that says later ones are counted, 22 messages.
         let loud = (1..=1_000_000u64)
             .filter(|&n| OomLog::for_nth(n) != OomLog::Quiet)
             .count();

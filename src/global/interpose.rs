@@ -290,6 +290,7 @@ pub fn cuda_device_reset() -> CudaError {
         reset_device = Some(device);
         with_other_pools(device, |backend| backend.begin_reset_of(device));
         let mut pool = pools::take(device)?;
+        pools::note_ended(device, pool.stats());
         pool.backend_mut().destroy_events_elsewhere();
         pool.backend_mut().release_expandable_segments();
         stream_uses::forget(|addr| pool.contains(addr));

@@ -27,6 +27,9 @@ static EPOCHS: [SyncEpochs; MAX_DEVICES] = [const { SyncEpochs::new() }; MAX_DEV
 /// Bit `d` of slot `p`: device `d` was given access to device `p`'s memory
 /// (`cudaDeviceEnablePeerAccess(p)` called on `d`), which expandable segments must grant.
 static PEERS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Per device, the statistics of the pools that device resets ended, folded together
+/// (`DeviceStats::then`): the exit report covers the whole run.
+static ENDED: [Mutex<Option<DeviceStats>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
 /// Bit `d` set: device `d` has held a pool at some point (where frees and stats look).
 static USED: AtomicU64 = AtomicU64::new(0);
 /// Bit `d` set: device `d` holds a pool now (set when one is made, cleared by a reset).
@@ -186,19 +189,40 @@ pub fn take(device: DeviceId) -> Option<Pool> {
     guard.take()
 }
 
-/// Statistics of every device that has a pool, without waiting for a lock held elsewhere
-/// (used at exit). Devices whose lock is busy are skipped.
+/// A device reset ended the pool of `device`, whose statistics were `stats`.
+pub fn note_ended(device: DeviceId, stats: DeviceStats) {
+    let Some(d) = index(device) else {
+        return;
+    };
+    let mut ended = ENDED[d]
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    *ended = Some(match ended.take() {
+        Some(earlier) => earlier.then(Some(&stats)),
+        None => stats,
+    });
+}
+
+/// Statistics of every device that has had a pool, over the whole run (the pools device resets
+/// ended, then the pool now), without waiting for a lock held elsewhere (used at exit).
+/// Devices whose lock is busy are skipped.
 pub fn stats_snapshot() -> Vec<(DeviceId, DeviceStats)> {
+    fn without_waiting<T>(lock: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+        match lock.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
     used_slots()
         .filter_map(|d| {
-            let guard = match POOLS[d].try_lock() {
-                Ok(guard) => guard,
-                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-                Err(TryLockError::WouldBlock) => return None,
+            let now = without_waiting(&POOLS[d])?.as_ref().map(Pool::stats);
+            let ended = without_waiting(&ENDED[d])?.clone();
+            let stats = match ended {
+                Some(ended) => ended.then(now.as_ref()),
+                None => now?,
             };
-            guard
-                .as_ref()
-                .map(|pool| (DeviceId(d as i32), pool.stats()))
+            Some((DeviceId(d as i32), stats))
         })
         .collect()
 }

@@ -41,6 +41,17 @@ impl Stat {
     pub(super) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
+
+    /// This stat of a pool that a device reset ended (its current value freed with it),
+    /// followed by `later`, the stat of the device's pool after the reset.
+    fn then(&self, later: &Stat) -> Stat {
+        Stat {
+            current: later.current,
+            peak: self.peak.max(later.peak),
+            allocated: self.allocated + later.allocated,
+            freed: self.freed + self.current + later.freed,
+        }
+    }
 }
 
 /// A stat kept for all pools together and for each pool.
@@ -56,6 +67,14 @@ impl StatArray {
         match pool {
             PoolKind::Small => &self.small_pool,
             PoolKind::Large => &self.large_pool,
+        }
+    }
+
+    fn then(&self, later: &StatArray) -> StatArray {
+        StatArray {
+            all: self.all.then(&later.all),
+            small_pool: self.small_pool.then(&later.small_pool),
+            large_pool: self.large_pool.then(&later.large_pool),
         }
     }
 
@@ -123,6 +142,41 @@ impl Counts {
 }
 
 impl DeviceStats {
+    /// A device's statistics over a `cudaDeviceReset()`: `self` those of the pool the reset
+    /// ended (what was current then is freed with it), `later` those of the pool made after it
+    /// (`None`: none yet). Current values are the later pool's, peaks the higher, running
+    /// totals and counts the sums; the reset's freeing calls no cudaFree, so `num_device_free`
+    /// does not count it.
+    pub fn then(&self, later: Option<&DeviceStats>) -> DeviceStats {
+        let nothing = DeviceStats {
+            max_split_size: self.max_split_size,
+            ..DeviceStats::default()
+        };
+        let later = later.unwrap_or(&nothing);
+        let c = (&self.counts, &later.counts);
+        DeviceStats {
+            allocation: self.allocation.then(&later.allocation),
+            segment: self.segment.then(&later.segment),
+            active: self.active.then(&later.active),
+            inactive_split: self.inactive_split.then(&later.inactive_split),
+            allocated_bytes: self.allocated_bytes.then(&later.allocated_bytes),
+            reserved_bytes: self.reserved_bytes.then(&later.reserved_bytes),
+            active_bytes: self.active_bytes.then(&later.active_bytes),
+            inactive_split_bytes: self.inactive_split_bytes.then(&later.inactive_split_bytes),
+            requested_bytes: self.requested_bytes.then(&later.requested_bytes),
+            oversize_allocations: self.oversize_allocations.then(&later.oversize_allocations),
+            oversize_segments: self.oversize_segments.then(&later.oversize_segments),
+            counts: Counts {
+                num_alloc_retries: c.0.num_alloc_retries + c.1.num_alloc_retries,
+                num_ooms: c.0.num_ooms + c.1.num_ooms,
+                num_sync_all_streams: c.0.num_sync_all_streams + c.1.num_sync_all_streams,
+                num_device_alloc: c.0.num_device_alloc + c.1.num_device_alloc,
+                num_device_free: c.0.num_device_free + c.1.num_device_free,
+            },
+            max_split_size: later.max_split_size,
+        }
+    }
+
     /// The stat arrays with their PyTorch names, in PyTorch's (sorted) order of appearance.
     pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
         [
@@ -185,6 +239,39 @@ mod tests {
         );
         s.reset_peak();
         assert_eq!(s.peak, 3);
+    }
+
+    #[test]
+    fn statistics_over_a_reset_keep_the_ended_pools_peaks_and_totals() {
+        let mut ended = DeviceStats {
+            max_split_size: -1,
+            ..Default::default()
+        };
+        ended.reserved_bytes.all.increase(100);
+        ended.reserved_bytes.all.decrease(30);
+        ended.counts.num_ooms = 2;
+        let mut later = ended.clone();
+        later.reserved_bytes.all = Stat::default();
+        later.reserved_bytes.all.increase(50);
+        later.counts.num_ooms = 1;
+        let over = ended.then(Some(&later));
+        // The 70 live at the reset are freed with it.
+        assert_eq!(
+            over.reserved_bytes.all,
+            Stat {
+                current: 50,
+                peak: 100,
+                allocated: 150,
+                freed: 100
+            }
+        );
+        assert_eq!(over.counts.num_ooms, 3);
+        // No pool since: nothing current, the rest kept.
+        let alone = ended.then(None);
+        assert_eq!(alone.reserved_bytes.all.current, 0);
+        assert_eq!(alone.reserved_bytes.all.peak, 100);
+        assert_eq!(alone.reserved_bytes.all.freed, 100);
+        assert_eq!(alone.max_split_size, -1);
     }
 
     #[test]

@@ -253,6 +253,7 @@ static void scenario_reset(void) {
     CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
     CHECK(counter("mallocs") == mallocs + 1);
     CHECK_CODE(cudaFree(p), cudaSuccess);
+    printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
 }
 
 /* A pointer is freed to the device that owns it, whatever device is current, and allocations
