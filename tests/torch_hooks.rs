@@ -126,6 +126,11 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
         "{text}\n{}",
         stderr(&out)
     );
+    // The whole report, as the log gives it: the figures and the hint.
+    assert!(
+        text.contains("GPU 0 has a total capacity of 1024.00 MiB") && text.contains("\nHint: "),
+        "{text}"
+    );
     assert!(text.contains("then: allocated"), "{text}");
     assert!(
         stderr(&out).contains("CUDA out of memory"),
@@ -140,7 +145,9 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
     );
     let text = stdout(&out);
     assert!(
-        text.starts_with("caught: the cachealloc configuration is invalid"),
+        text.starts_with(
+            "caught: the cachealloc configuration is invalid (the error was printed on stderr"
+        ),
         "{text}"
     );
     assert!(text.contains("then: caught"), "{text}");

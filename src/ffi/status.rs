@@ -78,17 +78,9 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
 /// debug, with a line at warn counting them now and then (`oom_log`).
 fn log_oom(call: &'static str, report: &OomReport) {
     let (n, how) = OomLog::next();
-    // The advice replaces the hint's own pointer to a replay, and is left out where no setting
-    // can help.
     // Built only where a line is written: a program that fails in a loop logs most of its
     // reports at debug, which the default filter drops.
-    let text = || {
-        if report.hint().settings_may_help() {
-            format!("{report:#}\n{}", replay_advice(report.device))
-        } else {
-            format!("{report:#}")
-        }
-    };
+    let text = || oom_text(report);
     match how {
         OomLog::Full => {
             log_event!(warn, "{call}: {}", text());
@@ -116,6 +108,16 @@ fn log_oom(call: &'static str, report: &OomReport) {
 
 /// Where the OOM report suggests recording a run that is not recorded (`%p` = process id).
 const SUGGESTED_TRACE: &str = "/tmp/cachealloc-%p.jsonl";
+
+/// An out-of-memory report in full, as the log and PyTorch's exception give it: the advice
+/// replaces the hint's own pointer to a replay, and is left out where no setting can help.
+pub(super) fn oom_text(report: &OomReport) -> String {
+    if report.hint().settings_may_help() {
+        format!("{report:#}\n{}", replay_advice(report.device))
+    } else {
+        format!("{report:#}")
+    }
+}
 
 /// The OOM report's last line: how to find the settings that fit this very run — the replay
 /// command when the run is being recorded, else how to record it.

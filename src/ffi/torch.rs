@@ -20,10 +20,10 @@
 //! answers NULL. The other hooks log their failures.
 
 use super::cxx_exception;
-use super::status::{boundary, to_code};
+use super::status::{boundary, oom_text, to_code};
 use crate::backend::cuda::runtime::{self, codes};
 use crate::global::{ShimError, api};
-use crate::pool::{DeviceId, StreamId};
+use crate::pool::{DeviceId, Error, StreamId};
 use std::ffi::{c_int, c_void};
 
 /// An allocation for PyTorch: the address, or the text of the failure (logged already; `None`
@@ -53,10 +53,17 @@ fn allocate(
     served
 }
 
-/// What PyTorch's exception says: the pool's own text, and for an out-of-memory answer of the
-/// runtime itself (`CACHEALLOC_DISABLE=1`), the words OOM handlers look for.
+/// What PyTorch's exception says: an out-of-memory report in full, as the log gives it; the
+/// pool's own text for its other failures, naming the device where it is the device that is
+/// wrong; and for an out-of-memory answer of the runtime itself (`CACHEALLOC_DISABLE=1`), the
+/// words OOM handlers look for.
 fn failure_text(e: &ShimError, size: usize, device: c_int) -> String {
     match e {
+        ShimError::Pool(Error::OutOfMemory(report)) => oom_text(report),
+        ShimError::NoSuchDevice => format!("{e}: device {device}"),
+        ShimError::ConfigInvalid => {
+            format!("{e} (the error was printed on stderr at the first CUDA call)")
+        }
         ShimError::Runtime {
             code: codes::MEMORY_ALLOCATION,
             call,
