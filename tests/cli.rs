@@ -1063,6 +1063,48 @@ fn a_faithful_replay_reserves_again_after_a_device_reset() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(v["allocs"], 2);
     assert_eq!(v["allocs_at_recorded_addr"], 2);
+    // The reset gave the pages back without unmaps: none counted.
+    assert_eq!(
+        (v["device_resets"].as_u64(), v["empty_cache_calls"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert_eq!(v["num_device_free"], 0, "{v}");
+}
+
+/// A reset gives a native pool's segments back without cudaFree calls: the replay, which
+/// returns them to its device to start again empty, counts none, names the reset and calls
+/// no empty_cache().
+#[test]
+fn a_device_reset_is_replayed_without_counting_its_returns_as_cudafree() {
+    let (base, small) = (0x7f00_0000_0000u64, 0x7f00_4000_0000u64);
+    let path = write_trace(
+        "reset-native",
+        &[
+            ("segment_alloc", base, 60 << 20, 0),
+            ("alloc", base, 50 << 20, 0),
+            ("free_requested", base, 50 << 20, 0),
+            ("free_completed", base, 50 << 20, 0),
+            ("segment_alloc", small, 2 << 20, 0),
+            ("alloc", small, 1000, 0),
+            ("device_reset", 0, 0, 0),
+            ("segment_alloc", base, 50 << 20, 0),
+            ("alloc", base, 50 << 20, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_eq!(v["device_resets"], 1, "{v}");
+    assert_eq!(v["empty_cache_calls"], 0, "{v}");
+    assert_eq!(v["num_device_alloc"], v["recorded_segment_allocs"], "{v}");
+    assert_eq!(v["num_device_free"], 0, "{v}");
+    assert_eq!(v["recorded_segment_frees"], 0, "{v}");
+    let text = String::from_utf8(cachealloc(&["replay", p, "--faithful"]).stdout).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        text.contains("1 device reset: what was live freed and every segment returned"),
+        "{text}"
+    );
+    assert!(text.contains("0 empty_cache calls"), "{text}");
 }
 
 /// A recording names its device's memory: a faithful replay's device has it, and a capacity

@@ -115,6 +115,9 @@ pub struct ReplayOutcome {
     /// pool sees them (no statistic moves); refused here the same way, and their frees skipped.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
+    /// The recording's device resets (`Op::DeviceReset`), replayed as `empty_cache()` calls
+    /// whose returns of memory are not counted in `num_device_free`.
+    pub device_resets: u64,
     /// The recording's own failed requests (its `oom` entries), each requested again when the
     /// replay has a capacity (and freed at once if it fits).
     pub recorded_oom_requests: u64,
@@ -173,11 +176,14 @@ fn replay_observed(
         skipped_frees: 0,
         requests_too_large: 0,
         empty_cache_calls: 0,
+        device_resets: 0,
         recorded_oom_requests: 0,
         first_oom: None,
         stats: DeviceStats::default(),
         final_segments: 0,
     };
+    // Segments returned to the device by the recording's device resets (no cudaFree there).
+    let mut reset_returns = 0;
     for (i, op) in workload.ops.iter().enumerate() {
         match *op {
             Op::Alloc {
@@ -209,6 +215,12 @@ fn replay_observed(
                 pool.empty_cache()?;
                 out.empty_cache_calls += 1;
             }
+            Op::DeviceReset => {
+                let before = pool.stats().counts.num_device_free;
+                pool.empty_cache()?;
+                out.device_resets += 1;
+                reset_returns += pool.stats().counts.num_device_free - before;
+            }
             Op::Oom { size, stream, .. } => {
                 // The recording's failed request: probe it when the capacity is known.
                 out.recorded_oom_requests += 1;
@@ -226,6 +238,8 @@ fn replay_observed(
         }
     }
     out.stats = pool.stats();
+    // The recording's resets returned their memory without a call.
+    out.stats.counts.num_device_free -= reset_returns;
     out.final_segments = pool.segments().len();
     Ok(out)
 }

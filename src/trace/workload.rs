@@ -24,6 +24,11 @@ pub enum Op {
     Free { id: AllocId },
     /// The program called `empty_cache()`.
     EmptyCache,
+    /// The program reset the device (`cudaDeviceReset()`, in a cachealloc trace): the recorded
+    /// pool was dropped with its memory, without a cudaFree. Preceded by the frees of every
+    /// live allocation, it is replayed as an `empty_cache()` whose returns of memory to the
+    /// device are not counted as device calls.
+    DeviceReset,
     /// A request that ran out of memory in the recording (it has no `Alloc`). With a capacity
     /// set, replay retries it as a probe allocation.
     Oom {

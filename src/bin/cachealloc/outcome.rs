@@ -84,6 +84,10 @@ pub struct ReplayJson {
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
+    /// The recording's device resets (a cachealloc trace's `device_reset`): replayed as freeing
+    /// what was live and returning every segment, which the counts of device calls leave out
+    /// (the reset made no cudaFree).
+    pub device_resets: u64,
     /// The recording's failed requests (`oom` entries), requested again when the replay has a
     /// capacity.
     pub recorded_oom_requests: u64,
@@ -329,6 +333,7 @@ impl ReplayJson {
             pending_frees: ctx.recorded.pending_frees,
             requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
+            device_resets: out.device_resets,
             recorded_oom_requests: out.recorded_oom_requests,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
             peak_requested_bytes: s.requested_bytes.all.peak,
@@ -502,6 +507,12 @@ impl ReplayJson {
             ));
         }
         parts.push(counted(self.empty_cache_calls, "empty_cache call"));
+        if self.device_resets > 0 {
+            parts.push(format!(
+                "{}: what was live freed and every segment returned, without cudaFree calls",
+                counted(self.device_resets, "device reset")
+            ));
+        }
         if self.recorded_oom_requests > 0 {
             parts.push(format!(
                 "{} of the recording, {}",

@@ -3,10 +3,10 @@
 //! - `alloc` → `Op::Alloc` with a fresh id and `recorded_addr`; `free_completed` → `Op::Free`
 //!   of the id live at that address (the block is back in the pool only then; `free_requested`
 //!   only marks the program's call); `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`.
-//! - `device_reset` → `Op::Free` of every live allocation, then `Op::EmptyCache`: the recorded
-//!   pool was dropped and a new one starts empty. A replay releases through `cudaFree` what the
-//!   recording lost to the reset, so its `num_device_free` exceeds the recorded count by the
-//!   segments alive at the reset.
+//! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
+//!   pool was dropped and a new one starts empty. A replay returns to its device what the
+//!   recording lost to the reset, and does not count those returns as cudaFree calls (the
+//!   reset made none).
 //! - Segment events produce no op (the replayed pool makes its own device calls); they give the
 //!   figures and the driver's addresses (`segment_addresses`, used as address hints).
 //! - `range_reserve` and `range_release` produce no op either: with the page maps and unmaps
@@ -211,7 +211,7 @@ pub fn convert_device(
                 for id in ids {
                     workload.push(Op::Free { id }, index);
                 }
-                workload.push(Op::EmptyCache, index);
+                workload.push(Op::DeviceReset, index);
                 reserved = 0;
             }
         }
