@@ -230,6 +230,19 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
             return Err(ConfigError::new(variable, problem));
         }
     }
+    // The statistics written at exit would overwrite the recording.
+    if let (Some(trace), Some(stats)) = (&config.trace, &config.stats_file)
+        && trace == stats
+    {
+        let problem = Problem::InvalidValue {
+            key: "stats_file".into(),
+            value: stats.clone(),
+            why: "it is the trace file too, which the statistics written at exit would \
+                  overwrite; give them different paths"
+                .into(),
+        };
+        return Err(ConfigError::new(variable, problem));
+    }
     Ok(())
 }
 

@@ -292,7 +292,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "path (`%p` = process id)",
         unit: "",
         carrier: Carrier::Cachealloc,
-        doc: "Where `stats` writes; stderr when unset, or when the file cannot be written.",
+        doc: "Where `stats` writes; stderr when unset, or when the file cannot be written. Not \
+              the `trace` file.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())

@@ -310,6 +310,14 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
         ),
         (
             c,
+            "stats:json,trace:/tmp/run-%p.jsonl,stats_file:/tmp/run-%p.jsonl",
+            format!(
+                "{c}: stats_file:/tmp/run-%p.jsonl: it is the trace file too, which the \
+                 statistics written at exit would overwrite; give them different paths"
+            ),
+        ),
+        (
+            c,
             "stats_file:/tmp/a:b",
             format!(
                 "{c}: expected ',' after stats_file:/tmp/a (a value cannot contain ',', ':', '[' or ']'), found ':'"
