@@ -84,6 +84,11 @@ fn a_saved_synthetic_run_replays_to_the_same_figures() {
         "{oom}"
     );
 
+    // A complete file: no warning of a recording stopped early.
+    let out = cachealloc(&["replay", p, "--json"]);
+    let warned = String::from_utf8_lossy(&out.stderr);
+    assert!(!warned.contains("no end line"), "{warned}");
+
     // Faithful: settings and capacity from the file alone, every allocation where it was.
     let faithful = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
     assert_same_figures("faithful replay", &synth, &faithful);
@@ -122,7 +127,7 @@ fn retries_are_recorded_exactly_under_max_split_size() {
     let no_markers = temp_path("oversize-v2");
     copy_without(&path, &["retry"], &no_markers);
     let v2 = std::fs::read_to_string(&no_markers).unwrap().replacen(
-        r#""version":3"#,
+        r#""version":4"#,
         r#""version":2"#,
         1,
     );
@@ -343,8 +348,8 @@ fn the_notes_say_how_to_replay_and_what_a_failed_run_keeps() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(
         text.lines().count(),
-        2,
-        "the header and device_memory: {text}"
+        3,
+        "the header, device_memory and end: {text}"
     );
     std::fs::remove_file(&path).unwrap();
 }

@@ -129,6 +129,26 @@ fn a_recorded_trace_replays_to_what_the_shim_did() {
         "{summary}"
     );
 
+    // Complete: the file ends with its `end` line, and the replay warns of nothing. Without
+    // that line (the program killed between two writes) the replay says the end may be lost.
+    assert!(
+        text.lines().last().unwrap().contains(r#""action":"end""#),
+        "{}",
+        text.lines().last().unwrap()
+    );
+    assert!(!stderr(&replay(&[trace.to_str().unwrap()])).contains("warning"));
+    let killed = dir.path().join("killed.jsonl");
+    let kept = text.lines().count() - 1;
+    let lines: Vec<&str> = text.lines().take(kept).collect();
+    std::fs::write(&killed, lines.join("\n") + "\n").unwrap();
+    let out = replay(&[killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the recording has no end line: the program did not reach its exit"),
+        "{}",
+        stderr(&out)
+    );
+
     let faithful = replay_json(&trace, &["--faithful"]);
     let allocs = faithful["allocs"].as_u64().unwrap();
     assert!(allocs > 1000, "the mix allocates often: {faithful}");

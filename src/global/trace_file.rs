@@ -183,6 +183,10 @@ impl Recorder {
             return;
         };
         write_events(&mut bytes, &events);
+        // The recording is complete: a file without this line stopped early.
+        if at_exit {
+            write_events(&mut bytes, &[Event::end(self.buffer.now_us())]);
+        }
         let urgent = at_exit
             || events
                 .iter()

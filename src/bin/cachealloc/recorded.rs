@@ -13,8 +13,8 @@ use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
 use cachealloc::backend::sim::Placement;
 use cachealloc::trace::record::convert::convert_device;
-use cachealloc::trace::record::looks_like_header;
 use cachealloc::trace::record::read::{DeviceEvents, read_recorded_trace};
+use cachealloc::trace::record::{ENDED_FROM, looks_like_header};
 use std::io::Read;
 use std::path::Path;
 
@@ -43,6 +43,13 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
         say!(
             "cachealloc: warning: {}: line {line} is cut off (the recording stopped in the \
              middle of it, as when the program is killed); replaying the lines before it",
+            path.display()
+        );
+    } else if trace.header.version >= ENDED_FROM && !trace.ended {
+        say!(
+            "cachealloc: warning: {}: the recording has no end line: the program did not reach \
+             its exit (it was killed, or is still running), and what it did last, up to 64 KiB \
+             of events, may be missing; replaying the lines there are",
             path.display()
         );
     }

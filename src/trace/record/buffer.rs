@@ -34,6 +34,13 @@ impl EventBuffer {
         events.push(make(t_us));
     }
 
+    /// The time on this buffer's clock, in microseconds since it started.
+    pub fn now_us(&self) -> u64 {
+        // Under the lock, as `push_with`: no event pushed before this reads a later time.
+        let _events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// Take every buffered event, oldest first.
     pub fn take(&self) -> Vec<Event> {
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());

@@ -197,8 +197,8 @@ pub fn convert_device(
                     index,
                 );
             }
-            // Read by `range_changes` below.
-            Action::RangeReserve | Action::RangeRelease => {}
+            // Read by `range_changes` below; the reader keeps `end` out of the events.
+            Action::RangeReserve | Action::RangeRelease | Action::End => {}
             Action::DeviceMemory => device_memory = device_memory.or(Some(e.size)),
             Action::EmptyCache => {
                 figures.empty_cache_calls += 1;

@@ -58,12 +58,15 @@ use serde::{Deserialize, Serialize};
 /// The `format` value of the header.
 pub const FORMAT_NAME: &str = "cachealloc-trace";
 /// The version this build writes.
-pub const FORMAT_VERSION: u32 = 3;
-/// The versions this build reads: version 1 lacks the range lines, and versions 1 and 2 the
-/// `retry` lines.
-pub const READABLE_VERSIONS: [u32; 3] = [1, 2, 3];
+pub const FORMAT_VERSION: u32 = 4;
+/// The versions this build reads: version 1 lacks the range lines, versions 1 and 2 the
+/// `retry` lines, and versions 1 to 3 the `end` line.
+pub const READABLE_VERSIONS: [u32; 4] = [1, 2, 3, 4];
 /// The first version whose files mark every counted retry with a `retry` line.
 pub const RETRIES_MARKED_FROM: u32 = 3;
+/// The first version whose files end with an `end` line once the recording is complete: one
+/// without it stopped early (the process was killed, or is still running).
+pub const ENDED_FROM: u32 = 4;
 
 /// The first line of a trace file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -127,6 +130,9 @@ pub enum Action {
     Oom,
     EmptyCache,
     DeviceReset,
+    /// The last line of a complete recording (version 4): written at exit (`device` 0, no
+    /// memory).
+    End,
 }
 
 impl Action {
@@ -218,6 +224,11 @@ impl Event {
             device_free,
             page,
         }
+    }
+
+    /// The `end` line of a complete recording.
+    pub fn end(t_us: u64) -> Self {
+        Self::marker(Action::End, 0, 0, t_us)
     }
 
     /// A `device_reset` marker.

@@ -52,6 +52,8 @@ pub struct RecordedTrace {
     /// The number of the last line when it was cut off (no newline, not a whole event) and left
     /// out.
     pub cut_off_line: Option<usize>,
+    /// The file has its `end` line (version 4 on): the recording is complete.
+    pub ended: bool,
 }
 
 impl RecordedTrace {
@@ -120,6 +122,7 @@ pub fn parse_recorded_trace(
     }
     let mut last_t = 0u64;
     let mut cut_off_line = None;
+    let mut ended = false;
     let mut line = 1;
     while let Some((text, complete)) = read_line(line + 1)? {
         line += 1;
@@ -148,6 +151,10 @@ pub fn parse_recorded_trace(
             ));
         }
         last_t = event.t_us;
+        if event.action == Action::End {
+            ended = true;
+            continue;
+        }
         device_entry(&mut devices, event.device).push(event);
     }
     devices.sort_by_key(|d| d.device.0);
@@ -157,6 +164,7 @@ pub fn parse_recorded_trace(
         settings,
         devices,
         cut_off_line,
+        ended,
     })
 }
 

@@ -84,6 +84,9 @@ pub fn replay_saved<W: Write + Send + 'static>(
     let outcome = replay_with_sink(workload, config, Box::new(sink)).map_err(SaveError::Replay)?;
     // The pool, and the sink with it, are gone: the writer is ours alone.
     let mut w = lock(&writer);
+    let end = Event::end(w.events);
+    write_events(&mut w.line, &[end]);
+    w.write_line();
     if let Some(e) = w.failed.take() {
         return Err(SaveError::Write(e));
     }

@@ -394,6 +394,25 @@ fn device_reset_frees_what_was_live_and_resets_reserved() {
     assert_eq!(out.stats.reserved_bytes.all.current, 2 * MIB as i64);
 }
 
+/// A complete recording ends with its `end` line, which the reader notes and keeps out of the
+/// events; a synth --save file has one too.
+#[test]
+fn the_end_line_marks_a_complete_recording() {
+    let mut bytes = Vec::new();
+    write_header(&mut bytes, &Header::new(1, vec![0], String::new(), "none"));
+    write_events(&mut bytes, &[Event::device_memory(0, 1 << 30, 1)]);
+    let unended = read_back(&bytes);
+    assert!(!unended.ended);
+    write_events(&mut bytes, &[Event::end(2)]);
+    let ended = read_back(&bytes);
+    assert!(ended.ended);
+    assert_eq!(
+        ended.devices[0].events.len(),
+        1,
+        "the end line is no event of a device"
+    );
+}
+
 /// A process killed while its trace was written leaves a last line cut off: the complete
 /// lines replay, and the cut line is reported rather than refusing the whole file.
 #[test]
@@ -462,7 +481,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 to 3)",
+            "version 9 is not supported (this cachealloc reads versions 1 to 4)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
