@@ -124,7 +124,10 @@ fn a_driver_without_virtual_memory_management_gets_fixed_segments_with_a_warning
     let log = stderr(&out);
     assert!(
         log.contains("expandable_segments:True is not supported on device 0")
-            && log.contains("virtual memory management")
+            && log.contains(
+                "the device has no virtual memory management (its \
+                 CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)"
+            )
             && log.contains("using fixed segments"),
         "{log}"
     );

@@ -73,11 +73,16 @@ impl Vmm {
         // SAFETY: `supported` is a valid out-pointer; `cu` came from cuDeviceGet.
         let code =
             unsafe { (driver.device_get_attribute)(&mut supported, ATTRIBUTE_VMM_SUPPORTED, cu) };
-        if code != results::SUCCESS || supported == 0 {
+        if code != results::SUCCESS {
             return Err(format!(
-                "the device has no virtual memory management (cuDeviceGetAttribute answered \
-                 {code}, value {supported})"
+                "the driver could not say whether the device has virtual memory management \
+                 (cuDeviceGetAttribute answered CUDA driver error {code})"
             ));
+        }
+        if supported == 0 {
+            return Err("the device has no virtual memory management (its \
+                 CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)"
+                .to_string());
         }
         let mut rdma = 0;
         // SAFETY: `rdma` is a valid out-pointer; `cu` came from cuDeviceGet. A driver that does

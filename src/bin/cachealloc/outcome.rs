@@ -735,11 +735,14 @@ impl ReplayJson {
                 false => "",
             };
             t += &format!(
-                "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {} retries{note}\n",
+                "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {}{note}\n",
                 shell_word(&f.conf),
                 format_size(f.peak_reserved_bytes),
                 f.num_device_alloc,
-                f.num_alloc_retries
+                match f.num_alloc_retries {
+                    1 => "1 retry".to_string(),
+                    n => format!("{n} retries"),
+                }
             );
         }
         t + &suggestion + &untried
