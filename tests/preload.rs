@@ -492,6 +492,16 @@ fn device_reset_drops_the_pool() {
     check("reset", &[]);
 }
 
+#[test]
+fn a_failed_device_reset_leaves_the_allocations_intact() {
+    let out = check("reset_fails", &[]);
+    assert!(
+        stderr(&out).contains("cudaDeviceReset failed with CUDA error 999"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// The exit statistics cover the whole run, the pool a `cudaDeviceReset()` ended too (CUDA
 /// programs often end with one): its allocations and segment counted, what was live then freed
 /// by the reset.

@@ -211,6 +211,8 @@ pub fn cuda_free(addr: u64) -> Result<Routed<()>, ShimError> {
     trace_file::flush();
     match freed? {
         Some(result) => Ok(Routed::Pool(result?)),
+        // Memory of a pool dropped for a reset that failed: still in use around it.
+        None if pools::is_retired(addr) => Ok(Routed::Pool(())),
         None => Ok(Routed::Forward),
     }
 }
@@ -297,6 +299,8 @@ pub fn cuda_device_reset() -> CudaError {
         trace_file::note_device_reset(device);
         Some((device, pool))
     });
+    // The fixed segments of the dropped pool, should the reset fail and leave them allocated.
+    let mut segments = Vec::new();
     if let Some((device, pool)) = dropped {
         log_event!(
             debug,
@@ -304,6 +308,12 @@ pub fn cuda_device_reset() -> CudaError {
             device.0,
             pool.stats().reserved_bytes.all.current
         );
+        segments = pool
+            .segments()
+            .iter()
+            .filter(|s| !s.expandable)
+            .map(|s| (s.addr, s.addr + s.size))
+            .collect();
         drop(pool);
         trace_file::flush();
     }
@@ -315,6 +325,20 @@ pub fn cuda_device_reset() -> CudaError {
         with_other_pools(device, |backend| backend.end_reset_of(device, happened));
         if happened {
             pools::forget_peers(device);
+            pools::retire_segments(device, None);
+        } else if !segments.is_empty() {
+            let held = match segments.len() {
+                1 => "its segment stays".to_string(),
+                n => format!("its {n} segments stay"),
+            };
+            log_event!(
+                warn,
+                "cudaDeviceReset failed with CUDA error {code} after cachealloc had let go of \
+                 device {}'s pool: {held} allocated until the process ends or the device is \
+                 reset, and cudaFree of an allocation in them does nothing",
+                device.0
+            );
+            pools::retire_segments(device, Some(segments));
         }
     }
     code

@@ -30,6 +30,14 @@ static PEERS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVIC
 /// Per device, the statistics of the pools that device resets ended, folded together
 /// (`DeviceStats::then`): the exit report covers the whole run.
 static ENDED: [Mutex<Option<DeviceStats>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
+/// Per device, the segments of a pool dropped for a `cudaDeviceReset()` that then failed: they
+/// are still allocated, and a free inside them does nothing (forwarded, a free of a segment's
+/// first block would release the whole segment under the allocations still in it). Emptied by
+/// the device's next reset that happens.
+static RETIRED: [Mutex<Vec<(u64, u64)>>; MAX_DEVICES] =
+    [const { Mutex::new(Vec::new()) }; MAX_DEVICES];
+/// Bit `d` set: `RETIRED[d]` is not empty (a free of memory no pool owns reads one atomic).
+static ANY_RETIRED: AtomicU64 = AtomicU64::new(0);
 /// Bit `d` set: device `d` has held a pool at some point (where frees and stats look).
 static USED: AtomicU64 = AtomicU64::new(0);
 /// Bit `d` set: device `d` holds a pool now (set when one is made, cleared by a reset).
@@ -187,6 +195,42 @@ pub fn take(device: DeviceId) -> Option<Pool> {
     POOLS[d].clear_poison();
     LIVE.fetch_and(!(1u64 << d), Ordering::SeqCst);
     guard.take()
+}
+
+/// The reset of `device` failed after its pool, with `segments` (start, end), was dropped: keep
+/// frees away from them. `None`: the reset happened, and the segments of an earlier failed one
+/// went with it.
+pub fn retire_segments(device: DeviceId, segments: Option<Vec<(u64, u64)>>) {
+    let Some(d) = index(device) else {
+        return;
+    };
+    let mut retired = RETIRED[d]
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    match segments {
+        Some(segments) => retired.extend(segments),
+        None => retired.clear(),
+    }
+    if retired.is_empty() {
+        ANY_RETIRED.fetch_and(!(1u64 << d), Ordering::SeqCst);
+    } else {
+        ANY_RETIRED.fetch_or(1u64 << d, Ordering::SeqCst);
+    }
+}
+
+/// Whether `addr` lies in a segment of a pool dropped for a reset that failed.
+pub fn is_retired(addr: u64) -> bool {
+    let any = ANY_RETIRED.load(Ordering::SeqCst);
+    (0..MAX_DEVICES)
+        .filter(|d| any & (1u64 << d) != 0)
+        .any(|d| {
+            let retired = RETIRED[d]
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            retired
+                .iter()
+                .any(|&(start, end)| start <= addr && addr < end)
+        })
 }
 
 /// A device reset ended the pool of `device`, whose statistics were `stats`.

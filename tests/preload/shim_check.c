@@ -256,6 +256,28 @@ static void scenario_reset(void) {
     printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
 }
 
+/* A cudaDeviceReset that fails leaves the memory of the pool cachealloc let go of allocated, and
+ * allocations in it still in use: freeing one does nothing (forwarded, a free of a segment's
+ * first block would release the segment under the other), and the next reset that happens
+ * releases it. */
+static void scenario_reset_fails(void) {
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 1000), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, 1000), cudaSuccess); /* the same small segment */
+    uint64_t in_use = fakecudart_device_bytes_in_use(0);
+    CHECK(in_use == 2 * MIB);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaDeviceReset", 1, cudaErrorUnknown),
+               cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaErrorUnknown);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK(fakecudart_device_bytes_in_use(0) == in_use); /* q's segment is still there */
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
 /* A pointer is freed to the device that owns it, whatever device is current, and allocations
  * happen on the current device without changing it. */
 static void scenario_cross_device(void) {
@@ -510,6 +532,7 @@ static const struct scenario scenarios[] = {
     {"double_free", scenario_double_free},
     {"ipc", scenario_ipc},
     {"reset", scenario_reset},
+    {"reset_fails", scenario_reset_fails},
     {"cross_device", scenario_cross_device},
     {"reuse_nonblocking", scenario_reuse_nonblocking},
     {"reuse_legacy", scenario_reuse_legacy},
