@@ -325,7 +325,7 @@ pub fn cuda_device_reset() -> CudaError {
         with_other_pools(device, |backend| backend.end_reset_of(device, happened));
         if happened {
             pools::forget_peers(device);
-            pools::retire_segments(device, None);
+            pools::forget_retired(device);
         } else if !segments.is_empty() {
             let held = match segments.len() {
                 1 => "its segment stays".to_string(),
@@ -338,7 +338,7 @@ pub fn cuda_device_reset() -> CudaError {
                  reset, and cudaFree of an allocation in them does nothing",
                 device.0
             );
-            pools::retire_segments(device, Some(segments));
+            pools::retire_segments(device, segments);
         }
     }
     code

@@ -198,19 +198,24 @@ pub fn take(device: DeviceId) -> Option<Pool> {
 }
 
 /// The reset of `device` failed after its pool, with `segments` (start, end), was dropped: keep
-/// frees away from them. `None`: the reset happened, and the segments of an earlier failed one
-/// went with it.
-pub fn retire_segments(device: DeviceId, segments: Option<Vec<(u64, u64)>>) {
+/// frees away from them.
+pub fn retire_segments(device: DeviceId, segments: Vec<(u64, u64)>) {
+    change_retired(device, |retired| retired.extend(segments));
+}
+
+/// A reset of `device` happened: the segments of an earlier one that failed went with it.
+pub fn forget_retired(device: DeviceId) {
+    change_retired(device, Vec::clear);
+}
+
+fn change_retired(device: DeviceId, change: impl FnOnce(&mut Vec<(u64, u64)>)) {
     let Some(d) = index(device) else {
         return;
     };
     let mut retired = RETIRED[d]
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    match segments {
-        Some(segments) => retired.extend(segments),
-        None => retired.clear(),
-    }
+    change(&mut retired);
     if retired.is_empty() {
         ANY_RETIRED.fetch_and(!(1u64 << d), Ordering::SeqCst);
     } else {

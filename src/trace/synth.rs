@@ -222,6 +222,11 @@ mod tests {
     fn bad_specs_name_the_problem() {
         let err = |s: &str| s.parse::<SynthSpec>().unwrap_err().0;
         assert!(err("transformer:depth=3").contains("depth"));
+        assert!(
+            err("transformer:depth=3")
+                .ends_with("allowed: layers, hidden, heads, vocab, batch, seq, steps, dtype_bytes")
+        );
+        assert!(err("loguniform:x=1").ends_with("allowed: ops, min, max, free_p, budget_gib"));
         assert!(err("transformer:layers=x").contains("\"x\""));
         assert!(err("transformer:seq=900-100").contains("seq"));
         assert!(err("transformer:layers").contains("key=value"));
@@ -241,11 +246,26 @@ mod tests {
     #[test]
     fn the_help_describes_every_parameter_with_its_default() {
         let help = parameters_help();
-        for key in transformer::KEYS.iter().chain(loguniform::KEYS) {
-            assert!(
-                help.contains(&format!("\n  {key}: ")),
-                "{key} missing:\n{help}"
-            );
+        let kinds = [
+            ("transformer", TransformerParams::described()),
+            ("loguniform", LogUniformParams::described()),
+        ];
+        for (kind, described) in kinds {
+            for (key, _) in described {
+                assert!(
+                    help.contains(&format!("\n  {key}: ")),
+                    "{key} missing:\n{help}"
+                );
+                // A key the help lists is one the spec takes (its value may still be refused).
+                let parsed = format!("{kind}:{key}=1").parse::<SynthSpec>();
+                assert!(
+                    parsed
+                        .as_ref()
+                        .err()
+                        .is_none_or(|e| !e.0.contains("unknown")),
+                    "{kind} {key}: {parsed:?}"
+                );
+            }
         }
         assert!(help.contains("seq: each step's sequence length in tokens, drawn from LO-HI"));
         assert!(

@@ -56,10 +56,12 @@ pub fn follow_recording(
         check_start_fits(loaded, memory)?;
     }
     // (A start state the capacity cannot hold is refused later, which says enough.)
-    let held = loaded.start.as_ref().map_or(0, |start| start.held_bytes());
     if let (Some(capacity), Some(peak)) = (given.capacity, loaded.recorded.peak_reserved_bytes)
         && peak > capacity
-        && held <= capacity
+        && loaded
+            .start
+            .as_ref()
+            .is_none_or(|start| start.held_bytes() <= capacity)
     {
         let (peak, shown) = two_sizes(peak, capacity);
         say!(

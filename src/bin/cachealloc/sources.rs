@@ -187,10 +187,10 @@ fn private_pools_note(path: &Path, rec: &DeviceRecording, faithful: bool) -> Opt
     ))
 }
 
-/// The error for a trace without the allocations a replay needs; `orphan_frees` counts its
-/// frees of memory allocated before it began (which only a faithful replay can apply).
-/// Why device `rec` of the snapshot at `file` (whose devices are `devices`) has nothing to
-/// replay, and what reports what it has.
+/// The error for device `rec` of the snapshot at `file` (whose devices are `devices`) when its
+/// trace lacks the allocations a replay needs, and what reports what it has; `orphan_frees`
+/// counts its frees of memory allocated before it began (which only a faithful replay can
+/// apply).
 fn nothing_to_replay(
     file: &Path,
     rec: &DeviceRecording,

@@ -30,7 +30,7 @@ impl EventBuffer {
     /// Append an event made from the current time.
     pub fn push_with(&self, make: impl FnOnce(u64) -> Event) {
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let t_us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let t_us = self.elapsed_us();
         events.push(make(t_us));
     }
 
@@ -38,6 +38,10 @@ impl EventBuffer {
     pub fn now_us(&self) -> u64 {
         // Under the lock, as `push_with`: no event pushed before this reads a later time.
         let _events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        self.elapsed_us()
+    }
+
+    fn elapsed_us(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 

@@ -40,8 +40,6 @@ impl Default for LogUniformParams {
     }
 }
 
-pub(super) const KEYS: &[&str] = &["ops", "min", "max", "free_p", "budget_gib"];
-
 impl LogUniformParams {
     /// Each parameter's key with what it sets and its default, for the command line's help.
     pub fn described() -> Vec<(&'static str, String)> {
@@ -83,7 +81,7 @@ impl LogUniformParams {
             "max" => self.max_size = whole(key, value)?,
             "free_p" => self.free_probability = fraction(key, value)?,
             "budget_gib" => self.budget = gib(key, value)?,
-            _ => return Err(unknown("loguniform", key, KEYS)),
+            _ => return Err(unknown("loguniform", key, &Self::described())),
         }
         Ok(())
     }

@@ -55,7 +55,9 @@ pub(super) fn gib(key: &str, value: &str) -> Result<u64, SynthError> {
     })
 }
 
-pub(super) fn unknown(kind: &str, key: &str, allowed: &[&str]) -> SynthError {
+/// `key` is none of `kind`'s parameters, which `described` lists (`described()`).
+pub(super) fn unknown(kind: &str, key: &str, described: &[(&str, String)]) -> SynthError {
+    let allowed: Vec<&str> = described.iter().map(|&(key, _)| key).collect();
     SynthError(format!(
         "unknown {kind} parameter {key:?}; allowed: {}",
         allowed.join(", ")

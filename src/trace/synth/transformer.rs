@@ -64,17 +64,6 @@ impl Default for TransformerParams {
     }
 }
 
-pub(super) const KEYS: &[&str] = &[
-    "layers",
-    "hidden",
-    "heads",
-    "vocab",
-    "batch",
-    "seq",
-    "steps",
-    "dtype_bytes",
-];
-
 /// Operations generated, counted: 12 once, 36 per layer (weights and optimizer state), 54 per
 /// step and 128 per layer and step; none of these depends on sizes. `most_ops` rounds each up.
 const OPS_BOUND: [u64; 4] = [16, 40, 60, 130];
@@ -134,7 +123,7 @@ impl TransformerParams {
             "seq" => (self.seq_min, self.seq_max) = range(key, value)?,
             "steps" => self.steps = small(whole(key, value)?)?,
             "dtype_bytes" => self.dtype_bytes = whole(key, value)?,
-            _ => return Err(unknown("transformer", key, KEYS)),
+            _ => return Err(unknown("transformer", key, &Self::described())),
         }
         Ok(())
     }
