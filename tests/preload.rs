@@ -426,6 +426,38 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
     );
 }
 
+/// A run whose trace path another process holds records beside it, and its OOM report's
+/// replay command names the file it wrote.
+#[test]
+fn a_recorded_oom_names_the_file_written_beside_a_held_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let asked = dir.path().join("run.jsonl");
+    let theirs = std::fs::File::create(&asked).unwrap();
+    theirs.lock().unwrap();
+    let conf = format!("trace:{}", asked.display());
+    let out = check(
+        "fragmentation",
+        &[
+            ("FAKECUDART_CAPACITY", "256MiB"),
+            ("CACHEALLOC_CONF", &conf),
+        ],
+    );
+    let log = stderr(&out);
+    let key = "this one records to ";
+    let at = log
+        .find(key)
+        .unwrap_or_else(|| panic!("no diversion in:\n{log}"))
+        + key.len();
+    let beside = log[at..].split_whitespace().next().unwrap();
+    assert_ne!(beside, asked.to_str().unwrap());
+    assert!(
+        log.contains(&format!("This run is recorded to {beside}: ")),
+        "{log}"
+    );
+    assert!(std::fs::metadata(beside).unwrap().len() > 0);
+    assert_eq!(std::fs::metadata(&asked).unwrap().len(), 0, "left alone");
+}
+
 /// A recorded run's OOM report names the replay command, and that command, run after the
 /// program has ended, lists the values that avoid the OOM — the report's among them.
 #[test]

@@ -398,3 +398,54 @@ fn a_broken_trace_is_refused_with_its_line() {
         "{message}"
     );
 }
+
+#[test]
+fn a_trace_path_another_process_is_recording_to_is_left_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let asked = dir.path().join("run.jsonl");
+    // Another process's recording in progress: the file exists and its lock is held.
+    std::fs::write(&asked, "theirs\n").unwrap();
+    let theirs = std::fs::File::open(&asked).unwrap();
+    theirs.lock().unwrap();
+
+    let mut cmd = preloaded(program());
+    let child = cmd
+        .arg("mix")
+        .env("CACHEALLOC_CONF", format!("trace:{}", asked.display()))
+        .env("FAKECUDART_CAPACITY", "1GiB")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("program starts");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("program runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let beside = dir.path().join(format!("run.{pid}.jsonl"));
+    let message = stderr(&out);
+    assert!(
+        message.contains(&format!(
+            "another process is recording to {}; this one records to {}",
+            asked.display(),
+            beside.display()
+        )),
+        "{message}"
+    );
+    assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
+    let replayed = replay_json(&beside, &[]);
+    assert!(replayed["recorded_oom"].is_object(), "{replayed}");
+
+    // A file left by a run that has ended holds no lock: the next run replaces it, quietly.
+    drop(theirs);
+    let again = preloaded(program())
+        .arg("mix")
+        .env("CACHEALLOC_CONF", format!("trace:{}", asked.display()))
+        .env("FAKECUDART_CAPACITY", "1GiB")
+        .output()
+        .expect("program runs");
+    assert!(
+        !stderr(&again).contains("another process"),
+        "{}",
+        stderr(&again)
+    );
+    assert!(replay_json(&asked, &[])["recorded_oom"].is_object());
+}

@@ -293,7 +293,9 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Where `stats` writes; stderr when unset, or when the file cannot be written. Not \
-              the `trace` file.",
+              the `trace` file. Each process writes it at exit: without `%p`, the last process \
+              to end overwrites the others'. A path cannot contain `,`, `:`, `[`, `]` or \
+              whitespace.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())
@@ -309,7 +311,10 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "path (`%p` = process id)",
         unit: "",
         carrier: Carrier::Cachealloc,
-        doc: "Record allocator events to this file for `cachealloc replay`; off when unset.",
+        doc: "Record allocator events to this file for `cachealloc replay`; off when unset. A \
+              path another running process records to is left to it: this process records \
+              beside it, with its process id before the extension. A path cannot contain `,`, \
+              `:`, `[`, `]` or whitespace.",
         apply: |c, v, _| {
             c.trace = Some(values::path(v)?);
             Ok(())

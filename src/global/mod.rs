@@ -15,6 +15,7 @@ pub mod panics;
 pub mod pools;
 pub mod reentry;
 mod stream_uses;
+mod trace_claim;
 mod trace_file;
 
 pub use error::ShimError;

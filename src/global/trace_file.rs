@@ -7,7 +7,9 @@
 //! - `flush` runs after every pool call, once the pool lock is released: it takes the buffered
 //!   events, formats them and hands them to a buffered file writer. The file is created at the
 //!   first flush that has events, so a process that never allocates through a pool (or never
-//!   calls CUDA) leaves no file. The header lists the devices of that first batch.
+//!   calls CUDA) leaves no file. The header lists the devices of that first batch. The
+//!   process holds the file's lock while it lives; one that finds it held by another process
+//!   records beside it (`trace_claim`).
 //! - The writer reaches the file when its 64 KiB buffer fills, after an `oom` or
 //!   `device_reset` line (the moments before a program is likely to give up), and at exit
 //!   (`flush_at_exit`, from the exit hook). A process killed by a signal or ending in `_exit`
@@ -22,6 +24,7 @@
 //! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
 //! lines.
 
+use super::trace_claim;
 use crate::config::{Config, expand_pid};
 use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
@@ -46,6 +49,9 @@ struct Recorder {
     /// The file's name, `%p` expanded by the process that first needs it (a child forked before
     /// its parent recorded anything names its own file).
     path: OnceLock<String>,
+    /// The file recorded to, once created: `path`, or the name beside it when another process
+    /// held `path` (`trace_claim`).
+    written_to: OnceLock<String>,
     /// Whether each flush logs the pool's device calls (debug lines for `DEVICE_LOG`).
     log_device_calls: bool,
     settings: String,
@@ -73,6 +79,7 @@ pub fn start(config: &Config) {
         buffer: EventBuffer::new(),
         template,
         path: OnceLock::new(),
+        written_to: OnceLock::new(),
         log_device_calls,
         settings: settings_text(&config.settings),
         free_sync: config.free_sync.name(),
@@ -86,6 +93,7 @@ pub fn recording_path() -> Option<&'static str> {
     let r = RECORDER.get()?;
     let path = r.path()?;
     let file = r.file.lock().unwrap_or_else(|p| p.into_inner());
+    let path = r.written_to.get().map_or(path, String::as_str);
     (!matches!(*file, FileState::Failed)).then_some(path)
 }
 
@@ -164,8 +172,19 @@ impl Recorder {
             if events.is_empty() {
                 return;
             }
-            match File::create(path) {
-                Ok(f) => *file = FileState::Open(BufWriter::with_capacity(WRITE_BUFFER, f)),
+            match trace_claim::claim(path, std::process::id()) {
+                Ok(claimed) => {
+                    if let Some(asked) = &claimed.diverted_from {
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "cachealloc: another process is recording to {asked}; this one \
+                             records to {} (put %p in the trace path for one file per process)",
+                            claimed.path
+                        );
+                    }
+                    let _ = self.written_to.set(claimed.path);
+                    *file = FileState::Open(BufWriter::with_capacity(WRITE_BUFFER, claimed.file));
+                }
                 Err(e) => return self.fail(file, "create", &e),
             }
             let mut devices: Vec<i32> = events.iter().map(|e| e.device).collect();
@@ -204,7 +223,11 @@ impl Recorder {
         let _ = writeln!(
             std::io::stderr(),
             "cachealloc: cannot {what} the trace file {}: {error}; recording is off",
-            self.path().unwrap_or_default()
+            self.written_to
+                .get()
+                .map(String::as_str)
+                .or(self.path())
+                .unwrap_or_default()
         );
     }
 }

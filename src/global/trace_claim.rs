@@ -1,0 +1,111 @@
+//! Claiming the trace file: a recording holds an exclusive advisory lock (`flock`) on its file
+//! for as long as the process lives, so that processes sharing one `trace:` path without `%p`
+//! (the ranks of one launch, say) do not truncate and interleave each other's recordings. A
+//! process that finds the file locked records beside it instead, to the name with its process
+//! id before the extension (`run.jsonl` → `run.4242.jsonl`), and says so on stderr. A file left
+//! by a run that has ended is not locked, and is replaced as before. On a file system without
+//! locks the file is taken as before too.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::path::Path;
+
+/// A trace file this process holds, and its name.
+pub struct Claimed {
+    pub file: File,
+    pub path: String,
+    /// The name asked for, when another process was recording to it.
+    pub diverted_from: Option<String>,
+}
+
+/// Create (or empty) the trace file `path` for this process, or, when another process holds
+/// it, the file named with `pid` beside it.
+pub fn claim(path: &str, pid: u32) -> io::Result<Claimed> {
+    if let Some(file) = claim_exactly(path)? {
+        return Ok(Claimed {
+            file,
+            path: path.to_owned(),
+            diverted_from: None,
+        });
+    }
+    let beside = with_pid(path, pid);
+    match claim_exactly(&beside)? {
+        Some(file) => Ok(Claimed {
+            file,
+            path: beside,
+            diverted_from: Some(path.to_owned()),
+        }),
+        None => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("{path} and {beside} are both being written by other processes"),
+        )),
+    }
+}
+
+/// The file at `path`, locked and emptied; `None` when another process holds its lock.
+fn claim_exactly(path: &str) -> io::Result<Option<File>> {
+    // Not truncated on opening: the file may be another process's recording in progress.
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => return Ok(None),
+        // No locks here (some network file systems): record without one, as before.
+        Err(TryLockError::Error(_)) => {}
+    }
+    file.set_len(0)?;
+    Ok(Some(file))
+}
+
+/// `path` with `pid` before its extension (after the whole name when it has none).
+fn with_pid(path: &str, pid: u32) -> String {
+    let p = Path::new(path);
+    match (p.file_stem(), p.extension()) {
+        (Some(stem), Some(ext)) => p
+            .with_file_name(format!(
+                "{}.{pid}.{}",
+                stem.to_string_lossy(),
+                ext.to_string_lossy()
+            ))
+            .to_string_lossy()
+            .into_owned(),
+        _ => format!("{path}.{pid}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_id_goes_before_the_extension() {
+        assert_eq!(with_pid("/tmp/run.jsonl", 42), "/tmp/run.42.jsonl");
+        assert_eq!(with_pid("/tmp/a.b/run", 42), "/tmp/a.b/run.42");
+        assert_eq!(with_pid("run.trace.jsonl", 7), "run.trace.7.jsonl");
+    }
+
+    #[test]
+    fn a_held_file_is_left_alone_and_the_recording_goes_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.jsonl");
+        let path = path.to_str().unwrap();
+        std::fs::write(path, "theirs\n").unwrap();
+        let theirs = File::open(path).unwrap();
+        theirs.lock().unwrap();
+
+        let ours = claim(path, 42).unwrap();
+        assert_eq!(ours.path, with_pid(path, 42));
+        assert_eq!(ours.diverted_from.as_deref(), Some(path));
+        assert_eq!(std::fs::read_to_string(path).unwrap(), "theirs\n");
+
+        // Once both are released, the name is free to take again, and is emptied.
+        drop((theirs, ours));
+        let again = claim(path, 43).unwrap();
+        assert_eq!(again.path, path);
+        assert_eq!(again.diverted_from, None);
+        assert_eq!(std::fs::read_to_string(path).unwrap(), "");
+    }
+}
