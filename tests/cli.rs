@@ -992,7 +992,11 @@ fn a_trace_cut_off_mid_line_replays_its_complete_lines() {
     std::fs::remove_file(&path).unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("line 4 is cut off") && err.contains("replaying the lines before it"),
+        err.contains("line 4 is cut off")
+            && err.contains(
+                "replaying the lines before it, and what the program did after them, \
+                 up to 64 KiB of events, may be missing"
+            ),
         "{err}"
     );
     let v = json(&out);

@@ -42,7 +42,9 @@ pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, 
     if let Some(line) = trace.cut_off_line {
         say!(
             "cachealloc: warning: {}: line {line} is cut off (the recording stopped in the \
-             middle of it, as when the program is killed); replaying the lines before it",
+             middle of it: the program was killed, or is still running); replaying the lines \
+             before it, and what the program did after them, up to 64 KiB of events, may be \
+             missing",
             path.display()
         );
     } else if trace.header.version >= ENDED_FROM && !trace.ended {
