@@ -414,18 +414,21 @@ impl FreeIndex {
 #[inline]
 fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
     // Branch-free body (the comparisons are data-dependent coin flips), on 64-bit halves so
-    // that each select is one conditional move. The start (u64::MAX, u64::MAX) is beaten by
-    // every fitting entry: no block is u64::MAX bytes long.
-    let (mut best, mut best_size, mut best_addr) = (usize::MAX, u64::MAX, u64::MAX);
+    // that each select is one conditional move. Entries are compared by (excess, address), the
+    // excess being `size - min_size` wrapped: a fitting entry's excess is at most
+    // `!min_size`, a smaller entry's wraps above it, so a fitting entry beats every smaller
+    // one with no test of its own, and the winner fits if any does. The start
+    // (u64::MAX, u64::MAX) is beaten by every entry (no block starts at address u64::MAX).
+    let (mut best, mut best_excess, mut best_addr) = (usize::MAX, u64::MAX, u64::MAX);
     for (i, e) in list.iter().enumerate() {
-        let smaller = ((u128::from(e.size) << 64) | u128::from(e.addr))
-            < ((u128::from(best_size) << 64) | u128::from(best_addr));
-        let better = (e.size >= min_size) & smaller;
+        let excess = e.size.wrapping_sub(min_size);
+        let better = ((u128::from(excess) << 64) | u128::from(e.addr))
+            < ((u128::from(best_excess) << 64) | u128::from(best_addr));
         best = select_unpredictable(better, i, best);
-        best_size = select_unpredictable(better, e.size, best_size);
+        best_excess = select_unpredictable(better, excess, best_excess);
         best_addr = select_unpredictable(better, e.addr, best_addr);
     }
-    (best != usize::MAX).then_some(best)
+    (best != usize::MAX && best_excess <= !min_size).then_some(best)
 }
 
 #[cfg(test)]
