@@ -74,6 +74,8 @@ pub struct BlockTable {
     marks: SlotMarks,
     /// 64 − log2(number of slots): a hash's top bits pick the home slot.
     shift: u32,
+    /// `max_taken` of the number of slots (kept: `has_room` runs on every malloc).
+    max_taken: usize,
     len: usize,
     tombstones: usize,
 }
@@ -118,6 +120,7 @@ impl BlockTable {
             slots: vec![VACANT; slots],
             marks: SlotMarks::new(slots),
             shift: 64 - slots.trailing_zeros(),
+            max_taken: max_taken(slots),
             len: 0,
             tombstones: 0,
         };
@@ -159,7 +162,7 @@ impl BlockTable {
     /// Whether `n` inserts fit without a rebuild.
     #[inline]
     pub fn has_room(&self, n: usize) -> bool {
-        self.len + self.tombstones + n <= max_taken(self.slots.len())
+        self.len + self.tombstones + n <= self.max_taken
     }
 
     /// Rebuild so that `n` inserts fit, with blocks taking at most half of what may be taken
@@ -208,7 +211,7 @@ impl BlockTable {
 
     /// Remove block `id`. Its slot is emptied, with the tombstones just before it, when no
     /// probe needs to pass through it (the next slot is empty); else it becomes a tombstone.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, id: BlockId) {
         debug_assert!(id != NIL, "the sentinel is never removed");
         debug_assert!(
