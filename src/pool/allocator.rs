@@ -53,23 +53,26 @@ impl StreamPools {
             .get(self.last)
             .is_some_and(|(s, _)| *s == stream);
         if !hit {
-            self.last = self.find_or_insert(stream);
+            return self.find_or_insert(stream);
         }
+        // (Returned from here, the hit path keeps the test above as its bounds check.)
         &mut self.streams[self.last].1
     }
 
-    /// Position of `stream`'s index, created when new (the rare path of `get_mut`).
+    /// `stream`'s index, created when new, which becomes the last looked up (the rare path of
+    /// `get_mut`).
     #[cold]
     #[inline(never)]
-    fn find_or_insert(&mut self, stream: StreamId) -> usize {
-        match self.streams.iter().position(|(s, _)| *s == stream) {
+    fn find_or_insert(&mut self, stream: StreamId) -> &mut FreeIndex {
+        self.last = match self.streams.iter().position(|(s, _)| *s == stream) {
             Some(pos) => pos,
             None => {
                 let pos = self.streams.partition_point(|(s, _)| *s < stream);
                 self.streams.insert(pos, (stream, Box::default()));
                 pos
             }
-        }
+        };
+        &mut self.streams[self.last].1
     }
 
     /// Free entries in PyTorch's set order: (stream, size, address).
