@@ -129,7 +129,6 @@ pub struct FreeIndex {
     classes: Box<[SizeClass; NUM_CLASSES]>,
     /// Classes with at least one entry, short or long.
     bitmap: [u64; BITMAP_WORDS],
-    len: usize,
 }
 
 impl Default for FreeIndex {
@@ -137,14 +136,17 @@ impl Default for FreeIndex {
         Self {
             classes: Box::new(std::array::from_fn(|_| SizeClass::default())),
             bitmap: [0; BITMAP_WORDS],
-            len: 0,
         }
     }
 }
 
 impl FreeIndex {
+    /// Number of entries (counted, not kept: only the out-of-memory report asks).
     pub fn len(&self) -> usize {
-        self.len
+        self.classes
+            .iter()
+            .map(|c| c.listed.len() + c.filed.as_ref().map_or(0, |f| f.map.len()))
+            .sum()
     }
 
     #[inline]
@@ -152,7 +154,6 @@ impl FreeIndex {
         let class = class_of(entry.size);
         self.classes[class].listed.push(entry);
         self.bitmap[class / 64] |= 1 << (class % 64);
-        self.len += 1;
     }
 
     /// Remove the entry with this size and address; false if absent.
@@ -298,7 +299,6 @@ impl FreeIndex {
         if size_class.listed.len() > LONG_CLASS {
             self.file(class);
         }
-        self.len -= 1;
         entry
     }
 
@@ -345,7 +345,6 @@ impl FreeIndex {
         } else if took_min {
             filed.refresh_min();
         }
-        self.len -= 1;
         // Entries listed since the class was filed: file them too once they are several, or
         // searches that keep finding a filed entry would keep scanning them (every search of
         // this class scans its listed entries).
