@@ -420,8 +420,17 @@ impl<B: Backend> DeviceAllocator<B> {
     /// hot paths pay nothing for events when nobody listens.
     #[inline]
     pub(super) fn emit(&mut self, event: impl FnOnce() -> PoolEvent) {
+        if self.sink.is_some() {
+            self.record(event());
+        }
+    }
+
+    /// `emit`'s call of the sink, kept out of the hot paths.
+    #[cold]
+    #[inline(never)]
+    fn record(&mut self, event: PoolEvent) {
         if let Some(sink) = self.sink.as_mut() {
-            sink.record(&event());
+            sink.record(&event);
         }
     }
 
