@@ -414,10 +414,11 @@ impl FreeIndex {
 fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
     // Branch-free body (the comparisons are data-dependent coin flips), on 64-bit halves so
     // that each select is one conditional move. Entries are compared by (excess, address), the
-    // excess being `size - min_size` wrapped: a fitting entry's excess is at most
-    // `!min_size`, a smaller entry's wraps above it, so a fitting entry beats every smaller
-    // one with no test of its own, and the winner fits if any does. The start
-    // (u64::MAX, u64::MAX) is beaten by every entry (no block starts at address u64::MAX).
+    // excess being `size - min_size` wrapped: a fitting entry's excess is below `!min_size`
+    // (no block is u64::MAX bytes long), a smaller entry's wraps above it, so a fitting entry
+    // beats every smaller one with no test of its own, and the winner fits if any does. The
+    // start (u64::MAX, u64::MAX) is beaten by every entry (no block starts at address
+    // u64::MAX), and fails the final test when there is none.
     let (mut best, mut best_excess, mut best_addr) = (usize::MAX, u64::MAX, u64::MAX);
     for (i, e) in list.iter().enumerate() {
         let excess = e.size.wrapping_sub(min_size);
@@ -427,7 +428,7 @@ fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
         best_excess = select_unpredictable(better, excess, best_excess);
         best_addr = select_unpredictable(better, e.addr, best_addr);
     }
-    (best != usize::MAX && best_excess <= !min_size).then_some(best)
+    (best_excess < !min_size).then_some(best)
 }
 
 #[cfg(test)]
