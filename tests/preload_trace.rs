@@ -37,13 +37,7 @@ fn record_with(dir: &Path, scenario: &str, settings: &str, env: &[(&str, &str)])
     cmd.arg(scenario)
         .env("CACHEALLOC_CONF", conf)
         .envs(env.iter().copied());
-    let child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("program starts");
-    let pid = child.id();
-    let out = child.wait_with_output().expect("program runs");
+    let (pid, out) = run_with_pid(&mut cmd);
     assert!(
         out.status.success() && stdout(&out).contains(&format!("ok {scenario}")),
         "{scenario} failed:\n{}\n{}",
@@ -51,6 +45,17 @@ fn record_with(dir: &Path, scenario: &str, settings: &str, env: &[(&str, &str)])
         stderr(&out)
     );
     dir.join(format!("trace-{pid}.jsonl"))
+}
+
+/// Run `cmd` to its end, its output captured; returns its process id and output.
+fn run_with_pid(cmd: &mut Command) -> (u32, Output) {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("program starts");
+    let pid = child.id();
+    (pid, child.wait_with_output().expect("program runs"))
 }
 
 /// The shim's exit statistics of `device` (memory_stats keys).
@@ -408,17 +413,12 @@ fn a_trace_path_another_process_is_recording_to_is_left_to_it() {
     let theirs = std::fs::File::open(&asked).unwrap();
     theirs.lock().unwrap();
 
-    let mut cmd = preloaded(program());
-    let child = cmd
-        .arg("mix")
-        .env("CACHEALLOC_CONF", format!("trace:{}", asked.display()))
-        .env("FAKECUDART_CAPACITY", "1GiB")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("program starts");
-    let pid = child.id();
-    let out = child.wait_with_output().expect("program runs");
+    let (pid, out) = run_with_pid(
+        preloaded(program())
+            .arg("mix")
+            .env("CACHEALLOC_CONF", format!("trace:{}", asked.display()))
+            .env("FAKECUDART_CAPACITY", "1GiB"),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let beside = dir.path().join(format!("run.{pid}.jsonl"));
     let message = stderr(&out);
