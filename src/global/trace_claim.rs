@@ -4,7 +4,8 @@
 //! process that finds the file locked records beside it instead, to the name with its process
 //! id before the extension (`run.jsonl` → `run.4242.jsonl`), and says so on stderr. A file left
 //! by a run that has ended is not locked, and is replaced as before. On a file system without
-//! locks the file is taken as before too.
+//! locks the file is taken as before too, and a path that is not a regular file (`/dev/stderr`)
+//! is written as it is, neither locked nor emptied.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
@@ -50,6 +51,10 @@ fn claim_exactly(path: &str) -> io::Result<Option<File>> {
         .create(true)
         .truncate(false)
         .open(path)?;
+    // A device or a pipe (`/dev/stderr`, which processes may share) is written as it is.
+    if !file.metadata()?.is_file() {
+        return Ok(Some(file));
+    }
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => return Ok(None),
@@ -85,6 +90,15 @@ mod tests {
         assert_eq!(with_pid("/tmp/run.jsonl", 42), "/tmp/run.42.jsonl");
         assert_eq!(with_pid("/tmp/a.b/run", 42), "/tmp/a.b/run.42");
         assert_eq!(with_pid("run.trace.jsonl", 7), "run.trace.7.jsonl");
+    }
+
+    #[test]
+    fn a_device_is_written_as_it_is_even_when_held() {
+        let theirs = File::open("/dev/null").unwrap();
+        theirs.lock().unwrap();
+        let ours = claim("/dev/null", 42).unwrap();
+        assert_eq!(ours.path, "/dev/null");
+        assert_eq!(ours.diverted_from, None);
     }
 
     #[test]
