@@ -270,6 +270,59 @@ fn a_child_forked_before_any_pool_keeps_cachealloc_and_names_its_own_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Processes given one statistics file without `%p` each keep their report: the parent holds
+/// the file from its first CUDA call, so the child it forks, which uses CUDA, writes beside it.
+#[test]
+fn a_statistics_file_shared_without_pid_keeps_every_processs_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let asked = dir.path().join("stats.json");
+    let conf = format!("stats:json,stats_file:{}", asked.display());
+    let out = check("fork_before_pools", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let child = number_after(&stdout(&out), "child ");
+    let beside = dir.path().join(format!("stats.{child}.json"));
+    let log = stderr(&out);
+    assert!(
+        log.contains(&format!(
+            "another process holds the statistics file {}; this one writes its statistics to {}",
+            asked.display(),
+            beside.display()
+        )),
+        "{log}"
+    );
+    let read = |path: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let (parent, child) = (read(&asked), read(&beside));
+    assert_eq!(parent["devices"], serde_json::json!([]), "{parent}");
+    assert_eq!(
+        child["devices"][0]["stats"]["num_device_alloc"], 1,
+        "{child}"
+    );
+}
+
+/// A statistics file another running process holds is left to it, its content kept.
+#[test]
+fn a_held_statistics_file_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let asked = dir.path().join("stats.json");
+    std::fs::write(&asked, "theirs\n").unwrap();
+    let theirs = std::fs::File::open(&asked).unwrap();
+    theirs.lock().unwrap();
+    let conf = format!("stats:json,stats_file:{}", asked.display());
+    let out = check("churn", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let log = stderr(&out);
+    let key = "this one writes its statistics to ";
+    let at = log
+        .find(key)
+        .unwrap_or_else(|| panic!("no diversion in:\n{log}"))
+        + key.len();
+    let beside = log[at..].split_whitespace().next().unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(beside).unwrap()).unwrap();
+    assert!(report["devices"][0]["stats"]["num_device_alloc"].as_u64() > Some(0));
+    assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
+}
+
 /// A child forked while another thread makes the process's first CUDA call (the mode being
 /// decided, the panic hook installed) does not hang on the parent's unfinished initialisation.
 /// Each run is a fresh process; before the fix about one run in fifty hung.

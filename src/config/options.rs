@@ -293,8 +293,9 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Where `stats` writes; stderr when unset, or when the file cannot be written. Not \
-              the `trace` file. Each process writes it at exit: without `%p`, the last process \
-              to end overwrites the others'. A path cannot contain `,`, `:`, `[`, `]` or \
+              the `trace` file. Held from the first CUDA call and written at exit; a path \
+              another running process holds is left to it: this process writes beside it, with \
+              its process id before the extension. A path cannot contain `,`, `:`, `[`, `]` or \
               whitespace.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);

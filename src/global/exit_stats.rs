@@ -2,25 +2,37 @@
 //! `%p` becomes the process id; to stderr when that file cannot be written): one entry per
 //! device that had a pool.
 //!
+//! The `stats_file` is claimed at the first call (`file_claim`): held by the process until it
+//! ends, so that processes given one path without `%p` each keep their report (one that finds it
+//! held writes beside it). A child forked after the claim does not write to the parent's file:
+//! it claims its own at exit, as a process that could not claim one earlier does (beside the
+//! parent's, when the path has no `%p`).
+//!
 //! Registered with `atexit` at the first call when `stats` or `trace` is on; the handler also
 //! writes the rest of the `trace` recording (`trace_file::flush_at_exit`). It makes no CUDA
 //! call (the runtime may already be torn down), takes no lock that another thread holds, and
 //! never unwinds into libc.
 
+use super::file_claim::{self, Claimed};
 use super::init::active_config;
 use super::pools;
 use super::trace_file;
-use crate::config::StatsOutput;
+use crate::config::{Config, StatsOutput};
 use crate::pool::{DeviceId, DeviceStats};
 use crate::report::{memory_summary, stats_json};
+use std::fs::File;
 use std::io::Write;
-use std::sync::Once;
+use std::sync::{Mutex, Once, TryLockError};
 
 static REGISTERED: Once = Once::new();
 
-/// Register the exit handler (once per process).
-pub fn register() {
+/// The `stats_file` claimed at the first call: the process that claimed it, the file, its name.
+static STATS_FILE: Mutex<Option<(u32, File, String)>> = Mutex::new(None);
+
+/// Register the exit handler and claim the `stats_file` (once per process).
+pub fn register(config: &Config) {
     REGISTERED.call_once(|| {
+        claim_stats_file(config);
         // SAFETY: `at_exit` is an `extern "C" fn()` that lives as long as the library (a
         // preloaded or linked library is never unloaded before exit handlers run).
         let rc = unsafe { libc::atexit(at_exit) };
@@ -40,6 +52,36 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(write_report);
 }
 
+/// Claim the `stats_file`, if the report goes to one. A file that cannot be claimed now is
+/// claimed again at exit, where a failure sends the report to stderr.
+fn claim_stats_file(config: &Config) {
+    if config.stats == StatsOutput::Off {
+        return;
+    }
+    let pid = std::process::id();
+    if let Some(Ok((file, path))) = config.stats_path(pid).map(|path| claim(&path, pid)) {
+        *STATS_FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, file, path));
+    }
+}
+
+/// The statistics file `path` for process `pid`, or the one beside it (said on stderr) when
+/// another process holds it.
+fn claim(path: &str, pid: u32) -> std::io::Result<(File, String)> {
+    let Claimed {
+        file,
+        path,
+        diverted_from,
+    } = file_claim::claim(path, pid)?;
+    if let Some(asked) = diverted_from {
+        let _ = writeln!(
+            std::io::stderr(),
+            "cachealloc: another process holds the statistics file {asked}; this one writes its \
+             statistics to {path} (put %p in the stats_file path for one file per process)"
+        );
+    }
+    Ok((file, path))
+}
+
 fn write_report() {
     let Some(config) = active_config() else {
         return;
@@ -51,20 +93,35 @@ fn write_report() {
         StatsOutput::Json => render_json(&stats),
     };
     let pid = std::process::id();
-    match config.stats_path(pid) {
-        Some(path) => {
-            if let Err(e) = std::fs::write(&path, &text) {
-                // Not lost: the report goes to stderr instead, as without `stats_file`.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "cachealloc: cannot write statistics to {path}: {e}; here they are instead:"
-                );
-                let _ = std::io::stderr().write_all(text.as_bytes());
-            }
-        }
-        None => {
-            let _ = std::io::stderr().write_all(text.as_bytes());
-        }
+    let Some(asked) = config.stats_path(pid) else {
+        let _ = std::io::stderr().write_all(text.as_bytes());
+        return;
+    };
+    let mut claimed = match STATS_FILE.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    };
+    // The file claimed at the first call; a forked child's claim is its parent's, so it claims
+    // its own now.
+    let own = claimed
+        .as_deref_mut()
+        .and_then(Option::as_mut)
+        .filter(|(owner, _, _)| *owner == pid)
+        .map(|(_, file, path)| (file, path.clone()));
+    let written = match own {
+        Some((file, path)) => file.write_all(text.as_bytes()).map_err(|e| (path, e)),
+        None => claim(&asked, pid)
+            .map_err(|e| (asked.clone(), e))
+            .and_then(|(mut file, path)| file.write_all(text.as_bytes()).map_err(|e| (path, e))),
+    };
+    if let Err((path, e)) = written {
+        // Not lost: the report goes to stderr instead, as without `stats_file`.
+        let _ = writeln!(
+            std::io::stderr(),
+            "cachealloc: cannot write statistics to {path}: {e}; here they are instead:"
+        );
+        let _ = std::io::stderr().write_all(text.as_bytes());
     }
 }
 

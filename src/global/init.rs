@@ -96,7 +96,7 @@ fn decide() -> Mode {
             );
             trace_file::start(&config);
             if config.stats != StatsOutput::Off || config.trace.is_some() {
-                exit_stats::register();
+                exit_stats::register(&config);
             }
             Mode::Active(Box::new(config))
         }

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod error;
 mod exit_stats;
+mod file_claim;
 mod fork;
 pub mod forward;
 pub mod init;
@@ -15,7 +16,6 @@ pub mod panics;
 pub mod pools;
 pub mod reentry;
 mod stream_uses;
-mod trace_claim;
 mod trace_file;
 
 pub use error::ShimError;

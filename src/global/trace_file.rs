@@ -9,7 +9,7 @@
 //!   first flush that has events, so a process that never allocates through a pool (or never
 //!   calls CUDA) leaves no file. The header lists the devices of that first batch. The
 //!   process holds the file's lock while it lives; one that finds it held by another process
-//!   records beside it (`trace_claim`).
+//!   records beside it (`file_claim`).
 //! - The writer reaches the file when its 64 KiB buffer fills, after an `oom` or
 //!   `device_reset` line (the moments before a program is likely to give up), and at exit
 //!   (`flush_at_exit`, from the exit hook). A process killed by a signal or ending in `_exit`
@@ -24,7 +24,7 @@
 //! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
 //! lines.
 
-use super::trace_claim;
+use super::file_claim;
 use crate::config::{Config, expand_pid};
 use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
@@ -50,7 +50,7 @@ struct Recorder {
     /// its parent recorded anything names its own file).
     path: OnceLock<String>,
     /// The file recorded to, once created: `path`, or the name beside it when another process
-    /// held `path` (`trace_claim`).
+    /// held `path` (`file_claim`).
     written_to: OnceLock<String>,
     /// Whether each flush logs the pool's device calls (debug lines for `DEVICE_LOG`).
     log_device_calls: bool,
@@ -172,7 +172,7 @@ impl Recorder {
             if events.is_empty() {
                 return;
             }
-            match trace_claim::claim(path, std::process::id()) {
+            match file_claim::claim(path, std::process::id()) {
                 Ok(claimed) => {
                     if let Some(asked) = &claimed.diverted_from {
                         let _ = writeln!(

@@ -1,26 +1,27 @@
-//! Claiming the trace file: a recording holds an exclusive advisory lock (`flock`) on its file
-//! for as long as the process lives, so that processes sharing one `trace:` path without `%p`
-//! (the ranks of one launch, say) do not truncate and interleave each other's recordings. A
-//! process that finds the file locked records beside it instead, to the name with its process
-//! id before the extension (`run.jsonl` → `run.4242.jsonl`), and says so on stderr. A file left
-//! by a run that has ended is not locked, and is replaced as before. On a file system without
-//! locks the file is taken as before too, and a path that is not a regular file (`/dev/stderr`)
-//! is written as it is, neither locked nor emptied.
+//! Claiming a file a process writes for its whole run (the `trace` recording, the `stats_file`
+//! report): the process holds an exclusive advisory lock (`flock`) on it for as long as it
+//! lives, so that processes sharing one path without `%p` (the ranks of one launch, say) do not
+//! truncate and overwrite each other's files. A process that finds the file locked writes beside
+//! it instead, to the name with its process id before the extension (`run.jsonl` →
+//! `run.4242.jsonl`), and says so on stderr. A file left by a run that has ended is not locked,
+//! and is replaced as before. On a file system without locks the file is taken as before too,
+//! and a path that is not a regular file (`/dev/stderr`) is written as it is, neither locked nor
+//! emptied.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::path::Path;
 
-/// A trace file this process holds, and its name.
+/// A file this process holds, and its name.
 pub struct Claimed {
     pub file: File,
     pub path: String,
-    /// The name asked for, when another process was recording to it.
+    /// The name asked for, when another process held it.
     pub diverted_from: Option<String>,
 }
 
-/// Create (or empty) the trace file `path` for this process, or, when another process holds
-/// it, the file named with `pid` beside it.
+/// Create (or empty) the file `path` for this process, or, when another process holds it, the
+/// file named with `pid` beside it.
 pub fn claim(path: &str, pid: u32) -> io::Result<Claimed> {
     if let Some(file) = claim_exactly(path)? {
         return Ok(Claimed {
@@ -45,7 +46,7 @@ pub fn claim(path: &str, pid: u32) -> io::Result<Claimed> {
 
 /// The file at `path`, locked and emptied; `None` when another process holds its lock.
 fn claim_exactly(path: &str) -> io::Result<Option<File>> {
-    // Not truncated on opening: the file may be another process's recording in progress.
+    // Not truncated on opening: the file may be another process's, in use.
     let file = OpenOptions::new()
         .write(true)
         .create(true)
@@ -58,7 +59,7 @@ fn claim_exactly(path: &str) -> io::Result<Option<File>> {
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => return Ok(None),
-        // No locks here (some network file systems): record without one, as before.
+        // No locks here (some network file systems): write without one, as before.
         Err(TryLockError::Error(_)) => {}
     }
     file.set_len(0)?;
