@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{assert_in_order, preloaded, run_ok, run_scenario, stderr, stdout};
+use support::shim::{
+    assert_in_order, held_file, preloaded, run_ok, run_scenario, stderr, stdout, word_after,
+};
 
 fn source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/shim_check.c")
@@ -305,18 +307,11 @@ fn a_statistics_file_shared_without_pid_keeps_every_processs_report() {
 fn a_held_statistics_file_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let asked = dir.path().join("stats.json");
-    std::fs::write(&asked, "theirs\n").unwrap();
-    let theirs = std::fs::File::open(&asked).unwrap();
-    theirs.lock().unwrap();
+    let _theirs = held_file(&asked, "theirs\n");
     let conf = format!("stats:json,stats_file:{}", asked.display());
     let out = check("churn", &[("CACHEALLOC_CONF", conf.as_str())]);
     let log = stderr(&out);
-    let key = "this one writes its statistics to ";
-    let at = log
-        .find(key)
-        .unwrap_or_else(|| panic!("no diversion in:\n{log}"))
-        + key.len();
-    let beside = log[at..].split_whitespace().next().unwrap();
+    let beside = word_after(&log, "this one writes its statistics to ");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(beside).unwrap()).unwrap();
     assert!(report["devices"][0]["stats"]["num_device_alloc"].as_u64() > Some(0));
@@ -485,8 +480,7 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
 fn a_recorded_oom_names_the_file_written_beside_a_held_one() {
     let dir = tempfile::tempdir().unwrap();
     let asked = dir.path().join("run.jsonl");
-    let theirs = std::fs::File::create(&asked).unwrap();
-    theirs.lock().unwrap();
+    let _theirs = held_file(&asked, "");
     let conf = format!("trace:{}", asked.display());
     let out = check(
         "fragmentation",
@@ -496,12 +490,7 @@ fn a_recorded_oom_names_the_file_written_beside_a_held_one() {
         ],
     );
     let log = stderr(&out);
-    let key = "this one records to ";
-    let at = log
-        .find(key)
-        .unwrap_or_else(|| panic!("no diversion in:\n{log}"))
-        + key.len();
-    let beside = log[at..].split_whitespace().next().unwrap();
+    let beside = word_after(&log, "this one records to ");
     assert_ne!(beside, asked.to_str().unwrap());
     assert!(
         log.contains(&format!("This run is recorded to {beside}: ")),

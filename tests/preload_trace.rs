@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, stderr, stdout};
+use support::shim::{held_file, preloaded, stderr, stdout};
 use support::trace_lines::copy_without;
 
 fn program() -> &'static Path {
@@ -409,9 +409,7 @@ fn a_trace_path_another_process_is_recording_to_is_left_to_it() {
     let dir = tempfile::tempdir().unwrap();
     let asked = dir.path().join("run.jsonl");
     // Another process's recording in progress: the file exists and its lock is held.
-    std::fs::write(&asked, "theirs\n").unwrap();
-    let theirs = std::fs::File::open(&asked).unwrap();
-    theirs.lock().unwrap();
+    let theirs = held_file(&asked, "theirs\n");
 
     let (pid, out) = run_with_pid(
         preloaded(program())

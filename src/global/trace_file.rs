@@ -91,9 +91,8 @@ pub fn start(config: &Config) {
 /// writing it failed).
 pub fn recording_path() -> Option<&'static str> {
     let r = RECORDER.get()?;
-    let path = r.path()?;
+    let path = r.file_name()?;
     let file = r.file.lock().unwrap_or_else(|p| p.into_inner());
-    let path = r.written_to.get().map_or(path, String::as_str);
     (!matches!(*file, FileState::Failed)).then_some(path)
 }
 
@@ -153,6 +152,14 @@ impl Recorder {
             self.path
                 .get_or_init(|| expand_pid(template, std::process::id())),
         )
+    }
+
+    /// The name of the file recorded to: the one created, else the one it will be created as.
+    fn file_name(&self) -> Option<&str> {
+        self.written_to
+            .get()
+            .map(String::as_str)
+            .or_else(|| self.path())
     }
 
     fn write(&self, file: &mut FileState, at_exit: bool) {
@@ -223,11 +230,7 @@ impl Recorder {
         let _ = writeln!(
             std::io::stderr(),
             "cachealloc: cannot {what} the trace file {}: {error}; recording is off",
-            self.written_to
-                .get()
-                .map(String::as_str)
-                .or(self.path())
-                .unwrap_or_default()
+            self.file_name().unwrap_or_default()
         );
     }
 }

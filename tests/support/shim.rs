@@ -82,3 +82,21 @@ pub fn assert_in_order(log: &str, parts: &[&str]) {
         from += at + part.len();
     }
 }
+
+/// A file at `path` holding `content`, with its lock held as long as the returned handle lives:
+/// another process's file in use.
+pub fn held_file(path: &Path, content: &str) -> std::fs::File {
+    std::fs::write(path, content).unwrap();
+    let file = std::fs::File::open(path).unwrap();
+    file.lock().unwrap();
+    file
+}
+
+/// The word after `key` in `text`.
+pub fn word_after<'a>(text: &'a str, key: &str) -> &'a str {
+    let at = text
+        .find(key)
+        .unwrap_or_else(|| panic!("'{key}' not in:\n{text}"))
+        + key.len();
+    text[at..].split_whitespace().next().unwrap_or_default()
+}
