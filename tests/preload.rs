@@ -302,6 +302,44 @@ fn a_statistics_file_shared_without_pid_keeps_every_processs_report() {
     );
 }
 
+/// A forked child that outlives its parent (an orphaned worker) does not keep the parent's trace
+/// and statistics files locked: the next run takes those names instead of writing beside them.
+#[test]
+fn a_child_that_outlives_its_parent_leaves_its_files_free_for_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, stats) = (
+        dir.path().join("trace.jsonl"),
+        dir.path().join("stats.json"),
+    );
+    let conf = format!(
+        "trace:{},stats:json,stats_file:{}",
+        trace.display(),
+        stats.display()
+    );
+    let out = check("fork_outlived", &[("CACHEALLOC_CONF", conf.as_str())]);
+    let child = number_after(&stdout(&out), "child ");
+    let _end_child = EndProcess(child);
+    for path in [&trace, &stats] {
+        let file = std::fs::File::open(path).unwrap();
+        assert!(
+            file.try_lock().is_ok(),
+            "{} is still locked after its process ended, while its forked child lives",
+            path.display()
+        );
+    }
+}
+
+/// Kills a process when dropped (a test's lingering child, even when the test fails).
+struct EndProcess(u64);
+
+impl Drop for EndProcess {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .status();
+    }
+}
+
 /// A statistics file another running process holds is left to it, its content kept.
 #[test]
 fn a_held_statistics_file_is_left_alone() {

@@ -13,21 +13,20 @@
 //! call (the runtime may already be torn down), takes no lock that another thread holds, and
 //! never unwinds into libc.
 
-use super::file_claim::{self, Claimed};
+use super::file_claim::{self, Claimed, HeldFile};
 use super::init::active_config;
 use super::pools;
 use super::trace_file;
 use crate::config::{Config, StatsOutput};
 use crate::pool::{DeviceId, DeviceStats};
 use crate::report::{memory_summary, stats_json};
-use std::fs::File;
 use std::io::Write;
 use std::sync::{Mutex, Once, TryLockError};
 
 static REGISTERED: Once = Once::new();
 
 /// The `stats_file` claimed at the first call: the process that claimed it, the file, its name.
-static STATS_FILE: Mutex<Option<(u32, File, String)>> = Mutex::new(None);
+static STATS_FILE: Mutex<Option<(u32, HeldFile, String)>> = Mutex::new(None);
 
 /// Register the exit handler and claim the `stats_file` (once per process).
 pub fn register(config: &Config) {
@@ -66,7 +65,7 @@ fn claim_stats_file(config: &Config) {
 
 /// The statistics file `path` for process `pid`, or the one beside it (said on stderr) when
 /// another process holds it.
-fn claim(path: &str, pid: u32) -> std::io::Result<(File, String)> {
+fn claim(path: &str, pid: u32) -> std::io::Result<(HeldFile, String)> {
     let Claimed {
         file,
         path,

@@ -7,14 +7,93 @@
 //! and is replaced as before. On a file system without locks the file is taken as before too,
 //! and a path that is not a regular file (`/dev/stderr`) is written as it is, neither locked nor
 //! emptied.
+//!
+//! The lock belongs to the open file, which a forked child shares: a child that outlived its
+//! parent (an orphaned worker) would keep it, and the next run would write beside the file. So
+//! the descriptors of the files held are noted (`HeldFile`), and a forked child lets go of them
+//! (`let_go_in_forked_child`, from the fork handler): each becomes `/dev/null` in the child,
+//! while the parent's lock stands. The files are never the child's to write: its parent's
+//! recording and report are the parent's, and a child writes its own files (`exit_stats`).
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// Descriptors of the locked files this process holds (`NONE`: a free place): a trace and a
+/// statistics file, and one more for a statistics file claimed at exit.
+static HELD: [AtomicI32; 3] = [const { AtomicI32::new(NONE) }; 3];
+const NONE: i32 = -1;
+
+/// A claimed file. While it is open, its descriptor is noted for a forked child to let go of.
+#[derive(Debug)]
+pub struct HeldFile(File);
+
+impl HeldFile {
+    fn new(file: File) -> Self {
+        let fd = file.as_raw_fd();
+        // No free place (not expected: a process claims at most three): a forked child then
+        // keeps this one's lock until it ends, as it would without the note.
+        let _ = HELD.iter().find(|place| {
+            place
+                .compare_exchange(NONE, fd, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
+        HeldFile(file)
+    }
+}
+
+impl Drop for HeldFile {
+    fn drop(&mut self) {
+        // Forgotten before the file is closed, so that a child forked in between never takes a
+        // descriptor number the program may reuse for a file of its own.
+        let fd = self.0.as_raw_fd();
+        for place in &HELD {
+            let _ = place.compare_exchange(fd, NONE, Ordering::SeqCst, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Write for HeldFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// In a child just forked: point each descriptor of the parent's held files at `/dev/null`,
+/// so that the child no longer shares the open files whose locks the parent holds (the parent
+/// keeps them). Async-signal-safe: atomics, `open`, `dup3` and `close` only. A descriptor left
+/// as it was (no `/dev/null`) keeps the lock until the child ends, as before.
+pub fn let_go_in_forked_child() {
+    for place in &HELD {
+        let fd = place.swap(NONE, Ordering::SeqCst);
+        if fd == NONE {
+            continue;
+        }
+        // SAFETY: a NUL-terminated path; `open` is async-signal-safe and borrows nothing.
+        let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if null < 0 {
+            continue;
+        }
+        // SAFETY: `fd` is open (a `HeldFile` forgets it before closing it, and the child has
+        // only this thread): `dup3` makes it refer to `/dev/null`, so the `HeldFile` that owns
+        // it still owns an open descriptor, one that drops the child's share of the lock.
+        // `null` is ours to close.
+        unsafe {
+            libc::dup3(null, fd, libc::O_CLOEXEC);
+            libc::close(null);
+        }
+    }
+}
 
 /// A file this process holds, and its name.
 pub struct Claimed {
-    pub file: File,
+    pub file: HeldFile,
     pub path: String,
     /// The name asked for, when another process held it.
     pub diverted_from: Option<String>,
@@ -25,7 +104,7 @@ pub struct Claimed {
 pub fn claim(path: &str, pid: u32) -> io::Result<Claimed> {
     if let Some(file) = claim_exactly(path)? {
         return Ok(Claimed {
-            file,
+            file: HeldFile::new(file),
             path: path.to_owned(),
             diverted_from: None,
         });
@@ -33,7 +112,7 @@ pub fn claim(path: &str, pid: u32) -> io::Result<Claimed> {
     let beside = with_pid(path, pid);
     match claim_exactly(&beside)? {
         Some(file) => Ok(Claimed {
-            file,
+            file: HeldFile::new(file),
             path: beside,
             diverted_from: Some(path.to_owned()),
         }),

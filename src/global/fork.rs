@@ -7,7 +7,9 @@
 //! forked child of a process with a CUDA context: `cudaErrorInitializationError`), and the exit
 //! hook writes neither the parent's trace again nor a statistics report of the parent's pools
 //! under the child's process id. A worker process that never touches CUDA (a data-loader
-//! worker that exits normally) leaves the parent's files as they were.
+//! worker that exits normally) leaves the parent's files as they were. Every forked child lets
+//! go of the parent's trace and statistics files (`file_claim::let_go_in_forked_child`), so
+//! that one outliving its parent does not keep their locks.
 //!
 //! A parent that has made no pool yet (it only asked `cudaGetLastError`, say) has no CUDA
 //! context of cachealloc's making: its children keep cachealloc, with their own statistics and
@@ -16,13 +18,13 @@
 //! would never finish in it.
 //!
 //! The handler is registered when the library is loaded (a constructor), before any thread of
-//! the program can call it, and reads two atomics (it is async-signal-safe). Registered at the
-//! first call instead, it could miss a fork another thread made at that moment: glibc runs after
-//! a fork only the handlers registered before the fork's prepare phase began, so a child forked
-//! just as the first decision started waited forever on it (3 of 300 runs of the race test in a
-//! debug build).
+//! the program can call it, and only reads atomics and repoints descriptors (it is
+//! async-signal-safe). Registered at the first call instead, it could miss a fork another
+//! thread made at that moment: glibc runs after a fork only the handlers registered before the
+//! fork's prepare phase began, so a child forked just as the first decision started waited
+//! forever on it (3 of 300 runs of the race test in a debug build).
 
-use super::pools;
+use super::{file_claim, pools};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static IN_FORKED_CHILD: AtomicBool = AtomicBool::new(false);
@@ -32,6 +34,7 @@ static DECIDING: AtomicUsize = AtomicUsize::new(0);
 static UNWATCHED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn child_after_fork() {
+    file_claim::let_go_in_forked_child();
     if pools::any_used() || DECIDING.load(Ordering::Relaxed) > 0 {
         IN_FORKED_CHILD.store(true, Ordering::Relaxed);
     }

@@ -24,12 +24,11 @@
 //! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
 //! lines.
 
-use super::file_claim;
+use super::file_claim::{self, HeldFile};
 use crate::config::{Config, expand_pid};
 use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
 use crate::trace::record::{Action, Event, Header, settings_text, write_events, write_header};
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
@@ -62,7 +61,7 @@ struct Recorder {
 enum FileState {
     /// Nothing recorded yet: no file.
     NotCreated,
-    Open(BufWriter<File>),
+    Open(BufWriter<HeldFile>),
     /// Creating or writing failed; recording is off.
     Failed,
 }

@@ -8,6 +8,7 @@
  * The fake's counters show which calls reached the real runtime (i.e. were forwarded or made by
  * the pool), and its clock shows whether memory was handed out while work on it was running.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -487,6 +488,26 @@ static void scenario_fork(void) {
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 
+/* A child forked after the pool recorded an allocation outlives its parent (an orphaned
+ * data-loader worker): it sleeps, its output sent to /dev/null so that the test's read of the
+ * parent's output ends with the parent. The test checks, while the child lives, that the trace
+ * and statistics files are no longer locked, and then ends the child. */
+static void scenario_fork_outlived(void) {
+    void *a = NULL;
+    CHECK_CODE(cudaMalloc(&a, 1 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(3);
+        sleep(60);
+        _exit(0);
+    }
+    CHECK(child > 0);
+    printf("child %d\n", (int)child);
+}
+
 /* A free followed by the program's own cudaDeviceSynchronize, then the end of the run: the
  * test checks that the exit statistics and the trace show the free completed. */
 static void scenario_sync_then_exit(void) {
@@ -523,6 +544,7 @@ static const struct scenario scenarios[] = {
     {"fork_before_pools", scenario_fork_before_pools},
     {"sync_then_exit", scenario_sync_then_exit},
     {"fork", scenario_fork},
+    {"fork_outlived", scenario_fork_outlived},
     {"last_error", scenario_last_error},
     {"churn", scenario_churn},
     {"oom", scenario_oom},
