@@ -11,14 +11,18 @@
 //!
 //! A class that grows long (many free blocks of one size, interleaved with live ones: the same
 //! tensor shape freed layer after layer) would make each search linear in its length. When a
-//! search or a removal meets a class longer than `LONG_CLASS`, the class's entries are filed
-//! into an ordered map of its own, where every operation is logarithmic. Blocks freed
-//! afterwards are listed in the class's vector again, so a search of a class with filed entries
-//! takes the better of its vector's best and the map's; the map is dropped when its last entry
-//! is taken. The map's smallest entry is kept beside it, so that a search the smallest entry
-//! fits (most do: a long class is mostly one size) does not search the map. A class that never
-//! grew long pays a test of its map pointer per search and a length check when an entry is
-//! taken.
+//! search or a removal meets a class longer than `LONG_CLASS`, the class's entries are filed:
+//! into a vector sorted in descending order (the smallest last, so that a search the smallest
+//! fits — most do: a long class is mostly one size — reads one entry, and taking it is a pop),
+//! and, once the class holds more than `FILED_SORTED_CAP` filed entries, into an ordered map of
+//! its own, where every operation is logarithmic (the cap bounds what a removal from the
+//! vector moves; the map keeps its smallest entry beside it for the same quick search). Blocks
+//! freed afterwards are listed in the class's vector again, so a search of a class with filed
+//! entries takes the better of its vector's best and the filed one; listed entries are filed
+//! too once they are several (more than `FILED_CLASS_LISTED` when a filed entry is removed,
+//! more than `SEARCH_REFILE` when the class is searched), and the filed part is dropped when
+//! its last entry is taken. A class that never grew long pays a test of its filed pointer per
+//! search and a length check when an entry is taken.
 
 use super::block::BlockId;
 use super::block_table::Moved;
@@ -33,10 +37,18 @@ const CLASSES_PER_OCTAVE: usize = 1 << MANTISSA_BITS;
 /// Enough classes for sizes up to 2^60 bytes.
 const NUM_CLASSES: usize = 400;
 const BITMAP_WORDS: usize = NUM_CLASSES.div_ceil(64);
-/// A class whose vector is longer than this when searched is filed into its ordered map.
-const LONG_CLASS: usize = 32;
-/// A class with filed entries has its listed entries filed too when they are more than this.
+/// A class whose vector is longer than this when searched is filed.
+const LONG_CLASS: usize = 24;
+/// A class with filed entries has its listed entries filed too when they are more than this
+/// and a filed entry is removed.
 const FILED_CLASS_LISTED: usize = 8;
+/// ... or more than this and the class is searched (filing them on every search past
+/// `FILED_CLASS_LISTED` would move through the sorted vector entries that a take would have
+/// found listed: many free blocks of one size churning).
+const SEARCH_REFILE: usize = 12;
+/// Most entries a filed class keeps in its sorted vector; beyond, they move to an ordered map,
+/// so that a removal never moves more than this many entries.
+const FILED_SORTED_CAP: usize = 256;
 
 /// One free block as the index sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,30 +77,158 @@ fn class_of(size: u64) -> usize {
     class.min(NUM_CLASSES - 1)
 }
 
-/// Entries of a class that grew long: (size, address) → block, never empty, with its smallest
-/// entry kept beside it (a search whose request the smallest fits — most of them, a long class
-/// being mostly one size — reads it instead of searching the map).
+/// Entries of a class that grew long, in (size, address) order, never empty.
 #[derive(Debug)]
-struct Filed {
-    map: BTreeMap<(u64, u64), BlockId>,
-    /// The map's first entry.
-    min: FreeEntry,
+enum Filed {
+    /// At most `FILED_SORTED_CAP` entries in descending (size, address) order: the smallest is
+    /// last, so that a search it fits reads one entry and taking it is a pop.
+    Sorted(Vec<FreeEntry>),
+    /// More: an ordered map (size, address) → block, with its smallest entry kept beside it (a
+    /// search whose request the smallest fits — most of them, a long class being mostly one
+    /// size — reads it instead of searching the map).
+    Map {
+        map: BTreeMap<(u64, u64), BlockId>,
+        /// The map's first entry.
+        min: FreeEntry,
+    },
 }
 
 impl Filed {
-    /// The map's entries, into a new `Filed` (`None` when there are none).
-    fn of(map: BTreeMap<(u64, u64), BlockId>) -> Option<Box<Filed>> {
-        let min = map.first_key_value().map(filed_entry)?;
-        Some(Box::new(Filed { map, min }))
+    fn len(&self) -> usize {
+        match self {
+            Filed::Sorted(v) => v.len(),
+            Filed::Map { map, .. } => map.len(),
+        }
     }
 
-    /// Bring `min` up to date after the map changed (it is not empty).
-    fn refresh_min(&mut self) {
-        self.min = self
-            .map
-            .first_key_value()
-            .map(filed_entry)
-            .expect("a filed map is never empty");
+    /// The smallest entry with `size >= min_size` (lowest address among equals).
+    fn lower_bound(&self, min_size: u64) -> Option<FreeEntry> {
+        match self {
+            Filed::Sorted(v) => {
+                let last = *v.last().expect("a filed class is never empty");
+                if last.size >= min_size {
+                    return Some(last);
+                }
+                let fitting = v.partition_point(|e| e.size >= min_size);
+                fitting.checked_sub(1).map(|i| v[i])
+            }
+            Filed::Map { map, min } => {
+                if min.size >= min_size {
+                    Some(*min)
+                } else {
+                    map.range((min_size, 0)..).next().map(filed_entry)
+                }
+            }
+        }
+    }
+
+    /// The smallest entry after `after` (any, when `None`) in (size, address) order.
+    fn first_after(&self, after: Option<&FreeEntry>) -> Option<FreeEntry> {
+        match self {
+            Filed::Sorted(v) => {
+                let end = after.map_or(v.len(), |a| v.partition_point(|e| e.key() > a.key()));
+                end.checked_sub(1).map(|i| v[i])
+            }
+            Filed::Map { map, .. } => {
+                let from = match after {
+                    Some(e) => std::ops::Bound::Excluded((e.size, e.addr)),
+                    None => std::ops::Bound::Unbounded,
+                };
+                map.range((from, std::ops::Bound::Unbounded))
+                    .next()
+                    .map(filed_entry)
+            }
+        }
+    }
+
+    /// Remove the entry with this size and address; false if absent. May leave it empty.
+    fn remove(&mut self, size: u64, addr: u64) -> bool {
+        match self {
+            Filed::Sorted(v) => {
+                let key = FreeEntry { size, addr, id: 0 }.key();
+                if v.last().is_some_and(|e| e.key() == key) {
+                    v.pop();
+                    return true;
+                }
+                let pos = v.partition_point(|e| e.key() > key);
+                if v.get(pos).is_some_and(|e| e.key() == key) {
+                    v.remove(pos);
+                    true
+                } else {
+                    false
+                }
+            }
+            Filed::Map { map, min } => {
+                let key = (size, addr);
+                if map.remove(&key).is_none() {
+                    return false;
+                }
+                if key == (min.size, min.addr)
+                    && let Some(first) = map.first_key_value()
+                {
+                    *min = filed_entry(first);
+                }
+                true
+            }
+        }
+    }
+
+    /// Add these entries (listed ones being filed); past the cap, the vector becomes a map.
+    fn extend(&mut self, entries: impl Iterator<Item = FreeEntry>) {
+        match self {
+            Filed::Sorted(v) => {
+                for e in entries {
+                    let key = e.key();
+                    let pos = v.partition_point(|x| x.key() > key);
+                    v.insert(pos, e);
+                }
+                if v.len() > FILED_SORTED_CAP {
+                    *self = *Filed::of(std::mem::take(v)).expect("not empty");
+                }
+            }
+            Filed::Map { map, min } => {
+                for e in entries {
+                    if e.key() < min.key() {
+                        *min = e;
+                    }
+                    map.insert((e.size, e.addr), e.id);
+                }
+            }
+        }
+    }
+
+    /// A new filed part holding `entries` (`None` when there are none).
+    fn of(mut entries: Vec<FreeEntry>) -> Option<Box<Filed>> {
+        if entries.len() > FILED_SORTED_CAP {
+            let map: BTreeMap<_, _> = entries.iter().map(|e| ((e.size, e.addr), e.id)).collect();
+            let min = map.first_key_value().map(filed_entry)?;
+            return Some(Box::new(Filed::Map { map, min }));
+        }
+        entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.key()));
+        (!entries.is_empty()).then(|| Box::new(Filed::Sorted(entries)))
+    }
+
+    /// The entries, in no particular order.
+    fn entries(&self) -> impl Iterator<Item = FreeEntry> + '_ {
+        let (sorted, map) = match self {
+            Filed::Sorted(v) => (Some(v.iter().copied()), None),
+            Filed::Map { map, .. } => (None, Some(map.iter().map(filed_entry))),
+        };
+        sorted
+            .into_iter()
+            .flatten()
+            .chain(map.into_iter().flatten())
+    }
+
+    /// Name each entry's block by its new id.
+    fn follow_moved_blocks(&mut self, moved: &Moved) {
+        match self {
+            Filed::Sorted(v) => v.iter_mut().for_each(|e| e.id = moved.id(e.id)),
+            Filed::Map { map, min } => {
+                map.values_mut().for_each(|id| *id = moved.id(*id));
+                min.id = moved.id(min.id);
+            }
+        }
     }
 }
 
@@ -117,7 +257,7 @@ fn filed_entry((&(size, addr), &id): (&(u64, u64), &BlockId)) -> FreeEntry {
 enum Slot {
     /// In a class's listed entries: (class, position).
     Listed(usize, usize),
-    /// In a class's ordered map: (class, entry).
+    /// In a class's filed entries (sorted vector or ordered map): (class, entry).
     Filed(usize, FreeEntry),
 }
 
@@ -145,7 +285,7 @@ impl FreeIndex {
     pub fn len(&self) -> usize {
         self.classes
             .iter()
-            .map(|c| c.listed.len() + c.filed.as_ref().map_or(0, |f| f.map.len()))
+            .map(|c| c.listed.len() + c.filed.as_ref().map_or(0, |f| f.len()))
             .sum()
     }
 
@@ -181,7 +321,9 @@ impl FreeIndex {
         accept: impl FnOnce(&FreeEntry) -> bool,
     ) -> Option<FreeEntry> {
         let class = class_of(min_size);
-        if self.classes[class].listed.len() > LONG_CLASS {
+        let size_class = &self.classes[class];
+        let listed = size_class.listed.len();
+        if listed > SEARCH_REFILE && (listed > LONG_CLASS || size_class.has_filed()) {
             self.file(class);
         }
         match self.find_lower_bound(class, min_size)? {
@@ -234,16 +376,7 @@ impl FreeIndex {
             .filter(|e| after.is_none() || e.key() > key)
             .min_by_key(|e| e.key())
             .copied();
-        let filed = c.filed.as_ref().and_then(|f| {
-            let from = match after {
-                Some(e) => std::ops::Bound::Excluded((e.size, e.addr)),
-                None => std::ops::Bound::Unbounded,
-            };
-            f.map
-                .range((from, std::ops::Bound::Unbounded))
-                .next()
-                .map(filed_entry)
-        });
+        let filed = c.filed.as_ref().and_then(|f| f.first_after(after));
         listed.into_iter().chain(filed).min_by_key(FreeEntry::key)
     }
 
@@ -273,13 +406,10 @@ impl FreeIndex {
     #[cold]
     #[inline(never)]
     fn best_with_filed(&self, class: usize, min_size: u64, listed: Option<usize>) -> Option<Slot> {
-        let filed = self.classes[class].filed.as_ref().and_then(|f| {
-            if f.min.size >= min_size {
-                Some(f.min)
-            } else {
-                f.map.range((min_size, 0)..).next().map(filed_entry)
-            }
-        });
+        let filed = self.classes[class]
+            .filed
+            .as_ref()
+            .and_then(|f| f.lower_bound(min_size));
         match (listed, filed) {
             (Some(pos), Some(f)) if self.classes[class].listed[pos].key() > f.key() => {
                 Some(Slot::Filed(class, f))
@@ -302,25 +432,14 @@ impl FreeIndex {
         entry
     }
 
-    /// Move the listed entries of `class` into its ordered map: a scan of it grew long.
+    /// Move the listed entries of `class` into its filed part: a scan of it grew long.
     #[cold]
     #[inline(never)]
     fn file(&mut self, class: usize) {
         let size_class = &mut self.classes[class];
-        let listed = size_class
-            .listed
-            .drain(..)
-            .map(|e| ((e.size, e.addr), e.id));
         match size_class.filed.as_mut() {
-            None => {
-                let mut map = BTreeMap::new();
-                map.extend(listed);
-                size_class.filed = Filed::of(map);
-            }
-            Some(filed) => {
-                filed.map.extend(listed);
-                filed.refresh_min();
-            }
+            None => size_class.filed = Filed::of(std::mem::take(&mut size_class.listed)),
+            Some(filed) => filed.extend(size_class.listed.drain(..)),
         }
     }
 
@@ -332,18 +451,14 @@ impl FreeIndex {
         let Some(filed) = size_class.filed.as_mut() else {
             return false;
         };
-        let key = (size, addr);
-        if filed.map.remove(&key).is_none() {
+        if !filed.remove(size, addr) {
             return false;
         }
-        let took_min = key == (filed.min.size, filed.min.addr);
-        if filed.map.is_empty() {
+        if filed.len() == 0 {
             size_class.filed = None;
             if size_class.listed.is_empty() {
                 self.bitmap[class / 64] &= !(1 << (class % 64));
             }
-        } else if took_min {
-            filed.refresh_min();
         }
         // Entries listed since the class was filed: file them too once they are several, or
         // searches that keep finding a filed entry would keep scanning them (every search of
@@ -361,10 +476,7 @@ impl FreeIndex {
                 e.id = moved.id(e.id);
             }
             if let Some(filed) = class.filed.as_mut() {
-                for id in filed.map.values_mut() {
-                    *id = moved.id(*id);
-                }
-                filed.min.id = moved.id(filed.min.id);
+                filed.follow_moved_blocks(moved);
             }
         }
     }
@@ -394,7 +506,7 @@ impl FreeIndex {
             .classes
             .iter()
             .flat_map(|c| {
-                let filed = c.filed.iter().flat_map(|f| f.map.iter().map(filed_entry));
+                let filed = c.filed.iter().flat_map(|f| f.entries());
                 c.listed.iter().copied().chain(filed)
             })
             .collect();
@@ -448,13 +560,15 @@ mod tests {
     }
 
     /// Many free blocks of a few equal sizes (one tensor shape freed layer after layer): the
-    /// classes grow long, are filed into their ordered maps, and every answer stays exact.
+    /// classes grow long, are filed (sorted vectors, then ordered maps), and every answer stays
+    /// exact.
     #[test]
     fn long_classes_are_filed_and_answer_like_an_ordered_set() {
         let mut index = FreeIndex::default();
         let mut set = BTreeSet::new();
         let mut x: u64 = 0x2545f4914f6cdd1d;
         let mut filed_at_some_point = false;
+        let (mut sorted_at_some_point, mut map_at_some_point) = (false, false);
         for i in 0..20_000u32 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -494,13 +608,19 @@ mod tests {
                 }
             }
             filed_at_some_point |= index.classes.iter().any(SizeClass::has_filed);
-            for filed in index.classes.iter().filter_map(|c| c.filed.as_ref()) {
-                let first = filed.map.first_key_value().map(filed_entry);
-                assert_eq!(
-                    first,
-                    Some(filed.min),
-                    "a filed class's kept smallest entry"
-                );
+            for filed in index.classes.iter().filter_map(|c| c.filed.as_deref()) {
+                match filed {
+                    Filed::Sorted(v) => {
+                        sorted_at_some_point = true;
+                        assert!(!v.is_empty() && v.len() <= FILED_SORTED_CAP);
+                        assert!(v.is_sorted_by_key(|e| std::cmp::Reverse(e.key())));
+                    }
+                    Filed::Map { map, min } => {
+                        map_at_some_point = true;
+                        let first = map.first_key_value().map(filed_entry);
+                        assert_eq!(first, Some(*min), "a filed class's kept smallest entry");
+                    }
+                }
             }
             let expect = set.range((probe, 0)..).next().copied();
             let found = index.lower_bound(probe);
@@ -519,6 +639,10 @@ mod tests {
             assert_eq!(index.len(), set.len());
         }
         assert!(filed_at_some_point, "no class grew long enough to be filed");
+        assert!(
+            sorted_at_some_point && map_at_some_point,
+            "a filed kind never held"
+        );
         let listed: Vec<_> = index.iter().map(|e| (e.size, e.addr)).collect();
         assert_eq!(listed, set.iter().copied().collect::<Vec<_>>());
         while let Some(e) = index.take_lower_bound(0, |_| true) {
