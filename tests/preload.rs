@@ -9,7 +9,8 @@ use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
 use support::shim::{
-    assert_in_order, held_file, preloaded, run_ok, run_scenario, stderr, stdout, word_after,
+    assert_in_order, held_file, number_after, preloaded, run_ok, run_scenario, stderr, stdout,
+    word_after,
 };
 
 fn source() -> PathBuf {
@@ -26,18 +27,6 @@ fn check(scenario: &str, env: &[(&str, &str)]) -> Output {
     let mut cmd = preloaded(program());
     cmd.arg(scenario).envs(env.iter().copied());
     run_scenario(&mut cmd, scenario)
-}
-
-/// The number after `key` in the program's output.
-fn number_after(text: &str, key: &str) -> u64 {
-    let rest = &text[text
-        .find(key)
-        .unwrap_or_else(|| panic!("'{key}' not in output:\n{text}"))
-        + key.len()..];
-    rest.split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no number after '{key}' in:\n{text}"))
 }
 
 #[test]

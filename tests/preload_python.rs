@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, run_scenario, stderr, stdout};
+use support::shim::{number_after, preloaded, run_scenario, stderr, stdout};
 
 fn python() -> Option<&'static str> {
     let found = Command::new("python3")
@@ -50,17 +50,6 @@ fn check(scenario: &str, env: &[(&str, &str)]) -> Option<Output> {
         .env("CACHEALLOC_LOG", "cachealloc=debug")
         .envs(env.iter().copied());
     Some(run_scenario(&mut cmd, scenario))
-}
-
-fn number_after(text: &str, key: &str) -> u64 {
-    let at = text
-        .find(key)
-        .unwrap_or_else(|| panic!("'{key}' not in:\n{text}"));
-    text[at + key.len()..]
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no number after '{key}' in:\n{text}"))
 }
 
 #[test]

@@ -100,3 +100,10 @@ pub fn word_after<'a>(text: &'a str, key: &str) -> &'a str {
         + key.len();
     text[at..].split_whitespace().next().unwrap_or_default()
 }
+
+/// The number after `key` in `text` (the word after it, read as a number).
+pub fn number_after(text: &str, key: &str) -> u64 {
+    word_after(text, key)
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after '{key}' in:\n{text}"))
+}
