@@ -126,7 +126,7 @@ impl Filed {
     fn first_after(&self, after: Option<&FreeEntry>) -> Option<FreeEntry> {
         match self {
             Filed::Sorted(v) => {
-                let end = after.map_or(v.len(), |a| v.partition_point(|e| e.key() > a.key()));
+                let end = after.map_or(v.len(), |a| entries_above(v, a.key()));
                 end.checked_sub(1).map(|i| v[i])
             }
             Filed::Map { map, .. } => {
@@ -150,7 +150,7 @@ impl Filed {
                     v.pop();
                     return true;
                 }
-                let pos = v.partition_point(|e| e.key() > key);
+                let pos = entries_above(v, key);
                 if v.get(pos).is_some_and(|e| e.key() == key) {
                     v.remove(pos);
                     true
@@ -178,12 +178,10 @@ impl Filed {
         match self {
             Filed::Sorted(v) => {
                 for e in entries {
-                    let key = e.key();
-                    let pos = v.partition_point(|x| x.key() > key);
-                    v.insert(pos, e);
+                    v.insert(entries_above(v, e.key()), e);
                 }
                 if v.len() > FILED_SORTED_CAP {
-                    *self = *Filed::of(std::mem::take(v)).expect("not empty");
+                    *self = Filed::of(std::mem::take(v)).expect("not empty");
                 }
             }
             Filed::Map { map, min } => {
@@ -198,14 +196,14 @@ impl Filed {
     }
 
     /// A new filed part holding `entries` (`None` when there are none).
-    fn of(mut entries: Vec<FreeEntry>) -> Option<Box<Filed>> {
+    fn of(mut entries: Vec<FreeEntry>) -> Option<Filed> {
         if entries.len() > FILED_SORTED_CAP {
             let map: BTreeMap<_, _> = entries.iter().map(|e| ((e.size, e.addr), e.id)).collect();
             let min = map.first_key_value().map(filed_entry)?;
-            return Some(Box::new(Filed::Map { map, min }));
+            return Some(Filed::Map { map, min });
         }
         entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.key()));
-        (!entries.is_empty()).then(|| Box::new(Filed::Sorted(entries)))
+        (!entries.is_empty()).then_some(Filed::Sorted(entries))
     }
 
     /// The entries, in no particular order.
@@ -245,6 +243,12 @@ impl SizeClass {
     fn has_filed(&self) -> bool {
         self.filed.is_some()
     }
+}
+
+/// How many entries of a vector in descending (size, address) order come before `key`: where
+/// an entry with that key is, or would be inserted.
+fn entries_above(v: &[FreeEntry], key: u128) -> usize {
+    v.partition_point(|e| e.key() > key)
 }
 
 /// A filed entry as the index hands it out (an item of a class's ordered map).
@@ -438,7 +442,9 @@ impl FreeIndex {
     fn file(&mut self, class: usize) {
         let size_class = &mut self.classes[class];
         match size_class.filed.as_mut() {
-            None => size_class.filed = Filed::of(std::mem::take(&mut size_class.listed)),
+            None => {
+                size_class.filed = Filed::of(std::mem::take(&mut size_class.listed)).map(Box::new);
+            }
             Some(filed) => filed.extend(size_class.listed.drain(..)),
         }
     }
