@@ -179,9 +179,11 @@ impl Filed {
             Filed::Sorted(v) => {
                 let filed = v.len();
                 v.extend(entries);
-                merge_filed(v, filed);
                 if v.len() > FILED_SORTED_CAP {
+                    // Into a map, which orders them itself.
                     *self = Filed::of(std::mem::take(v)).expect("not empty");
+                } else {
+                    merge_filed(v, filed);
                 }
             }
             Filed::Map { map, min } => {
@@ -202,7 +204,7 @@ impl Filed {
             let min = map.first_key_value().map(filed_entry)?;
             return Some(Filed::Map { map, min });
         }
-        entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.key()));
+        sort_descending(&mut entries);
         (!entries.is_empty()).then_some(Filed::Sorted(entries))
     }
 
@@ -251,6 +253,11 @@ fn entries_above(v: &[FreeEntry], key: u128) -> usize {
     v.partition_point(|e| e.key() > key)
 }
 
+/// Sort into the order of a filed vector: descending (size, address), the smallest last.
+fn sort_descending(entries: &mut [FreeEntry]) {
+    entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.key()));
+}
+
 /// Most entries that `merge_filed` merges through its buffer on the stack; more are sorted with
 /// the others (a class's listed entries are filed when they are a dozen or two).
 const MERGED_AT_ONCE: usize = 32;
@@ -264,10 +271,10 @@ const MERGED_AT_ONCE: usize = 32;
 fn merge_filed(v: &mut [FreeEntry], filed: usize) {
     let added = v.len() - filed;
     if added > MERGED_AT_ONCE {
-        v.sort_unstable_by_key(|e| std::cmp::Reverse(e.key()));
+        sort_descending(v);
         return;
     }
-    v[filed..].sort_unstable_by_key(|e| std::cmp::Reverse(e.key()));
+    sort_descending(&mut v[filed..]);
     let mut new = [FreeEntry {
         size: 0,
         addr: 0,
@@ -276,7 +283,8 @@ fn merge_filed(v: &mut [FreeEntry], filed: usize) {
     new[..added].copy_from_slice(&v[filed..]);
     // Fill `v` from its end with the smaller of the two runs' smallest remaining entries (keys
     // are distinct: free blocks never share an address); the filed entries left when the new
-    // ones run out are already in place.
+    // ones run out are already in place. (The loop keeps its own `to`: derived as
+    // `old_left + new_left - 1` in a `while` loop, log-uniform measured 2-3 % slower.)
     let (mut old_left, mut new_left) = (filed, added);
     for to in (0..v.len()).rev() {
         if new_left == 0 {
