@@ -24,7 +24,7 @@
 //! its last entry is taken. A class that never grew long pays a test of its filed pointer per
 //! search and a length check when an entry is taken.
 
-use super::block::BlockId;
+use super::block::{BlockId, NextLink};
 use super::block_table::Moved;
 use std::collections::BTreeMap;
 use std::hint::select_unpredictable;
@@ -51,19 +51,46 @@ const SEARCH_REFILE: usize = 12;
 const FILED_SORTED_CAP: usize = 256;
 
 /// One free block as the index sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FreeEntry {
     pub size: u64,
     pub addr: u64,
     pub id: BlockId,
+    pub link: NextLink,
 }
 
 impl FreeEntry {
+    /// The entry of a block that is not split (a test's block).
+    #[cfg(test)]
+    fn unsplit(size: u64, addr: u64, id: BlockId) -> Self {
+        Self {
+            size,
+            addr,
+            id,
+            ..Self::default()
+        }
+    }
+
+    /// The block's entry after a table rebuild moved the blocks.
+    fn moved(self, moved: &Moved) -> Self {
+        Self {
+            id: moved.id(self.id),
+            link: self.link.moved(moved),
+            ..self
+        }
+    }
+
     /// The index's order, (size, address), as one number.
     #[inline]
     fn key(&self) -> u128 {
-        (u128::from(self.size) << 64) | u128::from(self.addr)
+        order_key(self.size, self.addr)
     }
+}
+
+/// The index's order of a block of `size` bytes at `addr`.
+#[inline]
+fn order_key(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
 }
 
 #[inline]
@@ -87,7 +114,7 @@ enum Filed {
     /// search whose request the smallest fits — most of them, a long class being mostly one
     /// size — reads it instead of searching the map).
     Map {
-        map: BTreeMap<(u64, u64), BlockId>,
+        map: BTreeMap<(u64, u64), (BlockId, NextLink)>,
         /// The map's first entry.
         min: FreeEntry,
     },
@@ -145,7 +172,7 @@ impl Filed {
     fn remove(&mut self, size: u64, addr: u64) -> bool {
         match self {
             Filed::Sorted(v) => {
-                let key = FreeEntry { size, addr, id: 0 }.key();
+                let key = order_key(size, addr);
                 if v.last().is_some_and(|e| e.key() == key) {
                     v.pop();
                     return true;
@@ -191,7 +218,7 @@ impl Filed {
                     if e.key() < min.key() {
                         *min = e;
                     }
-                    map.insert((e.size, e.addr), e.id);
+                    map.insert((e.size, e.addr), (e.id, e.link));
                 }
             }
         }
@@ -200,7 +227,10 @@ impl Filed {
     /// A new filed part holding `entries` (`None` when there are none).
     fn of(mut entries: Vec<FreeEntry>) -> Option<Filed> {
         if entries.len() > FILED_SORTED_CAP {
-            let map: BTreeMap<_, _> = entries.iter().map(|e| ((e.size, e.addr), e.id)).collect();
+            let map: BTreeMap<_, _> = entries
+                .iter()
+                .map(|e| ((e.size, e.addr), (e.id, e.link)))
+                .collect();
             let min = map.first_key_value().map(filed_entry)?;
             return Some(Filed::Map { map, min });
         }
@@ -223,10 +253,11 @@ impl Filed {
     /// Name each entry's block by its new id.
     fn follow_moved_blocks(&mut self, moved: &Moved) {
         match self {
-            Filed::Sorted(v) => v.iter_mut().for_each(|e| e.id = moved.id(e.id)),
+            Filed::Sorted(v) => v.iter_mut().for_each(|e| *e = e.moved(moved)),
             Filed::Map { map, min } => {
-                map.values_mut().for_each(|id| *id = moved.id(*id));
-                min.id = moved.id(min.id);
+                map.values_mut()
+                    .for_each(|(id, link)| (*id, *link) = (moved.id(*id), link.moved(moved)));
+                *min = min.moved(moved);
             }
         }
     }
@@ -275,11 +306,7 @@ fn merge_filed(v: &mut [FreeEntry], filed: usize) {
         return;
     }
     sort_descending(&mut v[filed..]);
-    let mut new = [FreeEntry {
-        size: 0,
-        addr: 0,
-        id: 0,
-    }; MERGED_AT_ONCE];
+    let mut new = [FreeEntry::default(); MERGED_AT_ONCE];
     new[..added].copy_from_slice(&v[filed..]);
     // Fill `v` from its end with the smaller of the two runs' smallest remaining entries (keys
     // are distinct: free blocks never share an address); the filed entries left when the new
@@ -301,8 +328,13 @@ fn merge_filed(v: &mut [FreeEntry], filed: usize) {
 }
 
 /// A filed entry as the index hands it out (an item of a class's ordered map).
-fn filed_entry((&(size, addr), &id): (&(u64, u64), &BlockId)) -> FreeEntry {
-    FreeEntry { size, addr, id }
+fn filed_entry((&(size, addr), &(id, link)): (&(u64, u64), &(BlockId, NextLink))) -> FreeEntry {
+    FreeEntry {
+        size,
+        addr,
+        id,
+        link,
+    }
 }
 
 /// Where the lower bound of a search was found.
@@ -528,7 +560,7 @@ impl FreeIndex {
     pub fn follow_moved_blocks(&mut self, moved: &Moved) {
         for class in self.classes.iter_mut() {
             for e in class.listed.iter_mut() {
-                e.id = moved.id(e.id);
+                *e = e.moved(moved);
             }
             if let Some(filed) = class.filed.as_mut() {
                 filed.follow_moved_blocks(moved);
@@ -589,8 +621,7 @@ fn smallest_at_least(list: &[FreeEntry], min_size: u64) -> Option<usize> {
     let (mut best, mut best_excess, mut best_addr) = (usize::MAX, u64::MAX, u64::MAX);
     for (i, e) in list.iter().enumerate() {
         let excess = e.size.wrapping_sub(min_size);
-        let better = ((u128::from(excess) << 64) | u128::from(e.addr))
-            < ((u128::from(best_excess) << 64) | u128::from(best_addr));
+        let better = order_key(excess, e.addr) < order_key(best_excess, best_addr);
         best = select_unpredictable(better, i, best);
         best_excess = select_unpredictable(better, excess, best_excess);
         best_addr = select_unpredictable(better, e.addr, best_addr);
@@ -638,7 +669,7 @@ mod tests {
                     // Free blocks never share an address.
                     if !set.iter().any(|&(_, a)| a == addr) {
                         set.insert((size, addr));
-                        index.insert(FreeEntry { size, addr, id: i });
+                        index.insert(FreeEntry::unsplit(size, addr, i));
                     }
                 }
                 4 | 5 => {
@@ -719,7 +750,7 @@ mod tests {
             let size = (1 + x % 3) << 20;
             // Random addresses, made distinct by the id in their low bits.
             let addr = ((x >> 24) << 30) | ((u64::from(id) + 1) << 9);
-            FreeEntry { size, addr, id }
+            FreeEntry::unsplit(size, addr, id)
         };
         for (filed, added) in [(1usize, 1usize), (20, 9), (40, 32), (5, 33), (100, 60)] {
             let mut all: Vec<FreeEntry> =
@@ -750,7 +781,7 @@ mod tests {
                 set.remove(&(s, a));
                 assert!(index.remove(s, a));
             } else if set.insert((size, addr)) {
-                index.insert(FreeEntry { size, addr, id: i });
+                index.insert(FreeEntry::unsplit(size, addr, i));
             }
             let probe = ((x >> 7) % 8192 + 1) * 512 * if x.is_multiple_of(7) { 1024 } else { 1 };
             let expect = set.range((probe, 0)..).next().copied();

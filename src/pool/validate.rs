@@ -6,7 +6,7 @@
 //! stat equals a recount.
 
 use super::allocator::DeviceAllocator;
-use super::block::{BlockState, NIL};
+use super::block::{BlockState, NIL, NextLink};
 use super::stats::StatArray;
 use super::types::PoolKind;
 use crate::backend::Backend;
@@ -145,6 +145,13 @@ impl<B: Backend> DeviceAllocator<B> {
                     if b.state != BlockState::Free || b.addr != e.addr || b.size != e.size {
                         return Err(format!(
                             "free index entry {:#x} does not match its block",
+                            e.addr
+                        ));
+                    }
+                    // (Only the native path reads it: expandable segments read the block.)
+                    if !b.expandable && e.link != NextLink::of(b) {
+                        return Err(format!(
+                            "free index entry {:#x}: next link or split flag stale",
                             e.addr
                         ));
                     }
