@@ -10,6 +10,9 @@
 # log-uniform, the unpatched bench 1.69-1.72x).
 # Usage: scripts/bench-decomposition.sh [ROW-FILTER] [ROUNDS]   (about 3 minutes for all rows
 # and two rounds)
+# When a change to the lines it patches stops the patch applying (tests/bench_smoke.rs checks),
+# regenerate it: `git apply --reject` it in a scratch worktree of the new commit, mend the
+# rejected hunks by hand, and write that worktree's `git diff` over the patch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 main=$PWD

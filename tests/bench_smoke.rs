@@ -108,3 +108,25 @@ fn the_equal_size_churn_reuses_a_thousand_equal_cached_blocks() {
     );
     assert_eq!(placed.len(), CHURN);
 }
+
+/// `scripts/bench-decomposition.sh` applies `benches/experiments/parity-duties.patch` to the
+/// current commit: a change to the lines it patches must regenerate it (the script refuses to
+/// run otherwise, and a stale patch went unnoticed for 240 commits once).
+#[test]
+fn the_decomposition_patch_applies_to_the_tree() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let patch = format!("{root}/benches/experiments/parity-duties.patch");
+    let out = std::process::Command::new("git")
+        .args(["apply", "--check", &patch])
+        .current_dir(root)
+        .output();
+    let Ok(out) = out else {
+        eprintln!("skipped: git not found");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "{patch} no longer applies; regenerate it (see scripts/bench-decomposition.sh):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
