@@ -56,6 +56,7 @@ pub struct FreeEntry {
     pub size: u64,
     pub addr: u64,
     pub id: BlockId,
+    /// What taking the block needs of it besides its size and address (native segments).
     pub link: NextLink,
 }
 
@@ -87,7 +88,7 @@ impl FreeEntry {
     }
 }
 
-/// The index's order of a block of `size` bytes at `addr`.
+/// (size, address) as one number, which orders as the index orders blocks.
 #[inline]
 fn order_key(size: u64, addr: u64) -> u128 {
     (u128::from(size) << 64) | u128::from(addr)
