@@ -219,7 +219,8 @@ impl Filed {
                     if e.key() < min.key() {
                         *min = e;
                     }
-                    map.insert((e.size, e.addr), (e.id, e.link));
+                    let (key, value) = map_item(&e);
+                    map.insert(key, value);
                 }
             }
         }
@@ -228,10 +229,7 @@ impl Filed {
     /// A new filed part holding `entries` (`None` when there are none).
     fn of(mut entries: Vec<FreeEntry>) -> Option<Filed> {
         if entries.len() > FILED_SORTED_CAP {
-            let map: BTreeMap<_, _> = entries
-                .iter()
-                .map(|e| ((e.size, e.addr), (e.id, e.link)))
-                .collect();
+            let map: BTreeMap<_, _> = entries.iter().map(map_item).collect();
             let min = map.first_key_value().map(filed_entry)?;
             return Some(Filed::Map { map, min });
         }
@@ -328,7 +326,13 @@ fn merge_filed(v: &mut [FreeEntry], filed: usize) {
     }
 }
 
-/// A filed entry as the index hands it out (an item of a class's ordered map).
+/// An entry as a class's ordered map holds it: keyed by its order, (size, address).
+fn map_item(e: &FreeEntry) -> ((u64, u64), (BlockId, NextLink)) {
+    ((e.size, e.addr), (e.id, e.link))
+}
+
+/// A filed entry as the index hands it out (an item of a class's ordered map; `map_item`'s
+/// inverse).
 fn filed_entry((&(size, addr), &(id, link)): (&(u64, u64), &(BlockId, NextLink))) -> FreeEntry {
     FreeEntry {
         size,
