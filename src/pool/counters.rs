@@ -5,8 +5,9 @@
 //! pool and both together, with a current value, a peak and running totals. Most of that is
 //! derivable: the `all` row's current value and totals are the sums of the two pools', and the
 //! total freed is the total increased minus the net change since the last reset. So a
-//! `PoolCounter` stores per pool only `current`, `peak` and the increases, plus the peak of the
-//! sum: an increase updates four numbers, a decrease one.
+//! `PoolCounter` stores per pool only its peak, its distance below the peak and the increases,
+//! plus the same distance and peak for the sum: an increase updates three numbers and tests
+//! them once, a decrease updates two, and neither reads the other pool's value.
 //!
 //! `active` is `allocation` plus the frees still waiting for their fence (and `active_bytes`
 //! likewise): an `ActiveCounter` stores only that pending part and, while anything is pending,
@@ -39,15 +40,23 @@ fn with_all_row(small: Stat, large: Stat, all_peak: i64) -> StatArray {
 }
 
 /// One PyTorch stat array (`all`, `small_pool`, `large_pool`), stored per pool.
+///
+/// A value is kept as its peak and its distance below that peak: an increase lowers the
+/// distance and raises the peak only when the distance would go negative (rare once a program
+/// reaches its steady state), a test of the number it just wrote; a decrease raises the
+/// distance. The `all` row's distance is kept the same way, so that no update reads the other
+/// pool's value.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PoolCounter {
-    /// [small, large] current values.
-    current: [i64; 2],
+    /// [small, large] peak minus current value.
+    below_peak: [i64; 2],
     peak: [i64; 2],
     /// Sum of increases since the last `reset_accumulated`.
     increased: [i64; 2],
     /// Current value at the last `reset_accumulated` (freed = increased - (current - base)).
     base: [i64; 2],
+    /// The `all` row's peak minus its current value.
+    all_below_peak: i64,
     /// Peak of the sum of both pools.
     all_peak: i64,
 }
@@ -57,27 +66,40 @@ impl PoolCounter {
     pub fn increase(&mut self, pool: PoolKind, amount: u64) {
         let p = slot(pool);
         let amount = amount as i64;
-        self.current[p] += amount;
         self.increased[p] += amount;
-        self.raise_peaks(p);
+        self.lower_distances(p, amount);
     }
 
-    /// Raise the peaks to the current values. New peaks are rare once a program reaches its
-    /// steady state: a test that is almost always false costs less than storing the maximum.
+    /// Lower the distances below the peaks by `amount` (the value grew), raising a peak whose
+    /// distance went negative: one test for both rows, out of line when it is taken.
     #[inline]
-    fn raise_peaks(&mut self, p: usize) {
-        if self.current[p] > self.peak[p] {
-            self.peak[p] = self.current[p];
+    fn lower_distances(&mut self, p: usize, amount: i64) {
+        self.below_peak[p] -= amount;
+        self.all_below_peak -= amount;
+        if (self.below_peak[p] | self.all_below_peak) < 0 {
+            self.raise_peaks(p);
         }
-        let all = self.current[0] + self.current[1];
-        if all > self.all_peak {
-            self.all_peak = all;
+    }
+
+    /// New peaks: a distance below its peak went negative.
+    #[cold]
+    #[inline(never)]
+    fn raise_peaks(&mut self, p: usize) {
+        if self.below_peak[p] < 0 {
+            self.peak[p] -= self.below_peak[p];
+            self.below_peak[p] = 0;
+        }
+        if self.all_below_peak < 0 {
+            self.all_peak -= self.all_below_peak;
+            self.all_below_peak = 0;
         }
     }
 
     #[inline]
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
-        self.current[slot(pool)] -= amount as i64;
+        let amount = amount as i64;
+        self.below_peak[slot(pool)] += amount;
+        self.all_below_peak += amount;
     }
 
     /// A signed change: an increase when positive, a decrease when negative (PyTorch's net
@@ -85,28 +107,34 @@ impl PoolCounter {
     #[inline]
     pub fn apply(&mut self, pool: PoolKind, delta: i64) {
         let p = slot(pool);
-        self.current[p] += delta;
         self.increased[p] += delta.max(0);
-        self.raise_peaks(p);
+        self.lower_distances(p, delta);
+    }
+
+    /// The current value of one pool's row.
+    #[inline]
+    fn current_of(&self, p: usize) -> i64 {
+        self.peak[p] - self.below_peak[p]
     }
 
     /// The current value of one pool's row.
     #[cfg(test)]
     fn current(&self, pool: PoolKind) -> i64 {
-        self.current[slot(pool)]
+        self.current_of(slot(pool))
     }
 
     /// The current value of the `all` row.
     pub fn current_all(&self) -> i64 {
-        self.current[0] + self.current[1]
+        self.all_peak - self.all_below_peak
     }
 
     fn pool_stat(&self, p: usize) -> Stat {
+        let current = self.current_of(p);
         Stat {
-            current: self.current[p],
+            current,
             peak: self.peak[p],
             allocated: self.increased[p],
-            freed: self.increased[p] - (self.current[p] - self.base[p]),
+            freed: self.increased[p] - (current - self.base[p]),
         }
     }
 
@@ -116,13 +144,15 @@ impl PoolCounter {
     }
 
     fn reset_peak(&mut self) {
-        self.peak = self.current;
+        self.peak = [self.current_of(0), self.current_of(1)];
+        self.below_peak = [0; 2];
         self.all_peak = self.current_all();
+        self.all_below_peak = 0;
     }
 
     fn reset_accumulated(&mut self) {
         self.increased = [0; 2];
-        self.base = self.current;
+        self.base = [self.current_of(0), self.current_of(1)];
     }
 }
 
@@ -165,14 +195,14 @@ impl ActiveCounter {
     #[inline]
     pub fn allocation_grew(&mut self, pool: PoolKind, allocation: &PoolCounter) {
         let p = slot(pool);
-        self.peak[p] = self.peak[p].max(allocation.current[p] + self.pending[p]);
+        self.peak[p] = self.peak[p].max(allocation.current_of(p) + self.pending[p]);
         self.all_peak = self
             .all_peak
             .max(allocation.current_all() + self.pending[0] + self.pending[1]);
     }
 
     fn pool_stat(&self, p: usize, allocation: &PoolCounter) -> Stat {
-        let current = allocation.current[p] + self.pending[p];
+        let current = allocation.current_of(p) + self.pending[p];
         let increased = allocation.increased[p];
         Stat {
             current,
@@ -193,7 +223,7 @@ impl ActiveCounter {
 
     fn reset_peak(&mut self, allocation: &PoolCounter) {
         for p in 0..2 {
-            self.peak[p] = allocation.current[p] + self.pending[p];
+            self.peak[p] = allocation.current_of(p) + self.pending[p];
         }
         self.all_peak = self.peak[0] + self.peak[1];
     }
