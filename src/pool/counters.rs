@@ -117,7 +117,7 @@ impl PoolCounter {
         self.peak[p] - self.below_peak[p]
     }
 
-    /// The current value of one pool's row.
+    /// `current_of` by pool (for the tests).
     #[cfg(test)]
     fn current(&self, pool: PoolKind) -> i64 {
         self.current_of(slot(pool))
