@@ -70,8 +70,9 @@ impl PoolCounter {
         self.lower_distances(p, amount);
     }
 
-    /// Lower the distances below the peaks by `amount` (the value grew), raising a peak whose
-    /// distance went negative: one test for both rows, out of line when it is taken.
+    /// The value changed by `amount` (an increase; `apply` also passes decreases, as negative
+    /// amounts that raise the distances): lower the distances below the peaks by it, raising a
+    /// peak whose distance went negative, with one test for both rows, out of line when taken.
     #[inline]
     fn lower_distances(&mut self, p: usize, amount: i64) {
         self.below_peak[p] -= amount;
