@@ -6,8 +6,9 @@
 //! derivable: the `all` row's current value and totals are the sums of the two pools', and the
 //! total freed is the total increased minus the net change since the last reset. So a
 //! `PoolCounter` stores per pool only its peak, its distance below the peak and the increases,
-//! plus the same distance and peak for the sum: an increase updates three numbers and tests
-//! them once, a decrease updates two, and neither reads the other pool's value.
+//! plus the same distance and peak for the sum: an increase updates three numbers (its total
+//! and the two distances) and tests both distances at once, a decrease updates the two
+//! distances, and neither reads the other pool's value.
 //!
 //! `active` is `allocation` plus the frees still waiting for their fence (and `active_bytes`
 //! likewise): an `ActiveCounter` stores only that pending part and, while anything is pending,
