@@ -579,7 +579,7 @@ fn bad_input_exits_2_with_a_clear_message() {
                 "--capacity".into(),
                 "99999999999999999999999".into(),
             ],
-            "too large (at most 18446744073709551615 bytes)",
+            "the simulated device has 140733191290880 bytes of address space",
         ),
         (
             vec!["synth".into(), "loguniform:ops=99999999999".into()],

@@ -41,6 +41,7 @@ pub mod figures;
 pub mod fit;
 #[cfg(test)]
 mod fixtures;
+pub mod input;
 pub mod memory_state;
 pub mod pickle;
 pub mod ranges;
@@ -59,6 +60,7 @@ pub use convert::FaithfulReplay;
 pub use error::TraceError;
 pub use faithful::{FaithfulOutcome, replay_faithful};
 pub use figures::{RecordedFigures, RecordedOom};
+pub use input::TraceFile;
 pub use memory_state::MemoryState;
 pub use recording::{DeviceRecording, RecordedSnapshot};
 pub use replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay, seeded_pool};

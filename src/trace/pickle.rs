@@ -144,28 +144,53 @@ struct Machine<'a> {
     stack: Vec<Slot>,
     memo: FxHashMap<u64, PyValue>,
     out: Pickle,
+    /// The bytes ended before the pickle did (set by the failing read).
+    ran_out: bool,
 }
 
 /// Decode a pickle of plain data. The error says what was wrong and at which byte offset.
 pub fn decode(bytes: &[u8]) -> Result<Pickle, String> {
-    let mut m = Machine {
-        bytes,
-        pos: 0,
-        stack: Vec::new(),
-        memo: FxHashMap::default(),
-        out: Pickle::default(),
-    };
+    let mut m = Machine::new(bytes);
     m.run()?;
     Ok(m.out)
 }
 
-impl Machine<'_> {
+/// Whether `bytes` can be the start of a pickle: `Err` with the decoder's account when a byte
+/// before their end rules it out; `Ok` when they decode, or decode until they run out. (A
+/// stream is judged by its first bytes before the rest is read: `/dev/zero` is not a pickle.)
+pub fn check_start(bytes: &[u8]) -> Result<(), String> {
+    let mut m = Machine::new(bytes);
+    match m.run() {
+        Err(detail) if !m.ran_out => Err(detail),
+        _ => Ok(()),
+    }
+}
+
+impl<'a> Machine<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Machine {
+            bytes,
+            pos: 0,
+            stack: Vec::new(),
+            memo: FxHashMap::default(),
+            out: Pickle::default(),
+            ran_out: false,
+        }
+    }
+
     fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        let end = self
+        let Some(end) = self
             .pos
             .checked_add(n)
             .filter(|&end| end <= self.bytes.len())
-            .ok_or_else(|| format!("truncated at byte {} (needs {n} more bytes)", self.pos))?;
+        else {
+            self.ran_out = true;
+            return Err(format!(
+                "truncated: the file ends at byte {}, inside the {n}-byte argument at byte {}",
+                self.bytes.len(),
+                self.pos
+            ));
+        };
         let slice = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(slice)
@@ -188,10 +213,14 @@ impl Machine<'_> {
 
     fn line(&mut self) -> Result<&str, String> {
         let rest = self.bytes.get(self.pos..).unwrap_or_default();
-        let n = rest
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or_else(|| format!("truncated text argument at byte {}", self.pos))?;
+        let Some(n) = rest.iter().position(|&b| b == b'\n') else {
+            self.ran_out = true;
+            return Err(format!(
+                "truncated: the file ends at byte {}, inside the text argument at byte {}",
+                self.bytes.len(),
+                self.pos
+            ));
+        };
         let text = std::str::from_utf8(&rest[..n])
             .map_err(|_| format!("text argument is not UTF-8 at byte {}", self.pos))?;
         self.pos += n + 1;
@@ -692,6 +721,30 @@ mod tests {
                 })
                 .collect();
             let _ = decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_truncated_pickle_says_where_the_file_ends() {
+        // A 30-byte frame announced, 4 bytes of it present.
+        let err = decode(&SHARED[..7]).unwrap_err();
+        assert_eq!(
+            err,
+            "truncated: the file ends at byte 7, inside the 8-byte argument at byte 3"
+        );
+        let err = decode(b"\x80\x02\x8c\x0aabc").unwrap_err();
+        assert!(err.contains("the file ends at byte 7, inside the 10-byte argument at byte 4"));
+        let err = decode(b"Vname").unwrap_err();
+        assert!(err.contains("the file ends at byte 5, inside the text argument at byte 1"));
+    }
+
+    #[test]
+    fn the_start_of_a_pickle_is_told_from_bytes_that_cannot_begin_one() {
+        for n in 0..=SHARED.len() {
+            assert_eq!(check_start(&SHARED[..n]), Ok(()), "{n} bytes of a pickle");
+        }
+        for not_pickle in [&[0u8; 4096][..], b"\x80\x07", b"hello\n", b"a."] {
+            assert!(check_start(not_pickle).is_err(), "{not_pickle:?}");
         }
     }
 }

@@ -20,7 +20,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use super::error::TraceError;
-use super::pickle::{Pickle, PyValue, decode};
+use super::input::TraceFile;
+use super::pickle::{Pickle, PyValue, check_start, decode};
 use super::recording::{
     Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment,
     RecordedSettings, RecordedSnapshot, TraceEntry,
@@ -32,22 +33,7 @@ type Dict = [(PyValue, PyValue)];
 
 /// Read a snapshot file.
 pub fn read_snapshot(path: impl AsRef<Path>) -> Result<RecordedSnapshot, TraceError> {
-    let path = path.as_ref();
-    let name = path.display().to_string();
-    if path.is_dir() {
-        return Err(TraceError::Io {
-            path: name,
-            source: std::io::Error::other(
-                "it is a directory: give the snapshot file, the pickle that \
-                 torch.cuda.memory._dump_snapshot wrote",
-            ),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
-        path: name.clone(),
-        source,
-    })?;
-    parse_snapshot(&bytes, &name)
+    TraceFile::open(path.as_ref())?.read_snapshot()
 }
 
 /// Parse snapshot bytes; `source` names them in errors.
@@ -56,13 +42,44 @@ pub fn parse_snapshot(bytes: &[u8], source: &str) -> Result<RecordedSnapshot, Tr
     Reader { source, p: &pickle }.snapshot(pickle.root())
 }
 
+fn not_pickle(source: &str, detail: String) -> TraceError {
+    TraceError::NotPickle {
+        path: source.to_owned(),
+        detail,
+    }
+}
+
+/// `Err` unless `head`, the first bytes of a stream that is not a regular file, begins a pickle
+/// as `torch.cuda.memory._dump_snapshot` writes them: of protocol 2 or later, so starting with
+/// the protocol's opcode, and decoding up to where the bytes end. (Empty is left to the whole
+/// read, which says so.)
+pub(super) fn check_snapshot_start(head: &[u8], source: &str) -> Result<(), TraceError> {
+    let Some(&first) = head.first() else {
+        return Ok(());
+    };
+    let kind = || foreign_kind(head);
+    if first != PROTO {
+        return Err(not_pickle(
+            source,
+            kind().unwrap_or_else(|| {
+                format!(
+                    "it begins with byte {first:#04x}, where the pickles PyTorch writes (protocol \
+                     2 and later) begin with {PROTO:#04x}; a stream that is not a regular file is \
+                     judged by its first bytes"
+                )
+            }),
+        ));
+    }
+    check_start(head).map_err(|detail| not_pickle(source, kind().unwrap_or(detail)))
+}
+
+/// The opcode that begins a pickle of protocol 2 or later, with the protocol's number.
+const PROTO: u8 = 0x80;
+
 /// Decode any pickle, turning every failure into an error (a panic in the decoder, which would
 /// be a bug, is caught as well: user input must never abort the program).
 fn decode_pickle(bytes: &[u8], source: &str) -> Result<Pickle, TraceError> {
-    let not_pickle = |detail: String| TraceError::NotPickle {
-        path: source.to_owned(),
-        detail,
-    };
+    let not_pickle = |detail: String| not_pickle(source, detail);
     if bytes.is_empty() {
         return Err(not_pickle("the file is empty".into()));
     }
@@ -315,9 +332,16 @@ impl<'a> Reader<'a> {
         let (addr, device_free) = match action {
             Action::Oom => {
                 // Python snapshots carry `device_free`; the C++ builder puts it in `addr`.
-                let free = match self.get(d, "device_free") {
-                    Some(_) => self.u64_field(d, "device_free", at)?,
-                    None => self.u64_field(d, "addr", at)?,
+                let free = match (self.get(d, "device_free"), self.get(d, "addr")) {
+                    (None, None) => {
+                        return Err(self.bad(format!(
+                            "{at}: an 'oom' entry needs 'device_free' (the device's free bytes \
+                             when the allocation failed), and this one has neither \
+                             'device_free' nor 'addr'"
+                        )));
+                    }
+                    (Some(_), _) => self.u64_field(d, "device_free", at)?,
+                    (None, Some(_)) => self.u64_field(d, "addr", at)?,
                 };
                 (0, Some(free))
             }
@@ -753,6 +777,24 @@ mod tests {
         assert!(err.contains("'device_traces'"), "{err}");
         let err = error_of(&bytes(&s("just a string"))).to_string();
         assert!(err.contains("top level is a str"), "{err}");
+    }
+
+    #[test]
+    fn an_oom_entry_without_its_free_bytes_names_device_free() {
+        let oom = dict(vec![
+            ("action", s("oom")),
+            ("size", V::I64(512)),
+            ("stream", V::I64(0)),
+        ]);
+        let err = error_of(&bytes(&snapshot(vec![oom]))).to_string();
+        assert!(
+            err.contains(
+                "device_traces[0][0]: an 'oom' entry needs 'device_free' (the device's free \
+                 bytes when the allocation failed), and this one has neither 'device_free' nor \
+                 'addr'"
+            ),
+            "{err}"
+        );
     }
 
     /// `torch.cuda.memory_snapshot()` writes its segments alone, as a list: a state with no

@@ -236,6 +236,10 @@ mod tests {
         assert!(err("loguniform:ops=99999999999999999999").ends_with("is too large"));
         assert!(err("loguniform:min=1KiB").contains("is not a whole number of bytes"));
         assert!(err("loguniform:budget_gib=0.5").ends_with("is not a whole number of GiB"));
+        assert!(
+            err("loguniform:max=18446744073709551615,ops=1000")
+                .contains("max=18446744073709551615 is a request the pool refuses")
+        );
         assert_eq!(
             err("transformer:layers=2,layers=3"),
             "synthetic workload parameter layers is given twice (layers=2, then layers=3); give \

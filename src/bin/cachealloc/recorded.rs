@@ -12,33 +12,21 @@
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, recorded_figures};
 use cachealloc::backend::sim::Placement;
+use cachealloc::trace::TraceFile;
+use cachealloc::trace::record::ENDED_FROM;
 use cachealloc::trace::record::convert::convert_device;
-use cachealloc::trace::record::read::{DeviceEvents, read_recorded_trace};
-use cachealloc::trace::record::{ENDED_FROM, looks_like_header};
-use std::io::Read;
+use cachealloc::trace::record::read::DeviceEvents;
 use std::path::Path;
 
-/// Bytes read to recognize the header line.
-const SNIFF_BYTES: u64 = 4096;
-
-/// True when `path` starts with our header line (unreadable files are left to the snapshot
-/// reader, which names the problem).
-pub fn is_recorded_trace(path: &Path) -> bool {
-    let Ok(file) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut head = Vec::new();
-    if file.take(SNIFF_BYTES).read_to_end(&mut head).is_err() {
-        return false;
-    }
-    let first_line = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
-    looks_like_header(first_line)
-}
-
-/// Read `path` and prepare device `device` (default: the first device that allocates or frees,
-/// else the first device with events).
-pub fn load(path: &Path, device: Option<i32>, faithful: bool) -> Result<Loaded, String> {
-    let trace = read_recorded_trace(path).map_err(|e| e.to_string())?;
+/// Read `file` (opened from `path`, a recorded trace) and prepare device `device` (default: the
+/// first device that allocates or frees, else the first device with events).
+pub fn load(
+    path: &Path,
+    file: TraceFile,
+    device: Option<i32>,
+    faithful: bool,
+) -> Result<Loaded, String> {
+    let trace = file.read_recorded_trace().map_err(|e| e.to_string())?;
     if let Some(line) = trace.cut_off_line {
         say!(
             "cachealloc: warning: {}: line {line} is cut off (the recording stopped in the \

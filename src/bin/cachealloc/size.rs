@@ -21,17 +21,22 @@ const UNITS: [(&str, f64); 13] = [
 
 /// Parse a size; the error names the input and the accepted forms.
 pub fn parse_size(text: &str) -> Result<u64, String> {
+    parse_bytes(text)?.ok_or_else(|| {
+        format!(
+            "invalid size {text:?}: too large (at most {} bytes)",
+            u64::MAX
+        )
+    })
+}
+
+/// `parse_size`, with `None` for a size of 2^64 bytes or more (each caller names its own
+/// bound).
+fn parse_bytes(text: &str) -> Result<Option<u64>, String> {
     let bad = || {
         format!(
             "invalid size {text:?}: expected a whole number of bytes or a number with a unit \
              (KiB, MiB, GiB, TiB or K, M, G, T: powers of 1024; KB, MB, GB, TB: powers of \
              1000), e.g. 24GiB or 512MiB"
-        )
-    };
-    let too_large = || {
-        format!(
-            "invalid size {text:?}: too large (at most {} bytes)",
-            u64::MAX
         )
     };
     let t = text.trim();
@@ -54,12 +59,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     };
     if !number.contains('.') && factor == 1.0 {
         // Only digits here: a failure is an overflow.
-        return number.parse::<u64>().map_err(|_| too_large());
+        return Ok(number.parse::<u64>().ok());
     }
     let value: f64 = number.parse().map_err(|_| bad())?;
     let bytes = value * factor;
     if bytes >= u64::MAX as f64 {
-        return Err(too_large());
+        return Ok(None);
     }
     // A fraction of a larger unit is rounded to whole bytes (5.8GiB); bytes come whole.
     if factor == 1.0 && bytes.fract() != 0.0 {
@@ -68,7 +73,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
              e.g. 5.8GiB)"
         ));
     }
-    Ok(bytes.round() as u64)
+    Ok(Some(bytes.round() as u64))
 }
 
 /// Parse a device capacity: room for at least one segment, and no more than the simulated
@@ -85,7 +90,14 @@ pub fn parse_device_memory(text: &str) -> Result<u64, String> {
 
 /// A size of the simulated device: `what` names it in errors, `option` is the option to omit.
 fn parse_device_size(text: &str, what: &str, option: &str) -> Result<u64, String> {
-    match parse_size(text)? {
+    let too_large = || {
+        format!(
+            "invalid {what} {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
+             space (just under 128 TiB: 127TiB fits, 128TiB does not); give at most that, or \
+             omit {option} for an unlimited device"
+        )
+    };
+    match parse_bytes(text)?.ok_or_else(too_large)? {
         0 => Err(format!(
             "invalid {what} {text:?}: a device needs more than 0 bytes (omit {option} for an \
              unlimited one)"
@@ -108,11 +120,7 @@ fn parse_device_size(text: &str, what: &str, option: &str) -> Result<u64, String
                  smallest is 2 MiB){hint}"
             ))
         }
-        bytes if bytes > ADDRESS_SPACE => Err(format!(
-            "invalid {what} {text:?}: the simulated device has {ADDRESS_SPACE} bytes of address \
-             space (just under 128 TiB: 127TiB fits, 128TiB does not); give at most that, or \
-             omit {option} for an unlimited device"
-        )),
+        bytes if bytes > ADDRESS_SPACE => Err(too_large()),
         bytes => Ok(bytes),
     }
 }
@@ -194,8 +202,14 @@ mod tests {
                 .contains("more than 0 bytes")
         );
         assert_eq!(parse_capacity("127TiB"), Ok(127 << 40));
-        let refused = parse_capacity("200TiB").unwrap_err();
-        assert!(refused.contains("address space"), "{refused}");
+        // Beyond the address space, and beyond what 64 bits hold: the same bound is named.
+        for huge in ["200TiB", "99999999999999999999", "20000000TiB"] {
+            let refused = parse_capacity(huge).unwrap_err();
+            assert!(
+                refused.contains("the simulated device has 140733191290880 bytes of address space"),
+                "{huge}: {refused}"
+            );
+        }
     }
 
     #[test]

@@ -7,9 +7,7 @@ use crate::state::{state_command, state_command_on};
 use cachealloc::backend::sim::Placement;
 use cachealloc::pool::{Settings, format_size};
 use cachealloc::trace::ranges::RangeChange;
-use cachealloc::trace::{
-    DeviceRecording, Op, RecordedFigures, StartLayout, Workload, read_snapshot,
-};
+use cachealloc::trace::{DeviceRecording, Op, RecordedFigures, StartLayout, TraceFile, Workload};
 use std::path::Path;
 
 /// A trace ready to replay.
@@ -51,10 +49,11 @@ pub fn load(
     faithful: bool,
     device_memory: Option<u64>,
 ) -> Result<Loaded, String> {
-    if recorded::is_recorded_trace(path) {
-        return recorded::load(path, device, faithful);
+    let file = TraceFile::open(path).map_err(|e| e.to_string())?;
+    if file.is_recorded_trace() {
+        return recorded::load(path, file, device, faithful);
     }
-    let snapshot = read_snapshot(path).map_err(|e| e.to_string())?;
+    let snapshot = file.read_snapshot().map_err(|e| e.to_string())?;
     let traced: Vec<&DeviceRecording> = snapshot.traced_devices().collect();
     let rec = match device {
         Some(d) => traced

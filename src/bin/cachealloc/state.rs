@@ -13,7 +13,7 @@ use cachealloc::trace::recording::Action;
 use cachealloc::trace::replay::seeded_pool;
 use cachealloc::trace::start_state::StartState;
 use cachealloc::trace::{
-    DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, pending_frees, read_snapshot,
+    DeviceRecording, MemoryState, RecordedSnapshot, ReplayConfig, TraceFile, pending_frees,
     trial_state, try_request,
 };
 use std::path::{Path, PathBuf};
@@ -138,14 +138,15 @@ fn parse_stream(text: &str) -> Result<u64, String> {
 
 pub fn run(mut args: StateArgs) -> Result<String, String> {
     let path = args.snapshot.display().to_string();
-    if crate::recorded::is_recorded_trace(&args.snapshot) {
+    let file = TraceFile::open(&args.snapshot).map_err(|e| e.to_string())?;
+    if file.is_recorded_trace() {
         return Err(format!(
             "{path}: a trace cachealloc recorded, which begins with the process: replay it \
              (cachealloc replay {}); state reads PyTorch memory snapshots",
             cachealloc::config::shell_word(&path)
         ));
     }
-    let snapshot = read_snapshot(&args.snapshot).map_err(|e| e.to_string())?;
+    let snapshot = file.read_snapshot().map_err(|e| e.to_string())?;
     let rec = pick_device(&snapshot.devices, args.device, &path)?;
     let (settings, settings_text) = settings(rec, args.conf.as_deref())?;
     let memory = MemoryState::of(rec);

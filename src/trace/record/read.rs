@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::pool::{DeviceId, Settings, pool_with_page};
 use crate::trace::error::TraceError;
+use crate::trace::input::TraceFile;
 use std::io::BufRead;
 use std::path::Path;
 
@@ -70,12 +71,7 @@ impl RecordedTrace {
 
 /// Read the trace at `path`.
 pub fn read_recorded_trace(path: &Path) -> Result<RecordedTrace, TraceError> {
-    let name = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-        path: name.clone(),
-        source,
-    })?;
-    parse_recorded_trace(std::io::BufReader::new(file), &name)
+    TraceFile::open(path)?.read_recorded_trace()
 }
 
 /// What a line that is not text is told.

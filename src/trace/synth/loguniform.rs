@@ -10,6 +10,7 @@
 use super::params::{check, fraction, gib, unknown, whole};
 use super::{MAX_OPS, SynthError};
 use crate::pool::StreamId;
+use crate::pool::rounding::MAX_REQUEST;
 use crate::trace::rng::SplitMix64;
 use crate::trace::workload::{AllocId, Op, Workload};
 
@@ -93,6 +94,13 @@ impl LogUniformParams {
                 self.min_size, self.max_size
             )
         })?;
+        check(self.max_size < MAX_REQUEST, || {
+            format!(
+                "loguniform max={} is a request the pool refuses: give less than {MAX_REQUEST} \
+                 bytes (1 EiB)",
+                self.max_size
+            )
+        })?;
         check((0.0..=1.0).contains(&self.free_probability), || {
             format!(
                 "loguniform free_p={} must be from 0 to 1",
@@ -137,7 +145,12 @@ pub(super) fn generate(p: &LogUniformParams, seed: u64) -> Workload {
         }
         let size =
             ((log_min + rng.next_f64() * log_span).exp() as u64).clamp(p.min_size, p.max_size);
-        while live_bytes + size > p.budget && !live.is_empty() && workload.ops.len() < p.ops {
+        // (Saturating: a budget near 2^64 bytes holds sums that do not fit. The addition below
+        // stays within the budget, or adds to nothing.)
+        while live_bytes.saturating_add(size) > p.budget
+            && !live.is_empty()
+            && workload.ops.len() < p.ops
+        {
             live_bytes -= free_random(&mut rng, &mut live, &mut workload);
         }
         if workload.ops.len() == p.ops {
@@ -168,6 +181,39 @@ mod tests {
             ops,
             ..LogUniformParams::default()
         }
+    }
+
+    #[test]
+    fn requests_near_1_eib_under_a_budget_near_2_pow_64_stay_in_budget() {
+        let spec: SynthSpec = "loguniform:min=576460752303423488,max=1152921504606846975,\
+                               ops=200,free_p=0,budget_gib=17179869183"
+            .parse()
+            .unwrap();
+        let SynthSpec::LogUniform(p) = &spec else {
+            unreachable!()
+        };
+        let w = spec.generate(7).unwrap();
+        let mut live = std::collections::HashMap::new();
+        let mut live_bytes = 0u128;
+        for op in &w.ops {
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    live.insert(id, size);
+                    live_bytes += u128::from(size);
+                }
+                Op::Free { id } => live_bytes -= u128::from(live.remove(&id).unwrap()),
+                _ => {}
+            }
+            assert!(
+                live_bytes <= u128::from(p.budget),
+                "{live_bytes} over the budget"
+            );
+        }
+        assert!(
+            live.len() >= 15,
+            "the budget holds at least 15 of them, not {}",
+            live.len()
+        );
     }
 
     #[test]

@@ -1,0 +1,121 @@
+//! `TraceFile`: a trace path opened once.
+//!
+//! Its first bytes are read to tell a trace cachealloc recorded (a header line) from a PyTorch
+//! memory snapshot (a pickle), and the reader of that kind goes on from there. So a trace can
+//! come through a pipe (`cachealloc replay <(zcat snapshot.pickle.gz)`), which gives its bytes
+//! once. A stream that is not a regular file has no end to wait for: a snapshot is judged by its
+//! first bytes before the rest is read, so `/dev/zero` or `/dev/urandom` is refused at once
+//! rather than read until memory runs out.
+
+use std::fs::File;
+use std::io::{BufReader, Cursor, Read};
+use std::path::Path;
+
+use super::error::TraceError;
+use super::record::looks_like_header;
+use super::record::read::{RecordedTrace, parse_recorded_trace};
+use super::recording::RecordedSnapshot;
+use super::snapshot::{check_snapshot_start, parse_snapshot};
+
+/// Bytes read before the kind is decided: a recorded trace's header line fits in them.
+const HEAD_BYTES: u64 = 4096;
+
+/// An opened trace: its first bytes, read, and the rest, not yet read.
+#[derive(Debug)]
+pub struct TraceFile {
+    /// The path, as messages name it.
+    name: String,
+    head: Vec<u8>,
+    rest: File,
+    /// A regular file (not a pipe or a device).
+    regular: bool,
+}
+
+impl TraceFile {
+    /// Open `path` and read its first bytes.
+    pub fn open(path: &Path) -> Result<Self, TraceError> {
+        let name = path.display().to_string();
+        let io = |source| TraceError::Io {
+            path: name.clone(),
+            source,
+        };
+        if path.is_dir() {
+            return Err(io(std::io::Error::other(
+                "it is a directory: give the snapshot file, the pickle that \
+                 torch.cuda.memory._dump_snapshot wrote (or a trace cachealloc recorded)",
+            )));
+        }
+        let mut file = File::open(path).map_err(io)?;
+        let regular = file.metadata().is_ok_and(|m| m.is_file());
+        let mut head = Vec::new();
+        (&mut file)
+            .take(HEAD_BYTES)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+        Ok(Self {
+            name,
+            head,
+            rest: file,
+            regular,
+        })
+    }
+
+    /// Whether it begins with the header line of a trace cachealloc recorded.
+    pub fn is_recorded_trace(&self) -> bool {
+        let first_line = self.head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+        looks_like_header(first_line)
+    }
+
+    /// Read it as a trace cachealloc recorded.
+    pub fn read_recorded_trace(self) -> Result<RecordedTrace, TraceError> {
+        let reader = BufReader::new(Cursor::new(self.head).chain(self.rest));
+        parse_recorded_trace(reader, &self.name)
+    }
+
+    /// Read it as a PyTorch memory snapshot.
+    pub fn read_snapshot(self) -> Result<RecordedSnapshot, TraceError> {
+        let Self {
+            name,
+            mut head,
+            mut rest,
+            regular,
+        } = self;
+        if !regular {
+            check_snapshot_start(&head, &name)?;
+        }
+        rest.read_to_end(&mut head)
+            .map_err(|source| TraceError::Io {
+                path: name.clone(),
+                source,
+            })?;
+        parse_snapshot(&head, &name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endless_streams_that_are_not_pickles_are_refused_from_their_first_bytes() {
+        for device in ["/dev/zero", "/dev/urandom"] {
+            let file = TraceFile::open(Path::new(device)).unwrap();
+            assert!(!file.is_recorded_trace(), "{device}");
+            let err = file.read_snapshot().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{device}: not a readable Python pickle: ")),
+                "{device}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_directory_is_named_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = TraceFile::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("it is a directory: give the snapshot file"),
+            "{err}"
+        );
+    }
+}
