@@ -394,11 +394,17 @@ fn bad_input_is_refused_with_what_is_allowed() {
         }],
         None,
     );
-    let cases: [(&std::path::Path, &[&str], &str); 13] = [
+    let cases: [(&std::path::Path, &[&str], &str); 15] = [
         (
             &path,
             &["--request", "1MiB", "--device-free", "200TiB"],
             "invalid device free memory \"200TiB\": the simulated device has",
+        ),
+        // Past 64 bits, the same bound.
+        (
+            &path,
+            &["--request", "1MiB", "--device-free", "99999999999999999999"],
+            "invalid device free memory \"99999999999999999999\": the simulated device has",
         ),
         (
             &at_zero,
@@ -426,6 +432,11 @@ fn bad_input_is_refused_with_what_is_allowed() {
             &path,
             &["--request", "1152921504606846976"],
             "PyTorch refuses a request of 1 EB",
+        ),
+        (
+            &path,
+            &["--request", "20000000TiB"],
+            "invalid request \"20000000TiB\": PyTorch refuses a request of 1 EB",
         ),
         (
             &recorded,

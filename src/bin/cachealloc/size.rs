@@ -19,18 +19,17 @@ const UNITS: [(&str, f64); 13] = [
     ("b", 1.0),
 ];
 
-/// Parse a size; the error names the input and the accepted forms.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    parse_bytes(text)?.ok_or_else(|| {
-        format!(
-            "invalid size {text:?}: too large (at most {} bytes)",
-            u64::MAX
-        )
-    })
+/// Parse a size of at most `max` bytes; a larger one, even beyond 64 bits, is `too_large`'s
+/// error (which names the bound that matters to the caller).
+pub fn parse_up_to(text: &str, max: u64, too_large: impl Fn() -> String) -> Result<u64, String> {
+    match parse_bytes(text)? {
+        Some(bytes) if bytes <= max => Ok(bytes),
+        _ => Err(too_large()),
+    }
 }
 
-/// `parse_size`, with `None` for a size of 2^64 bytes or more (each caller names its own
-/// bound).
+/// Parse a size, `None` when it is 2^64 bytes or more; the error names the input and the
+/// accepted forms.
 fn parse_bytes(text: &str) -> Result<Option<u64>, String> {
     let bad = || {
         format!(
@@ -97,7 +96,7 @@ fn parse_device_size(text: &str, what: &str, option: &str) -> Result<u64, String
              omit {option} for an unlimited device"
         )
     };
-    match parse_bytes(text)?.ok_or_else(too_large)? {
+    match parse_up_to(text, ADDRESS_SPACE, too_large)? {
         0 => Err(format!(
             "invalid {what} {text:?}: a device needs more than 0 bytes (omit {option} for an \
              unlimited one)"
@@ -120,56 +119,56 @@ fn parse_device_size(text: &str, what: &str, option: &str) -> Result<u64, String
                  smallest is 2 MiB){hint}"
             ))
         }
-        bytes if bytes > ADDRESS_SPACE => Err(too_large()),
         bytes => Ok(bytes),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_capacity, parse_device_memory, parse_size};
+    use super::{parse_bytes, parse_capacity, parse_device_memory, parse_up_to};
 
     #[test]
     fn accepts_binary_decimal_and_plain_sizes() {
-        assert_eq!(parse_size("24GiB"), Ok(24 << 30));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1.5 gib"), Ok(3 << 29));
-        assert_eq!(parse_size("20GB"), Ok(20_000_000_000));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("22470.375MiB"), Ok(23_561_895_936));
+        assert_eq!(parse_bytes("24GiB"), Ok(Some(24 << 30)));
+        assert_eq!(parse_bytes("512MiB"), Ok(Some(512 << 20)));
+        assert_eq!(parse_bytes("1.5 gib"), Ok(Some(3 << 29)));
+        assert_eq!(parse_bytes("20GB"), Ok(Some(20_000_000_000)));
+        assert_eq!(parse_bytes("4096"), Ok(Some(4096)));
+        assert_eq!(parse_bytes("22470.375MiB"), Ok(Some(23_561_895_936)));
     }
 
     #[test]
     fn rejects_junk_with_the_allowed_forms() {
         for bad in ["", "GiB", "12 parsecs", "-1", "-5GiB", "1e99GiB"] {
-            let err = parse_size(bad).unwrap_err();
+            let err = parse_bytes(bad).unwrap_err();
             assert!(
                 err.contains("expected a whole number of bytes or a number with a unit"),
                 "{err}"
             );
         }
-        assert_eq!(parse_size("24G"), Ok(24 << 30));
+        assert_eq!(parse_bytes("24G"), Ok(Some(24 << 30)));
         for fraction in ["0.5B", "1.3"] {
-            let err = parse_size(fraction).unwrap_err();
+            let err = parse_bytes(fraction).unwrap_err();
             assert!(err.contains("not a whole number of bytes"), "{err}");
         }
-        assert_eq!(parse_size("5.8GiB"), Ok(6_227_702_579));
+        assert_eq!(parse_bytes("5.8GiB"), Ok(Some(6_227_702_579)));
     }
 
     #[test]
-    fn sizes_beyond_u64_say_so() {
+    fn sizes_beyond_u64_are_told_apart_and_bounded_by_the_caller() {
         for huge in [
             "99999999999999999999999",
             "18446744073709551616",
             "16777216TiB",
         ] {
-            let err = parse_size(huge).unwrap_err();
-            assert!(
-                err.contains("too large (at most 18446744073709551615 bytes)"),
-                "{err}"
-            );
+            assert_eq!(parse_bytes(huge), Ok(None), "{huge}");
+            assert_eq!(parse_up_to(huge, 10, || "over".into()), Err("over".into()));
         }
-        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(Some(u64::MAX)));
+        assert_eq!(parse_up_to("10", 10, || "over".into()), Ok(10));
+        assert_eq!(parse_up_to("11", 10, || "over".into()), Err("over".into()));
+        let junk = parse_up_to("ten", 10, || "over".into()).unwrap_err();
+        assert!(junk.starts_with("invalid size \"ten\": expected"), "{junk}");
     }
 
     #[test]

@@ -100,25 +100,27 @@ impl GivenSize {
 
 /// `--device-free`: any size the simulated device can hold, 0 included.
 fn parse_device_free(text: &str) -> Result<GivenSize, String> {
-    match size::parse_size(text)? {
-        bytes if bytes > ADDRESS_SPACE => Err(format!(
+    let bytes = size::parse_up_to(text, ADDRESS_SPACE, || {
+        format!(
             "invalid device free memory {text:?}: the simulated device has {ADDRESS_SPACE} bytes \
              of address space ({})",
             format_size(ADDRESS_SPACE)
-        )),
-        bytes => Ok(GivenSize::of(text, bytes)),
-    }
+        )
+    })?;
+    Ok(GivenSize::of(text, bytes))
 }
 
 /// A request size: bytes, at least one and less than the 1 EB PyTorch refuses outright.
 fn parse_request(text: &str) -> Result<GivenSize, String> {
-    match size::parse_size(text)? {
-        0 => Err(format!(
-            "invalid request {text:?}: a request of 0 bytes allocates nothing"
-        )),
-        bytes if bytes >= MAX_REQUEST => Err(format!(
+    let too_large = || {
+        format!(
             "invalid request {text:?}: PyTorch refuses a request of 1 EB ({MAX_REQUEST} bytes) or \
              more before its pool sees it"
+        )
+    };
+    match size::parse_up_to(text, MAX_REQUEST - 1, too_large)? {
+        0 => Err(format!(
+            "invalid request {text:?}: a request of 0 bytes allocates nothing"
         )),
         bytes => Ok(GivenSize::of(text, bytes)),
     }
