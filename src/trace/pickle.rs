@@ -726,7 +726,7 @@ mod tests {
 
     #[test]
     fn a_truncated_pickle_says_where_the_file_ends() {
-        // A 30-byte frame announced, 4 bytes of it present.
+        // The FRAME opcode's 8-byte length, 4 bytes of it present.
         let err = decode(&SHARED[..7]).unwrap_err();
         assert_eq!(
             err,

@@ -70,7 +70,13 @@ pub(super) fn check_snapshot_start(head: &[u8], source: &str) -> Result<(), Trac
             }),
         ));
     }
-    check_start(head).map_err(|detail| not_pickle(source, kind().unwrap_or(detail)))
+    // (A panic in the decoder, a bug, is caught as in `decode_pickle`.)
+    let detail = match catch_unwind(|| check_start(head)) {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(detail)) => detail,
+        Err(_) => "the decoder failed on these bytes".into(),
+    };
+    Err(not_pickle(source, kind().unwrap_or(detail)))
 }
 
 /// The opcode that begins a pickle of protocol 2 or later, with the protocol's number.
