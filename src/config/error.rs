@@ -4,6 +4,7 @@
 //! on stderr at the first interposed call), so every variant carries what the user wrote and the
 //! allowed alternatives, never an index into a token list.
 
+use super::options::PYTORCH_ONLY_KEYS;
 use std::fmt;
 
 /// A configuration variable (or the `--conf` flag) could not be understood.
@@ -23,7 +24,7 @@ pub enum Problem {
         key: String,
         /// The keys this variable accepts (shown in the message).
         allowed: Vec<&'static str>,
-        /// The closest allowed key, when one is close enough to be a likely typo.
+        /// The closest allowed or ignored key, when one is close enough to be a likely typo.
         suggestion: Option<&'static str>,
     },
     /// One of our own keys in a PyTorch variable (PyTorch itself would reject it).
@@ -63,7 +64,12 @@ impl fmt::Display for ConfigError {
                 if let Some(s) = suggestion {
                     write!(f, "; did you mean '{s}'?")?;
                 }
-                write!(f, " (allowed keys: {})", allowed.join(", "))
+                write!(
+                    f,
+                    " (allowed keys: {}; PyTorch's own keys are accepted and ignored: {})",
+                    allowed.join(", "),
+                    PYTORCH_ONLY_KEYS.join(", ")
+                )
             }
             Problem::CacheallocOnlyKey { key } => write!(
                 f,

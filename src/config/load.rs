@@ -221,7 +221,9 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
             config.ignored.push((entry.key, value));
         } else {
             let allowed = options::keys_for(carriers);
-            let suggestion = closest(key, &allowed);
+            let known: Vec<&'static str> =
+                allowed.iter().chain(PYTORCH_ONLY_KEYS).copied().collect();
+            let suggestion = closest(key, &known);
             let problem = Problem::UnknownKey {
                 key: entry.key,
                 allowed,

@@ -31,9 +31,21 @@ fn error(vars: &[(&str, &str)]) -> String {
 
 const OUR_KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
      garbage_collection_threshold, expandable_segments, per_process_memory_fraction, free_sync, \
-     stats, stats_file, trace, count_cached_as_free";
+     stats, stats_file, trace, count_cached_as_free; PyTorch's own keys are accepted and ignored: \
+     backend, release_lock_on_cudamalloc, release_lock_on_hipmalloc, \
+     pinned_use_cuda_host_register, pinned_use_hip_host_register, pinned_num_register_threads, \
+     pinned_use_background_threads, pinned_reserve_segment_size_mb, \
+     pinned_max_round_threshold_mb, pinned_max_cached_size_mb, pinned_free_catch_all, \
+     graph_capture_record_stream_reuse, throw_on_cudamalloc_oom, large_segment_size_mb, \
+     expandable_segments_reserve, expandable_segments_reserve_by_class";
 const SHARED_KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
-     garbage_collection_threshold, expandable_segments, per_process_memory_fraction";
+     garbage_collection_threshold, expandable_segments, per_process_memory_fraction; PyTorch's \
+     own keys are accepted and ignored: backend, release_lock_on_cudamalloc, \
+     release_lock_on_hipmalloc, pinned_use_cuda_host_register, pinned_use_hip_host_register, \
+     pinned_num_register_threads, pinned_use_background_threads, pinned_reserve_segment_size_mb, \
+     pinned_max_round_threshold_mb, pinned_max_cached_size_mb, pinned_free_catch_all, \
+     graph_capture_record_stream_reuse, throw_on_cudamalloc_oom, large_segment_size_mb, \
+     expandable_segments_reserve, expandable_segments_reserve_by_class";
 
 #[test]
 fn every_error_names_variable_key_value_and_what_is_allowed() {
@@ -269,6 +281,13 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             c,
             "zzz:1",
             format!("{c}: unknown key 'zzz' (allowed keys: {OUR_KEYS})"),
+        ),
+        (
+            p,
+            "bakend:native",
+            format!(
+                "{p}: unknown key 'bakend'; did you mean 'backend'? (allowed keys: {SHARED_KEYS})"
+            ),
         ),
         (
             p,
