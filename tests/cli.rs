@@ -647,6 +647,17 @@ fn bad_input_exits_2_with_a_clear_message() {
     }
 }
 
+/// `loguniform:ops=3000`'s JSON on a device of `capacity`.
+fn synth_loguniform(capacity: &str) -> serde_json::Value {
+    json(&cachealloc(&[
+        "synth",
+        "loguniform:ops=3000",
+        "--capacity",
+        capacity,
+        "--json",
+    ]))
+}
+
 /// The transformer workload's JSON on a device of `capacity`, with extra options.
 fn synth(capacity: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
@@ -777,13 +788,37 @@ fn without_a_fit_the_value_that_gets_furthest_is_named() {
     // The value the report's hint named is among those tried, and the summary says so.
     let suggested = &v["report_suggestion"];
     assert_eq!(
-        (&suggested["tried"], &suggested["fits"]),
-        (&true.into(), &false.into())
+        (
+            &suggested["tried"],
+            &suggested["fits"],
+            &suggested["gets_further"]
+        ),
+        (&true.into(), &false.into(), &false.into())
     );
     assert!(
         text.contains(&format!(
-            "  ({}, the report's suggestion, was tried and does not avoid the out-of-memory \
-             here.)\n",
+            "  ({}, the report's suggestion, was tried and does not get past this \
+             out-of-memory.)\n",
+            suggested["conf"].as_str().unwrap()
+        )),
+        "{text}"
+    );
+    // A suggestion that gets past the out-of-memory but not through the workload says so.
+    let v = synth_loguniform("4GiB");
+    let suggested = &v["report_suggestion"];
+    assert_eq!(
+        (&suggested["fits"], &suggested["gets_further"]),
+        (&false.into(), &true.into()),
+        "{v}"
+    );
+    let text = String::from_utf8(
+        cachealloc(&["synth", "loguniform:ops=3000", "--capacity", "4GiB"]).stdout,
+    )
+    .unwrap();
+    assert!(
+        text.contains(&format!(
+            "  ({}, the report's suggestion, was tried: it gets past this out-of-memory too, \
+             and runs out of memory later.)\n",
             suggested["conf"].as_str().unwrap()
         )),
         "{text}"

@@ -904,6 +904,12 @@ impl<B: Backend> DeviceAllocator<B> {
             device_total: info.total,
             device_free: info.free,
             allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
+            live_requested: self
+                .blocks
+                .iter()
+                .filter(|(_, b)| matches!(b.state, BlockState::Allocated | BlockState::Pending))
+                .map(|(_, b)| round_to_block(b.requested))
+                .sum(),
             reserved: self.stats.reserved_bytes.current_all().max(0) as u64,
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,

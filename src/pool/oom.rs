@@ -4,8 +4,11 @@
 //! Note: how a report is classified (`OomReport::hint`). The request needs its rounded block
 //! next to everything already allocated. What this process can use is what it reserved plus what
 //! the device still has free, capped by `per_process_memory_fraction`.
-//! - Exhausted: allocated + the block exceeds even the device capacity (or the fraction limit).
-//!   No policy can help: live memory must shrink.
+//! - Exhausted: what the live allocations and the request asked for (`requested_bytes`, not
+//!   the blocks that hold them) exceeds even the device capacity, or the fraction limit while
+//!   the device has room (then raising the limit helps). No block layout can help: live memory
+//!   must shrink. When the limit and memory outside cachealloc both stand in the way, it is
+//!   reported as untracked memory, naming the limit too.
 //! - Other stream: it fits in reserved-but-unallocated + free, and a free cached block is large
 //!   enough, but it belongs to another stream. PyTorch's pools reuse a block only on the stream
 //!   it was allocated on, and a split segment cannot be released while part of it is live, so
@@ -38,15 +41,22 @@
 //!   standard value avoids the OOM (30 distinct OOMs; in 37 cases every value does), this
 //!   value avoids it in 60, the request's size in 41. A constant 20 also avoids it in 60, but
 //!   at 1.95× the cudaMalloc calls of the cheapest fitting value, against 1.05× for this one.
-//!   PyTorch's other remedy, `expandable_segments`, is not named here: the preloaded library
-//!   does not have it yet. `cachealloc replay` replays the workload with it after an OOM and
-//!   says whether it fits (`trace::fit::try_expandable_segments`).
+//!   PyTorch's other remedy, `expandable_segments:True`, is named after it, as PyTorch's own
+//!   message names it; `cachealloc replay` replays the workload with it after an OOM and says
+//!   whether it fits (`trace::fit::try_expandable_segments`). A request of 1 MiB or less is
+//!   served only from the small pool: free memory of the large pool cannot serve it, and no
+//!   setting changes that.
+//! - Padding: what the live allocations and the request asked for fits, but the blocks that
+//!   hold them do not: blocks are larger than their requests (rounding, and
+//!   `roundup_power2_divisions`; a cached block of `max_split_size_mb` or more handed out whole;
+//!   a large block's remainder of 1 MiB or less left unsplit). Settings that round less may
+//!   help, so it is not called exhaustion.
 //!
 //! The text follows PyTorch's newest message (its first sentence is the same shape with
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
 
 use super::format::format_size;
-use super::rounding::{LARGE_BUFFER, SMALL_BUFFER};
+use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER};
 use super::types::{DeviceId, StreamId};
 use std::fmt;
 
@@ -75,6 +85,10 @@ pub struct OomReport {
     pub device_free: u64,
     /// `allocated_bytes.all.current`.
     pub allocated: u64,
+    /// What the live allocations (and frees waiting for their fence) asked for, each request
+    /// rounded up to 512 bytes as under any settings: their blocks without the rounding that
+    /// settings add, whole-block handouts and unsplit remainders.
+    pub live_requested: u64,
     /// `reserved_bytes.all.current`.
     pub reserved: u64,
     /// Limit from `per_process_memory_fraction`, when set.
@@ -107,16 +121,29 @@ pub struct OomReport {
 /// What an OOM was caused by, with the numbers that show it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OomHint {
-    /// Live memory alone (allocated + the request) exceeds what the device offers this process:
-    /// not fragmentation. `missing` bytes would have to be freed by the program.
+    /// Live memory alone (what the live allocations and the request asked for) exceeds what
+    /// the device offers this process: not fragmentation, and no block layout could hold it.
+    /// `missing` bytes would have to be freed by the program.
     Exhausted {
-        /// Allocated bytes plus the rounded request.
+        /// Live requested bytes plus the request's.
         needed: u64,
         /// Reserved + device free, capped by the capacity or fraction limit.
         available: u64,
         missing: u64,
-        /// The `per_process_memory_fraction` limit is what binds.
+        /// The `per_process_memory_fraction` limit is what binds: the device would have room.
         by_fraction_limit: bool,
+    },
+    /// What the live allocations and the request asked for fits, but not the blocks that hold
+    /// them: blocks are larger than their requests (rounded up, handed out whole, remainders
+    /// left unsplit), and with this one they exceed what this process can use.
+    Padding {
+        /// Live requested bytes plus the request's.
+        requested: u64,
+        /// Allocated bytes plus the rounded request.
+        needed: u64,
+        available: u64,
+        /// `needed - available`.
+        missing: u64,
     },
     /// The segment a new block for the request needs is larger than all the memory this
     /// process may use (the device, or the fraction limit): not fragmentation.
@@ -130,8 +157,13 @@ pub enum OomHint {
         by_fraction_limit: bool,
     },
     /// The request would fit in the capacity, but memory not tracked by cachealloc (other
-    /// processes or contexts on the device) holds what is missing.
-    Untracked { untracked: u64, missing: u64 },
+    /// processes or contexts on the device) holds what is missing; `fraction_limit`, when the
+    /// `per_process_memory_fraction` limit would also have to be raised for it to fit.
+    Untracked {
+        untracked: u64,
+        missing: u64,
+        fraction_limit: Option<u64>,
+    },
     /// Enough bytes are reserved-but-unallocated plus free on the device, but no free block is
     /// big enough for the request.
     Fragmentation {
@@ -208,19 +240,41 @@ impl OomReport {
 
     /// Classify the failure; see the module note for the reasoning.
     pub fn hint(&self) -> OomHint {
+        // What any block layout needs (the requests, in 512-byte units), and what this one needs.
+        let request = self.requested.max(1).div_ceil(MIN_BLOCK_SIZE);
+        let requested = self
+            .live_requested
+            .saturating_add(request.saturating_mul(MIN_BLOCK_SIZE));
         let needed = self.allocated.saturating_add(self.rounded);
         let limit = self
             .allowed_maximum
             .map_or(self.device_total, |allowed| allowed.min(self.device_total));
-        let by_fraction_limit = self.allowed_maximum.is_some_and(|a| a < self.device_total);
+        let fraction_limited = limit < self.device_total;
         let obtainable = self.reserved.saturating_add(self.device_free);
+        let available = obtainable.min(limit);
+        if requested > limit {
+            if requested > self.device_total || requested <= obtainable {
+                return OomHint::Exhausted {
+                    needed: requested,
+                    available,
+                    missing: requested - available,
+                    // The device would have room without the limit.
+                    by_fraction_limit: requested <= self.device_total,
+                };
+            }
+            // The limit and memory outside cachealloc both stand in the way.
+            return OomHint::Untracked {
+                untracked: self.untracked(),
+                missing: requested - obtainable,
+                fraction_limit: Some(limit),
+            };
+        }
         if needed > limit {
-            let available = obtainable.min(limit);
-            return OomHint::Exhausted {
+            return OomHint::Padding {
+                requested,
                 needed,
                 available,
                 missing: needed - available,
-                by_fraction_limit,
             };
         }
         // What the device has free, as far as the fraction limit lets this process use it.
@@ -249,13 +303,14 @@ impl OomReport {
                 request: self.rounded,
                 segment: self.alloc_size,
                 limit,
-                by_fraction_limit,
+                by_fraction_limit: fraction_limited && self.alloc_size <= self.device_total,
             };
         }
         if needed > obtainable {
             return OomHint::Untracked {
                 untracked: self.untracked(),
                 missing: needed - obtainable,
+                fraction_limit: None,
             };
         }
         let current_mb = (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB);
@@ -310,7 +365,7 @@ impl OomHint {
     pub fn settings_may_help(&self) -> bool {
         matches!(
             self,
-            OomHint::Fragmentation { .. } | OomHint::OtherStream { .. }
+            OomHint::Fragmentation { .. } | OomHint::OtherStream { .. } | OomHint::Padding { .. }
         )
     }
 }
@@ -333,7 +388,7 @@ impl fmt::Display for OomHint {
             } => {
                 write!(
                     f,
-                    "Not fragmentation: live allocations plus this request need {} but this \
+                    "Not fragmentation: live allocations plus this request asked for {} but this \
                      process can use at most {}, {} short. ",
                     format_size(needed),
                     format_size(available),
@@ -341,8 +396,9 @@ impl fmt::Display for OomHint {
                 )?;
                 if by_fraction_limit {
                     f.write_str(
-                        "The per_process_memory_fraction limit binds: raise it, or keep less \
-                         memory alive (smaller batch, release tensors earlier).",
+                        "The per_process_memory_fraction limit binds (the device has room): \
+                         raise it, or keep less memory alive (smaller batch, release tensors \
+                         earlier).",
                     )
                 } else {
                     f.write_str(
@@ -384,14 +440,51 @@ impl fmt::Display for OomHint {
                 format_size(block),
                 format_size(request)
             ),
-            OomHint::Untracked { untracked, missing } => write!(
+            OomHint::Padding {
+                requested,
+                needed,
+                available,
+                missing,
+            } => write!(
                 f,
-                "Memory outside cachealloc: {} of this GPU is used by other processes, CUDA \
-                 contexts or other allocators; the request is {} short, and would fit without it. \
-                 Free that memory or run on a less busy GPU.",
-                format_size(untracked),
-                format_size(missing)
+                "Not fragmentation, but blocks larger than their requests: live allocations plus \
+                 this request asked for {}, which fits in the {} this process can use, but the \
+                 blocks that hold them take {}, {} short. A block is larger than its request \
+                 when its size is rounded up (roundup_power2_divisions pads it further), when a \
+                 cached block of max_split_size_mb or more is handed out whole, or when the rest \
+                 of a large block, 1 MiB or less, is not split off. Settings that round less may \
+                 make room{}.",
+                format_size(requested),
+                format_size(available),
+                format_size(needed),
+                format_size(missing),
+                replay_pointer(
+                    f,
+                    "; `cachealloc replay` of a recorded trace shows whether any setting helps"
+                )
             ),
+            OomHint::Untracked {
+                untracked,
+                missing,
+                fraction_limit,
+            } => {
+                write!(
+                    f,
+                    "Memory outside cachealloc: {} of this GPU is used by other processes, CUDA \
+                     contexts or other allocators; the request is {} short, and would fit \
+                     without it",
+                    format_size(untracked),
+                    format_size(missing)
+                )?;
+                if let Some(limit) = fraction_limit {
+                    write!(
+                        f,
+                        " and with per_process_memory_fraction raised (it allows {})",
+                        format_size(limit)
+                    )?;
+                }
+                f.write_str(". Free that memory or run on a less busy GPU.")
+            }
             OomHint::OtherStream {
                 request,
                 unallocated,
@@ -456,7 +549,20 @@ impl fmt::Display for OomHint {
                     )?;
                 }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
+                let small_pool = segment == SMALL_BUFFER;
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
+                    // (No small-pool block reaches the smallest value: nothing is suggested.)
+                    (None, _) if small_pool => write!(
+                        f,
+                        "Requests of 1 MiB or less are served only from the small pool's 2 MiB \
+                         segments, and no setting changes that; memory reserved in the large \
+                         pool serves only larger requests. Keep less memory alive{}.",
+                        replay_pointer(
+                            f,
+                            "; `cachealloc replay` of a recorded trace shows whether any setting \
+                             helps"
+                        )
+                    ),
                     (Some(mb), _) if expandable_segments => write!(
                         f,
                         "A value to try: max_split_size_mb:{mb} (added to the other settings in \
@@ -492,7 +598,14 @@ impl fmt::Display for OomHint {
                              max_split_size_mb value helps"
                         )
                     ),
+                }?;
+                if !expandable_segments && !small_pool {
+                    f.write_str(
+                        " Another setting to try: expandable_segments:True, PyTorch's advice \
+                         when memory reserved but unallocated is large.",
+                    )?;
                 }
+                Ok(())
             }
         }
     }
@@ -588,6 +701,7 @@ mod tests {
             device_total: 80 * GIB,
             device_free: 512 * MIB,
             allocated: 60 * GIB,
+            live_requested: 60 * GIB,
             reserved: 78 * GIB,
             allowed_maximum: None,
             largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
@@ -613,6 +727,7 @@ mod tests {
             device_total: 10 * MIB,
             device_free: 7 * MIB,
             allocated: MIB,
+            live_requested: MIB,
             reserved: 2 * MIB,
             largest_free_blocks: vec![MIB],
             free_blocks: 1,
@@ -668,8 +783,10 @@ mod tests {
     fn live_memory_over_capacity_is_exhaustion() {
         let report = OomReport {
             allocated: 79 * GIB,
+            live_requested: 79 * GIB,
             reserved: 79 * GIB + 512 * MIB,
             device_free: 256 * MIB,
+            requested: 2 * GIB,
             rounded: 2 * GIB,
             alloc_size: 2 * GIB,
             ..fragmented()
@@ -690,13 +807,133 @@ mod tests {
         assert!(!text.contains("max_split_size_mb"), "{text}");
     }
 
+    /// Blocks larger than their requests (rounding, whole handouts) are not live memory: when
+    /// the requests fit, the report says so and points to settings, not to a larger GPU.
+    #[test]
+    fn blocks_over_capacity_with_requests_that_fit_are_padding() {
+        let report = OomReport {
+            allocated: 79 * GIB,
+            live_requested: 78 * GIB,
+            reserved: 79 * GIB + 512 * MIB,
+            device_free: 256 * MIB,
+            requested: GIB + 1,
+            rounded: 2 * GIB,
+            alloc_size: 2 * GIB,
+            ..fragmented()
+        };
+        let hint = report.hint();
+        assert_eq!(
+            hint,
+            OomHint::Padding {
+                requested: 79 * GIB + 512,
+                needed: 81 * GIB,
+                available: 79 * GIB + 768 * MIB,
+                missing: 1280 * MIB,
+            }
+        );
+        assert!(hint.settings_may_help());
+        let text = report.to_string();
+        assert!(
+            text.contains(
+                "Hint: Not fragmentation, but blocks larger than their requests: live allocations \
+                 plus this request asked for 79.00 GiB, which fits in the 79.75 GiB this process \
+                 can use, but the blocks that hold them take 81.00 GiB, 1.25 GiB short."
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("larger GPU"), "{text}");
+    }
+
+    /// The fraction limit is named as what binds only when the device would have had room.
+    #[test]
+    fn a_fraction_limit_below_a_need_the_device_cannot_meet_is_not_what_binds() {
+        // More than the whole device: raising the limit cannot help.
+        let over_device = OomReport {
+            allowed_maximum: Some(79 * GIB),
+            allocated: 79 * GIB,
+            live_requested: 79 * GIB,
+            reserved: 79 * GIB,
+            device_free: GIB,
+            requested: 2 * GIB,
+            rounded: 2 * GIB,
+            alloc_size: 2 * GIB,
+            ..fragmented()
+        };
+        assert!(matches!(
+            over_device.hint(),
+            OomHint::Exhausted {
+                by_fraction_limit: false,
+                ..
+            }
+        ));
+        assert!(over_device.to_string().contains("use a larger GPU"));
+        // Within the device, but memory outside cachealloc holds what the limit would allow.
+        let held_outside = OomReport {
+            allowed_maximum: Some(60 * GIB),
+            allocated: 59 * GIB,
+            live_requested: 59 * GIB,
+            reserved: 59 * GIB,
+            device_free: GIB,
+            requested: 2 * GIB,
+            rounded: 2 * GIB,
+            alloc_size: 2 * GIB,
+            ..fragmented()
+        };
+        assert_eq!(
+            held_outside.hint(),
+            OomHint::Untracked {
+                untracked: 20 * GIB,
+                missing: GIB,
+                fraction_limit: Some(60 * GIB),
+            }
+        );
+        assert!(
+            held_outside.to_string().contains(
+                "would fit without it and with per_process_memory_fraction raised (it allows \
+                 60.00 GiB)"
+            ),
+            "{held_outside}"
+        );
+    }
+
+    /// A request of the small pool cannot use the large pool's free memory, whatever the
+    /// settings: the hint says so rather than advising on allocation order.
+    #[test]
+    fn a_small_request_is_told_the_large_pools_memory_cannot_serve_it() {
+        let report = OomReport {
+            requested: 512 * 1024,
+            rounded: 512 * 1024,
+            alloc_size: SMALL_BUFFER,
+            device_free: MIB,
+            pool_largest_free_block: 0,
+            ..fragmented()
+        };
+        let text = report.to_string();
+        assert!(
+            text.contains("no block of its pool is cached free."),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Requests of 1 MiB or less are served only from the small pool's 2 MiB segments, \
+                 and no setting changes that; memory reserved in the large pool serves only \
+                 larger requests."
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("allocate the large tensors first"), "{text}");
+        assert!(!text.contains("expandable_segments"), "{text}");
+    }
+
     #[test]
     fn fraction_limit_is_named_when_it_binds() {
         let report = OomReport {
             allowed_maximum: Some(40 * GIB),
             allocated: 39 * GIB,
+            live_requested: 39 * GIB,
             reserved: 39 * GIB + 512 * MIB,
             device_free: 40 * GIB,
+            requested: 2 * GIB,
             rounded: 2 * GIB,
             alloc_size: 2 * GIB,
             ..fragmented()
@@ -761,6 +998,7 @@ mod tests {
         // 30 GiB used outside cachealloc; without it the 12 GiB request would fit.
         let report = OomReport {
             allocated: 39 * GIB,
+            live_requested: 39 * GIB,
             reserved: 40 * GIB,
             device_free: 10 * GIB,
             rounded: 12 * GIB,
@@ -776,6 +1014,7 @@ mod tests {
             OomHint::Untracked {
                 untracked: 30 * GIB,
                 missing: GIB,
+                fraction_limit: None,
             }
         );
         let text = report.to_string();
@@ -847,11 +1086,12 @@ mod tests {
              other settings in force): blocks of 512 MiB or more are then never split, so free memory is no longer left \
              in pieces that large cut from bigger segments, and when the device cannot supply a \
              new segment, cached blocks of 512 MiB or more that the request cannot use are \
-             released first. `cachealloc replay` of a recorded trace finds the values that fit.",
+             released first. `cachealloc replay` of a recorded trace finds the values that fit. \
+             Another setting to try: expandable_segments:True, PyTorch's advice when memory \
+             reserved but unallocated is large.",
         ]
         .join("\n");
         assert_eq!(report.to_string(), expected);
-        assert!(!expected.contains("expandable_segments"));
     }
 
     /// The suggestion for a report whose largest free cached block is `largest` bytes.
@@ -951,8 +1191,10 @@ mod tests {
     fn inconsistent_snapshots_do_not_panic() {
         let report = OomReport {
             allocated: 10 * GIB,
+            live_requested: 10 * GIB,
             reserved: 5 * GIB,
             device_free: 100 * GIB,
+            requested: u64::MAX,
             rounded: u64::MAX,
             ..fragmented()
         };
@@ -977,11 +1219,16 @@ mod tests {
         let alternate = format!("{report:#}");
         assert!(!alternate.contains("cachealloc replay"), "{alternate}");
         assert!(
-            alternate.ends_with("cannot use are released first."),
+            alternate.ends_with(
+                "cannot use are released first. Another setting to try: \
+                 expandable_segments:True, PyTorch's advice when memory reserved but unallocated \
+                 is large."
+            ),
             "{alternate}"
         );
         let exhausted = OomReport {
             allocated: 79 * GIB + 512 * MIB,
+            live_requested: 79 * GIB + 512 * MIB,
             reserved: 79 * GIB + 512 * MIB,
             ..fragmented()
         };

@@ -58,6 +58,8 @@ pub struct MaxSplitSearch {
     pub fits: Vec<FittingSetting>,
     /// Of the others, the one whose first OOM comes latest, if later than the replay's own.
     pub gets_furthest: Option<GetsFurther>,
+    /// The values that run out of memory, but later than the replay itself.
+    pub get_further: Vec<u64>,
     /// Values under which the replay cannot start: the start state rebuilt from a snapshot
     /// holds blocks that could not exist under them (not tried).
     pub cannot_start: Vec<u64>,
@@ -84,6 +86,7 @@ pub fn search_max_split_sizes(
 ) -> MaxSplitSearch {
     let mut fits = Vec::new();
     let mut gets_furthest: Option<GetsFurther> = None;
+    let mut get_further = Vec::new();
     let mut cannot_start = Vec::new();
     for mb in MAX_SPLIT_LADDER_MB {
         let mut trial = config.clone();
@@ -108,6 +111,9 @@ pub fn search_max_split_sizes(
                 num_alloc_retries: out.stats.counts.num_alloc_retries,
             }),
             Some(oom) => {
+                if oom.op_index > first_oom_op {
+                    get_further.push(mb);
+                }
                 let best = gets_furthest
                     .as_ref()
                     .map_or(first_oom_op, |g| g.first_oom_op);
@@ -126,6 +132,7 @@ pub fn search_max_split_sizes(
     MaxSplitSearch {
         fits,
         gets_furthest,
+        get_further,
         cannot_start,
         settings: config.settings.clone(),
     }

@@ -240,6 +240,7 @@ impl From<&OomReport> for OomReportJson {
             kind: match r.hint() {
                 OomHint::Exhausted { .. } => "exhausted",
                 OomHint::SegmentTooLarge { .. } => "segment_too_large",
+                OomHint::Padding { .. } => "padding",
                 OomHint::Untracked { .. } => "untracked",
                 OomHint::Fragmentation { .. } => "fragmentation",
                 OomHint::OtherStream { .. } => "other_stream",
@@ -279,6 +280,8 @@ pub struct GetsFurtherJson {
 pub struct SuggestionJson {
     pub conf: String,
     pub fits: bool,
+    /// It runs out of memory too, but later than the replay (false when it fits).
+    pub gets_further: bool,
     /// False when the value could not be replayed at all: the start state rebuilt from the
     /// snapshot holds blocks that could not exist under it.
     pub tried: bool,
@@ -389,6 +392,7 @@ impl ReplayJson {
             self.report_suggestion = Some(SuggestionJson {
                 conf: search.conf_for(mb),
                 fits: search.fits.iter().any(|f| f.max_split_size_mb == mb),
+                gets_further: search.get_further.contains(&mb),
                 tried: !search.cannot_start.contains(&mb),
             });
         }
@@ -681,9 +685,14 @@ impl ReplayJson {
                  state.)\n",
                 s.conf
             ),
+            Some(s) if s.gets_further => format!(
+                "  ({}, the report's suggestion, was tried: it gets past this out-of-memory too, \
+                 and runs out of memory later.)\n",
+                s.conf
+            ),
             Some(s) if !s.fits => format!(
-                "  ({}, the report's suggestion, was tried and does not avoid the \
-                 out-of-memory here.)\n",
+                "  ({}, the report's suggestion, was tried and does not get past this \
+                 out-of-memory.)\n",
                 s.conf
             ),
             _ => String::new(),
@@ -694,6 +703,13 @@ impl ReplayJson {
                  lets this workload run without an out-of-memory on this device{}",
                 if expandable_fits {
                     "."
+                } else if self
+                    .first_oom_report
+                    .as_ref()
+                    .is_some_and(|r| r.kind == "padding")
+                {
+                    // The requests fit; their blocks do not (the hint says why).
+                    ": its blocks need more memory, though the requests alone would fit."
                 } else {
                     ": it needs more memory."
                 }

@@ -394,7 +394,9 @@ impl RequestJson {
                 format_size(free)
             );
         }
-        if !self.device_memory_given && matches!(oom.kind, "exhausted" | "segment_too_large") {
+        if !self.device_memory_given
+            && matches!(oom.kind, "exhausted" | "padding" | "segment_too_large")
+        {
             out += "The device's total memory was not given: it is taken as the reserved memory \
                     plus --device-free, with nothing held outside the pool. Give --device-memory \
                     (PyTorch's \"total capacity of SIZE\") to tell memory held by other processes \
