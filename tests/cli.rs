@@ -835,6 +835,56 @@ fn without_a_fit_the_value_that_gets_furthest_is_named() {
     );
 }
 
+/// When the requests fit but their blocks do not (a padding out-of-memory) under
+/// `roundup_power2_divisions`, the search also tries each value without them, and the settings it
+/// finds replay without an out-of-memory.
+#[test]
+fn after_a_padding_oom_the_search_also_drops_the_divisions() {
+    let divided = ["--conf", "roundup_power2_divisions:2"];
+    let v = synth("5.6GiB", &divided);
+    assert_eq!(v["first_oom_report"]["kind"], "padding", "{v}");
+    let fits = v["fitting_settings"].as_array().unwrap();
+    assert!(!fits.is_empty(), "{v}");
+    for f in fits {
+        let conf = f["conf"].as_str().unwrap();
+        let alone = synth("5.6GiB", &["--conf", conf]);
+        assert!(alone["first_oom_event_index"].is_null(), "{conf}: {alone}");
+    }
+    let text = String::from_utf8(
+        cachealloc(&[
+            "synth",
+            "transformer",
+            "--capacity",
+            "5.6GiB",
+            divided[0],
+            divided[1],
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        text.contains(
+            "(max_split_size_mb values with this replay's other settings, and also without its \
+             roundup_power2_divisions)"
+        ),
+        "{text}"
+    );
+    // After a fragmentation out-of-memory, the divisions stay in every value tried.
+    let v = synth("6.5GiB", &divided);
+    assert_eq!(v["first_oom_report"]["kind"], "fragmentation", "{v}");
+    let fits = v["fitting_settings"].as_array().unwrap();
+    assert!(!fits.is_empty(), "{v}");
+    for f in fits {
+        assert!(
+            f["conf"]
+                .as_str()
+                .unwrap()
+                .contains("roundup_power2_divisions"),
+            "{v}"
+        );
+    }
+}
+
 /// A bounded run of `scripts/oom-hint-study.py` (one workload, one device size): it reads the
 /// JSON report and the fit search, and counts the report's own value as fitting.
 #[test]

@@ -6,10 +6,11 @@
 //! among them.
 
 use super::record::settings_text;
-use super::replay::{ReplayConfig, StartLayout, replay};
+use super::replay::{OomAt, ReplayConfig, StartLayout, replay};
 use super::workload::Workload;
 pub use crate::pool::oom::MAX_SPLIT_LADDER_MB;
-use crate::pool::{Error, Settings};
+use crate::pool::rounding::ROUNDUP_INTERVALS;
+use crate::pool::{Error, OomHint, Settings};
 
 /// One setting that replays without an OOM.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +66,9 @@ pub struct MaxSplitSearch {
     pub cannot_start: Vec<u64>,
     /// The settings of the replay searched from (every value was tried with them).
     pub settings: Settings,
+    /// Every value was also tried without the replay's `roundup_power2_divisions`, and `fits`
+    /// and `gets_furthest` include those replays (`search_after_oom`).
+    pub also_without_divisions: bool,
 }
 
 impl MaxSplitSearch {
@@ -135,7 +139,37 @@ pub fn search_max_split_sizes(
         get_further,
         cannot_start,
         settings: config.settings.clone(),
+        also_without_divisions: false,
     }
+}
+
+/// The search after the replay's first OOM, `first_oom`: `search_max_split_sizes`, and when
+/// that OOM was a padding one (the requests fit, their blocks did not) under
+/// `roundup_power2_divisions`, the same search without them, whose fits and furthest value join
+/// the first's (each `conf` says which settings it has).
+pub fn search_after_oom(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+    first_oom: &OomAt,
+) -> MaxSplitSearch {
+    let mut search = search_max_split_sizes(workload, config, start, first_oom.op_index);
+    let padded = matches!(first_oom.report.hint(), OomHint::Padding { .. });
+    let divided = config.settings.roundup_power2_divisions != [0; ROUNDUP_INTERVALS];
+    if !(padded && divided) {
+        return search;
+    }
+    let mut undivided = config.clone();
+    undivided.settings.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
+    let other = search_max_split_sizes(workload, &undivided, start, first_oom.op_index);
+    search.fits.extend(other.fits);
+    search.fits.sort_by_key(|f| f.peak_reserved_bytes);
+    let further = |g: &Option<GetsFurther>| g.as_ref().map_or(0, |g| g.first_oom_op);
+    if further(&other.gets_furthest) > further(&search.gets_furthest) {
+        search.gets_furthest = other.gets_furthest;
+    }
+    search.also_without_divisions = true;
+    search
 }
 
 /// What replaying with expandable segments found, for a replay that ran out of memory without

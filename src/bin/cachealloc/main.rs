@@ -17,7 +17,7 @@ mod state_report;
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::{Config, ConfigSource, options};
 use cachealloc::trace::fit::{
-    ExpandableTrial, MaxSplitSearch, search_max_split_sizes, try_expandable_segments,
+    ExpandableTrial, MaxSplitSearch, search_after_oom, try_expandable_segments,
 };
 use cachealloc::trace::record::save::{SaveError, replay_saved};
 use cachealloc::trace::record::settings_text;
@@ -514,7 +514,7 @@ fn fits_after_oom(
     let Some(first_oom) = out.first_oom.as_ref() else {
         return (None, None);
     };
-    let search = search_max_split_sizes(workload, config, start, first_oom.op_index);
+    let search = search_after_oom(workload, config, start, first_oom);
     (
         Some(search),
         try_expandable_segments(workload, config, start),

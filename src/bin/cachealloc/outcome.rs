@@ -149,6 +149,10 @@ pub struct ReplayJson {
     /// The most the pool may reserve: the capacity, or less under a memory fraction.
     #[serde(skip)]
     pub memory_limit: Option<u64>,
+    /// The search also tried each value without the replay's `roundup_power2_divisions` (after
+    /// a padding out-of-memory); the settings found say which they have.
+    #[serde(skip)]
+    pub searched_without_divisions: bool,
 }
 
 /// The replay with expandable segments on.
@@ -367,6 +371,7 @@ impl ReplayJson {
             orphans_replayed: ctx.orphans_replayed,
             start_rebuildable: ctx.start_rebuildable,
             memory_limit: ctx.memory_limit,
+            searched_without_divisions: false,
             expandable_segments: ctx.expandable_segments,
         }
     }
@@ -397,6 +402,7 @@ impl ReplayJson {
             });
         }
         self.max_split_sizes_not_replayable = Some(search.cannot_start.clone());
+        self.searched_without_divisions = search.also_without_divisions;
         let limit = self.memory_limit;
         self.fitting_settings = Some(
             search
@@ -697,10 +703,15 @@ impl ReplayJson {
             ),
             _ => String::new(),
         };
+        let also = if self.searched_without_divisions {
+            ", and also without its roundup_power2_divisions"
+        } else {
+            ""
+        };
         if fits.is_empty() {
             let mut t = format!(
-                "\nNo max_split_size_mb value tried ({tried}; other settings as in this replay) \
-                 lets this workload run without an out-of-memory on this device{}",
+                "\nNo max_split_size_mb value tried ({tried}; other settings as in this \
+                 replay{also}) lets this workload run without an out-of-memory on this device{}",
                 if expandable_fits {
                     "."
                 } else if self
@@ -727,9 +738,10 @@ impl ReplayJson {
             }
             return t + &suggestion + &untried;
         }
-        let mut t = "\nSettings that avoid every out-of-memory here, each verified by replaying \
-                     (max_split_size_mb values with this replay's other settings):\n"
-            .to_string();
+        let mut t = format!(
+            "\nSettings that avoid every out-of-memory here, each verified by replaying \
+             (max_split_size_mb values with this replay's other settings{also}):\n"
+        );
         let width = fits
             .iter()
             .map(|f| shell_word(&f.conf).len())
