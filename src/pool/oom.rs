@@ -539,14 +539,23 @@ impl fmt::Display for OomHint {
                         format_size(largest_free_block)
                     )?;
                 }
-                if !expandable_segments && device_free >= request && device_free < segment {
-                    write!(
-                        f,
-                        "The device's free memory would hold the block itself, but a new \
-                         segment for it takes {} ({}). ",
-                        format_size(segment),
-                        segment_rule(segment)
-                    )?;
+                if device_free >= request && device_free < segment {
+                    if expandable_segments {
+                        write!(
+                            f,
+                            "The device's free memory would hold the block itself, but growing \
+                             an expandable segment for it maps {} (whole pages). ",
+                            format_size(segment)
+                        )?;
+                    } else {
+                        write!(
+                            f,
+                            "The device's free memory would hold the block itself, but a new \
+                             segment for it takes {} ({}). ",
+                            format_size(segment),
+                            segment_rule(segment)
+                        )?;
+                    }
                 }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
                 let small_pool = segment == SMALL_BUFFER;
@@ -893,6 +902,36 @@ mod tests {
                  60.00 GiB)"
             ),
             "{held_outside}"
+        );
+    }
+
+    /// With expandable segments, memory grows by whole pages: a free amount that would hold the
+    /// block but not the pages it needs is named as such.
+    #[test]
+    fn an_expandable_segment_growing_by_more_than_is_free_is_named() {
+        let report = OomReport {
+            allocated: 16 * MIB,
+            live_requested: 16 * MIB,
+            reserved: 20 * MIB,
+            device_total: 30 * MIB,
+            device_free: 10 * MIB,
+            requested: 7 * MIB,
+            rounded: 7 * MIB,
+            alloc_size: 20 * MIB,
+            largest_free_blocks: vec![4 * MIB],
+            free_blocks: 1,
+            pool_largest_free_block: 4 * MIB,
+            max_split_size: u64::MAX,
+            expandable_segments: true,
+            ..fragmented()
+        };
+        let text = report.to_string();
+        assert!(
+            text.contains(
+                "The device's free memory would hold the block itself, but growing an expandable \
+                 segment for it maps 20.00 MiB (whole pages)."
+            ),
+            "{text}"
         );
     }
 
