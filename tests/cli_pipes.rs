@@ -5,11 +5,10 @@
 
 mod support;
 
-use cachealloc::config::ConfigSource;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use support::cli::{cachealloc, json};
+use std::process::{Output, Stdio};
+use support::cli::{cachealloc, command, json};
 use support::traces::trace;
 
 /// Run the binary with `args`, its standard input a pipe fed by `feed` from another thread;
@@ -18,11 +17,7 @@ fn with_piped_stdin<T: Send + 'static>(
     args: &[&str],
     feed: impl FnOnce(&mut dyn Write) -> T + Send + 'static,
 ) -> (Output, T) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
-    for source in ConfigSource::PRECEDENCE {
-        command.env_remove(source.name());
-    }
-    let mut child = command
+    let mut child = command()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -132,7 +132,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// backend cannot map pages (the caller warns about it).
     pub fn new(backend: B, mut settings: Settings) -> Self {
         settings.expandable_segments &= backend.supports_expandable_segments();
-        let divided_rounding = settings.roundup_power2_divisions.iter().any(|&d| d > 1);
+        let divided_rounding = settings.rounds_by_divisions();
         let max_split_size = if settings.has_max_split_size() {
             settings.max_split_size as i64
         } else {

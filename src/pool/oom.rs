@@ -241,6 +241,7 @@ impl OomReport {
     /// Classify the failure; see the module note for the reasoning.
     pub fn hint(&self) -> OomHint {
         // What any block layout needs (the requests, in 512-byte units), and what this one needs.
+        // (`rounding::round_to_block`, saturating: a report's figures need not be consistent.)
         let request = self.requested.max(1).div_ceil(MIN_BLOCK_SIZE);
         let requested = self
             .live_requested
@@ -337,6 +338,9 @@ impl OomReport {
 
 /// The end of a hint that names a `max_split_size_mb` value to try.
 const FINDS_VALUES: &str = " `cachealloc replay` of a recorded trace finds the values that fit.";
+/// The end of a hint after which a setting may help, none named.
+const SHOWS_SETTINGS: &str =
+    "; `cachealloc replay` of a recorded trace shows whether any setting helps";
 
 /// Qualifies "free on the device" when the fraction limit caps what this process may use.
 fn within_limit(fraction_capped: bool) -> &'static str {
@@ -458,10 +462,7 @@ impl fmt::Display for OomHint {
                 format_size(available),
                 format_size(needed),
                 format_size(missing),
-                replay_pointer(
-                    f,
-                    "; `cachealloc replay` of a recorded trace shows whether any setting helps"
-                )
+                replay_pointer(f, SHOWS_SETTINGS)
             ),
             OomHint::Untracked {
                 untracked,
@@ -505,10 +506,7 @@ impl fmt::Display for OomHint {
                 format_size(request),
                 format_size(other_stream_block),
                 other_stream.0,
-                replay_pointer(
-                    f,
-                    "; `cachealloc replay` of a recorded trace shows whether any setting helps"
-                )
+                replay_pointer(f, SHOWS_SETTINGS)
             ),
             OomHint::Fragmentation {
                 request,
@@ -566,11 +564,7 @@ impl fmt::Display for OomHint {
                         "Requests of 1 MiB or less are served only from the small pool's 2 MiB \
                          segments, and no setting changes that; memory reserved in the large \
                          pool serves only larger requests. Keep less memory alive{}.",
-                        replay_pointer(
-                            f,
-                            "; `cachealloc replay` of a recorded trace shows whether any setting \
-                             helps"
-                        )
+                        replay_pointer(f, SHOWS_SETTINGS)
                     ),
                     (Some(mb), _) if expandable_segments => write!(
                         f,

@@ -45,6 +45,12 @@ pub fn max_split_size_from_bytes(bytes: u64) -> u64 {
 }
 
 impl Settings {
+    /// Whether `roundup_power2_divisions` rounds any size past the 512-byte rounding: a
+    /// division of 0 or 1 leaves sizes as they are.
+    pub fn rounds_by_divisions(&self) -> bool {
+        self.roundup_power2_divisions.iter().any(|&d| d > 1)
+    }
+
     /// True when `max_split_size` was set by the user.
     pub fn has_max_split_size(&self) -> bool {
         self.max_split_size != u64::MAX

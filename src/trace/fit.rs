@@ -155,8 +155,7 @@ pub fn search_after_oom(
 ) -> MaxSplitSearch {
     let mut search = search_max_split_sizes(workload, config, start, first_oom.op_index);
     let padded = matches!(first_oom.report.hint(), OomHint::Padding { .. });
-    let divided = config.settings.roundup_power2_divisions != [0; ROUNDUP_INTERVALS];
-    if !(padded && divided) {
+    if !(padded && config.settings.rounds_by_divisions()) {
         return search;
     }
     let mut undivided = config.clone();

@@ -70,34 +70,36 @@ pub(super) fn check_snapshot_start(head: &[u8], source: &str) -> Result<(), Trac
             }),
         ));
     }
-    // (A panic in the decoder, a bug, is caught as in `decode_pickle`.)
-    let detail = match catch_unwind(|| check_start(head)) {
-        Ok(Ok(())) => return Ok(()),
-        Ok(Err(detail)) => detail,
-        Err(_) => "the decoder failed on these bytes".into(),
-    };
-    Err(not_pickle(source, kind().unwrap_or(detail)))
+    run_decoder(head, source, || check_start(head))
 }
 
 /// The opcode that begins a pickle of protocol 2 or later, with the protocol's number.
 const PROTO: u8 = 0x80;
 
-/// Decode any pickle, turning every failure into an error (a panic in the decoder, which would
-/// be a bug, is caught as well: user input must never abort the program).
+/// Decode any pickle, turning every failure into an error.
 fn decode_pickle(bytes: &[u8], source: &str) -> Result<Pickle, TraceError> {
-    let not_pickle = |detail: String| not_pickle(source, detail);
     if bytes.is_empty() {
-        return Err(not_pickle("the file is empty".into()));
+        return Err(not_pickle(source, "the file is empty".into()));
     }
-    let detail = match catch_unwind(AssertUnwindSafe(|| decode(bytes))) {
-        Ok(Ok(pickle)) => return Ok(pickle),
+    run_decoder(bytes, source, || decode(bytes))
+}
+
+/// Run `decoder` over `bytes`, turning every failure into an error (a panic in the decoder,
+/// which would be a bug, is caught as well: user input must never abort the program).
+fn run_decoder<T>(
+    bytes: &[u8],
+    source: &str,
+    decoder: impl FnOnce() -> Result<T, String>,
+) -> Result<T, TraceError> {
+    let detail = match catch_unwind(AssertUnwindSafe(decoder)) {
+        Ok(Ok(decoded)) => return Ok(decoded),
         Ok(Err(detail)) => detail,
         Err(_) => "the decoder failed on these bytes".into(),
     };
     // A file of another kind is named for what it is; a damaged pickle of the binary protocols
     // PyTorch writes keeps the decoder's account of where it broke (a damaged protocol-0
     // pickle, which is text, is called text).
-    Err(not_pickle(foreign_kind(bytes).unwrap_or(detail)))
+    Err(not_pickle(source, foreign_kind(bytes).unwrap_or(detail)))
 }
 
 /// What a file that did not decode as a pickle is, when it is a kind people mistake for a

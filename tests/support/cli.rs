@@ -3,15 +3,20 @@
 use cachealloc::config::ConfigSource;
 use std::process::{Command, Output};
 
-/// Run the binary with `args` and `vars` set (and no other library variable from the caller's
-/// environment).
-pub fn cachealloc_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
+/// The binary, without the caller's library variables (which configure the preloaded library;
+/// a replay only mentions them).
+pub fn command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
-    // The variables that configure the preloaded library, which a replay only mentions.
     for source in ConfigSource::PRECEDENCE {
         command.env_remove(source.name());
     }
     command
+}
+
+/// Run the binary with `args` and `vars` set (and no other library variable from the caller's
+/// environment).
+pub fn cachealloc_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    command()
         .args(args)
         .envs(vars.iter().copied())
         .output()
