@@ -1124,6 +1124,66 @@ fn an_oom_is_replayed_with_expandable_segments_too() {
     );
     assert!(text.contains(" segment maps, 4 retries"), "{text}");
     assert!(!text.contains("With expandable segments (--conf"), "{text}");
+    // A replay with them is tried without them.
+    assert!(
+        text.contains("Without expandable segments (--conf '') it runs out of memory too"),
+        "{text}"
+    );
+}
+
+/// After an out-of-memory with expandable segments, the replay is tried without them. Here a
+/// 1010 MiB block mapped 51 pages of 20 MiB on a 1 GiB device; a 12 MiB request needs a page
+/// more than the 4 MiB free, where a native segment of 12 MiB fits beside a 1010 MiB one. The
+/// report says that pages stood in the way, and the trial that native segments fit.
+#[test]
+fn an_oom_with_expandable_segments_is_replayed_without_them() {
+    let (base, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let lines = [
+        r#"{"format":"cachealloc-trace","version":4,"pid":1,"devices":[0],"settings":"expandable_segments:True","free_sync":"device"}"#.to_string(),
+        format!(r#"{{"t_us":1,"device":0,"action":"device_memory","addr":0,"size":{},"stream":0}}"#, 1024 * mib),
+        format!(r#"{{"t_us":2,"device":0,"action":"range_reserve","addr":{base},"size":{},"stream":0,"page":{}}}"#, 1160 * mib, 20 * mib),
+        format!(r#"{{"t_us":3,"device":0,"action":"segment_map","addr":{base},"size":{},"stream":0}}"#, 1020 * mib),
+        format!(r#"{{"t_us":4,"device":0,"action":"alloc","addr":{base},"size":{},"stream":0}}"#, 1010 * mib),
+        format!(r#"{{"t_us":5,"device":0,"action":"retry","addr":0,"size":{},"stream":0}}"#, 12 * mib),
+        format!(r#"{{"t_us":6,"device":0,"action":"oom","addr":0,"size":{},"stream":0,"device_free":{},"requested":{}}}"#, 12 * mib, 4 * mib, 12 * mib),
+        r#"{"t_us":7,"device":0,"action":"end","addr":0,"size":0,"stream":0}"#.to_string(),
+    ];
+    let path = std::env::temp_dir().join(format!("cachealloc-pages-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let p = path.to_str().unwrap();
+    let j = json(&cachealloc(&["replay", p, "--faithful", "--json"]));
+    assert_eq!(j["num_ooms"], 1, "{j}");
+    let text = j["first_oom_report"]["text"].as_str().unwrap();
+    assert!(
+        text.contains(
+            "Expandable segments grow by whole pages: the 20.00 MiB of pages it needed next are \
+             more than the device has free."
+        ) && text.contains("Another setting to try: expandable_segments:False (the default)"),
+        "{text}"
+    );
+    let trial = &j["expandable_segments_trial"];
+    assert_eq!(trial["expandable_segments"], false, "{j}");
+    assert_eq!(trial["conf"], "", "the defaults");
+    assert_eq!(trial["fits"], true, "{j}");
+    // The trial's claim holds: replayed with its --conf, the recording has no OOM.
+    let again = json(&cachealloc(&[
+        "replay",
+        p,
+        "--faithful",
+        "--conf",
+        "",
+        "--json",
+    ]));
+    assert_eq!(again["num_ooms"], 0, "{again}");
+    assert_eq!(again["expandable_segments"], false, "{again}");
+    let out = cachealloc(&["replay", p, "--faithful"]);
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        summary
+            .contains("Without expandable segments (--conf '') it runs without an out-of-memory"),
+        "{summary}"
+    );
+    std::fs::remove_file(&path).unwrap();
 }
 
 /// A program that resets its device loses its expandable segments' ranges without unmaps; the

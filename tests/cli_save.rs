@@ -98,6 +98,13 @@ fn a_saved_synthetic_run_replays_to_the_same_figures() {
     );
     assert_eq!(faithful["capacity_bytes"].as_u64(), Some(1 << 30));
     assert_eq!(faithful["allocs_at_recorded_addr"], faithful["allocs"]);
+    // The refused request is asked for again as the program asked, not as its settings rounded
+    // it (roundup_power2_divisions:4 rounds it up here): a replay under other settings must
+    // round it its own way.
+    let again = &faithful["first_oom_report"];
+    assert_ne!(oom["requested_bytes"], oom["rounded_bytes"], "{oom}");
+    assert_eq!(again["requested_bytes"], oom["requested_bytes"], "{again}");
+    assert_eq!(again["rounded_bytes"], oom["rounded_bytes"], "{again}");
     std::fs::remove_file(&path).unwrap();
 }
 

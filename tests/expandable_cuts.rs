@@ -130,10 +130,12 @@ fn entry(event: &PoolEvent, call_site: CallSite) -> Option<TraceEntry> {
         PoolEvent::SegmentUnmap { ptr, size, stream } => {
             e(Action::SegmentUnmap, ptr.addr(), size, stream)
         }
+        // PyTorch's trace has the rounded request only.
         PoolEvent::Oom {
             size,
             stream,
             device_free,
+            ..
         } => TraceEntry {
             device_free: Some(device_free),
             ..e(Action::Oom, 0, size, stream)

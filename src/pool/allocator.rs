@@ -124,6 +124,9 @@ pub struct DeviceAllocator<B: Backend> {
     gc_searches_counted: u64,
     /// Whether any `roundup_power2_divisions` entry is in force (else rounding is to 512 B).
     divided_rounding: bool,
+    /// With expandable segments: the bytes of pages the device last refused to map for the
+    /// request being served (0 when none), for its out-of-memory report.
+    pub(super) refused_map: u64,
     pub(super) sink: Option<Box<dyn EventSink>>,
 }
 
@@ -157,6 +160,7 @@ impl<B: Backend> DeviceAllocator<B> {
             large_searches: 0,
             gc_searches_counted: 0,
             divided_rounding,
+            refused_map: 0,
             sink: None,
         }
     }
@@ -563,6 +567,7 @@ impl<B: Backend> DeviceAllocator<B> {
             });
         }
         let alloc_size = segment_size(rounded);
+        self.refused_map = 0;
         if let Some(max) = self.allowed_maximum
             && self.total_reserved.saturating_add(alloc_size) > max
         {
@@ -850,6 +855,7 @@ impl<B: Backend> DeviceAllocator<B> {
         self.stats.counts.num_ooms += 1;
         self.emit(|| PoolEvent::Oom {
             size: rounded,
+            requested: size,
             stream,
             device_free: info.free,
         });
@@ -915,12 +921,22 @@ impl<B: Backend> DeviceAllocator<B> {
             largest_free_blocks: free_sizes,
             free_blocks,
             pool_largest_free_block: own_largest.max(other_streams_largest_free_block),
+            large_pool_largest_free_block: self
+                .large
+                .streams
+                .iter()
+                .filter_map(|(_, index)| index.iter_desc().next())
+                .map(|e| e.size)
+                .max()
+                .unwrap_or(0),
             other_streams_free: other_streams.iter().map(|&(size, _)| size).sum(),
             other_streams_largest_free_block,
             other_stream_fit,
             own_stream_fit,
             max_split_size: self.settings.max_split_size,
+            rounds_by_divisions: self.divided_rounding,
             expandable_segments: self.settings.expandable_segments,
+            refused_map: (self.refused_map > 0).then_some(self.refused_map),
         }))
     }
 }

@@ -69,9 +69,11 @@ pub enum PoolEvent {
     /// after a `RangeReserve`) or its `Oom` follows — or nothing, after a device error other
     /// than out of memory.
     Retry { size: u64, stream: StreamId },
-    /// An allocation failed after the whole ladder: `size` is the rounded request.
+    /// An allocation failed after the whole ladder: `size` is the rounded request (as in
+    /// PyTorch's trace), `requested` what the program asked for.
     Oom {
         size: u64,
+        requested: u64,
         stream: StreamId,
         device_free: u64,
     },

@@ -284,7 +284,10 @@ impl<B: Backend> DeviceAllocator<B> {
         let ptr = DevicePtr::new(b.addr).expect("blocks never start at address 0");
         match self.backend.map_pages(ptr, len) {
             Ok(()) => {}
-            Err(BackendError::OutOfMemory) => return Ok(None),
+            Err(BackendError::OutOfMemory) => {
+                self.refused_map = len;
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         }
         self.unmapped.remove(&b);

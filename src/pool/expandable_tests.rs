@@ -271,3 +271,31 @@ fn segment_of_an_expandable_block_is_its_whole_reserved_range() {
         "unmapped pages of the range"
     );
 }
+
+/// A request refused because the pages it needs do not fit is reported with the pages the
+/// device refused: a 1010 MiB block mapped 51 pages of a 1 GiB device (1020 MiB), and a 12 MiB
+/// request needs one more, with 4 MiB free.
+#[test]
+fn an_out_of_memory_report_names_the_pages_the_device_refused() {
+    let mut p = expandable_pool(GIB);
+    let _big = alloc(&mut p, 1010 * MIB);
+    let Error::OutOfMemory(report) = p.malloc(12 * MIB, S0).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.refused_map, Some(20 * MIB));
+    assert_eq!(report.device_free, 4 * MIB);
+    assert!(
+        report
+            .to_string()
+            .contains("the 20.00 MiB of pages it needed next are more than the device has free"),
+        "{report}"
+    );
+    // A request that maps what it needs reports no refused pages.
+    let mut p = expandable_pool(GIB);
+    let _big = alloc(&mut p, 1000 * MIB);
+    assert!(p.malloc(12 * MIB, S0).is_ok());
+    let Error::OutOfMemory(report) = p.malloc(100 * MIB, S0).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.refused_map, Some(100 * MIB));
+}

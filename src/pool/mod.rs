@@ -26,6 +26,8 @@ pub mod types;
 mod validate;
 
 #[cfg(test)]
+mod boundary_tests;
+#[cfg(test)]
 mod expandable_tests;
 #[cfg(test)]
 mod tests;

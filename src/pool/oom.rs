@@ -56,7 +56,7 @@
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
 
 use super::format::format_size;
-use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER};
+use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use super::types::{DeviceId, StreamId};
 use std::fmt;
 
@@ -112,10 +112,18 @@ pub struct OomReport {
     /// frees pending on other streams' work completed while the request failed (the pool
     /// synchronizes before returning memory), after the search PyTorch does not repeat.
     pub own_stream_fit: Option<u64>,
+    /// The largest free cached block of the large pool (any stream; 0 when none). For a request
+    /// of the small pool: memory that goes back to the device only as whole segments.
+    pub large_pool_largest_free_block: u64,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
+    /// `roundup_power2_divisions` round blocks up beyond 512 bytes.
+    pub rounds_by_divisions: bool,
     /// Expandable segments were on: blocks of any size are split, and memory grows by pages.
     pub expandable_segments: bool,
+    /// With expandable segments: the pages the pool last tried to map for the request, which
+    /// the device refused (whole pages); `None` when no map was refused.
+    pub refused_map: Option<u64>,
 }
 
 /// What an OOM was caused by, with the numbers that show it.
@@ -144,6 +152,16 @@ pub enum OomHint {
         available: u64,
         /// `needed - available`.
         missing: u64,
+        /// Memory outside cachealloc, when the requests fit in what this process may use only
+        /// without it (0 when they fit in `available`).
+        held_outside: u64,
+        /// What this process may use (the device, or the fraction limit).
+        limit: u64,
+        /// The settings in force that decide the padding: `roundup_power2_divisions` set, the
+        /// `max_split_size_mb` (when set), expandable segments.
+        divisions: bool,
+        max_split_size_mb: Option<u64>,
+        expandable_segments: bool,
     },
     /// The segment a new block for the request needs is larger than all the memory this
     /// process may use (the device, or the fraction limit): not fragmentation.
@@ -180,14 +198,19 @@ pub enum OomHint {
         segment: u64,
         /// The largest free cached block of the request's pool (0 when none).
         largest_free_block: u64,
+        /// For a request of the small pool, the large pool's largest free cached block (0 when
+        /// none, and for a large request): it lies in a segment still in use.
+        large_pool_free_block: u64,
         /// The `max_split_size_mb` to try (the largest standard value at or below the largest
-        /// free block), or `None` when one at or below it is already set or every free block is
-        /// smaller than the smallest value.
+        /// free block; for a small request, the large pool's), or `None` when one at or below
+        /// it is already set or every such block is smaller than the smallest value.
         suggested_max_split_size_mb: Option<u64>,
         /// The `max_split_size_mb` in force, when set.
         current_max_split_size_mb: Option<u64>,
         /// Expandable segments were on (`max_split_size` then splits nothing whole).
         expandable_segments: bool,
+        /// As in `OomReport`: the pages the device refused to map for it.
+        refused_map: Option<u64>,
     },
     /// A free block of the request's stream would serve it now: it became free only while the
     /// request failed (pending frees completed when the pool synchronized), and PyTorch does
@@ -271,12 +294,7 @@ impl OomReport {
             };
         }
         if needed > limit {
-            return OomHint::Padding {
-                requested,
-                needed,
-                available,
-                missing: needed - available,
-            };
+            return self.padding(requested, needed, available, limit);
         }
         // What the device has free, as far as the fraction limit lets this process use it.
         let usable_free = self.device_free.min(limit.saturating_sub(self.reserved));
@@ -308,19 +326,38 @@ impl OomReport {
             };
         }
         if needed > obtainable {
+            // Memory outside cachealloc holds part of what the blocks need; when the requests
+            // alone fit, their blocks' padding is what settings can take away.
+            if requested <= obtainable {
+                return self.padding(requested, needed, available, limit);
+            }
             return OomHint::Untracked {
                 untracked: self.untracked(),
                 missing: needed - obtainable,
                 fraction_limit: None,
             };
         }
-        let current_mb = (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB);
+        let current_mb = self.max_split_size_mb();
         let largest_free_block = self.pool_largest_free_block;
-        // None when every free block is below the smallest value: no setting keeps such
+        // A small request cannot use the large pool's free memory, but that memory goes back
+        // to the device when it is a whole segment, which max_split_size_mb keeps it.
+        let small_pool = self.rounded <= SMALL_SIZE;
+        let large_pool_free_block = if small_pool {
+            self.large_pool_largest_free_block
+        } else {
+            0
+        };
+        let basis = match (small_pool, self.expandable_segments) {
+            (false, _) => largest_free_block,
+            (true, false) => large_pool_free_block,
+            // The ladder has unmapped every free page already.
+            (true, true) => 0,
+        };
+        // None when every such block is below the smallest value: no setting keeps such
         // pieces whole.
         let suggested = MAX_SPLIT_LADDER_MB
             .into_iter()
-            .find(|&mb| mb * MIB <= largest_free_block);
+            .find(|&mb| mb * MIB <= basis);
         OomHint::Fragmentation {
             request: self.rounded,
             unallocated: self.unallocated(),
@@ -328,9 +365,36 @@ impl OomReport {
             fraction_capped,
             segment: self.alloc_size,
             largest_free_block,
+            large_pool_free_block,
             suggested_max_split_size_mb: suggested
                 .filter(|&mb| current_mb.is_none_or(|current| current > mb)),
             current_max_split_size_mb: current_mb,
+            expandable_segments: self.expandable_segments,
+            refused_map: self.refused_map.filter(|_| self.expandable_segments),
+        }
+    }
+
+    /// The `max_split_size_mb` in force, when set.
+    fn max_split_size_mb(&self) -> Option<u64> {
+        (self.max_split_size != u64::MAX).then_some(self.max_split_size / MIB)
+    }
+
+    /// The padding hint: the requests fit in `limit` (and in `available` unless memory outside
+    /// cachealloc stands in the way too), their blocks (`needed`) do not.
+    fn padding(&self, requested: u64, needed: u64, available: u64, limit: u64) -> OomHint {
+        OomHint::Padding {
+            requested,
+            needed,
+            available,
+            missing: needed - available,
+            held_outside: if requested > available {
+                self.untracked()
+            } else {
+                0
+            },
+            limit,
+            divisions: self.rounds_by_divisions,
+            max_split_size_mb: self.max_split_size_mb(),
             expandable_segments: self.expandable_segments,
         }
     }
@@ -367,10 +431,48 @@ impl OomHint {
     /// memory, a segment's size, memory held outside the allocator, or the fraction limit,
     /// which the hint itself names.
     pub fn settings_may_help(&self) -> bool {
-        matches!(
-            self,
-            OomHint::Fragmentation { .. } | OomHint::OtherStream { .. } | OomHint::Padding { .. }
-        )
+        match self {
+            OomHint::OtherStream { .. } => true,
+            OomHint::Padding { .. } => !self.padding_settings().is_empty(),
+            // (A small request without a suggestion is told that no setting helps.)
+            OomHint::Fragmentation {
+                segment,
+                suggested_max_split_size_mb,
+                ..
+            } => *segment != SMALL_BUFFER || suggested_max_split_size_mb.is_some(),
+            _ => false,
+        }
+    }
+
+    /// For a padding hint, the settings that would pad less (empty for the other hints).
+    fn padding_settings(&self) -> Vec<&'static str> {
+        let OomHint::Padding {
+            divisions,
+            expandable_segments,
+            ..
+        } = *self
+        else {
+            return Vec::new();
+        };
+        let mut settings = Vec::new();
+        if divisions {
+            settings.push("fewer roundup_power2_divisions, or none");
+        }
+        if !expandable_segments {
+            settings.push(
+                "expandable_segments:True, under which the rest of a block, 512 bytes or more, \
+                 is always split off",
+            );
+        }
+        settings
+    }
+}
+
+/// What the `max_split_size_mb` a hint suggests does to the settings in force.
+fn suggested_in(current: Option<u64>) -> String {
+    match current {
+        Some(mb) => format!("in place of max_split_size_mb:{mb}"),
+        None => "added to the other settings in force".to_string(),
     }
 }
 
@@ -449,21 +551,74 @@ impl fmt::Display for OomHint {
                 needed,
                 available,
                 missing,
-            } => write!(
-                f,
-                "Not fragmentation, but blocks larger than their requests: live allocations plus \
-                 this request asked for {}, which fits in the {} this process can use, but the \
-                 blocks that hold them take {}, {} short. A block is larger than its request \
-                 when its size is rounded up (roundup_power2_divisions pads it further), when a \
-                 cached block of max_split_size_mb or more is handed out whole, or when the rest \
-                 of a large block, 1 MiB or less, is not split off. Settings that round less may \
-                 make room{}.",
-                format_size(requested),
-                format_size(available),
-                format_size(needed),
-                format_size(missing),
-                replay_pointer(f, SHOWS_SETTINGS)
-            ),
+                held_outside,
+                limit,
+                divisions,
+                max_split_size_mb,
+                expandable_segments,
+            } => {
+                if held_outside == 0 {
+                    write!(
+                        f,
+                        "Not fragmentation, but blocks larger than their requests: live \
+                         allocations plus this request asked for {}, which fits in the {} this \
+                         process can use, but the blocks that hold them take {}, {} short. ",
+                        format_size(requested),
+                        format_size(available),
+                        format_size(needed),
+                        format_size(missing),
+                    )?;
+                } else {
+                    write!(
+                        f,
+                        "Not fragmentation, but blocks larger than their requests, and memory \
+                         outside cachealloc: live allocations plus this request asked for {}, \
+                         which fits in the {} this process may use only without the {} held \
+                         outside cachealloc (free that memory too), and the blocks that hold \
+                         them take {}, {} more than this process can use. ",
+                        format_size(requested),
+                        format_size(limit),
+                        format_size(held_outside),
+                        format_size(needed),
+                        format_size(missing),
+                    )?;
+                }
+                // What makes a block larger than its request under the settings in force.
+                let mut causes = Vec::new();
+                if divisions {
+                    causes.push(
+                        "roundup_power2_divisions round its size up beyond 512 bytes".to_string(),
+                    );
+                }
+                if let Some(mb) = max_split_size_mb.filter(|_| !expandable_segments) {
+                    causes.push(format!(
+                        "a request of {mb} MiB or more (max_split_size_mb) takes a cached block \
+                         up to max_non_split_rounding_mb larger whole"
+                    ));
+                }
+                if !expandable_segments {
+                    causes
+                        .push("the rest of a large block, 1 MiB or less, is not split off".into());
+                }
+                if let Some((last, rest)) = causes.split_last() {
+                    let mut when = rest.join(", when ");
+                    if !rest.is_empty() {
+                        when += ", or when ";
+                    }
+                    write!(f, "A block is larger than its request when {when}{last}. ")?;
+                }
+                let settings = self.padding_settings();
+                if settings.is_empty() {
+                    f.write_str("No setting pads less here: keep less memory alive.")
+                } else {
+                    write!(
+                        f,
+                        "Settings that pad less, to try: {}{}.",
+                        settings.join("; "),
+                        replay_pointer(f, SHOWS_SETTINGS)
+                    )
+                }
+            }
             OomHint::Untracked {
                 untracked,
                 missing,
@@ -515,9 +670,11 @@ impl fmt::Display for OomHint {
                 fraction_capped,
                 segment,
                 largest_free_block,
+                large_pool_free_block,
                 suggested_max_split_size_mb,
                 current_max_split_size_mb,
                 expandable_segments,
+                refused_map,
             } => {
                 write!(
                     f,
@@ -537,48 +694,61 @@ impl fmt::Display for OomHint {
                         format_size(largest_free_block)
                     )?;
                 }
-                if device_free >= request && device_free < segment {
-                    if expandable_segments {
-                        write!(
-                            f,
-                            "The device's free memory would hold the block itself, but growing \
-                             an expandable segment for it maps {} (whole pages). ",
-                            format_size(segment)
-                        )?;
-                    } else {
+                match refused_map {
+                    Some(map) => write!(
+                        f,
+                        "Expandable segments grow by whole pages: the {} of pages it needed next \
+                         are more than the device has free. ",
+                        format_size(map)
+                    )?,
+                    None if !expandable_segments
+                        && device_free >= request
+                        && device_free < segment =>
+                    {
                         write!(
                             f,
                             "The device's free memory would hold the block itself, but a new \
                              segment for it takes {} ({}). ",
                             format_size(segment),
                             segment_rule(segment)
-                        )?;
+                        )?
                     }
+                    None => {}
                 }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
                 let small_pool = segment == SMALL_BUFFER;
+                let instead = suggested_in(current_max_split_size_mb);
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
-                    // (No small-pool block reaches the smallest value: nothing is suggested.)
-                    (None, _) if small_pool => write!(
+                    // The large pool's free memory lies in segments still in use.
+                    (Some(mb), _) if small_pool => write!(
                         f,
                         "Requests of 1 MiB or less are served only from the small pool's 2 MiB \
+                         segments. The large pool's free memory cannot serve them, and goes back \
+                         to the device only as whole segments: its largest free block, {}, lies \
+                         in a segment still in use. A value to try: max_split_size_mb:{mb} \
+                         ({instead}): blocks of {mb} MiB or more are then never split, so free \
+                         memory that large stays in whole segments, which the pool returns to \
+                         the device when it needs a new one.{}",
+                        format_size(large_pool_free_block),
+                        replay_pointer(f, FINDS_VALUES)
+                    ),
+                    (None, _) if small_pool => f.write_str(
+                        "Requests of 1 MiB or less are served only from the small pool's 2 MiB \
                          segments, and no setting changes that; memory reserved in the large \
-                         pool serves only larger requests. Keep less memory alive{}.",
-                        replay_pointer(f, SHOWS_SETTINGS)
+                         pool serves only larger requests. Keep less memory alive.",
                     ),
                     (Some(mb), _) if expandable_segments => write!(
                         f,
-                        "A value to try: max_split_size_mb:{mb} (added to the other settings in \
-                         force): with expandable segments it splits nothing whole, but requests \
-                         smaller than {mb} MiB no longer take cached blocks of {mb} MiB or more, \
-                         which keeps such blocks for the large requests.{}",
+                        "A value to try: max_split_size_mb:{mb} ({instead}): with expandable \
+                         segments it splits nothing whole, but requests smaller than {mb} MiB no \
+                         longer take cached blocks of {mb} MiB or more, which keeps such blocks \
+                         for the large requests.{}",
                         replay_pointer(f, FINDS_VALUES)
                     ),
                     (Some(mb), _) => write!(
                         f,
-                        "A value to try: max_split_size_mb:{mb} (added to the other settings in \
-                         force): blocks of {mb} \
-                         MiB or more are then never split, so free memory is no longer left in \
+                        "A value to try: max_split_size_mb:{mb} ({instead}): blocks of {mb} MiB \
+                         or more are then never split, so free memory is no longer left in \
                          pieces that large cut from bigger segments, and when the device cannot \
                          supply a new segment, cached blocks of {mb} MiB or more that the \
                          request cannot use are released first.{}",
@@ -593,8 +763,14 @@ impl fmt::Display for OomHint {
                         f,
                         "Every free cached block is smaller than {smallest} MiB, the smallest \
                          max_split_size_mb, so no value keeps pieces this small whole. Keep less \
-                         memory alive or allocate the large tensors first, before small ones \
-                         split the segments{}.",
+                         memory alive{}{}.",
+                        // (Pages, not the order of allocation, stood in the way.)
+                        if refused_map.is_some() {
+                            ""
+                        } else {
+                            " or allocate the large tensors first, before small ones split the \
+                             segments"
+                        },
                         replay_pointer(
                             f,
                             "; `cachealloc replay` of a recorded trace shows whether any \
@@ -606,6 +782,21 @@ impl fmt::Display for OomHint {
                     f.write_str(
                         " Another setting to try: expandable_segments:True, PyTorch's advice \
                          when memory reserved but unallocated is large.",
+                    )?;
+                }
+                if !expandable_segments && small_pool && suggested_max_split_size_mb.is_some() {
+                    f.write_str(
+                        " Another setting to try: expandable_segments:True, under which the \
+                         free pages of any segment go back to the device.",
+                    )?;
+                }
+                // (Reserved but unallocated plus free: what native segments might have left.)
+                if refused_map.is_some() && segment <= unallocated.saturating_add(device_free) {
+                    write!(
+                        f,
+                        " Another setting to try: expandable_segments:False (the default), under \
+                         which a new segment for this block takes {}, not whole pages.",
+                        format_size(segment)
                     )?;
                 }
                 Ok(())
@@ -638,15 +829,19 @@ impl fmt::Display for OomReport {
             format_size(self.allocated),
             format_size(self.unallocated())
         )?;
-        writeln!(
+        write!(
             f,
-            "Request: {} ({} bytes) on stream {:#x}, rounded to a {} block, needing a {} segment.",
+            "Request: {} ({} bytes) on stream {:#x}, rounded to a {} block, ",
             format_size(self.requested),
             self.requested,
             self.stream.0,
             format_size(self.rounded),
-            format_size(self.alloc_size)
         )?;
+        if self.expandable_segments {
+            writeln!(f, "in pages mapped into an expandable segment.")?;
+        } else {
+            writeln!(f, "needing a {} segment.", format_size(self.alloc_size))?;
+        }
         writeln!(
             f,
             "Memory not tracked by cachealloc (other processes, CUDA contexts, other \
@@ -714,7 +909,10 @@ mod tests {
             other_streams_largest_free_block: 0,
             other_stream_fit: None,
             own_stream_fit: None,
+            large_pool_largest_free_block: 600 * MIB,
             max_split_size: u64::MAX,
+            rounds_by_divisions: false,
+            refused_map: None,
         }
     }
 
@@ -832,6 +1030,11 @@ mod tests {
                 needed: 81 * GIB,
                 available: 79 * GIB + 768 * MIB,
                 missing: 1280 * MIB,
+                held_outside: 0,
+                limit: 80 * GIB,
+                divisions: false,
+                max_split_size_mb: None,
+                expandable_segments: false,
             }
         );
         assert!(hint.settings_may_help());
@@ -899,34 +1102,68 @@ mod tests {
         );
     }
 
-    /// With expandable segments, memory grows by whole pages: a free amount that would hold the
-    /// block but not the pages it needs is named as such.
+    /// With expandable segments, memory grows by whole pages: a request refused because its
+    /// pages do not fit is told so, whatever its size, and told that a native segment would fit
+    /// when it would (a 1010 MiB block mapped 51 pages of a 1 GiB device, and a 12 MiB request
+    /// needs a page more than the 10 MiB free at the range's end).
     #[test]
     fn an_expandable_segment_growing_by_more_than_is_free_is_named() {
         let report = OomReport {
-            allocated: 16 * MIB,
-            live_requested: 16 * MIB,
-            reserved: 20 * MIB,
-            device_total: 30 * MIB,
-            device_free: 10 * MIB,
-            requested: 7 * MIB,
-            rounded: 7 * MIB,
-            alloc_size: 20 * MIB,
-            largest_free_blocks: vec![4 * MIB],
+            allocated: 1010 * MIB,
+            live_requested: 1010 * MIB,
+            reserved: 1020 * MIB,
+            device_total: GIB,
+            device_free: 4 * MIB,
+            requested: 12 * MIB,
+            rounded: 12 * MIB,
+            alloc_size: 12 * MIB,
+            largest_free_blocks: vec![10 * MIB],
             free_blocks: 1,
-            pool_largest_free_block: 4 * MIB,
-            max_split_size: u64::MAX,
+            pool_largest_free_block: 10 * MIB,
+            large_pool_largest_free_block: 10 * MIB,
             expandable_segments: true,
+            refused_map: Some(20 * MIB),
             ..fragmented()
         };
         let text = report.to_string();
         assert!(
             text.contains(
-                "The device's free memory would hold the block itself, but growing an expandable \
-                 segment for it maps 20.00 MiB (whole pages)."
+                "rounded to a 12.00 MiB block, in pages mapped into an expandable segment."
             ),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "Expandable segments grow by whole pages: the 20.00 MiB of pages it needed next \
+                 are more than the device has free."
+            ),
+            "{text}"
+        );
+        // Pages, not the order of allocation, stood in the way; a native segment of the
+        // request's size (12 MiB) might fit in the 14 MiB reserved but unallocated plus free.
+        assert!(!text.contains("allocate the large tensors first"), "{text}");
+        assert!(!text.contains("expandable_segments:True"), "{text}");
+        assert!(
+            text.ends_with(
+                "Another setting to try: expandable_segments:False (the default), under which a \
+                 new segment for this block takes 12.00 MiB, not whole pages."
+            ),
+            "{text}"
+        );
+        // Not when even that is too little.
+        let larger = OomReport {
+            requested: 16 * MIB,
+            rounded: 16 * MIB,
+            alloc_size: 16 * MIB,
+            ..report.clone()
+        };
+        assert!(!larger.to_string().contains("expandable_segments:False"));
+        // Without a refused map there is nothing to say of pages.
+        let mapped = OomReport {
+            refused_map: None,
+            ..report
+        };
+        assert!(!mapped.to_string().contains("whole pages"));
     }
 
     /// A request of the small pool cannot use the large pool's free memory, whatever the
@@ -939,8 +1176,12 @@ mod tests {
             alloc_size: SMALL_BUFFER,
             device_free: MIB,
             pool_largest_free_block: 0,
+            // Too small a piece for any max_split_size_mb to keep whole.
+            large_pool_largest_free_block: 16 * MIB,
             ..fragmented()
         };
+        // So no setting helps, and the report does not point to a search for one.
+        assert!(!report.hint().settings_may_help());
         let text = report.to_string();
         assert!(
             text.contains("no block of its pool is cached free."),
@@ -956,6 +1197,177 @@ mod tests {
         );
         assert!(!text.contains("allocate the large tensors first"), "{text}");
         assert!(!text.contains("expandable_segments"), "{text}");
+        assert!(!text.contains("cachealloc replay"), "{text}");
+    }
+
+    /// A small request fails while the large pool's free memory lies in a segment still in use
+    /// (a 1000 MiB segment split by a 500 MiB request): a max_split_size_mb keeps such memory in
+    /// whole segments, which the pool returns to the device, so it is the value to try.
+    #[test]
+    fn a_small_request_gets_a_value_that_keeps_the_large_pools_free_memory_whole() {
+        let report = OomReport {
+            requested: 500 * 1024,
+            rounded: 500 * 1024,
+            alloc_size: SMALL_BUFFER,
+            device_total: GIB,
+            device_free: MIB,
+            allocated: 500 * MIB,
+            live_requested: 500 * MIB,
+            reserved: 1000 * MIB,
+            largest_free_blocks: vec![500 * MIB],
+            free_blocks: 1,
+            pool_largest_free_block: 0,
+            large_pool_largest_free_block: 500 * MIB,
+            ..fragmented()
+        };
+        let hint = report.hint();
+        assert_eq!(report.suggested_max_split_size_mb(), Some(256));
+        assert!(hint.settings_may_help());
+        let text = hint.to_string();
+        assert!(
+            text.contains(
+                "The large pool's free memory cannot serve them, and goes back to the device only \
+                 as whole segments: its largest free block, 500.00 MiB, lies in a segment still \
+                 in use. A value to try: max_split_size_mb:256 (added to the other settings in \
+                 force)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("no setting changes that"), "{text}");
+        assert!(
+            text.ends_with(
+                "Another setting to try: expandable_segments:True, under which the free pages of \
+                 any segment go back to the device."
+            ),
+            "{text}"
+        );
+        // A value already in force is replaced, not added to.
+        let set = OomReport {
+            max_split_size: 1024 * MIB,
+            ..report
+        };
+        assert!(
+            set.to_string()
+                .contains("max_split_size_mb:256 (in place of max_split_size_mb:1024)"),
+            "{set}"
+        );
+    }
+
+    /// Memory outside cachealloc does not hide padding: when the requests fit in what this
+    /// process can obtain and their blocks do not, the blocks are what settings can change.
+    #[test]
+    fn padding_is_named_when_memory_outside_cachealloc_also_stands_in_the_way() {
+        // A 1 GiB device with 200 MiB held outside; 300 + 300 + 200 MiB asked for, in blocks
+        // of 384 + 384 + 256 MiB under roundup_power2_divisions:2.
+        let report = OomReport {
+            device_total: GIB,
+            device_free: 56 * MIB,
+            allocated: 768 * MIB,
+            live_requested: 600 * MIB,
+            reserved: 768 * MIB,
+            requested: 200 * MIB,
+            rounded: 256 * MIB,
+            alloc_size: 256 * MIB,
+            largest_free_blocks: vec![],
+            free_blocks: 0,
+            pool_largest_free_block: 0,
+            large_pool_largest_free_block: 0,
+            rounds_by_divisions: true,
+            ..fragmented()
+        };
+        assert_eq!(report.untracked(), 200 * MIB);
+        let hint = report.hint();
+        assert_eq!(
+            hint,
+            OomHint::Padding {
+                requested: 800 * MIB,
+                needed: GIB,
+                available: 824 * MIB,
+                missing: 200 * MIB,
+                held_outside: 0,
+                limit: GIB,
+                divisions: true,
+                max_split_size_mb: None,
+                expandable_segments: false,
+            }
+        );
+        let text = hint.to_string();
+        assert!(
+            text.contains(
+                "A block is larger than its request when roundup_power2_divisions round its size \
+                 up beyond 512 bytes, or when the rest of a large block, 1 MiB or less, is not \
+                 split off. Settings that pad less, to try: fewer roundup_power2_divisions, or \
+                 none; expandable_segments:True"
+            ),
+            "{text}"
+        );
+        // Requests that fit only without the memory held outside: both causes are named.
+        let more = OomReport {
+            requested: 300 * MIB,
+            rounded: 384 * MIB,
+            alloc_size: 384 * MIB,
+            ..report
+        };
+        let text = more.hint().to_string();
+        assert!(
+            text.contains(
+                "asked for 900.00 MiB, which fits in the 1024.00 MiB this process may use only \
+                 without the 200.00 MiB held outside cachealloc (free that memory too), and the \
+                 blocks that hold them take 1.12 GiB, 328.00 MiB more than this process can use."
+            ),
+            "{text}"
+        );
+    }
+
+    /// Under the default settings only unsplit remainders pad a block: the hint names that
+    /// cause and expandable segments, not roundup_power2_divisions, which are not set.
+    #[test]
+    fn a_padding_hint_names_only_the_causes_the_settings_allow() {
+        let report = OomReport {
+            allocated: 79 * GIB + 512 * MIB,
+            live_requested: 79 * GIB,
+            reserved: 79 * GIB + 512 * MIB,
+            device_free: 512 * MIB,
+            requested: 800 * MIB - 512,
+            rounded: 800 * MIB,
+            alloc_size: 800 * MIB,
+            ..fragmented()
+        };
+        let text = report.hint().to_string();
+        assert!(matches!(report.hint(), OomHint::Padding { .. }), "{text}");
+        assert!(!text.contains("roundup_power2_divisions"), "{text}");
+        assert!(!text.contains("max_split_size_mb"), "{text}");
+        assert!(
+            text.contains(
+                "A block is larger than its request when the rest of a large block, 1 MiB or \
+                 less, is not split off. Settings that pad less, to try: expandable_segments:True"
+            ),
+            "{text}"
+        );
+        // A max_split_size_mb in force hands blocks out whole to requests at or above it.
+        let split_limited = OomReport {
+            max_split_size: 512 * MIB,
+            ..report
+        };
+        let text = split_limited.hint().to_string();
+        assert!(
+            text.contains(
+                "when a request of 512 MiB or more (max_split_size_mb) takes a cached block up \
+                 to max_non_split_rounding_mb larger whole, or when the rest"
+            ),
+            "{text}"
+        );
+        // With expandable segments and no divisions, nothing pads a block: no setting to try.
+        let expandable = OomReport {
+            expandable_segments: true,
+            ..split_limited
+        };
+        let hint = expandable.hint();
+        assert!(!hint.settings_may_help(), "{hint}");
+        assert!(
+            hint.to_string()
+                .ends_with("No setting pads less here: keep less memory alive.")
+        );
     }
 
     #[test]
@@ -1034,6 +1446,7 @@ mod tests {
             live_requested: 39 * GIB,
             reserved: 40 * GIB,
             device_free: 10 * GIB,
+            requested: 12 * GIB,
             rounded: 12 * GIB,
             alloc_size: 12 * GIB,
             largest_free_blocks: vec![],
@@ -1098,9 +1511,11 @@ mod tests {
                 fraction_capped: false,
                 segment: 1000 * MIB,
                 largest_free_block: 600 * MIB,
+                large_pool_free_block: 0,
                 suggested_max_split_size_mb: Some(512),
                 current_max_split_size_mb: None,
                 expandable_segments: false,
+                refused_map: None,
             }
         );
         let expected = [

@@ -783,3 +783,30 @@ fn many_equal_free_blocks_are_reused_lowest_address_first() {
         "no segment added while blocks were free"
     );
 }
+
+/// A small request that fails while the large pool's free memory lies in a segment still in use
+/// is pointed to a max_split_size_mb at or below that memory, and the value works: the 500 MiB
+/// request then takes a segment of its own, the 1000 MiB cached one is returned to the device,
+/// and the small request gets its 2 MiB segment.
+#[test]
+fn a_small_request_is_pointed_to_the_large_pools_split_free_memory() {
+    let run = |settings: Settings| {
+        let mut p = pool_with(1001 * MIB, settings);
+        let big = alloc(&mut p, 1000 * MIB);
+        free(&mut p, big);
+        let _half = alloc(&mut p, 500 * MIB);
+        let small = p.malloc(500 * 1024, S0);
+        p.validate().unwrap();
+        small
+    };
+    let Error::OutOfMemory(report) = run(Settings::default()).unwrap_err() else {
+        panic!("expected an out-of-memory error")
+    };
+    assert_eq!(report.large_pool_largest_free_block, 500 * MIB);
+    assert_eq!(report.suggested_max_split_size_mb(), Some(256));
+    let settings = Settings {
+        max_split_size: 256 * MIB,
+        ..Settings::default()
+    };
+    assert!(run(settings).is_ok(), "the suggested value serves it");
+}

@@ -171,33 +171,35 @@ pub fn search_after_oom(
     search
 }
 
-/// What replaying with expandable segments found, for a replay that ran out of memory without
-/// them (PyTorch's own out-of-memory message suggests them against fragmentation).
+/// What replaying with expandable segments switched found, for a replay that ran out of memory:
+/// on, for one without them (PyTorch's own out-of-memory message suggests them against
+/// fragmentation); off, for one with them (they grow by whole pages of 20 MiB, where a native
+/// segment is the request rounded to 2 MiB).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpandableTrial {
-    /// The replay's settings with `expandable_segments:True`, as in `FittingSetting::conf`.
+    /// Whether the trial had expandable segments (the opposite of the replay's setting).
+    pub expandable_segments: bool,
+    /// The replay's settings with expandable segments switched, as in `FittingSetting::conf`.
     pub conf: String,
     pub peak_reserved_bytes: u64,
-    /// Page maps.
+    /// Page maps, or cudaMalloc calls without expandable segments.
     pub num_device_alloc: u64,
     /// Its first OOM, counted like `OomAt::event_index`; `None`: it fits.
     pub first_oom_event_index: Option<usize>,
 }
 
-/// Replay `workload` with expandable segments on (other settings as in `config`); `None` when
-/// `config` has them on already, or the replay cannot start under them.
+/// Replay `workload` with expandable segments switched (other settings as in `config`); `None`
+/// when the replay cannot start so (a start state rebuilt from a snapshot of the other kind).
 pub fn try_expandable_segments(
     workload: &Workload,
     config: &ReplayConfig,
     start: Option<&StartLayout>,
 ) -> Option<ExpandableTrial> {
-    if config.settings.expandable_segments {
-        return None;
-    }
     let mut trial = config.clone();
-    trial.settings.expandable_segments = true;
+    trial.settings.expandable_segments = !config.settings.expandable_segments;
     let out = replay(workload, &trial, start).ok()?;
     Some(ExpandableTrial {
+        expandable_segments: trial.settings.expandable_segments,
         conf: settings_text(&trial.settings),
         peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
         num_device_alloc: out.stats.counts.num_device_alloc,
@@ -289,7 +291,9 @@ mod tests {
         assert!(trial.peak_reserved_bytes < unlimited.stats.reserved_bytes.all.peak as u64);
         let mut on = config.clone();
         on.settings.expandable_segments = true;
-        assert_eq!(try_expandable_segments(&workload, &on, None), None);
+        let off = try_expandable_segments(&workload, &on, None).unwrap();
+        assert!(!off.expandable_segments);
+        assert_eq!(off.conf, "", "the defaults");
     }
 
     /// Between fitting and exhaustion: no value fits, and the one named as getting furthest

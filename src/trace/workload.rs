@@ -30,7 +30,8 @@ pub enum Op {
     /// device are not counted as device calls.
     DeviceReset,
     /// A request that ran out of memory in the recording (it has no `Alloc`). With a capacity
-    /// set, replay retries it as a probe allocation.
+    /// set, replay retries it as a probe allocation. `size`: what the program asked for where
+    /// the recording says (a cachealloc trace), else the rounded request (PyTorch's trace).
     Oom {
         size: u64,
         stream: StreamId,

@@ -504,7 +504,8 @@ fn warn_fraction_without_memory(config: &ReplayConfig) {
 }
 
 /// After a replay that ran out of memory: the `max_split_size_mb` values that would have fit,
-/// and the replay with expandable segments when this one ran without them.
+/// and the replay with expandable segments switched (on when this one ran without them, off
+/// when with them).
 fn fits_after_oom(
     out: &cachealloc::trace::ReplayOutcome,
     workload: &cachealloc::trace::Workload,

@@ -130,8 +130,9 @@ pub struct ReplayJson {
     /// from the snapshot holds blocks that could not exist under them (null when there was no
     /// search).
     pub max_split_sizes_not_replayable: Option<Vec<u64>>,
-    /// When the replay ran out of memory without expandable segments: the same replay with
-    /// `expandable_segments:True` (null otherwise).
+    /// When the replay ran out of memory: the same replay with expandable segments switched,
+    /// on when it ran without them, off when it ran with them (null when there was no OOM, or
+    /// the replay cannot start so).
     pub expandable_segments_trial: Option<ExpandableTrialJson>,
     /// The first out-of-memory report (null when there was none).
     pub first_oom_report: Option<OomReportJson>,
@@ -158,6 +159,9 @@ pub struct ReplayJson {
 /// The replay with expandable segments on.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExpandableTrialJson {
+    /// Whether the trial had expandable segments: on for a replay without them, off for one
+    /// with them.
+    pub expandable_segments: bool,
     /// A complete `--conf` value, as in `FittingJson`.
     pub conf: String,
     pub fits: bool,
@@ -171,6 +175,7 @@ pub struct ExpandableTrialJson {
 impl From<ExpandableTrial> for ExpandableTrialJson {
     fn from(t: ExpandableTrial) -> Self {
         ExpandableTrialJson {
+            expandable_segments: t.expandable_segments,
             conf: t.conf,
             fits: t.first_oom_event_index.is_none(),
             peak_reserved_bytes: t.peak_reserved_bytes,
@@ -786,16 +791,21 @@ fn fills(limit: u64, peak: u64) -> bool {
 
 /// The replay with expandable segments, in words.
 fn expandable_text(e: &ExpandableTrialJson, mode: &str) -> String {
+    let (with, device_allocs) = if e.expandable_segments {
+        ("With", "segment maps")
+    } else {
+        ("Without", "cudaMalloc")
+    };
     match e.first_oom_event_index {
         None => format!(
-            "With expandable segments (--conf {}) it runs without an out-of-memory: peak \
-             reserved {}, {} segment maps.\n",
+            "{with} expandable segments (--conf {}) it runs without an out-of-memory: peak \
+             reserved {}, {} {device_allocs}.\n",
             shell_word(&e.conf),
             format_size(e.peak_reserved_bytes),
             e.num_device_alloc
         ),
         Some(at) => format!(
-            "With expandable segments (--conf {}) it runs out of memory too, first at {}.\n",
+            "{with} expandable segments (--conf {}) it runs out of memory too, first at {}.\n",
             shell_word(&e.conf),
             event_at(mode, at)
         ),

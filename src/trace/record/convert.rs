@@ -190,7 +190,9 @@ pub fn convert_device(
                 }
                 workload.push(
                     Op::Oom {
-                        size: e.size,
+                        // Asked for again as the program asked (a replay with other settings
+                        // rounds it its own way); older files have only the rounded size.
+                        size: e.requested.unwrap_or(e.size),
                         stream: StreamId(e.stream),
                         device_free: e.device_free.unwrap_or(0),
                     },

@@ -8,7 +8,7 @@
 //! {"format":"cachealloc-trace","version":3,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
 //! {"t_us":17,"device":0,"action":"segment_alloc","addr":140737286160384,"size":20971520,"stream":0}
 //! {"t_us":18,"device":0,"action":"alloc","addr":140737286160384,"size":4000000,"stream":0}
-//! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576}
+//! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576,"requested":2000000000}
 //! ```
 //!
 //! - The **header** (first line) names the format and its version, the recording process, the
@@ -28,8 +28,9 @@
 //!   and asks the device once more; `size` is the rounded request, and its `segment_alloc`,
 //!   `segment_map`s or `oom` follow). `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
-//!   the rounded request for `oom` (which also carries `device_free`, the free device bytes at
-//!   the failure), 0 for the markers; `addr` is 0 where there is no address. `t_us` is
+//!   the rounded request for `oom` (as in PyTorch's trace; it also carries `device_free`, the
+//!   free device bytes at the failure, and `requested`, what the program asked for, which a
+//!   replay asks for again), 0 for the markers; `addr` is 0 where there is no address. `t_us` is
 //!   monotonic, in microseconds since recording began (a saved replay numbers its events
 //!   instead).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
@@ -39,6 +40,9 @@
 //! read, and a faithful replay then infers the ranges from the page maps
 //! (`crate::trace::ranges`) and the device's memory from them and its failures. Version 3 added
 //! the `retry` lines; without them the retries are counted from the releases (`convert`).
+//! Version 4 added the `end` line. An `oom` line's `requested` came later, without a new version
+//! (a reader that does not know it ignores it): a replay of a file without it asks again for the
+//! rounded request.
 //!
 //! The recording begins with each pool, so a trace starts from an empty device: a replay
 //! needs no rebuilt start state (see `convert`).
@@ -163,6 +167,10 @@ pub struct Event {
     /// The page size of a `range_reserve`'s pool (only there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page: Option<u64>,
+    /// What the program asked for at an `oom` (only there; files written before it was added
+    /// lack it, and a replay then asks for `size`, the rounded request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<u64>,
 }
 
 impl Event {
@@ -211,6 +219,7 @@ impl Event {
                 size,
                 stream,
                 device_free,
+                ..
             } => (Action::Oom, 0, size, stream, Some(device_free), None),
             PoolEvent::EmptyCache => (Action::EmptyCache, 0, 0, StreamId(0), None, None),
         };
@@ -223,6 +232,10 @@ impl Event {
             stream: stream.0,
             device_free,
             page,
+            requested: match *event {
+                PoolEvent::Oom { requested, .. } => Some(requested),
+                _ => None,
+            },
         }
     }
 
@@ -251,6 +264,7 @@ impl Event {
             stream: 0,
             device_free: None,
             page: None,
+            requested: None,
         }
     }
 }

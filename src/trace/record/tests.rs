@@ -239,6 +239,7 @@ fn line(t_us: u64, action: Action, addr: u64, size: u64) -> Event {
         stream: 0,
         device_free: (action == Action::Oom).then_some(0),
         page: (action == Action::RangeReserve).then_some(20 * MIB),
+        requested: None,
     }
 }
 
@@ -370,6 +371,7 @@ fn device_reset_frees_what_was_live_and_resets_reserved() {
         stream: 0,
         device_free: None,
         page: None,
+        requested: None,
     };
     let mut bytes = Vec::new();
     write_header(&mut bytes, &Header::new(1, vec![], String::new(), "none"));

@@ -1,0 +1,172 @@
+//! Worked examples at the edges of PyTorch's policy (reference §1–§3) that random operation
+//! sequences reach only by chance: each pins one comparison (`>=` against `>`, the last
+//! rounding interval, the order of releases) on the simulated device, so that a change to it
+//! fails here whatever the seed. Found by mutating each rule and seeing which tests noticed.
+//! The checks of `validate()` itself are tested here too: the rest of the suite relies on them.
+
+use super::block::NextLink;
+use super::free_index::FreeEntry;
+use super::*;
+use crate::backend::sim::SimDevice;
+use std::sync::{Arc, Mutex};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const S0: StreamId = StreamId(0);
+
+fn pool_with(capacity: u64, settings: Settings) -> DeviceAllocator<SimDevice> {
+    DeviceAllocator::new(SimDevice::new(capacity), settings)
+}
+
+fn alloc(p: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
+    let ptr = p.malloc(size, S0).expect("allocation fits");
+    p.validate().unwrap();
+    ptr
+}
+
+fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
+    p.free(ptr).unwrap();
+    p.validate().unwrap();
+}
+
+/// A request at or above `max_split_size` takes a cached block only if the block is less than
+/// `max_non_split_rounding` (20 MiB by default) larger: exactly that much larger is too much.
+#[test]
+fn a_cached_block_exactly_the_rounding_limit_larger_is_not_taken() {
+    let settings = Settings {
+        max_split_size: 21 * MIB,
+        ..Settings::default()
+    };
+    let mut p = pool_with(u64::MAX, settings);
+    let a = alloc(&mut p, 44 * MIB);
+    free(&mut p, a);
+    // 44 MiB = 24 MiB + 20 MiB: a new segment.
+    let b = alloc(&mut p, 24 * MIB);
+    assert_ne!(b, a);
+    assert_eq!(p.stats().counts.num_device_alloc, 2);
+    // 44 MiB < (24 MiB + 512) + 20 MiB: the cached block serves.
+    let c = alloc(&mut p, 24 * MIB + 512);
+    assert_eq!(c, a);
+    assert_eq!(p.stats().counts.num_device_alloc, 2);
+}
+
+/// `empty_cache()` returns the large pool's segments before the small pool's (PyTorch's
+/// `release_cached_blocks` order), which a recorded trace shows.
+#[test]
+fn empty_cache_returns_the_large_pool_before_the_small() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let freed = Arc::new(Mutex::new(Vec::new()));
+    let sink = freed.clone();
+    p.set_event_sink(Some(Box::new(move |e: &PoolEvent| {
+        if let PoolEvent::SegmentFree { size, .. } = e {
+            sink.lock().unwrap().push(*size);
+        }
+    })));
+    let small = alloc(&mut p, 512);
+    let large = alloc(&mut p, 2 * MIB);
+    free(&mut p, small);
+    free(&mut p, large);
+    p.empty_cache().unwrap();
+    assert_eq!(*freed.lock().unwrap(), vec![20 * MIB, 2 * MIB]);
+}
+
+/// `roundup_power2_divisions`' last interval holds every size from 32 GiB up (`>:N` in the
+/// list form): a 33 GiB request under 8 divisions there rounds to 36 GiB.
+#[test]
+fn sizes_from_32_gib_round_by_the_last_interval() {
+    let mut divisions = [0u64; 16];
+    divisions[15] = 8;
+    let settings = Settings {
+        roundup_power2_divisions: divisions,
+        ..Settings::default()
+    };
+    assert_eq!(rounding::round_size(&settings, 33 * GIB), 36 * GIB);
+    let mut p = pool_with(u64::MAX, settings);
+    let a = alloc(&mut p, 33 * GIB);
+    assert_eq!(p.allocation_size(a), Some(36 * GIB));
+}
+
+/// A request of 1 EiB or more is refused before the device is asked; one just below is asked
+/// for (and the simulated device, of 128 TiB of addresses, runs out of memory).
+#[test]
+fn a_request_of_exactly_1_eib_is_refused_without_a_device_call() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    assert!(matches!(
+        p.malloc(1 << 60, S0),
+        Err(Error::RequestTooLarge { .. })
+    ));
+    assert_eq!(p.stats().counts.num_device_alloc, 0);
+    assert!(matches!(
+        p.malloc((1 << 60) - 512, S0),
+        Err(Error::OutOfMemory(_))
+    ));
+}
+
+/// `malloc(0)` gets a block of 512 bytes of its own, as PyTorch's rounding gives it.
+#[test]
+fn a_request_of_zero_bytes_gets_its_own_512_byte_block() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let a = alloc(&mut p, 0);
+    let b = alloc(&mut p, 0);
+    assert_ne!(a, b);
+    assert_eq!(p.allocation_size(a), Some(512));
+    assert_eq!(p.allocation_size(b), Some(512));
+}
+
+/// Garbage collection frees the oldest cached blocks until it has reclaimed what brings the
+/// reserved memory back to the threshold, and no more: here the older 20 MiB block alone is
+/// exactly enough, so the younger 40 MiB one stays cached.
+#[test]
+fn garbage_collection_stops_once_it_reclaimed_exactly_its_target() {
+    let settings = Settings {
+        per_process_memory_fraction: 0.5,
+        garbage_collection_threshold: 0.5,
+        ..Settings::default()
+    };
+    // 512 MiB allowed, collected above 256 MiB.
+    let mut p = pool_with(1024 * MIB, settings);
+    let _live = alloc(&mut p, 216 * MIB);
+    let older = alloc(&mut p, 20 * MIB);
+    free(&mut p, older);
+    // Its search passes the 20 MiB block by, which ages it.
+    let younger = alloc(&mut p, 40 * MIB);
+    free(&mut p, younger);
+    // 276 MiB reserved: the target is 20 MiB.
+    let _more = alloc(&mut p, 100 * MIB);
+    assert_eq!(
+        p.stats().reserved_bytes.all.current,
+        ((216 + 40 + 100) * MIB) as i64
+    );
+}
+
+/// `validate()` finds two free neighbours left unmerged.
+#[test]
+fn validate_finds_free_neighbours_left_unmerged() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let a = alloc(&mut p, 512);
+    let b = alloc(&mut p, 512);
+    let _keep = alloc(&mut p, 512);
+    free(&mut p, a);
+    // Mark `b` free without merging it with `a`.
+    let id = p.blocks.find(b.addr()).unwrap();
+    p.blocks.get_mut(id).state = BlockState::Free;
+    let block = *p.blocks.get(id);
+    p.small.get_mut(S0).insert(FreeEntry {
+        size: block.size,
+        addr: block.addr,
+        id,
+        link: NextLink::of(&block),
+    });
+    let err = p.validate().unwrap_err();
+    assert!(err.contains("not merged"), "{err}");
+}
+
+/// `validate()` finds a statistic that no longer equals a recount.
+#[test]
+fn validate_finds_a_statistic_that_differs_from_a_recount() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let _a = alloc(&mut p, 512);
+    p.stats.inactive_split.increase(PoolKind::Small, 1);
+    let err = p.validate().unwrap_err();
+    assert!(err.contains("inactive_split"), "{err}");
+}
