@@ -6,28 +6,11 @@
 
 use super::block::NextLink;
 use super::free_index::FreeEntry;
+use super::tests::{MIB, S0, alloc, free, pool_with};
 use super::*;
-use crate::backend::sim::SimDevice;
 use std::sync::{Arc, Mutex};
 
-const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-const S0: StreamId = StreamId(0);
-
-fn pool_with(capacity: u64, settings: Settings) -> DeviceAllocator<SimDevice> {
-    DeviceAllocator::new(SimDevice::new(capacity), settings)
-}
-
-fn alloc(p: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
-    let ptr = p.malloc(size, S0).expect("allocation fits");
-    p.validate().unwrap();
-    ptr
-}
-
-fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
-    p.free(ptr).unwrap();
-    p.validate().unwrap();
-}
 
 /// A request at or above `max_split_size` takes a cached block only if the block is less than
 /// `max_non_split_rounding` (20 MiB by default) larger: exactly that much larger is too much.

@@ -44,13 +44,20 @@
 //!   PyTorch's other remedy, `expandable_segments:True`, is named after it, as PyTorch's own
 //!   message names it; `cachealloc replay` replays the workload with it after an OOM and says
 //!   whether it fits (`trace::fit::try_expandable_segments`). A request of 1 MiB or less is
-//!   served only from the small pool: free memory of the large pool cannot serve it, and no
-//!   setting changes that.
-//! - Padding: what the live allocations and the request asked for fits, but the blocks that
-//!   hold them do not: blocks are larger than their requests (rounding, and
-//!   `roundup_power2_divisions`; a cached block of `max_split_size_mb` or more handed out whole;
-//!   a large block's remainder of 1 MiB or less left unsplit). Settings that round less may
-//!   help, so it is not called exhaustion.
+//!   served only from the small pool: free memory of the large pool cannot serve it, but goes
+//!   back to the device when it is a whole segment, so the value to try is the one at or below
+//!   the large pool's largest free block (which lies in a segment still in use), and with it
+//!   expandable segments, whose free pages go back; without such a block no setting helps.
+//!   With expandable segments memory grows by whole pages (20 MiB in the large pool): when the
+//!   device refused the pages a request needed (`OomReport::refused_map`), the hint says so,
+//!   and names native segments (the request rounded to 2 MiB) when one might fit.
+//! - Padding: what the live allocations and the request asked for fits (in what this process
+//!   may use; when memory outside cachealloc also stands in the way, the hint names it), but the
+//!   blocks that hold them do not: blocks are larger than their requests (under
+//!   `roundup_power2_divisions`; a cached block up to `max_non_split_rounding_mb` larger taken
+//!   whole by a request of `max_split_size_mb` or more; a large block's remainder of 1 MiB or
+//!   less left unsplit). The hint names the causes the settings in force allow and the settings
+//!   that pad less, so it is not called exhaustion.
 //!
 //! The text follows PyTorch's newest message (its first sentence is the same shape with
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.

@@ -4,10 +4,10 @@
 use super::*;
 use crate::backend::sim::SimDevice;
 
-const MIB: u64 = 1 << 20;
-const S0: StreamId = StreamId(0);
+pub(super) const MIB: u64 = 1 << 20;
+pub(super) const S0: StreamId = StreamId(0);
 
-fn pool_with(capacity: u64, settings: Settings) -> DeviceAllocator<SimDevice> {
+pub(super) fn pool_with(capacity: u64, settings: Settings) -> DeviceAllocator<SimDevice> {
     DeviceAllocator::new(SimDevice::new(capacity), settings)
 }
 
@@ -15,13 +15,13 @@ fn pool() -> DeviceAllocator<SimDevice> {
     pool_with(u64::MAX, Settings::default())
 }
 
-fn alloc(p: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
+pub(super) fn alloc(p: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
     let ptr = p.malloc(size, S0).expect("allocation fits");
     p.validate().unwrap();
     ptr
 }
 
-fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
+pub(super) fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
     p.free(ptr).unwrap();
     p.validate().unwrap();
 }
