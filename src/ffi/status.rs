@@ -124,7 +124,7 @@ pub(super) fn oom_text(report: &OomReport) -> String {
 fn replay_advice(device: DeviceId) -> String {
     match recording_path() {
         Some(path) => {
-            // The replay tries expandable segments only when the run did without them.
+            // The replay also tries the run with expandable segments switched.
             let expandable =
                 init::active_config().is_some_and(|config| config.settings.expandable_segments);
             format!(
@@ -135,7 +135,7 @@ fn replay_advice(device: DeviceId) -> String {
                 shell_word(path),
                 device.0,
                 if expandable {
-                    ""
+                    ", and whether native segments (without expandable segments) avoid them"
                 } else {
                     ", and whether expandable segments avoid them"
                 }

@@ -901,6 +901,22 @@ impl<B: Backend> DeviceAllocator<B> {
             .filter(|&&(size, _)| serves(size))
             .min()
             .map(|&(size, s)| (s, size));
+        // What the live allocations asked for (each rounded to 512 bytes), and what pads their
+        // blocks beyond it: the divisions' rounding, then the rest of each block (taken whole,
+        // or a remainder left unsplit).
+        let (mut live_requested, mut live_divisions_padding, mut block_padding) =
+            (0u64, 0u64, 0u64);
+        for (_, b) in self.blocks.iter() {
+            if matches!(b.state, BlockState::Allocated | BlockState::Pending) {
+                let (asked, divided) = (
+                    round_to_block(b.requested),
+                    round_size(&self.settings, b.requested),
+                );
+                live_requested += asked;
+                live_divisions_padding += divided.saturating_sub(asked);
+                block_padding += b.size.saturating_sub(divided.max(asked));
+            }
+        }
         Error::OutOfMemory(Box::new(OomReport {
             device: self.backend.device(),
             stream,
@@ -910,12 +926,10 @@ impl<B: Backend> DeviceAllocator<B> {
             device_total: info.total,
             device_free: info.free,
             allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
-            live_requested: self
-                .blocks
-                .iter()
-                .filter(|(_, b)| matches!(b.state, BlockState::Allocated | BlockState::Pending))
-                .map(|(_, b)| round_to_block(b.requested))
-                .sum(),
+            live_requested,
+            divisions_padding: live_divisions_padding
+                .saturating_add(rounded.saturating_sub(round_to_block(size))),
+            block_padding,
             reserved: self.stats.reserved_bytes.current_all().max(0) as u64,
             allowed_maximum: self.allowed_maximum,
             largest_free_blocks: free_sizes,
@@ -934,7 +948,6 @@ impl<B: Backend> DeviceAllocator<B> {
             other_stream_fit,
             own_stream_fit,
             max_split_size: self.settings.max_split_size,
-            rounds_by_divisions: self.divided_rounding,
             expandable_segments: self.settings.expandable_segments,
             refused_map: (self.refused_map > 0).then_some(self.refused_map),
         }))

@@ -56,8 +56,10 @@
 //!   blocks that hold them do not: blocks are larger than their requests (under
 //!   `roundup_power2_divisions`; a cached block up to `max_non_split_rounding_mb` larger taken
 //!   whole by a request of `max_split_size_mb` or more; a large block's remainder of 1 MiB or
-//!   less left unsplit). The hint names the causes the settings in force allow and the settings
-//!   that pad less, so it is not called exhaustion.
+//!   less left unsplit). The pool counts both kinds of padding (`divisions_padding`,
+//!   `block_padding`); the hint gives them and names a setting only when the padding it takes
+//!   away is at least what is missing (expandable segments a page more, since they map the
+//!   request's memory in whole pages), so it is not called exhaustion.
 //!
 //! The text follows PyTorch's newest message (its first sentence is the same shape with
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
@@ -96,6 +98,12 @@ pub struct OomReport {
     /// rounded up to 512 bytes as under any settings: their blocks without the rounding that
     /// settings add, whole-block handouts and unsplit remainders.
     pub live_requested: u64,
+    /// What `roundup_power2_divisions` add to the live blocks and the request beyond rounding
+    /// to 512 bytes.
+    pub divisions_padding: u64,
+    /// What the live blocks hold beyond their rounded requests: blocks taken whole (a request
+    /// of `max_split_size` or more), remainders of 1 MiB or less left unsplit.
+    pub block_padding: u64,
     /// `reserved_bytes.all.current`.
     pub reserved: u64,
     /// Limit from `per_process_memory_fraction`, when set.
@@ -124,8 +132,6 @@ pub struct OomReport {
     pub large_pool_largest_free_block: u64,
     /// The `max_split_size` in force (`u64::MAX` = unlimited).
     pub max_split_size: u64,
-    /// `roundup_power2_divisions` round blocks up beyond 512 bytes.
-    pub rounds_by_divisions: bool,
     /// Expandable segments were on: blocks of any size are split, and memory grows by pages.
     pub expandable_segments: bool,
     /// With expandable segments: the pages the pool last tried to map for the request, which
@@ -164,9 +170,13 @@ pub enum OomHint {
         held_outside: u64,
         /// What this process may use (the device, or the fraction limit).
         limit: u64,
-        /// The settings in force that decide the padding: `roundup_power2_divisions` set, the
-        /// `max_split_size_mb` (when set), expandable segments.
-        divisions: bool,
+        /// As in `OomReport`: the padding of the divisions, and of blocks beyond their requests.
+        divisions_padding: u64,
+        block_padding: u64,
+        /// The rounded request, and the segment a new block for it takes.
+        request: u64,
+        segment: u64,
+        /// The settings in force: the `max_split_size_mb` (when set), expandable segments.
         max_split_size_mb: Option<u64>,
         expandable_segments: bool,
     },
@@ -400,7 +410,10 @@ impl OomReport {
                 0
             },
             limit,
-            divisions: self.rounds_by_divisions,
+            divisions_padding: self.divisions_padding,
+            block_padding: self.block_padding,
+            request: self.rounded,
+            segment: self.alloc_size,
             max_split_size_mb: self.max_split_size_mb(),
             expandable_segments: self.expandable_segments,
         }
@@ -451,10 +464,15 @@ impl OomHint {
         }
     }
 
-    /// For a padding hint, the settings that would pad less (empty for the other hints).
+    /// For a padding hint, the settings that take away at least the missing bytes' worth of
+    /// padding (empty for the other hints). Expandable segments must take away a page (20 MiB)
+    /// more: the request's own memory is then mapped in whole pages.
     fn padding_settings(&self) -> Vec<&'static str> {
         let OomHint::Padding {
-            divisions,
+            missing,
+            divisions_padding,
+            block_padding,
+            max_split_size_mb,
             expandable_segments,
             ..
         } = *self
@@ -462,10 +480,13 @@ impl OomHint {
             return Vec::new();
         };
         let mut settings = Vec::new();
-        if divisions {
-            settings.push("fewer roundup_power2_divisions, or none");
+        if divisions_padding >= missing {
+            settings.push("more roundup_power2_divisions (finer steps), or none");
         }
-        if !expandable_segments {
+        if max_split_size_mb.is_some() && !expandable_segments && block_padding >= missing {
+            settings.push("a larger max_split_size_mb, or none");
+        }
+        if !expandable_segments && block_padding >= missing.saturating_add(LARGE_BUFFER) {
             settings.push(
                 "expandable_segments:True, under which the rest of a block, 512 bytes or more, \
                  is always split off",
@@ -555,24 +576,26 @@ impl fmt::Display for OomHint {
             ),
             OomHint::Padding {
                 requested,
-                needed,
                 available,
                 missing,
                 held_outside,
                 limit,
-                divisions,
+                divisions_padding,
+                block_padding,
+                request,
+                segment,
                 max_split_size_mb,
                 expandable_segments,
+                ..
             } => {
                 if held_outside == 0 {
                     write!(
                         f,
                         "Not fragmentation, but blocks larger than their requests: live \
                          allocations plus this request asked for {}, which fits in the {} this \
-                         process can use, but the blocks that hold them take {}, {} short. ",
+                         process can use, but the blocks that hold them take {} more than that. ",
                         format_size(requested),
                         format_size(available),
-                        format_size(needed),
                         format_size(missing),
                     )?;
                 } else {
@@ -582,45 +605,52 @@ impl fmt::Display for OomHint {
                          outside cachealloc: live allocations plus this request asked for {}, \
                          which fits in the {} this process may use only without the {} held \
                          outside cachealloc (free that memory too), and the blocks that hold \
-                         them take {}, {} more than this process can use. ",
+                         them take {} more than this process can use. ",
                         format_size(requested),
                         format_size(limit),
                         format_size(held_outside),
-                        format_size(needed),
                         format_size(missing),
                     )?;
                 }
-                // What makes a block larger than its request under the settings in force.
-                let mut causes = Vec::new();
-                if divisions {
-                    causes.push(
-                        "roundup_power2_divisions round its size up beyond 512 bytes".to_string(),
-                    );
+                if segment > request {
+                    write!(
+                        f,
+                        "A new segment for this {} block takes {}. ",
+                        format_size(request),
+                        format_size(segment)
+                    )?;
                 }
-                if let Some(mb) = max_split_size_mb.filter(|_| !expandable_segments) {
-                    causes.push(format!(
-                        "a request of {mb} MiB or more (max_split_size_mb) takes a cached block \
-                         up to max_non_split_rounding_mb larger whole"
+                // What pads the blocks, of what the settings in force allow.
+                let mut parts = Vec::new();
+                if divisions_padding > 0 {
+                    parts.push(format!(
+                        "roundup_power2_divisions round the blocks up by {}",
+                        format_size(divisions_padding)
                     ));
                 }
-                if !expandable_segments {
-                    causes
-                        .push("the rest of a large block, 1 MiB or less, is not split off".into());
+                if block_padding > 0 {
+                    let whole = match max_split_size_mb.filter(|_| !expandable_segments) {
+                        Some(mb) => format!(
+                            "taken whole (a request of {mb} MiB or more, max_split_size_mb, takes \
+                             a cached block up to max_non_split_rounding_mb larger) or "
+                        ),
+                        None => String::new(),
+                    };
+                    parts.push(format!(
+                        "blocks {whole}left with a rest of 1 MiB or less unsplit hold {} more",
+                        format_size(block_padding)
+                    ));
                 }
-                if let Some((last, rest)) = causes.split_last() {
-                    let mut when = rest.join(", when ");
-                    if !rest.is_empty() {
-                        when += ", or when ";
-                    }
-                    write!(f, "A block is larger than its request when {when}{last}. ")?;
+                if !parts.is_empty() {
+                    write!(f, "Of the padding, {}. ", parts.join(", and "))?;
                 }
                 let settings = self.padding_settings();
                 if settings.is_empty() {
-                    f.write_str("No setting pads less here: keep less memory alive.")
+                    f.write_str("No setting takes away enough of it: keep less memory alive.")
                 } else {
                     write!(
                         f,
-                        "Settings that pad less, to try: {}{}.",
+                        "Settings that may take away enough of it, to try: {}{}.",
                         settings.join("; "),
                         replay_pointer(f, SHOWS_SETTINGS)
                     )
@@ -724,6 +754,12 @@ impl fmt::Display for OomHint {
                 }
                 let smallest = MAX_SPLIT_LADDER_MB[MAX_SPLIT_LADDER_MB.len() - 1];
                 let small_pool = segment == SMALL_BUFFER;
+                // A large request refused its pages might fit in a native segment: reserved but
+                // unallocated plus free is what native segments might have left. (The small
+                // pool's pages are its segments' size anyway.)
+                let native_may_fit = refused_map.is_some()
+                    && !small_pool
+                    && segment <= unallocated.saturating_add(device_free);
                 let instead = suggested_in(current_max_split_size_mb);
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
                     // The large pool's free memory lies in segments still in use.
@@ -766,24 +802,39 @@ impl fmt::Display for OomHint {
                         "max_split_size_mb is already {current}; keep less memory alive or \
                          allocate the large tensors first, before small ones split the segments."
                     ),
-                    (None, _) => write!(
-                        f,
-                        "Every free cached block is smaller than {smallest} MiB, the smallest \
-                         max_split_size_mb, so no value keeps pieces this small whole. Keep less \
-                         memory alive{}{}.",
-                        // (Pages, not the order of allocation, stood in the way.)
-                        if refused_map.is_some() {
-                            ""
+                    (None, _) => {
+                        if largest_free_block == 0 {
+                            f.write_str(
+                                "Nothing of its pool is cached free, so no max_split_size_mb \
+                                 value applies.",
+                            )?;
                         } else {
-                            " or allocate the large tensors first, before small ones split the \
-                             segments"
-                        },
-                        replay_pointer(
-                            f,
-                            "; `cachealloc replay` of a recorded trace shows whether any \
-                             max_split_size_mb value helps"
-                        )
-                    ),
+                            write!(
+                                f,
+                                "Every free cached block is smaller than {smallest} MiB, the \
+                                 smallest max_split_size_mb, so no value keeps pieces this small \
+                                 whole."
+                            )?;
+                        }
+                        // Pages, not the order of allocation, stood in the way under expandable
+                        // segments; native ones are named below when they may fit.
+                        if native_may_fit {
+                            Ok(())
+                        } else if refused_map.is_some() || largest_free_block == 0 {
+                            f.write_str(" Keep less memory alive.")
+                        } else {
+                            write!(
+                                f,
+                                " Keep less memory alive or allocate the large tensors first, \
+                                 before small ones split the segments{}.",
+                                replay_pointer(
+                                    f,
+                                    "; `cachealloc replay` of a recorded trace shows whether any \
+                                     max_split_size_mb value helps"
+                                )
+                            )
+                        }
+                    }
                 }?;
                 if !expandable_segments && !small_pool {
                     f.write_str(
@@ -797,8 +848,7 @@ impl fmt::Display for OomHint {
                          free pages of any segment go back to the device.",
                     )?;
                 }
-                // (Reserved but unallocated plus free: what native segments might have left.)
-                if refused_map.is_some() && segment <= unallocated.saturating_add(device_free) {
+                if native_may_fit {
                     write!(
                         f,
                         " Another setting to try: expandable_segments:False (the default), under \
@@ -916,9 +966,10 @@ mod tests {
             other_streams_largest_free_block: 0,
             other_stream_fit: None,
             own_stream_fit: None,
+            divisions_padding: 0,
+            block_padding: 0,
             large_pool_largest_free_block: 600 * MIB,
             max_split_size: u64::MAX,
-            rounds_by_divisions: false,
             refused_map: None,
         }
     }
@@ -1027,6 +1078,8 @@ mod tests {
             requested: GIB + 1,
             rounded: 2 * GIB,
             alloc_size: 2 * GIB,
+            // Divisions round the live blocks up by 1 GiB, and this request by 1 GiB - 511.
+            divisions_padding: 2 * GIB - 511,
             ..fragmented()
         };
         let hint = report.hint();
@@ -1039,7 +1092,10 @@ mod tests {
                 missing: 1280 * MIB,
                 held_outside: 0,
                 limit: 80 * GIB,
-                divisions: false,
+                divisions_padding: 2 * GIB - 511,
+                block_padding: 0,
+                request: 2 * GIB,
+                segment: 2 * GIB,
                 max_split_size_mb: None,
                 expandable_segments: false,
             }
@@ -1050,7 +1106,11 @@ mod tests {
             text.contains(
                 "Hint: Not fragmentation, but blocks larger than their requests: live allocations \
                  plus this request asked for 79.00 GiB, which fits in the 79.75 GiB this process \
-                 can use, but the blocks that hold them take 81.00 GiB, 1.25 GiB short."
+                 can use, but the blocks that hold them take 1.25 GiB more than that. Of the \
+                 padding, roundup_power2_divisions round the blocks up by 2.00 GiB. Settings \
+                 that may take away enough of it, to try: more roundup_power2_divisions (finer \
+                 steps), or none; `cachealloc replay` of a recorded trace shows whether any \
+                 setting helps."
             ),
             "{text}"
         );
@@ -1275,11 +1335,11 @@ mod tests {
             requested: 200 * MIB,
             rounded: 256 * MIB,
             alloc_size: 256 * MIB,
+            divisions_padding: 224 * MIB,
             largest_free_blocks: vec![],
             free_blocks: 0,
             pool_largest_free_block: 0,
             large_pool_largest_free_block: 0,
-            rounds_by_divisions: true,
             ..fragmented()
         };
         assert_eq!(report.untracked(), 200 * MIB);
@@ -1293,7 +1353,10 @@ mod tests {
                 missing: 200 * MIB,
                 held_outside: 0,
                 limit: GIB,
-                divisions: true,
+                divisions_padding: 224 * MIB,
+                block_padding: 0,
+                request: 256 * MIB,
+                segment: 256 * MIB,
                 max_split_size_mb: None,
                 expandable_segments: false,
             }
@@ -1301,13 +1364,14 @@ mod tests {
         let text = hint.to_string();
         assert!(
             text.contains(
-                "A block is larger than its request when roundup_power2_divisions round its size \
-                 up beyond 512 bytes, or when the rest of a large block, 1 MiB or less, is not \
-                 split off. Settings that pad less, to try: fewer roundup_power2_divisions, or \
-                 none; expandable_segments:True"
+                "Of the padding, roundup_power2_divisions round the blocks up by 224.00 MiB. \
+                 Settings that may take away enough of it, to try: more roundup_power2_divisions \
+                 (finer steps), or none;"
             ),
             "{text}"
         );
+        // No unsplit rest to take away: expandable segments are not named.
+        assert!(!text.contains("expandable_segments"), "{text}");
         // Requests that fit only without the memory held outside: both causes are named.
         let more = OomReport {
             requested: 300 * MIB,
@@ -1320,16 +1384,16 @@ mod tests {
             text.contains(
                 "asked for 900.00 MiB, which fits in the 1024.00 MiB this process may use only \
                  without the 200.00 MiB held outside cachealloc (free that memory too), and the \
-                 blocks that hold them take 1.12 GiB, 328.00 MiB more than this process can use."
+                 blocks that hold them take 328.00 MiB more than this process can use."
             ),
             "{text}"
         );
     }
 
-    /// Under the default settings only unsplit remainders pad a block: the hint names that
-    /// cause and expandable segments, not roundup_power2_divisions, which are not set.
+    /// A padding hint names what pads the blocks and only the settings that could take away
+    /// enough of it: here blocks left with an unsplit rest hold 512 MiB more than asked for.
     #[test]
-    fn a_padding_hint_names_only_the_causes_the_settings_allow() {
+    fn a_padding_hint_names_only_settings_that_take_away_enough() {
         let report = OomReport {
             allocated: 79 * GIB + 512 * MIB,
             live_requested: 79 * GIB,
@@ -1338,42 +1402,81 @@ mod tests {
             requested: 800 * MIB - 512,
             rounded: 800 * MIB,
             alloc_size: 800 * MIB,
+            block_padding: 512 * MIB,
             ..fragmented()
         };
-        let text = report.hint().to_string();
-        assert!(matches!(report.hint(), OomHint::Padding { .. }), "{text}");
+        let hint = report.hint();
+        let text = hint.to_string();
+        assert!(matches!(hint, OomHint::Padding { .. }), "{text}");
         assert!(!text.contains("roundup_power2_divisions"), "{text}");
         assert!(!text.contains("max_split_size_mb"), "{text}");
         assert!(
             text.contains(
-                "A block is larger than its request when the rest of a large block, 1 MiB or \
-                 less, is not split off. Settings that pad less, to try: expandable_segments:True"
+                "but the blocks that hold them take 288.00 MiB more than that. Of the padding, \
+                 blocks left with a rest of 1 MiB or less unsplit hold 512.00 MiB more. Settings \
+                 that may take away enough of it, to try: expandable_segments:True"
             ),
             "{text}"
         );
         // A max_split_size_mb in force hands blocks out whole to requests at or above it.
         let split_limited = OomReport {
             max_split_size: 512 * MIB,
-            ..report
+            ..report.clone()
         };
         let text = split_limited.hint().to_string();
         assert!(
             text.contains(
-                "when a request of 512 MiB or more (max_split_size_mb) takes a cached block up \
-                 to max_non_split_rounding_mb larger whole, or when the rest"
+                "blocks taken whole (a request of 512 MiB or more, max_split_size_mb, takes a \
+                 cached block up to max_non_split_rounding_mb larger) or left with a rest of 1 \
+                 MiB or less unsplit hold 512.00 MiB more. Settings that may take away enough of \
+                 it, to try: a larger max_split_size_mb, or none; expandable_segments:True"
             ),
             "{text}"
         );
-        // With expandable segments and no divisions, nothing pads a block: no setting to try.
-        let expandable = OomReport {
-            expandable_segments: true,
-            ..split_limited
+        // Less padding than is missing plus a page: expandable segments, which map whole
+        // pages, are not named, and nothing else takes away enough.
+        let little = OomReport {
+            block_padding: 300 * MIB,
+            ..report
         };
-        let hint = expandable.hint();
+        let hint = little.hint();
         assert!(!hint.settings_may_help(), "{hint}");
         assert!(
             hint.to_string()
-                .ends_with("No setting pads less here: keep less memory alive.")
+                .ends_with("No setting takes away enough of it: keep less memory alive."),
+            "{hint}"
+        );
+    }
+
+    /// The padding figures the pool gives: what the divisions add, and what blocks hold beyond
+    /// that. Blocks of 384 MiB for 300 MiB requests under roundup_power2_divisions:2, and a
+    /// 99.5 MiB request served whole from a 100 MiB cached block.
+    #[test]
+    fn the_pool_counts_what_pads_its_blocks() {
+        use crate::backend::sim::SimDevice;
+        use crate::pool::{DeviceAllocator, Error, Settings};
+        let divided = Settings {
+            roundup_power2_divisions: [2; super::super::rounding::ROUNDUP_INTERVALS],
+            ..Settings::default()
+        };
+        let mut p = DeviceAllocator::new(SimDevice::new(GIB), divided);
+        p.malloc(300 * MIB, StreamId(0)).unwrap();
+        p.malloc(300 * MIB, StreamId(0)).unwrap();
+        let Error::OutOfMemory(report) = p.malloc(400 * MIB, StreamId(0)).unwrap_err() else {
+            panic!("expected an out-of-memory error")
+        };
+        assert_eq!(report.divisions_padding, (84 + 84 + 112) * MIB);
+        assert_eq!(report.block_padding, 0);
+        let mut p = DeviceAllocator::new(SimDevice::new(GIB), Settings::default());
+        let first = p.malloc(100 * MIB, StreamId(0)).unwrap();
+        p.free(first).unwrap();
+        p.malloc(100 * MIB - MIB / 2, StreamId(0)).unwrap();
+        let Error::OutOfMemory(report) = p.malloc(1000 * MIB, StreamId(0)).unwrap_err() else {
+            panic!("expected an out-of-memory error")
+        };
+        assert_eq!(
+            (report.divisions_padding, report.block_padding),
+            (0, MIB / 2)
         );
     }
 

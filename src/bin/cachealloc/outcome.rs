@@ -239,6 +239,9 @@ pub struct OomReportJson {
     pub other_streams_largest_free_block_bytes: u64,
     /// The `max_split_size_mb` the hint suggests (null when it suggests none).
     pub suggested_max_split_size_mb: Option<u64>,
+    /// For a padding hint whose requests would fit only without the memory held outside
+    /// cachealloc: that memory (0 otherwise).
+    pub padding_held_outside_bytes: u64,
     /// The report as the summary and the library's log print it.
     pub text: String,
 }
@@ -268,6 +271,10 @@ impl From<&OomReport> for OomReportJson {
             other_streams_free_bytes: r.other_streams_free,
             other_streams_largest_free_block_bytes: r.other_streams_largest_free_block,
             suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
+            padding_held_outside_bytes: match r.hint() {
+                OomHint::Padding { held_outside, .. } => held_outside,
+                _ => 0,
+            },
             // The replay's own search follows the report: no pointer to a replay in its hint.
             text: format!("{r:#}"),
         }
@@ -719,13 +726,18 @@ impl ReplayJson {
                  replay{also}) lets this workload run without an out-of-memory on this device{}",
                 if expandable_fits {
                     "."
-                } else if self
+                } else if let Some(r) = self
                     .first_oom_report
                     .as_ref()
-                    .is_some_and(|r| r.kind == "padding")
+                    .filter(|r| r.kind == "padding")
                 {
                     // The requests fit; their blocks do not (the hint says why).
-                    ": its blocks need more memory, though the requests alone would fit."
+                    if r.padding_held_outside_bytes > 0 {
+                        ": its blocks need more memory, though the requests alone would fit \
+                         without the memory held outside cachealloc."
+                    } else {
+                        ": its blocks need more memory, though the requests alone would fit."
+                    }
                 } else {
                     ": it needs more memory."
                 }
