@@ -57,9 +57,11 @@
 //!   `roundup_power2_divisions`; a cached block up to `max_non_split_rounding_mb` larger taken
 //!   whole by a request of `max_split_size_mb` or more; a large block's remainder of 1 MiB or
 //!   less left unsplit). The pool counts both kinds of padding (`divisions_padding`,
-//!   `block_padding`); the hint gives them and names a setting only when the padding it takes
-//!   away is at least what is missing (expandable segments a page more, since they map the
-//!   request's memory in whole pages), so it is not called exhaustion.
+//!   `block_padding`); the hint gives them and names the settings that change that padding, to
+//!   try. No rule here tells whether one lets the run fit: a setting changes the whole run's
+//!   layout (segments rounded, pages mapped, blocks freed earlier), not only the live blocks'
+//!   padding; two reviews found cases either way for every threshold tried. The replay of a
+//!   recording tells, and it is not called exhaustion.
 //!
 //! The text follows PyTorch's newest message (its first sentence is the same shape with
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
@@ -228,6 +230,8 @@ pub enum OomHint {
         expandable_segments: bool,
         /// As in `OomReport`: the pages the device refused to map for it.
         refused_map: Option<u64>,
+        /// As in `OomReport`: what `roundup_power2_divisions` add to the blocks.
+        divisions_padding: u64,
     },
     /// A free block of the request's stream would serve it now: it became free only while the
     /// request failed (pending frees completed when the pool synchronized), and PyTorch does
@@ -388,6 +392,7 @@ impl OomReport {
             current_max_split_size_mb: current_mb,
             expandable_segments: self.expandable_segments,
             refused_map: self.refused_map.filter(|_| self.expandable_segments),
+            divisions_padding: self.divisions_padding,
         }
     }
 
@@ -454,22 +459,29 @@ impl OomHint {
         match self {
             OomHint::OtherStream { .. } => true,
             OomHint::Padding { .. } => !self.padding_settings().is_empty(),
-            // (A small request without a suggestion is told that no setting helps.)
+            // (A small request without a setting to try is told that none helps.)
             OomHint::Fragmentation {
                 segment,
                 suggested_max_split_size_mb,
+                expandable_segments,
+                divisions_padding,
                 ..
-            } => *segment != SMALL_BUFFER || suggested_max_split_size_mb.is_some(),
+            } => {
+                *segment != SMALL_BUFFER
+                    || suggested_max_split_size_mb.is_some()
+                    || *expandable_segments
+                    || *divisions_padding > 0
+            }
             _ => false,
         }
     }
 
-    /// For a padding hint, the settings that take away at least the missing bytes' worth of
-    /// padding (empty for the other hints). Expandable segments must take away a page (20 MiB)
-    /// more: the request's own memory is then mapped in whole pages.
+    /// For a padding hint, the settings that change the padding it found (empty for the other
+    /// hints). Whether one of them lets the run fit, no rule here can tell (a setting changes
+    /// the whole run's layout, not only the live blocks' padding): a replay of the recording
+    /// does.
     fn padding_settings(&self) -> Vec<&'static str> {
         let OomHint::Padding {
-            missing,
             divisions_padding,
             block_padding,
             max_split_size_mb,
@@ -480,16 +492,19 @@ impl OomHint {
             return Vec::new();
         };
         let mut settings = Vec::new();
-        if divisions_padding >= missing {
-            settings.push("more roundup_power2_divisions (finer steps), or none");
+        if divisions_padding > 0 {
+            settings.push("roundup_power2_divisions with more divisions (finer steps), or none");
         }
-        if max_split_size_mb.is_some() && !expandable_segments && block_padding >= missing {
-            settings.push("a larger max_split_size_mb, or none");
-        }
-        if !expandable_segments && block_padding >= missing.saturating_add(LARGE_BUFFER) {
+        if block_padding > 0 && !expandable_segments {
+            if max_split_size_mb.is_some() {
+                settings.push(
+                    "max_split_size_mb above the cached blocks taken whole, or none (blocks are \
+                     then split, which may leave other pieces)",
+                );
+            }
             settings.push(
-                "expandable_segments:True, under which the rest of a block, 512 bytes or more, \
-                 is always split off",
+                "expandable_segments:True (any rest of 512 bytes or more is split off, but \
+                 memory is mapped in whole 20 MiB pages)",
             );
         }
         settings
@@ -646,11 +661,11 @@ impl fmt::Display for OomHint {
                 }
                 let settings = self.padding_settings();
                 if settings.is_empty() {
-                    f.write_str("No setting takes away enough of it: keep less memory alive.")
+                    f.write_str("No setting changes this padding: keep less memory alive.")
                 } else {
                     write!(
                         f,
-                        "Settings that may take away enough of it, to try: {}{}.",
+                        "Settings that change it, to try: {}{}.",
                         settings.join("; "),
                         replay_pointer(f, SHOWS_SETTINGS)
                     )
@@ -712,6 +727,7 @@ impl fmt::Display for OomHint {
                 current_max_split_size_mb,
                 expandable_segments,
                 refused_map,
+                divisions_padding,
             } => {
                 write!(
                     f,
@@ -775,11 +791,43 @@ impl fmt::Display for OomHint {
                         format_size(large_pool_free_block),
                         replay_pointer(f, FINDS_VALUES)
                     ),
-                    (None, _) if small_pool => f.write_str(
-                        "Requests of 1 MiB or less are served only from the small pool's 2 MiB \
-                         segments, and no setting changes that; memory reserved in the large \
-                         pool serves only larger requests. Keep less memory alive.",
-                    ),
+                    (None, _) if small_pool => {
+                        f.write_str(
+                            "Requests of 1 MiB or less are served only from the small pool's 2 \
+                             MiB segments",
+                        )?;
+                        if expandable_segments {
+                            // The large pool's whole pages may be what leaves no room.
+                            write!(
+                                f,
+                                ". A setting to try: expandable_segments:False (the default), \
+                                 under which larger requests take segments rounded to 2 MiB, not \
+                                 whole 20 MiB pages{}.",
+                                replay_pointer(f, SHOWS_SETTINGS)
+                            )
+                        } else if divisions_padding > 0 {
+                            write!(
+                                f,
+                                ", and roundup_power2_divisions round the blocks up by {} in \
+                                 all, so fewer fit in each. A setting to try: \
+                                 roundup_power2_divisions with more divisions (finer steps), or \
+                                 none{}.",
+                                format_size(divisions_padding),
+                                replay_pointer(f, SHOWS_SETTINGS)
+                            )
+                        } else {
+                            write!(
+                                f,
+                                ", and no setting changes that{}. Keep less memory alive.",
+                                if large_pool_free_block > 0 {
+                                    "; memory reserved in the large pool serves only larger \
+                                     requests"
+                                } else {
+                                    ""
+                                }
+                            )
+                        }
+                    }
                     (Some(mb), _) if expandable_segments => write!(
                         f,
                         "A value to try: max_split_size_mb:{mb} ({instead}): with expandable \
@@ -837,10 +885,12 @@ impl fmt::Display for OomHint {
                     }
                 }?;
                 if !expandable_segments && !small_pool {
-                    f.write_str(
+                    f.write_str(if unallocated > 0 {
                         " Another setting to try: expandable_segments:True, PyTorch's advice \
-                         when memory reserved but unallocated is large.",
-                    )?;
+                         when memory reserved but unallocated is large."
+                    } else {
+                        " Another setting to try: expandable_segments:True."
+                    })?;
                 }
                 if !expandable_segments && small_pool && suggested_max_split_size_mb.is_some() {
                     f.write_str(
@@ -1108,7 +1158,7 @@ mod tests {
                  plus this request asked for 79.00 GiB, which fits in the 79.75 GiB this process \
                  can use, but the blocks that hold them take 1.25 GiB more than that. Of the \
                  padding, roundup_power2_divisions round the blocks up by 2.00 GiB. Settings \
-                 that may take away enough of it, to try: more roundup_power2_divisions (finer \
+                 that change it, to try: roundup_power2_divisions with more divisions (finer \
                  steps), or none; `cachealloc replay` of a recorded trace shows whether any \
                  setting helps."
             ),
@@ -1265,6 +1315,37 @@ mod tests {
         assert!(!text.contains("allocate the large tensors first"), "{text}");
         assert!(!text.contains("expandable_segments"), "{text}");
         assert!(!text.contains("cachealloc replay"), "{text}");
+        // Under roundup_power2_divisions, which pad small blocks too, they are the setting to
+        // try (680 KiB requests take 704 KiB blocks under 8 divisions: two to a segment, not
+        // three).
+        let divided = OomReport {
+            divisions_padding: 7 * MIB,
+            ..report.clone()
+        };
+        let hint = divided.hint();
+        assert!(hint.settings_may_help());
+        assert!(
+            hint.to_string().contains(
+                "and roundup_power2_divisions round the blocks up by 7.00 MiB in all, so fewer \
+                 fit in each. A setting to try: roundup_power2_divisions with more divisions \
+                 (finer steps), or none"
+            ),
+            "{hint}"
+        );
+        // Under expandable segments, the large pool's whole pages may be what leaves no room.
+        let expandable = OomReport {
+            expandable_segments: true,
+            ..report
+        };
+        let hint = expandable.hint();
+        assert!(hint.settings_may_help());
+        assert!(
+            hint.to_string().contains(
+                "A setting to try: expandable_segments:False (the default), under which larger \
+                 requests take segments rounded to 2 MiB, not whole 20 MiB pages"
+            ),
+            "{hint}"
+        );
     }
 
     /// A small request fails while the large pool's free memory lies in a segment still in use
@@ -1365,7 +1446,7 @@ mod tests {
         assert!(
             text.contains(
                 "Of the padding, roundup_power2_divisions round the blocks up by 224.00 MiB. \
-                 Settings that may take away enough of it, to try: more roundup_power2_divisions \
+                 Settings that change it, to try: roundup_power2_divisions with more divisions \
                  (finer steps), or none;"
             ),
             "{text}"
@@ -1390,10 +1471,11 @@ mod tests {
         );
     }
 
-    /// A padding hint names what pads the blocks and only the settings that could take away
-    /// enough of it: here blocks left with an unsplit rest hold 512 MiB more than asked for.
+    /// A padding hint names what pads the blocks and the settings that change that padding,
+    /// to try (whether one fits, a replay shows): here blocks left with an unsplit rest hold
+    /// 512 MiB more than asked for.
     #[test]
-    fn a_padding_hint_names_only_settings_that_take_away_enough() {
+    fn a_padding_hint_names_the_settings_that_change_its_padding() {
         let report = OomReport {
             allocated: 79 * GIB + 512 * MIB,
             live_requested: 79 * GIB,
@@ -1408,13 +1490,15 @@ mod tests {
         let hint = report.hint();
         let text = hint.to_string();
         assert!(matches!(hint, OomHint::Padding { .. }), "{text}");
+        assert!(hint.settings_may_help());
         assert!(!text.contains("roundup_power2_divisions"), "{text}");
         assert!(!text.contains("max_split_size_mb"), "{text}");
         assert!(
             text.contains(
                 "but the blocks that hold them take 288.00 MiB more than that. Of the padding, \
                  blocks left with a rest of 1 MiB or less unsplit hold 512.00 MiB more. Settings \
-                 that may take away enough of it, to try: expandable_segments:True"
+                 that change it, to try: expandable_segments:True (any rest of 512 bytes or more \
+                 is split off, but memory is mapped in whole 20 MiB pages)"
             ),
             "{text}"
         );
@@ -1428,22 +1512,22 @@ mod tests {
             text.contains(
                 "blocks taken whole (a request of 512 MiB or more, max_split_size_mb, takes a \
                  cached block up to max_non_split_rounding_mb larger) or left with a rest of 1 \
-                 MiB or less unsplit hold 512.00 MiB more. Settings that may take away enough of \
-                 it, to try: a larger max_split_size_mb, or none; expandable_segments:True"
+                 MiB or less unsplit hold 512.00 MiB more. Settings that change it, to try: \
+                 max_split_size_mb above the cached blocks taken whole, or none"
             ),
             "{text}"
         );
-        // Less padding than is missing plus a page: expandable segments, which map whole
-        // pages, are not named, and nothing else takes away enough.
-        let little = OomReport {
-            block_padding: 300 * MIB,
+        // With expandable segments every rest is split: nothing the settings change is left.
+        let expandable = OomReport {
+            expandable_segments: true,
+            block_padding: 0,
             ..report
         };
-        let hint = little.hint();
+        let hint = expandable.hint();
         assert!(!hint.settings_may_help(), "{hint}");
         assert!(
             hint.to_string()
-                .ends_with("No setting takes away enough of it: keep less memory alive."),
+                .ends_with("No setting changes this padding: keep less memory alive."),
             "{hint}"
         );
     }
@@ -1626,6 +1710,7 @@ mod tests {
                 current_max_split_size_mb: None,
                 expandable_segments: false,
                 refused_map: None,
+                divisions_padding: 0,
             }
         );
         let expected = [
