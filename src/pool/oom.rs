@@ -47,7 +47,10 @@
 //!   served only from the small pool: free memory of the large pool cannot serve it, but goes
 //!   back to the device when it is a whole segment, so the value to try is the one at or below
 //!   the large pool's largest free block (which lies in a segment still in use), and with it
-//!   expandable segments, whose free pages go back; without such a block no setting helps.
+//!   expandable segments, whose free pages go back. Without such a block, the settings to try
+//!   are finer `roundup_power2_divisions` or none (they pad small blocks too, so fewer fit in a
+//!   segment), and under expandable segments native ones (whose large segments are rounded to
+//!   2 MiB, not to 20 MiB pages); else no setting helps.
 //!   With expandable segments memory grows by whole pages (20 MiB in the large pool): when the
 //!   device refused the pages a request needed (`OomReport::refused_map`), the hint says so,
 //!   and names native segments (the request rounded to 2 MiB) when one might fit.
