@@ -153,3 +153,77 @@ fn validate_finds_a_statistic_that_differs_from_a_recount() {
     let err = p.validate().unwrap_err();
     assert!(err.contains("inactive_split"), "{err}");
 }
+
+/// `roundup_power2_divisions`' table is indexed by the power of two below the size, from 1 MiB
+/// (index 0, which also holds every smaller size) up: divisions set for 2–4 MiB only round
+/// sizes there, in steps of a quarter, and leave a size on a step, and sizes of 1–2 MiB, as
+/// they are; divisions set for index 0 round sizes below 1 MiB too.
+#[test]
+fn divisions_apply_to_the_interval_their_index_names() {
+    let only = |index: usize, divisions: u64| {
+        let mut table = [0u64; 16];
+        table[index] = divisions;
+        Settings {
+            roundup_power2_divisions: table,
+            ..Settings::default()
+        }
+    };
+    let second = only(1, 4);
+    assert_eq!(rounding::round_size(&second, 5 * MIB / 2 + 1), 3 * MIB);
+    assert_eq!(rounding::round_size(&second, 3 * MIB), 3 * MIB);
+    assert_eq!(rounding::round_size(&second, 5 * MIB / 2), 5 * MIB / 2);
+    assert_eq!(
+        rounding::round_size(&second, 3 * MIB / 2 + 1),
+        3 * MIB / 2 + 512
+    );
+    let first = only(0, 4);
+    assert_eq!(rounding::round_size(&first, 600 * 1024), 640 * 1024);
+    assert_eq!(
+        rounding::round_size(&first, 5 * MIB / 4 + 1),
+        5 * MIB / 4 + MIB / 4
+    );
+}
+
+/// `max_split_size`'s bounds are inclusive on the oversize side: a cached block of exactly
+/// `max_split_size` is not given to a smaller request, and a request of exactly
+/// `max_split_size` is oversize itself: it takes a cached block up to
+/// `max_non_split_rounding` larger whole, unsplit.
+#[test]
+fn a_block_or_request_of_exactly_max_split_size_is_oversize() {
+    let settings = Settings {
+        max_split_size: 40 * MIB,
+        ..Settings::default()
+    };
+    let mut p = pool_with(u64::MAX, settings.clone());
+    let block = alloc(&mut p, 40 * MIB);
+    free(&mut p, block);
+    let smaller = alloc(&mut p, 30 * MIB);
+    assert_ne!(smaller, block, "a 30 MiB request takes no 40 MiB block");
+    assert_eq!(p.stats().counts.num_device_alloc, 2);
+
+    let mut p = pool_with(u64::MAX, settings);
+    let block = alloc(&mut p, 50 * MIB);
+    free(&mut p, block);
+    let exact = alloc(&mut p, 40 * MIB);
+    assert_eq!(exact, block, "a 40 MiB request takes the 50 MiB block");
+    assert_eq!(p.allocation_size(exact), Some(50 * MIB), "whole, unsplit");
+    assert_eq!(p.stats().oversize_allocations.current, 1);
+    free(&mut p, exact);
+    assert_eq!(p.stats().oversize_allocations.current, 0);
+}
+
+/// A large block is split only when more than 1 MiB would remain: a 21 MiB request in its
+/// 22 MiB segment keeps the whole segment, one 512 bytes smaller leaves a free rest.
+#[test]
+fn a_large_block_keeps_a_rest_of_exactly_1_mib() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let whole = alloc(&mut p, 21 * MIB);
+    assert_eq!(p.allocation_size(whole), Some(22 * MIB));
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let split = alloc(&mut p, 21 * MIB - 512);
+    assert_eq!(p.allocation_size(split), Some(21 * MIB - 512));
+    assert_eq!(
+        p.stats().inactive_split_bytes.large_pool.current,
+        (MIB + 512) as i64
+    );
+}
