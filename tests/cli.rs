@@ -1158,7 +1158,7 @@ fn an_oom_with_expandable_segments_is_replayed_without_them() {
         text.contains(
             "Expandable segments grow by whole pages: the 20.00 MiB of pages it needed next are \
              more than the device has free."
-        ) && text.contains("Another setting to try: expandable_segments:False (the default)"),
+        ) && text.contains("A setting to try: expandable_segments:False (the default)"),
         "{text}"
     );
     let trial = &j["expandable_segments_trial"];

@@ -887,12 +887,19 @@ impl fmt::Display for OomHint {
                         }
                     }
                 }?;
+                // "Another" only after a value named above.
+                let setting = if suggested_max_split_size_mb.is_some() {
+                    " Another setting to try:"
+                } else {
+                    " A setting to try:"
+                };
                 if !expandable_segments && !small_pool {
+                    f.write_str(setting)?;
                     f.write_str(if unallocated > 0 {
-                        " Another setting to try: expandable_segments:True, PyTorch's advice \
-                         when memory reserved but unallocated is large."
+                        " expandable_segments:True, PyTorch's advice when memory reserved but \
+                         unallocated is large."
                     } else {
-                        " Another setting to try: expandable_segments:True."
+                        " expandable_segments:True."
                     })?;
                 }
                 if !expandable_segments && small_pool && suggested_max_split_size_mb.is_some() {
@@ -904,8 +911,8 @@ impl fmt::Display for OomHint {
                 if native_may_fit {
                     write!(
                         f,
-                        " Another setting to try: expandable_segments:False (the default), under \
-                         which a new segment for this block takes {}, not whole pages.",
+                        "{setting} expandable_segments:False (the default), under which a new \
+                         segment for this block takes {}, not whole pages.",
                         format_size(segment)
                     )?;
                 }
@@ -1265,7 +1272,7 @@ mod tests {
         assert!(!text.contains("expandable_segments:True"), "{text}");
         assert!(
             text.ends_with(
-                "Another setting to try: expandable_segments:False (the default), under which a \
+                "A setting to try: expandable_segments:False (the default), under which a \
                  new segment for this block takes 12.00 MiB, not whole pages."
             ),
             "{text}"
