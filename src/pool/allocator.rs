@@ -125,8 +125,8 @@ pub struct DeviceAllocator<B: Backend> {
     /// Whether any `roundup_power2_divisions` entry is in force (else rounding is to 512 B).
     divided_rounding: bool,
     /// With expandable segments: the bytes of pages the device last refused to map for the
-    /// request being served (0 when none), for its out-of-memory report.
-    pub(super) refused_map: u64,
+    /// request being served, for its out-of-memory report.
+    pub(super) refused_map: Option<u64>,
     pub(super) sink: Option<Box<dyn EventSink>>,
 }
 
@@ -160,7 +160,7 @@ impl<B: Backend> DeviceAllocator<B> {
             large_searches: 0,
             gc_searches_counted: 0,
             divided_rounding,
-            refused_map: 0,
+            refused_map: None,
             sink: None,
         }
     }
@@ -567,7 +567,7 @@ impl<B: Backend> DeviceAllocator<B> {
             });
         }
         let alloc_size = segment_size(rounded);
-        self.refused_map = 0;
+        self.refused_map = None;
         if let Some(max) = self.allowed_maximum
             && self.total_reserved.saturating_add(alloc_size) > max
         {
@@ -949,7 +949,7 @@ impl<B: Backend> DeviceAllocator<B> {
             own_stream_fit,
             max_split_size: self.settings.max_split_size,
             expandable_segments: self.settings.expandable_segments,
-            refused_map: (self.refused_map > 0).then_some(self.refused_map),
+            refused_map: self.refused_map,
         }))
     }
 }

@@ -285,7 +285,7 @@ impl<B: Backend> DeviceAllocator<B> {
         match self.backend.map_pages(ptr, len) {
             Ok(()) => {}
             Err(BackendError::OutOfMemory) => {
-                self.refused_map = len;
+                self.refused_map = Some(len);
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),

@@ -70,8 +70,8 @@
 //! "cachealloc" for "PyTorch") and adds lines of its own. This module does no I/O.
 
 use super::format::format_size;
-use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
-use super::types::{DeviceId, StreamId};
+use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, pool_for};
+use super::types::{DeviceId, PoolKind, StreamId};
 use std::fmt;
 
 /// The standard `max_split_size_mb` values, largest first, down to PyTorch's minimum (20): what
@@ -263,13 +263,7 @@ pub enum OomHint {
 impl OomReport {
     /// The `max_split_size_mb` value the hint suggests, if it suggests one.
     pub fn suggested_max_split_size_mb(&self) -> Option<u64> {
-        match self.hint() {
-            OomHint::Fragmentation {
-                suggested_max_split_size_mb,
-                ..
-            } => suggested_max_split_size_mb,
-            _ => None,
-        }
+        self.hint().suggested_max_split_size_mb()
     }
 
     /// Bytes reserved by cachealloc but not allocated.
@@ -365,7 +359,7 @@ impl OomReport {
         let largest_free_block = self.pool_largest_free_block;
         // A small request cannot use the large pool's free memory, but that memory goes back
         // to the device when it is a whole segment, which max_split_size_mb keeps it.
-        let small_pool = self.rounded <= SMALL_SIZE;
+        let small_pool = pool_for(self.rounded) == PoolKind::Small;
         let large_pool_free_block = if small_pool {
             self.large_pool_largest_free_block
         } else {
@@ -394,7 +388,7 @@ impl OomReport {
                 .filter(|&mb| current_mb.is_none_or(|current| current > mb)),
             current_max_split_size_mb: current_mb,
             expandable_segments: self.expandable_segments,
-            refused_map: self.refused_map.filter(|_| self.expandable_segments),
+            refused_map: self.refused_map,
             divisions_padding: self.divisions_padding,
         }
     }
@@ -454,6 +448,17 @@ fn segment_rule(segment: u64) -> &'static str {
 }
 
 impl OomHint {
+    /// The `max_split_size_mb` value this hint suggests, if it suggests one.
+    pub fn suggested_max_split_size_mb(&self) -> Option<u64> {
+        match *self {
+            OomHint::Fragmentation {
+                suggested_max_split_size_mb,
+                ..
+            } => suggested_max_split_size_mb,
+            _ => None,
+        }
+    }
+
     /// Whether an allocator setting may avoid this out-of-memory (the hints that point to a
     /// replay of a recording to find one). The others name what no setting changes: live
     /// memory, a segment's size, memory held outside the allocator, or the fraction limit,

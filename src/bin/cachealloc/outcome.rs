@@ -248,8 +248,9 @@ pub struct OomReportJson {
 
 impl From<&OomReport> for OomReportJson {
     fn from(r: &OomReport) -> Self {
+        let hint = r.hint();
         OomReportJson {
-            kind: match r.hint() {
+            kind: match hint {
                 OomHint::Exhausted { .. } => "exhausted",
                 OomHint::SegmentTooLarge { .. } => "segment_too_large",
                 OomHint::Padding { .. } => "padding",
@@ -270,8 +271,8 @@ impl From<&OomReport> for OomReportJson {
             free_blocks: r.free_blocks,
             other_streams_free_bytes: r.other_streams_free,
             other_streams_largest_free_block_bytes: r.other_streams_largest_free_block,
-            suggested_max_split_size_mb: r.suggested_max_split_size_mb(),
-            padding_held_outside_bytes: match r.hint() {
+            suggested_max_split_size_mb: hint.suggested_max_split_size_mb(),
+            padding_held_outside_bytes: match hint {
                 OomHint::Padding { held_outside, .. } => held_outside,
                 _ => 0,
             },
