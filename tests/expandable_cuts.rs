@@ -471,5 +471,6 @@ fn the_device_memory_given_sizes_the_ranges_at_the_start() {
     let (at, allocs, same_maps) = replay(Some("8GiB"));
     assert!(at == allocs && allocs > 20 && same_maps, "{at} of {allocs}");
     let (at, allocs, _) = replay(None);
+    std::fs::remove_file(path).unwrap();
     assert!(at < allocs, "{at} of {allocs}");
 }

@@ -736,8 +736,11 @@ fn stats_file_run(format: &str) -> (String, String) {
 
 /// (the statistics file, stderr) of `scenario` run with `stats:FORMAT` to a file.
 fn stats_file_run_of(scenario: &str, format: &str) -> (String, String) {
-    let dir = std::env::temp_dir().join(format!("cachealloc-stats-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("cachealloc-stats-")
+        .tempdir()
+        .unwrap();
+    let dir = dir.path();
     let template = dir.join(format!("stats-{scenario}-{format}-%p.out"));
     let conf = format!("stats:{format},stats_file:{}", template.display());
     let out = check(scenario, &[("CACHEALLOC_CONF", &conf)]);
@@ -745,7 +748,6 @@ fn stats_file_run_of(scenario: &str, format: &str) -> (String, String) {
     let path = dir.join(format!("stats-{scenario}-{format}-{pid}.out"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{} not written: {e}", path.display()));
-    let _ = std::fs::remove_file(&path);
     (text, stderr(&out))
 }
 

@@ -30,6 +30,8 @@ mod boundary_tests;
 #[cfg(test)]
 mod expandable_tests;
 #[cfg(test)]
+mod ladder_tests;
+#[cfg(test)]
 mod tests;
 
 pub use allocator::DeviceAllocator;
