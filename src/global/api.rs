@@ -13,6 +13,7 @@ use super::trace_file;
 use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{self, Runtime, codes, runtime};
+use crate::backend::cuda::unread_error;
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, StreamId};
 use std::ffi::c_void;
 
@@ -156,6 +157,7 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
         return Err(ShimError::NoSuchDevice);
     }
     let mut count: std::ffi::c_int = 0;
+    unread_error::keep_unread(rt);
     // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
     let code = unsafe { (rt.get_device_count)(&mut count) };
     if code != codes::SUCCESS {
@@ -236,6 +238,7 @@ fn real_malloc(rt: &'static Runtime, size: usize, device: DeviceId) -> Result<u6
 }
 
 fn real_free(rt: &'static Runtime, addr: u64) -> Result<(), ShimError> {
+    unread_error::keep_unread(rt);
     // SAFETY: the program's pointer goes to the real cudaFree, which validates it.
     let code = unsafe { (rt.free)(addr as *mut c_void) };
     if code == codes::SUCCESS {

@@ -4,37 +4,35 @@
 //! returns and clears it, `cudaPeekAtLastError()` returns it. An interposed `cudaMalloc` or
 //! `cudaFree` that fails without the runtime failing (out of memory after the whole retry
 //! ladder, whose failed real `cudaMalloc` calls were cleared; a double free; a bad configuration)
-//! would leave no trace there. So the library keeps such a failure per thread and answers the
-//! two interposed getters with it, after the runtime's own error: when the library records a
-//! failure, it clears the runtime's older one (the newer error is the last), so an error the
-//! runtime holds afterwards is newer than the library's.
+//! would leave no trace there. So the library keeps such a failure per thread, as the newest
+//! unread error (`unread_error`, where an error of the program's that the library's own runtime
+//! calls replaced is kept too), and answers the two interposed getters with it, after the
+//! runtime's own error: when the library records a failure, it clears the runtime's older one
+//! (the newer error is the last), so an error the runtime holds afterwards is newer than the
+//! library's.
 
 use super::forward;
 use crate::backend::cuda::runtime::{CudaError, codes};
-use std::cell::Cell;
-
-thread_local! {
-    static LAST: Cell<CudaError> = const { Cell::new(codes::SUCCESS) };
-}
+use crate::backend::cuda::unread_error;
 
 /// The interposed call is answering `code` itself; returns it.
 pub fn record(code: CudaError) -> CudaError {
     if code != codes::SUCCESS {
         let _older = forward::get_last_error();
-        LAST.with(|last| last.set(code));
+        unread_error::keep(code);
     }
     code
 }
 
-/// `cudaGetLastError()`: the runtime's error if it holds one (newer), else the library's; both
+/// `cudaGetLastError()`: the runtime's error if it holds one (newer), else the one kept; both
 /// are cleared.
 pub fn take() -> CudaError {
     let runtime = forward::get_last_error();
-    let own = LAST.with(|last| last.replace(codes::SUCCESS));
+    let kept = unread_error::take();
     if runtime != codes::SUCCESS {
         runtime
     } else {
-        own
+        kept
     }
 }
 
@@ -44,6 +42,6 @@ pub fn peek() -> CudaError {
     if runtime != codes::SUCCESS {
         runtime
     } else {
-        LAST.with(Cell::get)
+        unread_error::kept()
     }
 }

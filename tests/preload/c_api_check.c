@@ -119,6 +119,13 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_reset_peak_stats(-1) == 101);
     CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_get_stats(1, &stats) == 0); /* a device without a pool: zeros */
+    /* An error the program has not read stays its last error through a call that fails inside:
+     * the runtime's failed cudaMalloc on the way (the fake has 16 GiB) is the library's own. */
+    CHECK(cudaSetDevice(99) == 101);
+    CHECK(cachealloc_malloc(&nowhere, (size_t)1 << 40, 0, NULL) == 2);
+    CHECK(cudaPeekAtLastError() == 101);
+    CHECK(cudaGetLastError() == 101);
+    CHECK(cudaGetLastError() == 0);
 
     printf("ok c_api\n");
     return 0;

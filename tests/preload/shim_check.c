@@ -96,7 +96,7 @@ static void scenario_churn(void) {
 /* Out of memory answers exactly 2 and, as the runtime's own failed cudaMalloc does, leaves 2 as
  * the last error until cudaGetLastError() reads it; the program can go on. A request that fits
  * only after the cache is flushed succeeds and leaves no error: the runtime's failure on the
- * way was the library's, recovered from. */
+ * way was the library's, recovered from; an older error the program had not read stays. */
 static void scenario_oom(void) {
     void *a = NULL, *b = NULL, *c = NULL;
     /* FAKECUDART_CAPACITY=64MiB */
@@ -115,6 +115,16 @@ static void scenario_oom(void) {
     CHECK(counter("malloc_failures") > failures_before);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaPeekAtLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(c), cudaSuccess);
+    /* An error the program has not read yet outlives the library's own failed cudaMalloc on
+     * the way, which replaced it in the runtime: 60 MiB fits once the cached 50 MiB go. */
+    CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    failures_before = counter("malloc_failures");
+    CHECK_CODE(cudaMalloc(&c, 60 * MIB), cudaSuccess);
+    CHECK(counter("malloc_failures") > failures_before);
+    CHECK_CODE(cudaPeekAtLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaFree(c), cudaSuccess);
     CHECK_CODE(cudaMalloc(&b, 40 * MIB), cudaSuccess);
     CHECK_CODE(cudaFree(b), cudaSuccess);

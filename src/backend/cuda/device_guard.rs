@@ -2,6 +2,7 @@
 //! differs, and switch back afterwards, so the program never sees its current device change.
 
 use super::runtime::{CudaError, Runtime, codes};
+use super::unread_error;
 use crate::pool::DeviceId;
 use std::ffi::c_int;
 
@@ -26,7 +27,10 @@ pub struct DeviceGuard<'rt> {
 
 impl<'rt> DeviceGuard<'rt> {
     /// Make `device` current; `Err` with the runtime's code when it cannot be made current.
+    /// Every runtime call of the library's own on a device starts here, so here the error the
+    /// program has not read is kept (`unread_error`) before those calls may replace it.
     pub fn enter(rt: &'rt Runtime, device: DeviceId) -> Result<Self, CudaError> {
+        unread_error::keep_unread(rt);
         let current = current_device(rt)?;
         if current == device {
             return Ok(Self { rt, previous: None });

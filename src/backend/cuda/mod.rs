@@ -5,8 +5,9 @@
 //! for the duration of the call when another one is current (`device_guard`). An out-of-memory
 //! answer of the real `cudaMalloc` leaves a sticky last error in the runtime; the backend clears
 //! it before reporting `OutOfMemory`, because the pool recovers from it (and PyTorch checks
-//! `cudaGetLastError()` before every allocation). Any other error is reported with the runtime's
-//! code and passed to the program unchanged.
+//! `cudaGetLastError()` before every allocation); an error the program had not read is kept
+//! first (`unread_error`, on entering the device). Any other error is reported with the
+//! runtime's code and passed to the program unchanged.
 //!
 //! Dropping a backend makes no CUDA call (it happens on `cudaDeviceReset`, which destroys the
 //! device's events and memory itself, and never at exit).
@@ -17,6 +18,7 @@ pub mod epoch;
 pub mod events;
 pub mod runtime;
 pub mod stream_events;
+pub mod unread_error;
 pub mod vmm;
 
 use super::{Backend, BackendError, Fence, MemInfo, StreamFence};

@@ -326,7 +326,8 @@ fn own_base() -> *mut c_void {
     unsafe { info.assume_init() }.dli_fbase
 }
 
-/// The real runtime's last-error state is per thread; read and clear it.
+/// The real runtime's last-error state is per thread; read and clear it: the failure of one of
+/// the library's own calls (an error the program had not read was kept before it: `unread_error`).
 pub fn clear_last_error(rt: &Runtime) {
     // SAFETY: cudaGetLastError takes no arguments and only resets the calling thread's error.
     let _ = unsafe { (rt.get_last_error)() };

@@ -15,6 +15,7 @@
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
 use super::runtime::{CudaError, Runtime, clear_last_error, codes};
+use super::unread_error;
 use crate::backend::Fence;
 use crate::pool::{DeviceId, StreamId};
 use rustc_hash::FxHashMap;
@@ -198,6 +199,8 @@ impl StreamEvents {
     /// reset (`park`), whose work the reset ends. An error leaves the events not yet waited for
     /// in place.
     pub fn wait_elsewhere(&mut self, rt: &Runtime) -> Result<(), (CudaError, &'static str)> {
+        // Not on a device: the error the program has not read is kept here.
+        unread_error::keep_unread(rt);
         self.retire_in_order(rt, (events::synchronize, "cudaEventSynchronize"), |_| {})
     }
 
