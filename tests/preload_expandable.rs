@@ -118,6 +118,23 @@ fn a_device_reset_gives_back_every_page_and_range() {
     check("reset", "", &[]);
 }
 
+/// A reset that fails after the pool's expandable memory was released says that the allocations
+/// in it are gone; their frees do nothing.
+#[test]
+fn a_failed_device_reset_says_the_expandable_memory_is_gone() {
+    let out = check("reset_fails", "", &[]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("cudaDeviceReset failed with CUDA error 999")
+            && log.contains(
+                "the memory of its 2 expandable segments was released before the reset (a \
+                 reset does not free it), so the allocations in it are gone: do not use them"
+            ),
+        "{log}"
+    );
+    assert!(!log.contains("stay allocated"), "{log}");
+}
+
 #[test]
 fn a_driver_without_virtual_memory_management_gets_fixed_segments_with_a_warning() {
     let out = check("unsupported", "", &[("FAKECUDART_VMM", "0")]);

@@ -299,8 +299,10 @@ pub fn cuda_device_reset() -> CudaError {
         trace_file::note_device_reset(device);
         Some((device, pool))
     });
-    // The fixed segments of the dropped pool, should the reset fail and leave them allocated.
+    // The segments of the dropped pool, should the reset fail: the fixed ones stay allocated,
+    // the expandable ones' memory was released above (a reset does not free it).
     let mut segments = Vec::new();
+    let mut released = Vec::new();
     if let Some((device, pool)) = dropped {
         log_event!(
             debug,
@@ -308,12 +310,14 @@ pub fn cuda_device_reset() -> CudaError {
             device.0,
             pool.stats().reserved_bytes.all.current
         );
-        segments = pool
-            .segments()
-            .iter()
-            .filter(|s| !s.expandable)
-            .map(|s| (s.addr, s.addr + s.size))
-            .collect();
+        for s in pool.segments() {
+            let range = (s.addr, s.addr + s.size);
+            if s.expandable {
+                released.push(range);
+            } else {
+                segments.push(range);
+            }
+        }
         drop(pool);
         trace_file::flush();
     }
@@ -326,22 +330,46 @@ pub fn cuda_device_reset() -> CudaError {
         if happened {
             pools::forget_peers(device);
             pools::forget_retired(device);
-        } else if !segments.is_empty() {
-            let held = match segments.len() {
-                1 => "its segment stays".to_string(),
-                n => format!("its {n} segments stay"),
-            };
+        } else if !segments.is_empty() || !released.is_empty() {
             log_event!(
                 warn,
                 "cudaDeviceReset failed with CUDA error {code} after cachealloc had let go of \
-                 device {}'s pool: {held} allocated until the process ends or the device is \
-                 reset, and cudaFree of an allocation in them does nothing",
-                device.0
+                 device {}'s pool: {}; cudaFree of an allocation in them does nothing",
+                device.0,
+                left_behind(segments.len(), released.len())
             );
+            segments.extend(released);
             pools::retire_segments(device, segments);
         }
     }
     code
+}
+
+/// What a failed reset leaves of the pool cachealloc let go of: `fixed` segments still
+/// allocated, and `expandable` ones whose memory it released before the reset.
+fn left_behind(fixed: usize, expandable: usize) -> String {
+    let stay = match fixed {
+        0 => None,
+        1 => Some("its segment stays".to_string()),
+        n => Some(format!("its {n} segments stay")),
+    };
+    let stay = stay.map(|s| format!("{s} allocated until the process ends or the device is reset"));
+    let gone = match expandable {
+        0 => None,
+        1 => Some("its expandable segment".to_string()),
+        n => Some(format!("its {n} expandable segments")),
+    };
+    let gone = gone.map(|s| {
+        format!(
+            "the memory of {s} was released before the reset (a reset does not free it), so the \
+             allocations in it are gone: do not use them"
+        )
+    });
+    [stay, gone]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `cudaIpcGetMemHandle` of `addr`: `Ok` to forward, or why the runtime's handle would not name

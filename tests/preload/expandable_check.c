@@ -287,6 +287,26 @@ static void scenario_reset(void) {
     print_counters();
 }
 
+/* A reset that fails after cachealloc let go of the pool: the memory of its expandable segments
+ * was released before the reset (a reset does not free it), so the allocations in them are gone
+ * (the test checks the warning), and a cudaFree of one does nothing. */
+static void scenario_reset_fails(void) {
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&q, 1000), cudaSuccess);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaDeviceReset", 1, cudaErrorUnknown),
+               cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
 /* With a driver that has no virtual memory management (FAKECUDART_VMM=0), the pool uses fixed
  * segments (the test checks the warning). */
 static void scenario_unsupported(void) {
@@ -310,6 +330,7 @@ static const struct scenario scenarios[] = {
     {"set_access_fails", scenario_set_access_fails},
     {"oom", scenario_oom},
     {"reset", scenario_reset},
+    {"reset_fails", scenario_reset_fails},
     {"peer", scenario_peer},
     {"peer_already", scenario_peer_already},
     {"ipc", scenario_ipc},
