@@ -433,6 +433,9 @@ fn a_trace_path_another_process_is_recording_to_is_left_to_it() {
     assert!(replayed["recorded_oom"].is_object(), "{replayed}");
 
     // A file left by a run that has ended holds no lock: the next run replaces it, quietly.
+    // (Unlocked, not only closed: a program another test starts at this moment shares the open
+    // file, and with it the lock, until it executes.)
+    theirs.unlock().unwrap();
     drop(theirs);
     let again = preloaded(program())
         .arg("mix")
