@@ -226,6 +226,17 @@ impl Config {
         Ok(config)
     }
 
+    /// Parse options as the library reads `PYTORCH_CUDA_ALLOC_CONF`: shared keys only, PyTorch's
+    /// own keys accepted and ignored (the string a PyTorch snapshot recorded, for one).
+    pub fn parse_pytorch_conf(text: &str) -> Result<Config, ConfigError> {
+        let mut config = Config {
+            source: ConfigSource::PytorchCudaAllocConf,
+            ..Config::default()
+        };
+        load::apply_conf(&mut config, text)?;
+        Ok(config)
+    }
+
     /// The stats file for process `pid` (`%p` expanded); `None` = stderr.
     pub fn stats_path(&self, pid: u32) -> Option<String> {
         self.stats_file.as_deref().map(|t| expand_pid(t, pid))

@@ -641,6 +641,22 @@ fn conf_flag_has_cachealloc_conf_meaning() {
     );
 }
 
+/// A string read as `PYTORCH_CUDA_ALLOC_CONF` (a snapshot's recorded one) takes the variable's
+/// meaning: shared keys, PyTorch's own ignored, cachealloc's refused as PyTorch would.
+#[test]
+fn pytorch_conf_has_the_variables_meaning() {
+    let c = Config::parse_pytorch_conf("per_process_memory_fraction:0.5,backend:native").unwrap();
+    assert_eq!(c.source, ConfigSource::PytorchCudaAllocConf);
+    assert_eq!(c.settings.per_process_memory_fraction, 0.5);
+    assert_eq!(c.ignored_keys(), ["backend"]);
+    let e = Config::parse_pytorch_conf("free_sync:event").unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("PYTORCH_CUDA_ALLOC_CONF: key 'free_sync' is a cachealloc option"),
+        "{e}"
+    );
+}
+
 /// `render_conf` gives another run the same settings: every option set away from its default,
 /// in `CACHEALLOC_CONF` syntax, parses back to the same configuration.
 #[test]

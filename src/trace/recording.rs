@@ -130,6 +130,11 @@ pub struct RecordedSegment {
 }
 
 /// The snapshot's `allocator_settings` (present in files from PyTorch ~2.2 on).
+///
+/// Note: PyTorch records some settings as fields of their own (the four below `conf`) and the
+/// others only in the `PYTORCH_CUDA_ALLOC_CONF` string it last read (`conf`):
+/// `per_process_memory_fraction` and `max_non_split_rounding_mb` are known from the string
+/// alone. Where both name a setting, the field says what was in force.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct RecordedSettings {
     /// The `PYTORCH_CUDA_ALLOC_CONF` string in effect.
@@ -140,10 +145,16 @@ pub struct RecordedSettings {
     pub expandable_segments: bool,
     /// Divisions per power-of-two interval (index 0 = below 2 MiB … 15 = 32 GiB and up).
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
+    /// The settings `conf` sets, read as cachealloc reads `PYTORCH_CUDA_ALLOC_CONF`, for those
+    /// the fields do not carry; `None` when the file has no string or it cannot be read.
+    pub conf_settings: Option<Settings>,
+    /// What reading `conf` earned, each naming the file: why the string cannot be read, or a
+    /// key in it that cachealloc does not follow.
+    pub conf_warnings: Vec<String>,
 }
 
 impl RecordedSettings {
-    /// The pool settings the recording ran with.
+    /// The pool settings the recording ran with: the fields', and the string's for the rest.
     pub fn to_settings(&self) -> Settings {
         Settings {
             max_split_size: self
@@ -152,7 +163,7 @@ impl RecordedSettings {
             roundup_power2_divisions: self.roundup_power2_divisions,
             garbage_collection_threshold: self.garbage_collection_threshold,
             expandable_segments: self.expandable_segments,
-            ..Settings::default()
+            ..self.conf_settings.clone().unwrap_or_default()
         }
     }
 }

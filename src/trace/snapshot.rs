@@ -15,6 +15,10 @@
 //!   then the running sum of block sizes from the segment start.
 //! - segments: `segment_pool_id`, a pair of integers, (0, 0) for the default pools and another
 //!   pair for a private pool (a CUDA graph's or a MemPool's); absent in older files.
+//! - `allocator_settings`: fields for four settings (`max_split_size`, -1 for unlimited;
+//!   `garbage_collection_threshold`; `expandable_segments`; `roundup_power2_divisions`, keyed by
+//!   the interval's start in MiB) and `PYTORCH_CUDA_ALLOC_CONF`, the string PyTorch last read,
+//!   which alone names the others (`per_process_memory_fraction`, `max_non_split_rounding_mb`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -26,8 +30,9 @@ use super::recording::{
     Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment,
     RecordedSettings, RecordedSnapshot, TraceEntry,
 };
+use crate::config::Config;
 use crate::pool::rounding::{ROUNDUP_INTERVALS, SMALL_BUFFER};
-use crate::pool::{DeviceId, PoolKind, StreamId};
+use crate::pool::{DeviceId, PoolKind, Settings, StreamId};
 
 type Dict = [(PyValue, PyValue)];
 
@@ -472,6 +477,8 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// `allocator_settings`: each setting from its field, or where the file has none, from
+    /// the recorded string, which alone names the others (see [`RecordedSettings`]).
     fn settings(&self, value: PyValue) -> Result<RecordedSettings, TraceError> {
         let at = "allocator_settings";
         let d = self.dict(value, at)?;
@@ -479,44 +486,99 @@ impl<'a> Reader<'a> {
             .get(d, "PYTORCH_CUDA_ALLOC_CONF")
             .and_then(|v| self.p.as_str(v))
             .map(str::to_owned);
+        let (conf_settings, conf_warnings) = self.conf_settings(conf.as_deref());
+        let from_conf = conf_settings.clone().unwrap_or_default();
         // PyTorch writes -1 for unlimited; `max_split_size_mb:-1` is its clamp at whole MiB
         // below 2^64, negative as a signed int, unlimited too (`to_settings`).
-        let max_split_size = self.get(d, "max_split_size").and_then(as_u64);
-        let garbage_collection_threshold = self
-            .get(d, "garbage_collection_threshold")
-            .and_then(as_f64)
-            .unwrap_or(0.0);
-        let expandable_segments = self.get(d, "expandable_segments") == Some(PyValue::Bool(true));
-        let mut roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
-        if let Some(table) = self
-            .get(d, "roundup_power2_divisions")
-            .and_then(|v| self.p.as_dict(v))
-        {
-            for &(k, v) in table {
-                // Keys are the interval start in MiB ("1", "2", …, "32768").
-                let start_mib = match k {
-                    PyValue::Int(i) => u64::try_from(i).ok(),
-                    _ => self.p.as_str(k).and_then(|s| s.parse::<u64>().ok()),
-                };
-                let Some(start_mib) = start_mib.filter(|m| m.is_power_of_two()) else {
-                    return Err(self.bad(format!(
-                        "{at}.roundup_power2_divisions: key {:?} is not a power-of-two MiB",
-                        self.p.as_str(k).unwrap_or(self.p.type_name(k))
-                    )));
-                };
-                let index = start_mib.trailing_zeros() as usize;
-                if index < ROUNDUP_INTERVALS {
-                    roundup_power2_divisions[index] = as_u64(v).unwrap_or(0);
-                }
-            }
-        }
+        let max_split_size = match self.get(d, "max_split_size") {
+            Some(v) => as_u64(v),
+            None => from_conf
+                .has_max_split_size()
+                .then_some(from_conf.max_split_size),
+        };
+        let garbage_collection_threshold = match self.get(d, "garbage_collection_threshold") {
+            Some(v) => as_f64(v).unwrap_or(0.0),
+            None => from_conf.garbage_collection_threshold,
+        };
+        let expandable_segments = match self.get(d, "expandable_segments") {
+            Some(v) => v == PyValue::Bool(true),
+            None => from_conf.expandable_segments,
+        };
+        let roundup_power2_divisions = match self.get(d, "roundup_power2_divisions") {
+            Some(v) => self.roundup_table(v, at)?,
+            None => from_conf.roundup_power2_divisions,
+        };
         Ok(RecordedSettings {
             conf,
             max_split_size,
             garbage_collection_threshold,
             expandable_segments,
             roundup_power2_divisions,
+            conf_settings,
+            conf_warnings,
         })
+    }
+
+    /// The settings the recorded `PYTORCH_CUDA_ALLOC_CONF` string sets, read as the library
+    /// reads that variable, and the warnings it earns. A string that cannot be read is left
+    /// out, with a warning: it must not make the file unreadable, and the fields still name
+    /// the settings PyTorch records in them.
+    fn conf_settings(&self, conf: Option<&str>) -> (Option<Settings>, Vec<String>) {
+        let Some(text) = conf else {
+            return (None, Vec::new());
+        };
+        let source = self.source;
+        match Config::parse_pytorch_conf(text) {
+            Ok(config) => {
+                let warnings = config
+                    .unsupported_key_warnings()
+                    .into_iter()
+                    .map(|w| format!("{source}: allocator_settings: recorded {w}"))
+                    .collect();
+                (Some(config.settings), warnings)
+            }
+            Err(e) => {
+                let warning = format!(
+                    "{source}: allocator_settings: recorded {e}; the string is left out, so \
+                     the settings are those of the other fields (max_split_size, \
+                     garbage_collection_threshold, expandable_segments, \
+                     roundup_power2_divisions) and the defaults for the rest \
+                     (per_process_memory_fraction, max_non_split_rounding_mb): give --conf \
+                     with the program's settings if they differ"
+                );
+                (None, vec![warning])
+            }
+        }
+    }
+
+    /// `roundup_power2_divisions`: divisions per interval, keyed by the interval's start in
+    /// MiB ("1", "2", …, "32768").
+    fn roundup_table(
+        &self,
+        value: PyValue,
+        at: &str,
+    ) -> Result<[u64; ROUNDUP_INTERVALS], TraceError> {
+        let mut table = [0; ROUNDUP_INTERVALS];
+        let Some(entries) = self.p.as_dict(value) else {
+            return Ok(table);
+        };
+        for &(k, v) in entries {
+            let start_mib = match k {
+                PyValue::Int(i) => u64::try_from(i).ok(),
+                _ => self.p.as_str(k).and_then(|s| s.parse::<u64>().ok()),
+            };
+            let Some(start_mib) = start_mib.filter(|m| m.is_power_of_two()) else {
+                return Err(self.bad(format!(
+                    "{at}.roundup_power2_divisions: key {:?} is not a power-of-two MiB",
+                    self.p.as_str(k).unwrap_or(self.p.type_name(k))
+                )));
+            };
+            let index = start_mib.trailing_zeros() as usize;
+            if index < ROUNDUP_INTERVALS {
+                table[index] = as_u64(v).unwrap_or(0);
+            }
+        }
+        Ok(table)
     }
 
     /// Classify an entry's stack frames (see [`CallSite`]).
@@ -707,6 +769,113 @@ mod tests {
         assert_eq!(settings.roundup_power2_divisions[2], 8);
         assert_eq!(settings.to_settings().max_split_size, u64::MAX);
         assert!(!dev.is_expandable());
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// The settings read from a snapshot whose `allocator_settings` holds `items`.
+    fn settings_of(items: Vec<(&str, V)>) -> RecordedSettings {
+        let top = dict(vec![
+            ("segments", V::List(vec![])),
+            ("device_traces", V::List(vec![V::List(vec![])])),
+            ("allocator_settings", dict(items)),
+        ]);
+        let snap = parse_snapshot(&bytes(&top), "settings.pickle").unwrap();
+        snap.settings.unwrap()
+    }
+
+    /// `allocator_settings` as PyTorch writes it: the string `conf` and the fields, with
+    /// `max_split_size` (-1 for unlimited) and the other fields at their defaults.
+    fn recorded_fields(conf: &str, max_split_size: i64) -> Vec<(&'static str, V)> {
+        vec![
+            ("PYTORCH_CUDA_ALLOC_CONF", s(conf)),
+            ("max_split_size", V::I64(max_split_size)),
+            ("garbage_collection_threshold", V::F64(0.0)),
+            ("expandable_segments", V::Bool(false)),
+            ("roundup_power2_divisions", V::Dict(BTreeMap::new())),
+        ]
+    }
+
+    /// PyTorch records no field for `per_process_memory_fraction` or
+    /// `max_non_split_rounding_mb`: the string names them, and they are in force.
+    #[test]
+    fn the_recorded_string_names_the_settings_without_a_field() {
+        let conf = "per_process_memory_fraction:0.5,max_non_split_rounding_mb:100";
+        let recorded = settings_of(recorded_fields(conf, -1));
+        assert!(recorded.conf_warnings.is_empty(), "{recorded:?}");
+        let settings = recorded.to_settings();
+        assert_eq!(settings.per_process_memory_fraction, 0.5);
+        assert_eq!(settings.max_non_split_rounding, 100 * MIB);
+        assert_eq!(settings.max_split_size, u64::MAX);
+    }
+
+    /// Where a field and the string both name a setting, the field's value is in force (the
+    /// string is the last PyTorch read; the fields, what it held); a field the file lacks is
+    /// taken from the string.
+    #[test]
+    fn fields_win_over_the_string_and_the_string_fills_missing_fields() {
+        let conf = "max_split_size_mb:512,garbage_collection_threshold:0.6,\
+                    roundup_power2_divisions:4,expandable_segments:True";
+        let settings = settings_of(recorded_fields(conf, -1)).to_settings();
+        assert_eq!(settings.max_split_size, u64::MAX);
+        assert_eq!(settings.garbage_collection_threshold, 0.0);
+        assert_eq!(settings.roundup_power2_divisions, [0; ROUNDUP_INTERVALS]);
+        assert!(!settings.expandable_segments);
+
+        let string_only = settings_of(vec![("PYTORCH_CUDA_ALLOC_CONF", s(conf))]);
+        assert_eq!(string_only.max_split_size, Some(512 * MIB));
+        assert_eq!(string_only.garbage_collection_threshold, 0.6);
+        assert_eq!(string_only.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+        assert!(string_only.expandable_segments);
+    }
+
+    /// A string cachealloc cannot read leaves the file readable: it is left out, with a
+    /// warning that names the file, the key and value, and why, and the fields still apply.
+    #[test]
+    fn an_unreadable_string_is_left_out_with_a_warning() {
+        let conf = "per_process_memory_fraction:1.5,max_non_split_rounding_mb:100";
+        let recorded = settings_of(recorded_fields(conf, 512 * MIB as i64));
+        assert_eq!(recorded.conf_settings, None);
+        assert_eq!(
+            recorded.to_settings(),
+            Settings {
+                max_split_size: 512 * MIB,
+                ..Settings::default()
+            }
+        );
+        let [warning] = recorded.conf_warnings.as_slice() else {
+            panic!("one warning: {recorded:?}");
+        };
+        for part in [
+            "settings.pickle: allocator_settings: recorded PYTORCH_CUDA_ALLOC_CONF: ",
+            "per_process_memory_fraction:1.5: must be in [0.0, 1.0]",
+            "the string is left out",
+        ] {
+            assert!(warning.contains(part), "{part:?} in {warning}");
+        }
+        let unknown = settings_of(recorded_fields("max_split_size_mb:512,not_a_key:1", -1));
+        assert!(
+            unknown.conf_warnings[0].contains("unknown key 'not_a_key'"),
+            "{unknown:?}"
+        );
+    }
+
+    /// A recorded key that changes PyTorch's policy and that cachealloc does not follow is
+    /// warned about, as it is in the variable.
+    #[test]
+    fn a_recorded_policy_key_cachealloc_ignores_is_warned_about() {
+        let recorded = settings_of(recorded_fields("large_segment_size_mb:40", -1));
+        assert!(recorded.conf_settings.is_some());
+        let [warning] = recorded.conf_warnings.as_slice() else {
+            panic!("one warning: {recorded:?}");
+        };
+        assert!(
+            warning.starts_with(
+                "settings.pickle: allocator_settings: recorded PYTORCH_CUDA_ALLOC_CONF: \
+                 large_segment_size_mb is not supported by cachealloc yet"
+            ),
+            "{warning}"
+        );
     }
 
     fn error_of(data: &[u8]) -> TraceError {

@@ -271,6 +271,9 @@ fn run(cli: Cli) -> Result<String, String> {
                     settings_text =
                         format!("{settings_text} (from --conf, in place of the recording's)");
                 } else if let Some(recorded) = &loaded.recorded_settings {
+                    for warning in &loaded.settings_warnings {
+                        say!("cachealloc: warning: {warning}");
+                    }
                     config.settings = recorded.clone();
                     let how = if loaded.settings_inferred {
                         "as the recording shows them"

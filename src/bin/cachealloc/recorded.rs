@@ -107,6 +107,8 @@ pub fn load(
         recorded,
         recorded_settings: Some(trace.settings),
         settings_inferred: false,
+        // Checked by the reader, which refuses a header whose settings it cannot read.
+        settings_warnings: Vec::new(),
         start_rebuildable: false,
         // Checked by the reader.
         placement: trace

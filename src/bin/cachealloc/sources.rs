@@ -30,6 +30,10 @@ pub struct Loaded {
     /// The settings were read from what the recording did (its expandable segments), not
     /// named by the file.
     pub settings_inferred: bool,
+    /// Warnings from reading the recorded settings (a recorded `PYTORCH_CUDA_ALLOC_CONF` that
+    /// cannot be read, or keys in it that cachealloc does not follow), for when a replay runs
+    /// with them.
+    pub settings_warnings: Vec<String>,
     /// A faithful replay rebuilds the state the recording began with (a PyTorch snapshot's;
     /// a cachealloc trace begins with the process).
     pub start_rebuildable: bool,
@@ -96,6 +100,11 @@ pub fn load(
     let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
     let recorded_settings =
         (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
+    let settings_warnings = rec
+        .settings
+        .as_ref()
+        .map(|s| s.conf_warnings.clone())
+        .unwrap_or_default();
     if faithful {
         let f = rec.faithful_on(device_memory).map_err(|e| e.to_string())?;
         if !f
@@ -117,6 +126,7 @@ pub fn load(
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
+            settings_warnings,
             start_rebuildable: true,
             placement: None,
             note: note.clone(),
@@ -146,6 +156,7 @@ pub fn load(
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
+            settings_warnings,
             start_rebuildable: true,
             placement: None,
             note: note.clone(),

@@ -240,6 +240,9 @@ fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, Stri
     }
     match &rec.settings {
         Some(recorded) => {
+            for warning in &recorded.conf_warnings {
+                say!("cachealloc: warning: {warning}");
+            }
             let settings = rec.replay_settings();
             let mut text = crate::named_settings("as recorded", &recorded.to_settings());
             if settings.expandable_segments && !recorded.expandable_segments {
