@@ -318,13 +318,39 @@ fn a_faithful_search_names_the_values_it_cannot_replay() {
     ];
     let v = json(&cachealloc(&[&args[..], &["--json"]].concat()));
     assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
+    // Its start state's split segments hold blocks, free ones included, of 64 MiB and more:
+    // none of those values could have led to it, and no other fits.
     assert_eq!(
         v["max_split_sizes_not_replayable"],
-        serde_json::json!([32, 20])
+        serde_json::json!([64, 48, 32, 20])
     );
+    assert_eq!(v["fitting_settings"], serde_json::json!([]), "{v}");
     let suggestion = &v["report_suggestion"];
     assert_eq!(suggestion["conf"], "max_split_size_mb:32", "{suggestion}");
     assert_eq!(suggestion["tried"], false, "{suggestion}");
+    let text = String::from_utf8(cachealloc(&args).stdout).unwrap();
+    assert!(
+        text.contains("(max_split_size_mb:32, the report's suggestion, cannot be replayed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(max_split_size_mb values 64, 48, 32, 20 were not tried: ")
+            && text.contains("could not exist under them.)"),
+        "{text}"
+    );
+    // Every value listed as fitting fits when given.
+    let Some(t) = trace("sqattn/126d2e6/cuda_memory_snapshot.pickle") else {
+        return;
+    };
+    let args = [
+        "replay",
+        t.to_str().unwrap(),
+        "--faithful",
+        "--capacity",
+        "5.1GiB",
+    ];
+    let v = json(&cachealloc(&[&args[..], &["--json"]].concat()));
+    assert!(v["num_ooms"].as_u64().unwrap() > 0, "{v}");
     let fits = v["fitting_settings"].as_array().unwrap();
     assert!(!fits.is_empty());
     for fit in fits {
@@ -338,16 +364,6 @@ fn a_faithful_search_names_the_values_it_cannot_replay() {
             "{conf}"
         );
     }
-    let text = String::from_utf8(cachealloc(&args).stdout).unwrap();
-    assert!(
-        text.contains("(max_split_size_mb:32, the report's suggestion, cannot be replayed"),
-        "{text}"
-    );
-    assert!(
-        text.contains("(max_split_size_mb values 32, 20 were not tried: ")
-            && text.contains("could not exist under them.)"),
-        "{text}"
-    );
     // One value: in the singular.
     let Some(t) = trace("octree-nca/e67173f/my_snapshot.pickle") else {
         return;

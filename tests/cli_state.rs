@@ -318,6 +318,48 @@ fn device_memory_and_settings() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// A free block of max_split_size_mb or more beside others in a segment cannot exist under
+/// that setting either: a block is split only for a request below it, and only when the block
+/// is below it (or a new segment at most 1 MiB past it). The state is refused with the block
+/// named, not reported (and tried with a request, which read "would hold this block, but the
+/// largest free cached block is" larger than it).
+#[test]
+fn a_split_segment_with_a_free_block_of_max_split_size_is_refused() {
+    let segments = [Segment {
+        address: SEG,
+        stream: 0,
+        expandable: false,
+        pool_id: (0, 0),
+        blocks: vec![
+            (300 * MIB, 300 * MIB, "active_allocated"),
+            (724 * MIB, 0, "inactive"),
+        ],
+    }];
+    let path = write_state_snapshot(
+        "free-oversize.pickle",
+        &segments,
+        Some(("max_split_size_mb:512", Some(512 * MIB))),
+    );
+    for extra in [&[][..], &["--request", "300MiB"]] {
+        let out = state(&path, extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(
+                "the snapshot's state cannot exist under the settings as recorded: \
+                 max_split_size_mb:512: segment 0x7f0000000000: holds a free block of 759169024 bytes \
+                 (724.00 MiB) at 0x7f0012c00000 beside other blocks, but under \
+                 max_split_size_mb:512 no split leaves a free block that large"
+            ),
+            "{err}"
+        );
+    }
+    // Under the defaults (no max_split_size) the same state is one PyTorch reaches.
+    let j = state_json(&path, &["--conf", "", "--request", "300MiB"]);
+    assert_eq!(j["request"]["outcome"], "cached", "{j}");
+    std::fs::remove_file(path).unwrap();
+}
+
 #[test]
 fn wholly_free_segments_and_pending_frees_are_told_apart() {
     let mut segments = split_segments();

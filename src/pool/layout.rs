@@ -4,7 +4,8 @@
 use super::allocator::DeviceAllocator;
 use super::block::{Block, BlockId, BlockState, NIL};
 use super::error::Error;
-use super::rounding::MIN_BLOCK_SIZE;
+use super::format::format_size;
+use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE};
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::Backend;
 
@@ -264,18 +265,55 @@ impl<B: Backend> DeviceAllocator<B> {
         if let Err(why) = check_tiling(seed.addr, end, &seed.blocks) {
             return bad(why);
         }
+        // Note: a split segment holds no block of max_split_size or more, allocated or free.
+        // Only a request below it splits a block (`should_split`), and only a block below it
+        // (`get_free_block` passes a larger one over) or a new segment made for the request: 20
+        // MiB, or the request rounded up to 2 MiB (at most 1 MiB past max_split_size, a whole
+        // number of MiB). A large-pool block left allocated holds more than 1 MiB, so the free
+        // rest, merged with free neighbours, stays below max_split_size, or below 20 MiB where
+        // max_split_size is less (PyTorch refuses such a setting; the pool takes it). Expandable
+        // segments split by other rules and are not seeded here.
         let mss = self.settings.max_split_size;
+        let free_limit = mss.max(LARGE_BUFFER);
         if seed.pool == PoolKind::Large
             && seed.blocks.len() > 1
-            && let Some(b) = seed.blocks.iter().find(|b| b.allocated && b.size >= mss)
+            && let Some(b) = seed
+                .blocks
+                .iter()
+                .find(|b| b.size >= if b.allocated { mss } else { free_limit })
         {
+            let (setting, size) = (max_split_setting(mss), format_size(b.size));
+            let why = if b.allocated {
+                format!(
+                    "holds a split-off block of {} bytes ({size}) at {:#x}, but {setting} \
+                     forbids splitting blocks that large",
+                    b.size, b.addr
+                )
+            } else {
+                format!(
+                    "holds a free block of {} bytes ({size}) at {:#x} beside other blocks, but \
+                     under {setting} no split leaves a free block that large (a block is split \
+                     only for a request below it, and only when the block is below it or a new \
+                     segment at most 1 MiB past it, so the rest is below it too)",
+                    b.size, b.addr
+                )
+            };
             return Err(Error::SeedForbiddenBySettings(format!(
-                "segment {:#x}: holds a split-off block of {} bytes, but max_split_size {} \
-                 forbids splitting blocks that large: this start state cannot exist under these \
-                 settings",
-                seed.addr, b.size, mss
+                "segment {:#x}: {why}: this start state cannot exist under these settings",
+                seed.addr
             )));
         }
         Ok(())
+    }
+}
+
+/// `max_split_size` as the setting that gives it: `max_split_size_mb:N` for a whole number of
+/// MiB (as the setting always is), else its bytes.
+fn max_split_setting(mss: u64) -> String {
+    const MIB: u64 = 1 << 20; // 1 MiB
+    if mss.is_multiple_of(MIB) {
+        format!("max_split_size_mb:{}", mss / MIB)
+    } else {
+        format!("max_split_size of {mss} bytes")
     }
 }

@@ -699,6 +699,184 @@ fn adopted_segments_behave_like_their_own() {
     );
 }
 
+/// `view` as a seed: its blocks as they stand, a pending one taken as allocated.
+fn seed_of(view: &SegmentView) -> SegmentSeed {
+    SegmentSeed {
+        addr: view.addr,
+        size: view.size,
+        stream: view.stream,
+        pool: view.pool,
+        blocks: view
+            .blocks
+            .iter()
+            .map(|b| BlockSeed {
+                addr: b.addr,
+                size: b.size,
+                requested: b.requested,
+                allocated: b.state != BlockState::Free,
+            })
+            .collect(),
+    }
+}
+
+/// Install `seed` in a fresh pool under `settings`, the device told of it first.
+fn adopt_fresh(settings: &Settings, seed: &SegmentSeed) -> Result<Vec<DevicePtr>, Error> {
+    let mut p = pool_with(u64::MAX, settings.clone());
+    assert!(p.backend_mut().claim(seed.addr, seed.size));
+    let adopted = p.adopt_segment(seed);
+    p.validate().unwrap();
+    adopted
+}
+
+/// Under max_split_size, a split segment holds no block of that size or more, free ones
+/// included: a block is split only for a request below it, and only when the block is below it
+/// or a new segment at most 1 MiB past it. A seed with one is refused, naming the block.
+#[test]
+fn seeds_with_a_free_block_of_max_split_size_in_a_split_segment_are_refused() {
+    let settings = Settings {
+        max_split_size: 512 * MIB,
+        ..Settings::default()
+    };
+    const SEG: u64 = 0x7f00_0000_0000;
+    let seed = |blocks: &[(u64, bool)]| {
+        let mut addr = SEG;
+        let blocks: Vec<BlockSeed> = blocks
+            .iter()
+            .map(|&(size, allocated)| {
+                addr += size;
+                BlockSeed {
+                    addr: addr - size,
+                    size,
+                    requested: if allocated { size } else { 0 },
+                    allocated,
+                }
+            })
+            .collect();
+        SegmentSeed {
+            addr: SEG,
+            size: addr - SEG,
+            stream: S0,
+            pool: PoolKind::Large,
+            blocks,
+        }
+    };
+    // The reviewer's state: 1 GiB, 300 MiB allocated at its start and 724 MiB free after it.
+    let refused = adopt_fresh(&settings, &seed(&[(300 * MIB, true), (724 * MIB, false)]));
+    let Err(Error::SeedForbiddenBySettings(why)) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(
+        why,
+        "segment 0x7f0000000000: holds a free block of 759169024 bytes (724.00 MiB) at \
+         0x7f0012c00000 beside other blocks, but under max_split_size_mb:512 no split leaves a \
+         free block that large (a block is split only for a request below it, and only when the \
+         block is below it or a new segment at most 1 MiB past it, so the rest is below it \
+         too): this start state cannot exist under these settings"
+    );
+    // Exactly max_split_size is refused too, before the segment's allocated block as after.
+    for blocks in [
+        [(2 * MIB, true), (512 * MIB, false)],
+        [(512 * MIB, false), (2 * MIB, true)],
+    ] {
+        let refused = adopt_fresh(&settings, &seed(&blocks));
+        assert!(
+            matches!(&refused, Err(Error::SeedForbiddenBySettings(why))
+                if why.contains("free block of 536870912 bytes (512.00 MiB)")),
+            "{refused:?}"
+        );
+    }
+    // An allocated block that large is named as split off.
+    let refused = adopt_fresh(&settings, &seed(&[(2 * MIB, false), (512 * MIB, true)]));
+    assert!(
+        matches!(&refused, Err(Error::SeedForbiddenBySettings(why))
+            if why.contains("split-off block of 536870912 bytes (512.00 MiB) at 0x7f0000200000, \
+                             but max_split_size_mb:512 forbids")),
+        "{refused:?}"
+    );
+    // Below max_split_size, in a segment that is not split, or without the setting: installed.
+    let below = seed(&[(2 * MIB, true), (512 * MIB - 512, false)]);
+    assert!(adopt_fresh(&settings, &below).is_ok());
+    assert!(adopt_fresh(&settings, &seed(&[(1024 * MIB, false)])).is_ok());
+    let reviewers = seed(&[(300 * MIB, true), (724 * MIB, false)]);
+    assert!(adopt_fresh(&Settings::default(), &reviewers).is_ok());
+}
+
+/// The layouts the pool itself reaches under max_split_size seed another pool with the same
+/// settings: the largest free block a split leaves (a 510 MiB request's segment, the largest
+/// below 512 MiB, split by a request just over 1 MiB), segments rounded up to 2 MiB past an odd
+/// max_split_size, and many random steps; and a max_split_size below 20 MiB (which PyTorch
+/// refuses), where a 20 MiB segment's rest may reach it.
+#[test]
+fn split_segments_the_pool_makes_under_max_split_size_seed_another_pool() {
+    let seeds_another = |p: &DeviceAllocator<SimDevice>, settings: &Settings| {
+        for view in p.segments() {
+            let seed = seed_of(&view);
+            if let Err(e) = adopt_fresh(settings, &seed) {
+                panic!("{e}: {seed:?}");
+            }
+        }
+    };
+    let with = |mb: u64| Settings {
+        max_split_size: mb * MIB,
+        ..Settings::default()
+    };
+
+    let settings = with(512);
+    let mut p = pool_with(u64::MAX, settings.clone());
+    let whole = alloc(&mut p, 510 * MIB);
+    free(&mut p, whole);
+    let _front = alloc(&mut p, MIB + 512);
+    assert_eq!(p.segments().len(), 1);
+    assert_eq!(p.segments()[0].blocks[1].size, 509 * MIB - 512);
+    seeds_another(&p, &settings);
+
+    let settings = with(21);
+    let mut p = pool_with(u64::MAX, settings.clone());
+    let _a = alloc(&mut p, 21 * MIB - 512);
+    assert_eq!(
+        p.segments()[0].size,
+        22 * MIB,
+        "split, 1 MiB and 512 bytes left"
+    );
+    seeds_another(&p, &settings);
+
+    let settings = with(10);
+    let mut p = pool_with(u64::MAX, settings.clone());
+    let _b = alloc(&mut p, 2 * MIB);
+    assert_eq!(
+        p.segments()[0].blocks[1].size,
+        18 * MIB,
+        "free, over max_split_size"
+    );
+    seeds_another(&p, &settings);
+
+    // Random requests of 512 bytes to 1 GiB, with frees, under each setting.
+    for mb in [20, 21, 64, 512] {
+        let settings = with(mb);
+        let mut p = pool_with(u64::MAX, settings.clone());
+        let mut live = Vec::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ mb;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..600 {
+            if !live.is_empty() && next() % 3 == 0 {
+                let i = (next() % live.len() as u64) as usize;
+                free(&mut p, live.swap_remove(i));
+            } else {
+                let size = 512u64 << (next() % 22);
+                live.push(alloc(&mut p, size + next() % size));
+            }
+            if step % 50 == 49 {
+                seeds_another(&p, &settings);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_pool_emptied_by_empty_cache_starts_over_like_a_fresh_one() {
     let sizes = [1000, 3 * MIB, 700, 25 * MIB, 5000, 2 * MIB + 1];
