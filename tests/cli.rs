@@ -604,6 +604,13 @@ fn bad_input_exits_2_with_a_clear_message() {
         (
             vec![
                 "synth".into(),
+                "loguniform:budget_gib=1,min=2147483648,max=4294967296,ops=1000".into(),
+            ],
+            "loguniform min=2147483648 is more than budget_gib=1 (1073741824 bytes)",
+        ),
+        (
+            vec![
+                "synth".into(),
                 "--conf".into(),
                 "max_split_size_mb:10".into(),
             ],

@@ -232,6 +232,19 @@ mod tests {
         assert!(err("transformer:layers").contains("key=value"));
         assert!(err("loguniform:free_p=1.5").contains("free_p"));
         assert!(err("loguniform:min=4096,max=512").contains("min"));
+        // Every request must fit the budget of live requested bytes alone.
+        assert_eq!(
+            err("loguniform:budget_gib=1,min=2147483648,max=4294967296,ops=1000"),
+            "loguniform min=2147483648 is more than budget_gib=1 (1073741824 bytes) of live \
+             requests: no request would fit; give min and max of at most 1073741824, or a larger \
+             budget_gib"
+        );
+        assert_eq!(
+            err("loguniform:budget_gib=1,max=1073741825"),
+            "loguniform max=1073741825 is more than budget_gib=1 (1073741824 bytes) of live \
+             requests: a request that large would not fit; give max of at most 1073741824, or a \
+             larger budget_gib"
+        );
         assert!(err("loguniform:ops=99999999999").contains("at most 10000000"));
         assert!(err("loguniform:ops=99999999999999999999").ends_with("is too large"));
         assert!(err("loguniform:min=1KiB").contains("is not a whole number of bytes"));

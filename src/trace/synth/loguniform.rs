@@ -25,7 +25,7 @@ pub struct LogUniformParams {
     pub max_size: u64,
     /// Probability that a step frees instead of allocating (when something is live).
     pub free_probability: f64,
-    /// Live requested bytes are kept at or below this (unless one request alone exceeds it).
+    /// Live requested bytes are kept at or below this; `max_size` may not exceed it.
     pub budget: u64,
 }
 
@@ -115,6 +115,26 @@ impl LogUniformParams {
         })?;
         check(self.budget > 0, || {
             "loguniform budget must be positive".into()
+        })?;
+        // Every request fits the budget alone, so freeing what is live always makes room for it:
+        // a request larger would break the budget, and redrawing it would silently make the
+        // sizes stop short of `max`.
+        let budget_gib = self.budget >> 30;
+        check(self.min_size <= self.budget, || {
+            format!(
+                "loguniform min={} is more than budget_gib={budget_gib} ({} bytes) of live \
+                 requests: no request would fit; give min and max of at most {}, or a larger \
+                 budget_gib",
+                self.min_size, self.budget, self.budget
+            )
+        })?;
+        check(self.max_size <= self.budget, || {
+            format!(
+                "loguniform max={} is more than budget_gib={budget_gib} ({} bytes) of live \
+                 requests: a request that large would not fit; give max of at most {}, or a \
+                 larger budget_gib",
+                self.max_size, self.budget, self.budget
+            )
         })
     }
 }
@@ -145,6 +165,7 @@ pub(super) fn generate(p: &LogUniformParams, seed: u64) -> Workload {
         }
         let size =
             ((log_min + rng.next_f64() * log_span).exp() as u64).clamp(p.min_size, p.max_size);
+        // `validate` keeps `max_size` within the budget, so freeing everything makes room.
         // (Saturating: a budget near 2^64 bytes holds sums that do not fit. The addition below
         // stays within the budget, or adds to nothing.)
         while live_bytes.saturating_add(size) > p.budget
@@ -213,6 +234,38 @@ mod tests {
             live.len() >= 15,
             "the budget holds at least 15 of them, not {}",
             live.len()
+        );
+    }
+
+    /// Requests up to the whole budget are allowed, and the budget holds: one of them is
+    /// made only once everything else live is freed.
+    #[test]
+    fn requests_as_large_as_the_budget_stay_in_budget() {
+        let spec: SynthSpec = "loguniform:budget_gib=1,min=268435456,max=1073741824,ops=3000"
+            .parse()
+            .unwrap();
+        let SynthSpec::LogUniform(p) = &spec else {
+            unreachable!()
+        };
+        let w = spec.generate(11).unwrap();
+        let mut live = std::collections::HashMap::new();
+        let mut live_bytes = 0u64;
+        let mut largest = 0;
+        for op in &w.ops {
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    live.insert(id, size);
+                    live_bytes += size;
+                    largest = largest.max(size);
+                }
+                Op::Free { id } => live_bytes -= live.remove(&id).unwrap(),
+                _ => {}
+            }
+            assert!(live_bytes <= p.budget, "{live_bytes} over the budget");
+        }
+        assert!(
+            largest > 1 << 29,
+            "sizes reach the budget's half: {largest}"
         );
     }
 
