@@ -178,7 +178,7 @@ fn command_line_slips_are_named_with_the_fix() {
         err,
         "cachealloc: warning: --conf: max_split_size_mb is given more than once: \
          max_split_size_mb:256 replaces max_split_size_mb:128, as in PyTorch\ncachealloc: warning: --conf stats: configures the preloaded library, not the \
-         pool, and has no effect on a replay\n"
+         pool, and has no effect on cachealloc synth\n"
     );
 }
 
@@ -607,6 +607,10 @@ fn bad_input_exits_2_with_a_clear_message() {
                 "loguniform:budget_gib=1,min=2147483648,max=4294967296,ops=1000".into(),
             ],
             "loguniform min=2147483648 is more than budget_gib=1 (1073741824 bytes)",
+        ),
+        (
+            vec!["synth".into(), "transformer:seq=-5".into()],
+            "parameter seq=\"-5\" is not LO-HI (two whole numbers, such as 128-1024)",
         ),
         (
             vec![

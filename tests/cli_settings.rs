@@ -5,6 +5,7 @@
 mod support;
 
 use support::cli::{cachealloc, cachealloc_with, json};
+use support::trace_lines::write_trace;
 
 #[test]
 fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
@@ -128,9 +129,31 @@ fn options_without_effect_on_a_replay_are_warned_about() {
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--conf free_sync, trace: configure the preloaded library, not the pool"),
+        err.contains(
+            "--conf free_sync, trace: configure the preloaded library, not the pool, and have \
+             no effect on cachealloc synth"
+        ),
         "{err}"
     );
+    // The warning names the command that runs.
+    let recorded = write_trace(
+        "library-keys.trace",
+        &[
+            ("segment_alloc", 0x7f00_0000_0000, 2 << 20, 0),
+            ("alloc", 0x7f00_0000_0000, 1024, 0),
+        ],
+    );
+    let replayed = cachealloc(&["replay", recorded.to_str().unwrap(), "--conf", "stats:json"]);
+    let replay_err = String::from_utf8_lossy(&replayed.stderr);
+    assert!(replayed.status.success(), "{replay_err}");
+    assert!(
+        replay_err.contains(
+            "--conf stats: configures the preloaded library, not the pool, and has no effect on \
+             cachealloc replay"
+        ),
+        "{replay_err}"
+    );
+    std::fs::remove_file(recorded).unwrap();
     assert!(
         err.contains("per_process_memory_fraction limits a fraction of the device's memory"),
         "{err}"

@@ -315,6 +315,17 @@ fn device_memory_and_settings() {
         ),
         "{err}"
     );
+    // Keys of the preloaded library are named as having no effect on the command that runs.
+    let out = state(
+        &path,
+        &["--conf", "max_split_size_mb:128,free_sync:event,stats:json"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cachealloc: warning: --conf free_sync, stats: configure the preloaded library, not the \
+         pool, and have no effect on cachealloc state\n"
+    );
     std::fs::remove_file(path).unwrap();
 }
 

@@ -229,6 +229,20 @@ mod tests {
         assert!(err("loguniform:x=1").ends_with("allowed: ops, min, max, free_p, budget_gib"));
         assert!(err("transformer:layers=x").contains("\"x\""));
         assert!(err("transformer:seq=900-100").contains("seq"));
+        // A range's refusal quotes what was typed, not its empty half, and says what is allowed.
+        for seq in ["-5", "5-", "5-6-7", "many"] {
+            assert_eq!(
+                err(&format!("transformer:seq={seq}")),
+                format!(
+                    "synthetic workload parameter seq=\"{seq}\" is not LO-HI (two whole \
+                     numbers, such as 128-1024) or one whole number"
+                )
+            );
+        }
+        assert!(
+            err("transformer:seq=1-99999999999999999999")
+                .ends_with("seq=\"1-99999999999999999999\" holds a number too large")
+        );
         assert!(err("transformer:layers").contains("key=value"));
         assert!(err("loguniform:free_p=1.5").contains("free_p"));
         assert!(err("loguniform:min=4096,max=512").contains("min"));

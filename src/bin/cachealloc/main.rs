@@ -216,7 +216,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 .parse()
                 .map_err(|e: cachealloc::trace::synth::SynthError| e.0)?;
             let workload = spec.generate(args.seed).map_err(|e| e.0)?;
-            let (config, settings_text) = replay_config(&args.common)?;
+            let (config, settings_text) = replay_config(&args.common, "synth")?;
             if args.common.conf.is_none() {
                 note_unread_variable();
             }
@@ -250,7 +250,7 @@ fn run(cli: Cli) -> Result<String, String> {
             ))
         }
         Command::Replay(args) => {
-            let (mut config, mut settings_text) = replay_config(&args.common)?;
+            let (mut config, mut settings_text) = replay_config(&args.common, "replay")?;
             // A faithful replay takes the recording's settings: no variable could apply.
             if args.common.conf.is_none() && !args.faithful {
                 note_unread_variable();
@@ -340,9 +340,11 @@ fn run(cli: Cli) -> Result<String, String> {
     }
 }
 
-fn replay_config(common: &Common) -> Result<(ReplayConfig, String), String> {
+/// The replay's configuration from the options of `command` (`replay` or `synth`), and its
+/// settings named.
+fn replay_config(common: &Common, command: &str) -> Result<(ReplayConfig, String), String> {
     let conf = common.conf.as_deref().unwrap_or("");
-    let config = parse_conf(conf)?;
+    let config = parse_conf(conf, command)?;
     let placement = match common.placement {
         None | Some(PlacementArg::TopDown) => Placement::TopDown,
         Some(PlacementArg::BottomUp) => Placement::BottomUp,
@@ -371,8 +373,9 @@ fn named_settings(how: &str, settings: &cachealloc::pool::Settings) -> String {
     }
 }
 
-/// Parse `--conf`, printing the warnings its keys and values earn.
-fn parse_conf(conf: &str) -> Result<Config, String> {
+/// Parse `--conf` for `command` (`replay`, `synth`, `state`), printing the warnings its keys
+/// and values earn.
+fn parse_conf(conf: &str, command: &str) -> Result<Config, String> {
     let config = Config::parse_conf_str(conf).map_err(|e| e.to_string())?;
     for warning in config.unsupported_key_warnings() {
         say!("cachealloc: warning: {warning}");
@@ -389,7 +392,7 @@ fn parse_conf(conf: &str) -> Result<Config, String> {
         };
         say!(
             "cachealloc: warning: --conf {}: {configure} the preloaded library, not the pool, \
-             and {have} no effect on a replay",
+             and {have} no effect on cachealloc {command}",
             library_keys.join(", ")
         );
     }

@@ -229,7 +229,7 @@ fn pick_device<'a>(
 /// The settings the request is tried under, and how the report names them.
 fn settings(rec: &DeviceRecording, conf: Option<&str>) -> Result<(Settings, String), String> {
     if let Some(conf) = conf {
-        let config = crate::parse_conf(conf)?;
+        let config = crate::parse_conf(conf, "state")?;
         let conf = cachealloc::trace::record::settings_text(&config.settings);
         let text = if conf.is_empty() {
             "defaults (from --conf)".to_string()

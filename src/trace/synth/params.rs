@@ -5,8 +5,8 @@ use std::num::{IntErrorKind, ParseIntError};
 
 /// A whole number, with `_` allowed as a digit separator (`1_000_000`).
 pub(super) fn whole(key: &str, value: &str) -> Result<u64, SynthError> {
-    value.replace('_', "").parse().map_err(|e: ParseIntError| {
-        let what = match e.kind() {
+    parse_whole(value).map_err(|kind| {
+        let what = match kind {
             IntErrorKind::PosOverflow => "is too large".to_string(),
             _ => format!("is not a whole number{}", unit_of(key)),
         };
@@ -14,6 +14,13 @@ pub(super) fn whole(key: &str, value: &str) -> Result<u64, SynthError> {
             "synthetic workload parameter {key}={value:?} {what}"
         ))
     })
+}
+
+fn parse_whole(value: &str) -> Result<u64, IntErrorKind> {
+    value
+        .replace('_', "")
+        .parse()
+        .map_err(|e: ParseIntError| *e.kind())
 }
 
 /// What a whole-number parameter counts, where a user might write another unit.
@@ -35,15 +42,22 @@ pub(super) fn fraction(key: &str, value: &str) -> Result<f64, SynthError> {
     }
 }
 
-/// `LO-HI` or a single value `N` (meaning `N-N`).
+/// `LO-HI` or a single value `N` (meaning `N-N`). A refusal quotes the whole value (a half of
+/// `-5` or `5-` is empty).
 pub(super) fn range(key: &str, value: &str) -> Result<(u64, u64), SynthError> {
-    match value.split_once('-') {
-        Some((lo, hi)) => Ok((whole(key, lo.trim())?, whole(key, hi.trim())?)),
-        None => {
-            let v = whole(key, value)?;
-            Ok((v, v))
-        }
-    }
+    let parsed = match value.split_once('-') {
+        Some((lo, hi)) => parse_whole(lo.trim()).and_then(|lo| Ok((lo, parse_whole(hi.trim())?))),
+        None => parse_whole(value).map(|v| (v, v)),
+    };
+    parsed.map_err(|kind| {
+        let what = match kind {
+            IntErrorKind::PosOverflow => "holds a number too large",
+            _ => "is not LO-HI (two whole numbers, such as 128-1024) or one whole number",
+        };
+        SynthError(format!(
+            "synthetic workload parameter {key}={value:?} {what}"
+        ))
+    })
 }
 
 /// A gibibyte count as bytes, refusing values that overflow.
