@@ -218,19 +218,19 @@ impl Config {
 
     /// Parse options given on the command line (`--conf STR`), with `CACHEALLOC_CONF` meaning.
     pub fn parse_conf_str(text: &str) -> Result<Config, ConfigError> {
-        let mut config = Config {
-            source: ConfigSource::CommandLine,
-            ..Config::default()
-        };
-        load::apply_conf(&mut config, text)?;
-        Ok(config)
+        Self::parse_from(ConfigSource::CommandLine, text)
     }
 
     /// Parse options as the library reads `PYTORCH_CUDA_ALLOC_CONF`: shared keys only, PyTorch's
     /// own keys accepted and ignored (the string a PyTorch snapshot recorded, for one).
     pub fn parse_pytorch_conf(text: &str) -> Result<Config, ConfigError> {
+        Self::parse_from(ConfigSource::PytorchCudaAllocConf, text)
+    }
+
+    /// Parse options with the meaning they have in `source`.
+    fn parse_from(source: ConfigSource, text: &str) -> Result<Config, ConfigError> {
         let mut config = Config {
-            source: ConfigSource::PytorchCudaAllocConf,
+            source,
             ..Config::default()
         };
         load::apply_conf(&mut config, text)?;
