@@ -92,6 +92,30 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
                 "{c}: garbage_collection_threshold:0x1p-1: hexadecimal numbers are not read; expected a decimal number greater than 0.0 and less than 1.0"
             ),
         ),
+        // std::stod reads these as hexadecimal numbers: refused, whatever the case of the 'x'
+        // or a sign before it
+        (
+            c,
+            "per_process_memory_fraction:0X1p-1",
+            format!(
+                "{c}: per_process_memory_fraction:0X1p-1: hexadecimal numbers are not read; expected a decimal number in [0.0, 1.0]"
+            ),
+        ),
+        (
+            c,
+            "per_process_memory_fraction:+0x1p-1",
+            format!(
+                "{c}: per_process_memory_fraction:+0x1p-1: hexadecimal numbers are not read; expected a decimal number in [0.0, 1.0]"
+            ),
+        ),
+        // std::stod throws out_of_range below a double's range, as PyTorch would
+        (
+            c,
+            "garbage_collection_threshold:1e-400",
+            format!(
+                "{c}: garbage_collection_threshold:1e-400: out of a double's range; expected a number greater than 0.0 and less than 1.0"
+            ),
+        ),
         (
             c,
             "max_split_size_mb:99999999999999999999",
@@ -281,6 +305,21 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             c,
             "zzz:1",
             format!("{c}: unknown key 'zzz' (allowed keys: {OUR_KEYS})"),
+        ),
+        // three edits from a short key is still a likely typo
+        (
+            c,
+            "tracing:/tmp/t",
+            format!("{c}: unknown key 'tracing'; did you mean 'trace'? (allowed keys: {OUR_KEYS})"),
+        ),
+        // '=' followed by ':' is no `key=value` slip ("write max_split_size_mb:128" would leave
+        // ":1" behind): the whole is the key
+        (
+            c,
+            "max_split_size_mb=128:1",
+            format!(
+                "{c}: unknown key 'max_split_size_mb=128'; did you mean 'max_split_size_mb'? (allowed keys: {OUR_KEYS})"
+            ),
         ),
         (
             p,
@@ -517,6 +556,16 @@ fn the_last_occurrence_of_a_key_wins_and_roundup_lists_stack_like_pytorch() {
     assert_eq!(c.settings.roundup_power2_divisions, want);
 }
 
+/// A second `>` entry fills again from after the latest numeric entry (PyTorch's
+/// `last_index + 1`), over what the first one wrote.
+#[test]
+fn a_second_gt_entry_fills_again_after_the_last_interval() {
+    let c = conf("roundup_power2_divisions:[256:1,>:2,>:4]").unwrap();
+    let mut want = [4; ROUNDUP_INTERVALS];
+    want[..=8].fill(1);
+    assert_eq!(c.settings.roundup_power2_divisions, want);
+}
+
 #[test]
 fn roundup_list_with_whitespace_and_trailing_commas() {
     let c = conf(" roundup_power2_divisions : [ 256 : 1 , 512:2 ,1024:4, > : 8 , ] , ").unwrap();
@@ -532,7 +581,7 @@ fn roundup_list_with_whitespace_and_trailing_commas() {
 
 #[test]
 fn blank_values_mean_defaults() {
-    for text in ["", " ", "\t\n "] {
+    for text in ["", " ", "\t\n ", "\r\x0b\x0c"] {
         let c = conf(text).unwrap();
         assert_eq!(c.settings, crate::pool::Settings::default(), "{text:?}");
         assert_eq!(c.source, ConfigSource::CacheallocConf);
@@ -591,6 +640,19 @@ fn pytorch_only_keys_are_ignored_in_every_variable() {
     // Their values are PyTorch's to check, including lists.
     let c = conf("pinned_num_register_threads:3,backend:[a:b]").unwrap();
     assert_eq!(c.ignored_keys(), ["pinned_num_register_threads", "backend"]);
+}
+
+/// PyTorch drops whitespace inside a value too (`cudaMalloc Async` is `cudaMallocAsync` to
+/// it): an ignored key is kept as PyTorch reads it, so its policy warning still fires.
+#[test]
+fn ignored_keys_are_kept_as_pytorch_reads_them() {
+    let c =
+        Config::from_lookup(env(&[(PYTORCH_CUDA_CONF_VAR, "backend:cudaMalloc Async")])).unwrap();
+    assert_eq!(
+        c.ignored,
+        [("backend".to_string(), "cudaMallocAsync".to_string())]
+    );
+    assert_eq!(c.unsupported_key_warnings().len(), 1);
 }
 
 #[test]
@@ -884,6 +946,24 @@ fn a_key_given_twice_keeps_its_last_value_with_a_warning() {
     );
 }
 
+/// A garbage-collection threshold acts only under a fraction below 1 (as in PyTorch): set
+/// without one, it is a warning; with one, none.
+#[test]
+fn a_collection_threshold_without_a_fraction_is_a_warning() {
+    assert_eq!(
+        conf("garbage_collection_threshold:0.6")
+            .unwrap()
+            .value_warnings(),
+        [
+            "CACHEALLOC_CONF: garbage_collection_threshold acts only under a \
+             per_process_memory_fraction below 1 (as in PyTorch): without one, no cached block \
+             is ever collected"
+        ]
+    );
+    let limited = conf("garbage_collection_threshold:0.6,per_process_memory_fraction:0.9");
+    assert!(limited.unwrap().value_warnings().is_empty());
+}
+
 #[test]
 fn a_stats_file_without_stats_is_a_warning() {
     let warned = conf("stats_file:/tmp/s.json").unwrap().library_warnings();
@@ -951,6 +1031,14 @@ fn a_tuning_in_an_unread_variable_is_warned_about() {
     let quiet = Config::from_lookup(env(&[
         (CONF_VAR, "stats:text"),
         (PYTORCH_CUDA_CONF_VAR, "backend:native"),
+    ]))
+    .unwrap();
+    assert!(quiet.unread_warnings().is_empty());
+    // Our own keys are no tuning of PyTorch's (it refuses them): not named, even with a value
+    // we would refuse.
+    let quiet = Config::from_lookup(env(&[
+        (CONF_VAR, "stats:text"),
+        (PYTORCH_CUDA_CONF_VAR, "stats:yaml"),
     ]))
     .unwrap();
     assert!(quiet.unread_warnings().is_empty());
