@@ -28,6 +28,8 @@ mod validate;
 #[cfg(test)]
 mod boundary_tests;
 #[cfg(test)]
+mod expandable_boundary_tests;
+#[cfg(test)]
 mod expandable_tests;
 #[cfg(test)]
 mod ladder_tests;

@@ -1,0 +1,178 @@
+//! Worked examples at the edges of the expandable-segments policy (reference §5) that the
+//! worked examples of `expandable_tests.rs` pass over and random sequences reach only by
+//! chance: which neighbour counts toward a free block's "expandable size", what counts as room
+//! beside unmapped space, the memory-fraction check made with the segment size, the search
+//! again after a synchronization, and the blocks that `empty_cache` and the oversize release
+//! must leave alone. Each pins one rule on the simulated device, so that a change to it fails
+//! here whatever the seed. Found by mutating each rule and seeing which tests noticed.
+
+use super::tests::{MIB, S0, alloc, free, pool_with};
+use super::*;
+use crate::backend::sim::SimDevice;
+
+const GIB: u64 = 1 << 30;
+const PAGE: u64 = 20 * MIB;
+
+fn expandable() -> Settings {
+    Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    }
+}
+
+/// A pool with expandable segments on a device whose frees wait for their fences.
+fn pool_with_pending_work() -> DeviceAllocator<SimDevice> {
+    DeviceAllocator::new(SimDevice::new(8 * GIB).with_pending_work(), expandable())
+}
+
+/// Only unmapped space after a free block adds to its "expandable size": a pending block after
+/// it (freed, waiting for its fence) does not. A 9 MiB request takes the 10 MiB block followed
+/// by a pending one, not the 12 MiB block followed by an allocated one.
+#[test]
+fn a_pending_neighbour_does_not_make_a_block_growable() {
+    let mut p = pool_with_pending_work();
+    let x = alloc(&mut p, 10 * MIB); // page 0: x [0, 10), q [10, 20)
+    let q = alloc(&mut p, 10 * MIB);
+    let y = alloc(&mut p, 12 * MIB); // page 1: y [20, 32), _z [32, 40), then unmapped
+    let _z = alloc(&mut p, 8 * MIB);
+    free(&mut p, x);
+    free(&mut p, y);
+    p.free_deferred(q).unwrap();
+    p.validate().unwrap();
+    let a = alloc(&mut p, 9 * MIB);
+    assert_eq!(a, x, "10 MiB block before the pending one: the best fit");
+    assert_eq!(p.pending_frees(), 1, "served without waiting");
+}
+
+/// A block still pending is not room for `find_expandable_block`: a request that needs more
+/// than the mapped end offers maps the pages after a pending block in one call, instead of
+/// starting from the pending block and mapping page runs one by one after it.
+#[test]
+fn a_pending_block_before_unmapped_space_is_not_room() {
+    let mut p = pool_with_pending_work();
+    let a = alloc(&mut p, 2 * PAGE); // pages 0-1, exactly
+    let side = [StreamId(7)];
+    p.free_after_streams(a, &side).unwrap(); // pending: polled, not synchronized for growth
+    let b = alloc(&mut p, 50 * MIB);
+    assert_eq!(b.addr(), a.addr() + 2 * PAGE);
+    let s = p.stats();
+    assert_eq!(s.counts.num_device_alloc, 2, "pages 2-4 mapped in one call");
+    assert_eq!(s.reserved_bytes.all.current, 5 * PAGE as i64);
+    assert_eq!(p.pending_frees(), 1);
+}
+
+/// The memory-fraction check before growing uses the segment size a request would get without
+/// expandable segments (`alloc_size`: 20 MiB for a 2 MiB request), not the rounded size that is
+/// then mapped: with 40 of the 50 MiB allowed reserved and in use, a 2 MiB request is out of
+/// memory, though the page it needs would fit.
+#[test]
+fn the_fraction_check_uses_the_segment_size() {
+    let settings = Settings {
+        per_process_memory_fraction: 0.5,
+        ..expandable()
+    };
+    let mut p = pool_with(100 * MIB, settings);
+    let _a = alloc(&mut p, 2 * PAGE);
+    assert!(matches!(p.malloc(2 * MIB, S0), Err(Error::OutOfMemory(_))));
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 2 * PAGE as i64);
+    assert_eq!(s.counts.num_device_alloc, 1);
+    // A small request's segment is 2 MiB: 42 MiB of 50 fit.
+    alloc(&mut p, 1000);
+    assert_eq!(p.stats().reserved_bytes.all.current, 42 * MIB as i64);
+}
+
+/// After the miss ladder synchronizes for pending frees, the pool is searched again with the
+/// expandable rule: of the two blocks the synchronization freed, the 10 MiB one at the mapped
+/// end (which could grow) is passed over for the 12 MiB one that could not.
+#[test]
+fn the_search_after_a_synchronization_uses_the_expandable_rule() {
+    let mut p = pool_with_pending_work();
+    let a = alloc(&mut p, 12 * MIB); // page 0: a [0, 12), _b [12, 20)
+    let _b = alloc(&mut p, 8 * MIB);
+    let _c = alloc(&mut p, 30 * MIB); // pages 1-2: _c [20, 50), d [50, 60)
+    let d = alloc(&mut p, 10 * MIB);
+    p.free_deferred(a).unwrap();
+    p.free_deferred(d).unwrap();
+    p.validate().unwrap();
+    let e = alloc(&mut p, 9 * MIB);
+    assert_eq!(p.backend().counters().synchronizes, 1);
+    assert_eq!(e, a, "the 12 MiB block, not the growable 10 MiB one");
+    assert_eq!(p.stats().counts.num_device_alloc, 2, "no page mapped");
+}
+
+/// `empty_cache` unmaps the pages of expandable blocks only: with expandable segments on, a
+/// native segment (rebuilt from a recording) with a free block holding whole pages keeps it.
+#[test]
+fn empty_cache_leaves_the_free_blocks_of_native_segments_mapped() {
+    let mut sim = SimDevice::new(GIB);
+    let native = 0x7000_0000_0000;
+    assert!(sim.claim(native, 3 * PAGE));
+    let mut p = DeviceAllocator::new(sim, expandable());
+    let live = p
+        .adopt_segment(&SegmentSeed {
+            addr: native,
+            size: 3 * PAGE,
+            stream: S0,
+            pool: PoolKind::Large,
+            blocks: vec![
+                BlockSeed {
+                    addr: native,
+                    size: 10 * MIB,
+                    requested: 10 * MIB,
+                    allocated: true,
+                },
+                BlockSeed {
+                    addr: native + 10 * MIB,
+                    size: 50 * MIB,
+                    requested: 0,
+                    allocated: false,
+                },
+            ],
+        })
+        .unwrap();
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 3 * PAGE as i64);
+    assert_eq!(s.counts.num_device_free, 0);
+    free(&mut p, live[0]);
+    p.empty_cache().unwrap();
+    assert_eq!(p.stats().reserved_bytes.all.current, 0);
+}
+
+/// A free expandable block that is its whole range (every page mapped: here a range of one
+/// page, on a device reporting 8 MiB) is not a segment to release: `empty_cache` unmaps its
+/// page and gives the range back; no segment is counted either way.
+#[test]
+fn a_wholly_mapped_free_range_is_unmapped_not_released() {
+    let mut sim = SimDevice::new(GIB);
+    sim.set_total(Some(8 * MIB));
+    let mut p = DeviceAllocator::new(sim, expandable());
+    let a = alloc(&mut p, PAGE);
+    assert_eq!(p.segments().len(), 1);
+    free(&mut p, a);
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 0);
+    assert_eq!(s.segment.all.current, 0);
+    assert_eq!(s.counts.num_device_free, 1, "one unmap");
+    assert_eq!(p.backend().counters().frees, 0, "no segment released");
+    assert!(p.segments().is_empty(), "the range was given back");
+}
+
+/// Pages are mapped for the rounded request, not for the segment size it would get without
+/// expandable segments (`alloc_size`): a request of 20 MiB + 512 (a 22 MiB segment) after a
+/// 1 MiB free tail maps one page, for 21 MiB, not two.
+#[test]
+fn pages_are_mapped_for_the_rounded_size_not_the_segment_size() {
+    let mut p = pool_with(8 * GIB, expandable());
+    let a = alloc(&mut p, 19 * MIB); // page 0: a [0, 19), a 1 MiB free tail
+    let b = alloc(&mut p, PAGE + 512);
+    assert_eq!(b.addr(), a.addr() + 19 * MIB, "grown from the free tail");
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 2 * PAGE as i64);
+    assert_eq!(s.counts.num_device_alloc, 2);
+}
