@@ -1,10 +1,11 @@
 //! Worked examples at the edges of the expandable-segments policy (reference §5) that the
 //! worked examples of `expandable_tests.rs` pass over and random sequences reach only by
-//! chance: which neighbour counts toward a free block's "expandable size", what counts as room
-//! beside unmapped space, the memory-fraction check made with the segment size, the search
-//! again after a synchronization, and the blocks that `empty_cache` and the oversize release
-//! must leave alone. Each pins one rule on the simulated device, so that a change to it fails
-//! here whatever the seed. Found by mutating each rule and seeing which tests noticed.
+//! chance: which neighbour counts toward a free block's "expandable size" and how far the
+//! best-fit walk over such blocks goes, what counts as room beside unmapped space, the
+//! memory-fraction check made with the segment size, the search again after a
+//! synchronization, and the blocks that `empty_cache` and the oversize release must leave
+//! alone. Each pins one rule on the simulated device, so that a change to it fails here
+//! whatever the seed. Found by mutating each rule and seeing which tests noticed.
 
 use super::tests::{MIB, S0, alloc, free, pool_with};
 use super::*;
@@ -175,4 +176,49 @@ fn pages_are_mapped_for_the_rounded_size_not_the_segment_size() {
     let s = p.stats();
     assert_eq!(s.reserved_bytes.all.current, 2 * PAGE as i64);
     assert_eq!(s.counts.num_device_alloc, 2);
+}
+
+/// The best-fit walk over expandable blocks goes on while each next larger block could grow to
+/// less than the one before it, not one step only: of three free blocks of 5, 7 and 18 MiB
+/// that could grow to 45, 27 and 18 MiB (unmapped pages after the first two), a 4 MiB request
+/// takes the 18 MiB block.
+#[test]
+fn the_walk_over_growable_blocks_goes_on_past_the_first_step() {
+    let mut p = pool_with(8 * GIB, expandable());
+    let k1 = alloc(&mut p, 15 * MIB); // page 0: k1 [0, 15), x [15, 60)
+    let x = alloc(&mut p, 45 * MIB);
+    let _k2 = alloc(&mut p, 13 * MIB); // page 3: k2 [60, 73), y [73, 118), k3 [118, 120)
+    let y = alloc(&mut p, 45 * MIB);
+    let _k3 = alloc(&mut p, 2 * MIB);
+    free(&mut p, x);
+    free(&mut p, y);
+    // Pages 1-2 and 4 unmapped: free 5 MiB at 15, 7 MiB at 73 and 18 MiB at 100 are left.
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    assert_eq!(p.stats().reserved_bytes.all.current, 3 * PAGE as i64);
+    let a = alloc(&mut p, 4 * MIB);
+    assert_eq!(a.addr(), k1.addr() + 100 * MIB, "the 18 MiB block");
+    assert_eq!(p.stats().counts.num_device_alloc, 4, "no page mapped");
+}
+
+/// Room for a request beside unmapped space counts the free block after the unmapped stretch,
+/// and an exact fit is room: with an unmapped 40 MiB stretch between an allocated block and a
+/// free 5 MiB one, a 45 MiB request maps just the stretch (its two pages) and takes it with the
+/// free block, instead of mapping past the free block or at the end of the range.
+#[test]
+fn an_unmapped_stretch_and_the_free_block_after_it_are_room_to_the_byte() {
+    let mut p = pool_with(8 * GIB, expandable());
+    let a = alloc(&mut p, PAGE); // page 0: a; pages 1-3: x [20, 65), b [65, 80)
+    let x = alloc(&mut p, 45 * MIB);
+    let _b = alloc(&mut p, 15 * MIB);
+    free(&mut p, x);
+    // Pages 1-2 unmapped, [60, 65) left free.
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    assert_eq!(p.stats().reserved_bytes.all.current, 2 * PAGE as i64);
+    let c = alloc(&mut p, 45 * MIB);
+    assert_eq!(c.addr(), a.addr() + PAGE);
+    let s = p.stats();
+    assert_eq!(s.reserved_bytes.all.current, 4 * PAGE as i64);
+    assert_eq!(s.counts.num_device_alloc, 3, "pages 1-2 mapped in one call");
 }
