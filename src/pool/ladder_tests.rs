@@ -5,7 +5,7 @@
 //! that a change to it fails here whatever the seed; the statistics tell the paths apart
 //! (`num_alloc_retries` counts only the last rung).
 
-use super::tests::{MIB, S0, alloc, free, pool_with};
+use super::tests::{MIB, S0, alloc, cache, free, pool_with};
 use super::*;
 use crate::backend::sim::SimDevice;
 use std::sync::{Arc, Mutex};
@@ -50,10 +50,7 @@ fn reserved_mib(p: &DeviceAllocator<SimDevice>) -> i64 {
 fn the_oversize_release_frees_the_smallest_block_that_covers_the_request() {
     let mut p = pool_with(700 * MIB, max_split(50));
     let _live = alloc(&mut p, 80 * MIB);
-    let blocks = [100, 200, 300].map(|mib| alloc(&mut p, mib * MIB));
-    for b in blocks {
-        free(&mut p, b);
-    }
+    cache(&mut p, &[100 * MIB, 200 * MIB, 300 * MIB]);
     let released = record_releases(&mut p);
     alloc(&mut p, 150 * MIB);
     assert_eq!(*released.lock().unwrap(), vec![200]);
@@ -67,10 +64,7 @@ fn the_oversize_release_frees_the_smallest_block_that_covers_the_request() {
 fn an_oversize_release_short_of_the_request_counts_a_retry() {
     let mut p = pool_with(150 * MIB, max_split(50));
     let _live = alloc(&mut p, 10 * MIB);
-    let blocks = [60, 70].map(|mib| alloc(&mut p, mib * MIB));
-    for b in blocks {
-        free(&mut p, b);
-    }
+    cache(&mut p, &[60 * MIB, 70 * MIB]);
     let released = record_releases(&mut p);
     // 140 MiB: 70 + 60 released fall short of it, yet leave 140 MiB of the device free.
     alloc(&mut p, 140 * MIB);
@@ -84,10 +78,7 @@ fn an_oversize_release_short_of_the_request_counts_a_retry() {
 fn the_oversize_release_stops_at_a_block_below_max_split_size() {
     let mut p = pool_with(160 * MIB, max_split(50));
     let _live = alloc(&mut p, 10 * MIB);
-    let blocks = [44, 100].map(|mib| alloc(&mut p, mib * MIB));
-    for b in blocks {
-        free(&mut p, b);
-    }
+    cache(&mut p, &[44 * MIB, 100 * MIB]);
     let released = record_releases(&mut p);
     // 140 MiB: 100 + 44 would cover it, but 44 MiB is not oversize.
     alloc(&mut p, 140 * MIB);
@@ -114,10 +105,7 @@ fn the_oversize_release_keeps_to_the_requests_stream() {
 fn garbage_collection_finishes_its_pass() {
     let mut p = collected_above_256_mib();
     let _live = alloc(&mut p, 216 * MIB);
-    let blocks = [40, 20].map(|mib| alloc(&mut p, mib * MIB));
-    for b in blocks {
-        free(&mut p, b);
-    }
+    cache(&mut p, &[40 * MIB, 20 * MIB]);
     let released = record_releases(&mut p);
     // 276 MiB reserved: the target is 20 MiB.
     alloc(&mut p, 100 * MIB);

@@ -26,6 +26,14 @@ pub(super) fn free(p: &mut DeviceAllocator<SimDevice>, ptr: DevicePtr) {
     p.validate().unwrap();
 }
 
+/// Cache blocks of `sizes` on stream 0: allocate them all, then free them in order.
+pub(super) fn cache(p: &mut DeviceAllocator<SimDevice>, sizes: &[u64]) {
+    let blocks: Vec<_> = sizes.iter().map(|&size| alloc(p, size)).collect();
+    for b in blocks {
+        free(p, b);
+    }
+}
+
 #[test]
 fn segment_of_names_the_device_allocation_that_holds_an_address() {
     let mut p = pool();
@@ -197,10 +205,7 @@ fn oversize_release_stops_once_the_released_blocks_cover_the_request() {
         ..Settings::default()
     };
     let mut p = pool_with(256 * MIB, settings);
-    let blocks: Vec<_> = (0..3).map(|_| alloc(&mut p, 64 * MIB)).collect();
-    for b in blocks {
-        free(&mut p, b);
-    }
+    cache(&mut p, &[64 * MIB; 3]);
     // 192 MiB cached + 128 MiB does not fit: two 64 MiB blocks cover the request exactly,
     // so the third stays cached (PyTorch's loop runs while the total is below the request).
     alloc(&mut p, 128 * MIB);
@@ -430,10 +435,7 @@ fn garbage_collection_releases_aged_cached_blocks() {
         ..Settings::default()
     };
     let mut p = pool_with(1000 * MIB, settings);
-    let blocks: Vec<_> = (0..3).map(|_| alloc(&mut p, 100 * MIB)).collect();
-    for b in blocks {
-        free(&mut p, b);
-    }
+    cache(&mut p, &[100 * MIB; 3]);
     // Reserved 300 MiB > 0.5 × 500 MiB: the next miss collects every block of mean age or more.
     alloc(&mut p, 150 * MIB);
     let s = p.stats();
