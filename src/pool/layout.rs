@@ -5,7 +5,8 @@ use super::allocator::DeviceAllocator;
 use super::block::{Block, BlockId, BlockState, NIL};
 use super::error::Error;
 use super::format::format_size;
-use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE};
+use super::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, segment_size};
+use super::settings::Settings;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::Backend;
 
@@ -303,8 +304,36 @@ impl<B: Backend> DeviceAllocator<B> {
                 seed.addr
             )));
         }
+        // A segment made for a request of max_split_size or more is never split (the request
+        // takes it whole, and once free it serves only such requests), so a split segment was
+        // made for a request below it, and is no larger than the largest such segment.
+        let largest = largest_split_segment(&self.settings);
+        if seed.pool == PoolKind::Large && seed.blocks.len() > 1 && seed.size > largest {
+            return Err(Error::SeedForbiddenBySettings(format!(
+                "segment {:#x}: is a split segment of {} bytes ({}), but under {} only a segment \
+                 made for a request below it is split, and none is larger than {} bytes ({}): \
+                 this start state cannot exist under these settings",
+                seed.addr,
+                seed.size,
+                format_size(seed.size),
+                max_split_setting(mss),
+                largest,
+                format_size(largest)
+            )));
+        }
         Ok(())
     }
+}
+
+/// The largest segment the pool makes for a request below `max_split_size`: the segment of the
+/// largest block size below it (at least the 20 MiB a request below 10 MiB gets). Without the
+/// setting, any size.
+fn largest_split_segment(settings: &Settings) -> u64 {
+    if !settings.has_max_split_size() {
+        return u64::MAX;
+    }
+    let largest_below = settings.max_split_size.saturating_sub(1) / MIN_BLOCK_SIZE * MIN_BLOCK_SIZE;
+    segment_size(largest_below).max(LARGE_BUFFER)
 }
 
 /// `max_split_size` as the setting that gives it: `max_split_size_mb:N` for a whole number of

@@ -795,12 +795,81 @@ fn seeds_with_a_free_block_of_max_split_size_in_a_split_segment_are_refused() {
                              but max_split_size_mb:512 forbids")),
         "{refused:?}"
     );
-    // Below max_split_size, in a segment that is not split, or without the setting: installed.
-    let below = seed(&[(2 * MIB, true), (512 * MIB - 512, false)]);
+    // Below max_split_size (the largest free block a split leaves in the largest split
+    // segment), in a segment that is not split, or without the setting: installed.
+    let below = seed(&[(MIB + 512, true), (511 * MIB - 512, false)]);
     assert!(adopt_fresh(&settings, &below).is_ok());
     assert!(adopt_fresh(&settings, &seed(&[(1024 * MIB, false)])).is_ok());
     let reviewers = seed(&[(300 * MIB, true), (724 * MIB, false)]);
     assert!(adopt_fresh(&Settings::default(), &reviewers).is_ok());
+}
+
+/// A split segment larger than any segment made for a request below max_split_size is refused
+/// even when each of its blocks is below it: the segment of the largest block size below the
+/// setting (512 MiB under 512; 22 MiB under an odd 21, rounded up to 2 MiB; 20 MiB under 10).
+#[test]
+fn seeds_of_a_split_segment_larger_than_max_split_size_allows_are_refused() {
+    const SEG: u64 = 0x7f00_0000_0000;
+    let seed = |blocks: &[(u64, bool)]| {
+        let mut addr = SEG;
+        let blocks: Vec<BlockSeed> = blocks
+            .iter()
+            .map(|&(size, allocated)| {
+                addr += size;
+                BlockSeed {
+                    addr: addr - size,
+                    size,
+                    requested: if allocated { size } else { 0 },
+                    allocated,
+                }
+            })
+            .collect();
+        SegmentSeed {
+            addr: SEG,
+            size: addr - SEG,
+            stream: S0,
+            pool: PoolKind::Large,
+            blocks,
+        }
+    };
+    let with = |mb: u64| Settings {
+        max_split_size: mb * MIB,
+        ..Settings::default()
+    };
+    // 1 GiB in three blocks, each below 512 MiB.
+    let thirds = seed(&[(300 * MIB, true), (300 * MIB, true), (424 * MIB, false)]);
+    let refused = adopt_fresh(&with(512), &thirds);
+    let Err(Error::SeedForbiddenBySettings(why)) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(
+        why,
+        "segment 0x7f0000000000: is a split segment of 1073741824 bytes (1024.00 MiB), but under \
+         max_split_size_mb:512 only a segment made for a request below it is split, and none is \
+         larger than 536870912 bytes (512.00 MiB): this start state cannot exist under these \
+         settings"
+    );
+    assert!(adopt_fresh(&Settings::default(), &thirds).is_ok());
+    assert!(adopt_fresh(&with(1024), &thirds).is_ok());
+    // At the largest size, installed; one step past it, refused (2 MiB blocks, the last free).
+    let blocks_of_2mib = |size: u64| {
+        let mut blocks = vec![(2 * MIB, true); (size / (2 * MIB)) as usize];
+        blocks.last_mut().unwrap().1 = false;
+        seed(&blocks)
+    };
+    for (mb, largest) in [(512, 512 * MIB), (21, 22 * MIB), (10, 20 * MIB)] {
+        let at = blocks_of_2mib(largest);
+        assert!(adopt_fresh(&with(mb), &at).is_ok(), "{mb}");
+        let past = blocks_of_2mib(largest + 2 * MIB);
+        let refused = adopt_fresh(&with(mb), &past);
+        assert!(
+            matches!(&refused, Err(Error::SeedForbiddenBySettings(why))
+                if why.contains("is a split segment of")),
+            "{mb}: {refused:?}"
+        );
+    }
+    // A segment that large in one block is not split: installed.
+    assert!(adopt_fresh(&with(512), &seed(&[(1024 * MIB, true)])).is_ok());
 }
 
 /// The layouts the pool itself reaches under max_split_size seed another pool with the same
