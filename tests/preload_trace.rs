@@ -375,6 +375,32 @@ fn one_file_holds_every_device() {
     );
 }
 
+/// `exit()` stops none of the program's other threads: while the exit handler finishes the
+/// recording, four of them still allocate. The handler waits for the one writing, and the file
+/// ends with its `end` line (before, the handler gave up when a thread held the file, which with
+/// threads this busy was nine runs in ten: the recording had no end, and its replay warned that
+/// the program had been killed). Three runs, each of which must end the file.
+#[test]
+fn a_recording_ends_at_exit_while_other_threads_allocate() {
+    for run in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = record(dir.path(), "busy_exit", &[("FAKECUDART_DEVICES", "2")]);
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let last = text.lines().last().unwrap();
+        assert!(last.contains(r#""action":"end""#), "run {run}: {last}");
+        assert_eq!(text.matches(r#""action":"end""#).count(), 1, "run {run}");
+        for device in ["0", "1"] {
+            let out = replay(&[trace.to_str().unwrap(), "--device", device]);
+            assert!(out.status.success(), "run {run}: {}", stderr(&out));
+            assert!(
+                !stderr(&out).contains("warning"),
+                "run {run}: {}",
+                stderr(&out)
+            );
+        }
+    }
+}
+
 #[test]
 fn a_process_that_never_calls_cuda_writes_no_trace() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod error;
 mod exit_stats;
+mod exit_wait;
 mod file_claim;
 mod fork;
 pub mod forward;

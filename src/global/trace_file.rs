@@ -14,6 +14,11 @@
 //!   `device_reset` line (the moments before a program is likely to give up), and at exit
 //!   (`flush_at_exit`, from the exit hook). A process killed by a signal or ending in `_exit`
 //!   loses the lines still buffered.
+//! - At exit the program's other threads may still be allocating. The exit hook first tells
+//!   them to leave the file alone (`Phase::Exiting`: their events stay buffered, for the hook to
+//!   write), waits for one writing now to finish (`exit_wait`), writes what is buffered and the
+//!   `end` line, and ends the recording (`Phase::Ended`): what the program does after that is
+//!   not recorded, so no line follows `end`.
 //! - A file that cannot be created or written turns recording off with one message on stderr;
 //!   the program runs on.
 //!
@@ -24,13 +29,15 @@
 //! failures and `empty_cache` calls — formatted there, outside the pool lock like the file's
 //! lines.
 
+use super::exit_wait::lock_at_exit;
 use super::file_claim::{self, HeldFile};
 use crate::config::{Config, expand_pid};
 use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
 use crate::trace::record::{Action, Event, Header, settings_text, write_events, write_header};
 use std::io::{BufWriter, Write};
-use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Bytes the file writer gathers before a write system call.
 const WRITE_BUFFER: usize = 64 << 10; // 64 KiB
@@ -55,7 +62,21 @@ struct Recorder {
     log_device_calls: bool,
     settings: String,
     free_sync: &'static str,
+    /// A `Phase`: whether the exit hook has begun, or finished, the recording's end.
+    phase: AtomicU8,
     file: Mutex<FileState>,
+}
+
+/// Where the recording stands with respect to the process's exit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    /// Every pool call writes its events.
+    Recording,
+    /// The exit hook is finishing the file: pool calls leave their events to it.
+    Exiting,
+    /// The `end` line is written: later events are not recorded.
+    Ended,
 }
 
 enum FileState {
@@ -82,6 +103,7 @@ pub fn start(config: &Config) {
         log_device_calls,
         settings: settings_text(&config.settings),
         free_sync: config.free_sync.name(),
+        phase: AtomicU8::new(Phase::Recording as u8),
         file: Mutex::new(FileState::NotCreated),
     });
 }
@@ -125,23 +147,50 @@ pub fn flush() {
     }
 }
 
-/// Write everything left and flush the file (exit hook: skips if another thread is writing).
+/// Write everything left, the `end` line, and flush the file (exit hook). Other threads that
+/// still allocate leave the file to this from now on; one writing now is waited for, a while
+/// (`exit_wait`: if it does not finish, the file is left without its end).
 pub fn flush_at_exit() {
     if let Some(r) = RECORDER.get() {
-        let mut file = match r.file.try_lock() {
-            Ok(file) => file,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
-        };
-        r.write(&mut file, true);
+        r.set_phase(Phase::Exiting);
+        if let Some(mut file) = lock_at_exit(&r.file) {
+            r.write(&mut file, true);
+        }
+        r.set_phase(Phase::Ended);
     }
 }
 
 impl Recorder {
     #[inline(never)]
     fn flush(&self) {
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        self.write(&mut file, false);
+        match self.phase() {
+            Phase::Recording => {
+                let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+                self.write(&mut file, false);
+            }
+            // The exit hook writes them.
+            Phase::Exiting => {}
+            // After the end: logged (when the log shows device calls), not recorded.
+            Phase::Ended => self.log(&self.buffer.take()),
+        }
+    }
+
+    fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Recording,
+            1 => Phase::Exiting,
+            _ => Phase::Ended,
+        }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    fn log(&self, events: &[Event]) {
+        if self.log_device_calls {
+            log_device_calls(events);
+        }
     }
 
     /// The trace file's name, when recording to a file.
@@ -162,11 +211,14 @@ impl Recorder {
     }
 
     fn write(&self, file: &mut FileState, at_exit: bool) {
+        // A pool call that got here as the exit hook began leaves its events to the hook, which
+        // writes them before the `end` line (once ended, the next pool call logs them).
+        if !at_exit && self.phase() != Phase::Recording {
+            return;
+        }
         // Taken under the file lock, so batches reach the file in the order they were taken.
         let events = self.buffer.take();
-        if self.log_device_calls {
-            log_device_calls(&events);
-        }
+        self.log(&events);
         let Some(path) = self.path() else {
             return;
         };

@@ -10,11 +10,17 @@
  *   huge_first  with expandable_segments:True on a 1 GiB device: a 4 GiB request that fails
  *            (its range is reserved, nothing can be mapped), then a small and a large allocation:
  *            the large one maps its pages into the range the failed request reserved.
+ *   busy_exit  four threads, two on each device (FAKECUDART_DEVICES=2), allocate and free
+ *            without end while the main thread calls exit(): the exit handler finishes the
+ *            recording while they run.
  *   nocuda   no CUDA call at all.
  * Each prints "ok SCENARIO" when every check held.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_runtime_api.h"
@@ -93,6 +99,43 @@ static void scenario_huge_first(void) {
     CHECK_CODE(cudaFree(large), cudaSuccess);
 }
 
+#define BUSY_THREADS 4
+static atomic_int busy_rounds[BUSY_THREADS];
+static atomic_int busy_failed;
+
+/* Allocates and frees on device (thread % 2) until the process ends. */
+static void *busy_thread(void *arg) {
+    int thread = (int)(intptr_t)arg;
+    if (cudaSetDevice(thread % 2) != cudaSuccess) {
+        atomic_store(&busy_failed, 1);
+        return NULL;
+    }
+    for (;;) {
+        void *p = NULL;
+        if (cudaMalloc(&p, 1000 + (size_t)thread * MIB) != cudaSuccess ||
+            cudaFree(p) != cudaSuccess) {
+            atomic_store(&busy_failed, 1);
+            return NULL;
+        }
+        atomic_fetch_add(&busy_rounds[thread], 1);
+    }
+}
+
+static void scenario_busy_exit(void) {
+    pthread_t threads[BUSY_THREADS];
+    for (int i = 0; i < BUSY_THREADS; i++)
+        CHECK(pthread_create(&threads[i], NULL, busy_thread, (void *)(intptr_t)i) == 0);
+    /* Every thread is well into its loop (and still in it) when the process exits. */
+    for (int i = 0; i < BUSY_THREADS; i++) {
+        while (atomic_load(&busy_rounds[i]) < 200 && !atomic_load(&busy_failed))
+            ;
+    }
+    CHECK(!atomic_load(&busy_failed));
+    printf("ok busy_exit\n");
+    fflush(stdout);
+    exit(0);
+}
+
 static void scenario_nocuda(void) {}
 
 int main(int argc, char **argv) {
@@ -105,10 +148,12 @@ int main(int argc, char **argv) {
         scenario_small_first();
     else if (strcmp(name, "huge_first") == 0)
         scenario_huge_first();
+    else if (strcmp(name, "busy_exit") == 0)
+        scenario_busy_exit();
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, nocuda)\n", name);
+        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, busy_exit, nocuda)\n", name);
         return 2;
     }
     if (failures != 0)
