@@ -379,7 +379,8 @@ fn one_file_holds_every_device() {
 /// recording, four of them still allocate. The handler waits for the one writing, and the file
 /// ends with its `end` line (before, the handler gave up when a thread held the file, which with
 /// threads this busy was nine runs in ten: the recording had no end, and its replay warned that
-/// the program had been killed). Three runs, each of which must end the file.
+/// the program had been killed), and the statistics report has both devices. Three runs, each
+/// of which must end the file and report both.
 #[test]
 fn a_recording_ends_at_exit_while_other_threads_allocate() {
     for run in 0..3 {
@@ -396,6 +397,15 @@ fn a_recording_ends_at_exit_while_other_threads_allocate() {
                 !stderr(&out).contains("warning"),
                 "run {run}: {}",
                 stderr(&out)
+            );
+        }
+        // The statistics report, written by the same handler, covers both devices (before,
+        // a device whose pool a thread held at that moment was left out of it).
+        for device in [0, 1] {
+            let stats = shim_stats(dir.path(), device);
+            assert!(
+                stats["allocation.all.allocated"].as_u64() >= Some(400),
+                "run {run}: {stats}"
             );
         }
     }

@@ -10,8 +10,8 @@
 //!
 //! Registered with `atexit` at the first call when `stats` or `trace` is on; the handler also
 //! writes the rest of the `trace` recording (`trace_file::flush_at_exit`). It makes no CUDA
-//! call (the runtime may already be torn down), takes no lock that another thread holds, and
-//! never unwinds into libc.
+//! call (the runtime may already be torn down), waits no more than a while for a lock that
+//! another thread holds (`exit_wait`), and never unwinds into libc.
 
 use super::file_claim::{self, Claimed, HeldFile};
 use super::init::active_config;

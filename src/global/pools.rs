@@ -10,11 +10,12 @@
 //! (`ShimError::PoolBroken`) rather than hand out overlapping memory.
 
 use super::error::ShimError;
+use super::exit_wait::lock_at_exit;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::pool::{DeviceAllocator, DeviceId, DeviceStats};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
 /// Devices with an ordinal below this get a pool; calls on others are forwarded.
 pub const MAX_DEVICES: usize = 64;
@@ -253,20 +254,13 @@ pub fn note_ended(device: DeviceId, stats: DeviceStats) {
 }
 
 /// Statistics of every device that has had a pool, over the whole run (the pools device resets
-/// ended, then the pool now), without waiting for a lock held elsewhere (used at exit).
-/// Devices whose lock is busy are skipped.
+/// ended, then the pool now), for the exit report: a lock another thread holds (one still
+/// allocating) is waited for, a while (`exit_wait`); a device whose lock stays busy is skipped.
 pub fn stats_snapshot() -> Vec<(DeviceId, DeviceStats)> {
-    fn without_waiting<T>(lock: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-        match lock.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
     used_slots()
         .filter_map(|d| {
-            let now = without_waiting(&POOLS[d])?.as_ref().map(Pool::stats);
-            let ended = without_waiting(&ENDED[d])?.clone();
+            let now = lock_at_exit(&POOLS[d])?.as_ref().map(Pool::stats);
+            let ended = lock_at_exit(&ENDED[d])?.clone();
             let stats = match ended {
                 Some(ended) => ended.then(now.as_ref()),
                 None => now?,
