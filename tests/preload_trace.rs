@@ -411,6 +411,40 @@ fn a_recording_ends_at_exit_while_other_threads_allocate() {
     }
 }
 
+/// A process killed before its first 64 KiB of events still leaves a recording: its header and
+/// its first pool call's lines are written when the file is created, so the replay says the
+/// program did not reach its exit and replays what there is (before, the file was empty, and
+/// the replay refused it as "not a readable Python pickle").
+#[test]
+fn a_process_killed_early_leaves_a_recording_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, out) = run_with_pid(preloaded(program()).arg("killed").env(
+        "CACHEALLOC_CONF",
+        format!("trace:{}/trace-%p.jsonl", dir.path().display()),
+    ));
+    assert!(
+        stdout(&out).contains("ok killed") && out.status.code().is_none(),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let trace = dir.path().join(format!("trace-{pid}.jsonl"));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let header: Value = serde_json::from_str(text.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no header ({e}): {text:?}"));
+    assert_eq!(header["pid"], pid);
+    let replayed = replay(&[trace.to_str().unwrap(), "--json"]);
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    assert!(
+        stderr(&replayed)
+            .contains("the recording has no end line: the program did not reach its exit"),
+        "{}",
+        stderr(&replayed)
+    );
+    let summary: Value = serde_json::from_str(&stdout(&replayed)).unwrap();
+    assert!(summary["allocs"].as_u64() >= Some(1), "{summary}");
+}
+
 #[test]
 fn a_process_that_never_calls_cuda_writes_no_trace() {
     let dir = tempfile::tempdir().unwrap();

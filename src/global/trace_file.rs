@@ -10,10 +10,10 @@
 //!   calls CUDA) leaves no file. The header lists the devices of that first batch. The
 //!   process holds the file's lock while it lives; one that finds it held by another process
 //!   records beside it (`file_claim`).
-//! - The writer reaches the file when its 64 KiB buffer fills, after an `oom` or
-//!   `device_reset` line (the moments before a program is likely to give up), and at exit
-//!   (`flush_at_exit`, from the exit hook). A process killed by a signal or ending in `_exit`
-//!   loses the lines still buffered.
+//! - The writer reaches the file when it is created (the header and the first batch), when
+//!   its 64 KiB buffer fills, after an `oom` or `device_reset` line (the moments before a
+//!   program is likely to give up), and at exit (`flush_at_exit`, from the exit hook). A
+//!   process killed by a signal or ending in `_exit` loses the lines still buffered.
 //! - At exit the program's other threads may still be allocating. The exit hook first tells
 //!   them to leave the file alone (`Phase::Exiting`: their events stay buffered, for the hook to
 //!   write), waits for one writing now to finish (`exit_wait`), writes what is buffered and the
@@ -226,7 +226,10 @@ impl Recorder {
             return;
         }
         let mut bytes = Vec::new();
-        if let FileState::NotCreated = file {
+        // The header and the first events reach the file at once: a process killed before its
+        // first 64 KiB leaves a recording that says so, not an empty file.
+        let created = matches!(file, FileState::NotCreated);
+        if created {
             if events.is_empty() {
                 return;
             }
@@ -265,6 +268,7 @@ impl Recorder {
             write_events(&mut bytes, &[Event::end(self.buffer.now_us())]);
         }
         let urgent = at_exit
+            || created
             || events
                 .iter()
                 .any(|e| matches!(e.action, Action::Oom | Action::DeviceReset));

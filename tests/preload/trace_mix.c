@@ -13,10 +13,13 @@
  *   busy_exit  four threads, two on each device (FAKECUDART_DEVICES=2), allocate and free
  *            without end while the main thread calls exit(): the exit handler finishes the
  *            recording while they run.
+ *   killed   three allocations and a free, then the process kills itself (SIGKILL): it
+ *            never reaches its exit.
  *   nocuda   no CUDA call at all.
  * Each prints "ok SCENARIO" when every check held.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -136,6 +139,16 @@ static void scenario_busy_exit(void) {
     exit(0);
 }
 
+static void scenario_killed(void) {
+    void *p[3] = {0};
+    for (int i = 0; i < 3; i++)
+        CHECK_CODE(cudaMalloc(&p[i], (size_t)(i + 1) * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p[0]), cudaSuccess);
+    printf("ok killed\n");
+    fflush(stdout);
+    raise(SIGKILL);
+}
+
 static void scenario_nocuda(void) {}
 
 int main(int argc, char **argv) {
@@ -150,10 +163,12 @@ int main(int argc, char **argv) {
         scenario_huge_first();
     else if (strcmp(name, "busy_exit") == 0)
         scenario_busy_exit();
+    else if (strcmp(name, "killed") == 0)
+        scenario_killed();
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, busy_exit, nocuda)\n", name);
+        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, busy_exit, killed, nocuda)\n", name);
         return 2;
     }
     if (failures != 0)
