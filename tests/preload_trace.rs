@@ -445,6 +445,54 @@ fn a_process_killed_early_leaves_a_recording_that_says_so() {
     assert!(summary["allocs"].as_u64() >= Some(1), "{summary}");
 }
 
+/// A child forked after its parent's first CUDA call (here a free of memory cachealloc does not
+/// hold) but before its first allocation keeps cachealloc and records to its own file, `%p`
+/// being its own process id. Before, that free settled the file's name in the parent, so the
+/// child recorded under the parent's id (and, had the parent been recording then, beside it,
+/// told to put `%p` in a path that had it), and the parent, allocating once the child had
+/// ended, replaced the child's recording with its own.
+#[test]
+fn a_child_forked_before_any_allocation_records_to_its_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, out) = run_with_pid(preloaded(program()).arg("fork_early").env(
+        "CACHEALLOC_CONF",
+        format!("trace:{}/trace-%p.jsonl", dir.path().display()),
+    ));
+    assert!(
+        out.status.success() && stdout(&out).contains("ok fork_early"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("another process"),
+        "{}",
+        stderr(&out)
+    );
+    let child: u32 = stdout(&out)
+        .lines()
+        .find_map(|l| l.strip_prefix("child "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no child line: {}", stdout(&out)));
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut expected = vec![format!("trace-{pid}.jsonl"), format!("trace-{child}.jsonl")];
+    expected.sort();
+    assert_eq!(names, expected);
+    for (process, size) in [(pid, 2 << 20), (child, 1 << 20)] {
+        let trace = dir.path().join(format!("trace-{process}.jsonl"));
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(header["pid"], process);
+        let allocs = lines_of(&trace, "alloc");
+        assert_eq!(allocs.len(), 1, "{text}");
+        assert_eq!(allocs[0]["size"], size, "{text}");
+    }
+}
+
 #[test]
 fn a_process_that_never_calls_cuda_writes_no_trace() {
     let dir = tempfile::tempdir().unwrap();

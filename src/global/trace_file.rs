@@ -52,8 +52,9 @@ struct Recorder {
     /// The `trace:` value with `%p` unexpanded (`None`: no `trace:`, the buffer only feeds the
     /// device-call log).
     template: Option<String>,
-    /// The file's name, `%p` expanded by the process that first needs it (a child forked before
-    /// its parent recorded anything names its own file).
+    /// The file's name, `%p` expanded by the process that creates the file (a child forked
+    /// before its parent recorded anything names its own file), or that reports it in an
+    /// out-of-memory message (after it made a pool: a child it forks then steps aside).
     path: OnceLock<String>,
     /// The file recorded to, once created: `path`, or the name beside it when another process
     /// held `path` (`file_claim`).
@@ -219,9 +220,6 @@ impl Recorder {
         // Taken under the file lock, so batches reach the file in the order they were taken.
         let events = self.buffer.take();
         self.log(&events);
-        let Some(path) = self.path() else {
-            return;
-        };
         if events.is_empty() && !at_exit {
             return;
         }
@@ -230,9 +228,15 @@ impl Recorder {
         // first 64 KiB leaves a recording that says so, not an empty file.
         let created = matches!(file, FileState::NotCreated);
         if created {
+            // The name is settled here, by the process that records something, and not before:
+            // a child forked after its parent's first CUDA call but before its first allocation
+            // (whose calls flushed nothing) names its own file.
             if events.is_empty() {
                 return;
             }
+            let Some(path) = self.path() else {
+                return;
+            };
             match file_claim::claim(path, std::process::id()) {
                 Ok(claimed) => {
                     if let Some(asked) = &claimed.diverted_from {

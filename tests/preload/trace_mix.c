@@ -15,6 +15,9 @@
  *            recording while they run.
  *   killed   three allocations and a free, then the process kills itself (SIGKILL): it
  *            never reaches its exit.
+ *   fork_early  before any allocation of cachealloc's, frees memory it does not hold (managed
+ *            memory), then forks; the child allocates and exits, then the parent allocates:
+ *            each records its own file. Prints "child PID" for the child.
  *   nocuda   no CUDA call at all.
  * Each prints "ok SCENARIO" when every check held.
  */
@@ -25,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cuda_runtime_api.h"
 
@@ -149,6 +154,25 @@ static void scenario_killed(void) {
     raise(SIGKILL);
 }
 
+static void scenario_fork_early(void) {
+    void *managed = NULL, *p = NULL;
+    CHECK_CODE(cudaMallocManaged(&managed, MIB, cudaMemAttachGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(managed), cudaSuccess);
+    fflush(stdout);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        int rc = cudaMalloc(&p, MIB) == cudaSuccess && cudaFree(p) == cudaSuccess ? 0 : 1;
+        printf("child %d\n", (int)getpid());
+        exit(rc);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_CODE(cudaMalloc(&p, 2 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
 static void scenario_nocuda(void) {}
 
 int main(int argc, char **argv) {
@@ -165,10 +189,12 @@ int main(int argc, char **argv) {
         scenario_busy_exit();
     else if (strcmp(name, "killed") == 0)
         scenario_killed();
+    else if (strcmp(name, "fork_early") == 0)
+        scenario_fork_early();
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, busy_exit, killed, nocuda)\n", name);
+        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, busy_exit, killed, fork_early, nocuda)\n", name);
         return 2;
     }
     if (failures != 0)
