@@ -5,12 +5,14 @@
 //!
 //! A broken file fails at its first bad line with the file name, the line number and what was
 //! wrong. Blank lines are skipped. Times must not go backwards (a file is one process's
-//! recording; two files pasted together are refused rather than replayed as one). One thing is
-//! forgiven: a last line that is cut off (no newline, not a whole event), which is what a
-//! process killed while its trace was being written leaves; it is left out and reported
-//! (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
+//! recording; two files pasted together are refused, at the second header, rather than replayed
+//! as one). One thing is forgiven: a last line that is cut off (no newline, not a whole event),
+//! which is what a process killed while its trace was being written leaves; it is left out and
+//! reported (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
-use super::{Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM};
+use super::{
+    Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM, looks_like_header,
+};
 use crate::backend::sim::Placement;
 use crate::config::Config;
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
@@ -231,6 +233,13 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
 }
 
 fn parse_event(text: &str) -> Result<Event, String> {
+    if looks_like_header(text.as_bytes()) {
+        return Err(
+            "a second header: a trace file holds one recording (replay recordings pasted \
+             together one at a time, each from its own header)"
+                .to_string(),
+        );
+    }
     let event: Event = serde_json::from_str(text).map_err(|e| {
         format!(
             "not an event ({e}); an event holds t_us, device, action, addr, size and stream \

@@ -567,6 +567,14 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "backwards",
         ),
         (
+            // Two recordings pasted together: named as such, not as an event without `t_us`.
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"empty_cache\",\"addr\":0,\"size\":0,\"stream\":0}}\n{HEADER}\n"
+            ),
+            "line 3",
+            "a second header: a trace file holds one recording",
+        ),
+        (
             // Broken inside the file (the line has its newline): refused.
             format!("{HEADER}\n{{\"t_us\":1,\"dev\n"),
             "line 2",
