@@ -258,9 +258,19 @@ fn the_default_device_is_the_first_with_allocations_or_frees() {
         err.contains("device 1's trace (1 entry) holds no allocation, only 1 free"),
         "{err}"
     );
-    let j = json(&cachealloc(&["replay", path, "--faithful", "--json"]));
+    let out = cachealloc(&["replay", path, "--faithful", "--json"]);
+    let j = json(&out);
     assert_eq!(j["device"], 1);
     assert_eq!(j["events"], 1);
+    // The device left out is named, with how to replay it.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "cachealloc: note: {path}: replaying device 1; the file also traces device 0 \
+             (--device N replays another)"
+        )),
+        "{err}"
+    );
     // Asked for, device 0 is still replayed (and has nothing to replay). Nor has it memory
     // for `state` to report: the message points to the device that has, with the command that
     // reports it (which takes device 1 by itself).
@@ -294,9 +304,20 @@ fn a_recorded_trace_defaults_to_the_device_that_allocated() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("markers-first.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    let j = json(&cachealloc(&["replay", path.to_str().unwrap(), "--json"]));
+    let out = cachealloc(&["replay", path.to_str().unwrap(), "--json"]);
+    let j = json(&out);
     assert_eq!(j["device"], 1, "{j}");
     assert_eq!(j["allocs"], 1, "{j}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("replaying device 1; the file also traces device 0 (--device N"),
+        "{err}"
+    );
+    // Asked for by number, no note.
+    let out = cachealloc(&["replay", path.to_str().unwrap(), "--device", "1", "--json"]);
+    assert_eq!(json(&out)["device"], 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("also traces"), "{err}");
 }
 
 /// A faithful replay's search names the values under which the recorded start state cannot

@@ -297,7 +297,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 }
             }
             config.device = cachealloc::pool::DeviceId(loaded.device);
-            if let Some(note) = &loaded.note {
+            for note in &loaded.notes {
                 say!("cachealloc: note: {note}");
             }
             warn_fraction_without_memory(&config);

@@ -10,7 +10,7 @@
 //! replay runs unlimited (give `--capacity` to set one).
 
 use crate::outcome::Recorded;
-use crate::sources::{Loaded, recorded_figures};
+use crate::sources::{Loaded, other_devices_note, recorded_figures};
 use cachealloc::backend::sim::Placement;
 use cachealloc::trace::TraceFile;
 use cachealloc::trace::record::ENDED_FROM;
@@ -44,6 +44,7 @@ pub fn load(
         );
     }
     let traced: Vec<&DeviceEvents> = trace.traced_devices().collect();
+    let traced_devices: Vec<i32> = traced.iter().map(|t| t.device.0).collect();
     let chosen = match device {
         Some(d) => traced.iter().find(|t| t.device.0 == d).copied(),
         None => traced
@@ -71,6 +72,9 @@ pub fn load(
             ),
         });
     };
+    let notes = other_devices_note(path, device, chosen.device.0, &traced_devices)
+        .into_iter()
+        .collect();
     let rec = convert_device(
         &trace.source,
         chosen,
@@ -117,6 +121,6 @@ pub fn load(
             .as_deref()
             .and_then(Placement::from_name),
         // A cachealloc recording has no private pools.
-        note: None,
+        notes,
     })
 }

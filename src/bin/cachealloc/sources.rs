@@ -39,9 +39,9 @@ pub struct Loaded {
     pub start_rebuildable: bool,
     /// Where the recording's driver placed segments, when the file says (a saved replay).
     pub placement: Option<Placement>,
-    /// What the replay cannot keep as the recording had it (private pools), said once the
-    /// replay is sure to run.
-    pub note: Option<String>,
+    /// What the replay cannot keep as the recording had it (private pools), and the devices
+    /// left out when none was chosen, said once the replay is sure to run.
+    pub notes: Vec<String>,
 }
 
 /// Read `path` and prepare device `device` (default: the first device whose trace allocates
@@ -96,7 +96,16 @@ pub fn load(
                 )
             })?,
     };
-    let note = private_pools_note(path, rec, faithful);
+    let traced_devices: Vec<i32> = traced.iter().map(|r| r.device.0).collect();
+    let notes: Vec<String> = private_pools_note(path, rec, faithful)
+        .into_iter()
+        .chain(other_devices_note(
+            path,
+            device,
+            rec.device.0,
+            &traced_devices,
+        ))
+        .collect();
     let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
     let recorded_settings =
         (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
@@ -129,7 +138,7 @@ pub fn load(
             settings_warnings,
             start_rebuildable: true,
             placement: None,
-            note: note.clone(),
+            notes: notes.clone(),
         })
     } else {
         let workload = rec.plain();
@@ -159,9 +168,34 @@ pub fn load(
             settings_warnings,
             start_rebuildable: true,
             placement: None,
-            note: note.clone(),
+            notes: notes.clone(),
         })
     }
+}
+
+/// The note, when no device was chosen and the file traces several, that the others are left
+/// out and how to replay one.
+pub fn other_devices_note(
+    path: &Path,
+    chosen: Option<i32>,
+    replayed: i32,
+    traced: &[i32],
+) -> Option<String> {
+    let others: Vec<String> = traced
+        .iter()
+        .filter(|&&d| d != replayed)
+        .map(|d| d.to_string())
+        .collect();
+    if chosen.is_some() || others.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{}: replaying device {replayed}; the file also traces device{} {} (--device N replays \
+         another)",
+        path.display(),
+        if others.len() == 1 { "" } else { "s" },
+        others.join(", ")
+    ))
 }
 
 /// The note that the recording's private pools (CUDA graphs', MemPools') are not kept apart: a
