@@ -24,7 +24,7 @@ use super::settings::Settings;
 use super::stats::DeviceStats;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::{Backend, BackendError, Fence, StreamFence};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How many of the largest free blocks an OOM report lists.
 const OOM_REPORT_BLOCKS: usize = 16;
@@ -111,6 +111,10 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) then_streams: BTreeMap<BlockId, Fence>,
     /// Stream fences a poll found done (kept to reuse its storage).
     fences_done: Vec<Fence>,
+    /// Freed blocks that stay pending until `free_completed` names them (`free_requested`: a
+    /// replay of a recording whose frees completed later than they were requested). No
+    /// synchronization completes them.
+    pub(super) held: BTreeSet<BlockId>,
     pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
     pub(super) total_reserved: u64,
@@ -153,6 +157,7 @@ impl<B: Backend> DeviceAllocator<B> {
             stream_pending: BTreeMap::new(),
             then_streams: BTreeMap::new(),
             fences_done: Vec::new(),
+            held: BTreeSet::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
             allowed_maximum: None,
@@ -269,6 +274,10 @@ impl<B: Backend> DeviceAllocator<B> {
         for id in queued.chain(self.stream_pending.values_mut()) {
             *id = moved.id(*id);
         }
+        self.held = std::mem::take(&mut self.held)
+            .into_iter()
+            .map(|id| moved.id(id))
+            .collect();
         let then_streams = std::mem::take(&mut self.then_streams);
         self.then_streams = then_streams
             .into_iter()
@@ -283,6 +292,38 @@ impl<B: Backend> DeviceAllocator<B> {
         let fence = self.backend.record_fence()?;
         self.pend(id);
         self.pending.push_back((fence, id));
+        Ok(())
+    }
+
+    /// The program freed the allocation at `ptr`, but its block is not reusable before
+    /// `free_completed` says so: a replay of a recording's `free_requested` whose
+    /// `free_completed` comes later (a free that waited for device work). As PyTorch's `free()`
+    /// does, the allocation leaves `allocation`, `allocated_bytes` and `oversize_allocations`
+    /// now and stays active (and requested) until it completes.
+    pub fn free_requested(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let id = self.lookup_allocation(ptr)?;
+        self.pend(id);
+        self.held.insert(id);
+        Ok(())
+    }
+
+    /// The free of `ptr` that `free_requested` began completed: its block returns to the pool.
+    pub fn free_completed(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let addr = ptr.addr();
+        let id = self
+            .blocks
+            .find(addr)
+            .filter(|id| self.held.contains(id))
+            .ok_or_else(|| match self.lookup_allocation(ptr) {
+                // A live allocation whose free was not requested, or no allocation at all.
+                Ok(_) => Error::InvalidPointer {
+                    addr,
+                    reason: BadPointer::NotAnAllocation,
+                },
+                Err(e) => e,
+            })?;
+        self.held.remove(&id);
+        self.complete_pending(id);
         Ok(())
     }
 

@@ -524,6 +524,55 @@ fn pending_frees_are_not_reused_until_their_fence_completes() {
     assert_eq!(p.pending_frees(), 0);
 }
 
+/// A free requested now and completed later (a replay of a recording's `free_requested` and
+/// `free_completed`): as in PyTorch's `free()`, the allocation statistics drop it at the
+/// request, `active` and `requested_bytes` at the completion; until then its block is not
+/// reused, whatever the pool synchronizes.
+#[test]
+fn a_free_requested_leaves_the_allocation_statistics_before_it_completes() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let a = alloc(&mut p, 1000);
+    p.free_requested(a).unwrap();
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.allocation.all.current, 0);
+    assert_eq!(s.allocated_bytes.all.current, 0);
+    assert_eq!(s.active.all.current, 1, "still active");
+    assert_eq!(s.active_bytes.all.current, 1024);
+    assert_eq!(s.requested_bytes.all.current, 1000);
+    // Another block of the small segment serves the next request; `a` stays out of reach.
+    let b = alloc(&mut p, 1000);
+    assert_ne!(b, a);
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.allocation.all.peak, 1, "never two allocations at once");
+    assert_eq!(s.allocated_bytes.all.peak, 1024);
+    assert_eq!(s.active.all.peak, 2);
+    assert_eq!(s.requested_bytes.all.peak, 2000);
+    assert_eq!(
+        p.free(a),
+        Err(Error::InvalidPointer {
+            addr: a.addr(),
+            reason: BadPointer::AlreadyFreed
+        })
+    );
+    assert_eq!(
+        p.free_completed(b),
+        Err(Error::InvalidPointer {
+            addr: b.addr(),
+            reason: BadPointer::NotAnAllocation
+        }),
+        "b's free was not requested"
+    );
+    p.free_completed(a).unwrap();
+    p.validate().unwrap();
+    let s = p.stats();
+    assert_eq!(s.active.all.current, 1);
+    assert_eq!(s.requested_bytes.all.current, 1000);
+    assert_eq!(alloc(&mut p, 1000), a, "reusable once completed");
+}
+
 /// A free recorded on other streams is polled like PyTorch's events: the pool grows rather than
 /// synchronize for it; it is reused once its fence completes, or after an out-of-memory retry's
 /// synchronization.

@@ -182,13 +182,15 @@ impl<B: Backend> DeviceAllocator<B> {
         let queued: HashSet<_> = in_queue
             .iter()
             .chain(self.stream_pending.values())
+            .chain(&self.held)
             .copied()
             .collect();
-        if queued != pending || self.pending_frees() != pending.len() {
+        let entries = self.pending_frees() + self.held.len();
+        if queued != pending || entries != pending.len() {
             return Err(format!(
-                "{} pending blocks, {} queue entries naming {} blocks, not all of them pending",
+                "{} pending blocks, {entries} queue entries naming {} blocks, not all of them \
+                 pending",
                 pending.len(),
-                self.pending_frees(),
                 queued.len()
             ));
         }

@@ -2,7 +2,10 @@
 //!
 //! - `alloc` → `Op::Alloc` with a fresh id (in trace order) and `recorded_addr`.
 //! - The free action (`free_completed`, or `free_requested` in a file without completions; see
-//!   `DeviceRecording::free_action`) → `Op::Free` of the id live at that address.
+//!   `DeviceRecording::free_action`) → `Op::Free` of the id live at that address. A
+//!   `free_requested` that the next entry does not complete (a free that waited for the
+//!   streams of `record_stream`) → `Op::FreeRequested`, where the allocation statistics drop
+//!   it, as PyTorch's `free()` does.
 //! - An explicit `empty_cache()` burst → one `Op::EmptyCache`, at the burst's first entry. The
 //!   OOM ladder's own releases are not operations (see `bursts`).
 //! - `oom` → `Op::Oom`, which a replay with a capacity retries as a probe allocation.
@@ -22,7 +25,7 @@ use rustc_hash::FxHashMap;
 use super::bursts::{BurstKind, release_bursts};
 use super::error::TraceError;
 use super::ranges::RangeChange;
-use super::recording::{Action, DeviceRecording};
+use super::recording::{Action, DeviceRecording, TraceEntry};
 use super::start_state::{StartState, reconstruct_start};
 use super::workload::{AllocId, Op, Workload};
 
@@ -154,6 +157,15 @@ fn build(
                 },
                 index,
             ),
+            // A free that waited for device work (`record_stream`): it leaves the allocation
+            // statistics here, its block the pool only at its completion.
+            Action::FreeRequested if free_action == Action::FreeCompleted => {
+                if let Some(&Some(id)) = live.get(&entry.addr)
+                    && !completes_at_once(&rec.entries, index)
+                {
+                    workload.push(Op::FreeRequested { id }, index);
+                }
+            }
             Action::FreeRequested
             | Action::FreeCompleted
             | Action::SegmentAlloc
@@ -163,6 +175,14 @@ fn build(
         }
     }
     Ok(workload)
+}
+
+/// Whether the `free_requested` at `index` completes at once: the next entry completes it.
+fn completes_at_once(entries: &[TraceEntry], index: usize) -> bool {
+    let request = &entries[index];
+    entries
+        .get(index + 1)
+        .is_some_and(|e| e.action == Action::FreeCompleted && e.addr == request.addr)
 }
 
 #[cfg(test)]
@@ -307,5 +327,55 @@ mod tests {
         assert_eq!(sample().figures().missing_frees, 0);
         let err = rec.faithful().unwrap_err().to_string();
         assert!(err.contains("cannot be replayed faithfully"), "{err}");
+    }
+
+    /// A free that waited for `record_stream` streams: requested, then completed after another
+    /// allocation. The workload frees it from the allocation statistics at the request (as
+    /// PyTorch's `free()` does) and returns its block at the completion; a completion that
+    /// follows its request at once stays one `Free`.
+    #[test]
+    fn a_free_completed_later_than_requested_leaves_allocation_at_the_request() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 3 * MIB),
+                entry(Action::FreeRequested, BASE, 3 * MIB),
+                entry(Action::Alloc, BASE + 3 * MIB, 3 * MIB),
+                entry(Action::FreeCompleted, BASE, 3 * MIB),
+                entry(Action::FreeRequested, BASE + 3 * MIB, 3 * MIB),
+                entry(Action::FreeCompleted, BASE + 3 * MIB, 3 * MIB),
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let w = rec.plain();
+        let alloc = |id, at| Op::Alloc {
+            id,
+            size: 3 * MIB,
+            stream: StreamId(0),
+            recorded_addr: Some(at),
+        };
+        assert_eq!(
+            w.ops,
+            vec![
+                alloc(0, BASE),
+                Op::FreeRequested { id: 0 },
+                alloc(1, BASE + 3 * MIB),
+                Op::Free { id: 0 },
+                Op::Free { id: 1 },
+            ]
+        );
+        let out = crate::trace::replay::replay(&w, &Default::default(), None).unwrap();
+        assert_eq!(
+            out.ops, 4,
+            "a free requested and completed later is one event"
+        );
+        assert_eq!(out.frees, 2);
+        let s = out.stats;
+        assert_eq!(s.allocation.all.peak, 1, "{s:?}");
+        assert_eq!(s.allocated_bytes.all.peak, 3 * MIB as i64);
+        assert_eq!(s.active.all.peak, 2);
+        assert_eq!(s.requested_bytes.all.peak, 6 * MIB as i64);
+        assert_eq!(s.allocation.all.current, 0);
+        assert_eq!(s.active.all.current, 0);
     }
 }

@@ -10,6 +10,7 @@ use crate::pool::{
     DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, EventSink, OomReport, RangeSeed,
     SegmentSeed, Settings, format_size, page_size,
 };
+use rustc_hash::FxHashSet;
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -167,8 +168,15 @@ fn replay_observed(
         }
     }
     pool.set_event_sink(sink);
+    // Allocations whose free was requested and has not completed.
+    let mut requested: FxHashSet<AllocId> = FxHashSet::default();
     let mut out = ReplayOutcome {
-        ops: workload.ops.len(),
+        // A free requested and completed later is one event, its `Free`.
+        ops: workload
+            .ops
+            .iter()
+            .filter(|op| !matches!(op, Op::FreeRequested { .. }))
+            .count(),
         allocs: 0,
         allocs_with_recorded_addr: 0,
         allocs_at_recorded_addr: 0,
@@ -206,11 +214,24 @@ fn replay_observed(
             }
             Op::Free { id } => match live.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
-                    pool.free(ptr)?;
+                    if requested.remove(&id) {
+                        pool.free_completed(ptr)?;
+                    } else {
+                        pool.free(ptr)?;
+                    }
                     out.frees += 1;
                 }
                 None => out.skipped_frees += 1,
             },
+            Op::FreeRequested { id } => {
+                // (An allocation refused in this replay has nothing to free; its `Free` is
+                // skipped and counted there.)
+                if let Some(&Some(ptr)) = live.get(id as usize)
+                    && requested.insert(id)
+                {
+                    pool.free_requested(ptr)?;
+                }
+            }
             Op::EmptyCache => {
                 pool.empty_cache()?;
                 out.empty_cache_calls += 1;

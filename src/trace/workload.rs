@@ -20,8 +20,14 @@ pub enum Op {
         stream: StreamId,
         recorded_addr: Option<u64>,
     },
-    /// The program frees allocation `id`.
+    /// The program frees allocation `id`; after an `Op::FreeRequested` of it, that free
+    /// completes here (its block is reusable from here on).
     Free { id: AllocId },
+    /// The program freed allocation `id`, but the recording returned its block to the pool
+    /// only later, at the `Op::Free` of it (a free that waited for device work: a
+    /// `free_requested` whose `free_completed` does not follow at once). The allocation leaves
+    /// the allocation statistics here, as in the recorded allocator.
+    FreeRequested { id: AllocId },
     /// The program called `empty_cache()`.
     EmptyCache,
     /// The program reset the device (`cudaDeviceReset()`, in a cachealloc trace): the recorded

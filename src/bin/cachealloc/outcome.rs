@@ -78,8 +78,8 @@ pub struct ReplayJson {
     /// and in `frees`, or in `frees_of_failed_allocs` when that allocation failed).
     pub missing_frees: u64,
     /// Allocations whose free the program requested but that had not completed (waiting for
-    /// device work) when the recording ended: still allocated at the end of the replay, so its
-    /// final allocated bytes count them and the recording's final statistics do not.
+    /// device work) when the recording ended: freed but still active at the end of the replay,
+    /// as in the recording's final statistics.
     pub pending_frees: u64,
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
@@ -568,8 +568,8 @@ impl ReplayJson {
         }
         if self.pending_frees > 0 {
             t += &format!(
-                "  still allocated at the end: {} whose free was waiting for device work when \
-                 the recording ended\n",
+                "  still pending at the end: {} whose free was waiting for device work when the \
+                 recording ended (freed, still active: their blocks are not reusable yet)\n",
                 counted(self.pending_frees, "allocation")
             );
         }

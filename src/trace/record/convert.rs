@@ -1,8 +1,10 @@
 //! One device's events → the [`Workload`] to replay and the figures the recording reached.
 //!
 //! - `alloc` → `Op::Alloc` with a fresh id and `recorded_addr`; `free_completed` → `Op::Free`
-//!   of the id live at that address (the block is back in the pool only then; `free_requested`
-//!   only marks the program's call); `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`.
+//!   of the id live at that address (the block is back in the pool only then); a
+//!   `free_requested` that the next line does not complete (a free that waited for device
+//!   work) → `Op::FreeRequested`, where the allocation statistics drop it;
+//!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`.
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
 //!   recording lost to the reset, and does not count those returns as cudaFree calls (the
@@ -33,6 +35,14 @@ use crate::trace::figures::{RecordedFigures, RecordedOom};
 use crate::trace::ranges::RangeChange;
 use crate::trace::workload::{AllocId, Op, Workload};
 use rustc_hash::{FxHashMap, FxHashSet};
+
+/// Whether the `free_requested` at `index` completes at once: the next line completes it.
+fn completes_at_once(events: &[Event], index: usize) -> bool {
+    let request = &events[index];
+    events
+        .get(index + 1)
+        .is_some_and(|e| e.action == Action::FreeCompleted && e.addr == request.addr)
+}
 
 /// What a replay needs from one device's recording.
 #[derive(Clone, Debug, PartialEq)]
@@ -150,8 +160,11 @@ pub fn convert_device(
                 }
             }
             Action::FreeRequested => {
-                if live.contains_key(&e.addr) {
+                if let Some(&id) = live.get(&e.addr) {
                     pending.insert(e.addr);
+                    if !completes_at_once(&device.events, index) {
+                        workload.push(Op::FreeRequested { id }, index);
+                    }
                 }
             }
             Action::SegmentAlloc => {

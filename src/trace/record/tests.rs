@@ -137,6 +137,17 @@ fn a_replay_of_the_written_trace_reproduces_the_recording() {
         );
         assert_eq!(out.allocs_with_recorded_addr, out.allocs);
         assert_eq!(out.allocs_at_recorded_addr, out.allocs, "seed {seed}");
+        // The statistics too: a free that waited for the device left `allocation` when the
+        // program made it, in the replay as in the recording.
+        for ((name, replayed), (_, recorded)) in
+            out.stats.arrays().into_iter().zip(recorded.arrays())
+        {
+            assert_eq!(replayed, recorded, "{name}, seed {seed}");
+        }
+        assert_eq!(
+            out.stats.oversize_allocations, recorded.oversize_allocations,
+            "seed {seed}"
+        );
         assert_eq!(
             out.empty_cache_calls as usize,
             rec.figures.empty_cache_calls
