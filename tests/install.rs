@@ -114,6 +114,29 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
         let out = run_ok(fake_cudart::command(&program).env_remove("CACHEALLOC_CONF"));
         assert_eq!(stdout(&out).trim(), pooled, "{name}: {}", stderr(&out));
     }
+
+    // Disabled, the library serves nothing, and its statistics say so as a pool that has done
+    // nothing does: no limit on splitting (-1), not a limit of 0 bytes.
+    let source = prefix.join("disabled_stats.c");
+    std::fs::write(
+        &source,
+        "#include <stdio.h>\n#include <cachealloc.h>\n\
+         int main(void) { char json[16384]; void *p;\n\
+         int rc = cachealloc_malloc(&p, 1 << 20, 0, NULL);\n\
+         if (rc != 0) { printf(\"malloc answered %d\\n\", rc); return 1; }\n\
+         if (cachealloc_stats_json(0, json, sizeof json) >= sizeof json) return 2;\n\
+         puts(json); return cachealloc_free(p); }\n",
+    )
+    .unwrap();
+    let program = fake_cudart::compile_c_program(&source, "disabled_stats", &readme);
+    let out = run_ok(
+        fake_cudart::command(&program)
+            .env_remove("CACHEALLOC_CONF")
+            .env("CACHEALLOC_DISABLE", "1"),
+    );
+    let stats: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(stats["max_split_size"], -1, "{stats}");
+    assert_eq!(stats["allocation.all.current"], 0, "{stats}");
     let _ = std::fs::remove_dir_all(&prefix);
     assert!(Path::new(&program).is_file());
 }

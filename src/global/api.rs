@@ -14,7 +14,7 @@ use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{self, Runtime, codes, runtime};
 use crate::backend::cuda::unread_error;
-use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, StreamId};
+use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, Settings, StreamId};
 use std::ffi::c_void;
 
 const DEVICE_RANGE: &str = "device ordinal out of range (0..63 have pools)";
@@ -186,18 +186,14 @@ fn in_pool_range(device: DeviceId) -> Result<(), ShimError> {
     }
 }
 
-/// Statistics of `device` and its cached free bytes (zeros before its first allocation).
+/// Statistics of `device` and its cached free bytes (zeros before its first allocation, and
+/// when the library is disabled, with `max_split_size` as the settings give it: -1, no limit,
+/// unless set).
 pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
     let _inside = inside()?;
-    let Some((config, rt)) = active()? else {
-        in_pool_range(device)?;
-        return Ok((DeviceStats::default(), 0));
-    };
-    check_device(rt, device)?;
-    let found = pools::with_pool(device, |pool| (pool.stats(), pool.cached_free_bytes()))?;
-    Ok(found.unwrap_or_else(|| {
-        let max_split_size = if config.settings.has_max_split_size() {
-            config.settings.max_split_size as i64
+    let unused = |settings: &Settings| {
+        let max_split_size = if settings.has_max_split_size() {
+            settings.max_split_size as i64
         } else {
             -1
         };
@@ -206,7 +202,14 @@ pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
             ..DeviceStats::default()
         };
         (stats, 0)
-    }))
+    };
+    let Some((config, rt)) = active()? else {
+        in_pool_range(device)?;
+        return Ok(unused(&Settings::default()));
+    };
+    check_device(rt, device)?;
+    let found = pools::with_pool(device, |pool| (pool.stats(), pool.cached_free_bytes()))?;
+    Ok(found.unwrap_or_else(|| unused(&config.settings)))
 }
 
 /// Reset the peaks of `device`'s statistics to their current values.
