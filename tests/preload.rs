@@ -624,6 +624,21 @@ fn the_exit_statistics_span_a_device_reset() {
     assert_eq!(stats["num_device_free"], 0, "{text}");
 }
 
+/// `cachealloc_reset_peak_stats` after a reset leaves out the ended pool's peaks too: from the
+/// call on, the peaks are the pool's now (30 MiB reserved before the reset, 2 MiB after).
+#[test]
+fn a_peak_reset_after_a_device_reset_forgets_the_ended_pools_peaks() {
+    let (text, _) = stats_file_run_of("reset_peak_after_reset", "json");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let stats = &doc["devices"][0]["stats"];
+    assert_eq!(stats["reserved_bytes.all.peak"], 2 << 20, "{text}");
+    assert_eq!(stats["allocated_bytes.all.peak"], 1 << 20, "{text}");
+    assert_eq!(stats["segment.large_pool.peak"], 0, "{text}");
+    // Totals still span the reset.
+    assert_eq!(stats["reserved_bytes.all.allocated"], 32 << 20, "{text}");
+    assert_eq!(stats["num_device_alloc"], 2, "{text}");
+}
+
 #[test]
 fn a_pointer_is_freed_to_its_owner_device() {
     check("cross_device", &[]);

@@ -218,6 +218,7 @@ pub fn reset_peak_stats(device: DeviceId) -> Result<(), ShimError> {
     if let Some((_, rt)) = active()? {
         check_device(rt, device)?;
         pools::with_pool(device, |pool| pool.reset_peak_stats())?;
+        pools::reset_ended_peaks(device);
     }
     Ok(())
 }

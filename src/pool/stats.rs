@@ -177,6 +177,28 @@ impl DeviceStats {
         }
     }
 
+    /// Peaks of a pool that a device reset ended, after `reset_peak_stats`: none (its memory
+    /// is freed), so that `then` takes the later pool's.
+    pub fn forget_peaks(&mut self) {
+        for array in [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ] {
+            for stat in [&mut array.all, &mut array.small_pool, &mut array.large_pool] {
+                stat.peak = 0;
+            }
+        }
+        self.oversize_allocations.peak = 0;
+        self.oversize_segments.peak = 0;
+    }
+
     /// The stat arrays with their PyTorch names, in PyTorch's (sorted) order of appearance.
     pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
         [

@@ -8,6 +8,7 @@
  * The fake's counters show which calls reached the real runtime (i.e. were forwarded or made by
  * the pool), and its clock shows whether memory was handed out while work on it was running.
  */
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -263,6 +264,23 @@ static void scenario_reset(void) {
     CHECK(fakecudart_device_bytes_in_use(0) == 0);
     CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
     CHECK(counter("mallocs") == mallocs + 1);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
+}
+
+/* cachealloc_reset_peak_stats after a cudaDeviceReset: the exit statistics' peaks are those
+ * since the call, not the ended pool's larger ones. (The C API, looked up in the preloaded
+ * library.) */
+static void scenario_reset_peak_after_reset(void) {
+    int (*reset_peak)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_reset_peak_stats");
+    CHECK(reset_peak != NULL);
+    if (reset_peak == NULL) return;
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
+    CHECK_CODE(reset_peak(0), 0);
     CHECK_CODE(cudaFree(p), cudaSuccess);
     printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
 }
@@ -565,6 +583,7 @@ static const struct scenario scenarios[] = {
     {"ipc", scenario_ipc},
     {"reset", scenario_reset},
     {"reset_fails", scenario_reset_fails},
+    {"reset_peak_after_reset", scenario_reset_peak_after_reset},
     {"cross_device", scenario_cross_device},
     {"reuse_nonblocking", scenario_reuse_nonblocking},
     {"reuse_legacy", scenario_reuse_legacy},
