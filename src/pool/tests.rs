@@ -779,6 +779,32 @@ fn adopt_fresh(settings: &Settings, seed: &SegmentSeed) -> Result<Vec<DevicePtr>
     adopted
 }
 
+/// A large-pool segment at 0x7f00_0000_0000 of `(size, allocated)` blocks in address order,
+/// each allocated one requesting its whole size.
+fn large_segment_seed(blocks: &[(u64, bool)]) -> SegmentSeed {
+    const SEG: u64 = 0x7f00_0000_0000;
+    let mut addr = SEG;
+    let blocks: Vec<BlockSeed> = blocks
+        .iter()
+        .map(|&(size, allocated)| {
+            addr += size;
+            BlockSeed {
+                addr: addr - size,
+                size,
+                requested: if allocated { size } else { 0 },
+                allocated,
+            }
+        })
+        .collect();
+    SegmentSeed {
+        addr: SEG,
+        size: addr - SEG,
+        stream: S0,
+        pool: PoolKind::Large,
+        blocks,
+    }
+}
+
 /// Under max_split_size, a split segment holds no block of that size or more, free ones
 /// included: a block is split only for a request below it, and only when the block is below it
 /// or a new segment at most 1 MiB past it. A seed with one is refused, naming the block.
@@ -788,29 +814,7 @@ fn seeds_with_a_free_block_of_max_split_size_in_a_split_segment_are_refused() {
         max_split_size: 512 * MIB,
         ..Settings::default()
     };
-    const SEG: u64 = 0x7f00_0000_0000;
-    let seed = |blocks: &[(u64, bool)]| {
-        let mut addr = SEG;
-        let blocks: Vec<BlockSeed> = blocks
-            .iter()
-            .map(|&(size, allocated)| {
-                addr += size;
-                BlockSeed {
-                    addr: addr - size,
-                    size,
-                    requested: if allocated { size } else { 0 },
-                    allocated,
-                }
-            })
-            .collect();
-        SegmentSeed {
-            addr: SEG,
-            size: addr - SEG,
-            stream: S0,
-            pool: PoolKind::Large,
-            blocks,
-        }
-    };
+    let seed = large_segment_seed;
     // The reviewer's state: 1 GiB, 300 MiB allocated at its start and 724 MiB free after it.
     let refused = adopt_fresh(&settings, &seed(&[(300 * MIB, true), (724 * MIB, false)]));
     let Err(Error::SeedForbiddenBySettings(why)) = &refused else {
@@ -858,29 +862,7 @@ fn seeds_with_a_free_block_of_max_split_size_in_a_split_segment_are_refused() {
 /// setting (512 MiB under 512; 22 MiB under an odd 21, rounded up to 2 MiB; 20 MiB under 10).
 #[test]
 fn seeds_of_a_split_segment_larger_than_max_split_size_allows_are_refused() {
-    const SEG: u64 = 0x7f00_0000_0000;
-    let seed = |blocks: &[(u64, bool)]| {
-        let mut addr = SEG;
-        let blocks: Vec<BlockSeed> = blocks
-            .iter()
-            .map(|&(size, allocated)| {
-                addr += size;
-                BlockSeed {
-                    addr: addr - size,
-                    size,
-                    requested: if allocated { size } else { 0 },
-                    allocated,
-                }
-            })
-            .collect();
-        SegmentSeed {
-            addr: SEG,
-            size: addr - SEG,
-            stream: S0,
-            pool: PoolKind::Large,
-            blocks,
-        }
-    };
+    let seed = large_segment_seed;
     let with = |mb: u64| Settings {
         max_split_size: mb * MIB,
         ..Settings::default()
