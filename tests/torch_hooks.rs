@@ -11,6 +11,8 @@
 //! Python process, libstdc++ and the library are loaded `RTLD_LOCAL`
 //! (`tests/preload/torch_host.c` loading `torch_like.cpp`) — while
 //! `cachealloc_torch_mempool_malloc` answers NULL for PyTorch's MemPool path, which checks it.
+//! And with expandable segments on several devices, a library that is not preloaded warns that
+//! PyTorch's peer access cannot reach its pages (`tests/preload/torch_peer_check.c`).
 
 mod support;
 
@@ -198,4 +200,52 @@ fn the_exception_is_thrown_where_libstdcxx_is_loaded_locally_as_in_python() {
     assert!(text.contains("mempool returned NULL"), "{text}");
     assert!(text.contains("then: allocated"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With expandable segments on two devices, the pages of a library loaded as PyTorch's
+/// pluggable allocator loads it (ctypes, not preloaded) stay private to their device: PyTorch's
+/// `cudaDeviceEnablePeerAccess` goes to the runtime, and another device reading them faults.
+/// The library says so once, with the remedy; preloaded as well, it sees the call and grants the
+/// access, and says nothing.
+#[test]
+fn expandable_pages_that_peer_access_cannot_reach_are_warned_about_unless_preloaded() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let program = fake_cudart::compile_c_program(
+        &root.join("tests/preload/torch_peer_check.c"),
+        "torch_peer_check",
+        &["-ldl"],
+    );
+    let run = |preload: bool, devices: &str| {
+        let mut cmd = fake_cudart::command(&program);
+        cmd.arg(library())
+            .env("CACHEALLOC_CONF", "expandable_segments:True")
+            .env("FAKECUDART_DEVICES", devices)
+            .env_remove("CACHEALLOC_DISABLE")
+            .env_remove("CACHEALLOC_LOG");
+        if preload {
+            cmd.env("LD_PRELOAD", library());
+        }
+        run_ok(&mut cmd)
+    };
+    let warning = "the program's cudaDeviceEnablePeerAccess goes to the runtime, not here";
+
+    let out = run(false, "2");
+    let (text, log) = (stdout(&out), stderr(&out));
+    assert_eq!(text, "enable: 0\nread from device 1: 700\n", "{log}");
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
+    assert!(
+        log.contains("CACHEALLOC_CONF: expandable_segments:True with 2 devices")
+            && log.contains("LD_PRELOAD=")
+            && log.contains("expandable_segments:False"),
+        "{log}"
+    );
+
+    let out = run(true, "2");
+    let (text, log) = (stdout(&out), stderr(&out));
+    assert_eq!(text, "enable: 0\nread from device 1: 0\n", "{log}");
+    assert!(!log.contains(warning), "{log}");
+
+    // One device: no peer to reach the pages, nothing to say.
+    let out = run(false, "1");
+    assert!(!stderr(&out).contains(warning), "{}", stderr(&out));
 }

@@ -4,6 +4,7 @@
 use super::error::ShimError;
 use super::forward;
 use super::init::{Mode, mode};
+use super::peer_notice;
 use super::pools::{self, Pool};
 use super::reentry;
 use super::stream_uses;
@@ -83,7 +84,7 @@ fn with_new_device_pool<R>(
         f,
     );
     // (When another thread made the pool first, that thread reports about it.)
-    if let Some(why) = why.filter(|_| used) {
+    if let Some(why) = why.as_ref().filter(|_| used) {
         log_event!(
             warn,
             "{}: expandable_segments:True is not supported on device {}: {why}; using fixed \
@@ -91,6 +92,8 @@ fn with_new_device_pool<R>(
             config.source.name(),
             device.0
         );
+    } else if used && config.settings.expandable_segments {
+        peer_notice::warn_once_if_unseen(rt, device, config.source.name());
     }
     served
 }

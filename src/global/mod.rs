@@ -14,6 +14,7 @@ pub mod interpose;
 pub mod last_error;
 pub(crate) mod logging;
 pub mod panics;
+mod peer_notice;
 pub mod pools;
 pub mod reentry;
 mod stream_uses;

@@ -291,6 +291,17 @@ impl Finder {
     }
 }
 
+/// Whether the program's calls to `name` come to this library: the process's first definition
+/// of it (`dlsym(RTLD_DEFAULT)`, where the program's references bind) is this library's own. Not
+/// so when the library was loaded without being preloaded or linked (`dlopen` with
+/// `RTLD_LOCAL`, as ctypes and PyTorch's pluggable allocator load it), or when another copy of
+/// it comes first.
+pub fn program_calls_reach_here(name: &CStr) -> bool {
+    // SAFETY: `name` is NUL-terminated; RTLD_DEFAULT lookups have no other precondition.
+    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    !found.is_null() && is_own_symbol(found, name)
+}
+
 /// True when `addr` is this library's own definition of `name` (which would call itself).
 fn is_own_symbol(addr: *mut c_void, name: &CStr) -> bool {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
