@@ -58,6 +58,15 @@ fn a_block_recorded_on_other_streams_waits_for_them_and_empty_cache_releases_eve
             "a pointer of no allocation is logged: {stderr}"
         );
         assert!(
+            stderr.lines().any(|line| line
+                .contains("cachealloc_torch_record_stream: invalid device pointer 0x")
+                && line.ends_with(
+                    "inside a cachealloc segment but not a live allocation (already freed, \
+                     or an interior pointer)"
+                )),
+            "the record of a freed tensor names it as such: {stderr}"
+        );
+        assert!(
             stderr.contains(
                 "is not waited for before the block is reused (cudaEventRecord failed with CUDA \
                  error 400"

@@ -93,7 +93,8 @@ fn free_recorded(rt: &Runtime, ptr: DevicePtr, streams: Vec<StreamId>) -> Result
 
 /// The allocation at `addr` is used on `stream` as well as on its allocation stream: its free
 /// will wait for the work issued on `stream` until then (see `stream_uses`). Its own stream and
-/// NULL change nothing; a pointer that is not a live allocation of a pool is `Error::NotOwned`.
+/// NULL change nothing; a pointer inside a pool's segment that is not a live allocation there
+/// (freed, or interior) is `Error::InvalidPointer`, one outside every pool `Error::NotOwned`.
 pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
     let _inside = inside()?;
     let Some(ptr) = DevicePtr::new(addr) else {
@@ -102,11 +103,10 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
     if active()?.is_none() {
         return Ok(());
     }
-    let allocated_on = pools::with_owner(addr, |pool| pool.allocation_stream(ptr))?.flatten();
-    match allocated_on {
-        Some(own) if own != stream => stream_uses::record(addr, stream),
-        Some(_) => {}
-        None => return Err(ShimError::Pool(Error::NotOwned { addr })),
+    let allocated_on = pools::with_owner(addr, |pool| pool.allocation_stream(ptr))?
+        .unwrap_or(Err(Error::NotOwned { addr }))?;
+    if allocated_on != stream {
+        stream_uses::record(addr, stream);
     }
     Ok(())
 }

@@ -411,10 +411,11 @@ impl<B: Backend> DeviceAllocator<B> {
         Some(self.blocks.get(id).size)
     }
 
-    /// The stream of the live allocation starting at `ptr`, if there is one.
-    pub fn allocation_stream(&self, ptr: DevicePtr) -> Option<StreamId> {
-        let id = self.lookup_allocation(ptr).ok()?;
-        Some(self.blocks.get(id).stream)
+    /// The stream of the live allocation starting at `ptr`; else why there is none, as `free`
+    /// would say it (an interior pointer or a freed block of this pool, or not this pool's).
+    pub fn allocation_stream(&self, ptr: DevicePtr) -> Result<StreamId, Error> {
+        let id = self.lookup_allocation(ptr)?;
+        Ok(self.blocks.get(id).stream)
     }
 
     /// Whether `addr` lies inside a segment of this pool.

@@ -69,7 +69,7 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "invalid device pointer {addr:#x}: inside a cachealloc segment but not a live \
-                 allocation (double free or interior pointer)"
+                 allocation (already freed, or an interior pointer)"
             ),
             Error::InvalidPointer {
                 addr,

@@ -253,6 +253,10 @@ static void run(int record) {
     cachealloc_torch_free(z, 3 * MIB, 0, NULL);
     CHECK(cachealloc_torch_malloc(3 * MIB, 0, NULL) == z);
     cachealloc_torch_free(z, 3 * MIB, 0, NULL);
+    /* A freed tensor is not recorded: 1, logged as a pointer that is no live allocation of
+     * cachealloc's (not as memory cachealloc never allocated). */
+    CHECK(cachealloc_record_stream(z, side) == 1);
+    cachealloc_torch_record_stream(z, side);
 
     /* The C API's own entry point: NULL is nothing to do, a pointer of no allocation is 1. */
     int local;
