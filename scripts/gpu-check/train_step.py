@@ -14,7 +14,8 @@ Backends:
   ctypes     no torch, no GPU: the same allocation pattern (weights once; per step activations
              forward, gradients backward, freed in reverse) through cudaMalloc/cudaFree of the
              process (so an LD_PRELOAD shim sees them) or through the pluggable entry points of
-             LIB. It exercises the plumbing against the fake runtime; its times are not GPU figures.
+             LIB (cachealloc_torch_mempool_malloc, the same allocation as
+             cachealloc_torch_malloc's without a C++ throw that ctypes could not catch). It exercises the plumbing against the fake runtime; its times are not GPU figures.
 
 Prints one line: "RESULT step_ms=F peak_reserved=BYTES|none loss=F|none" or "NOT_RUN reason".
 The torch backend seeds every generator and runs cuBLAS deterministically, so the last step's
@@ -165,10 +166,16 @@ def run_ctypes(args):
 
     if args.allocator == "pluggable":
         shim = ctypes.CDLL(args.shim)
+        # The pluggable allocator's allocation through its entry point that never throws: a C++
+        # exception thrown into ctypes (cachealloc_torch_malloc's failure, where libstdc++ is
+        # loaded) would terminate the process instead of reaching this script.
         try:
-            torch_malloc, torch_free = shim.cachealloc_torch_malloc, shim.cachealloc_torch_free
+            torch_malloc = shim.cachealloc_torch_mempool_malloc
+            torch_free = shim.cachealloc_torch_free
         except AttributeError:
-            not_run(f"{args.shim} exports no cachealloc_torch_malloc/cachealloc_torch_free")
+            not_run(
+                f"{args.shim} exports no cachealloc_torch_mempool_malloc/cachealloc_torch_free"
+            )
         torch_malloc.restype = ctypes.c_void_p
         torch_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         torch_free.restype = None
@@ -177,7 +184,7 @@ def run_ctypes(args):
         def alloc(size):
             ptr = torch_malloc(size, 0, None)
             if not ptr:
-                raise RuntimeError(f"cachealloc_torch_malloc({size}) returned NULL")
+                raise RuntimeError(f"cachealloc_torch_mempool_malloc({size}) returned NULL")
             return (ptr, size)
 
         def free(block):
