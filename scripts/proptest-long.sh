@@ -2,7 +2,7 @@
 # The long run of the pool's property tests: many more random sequences than the normal suite.
 # tests/pool_properties.rs checks the invariants, a shadow of the live allocations and the
 # statistics rules; tests/policy_oracle.rs compares every step with a plain implementation of
-# PyTorch's policy (tests/support/reference_pool.rs).
+# PyTorch's policy (tests/support/reference_pool/).
 # Usage: scripts/proptest-long.sh [CASES]   (default 5000 cases of each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
