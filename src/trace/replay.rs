@@ -373,7 +373,7 @@ fn note_oom(out: &mut ReplayOutcome, workload: &Workload, op_index: usize, repor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::StreamId;
+    use crate::pool::{BlockSeed, PoolKind, StreamId};
 
     const MIB: u64 = 1 << 20;
 
@@ -451,6 +451,93 @@ mod tests {
         assert_eq!(
             out.skipped_frees, 1,
             "the failed allocation's free is skipped"
+        );
+    }
+
+    fn recorded_oom(size: u64) -> Op {
+        Op::Oom {
+            size,
+            stream: StreamId(0),
+            device_free: 0,
+        }
+    }
+
+    /// Without a capacity the recording's failed request is counted but not requested: on an
+    /// unlimited device it would fit, and its segment would add a cudaMalloc and raise the peak.
+    #[test]
+    fn a_recorded_oom_is_not_requested_on_an_unlimited_device() {
+        let w = workload(vec![
+            alloc(0, 5 * MIB),
+            recorded_oom(64 * MIB),
+            Op::Free { id: 0 },
+        ]);
+        let out = replay(&w, &ReplayConfig::default(), None).unwrap();
+        assert_eq!(out.recorded_oom_requests, 1);
+        assert_eq!(out.first_oom, None);
+        assert_eq!(out.stats.counts.num_device_alloc, 1);
+        assert_eq!(out.stats.reserved_bytes.all.peak, 20 * MIB as i64);
+    }
+
+    /// With a capacity the failed request is requested again; when it fits it is freed at once,
+    /// so its memory is cached for the next request, not held.
+    #[test]
+    fn a_recorded_oom_that_fits_is_freed_at_once() {
+        let w = workload(vec![
+            recorded_oom(60 * MIB),
+            alloc(0, 60 * MIB),
+            Op::Free { id: 0 },
+        ]);
+        let config = ReplayConfig {
+            capacity: Some(100 * MIB),
+            ..Default::default()
+        };
+        let out = replay(&w, &config, None).unwrap();
+        assert_eq!(out.recorded_oom_requests, 1);
+        assert_eq!(
+            out.first_oom, None,
+            "the cached 60 MiB serves the allocation"
+        );
+        assert_eq!(out.stats.counts.num_device_alloc, 1);
+        assert_eq!((out.frees, out.stats.allocation.all.current), (1, 0));
+    }
+
+    /// The start state's segments and blocks are current when the replay begins, but no total
+    /// has moved: its cudaMallocs and allocations happened before the recording.
+    #[test]
+    fn a_seeded_start_counts_no_allocation_or_cudamalloc() {
+        const BASE: u64 = 0x7f00_0000_0000;
+        let block = |addr, size, allocated| BlockSeed {
+            addr,
+            size,
+            requested: if allocated { size } else { 0 },
+            allocated,
+        };
+        let start = StartLayout {
+            segments: vec![SegmentSeed {
+                addr: BASE,
+                size: 20 * MIB,
+                stream: StreamId(0),
+                pool: PoolKind::Large,
+                blocks: vec![
+                    block(BASE, 4 * MIB, true),
+                    block(BASE + 4 * MIB, 16 * MIB, false),
+                ],
+            }],
+            ids: vec![vec![Some(0), None]],
+            ..Default::default()
+        };
+        let mut w = workload(vec![Op::Free { id: 0 }]);
+        w.num_ids = 1;
+        let out = replay(&w, &ReplayConfig::default(), Some(&start)).unwrap();
+        assert_eq!((out.frees, out.skipped_frees), (1, 0));
+        let s = &out.stats;
+        assert_eq!(s.counts.num_device_alloc, 0);
+        let reserved = s.reserved_bytes.all;
+        assert_eq!((reserved.current, reserved.allocated), (20 * MIB as i64, 0));
+        let allocation = s.allocation.all;
+        assert_eq!(
+            (allocation.current, allocation.allocated, allocation.freed),
+            (0, 0, 1)
         );
     }
 
