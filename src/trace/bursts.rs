@@ -175,4 +175,35 @@ mod tests {
         // The OOM's failed retry and the successful one before the segment_alloc.
         assert_eq!(count_retries(&entries, &release_bursts(&entries)), 2);
     }
+
+    /// An entry without frames between entries whose frames name `emptyCache` is part of their
+    /// burst: only frames naming the other cause start a new one.
+    #[test]
+    fn an_unnamed_release_joins_the_named_burst_around_it() {
+        let entries = vec![
+            at(Action::SegmentFree, MIB, 2 * MIB, CallSite::EmptyCache),
+            entry(Action::SegmentFree, 4 * MIB, 2 * MIB),
+            at(Action::SegmentFree, 8 * MIB, 2 * MIB, CallSite::EmptyCache),
+            entry(Action::Alloc, 8 * MIB, 512),
+        ];
+        let bursts = release_bursts(&entries);
+        let kinds: Vec<_> = bursts.iter().map(|b| (b.start, b.end, b.kind)).collect();
+        assert_eq!(kinds, vec![(0, 3, BurstKind::EmptyCache)]);
+        assert_eq!(bursts[0].bytes, 6 * MIB);
+    }
+
+    /// Frames that name neither cause say nothing: what follows the burst decides, as without
+    /// frames.
+    #[test]
+    fn frames_naming_neither_leave_the_cause_to_what_follows() {
+        let kind = |next: Action| {
+            let entries = vec![
+                at(Action::SegmentFree, MIB, 2 * MIB, CallSite::Other),
+                entry(next, 4 * MIB, 20 * MIB),
+            ];
+            release_bursts(&entries)[0].kind
+        };
+        assert_eq!(kind(Action::SegmentAlloc), BurstKind::MallocRelease);
+        assert_eq!(kind(Action::Alloc), BurstKind::EmptyCache);
+    }
 }
