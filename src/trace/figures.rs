@@ -180,7 +180,7 @@ impl DeviceRecording {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::fixtures::{BASE, MIB, at, entry, recording, segment};
+    use crate::trace::fixtures::{BASE, MIB, at, entry, oom, recording, segment};
     use crate::trace::recording::{CallSite, RecordedSettings};
 
     #[test]
@@ -209,6 +209,46 @@ mod tests {
         assert_eq!(f.recorded_oom, None);
     }
 
+    /// A segment allocated by the last entry counts in the peak: the value after the last entry
+    /// is a level the recording reached too.
+    #[test]
+    fn a_peak_reached_by_the_last_entry_counts() {
+        let rec = recording(
+            vec![entry(Action::SegmentAlloc, BASE, 20 * MIB)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let f = rec.figures();
+        assert_eq!(f.start_reserved_bytes, 0);
+        assert_eq!(f.recorded_peak_reserved_bytes, 20 * MIB);
+    }
+
+    /// The recorded OOM is the first `oom` entry, with the reserved bytes and free memory there.
+    #[test]
+    fn the_recorded_oom_is_the_first_of_several() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                oom(64 * MIB, 7 * MIB),
+                entry(Action::SegmentAlloc, BASE + 32 * MIB, 2 * MIB),
+                oom(128 * MIB, 5 * MIB),
+            ],
+            vec![
+                segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)]),
+                segment(BASE + 32 * MIB, 2 * MIB, &[(0, 2 * MIB, 0, false)]),
+            ],
+        );
+        let oom = rec.figures().recorded_oom.unwrap();
+        assert_eq!(
+            (
+                oom.event_index,
+                oom.size,
+                oom.device_free,
+                oom.reserved_bytes
+            ),
+            (1, 64 * MIB, 7 * MIB, 20 * MIB)
+        );
+    }
+
     /// A release before a new segment is a retry under default settings, and may be the
     /// oversize release under max_split_size: the count is then a bound, when such a release
     /// counted.
@@ -233,6 +273,12 @@ mod tests {
         });
         let f = rec.figures();
         assert_eq!((f.recorded_retries, f.retries_upper_bound), (1, true));
+        // So may a release under a garbage-collection threshold (the collector's).
+        rec.settings = Some(RecordedSettings {
+            garbage_collection_threshold: 0.6,
+            ..RecordedSettings::default()
+        });
+        assert!(rec.figures().retries_upper_bound);
         // No release before a new segment: nothing counted that could be no retry.
         let mut quiet = recording(entries[..1].to_vec(), vec![]);
         quiet.settings = rec.settings.clone();
@@ -274,5 +320,24 @@ mod tests {
         );
         let f = rec.figures();
         assert_eq!((f.frees, f.orphan_frees, f.pending_frees), (1, 0, 1));
+    }
+
+    /// An allocation at an address whose free was requested but not completed shows the
+    /// completion missing: the earlier allocation is counted as a missing free, not as pending.
+    #[test]
+    fn an_allocation_again_where_a_free_is_pending_ends_it() {
+        let rec = recording(
+            vec![
+                entry(Action::Alloc, BASE, 512),
+                entry(Action::FreeRequested, BASE, 512),
+                entry(Action::Alloc, BASE, 512),
+                entry(Action::Alloc, BASE + 512, 512),
+                entry(Action::FreeRequested, BASE + 512, 512),
+                entry(Action::FreeCompleted, BASE + 512, 512),
+            ],
+            vec![],
+        );
+        let f = rec.figures();
+        assert_eq!((f.missing_frees, f.pending_frees, f.frees), (1, 0, 1));
     }
 }
