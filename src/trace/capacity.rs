@@ -141,6 +141,57 @@ mod tests {
         assert_eq!(rec.figures().recorded_retries, 1);
     }
 
+    /// Two retries: each failed cudaMalloc bounds the capacity, and the lower bound holds.
+    /// Capacity 50 MiB: with 40 MiB reserved a 30 MiB cudaMalloc failed (< 70 MiB), later with
+    /// 40 MiB reserved a 20 MiB one (< 60 MiB); 50 MiB were reserved at the end.
+    #[test]
+    fn the_lowest_failed_cudamalloc_bounds_the_capacity() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::SegmentAlloc, BASE + 32 * MIB, 20 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
+                at(
+                    Action::SegmentFree,
+                    BASE + 32 * MIB,
+                    20 * MIB,
+                    CallSite::Malloc,
+                ),
+                entry(Action::SegmentAlloc, BASE + 64 * MIB, 30 * MIB),
+                entry(Action::SegmentAlloc, BASE + 100 * MIB, 10 * MIB),
+                at(
+                    Action::SegmentFree,
+                    BASE + 100 * MIB,
+                    10 * MIB,
+                    CallSite::Malloc,
+                ),
+                entry(Action::SegmentAlloc, BASE + 128 * MIB, 20 * MIB),
+            ],
+            vec![
+                segment(BASE + 64 * MIB, 30 * MIB, &[(0, 30 * MIB, 0, false)]),
+                segment(BASE + 128 * MIB, 20 * MIB, &[(0, 20 * MIB, 0, false)]),
+            ],
+        );
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 50 * MIB,
+                high: 60 * MIB
+            })
+        );
+    }
+
+    /// A bracket narrower than the 2 MiB step replays at its low end, never below it (below,
+    /// the recorded peak would not fit).
+    #[test]
+    fn a_narrow_bracket_replays_at_its_low_end() {
+        let narrow = CapacityEstimate::Bracket {
+            low: 41 * MIB,
+            high: 42 * MIB,
+        };
+        assert_eq!(narrow.replay_capacity(), Some(41 * MIB));
+    }
+
     #[test]
     fn no_failure_means_no_capacity_and_an_empty_bracket_none() {
         let rec = recording(
