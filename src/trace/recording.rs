@@ -238,3 +238,25 @@ impl RecordedSnapshot {
         self.devices.iter().filter(|d| !d.entries.is_empty())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::fixtures::{BASE, MIB, entry, oom, recording};
+
+    /// A trace whose only request failed still has something to replay (the request, probed
+    /// at the recorded capacity): a replay without `--device` takes its device over one whose
+    /// trace holds only markers and segment entries.
+    #[test]
+    fn a_failed_request_alone_is_a_block_event() {
+        assert!(recording(vec![oom(64 * MIB, 0)], vec![]).has_block_events());
+        let markers = recording(
+            vec![
+                entry(Action::Snapshot, 0, 0),
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+            ],
+            vec![],
+        );
+        assert!(!markers.has_block_events());
+    }
+}
