@@ -211,7 +211,9 @@ pub fn try_expandable_segments(
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::pool::StreamId;
     use crate::trace::synth::{SynthKind, SynthSpec};
+    use crate::trace::workload::Op;
 
     const MIB: u64 = 1 << 20;
 
@@ -301,7 +303,10 @@ mod tests {
     /// gets further.
     #[test]
     fn without_a_fit_the_value_that_gets_furthest_is_named() {
-        let (workload, config) = transformer_on(4812 << 20);
+        let (mut workload, config) = transformer_on(4812 << 20);
+        // As if converted from a trace whose entries are not one op each: the furthest OOM is
+        // then counted in trace entries.
+        workload.source_index = (0..workload.ops.len()).map(|i| 2 * i + 5).collect();
         let first = replay(&workload, &config, None).unwrap().first_oom.unwrap();
         let found = search(&workload, &config);
         assert!(found.fits.is_empty());
@@ -317,10 +322,33 @@ mod tests {
                 assert_eq!(furthest.conf, format!("max_split_size_mb:{mb}"));
                 assert_eq!(oom.op_index, furthest.first_oom_op);
                 assert_eq!(oom.event_index(), furthest.first_oom_event_index);
+                assert_eq!(oom.event_index(), 2 * oom.op_index + 5);
             } else {
                 assert!(oom.op_index <= furthest.first_oom_op, "{mb} gets further");
             }
         }
+    }
+
+    /// The expandable-segments trial counts its OOM as a user does: in trace entries, when the
+    /// workload came from a trace.
+    #[test]
+    fn the_expandable_trial_counts_its_oom_in_trace_entries() {
+        let mut workload = Workload::new("test");
+        for (id, index) in [(0, 10), (1, 12)] {
+            let op = Op::Alloc {
+                id,
+                size: 60 * MIB,
+                stream: StreamId(0),
+                recorded_addr: None,
+            };
+            workload.push(op, index);
+        }
+        let config = ReplayConfig {
+            capacity: Some(100 * MIB),
+            ..ReplayConfig::default()
+        };
+        let trial = try_expandable_segments(&workload, &config, None).unwrap();
+        assert_eq!(trial.first_oom_event_index, Some(12));
     }
 
     /// On the demo's fragmentation OOM the report's suggestion is one of the values that fit
