@@ -73,6 +73,17 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
         stdout(&out),
         stderr(&out)
     );
+    // A device the process does not have is named with the ones it has (the fake runtime has
+    // two); a negative one without asking the runtime.
+    let log = stderr(&out);
+    assert!(
+        log.contains("cachealloc_malloc: no device 7 in this process (it has 2: devices 0 to 1)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("cachealloc_malloc: no device -1 in this process\n"),
+        "{log}"
+    );
     // The devices that served allocations, and not the missing ones the program asked for.
     let stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats_file).unwrap()).unwrap();

@@ -59,7 +59,7 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             log_event!(warn, "{call}: {e}");
             codes::INVALID_VALUE
         }
-        e @ ShimError::NoSuchDevice => {
+        e @ ShimError::NoSuchDevice { .. } => {
             log_event!(warn, "{call}: {e}");
             codes::INVALID_DEVICE
         }

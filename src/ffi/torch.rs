@@ -54,13 +54,12 @@ fn allocate(
 }
 
 /// What PyTorch's exception says: an out-of-memory report in full, as the log gives it; the
-/// pool's own text for its other failures, naming the device where it is the device that is
-/// wrong; and for an out-of-memory answer of the runtime itself (`CACHEALLOC_DISABLE=1`), the
+/// pool's own text for its other failures (a device the process does not have is named there,
+/// with the devices it has); and for an out-of-memory answer of the runtime itself (`CACHEALLOC_DISABLE=1`), the
 /// words OOM handlers look for.
 fn failure_text(e: &ShimError, size: usize, device: c_int) -> String {
     match e {
         ShimError::Pool(Error::OutOfMemory(report)) => oom_text(report),
-        ShimError::NoSuchDevice => format!("{e}: device {device}"),
         ShimError::ConfigInvalid => {
             format!("{e} (the error was printed on stderr at the first CUDA call)")
         }

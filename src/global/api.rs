@@ -154,7 +154,10 @@ fn returned_only<T>(rt: &Runtime, result: Result<T, ShimError>) -> Result<T, Shi
 /// `cudaGetDeviceCount` each.)
 fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
     if device.0 < 0 {
-        return Err(ShimError::NoSuchDevice);
+        return Err(ShimError::NoSuchDevice {
+            device: device.0,
+            count: None,
+        });
     }
     let mut count: std::ffi::c_int = 0;
     unread_error::keep_unread(rt);
@@ -169,7 +172,10 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
         });
     }
     if device.0 >= count {
-        return Err(ShimError::NoSuchDevice);
+        return Err(ShimError::NoSuchDevice {
+            device: device.0,
+            count: Some(count),
+        });
     }
     in_pool_range(device)
 }
@@ -178,7 +184,10 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
 /// one past the pools is refused as an argument.
 fn in_pool_range(device: DeviceId) -> Result<(), ShimError> {
     if device.0 < 0 {
-        return Err(ShimError::NoSuchDevice);
+        return Err(ShimError::NoSuchDevice {
+            device: device.0,
+            count: None,
+        });
     }
     match pools::epochs(device) {
         Some(_) => Ok(()),

@@ -17,8 +17,9 @@ pub enum ShimError {
     NoRuntime,
     /// An argument the C API does not accept.
     InvalidArgument(&'static str),
-    /// A device ordinal the process does not have (`cudaErrorInvalidDevice`, as the runtime).
-    NoSuchDevice,
+    /// A device ordinal the process does not have (`cudaErrorInvalidDevice`, as the runtime),
+    /// with the number of devices it has where the runtime was asked.
+    NoSuchDevice { device: i32, count: Option<i32> },
     /// The device's pool was left inconsistent by an earlier internal failure.
     PoolBroken(DeviceId, String),
     /// `cudaIpcGetMemHandle` of an address whose handle would not open at it: inside a segment
@@ -40,7 +41,15 @@ impl fmt::Display for ShimError {
             ShimError::ConfigInvalid => write!(f, "the cachealloc configuration is invalid"),
             ShimError::NoRuntime => write!(f, "no CUDA runtime found in this process"),
             ShimError::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
-            ShimError::NoSuchDevice => write!(f, "no such device in this process"),
+            ShimError::NoSuchDevice { device, count } => {
+                write!(f, "no device {device} in this process")?;
+                match count {
+                    Some(0) => write!(f, " (it has none)"),
+                    Some(1) => write!(f, " (it has 1: device 0)"),
+                    Some(n) => write!(f, " (it has {n}: devices 0 to {})", n - 1),
+                    None => Ok(()),
+                }
+            }
             ShimError::PoolBroken(device, why) => write!(
                 f,
                 "the pool of device {} is inconsistent after an internal error ({why}); \
