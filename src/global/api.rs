@@ -12,7 +12,7 @@ use super::stream_uses;
 use super::trace_file;
 use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
-use crate::backend::cuda::runtime::{self, Runtime, codes, runtime};
+use crate::backend::cuda::runtime::{self, CudaError, Runtime, codes, runtime};
 use crate::backend::cuda::unread_error;
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, Settings, StreamId};
 use std::ffi::c_void;
@@ -159,18 +159,10 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
             count: None,
         });
     }
-    let mut count: std::ffi::c_int = 0;
-    unread_error::keep_unread(rt);
-    // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
-    let code = unsafe { (rt.get_device_count)(&mut count) };
-    if code != codes::SUCCESS {
-        // The program did not make this call: its error must not stay as its last error.
-        runtime::clear_last_error(rt);
-        return Err(ShimError::Runtime {
-            code,
-            call: "cudaGetDeviceCount",
-        });
-    }
+    let count = device_count(rt).map_err(|code| ShimError::Runtime {
+        code,
+        call: "cudaGetDeviceCount",
+    })?;
     if device.0 >= count {
         return Err(ShimError::NoSuchDevice {
             device: device.0,
@@ -178,6 +170,20 @@ fn check_device(rt: &Runtime, device: DeviceId) -> Result<(), ShimError> {
         });
     }
     in_pool_range(device)
+}
+
+/// The runtime's device count, asked for the library's own purposes: a failure's error is not
+/// left as the program's last error, and an error the program had not read is kept.
+pub(super) fn device_count(rt: &Runtime) -> Result<std::ffi::c_int, CudaError> {
+    let mut count: std::ffi::c_int = 0;
+    unread_error::keep_unread(rt);
+    // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
+    let code = unsafe { (rt.get_device_count)(&mut count) };
+    if code != codes::SUCCESS {
+        runtime::clear_last_error(rt);
+        return Err(code);
+    }
+    Ok(count)
 }
 
 /// `device` is one of the ordinals the pools cover: a negative one is no device at all (101),

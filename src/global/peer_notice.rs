@@ -9,10 +9,9 @@
 //! or not. Said once per process, at the first pool with expandable segments, where the process
 //! has more than one device.
 
-use crate::backend::cuda::runtime::{Runtime, clear_last_error, codes, program_calls_reach_here};
-use crate::backend::cuda::unread_error;
+use super::api::device_count;
+use crate::backend::cuda::runtime::{Runtime, program_calls_reach_here};
 use crate::pool::DeviceId;
-use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static SAID: AtomicBool = AtomicBool::new(false);
@@ -23,7 +22,8 @@ pub fn warn_once_if_unseen(rt: &Runtime, device: DeviceId, source: &str) {
     if SAID.load(Ordering::Relaxed) || program_calls_reach_here(c"cudaDeviceEnablePeerAccess") {
         return;
     }
-    let devices = device_count(rt);
+    // 0 when the runtime cannot say.
+    let devices = device_count(rt).unwrap_or(0);
     if devices < 2 || SAID.swap(true, Ordering::Relaxed) {
         return;
     }
@@ -38,16 +38,4 @@ pub fn warn_once_if_unseen(rt: &Runtime, device: DeviceId, source: &str) {
          pools) or set expandable_segments:False",
         device.0
     );
-}
-
-/// The runtime's device count; 0 when it cannot say (its error is not left to the program).
-fn device_count(rt: &Runtime) -> c_int {
-    let mut count: c_int = 0;
-    unread_error::keep_unread(rt);
-    // SAFETY: `count` is a valid out-pointer; this is the real runtime's cudaGetDeviceCount.
-    if unsafe { (rt.get_device_count)(&mut count) } != codes::SUCCESS {
-        clear_last_error(rt);
-        return 0;
-    }
-    count
 }
