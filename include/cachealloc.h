@@ -168,6 +168,14 @@ size_t cachealloc_stats_json(int device, char *buf, size_t len);
 int cachealloc_reset_peak_stats(int device);
 
 /**
+ * Reset the running totals of `device`'s statistics (each stat's `allocated` and `freed`, and
+ * the counts such as `num_device_alloc`, `num_alloc_retries` and `num_ooms`) to zero, as
+ * PyTorch's `reset_accumulated_memory_stats`; current values and peaks stay. A device the
+ * process does not have: 101 (`cudaErrorInvalidDevice`; checked while the library is active).
+ */
+int cachealloc_reset_accumulated_stats(int device);
+
+/**
  * The library version, a static NUL-terminated string such as "0.1.0".
  */
 const char *cachealloc_version(void);

@@ -59,6 +59,7 @@ fn header_declares_the_whole_c_api() {
         "cachealloc_get_stats",
         "cachealloc_stats_json",
         "cachealloc_reset_peak_stats",
+        "cachealloc_reset_accumulated_stats",
         "cachealloc_version",
         "cachealloc_torch_malloc",
         "cachealloc_torch_free",

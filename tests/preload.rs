@@ -639,6 +639,24 @@ fn a_peak_reset_after_a_device_reset_forgets_the_ended_pools_peaks() {
     assert_eq!(stats["num_device_alloc"], 2, "{text}");
 }
 
+/// `cachealloc_reset_accumulated_stats` after a reset leaves out the ended pool's totals and
+/// counts, its live 30 MiB freed by the reset included: from the call on they are the pool's
+/// now (one 1 MiB allocation freed, from the cache); the peaks still span the reset.
+#[test]
+fn a_totals_reset_after_a_device_reset_forgets_the_ended_pools_totals() {
+    let (text, _) = stats_file_run_of("reset_totals_after_reset", "json");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let stats = &doc["devices"][0]["stats"];
+    assert_eq!(stats["allocation.all.allocated"], 1, "{text}");
+    assert_eq!(stats["allocation.all.freed"], 2, "{text}");
+    assert_eq!(stats["allocated_bytes.all.freed"], 2 << 20, "{text}");
+    assert_eq!(stats["reserved_bytes.all.allocated"], 0, "{text}");
+    assert_eq!(stats["reserved_bytes.all.freed"], 0, "{text}");
+    assert_eq!(stats["num_device_alloc"], 0, "{text}");
+    assert_eq!(stats["reserved_bytes.all.current"], 2 << 20, "{text}");
+    assert_eq!(stats["reserved_bytes.all.peak"], 30 << 20, "{text}");
+}
+
 #[test]
 fn a_pointer_is_freed_to_its_owner_device() {
     check("cross_device", &[]);

@@ -183,6 +183,20 @@ pub extern "C" fn cachealloc_reset_peak_stats(device: c_int) -> c_int {
     })
 }
 
+/// Reset the running totals of `device`'s statistics (each stat's `allocated` and `freed`, and
+/// the counts such as `num_device_alloc`, `num_alloc_retries` and `num_ooms`) to zero, as
+/// PyTorch's `reset_accumulated_memory_stats`; current values and peaks stay. A device the
+/// process does not have: 101 (`cudaErrorInvalidDevice`; checked while the library is active).
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_reset_accumulated_stats(device: c_int) -> c_int {
+    boundary("cachealloc_reset_accumulated_stats", codes::UNKNOWN, || {
+        api::reset_accumulated_stats(DeviceId(device)).map_or_else(
+            |e| to_code("cachealloc_reset_accumulated_stats", e),
+            |()| codes::SUCCESS,
+        )
+    })
+}
+
 /// The library version, a static NUL-terminated string such as "0.1.0".
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_version() -> *const c_char {

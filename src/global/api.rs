@@ -238,6 +238,17 @@ pub fn reset_peak_stats(device: DeviceId) -> Result<(), ShimError> {
     Ok(())
 }
 
+/// Reset the running totals (`allocated`, `freed`) and event counts of `device`'s statistics.
+pub fn reset_accumulated_stats(device: DeviceId) -> Result<(), ShimError> {
+    let _inside = inside()?;
+    if let Some((_, rt)) = active()? {
+        check_device(rt, device)?;
+        pools::with_pool(device, |pool| pool.reset_accumulated_stats())?;
+        pools::reset_ended_totals(device);
+    }
+    Ok(())
+}
+
 fn real_malloc(rt: &'static Runtime, size: usize, device: DeviceId) -> Result<u64, ShimError> {
     let _on_device = DeviceGuard::enter(rt, device).map_err(|code| ShimError::Runtime {
         code,

@@ -267,6 +267,20 @@ pub fn reset_ended_peaks(device: DeviceId) {
     }
 }
 
+/// `reset_accumulated_stats` for the pools device resets ended on `device`: from now on the
+/// run's totals and counts are the current pool's; the ended pools' peaks stay.
+pub fn reset_ended_totals(device: DeviceId) {
+    let Some(d) = index(device) else {
+        return;
+    };
+    let mut ended = ENDED[d]
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(stats) = ended.as_mut() {
+        stats.forget_totals();
+    }
+}
+
 /// Statistics of every device that has had a pool, over the whole run (the pools device resets
 /// ended, then the pool now), for the exit report: a lock another thread holds (one still
 /// allocating) is waited for, a while (`exit_wait`); a device whose lock stays busy is skipped.

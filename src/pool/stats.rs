@@ -180,7 +180,25 @@ impl DeviceStats {
     /// Peaks of a pool that a device reset ended, after `reset_peak_stats`: none (its memory
     /// is freed), so that `then` takes the later pool's.
     pub fn forget_peaks(&mut self) {
-        for array in [
+        for stat in self.stats_mut() {
+            stat.peak = 0;
+        }
+    }
+
+    /// Running totals of a pool that a device reset ended, after `reset_accumulated_stats`:
+    /// none, its memory's freeing at the reset included (it came before the call), so that
+    /// `then` takes the later pool's; its peaks stay.
+    pub fn forget_totals(&mut self) {
+        for stat in self.stats_mut() {
+            stat.current = 0;
+            stat.reset_accumulated();
+        }
+        self.counts = Counts::default();
+    }
+
+    /// Every stat, the arrays' rows and the two oversize stats.
+    fn stats_mut(&mut self) -> impl Iterator<Item = &mut Stat> {
+        [
             &mut self.allocation,
             &mut self.segment,
             &mut self.active,
@@ -190,13 +208,10 @@ impl DeviceStats {
             &mut self.active_bytes,
             &mut self.inactive_split_bytes,
             &mut self.requested_bytes,
-        ] {
-            for stat in [&mut array.all, &mut array.small_pool, &mut array.large_pool] {
-                stat.peak = 0;
-            }
-        }
-        self.oversize_allocations.peak = 0;
-        self.oversize_segments.peak = 0;
+        ]
+        .into_iter()
+        .flat_map(|array| [&mut array.all, &mut array.small_pool, &mut array.large_pool])
+        .chain([&mut self.oversize_allocations, &mut self.oversize_segments])
     }
 
     /// The stat arrays with their PyTorch names, in PyTorch's (sorted) order of appearance.
@@ -294,6 +309,35 @@ mod tests {
         assert_eq!(alone.reserved_bytes.all.peak, 100);
         assert_eq!(alone.reserved_bytes.all.freed, 100);
         assert_eq!(alone.max_split_size, -1);
+    }
+
+    #[test]
+    fn forgetting_the_ended_pools_totals_keeps_its_peaks() {
+        let mut ended = DeviceStats::default();
+        ended.reserved_bytes.all.increase(100);
+        ended.reserved_bytes.all.decrease(30);
+        ended.oversize_segments.increase(1);
+        ended.counts.num_device_alloc = 4;
+        ended.forget_totals();
+        let mut later = DeviceStats::default();
+        later.reserved_bytes.all.increase(50);
+        let over = ended.then(Some(&later));
+        // What was live at the reset was freed before the totals were reset: not counted.
+        assert_eq!(
+            over.reserved_bytes.all,
+            Stat {
+                current: 50,
+                peak: 100,
+                allocated: 50,
+                freed: 0
+            }
+        );
+        assert_eq!(over.oversize_segments.peak, 1);
+        assert_eq!(over.oversize_segments.allocated, 0);
+        assert_eq!(over.counts, Counts::default());
+        let mut forgot = ended.clone();
+        forgot.forget_peaks();
+        assert_eq!(forgot.then(None).reserved_bytes.all, Stat::default());
     }
 
     #[test]

@@ -94,8 +94,20 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_get_stats(0, &stats) == 0);
     CHECK(stats.allocated_bytes_peak == 0);
     CHECK(stats.cached_free_bytes == stats.reserved_bytes);
+    /* Running totals and counts, as reset_accumulated_memory_stats: current values stay. */
+    CHECK(stats.num_device_alloc > 0);
+    uint64_t reserved = stats.reserved_bytes, segments = stats.segments;
+    CHECK(cachealloc_reset_accumulated_stats(0) == 0);
+    CHECK(cachealloc_get_stats(0, &stats) == 0);
+    CHECK(stats.num_device_alloc == 0);
+    CHECK(stats.reserved_bytes == reserved);
+    char totals[8192];
+    CHECK(cachealloc_stats_json(0, totals, sizeof totals) < sizeof totals);
+    CHECK(strstr(totals, "\"reserved_bytes.all.allocated\":0,") != NULL);
+    CHECK(strstr(totals, "\"allocation.all.freed\":0,") != NULL);
     CHECK(cachealloc_empty_cache(0) == 0);
     CHECK(cachealloc_get_stats(0, &stats) == 0);
+    CHECK(segments > 0 && stats.num_device_free == segments);
     CHECK(stats.reserved_bytes == 0);
     CHECK(fakecudart_device_bytes_in_use(0) == 0);
     /* Ordinals the process does not have (the fake has 2 devices), negative ones included: the
@@ -117,6 +129,7 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_reset_peak_stats(5) == 101);
     CHECK(cachealloc_empty_cache(64) == 101);
     CHECK(cachealloc_reset_peak_stats(-1) == 101);
+    CHECK(cachealloc_reset_accumulated_stats(7) == 101);
     CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_get_stats(1, &stats) == 0); /* a device without a pool: zeros */
     /* An error the program has not read stays its last error through a call that fails inside:

@@ -285,6 +285,24 @@ static void scenario_reset_peak_after_reset(void) {
     printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
 }
 
+/* cachealloc_reset_accumulated_stats after a cudaDeviceReset: the exit statistics' totals and
+ * counts are those since the call, without the ended pool's; its peaks stay. */
+static void scenario_reset_totals_after_reset(void) {
+    int (*reset_totals)(int) =
+        (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_reset_accumulated_stats");
+    CHECK(reset_totals != NULL);
+    if (reset_totals == NULL) return;
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess); /* p, live, is freed with the pool */
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
+    CHECK_CODE(reset_totals(0), 0);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
+}
+
 /* A cudaDeviceReset that fails leaves the memory of the pool cachealloc let go of allocated, and
  * allocations in it still in use: freeing one does nothing (forwarded, a free of a segment's
  * first block would release the segment under the other), and the next reset that happens
@@ -584,6 +602,7 @@ static const struct scenario scenarios[] = {
     {"reset", scenario_reset},
     {"reset_fails", scenario_reset_fails},
     {"reset_peak_after_reset", scenario_reset_peak_after_reset},
+    {"reset_totals_after_reset", scenario_reset_totals_after_reset},
     {"cross_device", scenario_cross_device},
     {"reuse_nonblocking", scenario_reuse_nonblocking},
     {"reuse_legacy", scenario_reuse_legacy},
