@@ -117,6 +117,30 @@ fn repeated_out_of_memory_errors_are_counted_after_the_first_reports() {
     assert_eq!(all.matches("CUDA out of memory").count(), 20, "{all}");
 }
 
+/// A program that repeats a refused call (here a double free, 40 times) gets the first ten
+/// errors at warn, then a line counting them at the 16th and 32nd; each one at debug.
+#[test]
+fn repeated_bad_pointers_are_counted_after_the_first_ten() {
+    let log = stderr(&check("double_free_loop", &[]));
+    let each = "cudaFree: invalid device pointer";
+    assert_eq!(log.matches(each).count(), 10, "{log}");
+    assert!(
+        log.contains("10 bad-pointer errors: later ones are counted here now and then"),
+        "{log}"
+    );
+    for n in [16, 32] {
+        assert!(
+            log.contains(&format!(
+                "{n} bad-pointer errors so far; the latest: invalid device pointer"
+            )),
+            "{log}"
+        );
+    }
+    assert_eq!(log.matches("bad-pointer errors so far").count(), 2, "{log}");
+    let all = stderr(&check("double_free_loop", &[("CACHEALLOC_LOG", "debug")]));
+    assert_eq!(all.matches(each).count(), 40, "{all}");
+}
+
 #[test]
 fn out_of_memory_answers_2_and_the_program_goes_on() {
     let out = check("oom", &[("FAKECUDART_CAPACITY", "64MiB")]);

@@ -6,7 +6,7 @@
 pub mod c_api;
 mod cxx_exception;
 pub mod interpose;
-pub mod oom_log;
+pub mod repeats;
 pub mod stats;
 pub mod status;
 pub mod torch;

@@ -4,12 +4,23 @@
 use crate::backend::BackendError;
 use crate::backend::cuda::runtime::{CudaError, codes};
 use crate::config::{Config, render_conf, shell_word};
-use crate::ffi::oom_log::{FULL_REPORTS, OomLog};
+use crate::ffi::repeats::{Repeats, Shown};
 use crate::global::{ShimError, init, panics, recording_path};
 use crate::pool::{DeviceId, Error, OomReport, format_size};
 
-/// The code for `err`, logging what the program should know (an OOM report at warn: the first
-/// few in full, then counted, `oom_log`).
+/// Out-of-memory errors: reports are long, so few are logged in full.
+static OUT_OF_MEMORY: Repeats = Repeats::new("out-of-memory errors", 3);
+/// Refused calls: a double free or interior pointer, a pointer the C API does not own.
+static BAD_POINTERS: Repeats = Repeats::new("bad-pointer errors", 10);
+/// Requests over 1 EiB.
+static TOO_LARGE: Repeats = Repeats::new("requests too large", 10);
+/// Devices the process does not have.
+static NO_DEVICE: Repeats = Repeats::new("invalid-device errors", 10);
+/// Other arguments refused (a stream use of freed memory, an IPC handle that cannot be made).
+static BAD_ARGUMENTS: Repeats = Repeats::new("invalid-argument errors", 10);
+
+/// The code for `err`, logging what the program should know: at warn, the first few of each
+/// kind (an OOM report in full), then counted (`repeats`).
 ///
 /// - out of memory (after the whole retry ladder), or a request over 1 EiB: 2
 ///   `cudaErrorMemoryAllocation`;
@@ -27,11 +38,11 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
         }
         ShimError::Pool(Error::Backend(BackendError::OutOfMemory)) => codes::MEMORY_ALLOCATION,
         ShimError::Pool(e @ Error::RequestTooLarge { .. }) => {
-            log_event!(warn, "{call}: {e}");
+            log_refusal(call, &TOO_LARGE, &e);
             codes::MEMORY_ALLOCATION
         }
         ShimError::Pool(e @ (Error::NotOwned { .. } | Error::InvalidPointer { .. })) => {
-            log_event!(warn, "{call}: {e}");
+            log_refusal(call, &BAD_POINTERS, &e);
             codes::INVALID_VALUE
         }
         ShimError::Pool(Error::Backend(BackendError::Device { code, call: inner })) => {
@@ -55,17 +66,13 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             code
         }
         ShimError::ConfigInvalid | ShimError::NoRuntime => codes::INITIALIZATION_ERROR,
-        e @ ShimError::InvalidArgument(_) => {
-            log_event!(warn, "{call}: {e}");
+        e @ (ShimError::InvalidArgument(_) | ShimError::NotExportable { .. }) => {
+            log_refusal(call, &BAD_ARGUMENTS, &e);
             codes::INVALID_VALUE
         }
         e @ ShimError::NoSuchDevice { .. } => {
-            log_event!(warn, "{call}: {e}");
+            log_refusal(call, &NO_DEVICE, &e);
             codes::INVALID_DEVICE
-        }
-        e @ ShimError::NotExportable { .. } => {
-            log_event!(warn, "{call}: {e}");
-            codes::INVALID_VALUE
         }
         e @ ShimError::PoolBroken(..) => {
             log_event!(error, "{call}: {e}");
@@ -75,34 +82,63 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
 }
 
 /// Log an out-of-memory report: in full at warn for the first few of the process, then at
-/// debug, with a line at warn counting them now and then (`oom_log`).
+/// debug, with a line at warn counting them now and then.
 fn log_oom(call: &'static str, report: &OomReport) {
-    let (n, how) = OomLog::next();
     // Built only where a line is written: a program that fails in a loop logs most of its
     // reports at debug, which the default filter drops.
-    let text = || oom_text(report);
-    match how {
-        OomLog::Full => {
+    log_repeated(
+        call,
+        &OUT_OF_MEMORY,
+        || oom_text(report),
+        || {
+            format!(
+                "the latest asked for {} on device {}",
+                format_size(report.requested),
+                report.device.0
+            )
+        },
+    );
+}
+
+/// Log a refused call's error, the first few of its kind at warn, then counted.
+fn log_refusal(call: &'static str, kind: &Repeats, err: &dyn std::fmt::Display) {
+    log_repeated(
+        call,
+        kind,
+        || err.to_string(),
+        || format!("the latest: {err}"),
+    );
+}
+
+/// Log the next error of `kind`: `text` at warn or at debug, and the counting lines at warn.
+fn log_repeated(
+    call: &'static str,
+    kind: &Repeats,
+    text: impl Fn() -> String,
+    latest: impl Fn() -> String,
+) {
+    let (n, shown) = kind.next();
+    let what = kind.what;
+    match shown {
+        Shown::Full => {
             log_event!(warn, "{call}: {}", text());
-            if n == FULL_REPORTS {
+            if n == kind.shown {
                 log_event!(
                     warn,
-                    "{call}: {n} out-of-memory errors: later ones are counted here now and then \
-                     (CACHEALLOC_LOG=debug prints each report)"
+                    "{call}: {n} {what}: later ones are counted here now and then \
+                     (CACHEALLOC_LOG=debug logs each one)"
                 );
             }
         }
-        OomLog::Counted => {
+        Shown::Counted => {
             log_event!(debug, "{call}: {}", text());
             log_event!(
                 warn,
-                "{call}: {n} out-of-memory errors so far; the latest asked for {} on device {} \
-                 (CACHEALLOC_LOG=debug prints each report)",
-                format_size(report.requested),
-                report.device.0
+                "{call}: {n} {what} so far; {} (CACHEALLOC_LOG=debug logs each one)",
+                latest()
             );
         }
-        OomLog::Quiet => log_event!(debug, "{call}: {}", text()),
+        Shown::Quiet => log_event!(debug, "{call}: {}", text()),
     }
 }
 

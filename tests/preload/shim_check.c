@@ -143,6 +143,15 @@ static void scenario_oom_loop(void) {
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 
+/* A program that frees a freed pointer again and again, ignoring the answer (each is refused). */
+static void scenario_double_free_loop(void) {
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 4096), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    for (int i = 0; i < 40; i++) CHECK_CODE(cudaFree(p), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
 /* Fragmentation (FAKECUDART_CAPACITY=256MiB): two 100 MiB segments, each cut by a live 60 MiB
  * block, leave 80 MiB free in 40 MiB pieces and 56 MiB on the device, so a third 100 MiB
  * request runs out of memory under the default settings. Prints that request's answer: the
@@ -595,6 +604,7 @@ static const struct scenario scenarios[] = {
     {"churn", scenario_churn},
     {"oom", scenario_oom},
     {"oom_loop", scenario_oom_loop},
+    {"double_free_loop", scenario_double_free_loop},
     {"fragmentation", scenario_fragmentation},
     {"foreign", scenario_foreign},
     {"double_free", scenario_double_free},
