@@ -106,6 +106,8 @@ fn cxx_program() -> PathBuf {
             .arg("-std=c++17")
             .arg("-I")
             .arg(root.join("include"))
+            .arg("-I")
+            .arg(&fake.include_dir)
             .arg("-o")
             .arg(&out)
             .arg(root.join("tests/preload/torch_oom_check.cpp"))
@@ -143,10 +145,31 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
         "{text}"
     );
     assert!(text.contains("then: allocated"), "{text}");
+    assert!(text.contains("last error: 0"), "{text}");
     assert!(
         stderr(&out).contains("CUDA out of memory"),
         "the report is logged too"
     );
+
+    // Disabled, the runtime's own out-of-memory answer is thrown in PyTorch's words, and the
+    // failed cudaMalloc's error is not left for PyTorch's next check to raise somewhere else.
+    let out = run_ok(
+        fake_cudart::command(&program)
+            .env("FAKECUDART_CAPACITY", "1GiB")
+            .env_remove("CACHEALLOC_CONF")
+            .env("CACHEALLOC_DISABLE", "1"),
+    );
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(
+            "caught: CUDA out of memory. Tried to allocate 1099511627776 bytes on device 0: \
+             cudaMalloc answered cudaErrorMemoryAllocation (2)"
+        ),
+        "{text}\n{}",
+        stderr(&out)
+    );
+    assert!(text.contains("then: allocated"), "{text}");
+    assert!(text.contains("last error: 0"), "{text}");
 
     // A configuration error: every allocation throws, naming it.
     let out = run_ok(

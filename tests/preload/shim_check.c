@@ -197,7 +197,9 @@ static void scenario_foreign(void) {
     void *zero = (void *)0x1;
     CHECK_CODE(cudaMalloc(&zero, 0), cudaSuccess);
     CHECK(zero == NULL);
-    CHECK(cudaMalloc(NULL, 16) != cudaSuccess);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(NULL, 16), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue); /* the runtime's own refusal */
 }
 
 /* cudaIpcGetMemHandle: the start of a segment goes to the runtime, whose handle opens there; a
@@ -245,7 +247,15 @@ static void scenario_double_free(void) {
     CHECK_CODE(cudaFree((char *)q + 512), cudaErrorInvalidValue);
     /* A newer error of the runtime's own comes first. */
     CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaPeekAtLastError(), cudaErrorInvalidDevice);
     CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    /* The library's refusal is newer than an error of the runtime's the program has not read:
+     * it replaces it, as a newer failure of the runtime's own would. */
+    CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaFree(p), cudaErrorInvalidValue);
+    CHECK_CODE(cudaPeekAtLastError(), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK(counter("frees") == frees);           /* nothing reached the runtime */
     CHECK(counter("free_failures") == failed);
@@ -480,7 +490,7 @@ struct scenario {
 
 /* The last error after an out-of-memory answer (FAKECUDART_CAPACITY=64MiB), the same whether
  * the library serves the calls or passes them through (CACHEALLOC_DISABLE=1): 2, shown by
- * cudaPeekAtLastError, returned once by cudaGetLastError. */
+ * cudaPeekAtLastError, returned once by cudaGetLastError; also for a request of SIZE_MAX. */
 static void scenario_last_error(void) {
     void *a = NULL, *b = NULL;
     CHECK_CODE(cudaMalloc(&a, 40 * MIB), cudaSuccess);
@@ -491,6 +501,13 @@ static void scenario_last_error(void) {
     CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaPeekAtLastError(), cudaSuccess);
+    /* So is a request no device could hold (SIZE_MAX, as a size computed with an underflow
+     * gives): 2, the code a caller such as PyTorch recovers from, not a refused argument. */
+    b = (void *)0x1234;
+    CHECK_CODE(cudaMalloc(&b, SIZE_MAX), cudaErrorMemoryAllocation);
+    CHECK(b == (void *)0x1234);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 

@@ -3,12 +3,14 @@
  * CUDAPluggableAllocator does, inside a try block: a failed allocation must arrive as a
  * std::runtime_error (PyTorch raises it as a Python RuntimeError), never as a NULL pointer.
  * Prints "caught: <what()>" or "returned <pointer>", then whether the allocator still serves
- * an allocation afterwards.
+ * an allocation afterwards, then the thread's last CUDA error: PyTorch checks it before its next
+ * cudaMalloc and after each kernel launch, so a failure already thrown must not leave it set.
  */
 #include <cstdio>
 #include <stdexcept>
 
 #include <cachealloc.h>
+#include <cuda_runtime_api.h>
 
 int main() {
     try {
@@ -24,5 +26,6 @@ int main() {
     } catch (const std::runtime_error &e) {
         std::printf("then: caught\n");
     }
+    std::printf("last error: %d\n", (int)cudaGetLastError());
     return 0;
 }
