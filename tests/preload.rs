@@ -704,6 +704,8 @@ fn free_sync_device_never_hands_out_a_block_with_work_in_flight() {
     assert_eq!(reuse("reuse_nonblocking", "device"), (1, 0, 1));
     // The program's own cudaDeviceSynchronize makes the block ready: no extra sync by the pool.
     assert_eq!(reuse("reuse_after_program_sync", "device"), (1, 0, 1));
+    // One that failed waited for nothing: the pool still synchronizes before reusing the block.
+    assert_eq!(reuse("reuse_after_failed_sync", "device"), (1, 0, 2));
     // It is also the default policy.
     let out = check("reuse_nonblocking", &[]);
     assert!(stdout(&out).contains("reused 1 busy 0"), "{}", stdout(&out));
@@ -894,6 +896,20 @@ fn mem_get_info_can_count_cached_blocks_as_free() {
         free_counted,
         free_plain + (20 << 20),
         "the cached 20 MiB segment counts as free"
+    );
+    // Without the program's synchronization: a block whose free is pending does not count
+    // (free_sync:device waits for a synchronization), one whose fence has completed does
+    // (free_sync:event, no work on the block).
+    let free_of = |conf: &str| {
+        number_after(
+            &stdout(&check("mem_info_unsynced", &[("CACHEALLOC_CONF", conf)])),
+            "free",
+        )
+    };
+    assert_eq!(free_of("count_cached_as_free:True"), free_plain);
+    assert_eq!(
+        free_of("count_cached_as_free:True,free_sync:event"),
+        free_plain + (20 << 20)
     );
 }
 

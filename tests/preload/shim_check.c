@@ -372,7 +372,9 @@ static void scenario_cross_device(void) {
 
 /* free_sync: work issued before a free on stream `s` uses the block for 100 ticks; the next
  * same-sized allocation needs that block. Prints whether the block was reused and whether work
- * on it was still running when it was handed out, and how many device syncs the runtime saw. */
+ * on it was still running when it was handed out, and how many device syncs the runtime saw.
+ * `program_syncs` 2: the program's cudaDeviceSynchronize fails (900, as during a stream capture)
+ * without waiting for anything. */
 static void run_reuse(cudaStream_t s, int advance_first, int program_syncs) {
     void *p = NULL, *q = NULL;
     size_t n = 20 * MIB;
@@ -381,7 +383,14 @@ static void run_reuse(cudaStream_t s, int advance_first, int program_syncs) {
     uint64_t syncs = counter("device_syncs");
     CHECK_CODE(cudaFree(p), cudaSuccess);
     if (advance_first) fakecudart_advance(1000);
-    if (program_syncs) CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    if (program_syncs == 1) CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    if (program_syncs == 2) {
+        CHECK_CODE(fakecudart_inject_call_failures("cudaDeviceSynchronize", 1,
+                                                   cudaErrorStreamCaptureUnsupported),
+                   cudaSuccess);
+        CHECK_CODE(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+        CHECK_CODE(cudaGetLastError(), cudaErrorStreamCaptureUnsupported);
+    }
     CHECK_CODE(cudaMalloc(&q, n), cudaSuccess);
     printf("reused %d busy %d device_syncs %llu\n", q == p, fakecudart_range_busy(q, n),
            (unsigned long long)(counter("device_syncs") - syncs));
@@ -402,6 +411,9 @@ static void scenario_reuse_legacy(void) { run_reuse(0, 0, 0); }
 static void scenario_reuse_legacy_done(void) { run_reuse(0, 1, 0); }
 static void scenario_reuse_after_program_sync(void) {
     run_reuse(make_stream(cudaStreamNonBlocking), 0, 1);
+}
+static void scenario_reuse_after_failed_sync(void) {
+    run_reuse(make_stream(cudaStreamNonBlocking), 0, 2);
 }
 
 /* Allocations under a bad configuration fail with 3; frees still forward. */
@@ -435,17 +447,21 @@ static void scenario_runtime_error(void) {
     CHECK_CODE(cudaFree(NULL), cudaErrorInsufficientDriver);
 }
 
-/* cudaMemGetInfo after a block went back to the cache; prints what it reports. */
-static void scenario_mem_info(void) {
+/* cudaMemGetInfo after a block went back to the cache (after the program's synchronization,
+ * when `synced`); prints what it reports. */
+static void run_mem_info(int synced) {
     void *p = NULL;
     size_t free_bytes = 0, total = 0;
     CHECK_CODE(cudaMalloc(&p, 20 * MIB), cudaSuccess);
     CHECK_CODE(cudaFree(p), cudaSuccess);
-    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    if (synced) CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
     CHECK_CODE(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
     CHECK(free_bytes <= total);
     printf("free %llu total %llu\n", (unsigned long long)free_bytes, (unsigned long long)total);
 }
+
+static void scenario_mem_info(void) { run_mem_info(1); }
+static void scenario_mem_info_unsynced(void) { run_mem_info(0); }
 
 #define THREADS 4
 
@@ -635,10 +651,12 @@ static const struct scenario scenarios[] = {
     {"reuse_legacy", scenario_reuse_legacy},
     {"reuse_legacy_done", scenario_reuse_legacy_done},
     {"reuse_after_program_sync", scenario_reuse_after_program_sync},
+    {"reuse_after_failed_sync", scenario_reuse_after_failed_sync},
     {"config_error", scenario_config_error},
     {"stats", scenario_stats},
     {"runtime_error", scenario_runtime_error},
     {"mem_info", scenario_mem_info},
+    {"mem_info_unsynced", scenario_mem_info_unsynced},
     {"threads", scenario_threads},
 };
 

@@ -171,6 +171,16 @@ static void oom(void) {
     CHECK_RC(cudaDeviceReset(), cudaErrorUnknown);
     CHECK_RC(cudaGetLastError(), cudaErrorUnknown);
     CHECK_RC(cudaFree(a), cudaSuccess); /* the failed reset freed nothing */
+    CHECK_RC(fakecudart_inject_call_failures("cudaDeviceSynchronize", 1, cudaErrorUnknown),
+             cudaSuccess);
+    CHECK_RC(cudaMalloc(&a, 16), cudaSuccess);
+    CHECK_RC(fakecudart_launch(a, 16, NULL, 10), cudaSuccess);
+    CHECK_RC(cudaDeviceSynchronize(), cudaErrorUnknown);
+    CHECK_RC(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(fakecudart_range_busy(a, 16)); /* the failed synchronization waited for nothing */
+    CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK(!fakecudart_range_busy(a, 16));
+    CHECK_RC(cudaFree(a), cudaSuccess);
     /* A larger capacity set at run time. */
     CHECK_RC(fakecudart_set_capacity(0, 4 * MiB), cudaSuccess);
     CHECK_RC(cudaMalloc(&a, 3 * MiB), cudaSuccess);

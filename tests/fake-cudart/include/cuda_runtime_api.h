@@ -91,6 +91,7 @@ typedef enum cudaError {
     cudaErrorIllegalAddress = 700,
     cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorPeerAccessNotEnabled = 705,
+    cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorUnknown = 999
 } cudaError_t;
 

@@ -43,6 +43,12 @@ cudaError_t cudaDeviceSynchronize(void) {
     ENTER();
     lock();
     fake.counters.device_syncs++;
+    if (fake.injected_sync_failures > 0) {
+        fake.injected_sync_failures--;
+        cudaError_t rc = fake.injected_sync_code;
+        unlock();
+        return record(rc);
+    }
     device_sync_locked(fake_current_device);
     unlock();
     return cudaSuccess;

@@ -132,6 +132,8 @@ struct fake_state {
     cudaError_t injected_query_code;
     unsigned injected_reset_failures; /* of cudaDeviceReset */
     cudaError_t injected_reset_code;
+    unsigned injected_sync_failures; /* of cudaDeviceSynchronize */
+    cudaError_t injected_sync_code;
     struct fake_driver_injection injected_unmap, injected_set_access; /* cuMemUnmap, cuMemSetAccess */
     fakecudart_counters counters;
     /* Driver (vmm.c). */

@@ -68,6 +68,9 @@ cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cu
     } else if (call != NULL && strcmp(call, "cudaDeviceReset") == 0) {
         fake.injected_reset_failures = count;
         fake.injected_reset_code = code;
+    } else if (call != NULL && strcmp(call, "cudaDeviceSynchronize") == 0) {
+        fake.injected_sync_failures = count;
+        fake.injected_sync_code = code;
     } else {
         rc = cudaErrorInvalidValue;
     }
