@@ -648,6 +648,29 @@ fn the_exit_statistics_span_a_device_reset() {
     assert_eq!(stats["num_device_free"], 0, "{text}");
 }
 
+/// Each reset's pool is in them, not only the last one's: three pools of one 1 MiB allocation
+/// and one 2 MiB segment each.
+#[test]
+fn the_exit_statistics_span_every_device_reset() {
+    let (text, _) = stats_file_run_of("reset_twice", "json");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let stats = &doc["devices"][0]["stats"];
+    assert_eq!(stats["allocation.all.allocated"], 3, "{text}");
+    assert_eq!(stats["allocation.all.freed"], 3, "{text}");
+    assert_eq!(stats["num_device_alloc"], 3, "{text}");
+    assert_eq!(
+        stats["reserved_bytes.all.allocated"],
+        3 * (2 << 20),
+        "{text}"
+    );
+    assert_eq!(stats["reserved_bytes.all.current"], 2 << 20, "{text}");
+}
+
+#[test]
+fn a_reset_forgets_the_streams_recorded_for_its_pools_allocations() {
+    check("reset_forgets_records", &[]);
+}
+
 /// `cachealloc_reset_peak_stats` after a reset leaves out the ended pool's peaks too: from the
 /// call on, the peaks are the pool's now (30 MiB reserved before the reset, 2 MiB after).
 #[test]

@@ -287,6 +287,45 @@ static void scenario_reset(void) {
     printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
 }
 
+/* Two cudaDeviceResets, each ending a pool that served one allocation of 1 MiB, then a third pool
+ * that serves one: the exit statistics cover all three. */
+static void scenario_reset_twice(void) {
+    void *p = NULL;
+    for (int i = 0; i < 3; i++) {
+        CHECK_CODE(cudaMalloc(&p, 1 * MIB), cudaSuccess);
+        CHECK_CODE(cudaFree(p), cudaSuccess);
+        if (i < 2) CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    }
+    printf("pid %d\n", (int)getpid()); /* names the exit statistics' file */
+}
+
+/* A record of another stream's use (cachealloc_record_stream) goes with the pool a reset ends:
+ * an allocation the next pool makes at the same address is not held back by it. The stream is
+ * one of device 1, which the reset of device 0 does not stop, busy with other work. */
+static void scenario_reset_forgets_records(void) {
+    int (*record_stream)(void *, void *) =
+        (int (*)(void *, void *))dlsym(RTLD_DEFAULT, "cachealloc_record_stream");
+    CHECK(record_stream != NULL);
+    cudaStream_t other = NULL;
+    void *work = NULL, *a = NULL, *b = NULL, *c = NULL;
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&work, 1 * MIB), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&a, 1 * MIB), cudaSuccess);
+    CHECK_CODE(record_stream(a, other), 0);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(work, 1 * MIB, other, 1000000), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 1 * MIB), cudaSuccess);
+    CHECK(b == a); /* the new segment is mapped where the reset's was */
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&c, 1 * MIB), cudaSuccess);
+    CHECK(c == b);
+    CHECK_CODE(cudaFree(c), cudaSuccess);
+    CHECK_CODE(cudaFree(work), cudaSuccess);
+}
+
 /* cachealloc_reset_peak_stats after a cudaDeviceReset: the exit statistics' peaks are those
  * since the call, not the ended pool's larger ones. (The C API, looked up in the preloaded
  * library.) */
@@ -325,7 +364,7 @@ static void scenario_reset_totals_after_reset(void) {
 /* A cudaDeviceReset that fails leaves the memory of the pool cachealloc let go of allocated, and
  * allocations in it still in use: freeing one does nothing (forwarded, a free of a segment's
  * first block would release the segment under the other), and the next reset that happens
- * releases it. */
+ * releases it: from then on such a pointer is the runtime's to refuse. */
 static void scenario_reset_fails(void) {
     void *p = NULL, *q = NULL;
     CHECK_CODE(cudaMalloc(&p, 1000), cudaSuccess);
@@ -340,6 +379,10 @@ static void scenario_reset_fails(void) {
     CHECK_CODE(cudaFree(q), cudaSuccess);
     CHECK_CODE(cudaDeviceReset(), cudaSuccess);
     CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    uint64_t failed = counter("free_failures");
+    CHECK_CODE(cudaFree(q), cudaErrorInvalidValue);
+    CHECK(counter("free_failures") == failed + 1);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
     CHECK_CODE(cudaMalloc(&p, 1000), cudaSuccess);
     CHECK_CODE(cudaFree(p), cudaSuccess);
 }
@@ -646,6 +689,8 @@ static const struct scenario scenarios[] = {
     {"reset_fails", scenario_reset_fails},
     {"reset_peak_after_reset", scenario_reset_peak_after_reset},
     {"reset_totals_after_reset", scenario_reset_totals_after_reset},
+    {"reset_twice", scenario_reset_twice},
+    {"reset_forgets_records", scenario_reset_forgets_records},
     {"cross_device", scenario_cross_device},
     {"reuse_nonblocking", scenario_reuse_nonblocking},
     {"reuse_legacy", scenario_reuse_legacy},
