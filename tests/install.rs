@@ -127,15 +127,20 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
     }
 
     // Disabled, the library serves nothing, and its statistics say so as a pool that has done
-    // nothing does: no limit on splitting (-1), not a limit of 0 bytes.
+    // nothing does: no limit on splitting (-1), not a limit of 0 bytes. Its allocations are the
+    // runtime's, on the device asked for, and the program's current device stays as it was.
     let source = prefix.join("disabled_stats.c");
     std::fs::write(
         &source,
-        "#include <stdio.h>\n#include <cachealloc.h>\n\
-         int main(void) { char json[16384]; void *p;\n\
+        "#include <stdio.h>\n#include <cachealloc.h>\n#include <fakecudart.h>\n\
+         int main(void) { char json[16384]; void *p, *q; int current = -1;\n\
          int rc = cachealloc_malloc(&p, 1 << 20, 0, NULL);\n\
          if (rc != 0) { printf(\"malloc answered %d\\n\", rc); return 1; }\n\
          if (cachealloc_stats_json(0, json, sizeof json) >= sizeof json) return 2;\n\
+         if (cachealloc_malloc(&q, 1 << 20, 1, NULL) != 0) return 3;\n\
+         if (fakecudart_device_bytes_in_use(1) != 1 << 20) return 4;\n\
+         if (cudaGetDevice(&current) != 0 || current != 0) return 5;\n\
+         if (cachealloc_free(q) != 0 || fakecudart_device_bytes_in_use(1) != 0) return 6;\n\
          puts(json); return cachealloc_free(p); }\n",
     )
     .unwrap();

@@ -113,15 +113,17 @@ int main(int argc, char **argv) {
     /* Ordinals the process does not have (the fake has 2 devices), negative ones included: the
      * runtime's cudaErrorInvalidDevice, as its cudaSetDevice answers, from every call. A failed
      * call makes no pool (device 7 is missing from the exit statistics, checked by the test) and
-     * reports by its return code only: the thread's last error stays clear. */
-    void *nowhere = NULL;
+     * reports by its return code only: the thread's last error stays clear; `*ptr` is left as it
+     * was by every failure. */
+    void *const untouched = (void *)0x1234;
+    void *nowhere = untouched;
     CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_malloc(&nowhere, 4096, 7, NULL) == 101);
     CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_malloc(&nowhere, 0, 7, NULL) == 101);
     CHECK(cachealloc_malloc(&nowhere, 4096, -1, NULL) == 101);
     CHECK(cachealloc_malloc(&nowhere, 4096, INT_MIN, NULL) == 101);
-    CHECK(nowhere == NULL);
+    CHECK(nowhere == untouched);
     CHECK(cachealloc_get_stats(7, &stats) == 101);
     CHECK(cachealloc_get_stats(99, &stats) == 101);
     CHECK(cachealloc_stats_json(7, NULL, 0) == 0);
@@ -131,11 +133,15 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_reset_peak_stats(-1) == 101);
     CHECK(cachealloc_reset_accumulated_stats(7) == 101);
     CHECK(cudaGetLastError() == 0);
-    CHECK(cachealloc_get_stats(1, &stats) == 0); /* a device without a pool: zeros */
+    /* Device 1's own statistics: its pool caches the segment of the freed torch allocation. */
+    CHECK(cachealloc_get_stats(1, &stats) == 0);
+    CHECK(stats.allocations == 0);
+    CHECK(stats.reserved_bytes > 0 && stats.reserved_bytes == fakecudart_device_bytes_in_use(1));
     /* An error the program has not read stays its last error through a call that fails inside:
      * the runtime's failed cudaMalloc on the way (the fake has 16 GiB) is the library's own. */
     CHECK(cudaSetDevice(99) == 101);
     CHECK(cachealloc_malloc(&nowhere, (size_t)1 << 40, 0, NULL) == 2);
+    CHECK(nowhere == untouched);
     CHECK(cudaPeekAtLastError() == 101);
     CHECK(cudaGetLastError() == 101);
     CHECK(cudaGetLastError() == 0);

@@ -154,7 +154,7 @@ static void run(int record) {
     void *kept = NULL;
     CHECK(fakecudart_inject_call_failures("cudaEventQuery", 1, 900) == 0);
     CHECK(cachealloc_malloc(&kept, MIB, 0, home) == 900);
-    (void)cudaGetLastError();
+    CHECK(cudaGetLastError() == 0); /* reported by its return code only */
     CHECK(cachealloc_malloc(&kept, MIB, 0, home) == 0);
     CHECK(kept != a);
     CHECK(cachealloc_free(kept) == 0);
