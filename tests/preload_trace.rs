@@ -498,6 +498,39 @@ fn a_child_forked_before_any_allocation_records_to_its_own_file() {
     }
 }
 
+/// `trace:` alone, as the README's first example sets it (no `stats`): the exit still finishes
+/// the recording, its last events and its `end` line, so the replay has nothing to warn about.
+#[test]
+fn a_recording_without_statistics_is_finished_at_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid, out) = run_with_pid(
+        preloaded(program())
+            .arg("mix")
+            .env(
+                "CACHEALLOC_CONF",
+                format!("trace:{}/trace-%p.jsonl", dir.path().display()),
+            )
+            .env("FAKECUDART_CAPACITY", "1GiB"),
+    );
+    assert!(
+        out.status.success() && stdout(&out).contains("ok mix"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let trace = dir.path().join(format!("trace-{pid}.jsonl"));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let last = text.lines().last().unwrap_or_default();
+    assert!(last.contains(r#""action":"end""#), "{last}");
+    let replayed = replay(&[trace.to_str().unwrap()]);
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    assert!(
+        !stderr(&replayed).contains("warning"),
+        "{}",
+        stderr(&replayed)
+    );
+}
+
 #[test]
 fn a_process_that_never_calls_cuda_writes_no_trace() {
     let dir = tempfile::tempdir().unwrap();
