@@ -94,6 +94,26 @@ fn without_the_record_the_block_is_reused_while_the_side_stream_still_uses_it() 
     );
 }
 
+/// A recorded free that fails (no event could be created) keeps the record: the free made again
+/// still waits for the recorded stream, under every `free_sync` policy.
+#[test]
+fn a_recorded_free_that_failed_still_waits_for_its_streams_when_made_again() {
+    for conf in ["", "free_sync:event", "free_sync:none"] {
+        let out = run_ok(
+            fake_cudart::command(&program())
+                .arg("failed_free")
+                .env("CACHEALLOC_CONF", conf)
+                .env_remove("CACHEALLOC_DISABLE"),
+        );
+        assert!(
+            stdout(&out).contains("ok failed free"),
+            "CACHEALLOC_CONF={conf}: {}\n{}",
+            stdout(&out),
+            stderr(&out)
+        );
+    }
+}
+
 /// The C++ program, linked as PyTorch's extension would be: libstdc++ is in the process.
 fn cxx_program() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

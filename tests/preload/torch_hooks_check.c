@@ -4,7 +4,8 @@
  * with the fake runtime's simulated kernels standing in for device work. Prints "ok torch hooks"
  * when every check held, under any free_sync policy (CACHEALLOC_CONF); with the argument
  * "unrecorded" it frees without recording the side stream and prints whether the block came back
- * while the side stream's work still used it.
+ * while the side stream's work still used it; with "failed_free" it checks a recorded free that
+ * fails and is made again, printing "ok failed free".
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -290,7 +291,30 @@ static void run(int record) {
     printf("ok torch hooks\n");
 }
 
+/* A recorded free that fails (the runtime can create no event to wait with) leaves the
+ * allocation live, and its record too: made again, the free still waits for the recorded
+ * stream, so the next allocation of the stream does not get the block while that work runs. */
+static void failed_free(void) {
+    cudaStream_t side;
+    void *r = NULL, *next = NULL;
+    CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == 0);
+    CHECK(cachealloc_malloc(&r, MIB, 0, NULL) == 0);
+    CHECK(fakecudart_launch(r, MIB, side, 1000) == 0);
+    CHECK(cachealloc_record_stream(r, side) == 0);
+    CHECK(fakecudart_inject_call_failures("cudaEventCreate", 1, cudaErrorMemoryAllocation) == 0);
+    CHECK(cachealloc_free(r) == cudaErrorMemoryAllocation);
+    CHECK(cudaGetLastError() == 0); /* reported by its return code only */
+    CHECK(cachealloc_free(r) == 0);
+    CHECK(cachealloc_malloc(&next, MIB, 0, NULL) == 0);
+    CHECK(!(next == r && fakecudart_range_busy(r, MIB)));
+    CHECK(cachealloc_free(next) == 0);
+    printf("ok failed free\n");
+}
+
 int main(int argc, char **argv) {
-    run(!(argc == 2 && strcmp(argv[1], "unrecorded") == 0));
+    if (argc == 2 && strcmp(argv[1], "failed_free") == 0)
+        failed_free();
+    else
+        run(!(argc == 2 && strcmp(argv[1], "unrecorded") == 0));
     return failures ? 1 : 0;
 }

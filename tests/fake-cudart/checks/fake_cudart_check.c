@@ -181,6 +181,12 @@ static void oom(void) {
     CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
     CHECK(!fakecudart_range_busy(a, 16));
     CHECK_RC(cudaFree(a), cudaSuccess);
+    CHECK_RC(fakecudart_inject_call_failures("cudaEventCreate", 1, cudaErrorMemoryAllocation),
+             cudaSuccess);
+    CHECK_RC(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaErrorMemoryAllocation);
+    CHECK_RC(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_RC(cudaEventCreate(&ev), cudaSuccess);
+    CHECK_RC(cudaEventDestroy(ev), cudaSuccess);
     /* A larger capacity set at run time. */
     CHECK_RC(fakecudart_set_capacity(0, 4 * MiB), cudaSuccess);
     CHECK_RC(cudaMalloc(&a, 3 * MiB), cudaSuccess);

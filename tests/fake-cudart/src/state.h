@@ -134,6 +134,8 @@ struct fake_state {
     cudaError_t injected_reset_code;
     unsigned injected_sync_failures; /* of cudaDeviceSynchronize */
     cudaError_t injected_sync_code;
+    unsigned injected_event_create_failures; /* of cudaEventCreate(WithFlags) */
+    cudaError_t injected_event_create_code;
     struct fake_driver_injection injected_unmap, injected_set_access; /* cuMemUnmap, cuMemSetAccess */
     fakecudart_counters counters;
     /* Driver (vmm.c). */

@@ -155,6 +155,14 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
     if (event == NULL || (flags & ~known) != 0 ||
         ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)))
         return record(cudaErrorInvalidValue);
+    lock();
+    if (fake.injected_event_create_failures > 0) {
+        fake.injected_event_create_failures--;
+        cudaError_t rc = fake.injected_event_create_code;
+        unlock();
+        return record(rc);
+    }
+    unlock();
     struct CUevent_st *e = calloc(1, sizeof *e);
     if (e == NULL)
         return record(cudaErrorMemoryAllocation);

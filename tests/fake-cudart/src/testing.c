@@ -71,6 +71,10 @@ cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cu
     } else if (call != NULL && strcmp(call, "cudaDeviceSynchronize") == 0) {
         fake.injected_sync_failures = count;
         fake.injected_sync_code = code;
+    } else if (call != NULL && (strcmp(call, "cudaEventCreate") == 0 ||
+                                strcmp(call, "cudaEventCreateWithFlags") == 0)) {
+        fake.injected_event_create_failures = count;
+        fake.injected_event_create_code = code;
     } else {
         rc = cudaErrorInvalidValue;
     }
