@@ -162,7 +162,11 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
 
     // Disabled, the library serves nothing, and its statistics say so as a pool that has done
     // nothing does: no limit on splitting (-1), not a limit of 0 bytes. Its allocations are the
-    // runtime's, on the device asked for, and the program's current device stays as it was.
+    // runtime's, on the device asked for, and the program's current device stays as it was; a
+    // failure is reported by its code only, as when enabled: neither the library's cudaSetDevice
+    // to a device the process does not have nor the runtime's refusal of a free is left as the
+    // program's last error, and an error the program has not read stays. Recording a stream
+    // does nothing.
     let source = prefix.join("disabled_stats.c");
     std::fs::write(
         &source,
@@ -175,6 +179,10 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
          if (fakecudart_device_bytes_in_use(1) != 1 << 20) return 4;\n\
          if (cudaGetDevice(&current) != 0 || current != 0) return 5;\n\
          if (cachealloc_free(q) != 0 || fakecudart_device_bytes_in_use(1) != 0) return 6;\n\
+         if (cachealloc_malloc(&q, 4096, 7, NULL) != 101 || cudaGetLastError() != 0) return 7;\n\
+         if (cudaSetDevice(99) != 101 || cachealloc_free(&current) != 1) return 8;\n\
+         if (cudaGetLastError() != 101 || cudaGetLastError() != 0) return 9;\n\
+         if (cachealloc_record_stream(p, (void *)0x1000) != 0) return 10;\n\
          puts(json); return cachealloc_free(p); }\n",
     )
     .unwrap();

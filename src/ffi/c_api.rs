@@ -2,7 +2,8 @@
 //!
 //! Devices and streams are explicit, as in PyTorch: a block belongs to the stream it was
 //! allocated on and is reused only on that stream, so `cachealloc_free` returns it at once.
-//! Functions answer `cudaError_t` codes (0 = success). With `CACHEALLOC_DISABLE=1` allocation and
+//! Functions answer `cudaError_t` codes (0 = success), and report a failure by the code only: the
+//! thread's last CUDA error is left as it was. With `CACHEALLOC_DISABLE=1` allocation and
 //! free go straight to the real runtime.
 
 use super::stats::CacheallocStats;

@@ -34,7 +34,8 @@ fn real_runtime() -> Result<&'static Runtime, ShimError> {
 pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, ShimError> {
     let _inside = inside()?;
     let Some((config, rt)) = active()? else {
-        return real_malloc(real_runtime()?, size, device);
+        let rt = real_runtime()?;
+        return returned_only(rt, real_malloc(rt, size, device));
     };
     if !pools::has_pool(device) {
         // Checked before a pool is made: a device the process does not have gets no pool (and
@@ -58,7 +59,8 @@ pub fn free(addr: u64) -> Result<(), ShimError> {
         return Ok(());
     };
     let Some((_, rt)) = active()? else {
-        return real_free(real_runtime()?, addr);
+        let rt = real_runtime()?;
+        return returned_only(rt, real_free(rt, addr));
     };
     // A block recorded as used on other streams waits for their work (see `stream_uses`).
     if let Some(streams) = stream_uses::take(addr) {
@@ -138,7 +140,9 @@ pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
 }
 
 /// The C API reports a failure by its return code only: a runtime call of the pool's that
-/// failed on the way (the code passed through) must not stay as the program's last error.
+/// failed on the way (the code passed through) must not stay as the program's last error; nor,
+/// with `CACHEALLOC_DISABLE=1`, the runtime's own answer to the call passed through (the
+/// `cudaSetDevice` to the device asked for is the library's, not the program's).
 fn returned_only<T>(rt: &Runtime, result: Result<T, ShimError>) -> Result<T, ShimError> {
     if let Err(
         ShimError::Runtime { .. } | ShimError::Pool(Error::Backend(BackendError::Device { .. })),
