@@ -67,6 +67,12 @@ fn a_block_recorded_on_other_streams_waits_for_them_and_empty_cache_releases_eve
             "the record of a freed tensor names it as such: {stderr}"
         );
         assert!(
+            stderr.lines().any(|line| line
+                .contains("cachealloc_torch_free: invalid device pointer 0x")
+                && line.ends_with("(already freed, or an interior pointer)")),
+            "a double free is logged: {stderr}"
+        );
+        assert!(
             stderr.contains(
                 "is not waited for before the block is reused (cudaEventRecord failed with CUDA \
                  error 400"

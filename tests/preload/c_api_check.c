@@ -120,6 +120,7 @@ int main(int argc, char **argv) {
     CHECK(cudaGetLastError() == 0);
     CHECK(cachealloc_malloc(&nowhere, 4096, 7, NULL) == 101);
     CHECK(cudaGetLastError() == 0);
+    CHECK(cachealloc_malloc(&nowhere, 4096, 2, NULL) == 101); /* one past the last device */
     CHECK(cachealloc_malloc(&nowhere, 0, 7, NULL) == 101);
     CHECK(cachealloc_malloc(&nowhere, 4096, -1, NULL) == 101);
     CHECK(cachealloc_malloc(&nowhere, 4096, INT_MIN, NULL) == 101);

@@ -258,6 +258,7 @@ static void run(int record) {
      * cachealloc's (not as memory cachealloc never allocated). */
     CHECK(cachealloc_record_stream(z, side) == 1);
     cachealloc_torch_record_stream(z, side);
+    cachealloc_torch_free(z, 3 * MIB, 0, NULL); /* a double free: logged, nothing else */
 
     /* The C API's own entry point: NULL is nothing to do, a pointer of no allocation is 1. */
     int local;
