@@ -419,24 +419,32 @@ fn a_recording_ends_at_exit_while_other_threads_allocate() {
 /// A process killed before its first 64 KiB of events still leaves a recording: its header and
 /// its first pool call's lines are written when the file is created, so the replay says the
 /// program did not reach its exit and replays what there is (before, the file was empty, and
-/// the replay refused it as "not a readable Python pickle").
+/// the replay refused it as "not a readable Python pickle"). Also when that first call, a
+/// cudaMalloc, was its last.
 #[test]
 fn a_process_killed_early_leaves_a_recording_that_says_so() {
+    for scenario in ["killed", "killed_first"] {
+        killed_early_leaves_a_recording(scenario);
+    }
+}
+
+fn killed_early_leaves_a_recording(scenario: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (pid, out) = run_with_pid(preloaded(program()).arg("killed").env(
+    let (pid, out) = run_with_pid(preloaded(program()).arg(scenario).env(
         "CACHEALLOC_CONF",
         format!("trace:{}/trace-%p.jsonl", dir.path().display()),
     ));
     assert!(
-        stdout(&out).contains("ok killed") && out.status.code().is_none(),
+        stdout(&out).contains(&format!("ok {scenario}")) && out.status.code().is_none(),
         "{}\n{}",
         stdout(&out),
         stderr(&out)
     );
     let trace = dir.path().join(format!("trace-{pid}.jsonl"));
-    let text = std::fs::read_to_string(&trace).unwrap();
+    let text = std::fs::read_to_string(&trace)
+        .unwrap_or_else(|e| panic!("{scenario}: {} not written: {e}", trace.display()));
     let header: Value = serde_json::from_str(text.lines().next().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("no header ({e}): {text:?}"));
+        .unwrap_or_else(|e| panic!("{scenario}: no header ({e}): {text:?}"));
     assert_eq!(header["pid"], pid);
     let replayed = replay(&[trace.to_str().unwrap(), "--json"]);
     assert!(replayed.status.success(), "{}", stderr(&replayed));
@@ -447,7 +455,10 @@ fn a_process_killed_early_leaves_a_recording_that_says_so() {
         stderr(&replayed)
     );
     let summary: Value = serde_json::from_str(&stdout(&replayed)).unwrap();
-    assert!(summary["allocs"].as_u64() >= Some(1), "{summary}");
+    assert!(
+        summary["allocs"].as_u64() >= Some(1),
+        "{scenario}: {summary}"
+    );
 }
 
 /// A child forked after its parent's first CUDA call (here a free of memory cachealloc does not

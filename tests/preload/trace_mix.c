@@ -15,6 +15,7 @@
  *            recording while they run.
  *   killed   three allocations and a free, then the process kills itself (SIGKILL): it
  *            never reaches its exit.
+ *   killed_first  one allocation, then the process kills itself.
  *   fork_early  before any allocation of cachealloc's, frees memory it does not hold (managed
  *            memory), then forks; the child allocates and exits, then the parent allocates:
  *            each records its own file. Prints "child PID" for the child.
@@ -154,6 +155,14 @@ static void scenario_killed(void) {
     raise(SIGKILL);
 }
 
+static void scenario_killed_first(void) {
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, MIB), cudaSuccess);
+    printf("ok killed_first\n");
+    fflush(stdout);
+    raise(SIGKILL);
+}
+
 static void scenario_fork_early(void) {
     void *managed = NULL, *p = NULL;
     CHECK_CODE(cudaMallocManaged(&managed, MIB, cudaMemAttachGlobal), cudaSuccess);
@@ -189,6 +198,8 @@ int main(int argc, char **argv) {
         scenario_busy_exit();
     else if (strcmp(name, "killed") == 0)
         scenario_killed();
+    else if (strcmp(name, "killed_first") == 0)
+        scenario_killed_first();
     else if (strcmp(name, "fork_early") == 0)
         scenario_fork_early();
     else if (strcmp(name, "nocuda") == 0)
