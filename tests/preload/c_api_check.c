@@ -134,10 +134,22 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_reset_peak_stats(-1) == 101);
     CHECK(cachealloc_reset_accumulated_stats(7) == 101);
     CHECK(cudaGetLastError() == 0);
-    /* Device 1's own statistics: its pool caches the segment of the freed torch allocation. */
+    /* Device 1's own statistics, peaks, totals and cache: its pool caches the segment of the
+     * freed torch allocation; a reset of its peaks or totals and an empty_cache of it are its
+     * own (device 0's count of cudaFree calls stays). */
     CHECK(cachealloc_get_stats(1, &stats) == 0);
-    CHECK(stats.allocations == 0);
+    CHECK(stats.allocations == 0 && stats.allocated_bytes_peak > 0);
     CHECK(stats.reserved_bytes > 0 && stats.reserved_bytes == fakecudart_device_bytes_in_use(1));
+    CHECK(stats.num_device_alloc == 1);
+    CHECK(cachealloc_reset_peak_stats(1) == 0);
+    CHECK(cachealloc_reset_accumulated_stats(1) == 0);
+    CHECK(cachealloc_get_stats(1, &stats) == 0);
+    CHECK(stats.allocated_bytes_peak == 0 && stats.reserved_bytes > 0);
+    CHECK(stats.num_device_alloc == 0);
+    CHECK(cachealloc_get_stats(0, &stats) == 0);
+    CHECK(stats.num_device_free == segments);
+    CHECK(cachealloc_empty_cache(1) == 0);
+    CHECK(fakecudart_device_bytes_in_use(1) == 0);
     /* An error the program has not read stays its last error through a call that fails inside:
      * the runtime's failed cudaMalloc on the way (the fake has 16 GiB) is the library's own. */
     CHECK(cudaSetDevice(99) == 101);
