@@ -729,6 +729,8 @@ fn free_sync_device_never_hands_out_a_block_with_work_in_flight() {
     assert_eq!(reuse("reuse_after_program_sync", "device"), (1, 0, 1));
     // One that failed waited for nothing: the pool still synchronizes before reusing the block.
     assert_eq!(reuse("reuse_after_failed_sync", "device"), (1, 0, 2));
+    // Nor does a synchronization of another device.
+    assert_eq!(reuse("reuse_after_other_device_sync", "device"), (1, 0, 2));
     // It is also the default policy.
     let out = check("reuse_nonblocking", &[]);
     assert!(stdout(&out).contains("reused 1 busy 0"), "{}", stdout(&out));

@@ -417,7 +417,7 @@ static void scenario_cross_device(void) {
  * same-sized allocation needs that block. Prints whether the block was reused and whether work
  * on it was still running when it was handed out, and how many device syncs the runtime saw.
  * `program_syncs` 2: the program's cudaDeviceSynchronize fails (900, as during a stream capture)
- * without waiting for anything. */
+ * without waiting for anything; 3: it synchronizes device 1, not the block's. */
 static void run_reuse(cudaStream_t s, int advance_first, int program_syncs) {
     void *p = NULL, *q = NULL;
     size_t n = 20 * MIB;
@@ -433,6 +433,11 @@ static void run_reuse(cudaStream_t s, int advance_first, int program_syncs) {
                    cudaSuccess);
         CHECK_CODE(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
         CHECK_CODE(cudaGetLastError(), cudaErrorStreamCaptureUnsupported);
+    }
+    if (program_syncs == 3) {
+        CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+        CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+        CHECK_CODE(cudaSetDevice(0), cudaSuccess);
     }
     CHECK_CODE(cudaMalloc(&q, n), cudaSuccess);
     printf("reused %d busy %d device_syncs %llu\n", q == p, fakecudart_range_busy(q, n),
@@ -457,6 +462,9 @@ static void scenario_reuse_after_program_sync(void) {
 }
 static void scenario_reuse_after_failed_sync(void) {
     run_reuse(make_stream(cudaStreamNonBlocking), 0, 2);
+}
+static void scenario_reuse_after_other_device_sync(void) {
+    run_reuse(make_stream(cudaStreamNonBlocking), 0, 3);
 }
 
 /* Allocations under a bad configuration fail with 3; frees still forward. */
@@ -697,6 +705,7 @@ static const struct scenario scenarios[] = {
     {"reuse_legacy_done", scenario_reuse_legacy_done},
     {"reuse_after_program_sync", scenario_reuse_after_program_sync},
     {"reuse_after_failed_sync", scenario_reuse_after_failed_sync},
+    {"reuse_after_other_device_sync", scenario_reuse_after_other_device_sync},
     {"config_error", scenario_config_error},
     {"stats", scenario_stats},
     {"runtime_error", scenario_runtime_error},
