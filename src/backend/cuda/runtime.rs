@@ -147,12 +147,19 @@ fn resolve_runtime() -> Option<&'static Runtime> {
         }
         Err(missing) => {
             if !REPORTED_MISSING.swap(true, Ordering::Relaxed) {
-                log_event!(
-                    warn,
+                let text = format!(
                     "no CUDA runtime found in this process ({missing} is not provided by the next \
                      library nor by a loaded libcudart.so.13/.12/.11.0); CUDA calls answer \
                      cudaErrorInitializationError (3)"
                 );
+                if tracing::dispatcher::has_been_set() {
+                    log_event!(warn, "{text}");
+                } else {
+                    // With CACHEALLOC_DISABLE=1 no log is set up, yet the program cannot run:
+                    // it is told, as of a configuration error.
+                    use std::io::Write;
+                    let _ = writeln!(std::io::stderr(), "cachealloc: {text}");
+                }
             }
             None
         }
