@@ -668,7 +668,7 @@ fn free_block(addr: u64, size: u64) -> SeedBlock {
 mod tests {
     use super::*;
     use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
-    use crate::trace::recording::RecordedSegment;
+    use crate::trace::recording::{RecordedSegment, TraceEntry};
 
     #[test]
     fn orphan_free_keeps_its_unsplit_tail() {
@@ -692,6 +692,23 @@ mod tests {
                 id: Some(0),
             }
         );
+    }
+
+    /// Exactly 1 MiB would remain: PyTorch does not split (it splits only when more than
+    /// 1 MiB would), so the block keeps it as its tail.
+    #[test]
+    fn a_tail_of_exactly_one_mib_stays_with_its_block() {
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, BASE, 19 * MIB)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let start = reconstruct_start(&rec, None).unwrap();
+        let blocks: Vec<(u64, bool)> = start.segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.allocated))
+            .collect();
+        assert_eq!(blocks, [(20 * MIB, true)]);
     }
 
     #[test]
@@ -724,6 +741,76 @@ mod tests {
         start.validate().unwrap();
     }
 
+    /// A block reappearing exactly 1 MiB past a guessed end reveals a 1 MiB tail (no free
+    /// large-pool block is 1 MiB); 1 MiB free at a segment's start cannot be.
+    #[test]
+    fn one_mib_gaps_are_tails_or_contradictions() {
+        let x = BASE + 11 * MIB;
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, x, 5 * MIB),
+                entry(Action::FreeCompleted, BASE, 10 * MIB),
+            ],
+            vec![segment(BASE, 40 * MIB, &[(0, 40 * MIB, 0, false)])],
+        );
+        let start = reconstruct_start(&rec, None).unwrap();
+        let sizes: Vec<(u64, bool)> = start.segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.allocated))
+            .collect();
+        assert_eq!(
+            sizes,
+            [(11 * MIB, true), (5 * MIB, true), (24 * MIB, false)]
+        );
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, BASE + MIB, 5 * MIB)],
+            vec![segment(BASE, 40 * MIB, &[(0, 40 * MIB, 0, false)])],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains("leaves a free gap of 1048576 bytes at the segment start"),
+            "{err}"
+        );
+    }
+
+    /// A free gap of 1 MiB or less after a block whose end is known cannot be: right after a
+    /// block live at the end, or after one whose end a block just past it already fixed (here
+    /// X, at 10.5 MiB, fixes O's end; Y then reappears 0.5 MiB past it).
+    #[test]
+    fn a_small_gap_after_a_known_end_is_a_contradiction() {
+        let gap_after = |entries: Vec<TraceEntry>, blocks: &[(u64, u64, u64, bool)]| {
+            let rec = recording(entries, vec![segment(BASE, 40 * MIB, blocks)]);
+            reconstruct_start(&rec, None).unwrap_err().to_string()
+        };
+        let err = gap_after(
+            vec![entry(
+                Action::FreeCompleted,
+                BASE + 5 * MIB + MIB / 2,
+                5 * MIB,
+            )],
+            &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 35 * MIB, 0, false)],
+        );
+        assert!(
+            err.contains("leaves a free gap of 524288 bytes after the block at 0x7f0000000000"),
+            "{err}"
+        );
+        let x = BASE + 10 * MIB + MIB / 2;
+        let err = gap_after(
+            vec![
+                entry(Action::FreeCompleted, x + MIB / 2, 5 * MIB),
+                entry(Action::Alloc, x, 5 * MIB),
+                entry(Action::FreeCompleted, x, 5 * MIB),
+                entry(Action::FreeCompleted, BASE, 10 * MIB),
+            ],
+            &[(0, 40 * MIB, 0, false)],
+        );
+        assert!(
+            err.contains("entry 0: free at 0x7f0000b00000 leaves a free gap of 524288 bytes after the block at 0x7f0000000000"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn segments_freed_in_the_trace_exist_at_start_and_new_ones_do_not() {
         let rec = recording(
@@ -748,6 +835,16 @@ mod tests {
         assert_eq!(seg.blocks.len(), 1);
         assert!(!seg.blocks[0].allocated);
         assert_eq!(start.reserved_bytes(), 2 * MIB);
+        // On the stream the cudaFree names: only that stream's requests reuse it.
+        let rec = recording(
+            vec![TraceEntry {
+                stream: StreamId(3),
+                ..entry(Action::SegmentFree, BASE, 20 * MIB)
+            }],
+            vec![],
+        );
+        let start = reconstruct_start(&rec, None).unwrap();
+        assert_eq!(start.segments[0].stream, StreamId(3));
     }
 
     #[test]
@@ -780,9 +877,82 @@ mod tests {
         );
         let err = reconstruct_start(&rec, None).unwrap_err().to_string();
         assert!(err.contains("entry 0") && err.contains("predate"), "{err}");
-        // A free outside every segment.
+        // A free outside every segment, and one right past a segment's end.
         let rec = recording(vec![entry(Action::FreeCompleted, 512, 512)], vec![]);
         assert!(reconstruct_start(&rec, None).is_err());
+        let past = BASE + 20 * MIB;
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, past, 512)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("address {past:#x} lies in no segment")),
+            "{err}"
+        );
+        // An alloc of another size than the block there holds later.
+        let rec = recording(
+            vec![entry(Action::Alloc, BASE, 4 * MIB)],
+            vec![segment(
+                BASE,
+                20 * MIB,
+                &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
+            )],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "alloc at 0x7f0000000000 of 4194304 bytes, but the block there later holds 5242880"
+            ),
+            "{err}"
+        );
+        // A free inside a block live later.
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, BASE + MIB, 2 * MIB)],
+            vec![segment(
+                BASE,
+                20 * MIB,
+                &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
+            )],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains("free at 0x7f0000100000, inside the live block at 0x7f0000000000"),
+            "{err}"
+        );
+        // A cudaMalloc of another size than the segment there later.
+        let rec = recording(
+            vec![entry(Action::SegmentAlloc, BASE, 40 * MIB)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains("segment_alloc at 0x7f0000000000 of 41943040 bytes, but the segment there is 20971520 bytes"),
+            "{err}"
+        );
+        // A cudaFree of a segment across one there later.
+        let rec = recording(
+            vec![entry(Action::SegmentFree, BASE + 10 * MIB, 20 * MIB)],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains("segment_free at 0x7f0000a00000 of 20971520 bytes overlaps the segment at 0x7f0000000000"),
+            "{err}"
+        );
+        // A block freed twice with no alloc between.
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, BASE, 5 * MIB),
+                entry(Action::FreeCompleted, BASE, 5 * MIB),
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+        assert!(
+            err.contains("entry 0: free at 0x7f0000000000, but a block is still live there"),
+            "{err}"
+        );
     }
 
     /// Sizes no device can hold are refused by name instead of wrapping around: in the end
@@ -839,5 +1009,98 @@ mod tests {
         assert!(from_empty.settings.is_none());
         assert!(from_empty.replay_settings().expandable_segments);
         assert_eq!(f.workload.allocs(), 1);
+    }
+
+    /// An end state the pool cannot hold is refused, naming what is wrong, both as the start
+    /// of a replay and as the state `cachealloc state` reads: overlapping segments, a small
+    /// segment that is not 2 MiB, overlapping blocks, and a free large-pool block of 1 MiB
+    /// (PyTorch splits a large block only when more than 1 MiB would remain).
+    #[test]
+    fn an_end_state_the_pool_cannot_hold_is_refused() {
+        let free = |addr: u64| segment(addr, 20 * MIB, &[(0, 20 * MIB, 0, false)]);
+        let cases = [
+            (
+                vec![free(BASE), free(BASE + 10 * MIB)],
+                format!("segment {:#x} overlaps the one before it", BASE + 10 * MIB),
+            ),
+            (
+                vec![RecordedSegment {
+                    pool: PoolKind::Small,
+                    ..segment(BASE, 4 * MIB, &[(0, 4 * MIB, 0, false)])
+                }],
+                format!("small-pool segment {BASE:#x} is 4194304 bytes, not 2 MiB"),
+            ),
+            (
+                vec![segment(
+                    BASE,
+                    20 * MIB,
+                    &[
+                        (0, 15 * MIB, 15 * MIB, true),
+                        (5 * MIB, 5 * MIB, 5 * MIB, true),
+                    ],
+                )],
+                format!(
+                    "block at {:#x} (size 5242880) does not continue at {:#x}",
+                    BASE + 5 * MIB,
+                    BASE + 15 * MIB
+                ),
+            ),
+            (
+                vec![segment(
+                    BASE,
+                    20 * MIB,
+                    &[(0, 19 * MIB, 19 * MIB, true), (19 * MIB, MIB, 0, false)],
+                )],
+                format!(
+                    "free large-pool block at {:#x} of 1048576 bytes",
+                    BASE + 19 * MIB
+                ),
+            ),
+        ];
+        for (segments, want) in cases {
+            let rec = recording(vec![], segments);
+            let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+            assert!(
+                err.contains("rebuilt start state is invalid") && err.contains(&want),
+                "{err}\nwants: {want}"
+            );
+            let err = end_state(&rec, 80 << 30).unwrap_err().to_string();
+            assert!(err.contains(&want), "{err}\nwants: {want}");
+        }
+    }
+
+    /// An end-state segment whose blocks do not lie in it, or do not add up to it, is refused
+    /// by name rather than read as some other state.
+    #[test]
+    fn end_state_blocks_must_lie_in_and_fill_their_segment() {
+        let mut below = segment(
+            BASE,
+            20 * MIB,
+            &[(0, 5 * MIB, 5 * MIB, true), (5 * MIB, 15 * MIB, 0, false)],
+        );
+        below.address = BASE + MIB;
+        let short = segment(BASE, 20 * MIB, &[(0, 10 * MIB, 10 * MIB, true)]);
+        let cases = [
+            (
+                below,
+                format!(
+                    "end-state segment {:#x}: its block at {BASE:#x} of 5242880 bytes lies \
+                     outside it",
+                    BASE + MIB
+                ),
+            ),
+            (
+                short,
+                format!(
+                    "end-state segment {BASE:#x}: blocks add up to 10485760 bytes, total_size \
+                     says 20971520"
+                ),
+            ),
+        ];
+        for (seg, want) in cases {
+            let rec = recording(vec![], vec![seg]);
+            let err = reconstruct_start(&rec, None).unwrap_err().to_string();
+            assert!(err.contains(&want), "{err}\nwants: {want}");
+        }
     }
 }
