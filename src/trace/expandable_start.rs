@@ -794,6 +794,247 @@ mod tests {
         assert_eq!(out.stats.reserved_bytes.all.current as u64, 20 * MIB);
     }
 
+    /// Where two of the snapshot's runs meet, two ranges meet: pages mapped again there by
+    /// undoing an unmap join neither run across that place. Here the upper range was reserved
+    /// where pages of another were unmapped (given back) just before; at the start those pages
+    /// lie in a range of their own, right after the lower run's.
+    #[test]
+    fn pages_mapped_again_do_not_join_a_run_across_where_two_ranges_meet() {
+        let upper = BASE + 20 * MIB;
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, upper, 20 * MIB),
+                entry(Action::SegmentMap, upper, 40 * MIB),
+                entry(Action::Alloc, upper, 40 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(upper, 40 * MIB, 0, &[(0, 40 * MIB, 40 * MIB, true)]),
+            ],
+        );
+        let start = rec.faithful().unwrap().start;
+        let runs: Vec<Vec<(u64, u64)>> = start
+            .ranges
+            .iter()
+            .map(|r| r.runs.iter().map(|x| (x.addr, x.size)).collect())
+            .collect();
+        assert_eq!(runs, [vec![(BASE, 20 * MIB)], vec![(upper, 20 * MIB)]]);
+    }
+
+    /// A map in pages whose pool was guessed says which pool's they are: here the small
+    /// pool's, which mapped nine 2 MiB pages after one it held at the start, then unmapped all
+    /// ten at once (20 MiB, whole large pages: nothing else tells).
+    #[test]
+    fn a_map_tells_the_pool_of_pages_mapped_again() {
+        let far = BASE + 100 * GIB;
+        let mut entries: Vec<TraceEntry> = (1..10)
+            .map(|i| entry(Action::SegmentMap, far + i * 2 * MIB, 2 * MIB))
+            .collect();
+        entries.push(entry(Action::SegmentUnmap, far, 20 * MIB));
+        let rec = recording(
+            entries,
+            vec![run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)])],
+        );
+        let start = rec.faithful().unwrap().start;
+        let ranges: Vec<(u64, PoolKind, u64)> = start
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.pool, r.mapped_bytes()))
+            .collect();
+        assert_eq!(
+            ranges,
+            [
+                (BASE, PoolKind::Large, 20 * MIB),
+                (far, PoolKind::Small, 2 * MIB)
+            ]
+        );
+    }
+
+    /// Pages mapped again by undoing an unmap join only the runs they touch of their own
+    /// stream and pool: not stream 1's run right below them, nor a large run right above small
+    /// pages they join.
+    #[test]
+    fn pages_mapped_again_join_only_runs_of_their_stream_and_pool() {
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, BASE + 20 * MIB, 20 * MIB)],
+            vec![run(BASE, 20 * MIB, 1, &[(0, 20 * MIB, 20 * MIB, true)])],
+        );
+        let start = rec.faithful().unwrap().start;
+        let ranges: Vec<(u64, u64, u64)> = start
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.stream.0, r.mapped_bytes()))
+            .collect();
+        assert_eq!(
+            ranges,
+            [(BASE, 1, 20 * MIB), (BASE + 20 * MIB, 0, 20 * MIB)]
+        );
+        let rec = recording(
+            vec![entry(Action::SegmentUnmap, BASE + 2 * MIB, 2 * MIB)],
+            vec![
+                run(BASE, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+                run(
+                    BASE + 4 * MIB,
+                    20 * MIB,
+                    0,
+                    &[(0, 20 * MIB, 20 * MIB, true)],
+                ),
+            ],
+        );
+        let start = rec.faithful().unwrap().start;
+        let ranges: Vec<(u64, PoolKind, u64)> = start
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.pool, r.mapped_bytes()))
+            .collect();
+        assert_eq!(
+            ranges,
+            [
+                (BASE, PoolKind::Small, 4 * MIB),
+                (BASE + 4 * MIB, PoolKind::Large, 20 * MIB)
+            ]
+        );
+    }
+
+    /// Pages mapped again whose pool was a guess, joined to a run whose pool is known, take
+    /// that pool for certain: a small block placed in them later in the walk is a
+    /// contradiction, not a new guess.
+    #[test]
+    fn a_guess_joined_to_a_known_run_is_no_guess() {
+        let p = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                entry(Action::FreeCompleted, p - 20 * MIB, 512),
+                entry(Action::SegmentUnmap, p, 20 * MIB),
+                entry(Action::SegmentUnmap, p - 20 * MIB, 20 * MIB),
+            ],
+            vec![run(
+                p + 20 * MIB,
+                20 * MIB,
+                0,
+                &[(0, 20 * MIB, 20 * MIB, true)],
+            )],
+        );
+        let err = rec.faithful().unwrap_err().to_string();
+        assert!(
+            err.contains("entry 0: free at 0x7f18fec00000 of 512 bytes, a small pool block, in pages of the large pool"),
+            "{err}"
+        );
+    }
+
+    /// Large pages seen later inside pages mapped again outweigh small ones seen there, below
+    /// them or above.
+    #[test]
+    fn large_pages_seen_inside_outweigh_small_ones() {
+        use crate::pool::PoolKind::Large;
+        let far = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 40 * MIB),
+                entry(Action::SegmentMap, far + 20 * MIB, 20 * MIB),
+                entry(Action::SegmentMap, far + 2 * MIB, 2 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(far + 2 * MIB, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
+                run(far + 20 * MIB, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)]),
+            ],
+        );
+        assert_eq!(range_holding(&rec, far, None).map(|r| r.0), Some(Large));
+    }
+
+    /// The pages of their stream seen next to pages mapped again tell their pool when the two
+    /// could share a range: right next to them, but not across another stream's pages.
+    #[test]
+    fn pages_seen_next_to_them_tell_unless_another_streams_lie_between() {
+        use crate::pool::PoolKind::{Large, Small};
+        let far = BASE + 100 * GIB;
+        let large_run = || run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]);
+        let small_at = |at: u64| run(at, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]);
+        let adjacent = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                entry(Action::SegmentMap, far + 20 * MIB, 2 * MIB),
+            ],
+            vec![large_run(), small_at(far + 20 * MIB)],
+        );
+        assert_eq!(
+            range_holding(&adjacent, far, None).map(|r| r.0),
+            Some(Small)
+        );
+        let across = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                on(1, Action::SegmentMap, far + 20 * MIB, 20 * MIB),
+                entry(Action::SegmentMap, far + 40 * MIB, 2 * MIB),
+            ],
+            vec![
+                large_run(),
+                run(far + 20 * MIB, 20 * MIB, 1, &[(0, 20 * MIB, 0, false)]),
+                small_at(far + 40 * MIB),
+            ],
+        );
+        assert_eq!(range_holding(&across, far, None).map(|r| r.0), Some(Large));
+    }
+
+    /// Another stream's pages seen across pages mapped again, from below their start, make
+    /// pages of their own stream seen there only afterwards tell nothing.
+    #[test]
+    fn another_streams_pages_from_below_take_the_place_over() {
+        use crate::pool::PoolKind::Large;
+        let far = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+                on(1, Action::SegmentMap, far - 20 * MIB, 40 * MIB),
+                on(1, Action::SegmentUnmap, far - 20 * MIB, 40 * MIB),
+                entry(Action::SegmentMap, far, 2 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(far, 2 * MIB, 0, &[(0, 2 * MIB, 0, false)]),
+            ],
+        );
+        assert_eq!(range_holding(&rec, far, None).map(|r| r.0), Some(Large));
+    }
+
+    /// No device has less memory than the recording reserved: ranges placed so that they
+    /// imply less do not size the start's ranges.
+    #[test]
+    fn an_estimate_below_the_reserved_memory_is_not_taken() {
+        let above = BASE + 60 * MIB;
+        let far = BASE + 100 * GIB;
+        let rec = recording(
+            vec![
+                on(1, Action::SegmentMap, BASE, 20 * MIB),
+                on(1, Action::Alloc, BASE, 20 * MIB),
+                entry(Action::SegmentUnmap, far, 20 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 1, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(above, 60 * MIB, 0, &[(0, 60 * MIB, 60 * MIB, true)]),
+                run(far + 60 * MIB, 2 * MIB, 0, &[(0, 2 * MIB, 512, true)]),
+            ],
+        );
+        let start = rec.faithful().unwrap().start;
+        let sizes: Vec<(u64, u64)> = start
+            .ranges
+            .iter()
+            .filter(|r| r.pool == PoolKind::Large)
+            .map(|r| (r.addr, r.size))
+            .collect();
+        // The new range 60 MiB below the start's would imply a device of 53 MiB, less than
+        // the 102 MiB reserved: the start's range is sized as on a device of unknown memory,
+        // up to the next range,
+        assert_eq!(sizes, [(above, far - above)]);
+        // and the pages unmapped at `far` are guessed as on such a device: one small range
+        // holds them and the small pages 40 MiB above (not on a device of 53 MiB).
+        assert_eq!(
+            range_holding(&rec, far, None).map(|r| r.0),
+            Some(PoolKind::Small)
+        );
+    }
+
     /// Pages mapped again by undoing an unmap that touch no run are the large pool's (whole
     /// 20 MiB pages) until a block placed in them says otherwise.
     #[test]
@@ -1101,6 +1342,53 @@ mod tests {
         }
     }
 
+    /// A range there at the start ends short of a range the recording reserves above it while
+    /// it is kept, and only then: one reserved far above leaves its size as it is.
+    #[test]
+    fn a_start_range_ends_only_where_a_later_range_is_reserved_within_it() {
+        use crate::pool::range_size;
+        let full = range_size(8 * GIB, PoolKind::Large);
+        let start_sizes = |later: u64| {
+            let rec = recording(
+                vec![
+                    on(1, Action::SegmentMap, later, 20 * MIB),
+                    on(1, Action::Alloc, later, 20 * MIB),
+                ],
+                vec![
+                    run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                    run(later, 20 * MIB, 1, &[(0, 20 * MIB, 20 * MIB, true)]),
+                ],
+            );
+            let start = rec.faithful_on(Some(8 * GIB)).unwrap().start;
+            start
+                .ranges
+                .iter()
+                .map(|r| (r.size, r.cut_short))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(start_sizes(BASE + 100 * GIB), [(full, false)]);
+        // 1 GiB up to it: 51 whole pages.
+        assert_eq!(start_sizes(BASE + GIB), [(51 * 20 * MIB, true)]);
+    }
+
+    /// A private pool's run at the start lies in a range of its own, apart from a run of the
+    /// default pool of the same stream and pool of pages next to it.
+    #[test]
+    fn a_private_pools_run_at_the_start_has_a_range_of_its_own() {
+        let rec = recording(
+            vec![entry(Action::FreeCompleted, BASE, 20 * MIB)],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)]),
+                RecordedSegment {
+                    private_pool: Some((1, 2)),
+                    ..run(BASE + 60 * MIB, 20 * MIB, 0, &[(0, 20 * MIB, 0, false)])
+                },
+            ],
+        );
+        let (_, ranges) = start_of(&rec);
+        assert_eq!(ranges, [(BASE, 1), (BASE + 60 * MIB, 1)]);
+    }
+
     /// A range's pages unmapped before the recording and mapped again in it lie below its
     /// lowest run at the start: the range reaches down to them, and the replay maps them where
     /// the recording did.
@@ -1135,6 +1423,58 @@ mod tests {
         assert_eq!(out.allocs_at_recorded_addr, 2);
         assert_eq!(out.stats.counts.num_device_alloc, 2);
         assert_eq!(out.stats.reserved_bytes.all.peak as u64, 140 * MIB);
+    }
+
+    /// A segment of its own ending right where such pages begin does not stop the range
+    /// reaching down to them.
+    #[test]
+    fn a_range_reaches_down_to_a_segment_right_below() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 20 * MIB),
+            ],
+            vec![
+                segment(BASE - 20 * MIB, 20 * MIB, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(
+                    BASE,
+                    40 * MIB,
+                    0,
+                    &[
+                        (0, 20 * MIB, 20 * MIB, true),
+                        (20 * MIB, 20 * MIB, 20 * MIB, true),
+                    ],
+                ),
+            ],
+        );
+        let start = rec.faithful().unwrap().start;
+        let ranges: Vec<_> = start
+            .ranges
+            .iter()
+            .map(|r| (r.addr, r.runs[0].addr))
+            .collect();
+        assert_eq!(ranges, [(BASE, BASE + 20 * MIB)]);
+    }
+
+    /// Nor does a range reach down across a segment of its own lying between: the map below
+    /// is in another range.
+    #[test]
+    fn a_range_does_not_reach_down_across_a_segment() {
+        let high = BASE + 40 * MIB;
+        let rec = recording(
+            vec![
+                entry(Action::SegmentMap, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 20 * MIB),
+            ],
+            vec![
+                run(BASE, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+                segment(BASE + 20 * MIB, 20 * MIB, &[(0, 20 * MIB, 20 * MIB, true)]),
+                run(high, 20 * MIB, 0, &[(0, 20 * MIB, 20 * MIB, true)]),
+            ],
+        );
+        let start = rec.faithful().unwrap().start;
+        let ranges: Vec<_> = start.ranges.iter().map(|r| r.addr).collect();
+        assert_eq!(ranges, [high]);
     }
 
     /// A range all of whose pages `empty_cache()` unmaps is given back; pages mapped at its
@@ -1246,11 +1586,37 @@ mod tests {
                 ],
                 "entry 0: free at 0x7f0000000000, but a block is still live there",
             ),
+            // Pages mapped again by undoing an unmap: a guess of their pool stands only until
+            // a block placed in them says which.
+            (
+                vec![
+                    entry(Action::FreeCompleted, BASE + 44 * MIB, 512),
+                    entry(Action::FreeCompleted, BASE + 40 * MIB, 4 * MIB),
+                    entry(Action::SegmentUnmap, BASE + 40 * MIB, 20 * MIB),
+                ],
+                "entry 0: free at 0x7f0002c00000 of 512 bytes, a small pool block, in pages of \
+                 the large pool",
+            ),
         ];
         for (entries, want) in cases {
             let rec = recording(entries, end.clone());
             let err = rec.faithful().unwrap_err().to_string();
             assert!(err.contains(want), "{err}\nwants: {want}");
         }
+        // Pages of stream 0 mapped by a map on stream 1.
+        let rec = recording(vec![on(1, Action::SegmentMap, BASE, 20 * MIB)], end.clone());
+        let err = rec.faithful().unwrap_err().to_string();
+        let want = "entry 0: segment_map at 0x7f0000000000 on stream 1, in pages of stream 0";
+        assert!(err.contains(want), "{err}\nwants: {want}");
+        // Pages mapped where a segment of its own (cudaMalloc'd) lies later.
+        let native = segment(BASE + 40 * MIB, 20 * MIB, &[(0, 20 * MIB, 0, false)]);
+        let rec = recording(
+            vec![entry(Action::SegmentMap, BASE + 40 * MIB, 20 * MIB)],
+            [end.clone(), vec![native]].concat(),
+        );
+        let err = rec.faithful().unwrap_err().to_string();
+        let want = "entry 0: segment_map at 0x7f0002800000, inside the segment at 0x7f0002800000, \
+                    which is not expandable";
+        assert!(err.contains(want), "{err}\nwants: {want}");
     }
 }
