@@ -280,4 +280,35 @@ mod tests {
     fn a_range_holds_at_least_its_runs() {
         assert_eq!(ranges(vec![run(BASE, 50, 0)]), [(BASE, 50 * PAGE, 0, 1)]);
     }
+
+    /// A range is whole pages from its start: one cut short by a segment that begins between
+    /// pages ends at the last whole page before it, and a run not whole pages past the range's
+    /// start begins a range of its own.
+    #[test]
+    fn ranges_are_whole_pages_from_their_start() {
+        let native = segment(BASE + 3 * PAGE + 2 * MIB, PAGE, &[(0, PAGE, PAGE, true)]);
+        assert_eq!(
+            ranges(vec![run(BASE, 1, 0), native]),
+            [(BASE, 3 * PAGE, 0, 1)]
+        );
+        let off = BASE + 3 * PAGE + 2 * MIB;
+        assert_eq!(
+            ranges(vec![run(BASE, 1, 0), run(off, 1, 0)]),
+            [(BASE, 3 * PAGE, 0, 1), (off, RANGE, 0, 1)]
+        );
+    }
+
+    /// A private pool's run lies in a range of its own, apart from the default pool's runs of
+    /// the same stream and pool of pages.
+    #[test]
+    fn a_private_pools_run_has_a_range_of_its_own() {
+        let private = RecordedSegment {
+            private_pool: Some((1, 2)),
+            ..run(BASE + 3 * PAGE, 1, 0)
+        };
+        assert_eq!(
+            ranges(vec![run(BASE, 1, 0), private]),
+            [(BASE, 3 * PAGE, 0, 1), (BASE + 3 * PAGE, RANGE, 0, 1)]
+        );
+    }
 }

@@ -719,6 +719,75 @@ mod tests {
         assert!(memory >= total && memory - total < SMALL_BUFFER, "{memory}");
     }
 
+    /// A range reserved at the address of one still live gives that one back (its release
+    /// line is missing), and the smallest of a pool's named ranges gives the memory, though a
+    /// larger one (a request's own) came first.
+    #[test]
+    fn named_ranges_reserved_again_and_of_a_requests_own_size() {
+        let total = 8u64 << 30;
+        let large = range_size(total, PoolKind::Large);
+        let changes = [
+            reserve(BASE, 600 * LARGE_BUFFER, LARGE_BUFFER),
+            reserve(BASE + (40 << 30), large, LARGE_BUFFER),
+            reserve(BASE, large, LARGE_BUFFER),
+        ];
+        let hints = range_hints(&changes, None);
+        let given_back: Vec<_> = hints.reservations.iter().map(|r| r.given_back).collect();
+        assert_eq!(given_back, [Some(2), None, None]);
+        let memory = hints.device_total.unwrap();
+        assert_eq!(range_size(memory, PoolKind::Large), large);
+        // A range at the pool's bound: a device of any memory reserves it.
+        let bound = range_size(u64::MAX, PoolKind::Large);
+        let hints = range_hints(&[reserve(BASE, bound, LARGE_BUFFER)], None);
+        assert_eq!(hints.device_total, None);
+    }
+
+    /// A map of the other pool right at a range's end starts a range of its own; a map in a
+    /// range larger than the pool's (a request's own size) is in it, however high.
+    #[test]
+    fn maps_belong_to_a_range_of_their_pool_within_its_size() {
+        let changes = [map(BASE, 2 * MIB), map(BASE + 2 * MIB, 20 * MIB)];
+        assert_eq!(addresses(&changes, None), [BASE, BASE + 2 * MIB]);
+        let total = 8u64 << 30;
+        assert_eq!(range_size(total, PoolKind::Large), 9220 * MIB);
+        let changes = [
+            map(BASE, 10000 * MIB),
+            unmap(BASE + 9600 * MIB, 20 * MIB),
+            map(BASE + 9600 * MIB, 20 * MIB),
+        ];
+        assert_eq!(addresses(&changes, Some(total)), [BASE]);
+    }
+
+    /// A map of the other pool at the start of a live range: that range was given back
+    /// without a trace entry, and bounds no range reserved after it.
+    #[test]
+    fn a_map_at_a_live_ranges_start_gives_it_back() {
+        let changes = [map(BASE, 20 * MIB), map(BASE, 2 * MIB)];
+        let hints = range_hints(&changes, None);
+        assert_eq!(hints.addresses(), [BASE, BASE]);
+        assert_eq!(hints.reservations[0].given_back, Some(1));
+        assert_eq!(hints.device_total, None);
+    }
+
+    /// A range there before the recording is the start state's: a recording that names its
+    /// ranges does not reserve it.
+    #[test]
+    fn adopted_ranges_are_not_among_the_named_reservations() {
+        let changes = [
+            RangeChange::Adopt {
+                addr: BASE,
+                size: 9220 * MIB,
+                page: LARGE_BUFFER,
+                stream: StreamId(0),
+                mapped: 20 * MIB,
+            },
+            reserve(BASE + (20 << 30), 9220 * MIB, LARGE_BUFFER),
+        ];
+        let hints = range_hints(&changes, None);
+        assert_eq!(hints.addresses(), [BASE + (20 << 30)]);
+        assert!(hints.reservations[0].adopted);
+    }
+
     /// The memory a replay of named ranges runs with: the capacity when it gives the recorded
     /// ranges (a saved run of the simulated device, exactly), else the most memory that does
     /// (a GPU, whose recording shows less memory than it has: a capacity inferred from an
