@@ -247,4 +247,47 @@ mod tests {
         assert_eq!(state.large.allocated, 120 * MIB);
         assert_eq!(state.large.pending_free, 60 * MIB);
     }
+
+    /// Each stream's largest free block is the largest of its blocks, wherever it lies (here a
+    /// smaller one lies above it).
+    #[test]
+    fn a_streams_largest_free_block_is_its_largest_anywhere() {
+        let mut rec = split_state();
+        rec.segments.push(segment(
+            SEG + 0x3000_0000,
+            20 * MIB,
+            &[
+                (0, 10 * MIB, 10 * MIB, true),
+                (10 * MIB, 10 * MIB, 0, false),
+            ],
+        ));
+        let state = MemoryState::of(&rec);
+        assert_eq!(state.streams[0].largest_free_block, 40 * MIB);
+    }
+
+    /// The list of the largest free blocks holds `LISTED_FREE_BLOCKS` of them, no fewer, when
+    /// there are more.
+    #[test]
+    fn the_largest_free_blocks_are_listed_up_to_the_limit() {
+        let segments: Vec<_> = (0..LISTED_FREE_BLOCKS as u64 + 2)
+            .map(|i| {
+                segment(
+                    SEG + i * 0x1000_0000,
+                    40 * MIB,
+                    &[
+                        (0, 10 * MIB, 10 * MIB, true),
+                        (10 * MIB, (20 + i) * MIB, 0, false),
+                        ((30 + i) * MIB, (10 - i) * MIB, (10 - i) * MIB, true),
+                    ],
+                )
+            })
+            .collect();
+        let state = MemoryState::of(&crate::trace::fixtures::recording(vec![], segments));
+        let sizes: Vec<u64> = state
+            .largest_free_blocks
+            .iter()
+            .map(|b| b.size / MIB)
+            .collect();
+        assert_eq!(sizes, [29, 28, 27, 26, 25, 24, 23, 22]);
+    }
 }

@@ -307,6 +307,8 @@ mod tests {
         let state = end_state(&split_state(), u64::MAX).unwrap();
         let trial = try_request(&state, &[], &device(&state, 0), 30 * MIB, StreamId(0)).unwrap();
         assert_eq!(trial.pool, PoolKind::Large);
+        assert!(trial.calls.is_empty(), "{:?}", trial.calls);
+        assert!(!trial.retried);
         assert_eq!(
             trial.outcome,
             RequestOutcome::Cached {
@@ -356,6 +358,11 @@ mod tests {
                 segment: 50 * MIB,
                 released_segments: 0
             }
+        );
+        assert_eq!(trial.calls, [DeviceCall::Allocate { bytes: 50 * MIB }]);
+        assert!(
+            !trial.retried,
+            "a cudaMalloc that succeeds first time is no retry"
         );
     }
 
@@ -511,5 +518,31 @@ mod tests {
         );
         assert!(!report.hint().settings_may_help());
         assert!(report.to_string().contains("Freed too late"), "{report}");
+    }
+
+    /// A private pool's block pending its free is no free of the default pools': its segment
+    /// stays held whole, and a request the default pools cannot serve otherwise runs out of
+    /// memory.
+    #[test]
+    fn a_private_pools_pending_free_frees_nothing_for_the_default_pools() {
+        let mut rec = recording(
+            vec![],
+            vec![segment(SEG, 20 * MIB, &[(0, 20 * MIB, 20 * MIB, true)])],
+        );
+        rec.segments[0].private_pool = Some((0, 1));
+        rec.segments[0].blocks[0].state = BlockState::PendingFree;
+        assert!(pending_frees(&rec).is_empty());
+        let state = trial_state(&rec, u64::MAX).unwrap();
+        let trial = try_request(
+            &state,
+            &pending_frees(&rec),
+            &device(&state, 0),
+            20 * MIB,
+            StreamId(0),
+        );
+        assert!(
+            matches!(trial.unwrap().outcome, RequestOutcome::OutOfMemory(_)),
+            "the private pool's segment served a request to the default pools"
+        );
     }
 }
