@@ -757,6 +757,21 @@ fn runtime_errors_pass_through_unchanged() {
 }
 
 #[test]
+fn a_cuda_malloc_error_other_than_out_of_memory_reaches_the_program_unchanged() {
+    check("malloc_error", &[]);
+}
+
+#[test]
+fn free_sync_event_reuses_its_events() {
+    let out = check("event_reuse", &[("CACHEALLOC_CONF", "free_sync:event")]);
+    let created = number_after(&stdout(&out), "events created");
+    assert!(
+        created <= 2,
+        "100 frees, each waited for by a device synchronization, created {created} events"
+    );
+}
+
+#[test]
 fn a_configuration_error_is_reported_once_and_allocations_fail_with_3() {
     let out = check(
         "config_error",

@@ -498,6 +498,36 @@ static void scenario_runtime_error(void) {
     CHECK_CODE(cudaFree(NULL), cudaErrorInsufficientDriver);
 }
 
+/* A cudaMalloc of the pool's that the runtime refuses with another error than out of memory
+ * (here 999) is answered with that error, the thread's last error, not with 2; the next call
+ * gets memory. */
+static void scenario_malloc_error(void) {
+    void *p = (void *)0x1234;
+    fakecudart_inject_malloc_failures(1, cudaErrorUnknown);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+}
+
+/* free_sync:event reuses its events: a hundred frees whose event the pool waited for with a
+ * device synchronization (work still running at the next request) create a few events, not
+ * one each. Prints how many were created. */
+static void scenario_event_reuse(void) {
+    uint64_t creates = counter("event_creates");
+    for (int i = 0; i < 100; i++) {
+        void *p = NULL, *q = NULL;
+        CHECK_CODE(cudaMalloc(&p, 20 * MIB), cudaSuccess);
+        CHECK_CODE(fakecudart_launch(p, 20 * MIB, 0, 100), cudaSuccess);
+        CHECK_CODE(cudaFree(p), cudaSuccess);
+        CHECK_CODE(cudaMalloc(&q, 20 * MIB), cudaSuccess);
+        CHECK(q == p);
+        CHECK_CODE(cudaFree(q), cudaSuccess);
+    }
+    printf("events created %llu\n", (unsigned long long)(counter("event_creates") - creates));
+}
+
 /* cudaMemGetInfo after a block went back to the cache (after the program's synchronization,
  * when `synced`); prints what it reports. */
 static void run_mem_info(int synced) {
@@ -709,6 +739,8 @@ static const struct scenario scenarios[] = {
     {"config_error", scenario_config_error},
     {"stats", scenario_stats},
     {"runtime_error", scenario_runtime_error},
+    {"malloc_error", scenario_malloc_error},
+    {"event_reuse", scenario_event_reuse},
     {"mem_info", scenario_mem_info},
     {"mem_info_unsynced", scenario_mem_info_unsynced},
     {"threads", scenario_threads},
