@@ -83,6 +83,11 @@ fn a_failed_map_gives_its_pages_back_and_passes_the_error_on() {
 }
 
 #[test]
+fn a_failed_page_map_releases_that_page_s_memory_and_passes_the_error_on() {
+    check("map_fails", "", &[]);
+}
+
+#[test]
 fn a_request_that_does_not_fit_gives_its_pages_back_and_answers_2() {
     check("oom", "", &[("FAKECUDART_CAPACITY", "30MiB")]);
 }

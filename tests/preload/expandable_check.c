@@ -152,6 +152,22 @@ static void scenario_set_access_fails(void) {
     print_counters();
 }
 
+/* A cuMemMap that fails on the second page of a request: the page made for it and the page
+ * mapped before are given back, the program gets the driver's error, and the next request maps
+ * afresh. */
+static void scenario_map_fails(void) {
+    void *p = NULL;
+    CHECK_CODE(fakecudart_inject_driver_failure("cuMemMap", 1, 999), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(counter("vmm_creates") == 2 && counter("vmm_releases") == 2);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMemset(p, 1, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    print_counters();
+}
+
 /* A request whose pages do not all fit: the pages mapped for it are given back, the program
  * gets cudaErrorMemoryAllocation (2) and goes on. */
 static void scenario_oom(void) {
@@ -270,13 +286,17 @@ static void scenario_ipc(void) {
     CHECK_CODE(cudaFree(p), cudaSuccess);
 }
 
-/* A device reset gives back every page and range the pool had, and a new pool starts after. */
+/* A device reset gives back every page and range the pool had, once the work on them has ended,
+ * and a new pool starts after. */
 static void scenario_reset(void) {
     void *p = NULL;
     CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    /* Work still running on the pages: they are unmapped only after it. */
+    CHECK_CODE(fakecudart_launch(p, 30 * MIB, 0, 1000), cudaSuccess);
     CHECK_CODE(cudaMalloc(&p, 4096), cudaSuccess);
     CHECK(counter("vmm_reserves") == 2);
     CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK(counter("vmm_busy_unmaps") == 0);
     CHECK(counter("vmm_unmaps") == counter("vmm_creates"));
     CHECK(counter("vmm_releases") == counter("vmm_creates"));
     CHECK(counter("vmm_address_frees") == 2);
@@ -328,6 +348,7 @@ static const struct scenario scenarios[] = {
     {"unmap_waits", scenario_unmap_waits},
     {"unmap_fails", scenario_unmap_fails},
     {"set_access_fails", scenario_set_access_fails},
+    {"map_fails", scenario_map_fails},
     {"oom", scenario_oom},
     {"reset", scenario_reset},
     {"reset_fails", scenario_reset_fails},

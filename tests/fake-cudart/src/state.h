@@ -136,7 +136,8 @@ struct fake_state {
     cudaError_t injected_sync_code;
     unsigned injected_event_create_failures; /* of cudaEventCreate(WithFlags) */
     cudaError_t injected_event_create_code;
-    struct fake_driver_injection injected_unmap, injected_set_access; /* cuMemUnmap, cuMemSetAccess */
+    struct fake_driver_injection injected_unmap, injected_set_access,
+        injected_map; /* cuMemUnmap, cuMemSetAccess, cuMemMap */
     fakecudart_counters counters;
     /* Driver (vmm.c). */
     int vmm_supported;        /* FAKECUDART_VMM: 1 (default) or 0 */

@@ -89,6 +89,8 @@ int fakecudart_inject_driver_failure(const char *call, unsigned after, int code)
         inj = &fake.injected_unmap;
     else if (call != NULL && strcmp(call, "cuMemSetAccess") == 0)
         inj = &fake.injected_set_access;
+    else if (call != NULL && strcmp(call, "cuMemMap") == 0)
+        inj = &fake.injected_map;
     if (inj == NULL || code == 0)
         return cudaErrorInvalidValue;
     lock();

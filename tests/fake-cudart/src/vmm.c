@@ -331,6 +331,8 @@ CUresult fakecudart_driver_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                ptr + size < ptr))
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
+        rc = take_injection_locked(&fake.injected_map);
+    if (rc == CUDA_SUCCESS)
         rc = map_locked((uintptr_t)ptr, size, handle);
     if (rc == CUDA_SUCCESS)
         fake.counters.vmm_maps++;
