@@ -120,6 +120,26 @@ fn a_recorded_free_that_failed_still_waits_for_its_streams_when_made_again() {
     }
 }
 
+/// With three devices: the reset of one leaves the waits of a recorded free on another device's
+/// stream in place (only the reset device's events go with it), and the block comes back once
+/// that stream's work is done.
+#[test]
+fn a_reset_of_one_device_keeps_the_waits_on_another_device_s_stream() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("third_device_reset")
+            .env("FAKECUDART_DEVICES", "3")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE"),
+    );
+    assert!(
+        stdout(&out).contains("ok third device reset"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
 /// The C++ program, linked as PyTorch's extension would be: libstdc++ is in the process.
 fn cxx_program() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -5,7 +5,9 @@
  * when every check held, under any free_sync policy (CACHEALLOC_CONF); with the argument
  * "unrecorded" it frees without recording the side stream and prints whether the block came back
  * while the side stream's work still used it; with "failed_free" it checks a recorded free that
- * fails and is made again, printing "ok failed free".
+ * fails and is made again, printing "ok failed free"; with "third_device_reset" (three devices)
+ * it checks that a reset of one device leaves the waits on another's streams, printing
+ * "ok third device reset".
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -312,9 +314,47 @@ static void failed_free(void) {
     printf("ok failed free\n");
 }
 
+/* Three devices: a block of device 0 recorded on a stream of device 2 still waits for that
+ * stream's work through a reset of device 1, and comes back, with no new segment, once that
+ * work is done. */
+static void third_device_reset(void) {
+    cudaStream_t home, far;
+    void *a = NULL, *a2 = NULL, *d = NULL;
+    CHECK(cudaStreamCreateWithFlags(&home, cudaStreamNonBlocking) == 0);
+    CHECK(cudaSetDevice(2) == 0);
+    CHECK(cudaStreamCreateWithFlags(&far, cudaStreamNonBlocking) == 0);
+    CHECK(cudaSetDevice(0) == 0);
+    /* a and a2 fill one 2 MiB segment of their own stream. */
+    CHECK(cachealloc_malloc(&a, MIB, 0, home) == 0);
+    CHECK(cachealloc_malloc(&a2, MIB, 0, home) == 0);
+    CHECK(fakecudart_launch(a, MIB, far, 1000) == 0);
+    CHECK(cachealloc_record_stream(a, far) == 0);
+    CHECK(cachealloc_free(a) == 0);
+    CHECK(cudaSetDevice(1) == 0);
+    CHECK(cudaDeviceReset() == 0);
+    CHECK(cudaSetDevice(0) == 0);
+    CHECK(cachealloc_malloc(&d, MIB, 0, home) == 0);
+    CHECK(d != a && fakecudart_range_busy(a, MIB));
+    CHECK(cachealloc_free(d) == 0);
+    fakecudart_advance(1000);
+    /* Two blocks of this size are free now, a and the rest of d's segment. */
+    uint64_t mallocs = fakecudart_counter("mallocs");
+    void *e = NULL, *e2 = NULL;
+    CHECK(cachealloc_malloc(&e, MIB, 0, home) == 0);
+    CHECK(cachealloc_malloc(&e2, MIB, 0, home) == 0);
+    CHECK(e == a || e2 == a);
+    CHECK(fakecudart_counter("mallocs") == mallocs);
+    CHECK(cachealloc_free(e) == 0);
+    CHECK(cachealloc_free(e2) == 0);
+    CHECK(cachealloc_free(a2) == 0);
+    printf("ok third device reset\n");
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "failed_free") == 0)
         failed_free();
+    else if (argc == 2 && strcmp(argv[1], "third_device_reset") == 0)
+        third_device_reset();
     else
         run(!(argc == 2 && strcmp(argv[1], "unrecorded") == 0));
     return failures ? 1 : 0;
