@@ -711,6 +711,52 @@ mod tests {
         assert_eq!(sim.mem_info().unwrap().total, 200 * MIB);
     }
 
+    /// A free stretch exactly the size of a request, between two segments, takes it: at its
+    /// top top-down, at its bottom bottom-up (the driver reuses such a hole).
+    #[test]
+    fn a_hole_of_exactly_the_size_asked_is_used() {
+        for placement in [Placement::TopDown, Placement::BottomUp] {
+            let mut sim = SimDevice::new(u64::MAX).with_placement(placement);
+            let a = sim.allocate(2 * MIB).unwrap();
+            let b = sim.allocate(4 * MIB).unwrap();
+            let c = sim.allocate(2 * MIB).unwrap();
+            sim.release(b, 4 * MIB).unwrap();
+            assert_eq!(sim.allocate(4 * MIB), Ok(b), "{placement:?}");
+            for (ptr, size) in [(a, 2 * MIB), (b, 4 * MIB), (c, 2 * MIB)] {
+                sim.release(ptr, size).unwrap();
+            }
+        }
+    }
+
+    /// A release names a segment by its address and size, as the pool made it: another size is
+    /// a misuse the simulated device refuses.
+    #[test]
+    fn a_release_of_another_size_is_refused() {
+        let mut sim = SimDevice::new(u64::MAX);
+        let a = sim.allocate(4 * MIB).unwrap();
+        assert!(sim.release(a, 2 * MIB).is_err());
+        assert_eq!(sim.used(), 4 * MIB);
+        sim.release(a, 4 * MIB).unwrap();
+    }
+
+    /// A hint that was used leaves the queue, so it does not take a place among the few the
+    /// next allocation looks through.
+    #[test]
+    fn a_used_address_hint_leaves_the_queue() {
+        let mut sim = SimDevice::new(u64::MAX);
+        sim.push_address_hint(2 * MIB, 0x7f10_0000_0000);
+        for i in 0..3 {
+            sim.push_address_hint(4 * MIB, 0x7f20_0000_0000 + i * 4 * MIB);
+        }
+        sim.push_address_hint(6 * MIB, 0x7f30_0000_0000);
+        assert_eq!(sim.allocate(2 * MIB).unwrap().addr(), 0x7f10_0000_0000);
+        assert_eq!(
+            sim.allocate(6 * MIB).unwrap().addr(),
+            0x7f30_0000_0000,
+            "the fourth hint after the used one is within reach"
+        );
+    }
+
     #[test]
     fn address_hints_are_used_when_free() {
         let mut sim = SimDevice::new(u64::MAX);
