@@ -72,8 +72,6 @@ pub struct SimCounters {
 pub struct SimDevice {
     device: DeviceId,
     capacity: u64,
-    /// Bytes used by others on the device (not by this allocator).
-    foreign_used: u64,
     /// The total memory `mem_info` reports, when not the capacity.
     total: Option<u64>,
     used: u64,
@@ -111,7 +109,6 @@ impl SimDevice {
         Self {
             device: DeviceId(0),
             capacity: capacity.min(ADDRESS_SPACE),
-            foreign_used: 0,
             total: None,
             used: 0,
             placement: Placement::TopDown,
@@ -166,11 +163,6 @@ impl SimDevice {
     /// what a program can allocate on it.
     pub fn set_total(&mut self, total: Option<u64>) {
         self.total = total;
-    }
-
-    /// Memory used on the device by something other than this allocator.
-    pub fn set_foreign_used(&mut self, bytes: u64) {
-        self.foreign_used = bytes;
     }
 
     /// Bytes currently held by live segments and mapped pages.
@@ -281,8 +273,7 @@ impl SimDevice {
     /// Whether `size` more bytes fit in the capacity.
     fn fits(&self, size: u64) -> bool {
         self.used
-            .checked_add(self.foreign_used)
-            .and_then(|u| u.checked_add(size))
+            .checked_add(size)
             .is_some_and(|total| total <= self.capacity)
     }
 
@@ -469,9 +460,8 @@ impl Backend for SimDevice {
     }
 
     fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
-        let used = self.used.saturating_add(self.foreign_used);
         Ok(MemInfo {
-            free: self.capacity.saturating_sub(used),
+            free: self.capacity.saturating_sub(self.used),
             total: self.total.unwrap_or(self.capacity),
         })
     }
