@@ -137,11 +137,12 @@ static void scenario_unmap_fails(void) {
     print_counters();
 }
 
-/* A cuMemSetAccess that fails: the pages made for the request are given back, the program gets
- * the driver's error, and the next request maps afresh. */
-static void scenario_set_access_fails(void) {
+/* A driver call that fails while a 30 MiB request maps its two pages (`nth` counts its calls
+ * from 0): the pages made for the request are given back, the program gets the driver's
+ * error, and the next request maps afresh. */
+static void driver_call_fails(const char *call, int nth) {
     void *p = NULL;
-    CHECK_CODE(fakecudart_inject_driver_failure("cuMemSetAccess", 0, 999), cudaSuccess);
+    CHECK_CODE(fakecudart_inject_driver_failure(call, nth, 999), cudaSuccess);
     CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorUnknown);
     CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
     CHECK(counter("vmm_creates") == 2 && counter("vmm_releases") == 2);
@@ -152,21 +153,12 @@ static void scenario_set_access_fails(void) {
     print_counters();
 }
 
-/* A cuMemMap that fails on the second page of a request: the page made for it and the page
- * mapped before are given back, the program gets the driver's error, and the next request maps
- * afresh. */
-static void scenario_map_fails(void) {
-    void *p = NULL;
-    CHECK_CODE(fakecudart_inject_driver_failure("cuMemMap", 1, 999), cudaSuccess);
-    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorUnknown);
-    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
-    CHECK(counter("vmm_creates") == 2 && counter("vmm_releases") == 2);
-    CHECK(fakecudart_device_bytes_in_use(0) == 0);
-    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
-    CHECK_CODE(cudaMemset(p, 1, 30 * MIB), cudaSuccess);
-    CHECK_CODE(cudaFree(p), cudaSuccess);
-    print_counters();
-}
+/* A cuMemSetAccess that fails (the first). */
+static void scenario_set_access_fails(void) { driver_call_fails("cuMemSetAccess", 0); }
+
+/* A cuMemMap that fails on the second page: the page made for it and the page mapped before
+ * are given back. */
+static void scenario_map_fails(void) { driver_call_fails("cuMemMap", 1); }
 
 /* A request whose pages do not all fit: the pages mapped for it are given back, the program
  * gets cudaErrorMemoryAllocation (2) and goes on. */
