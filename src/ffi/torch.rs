@@ -55,8 +55,8 @@ fn allocate(
 
 /// What PyTorch's exception says: an out-of-memory report in full, as the log gives it; the
 /// pool's own text for its other failures (a device the process does not have is named there,
-/// with the devices it has); and for an out-of-memory answer of the runtime itself (`CACHEALLOC_DISABLE=1`), the
-/// words OOM handlers look for.
+/// with the devices it has); and for an out-of-memory answer of the runtime itself
+/// (`CACHEALLOC_DISABLE=1`), the words OOM handlers look for.
 fn failure_text(e: &ShimError, size: usize, device: c_int) -> String {
     match e {
         ShimError::Pool(Error::OutOfMemory(report)) => oom_text(report),

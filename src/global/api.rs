@@ -6,7 +6,7 @@
 
 use super::error::ShimError;
 use super::interpose::{active, with_device_pool};
-use super::pools;
+use super::pools::{self, Pool};
 use super::reentry;
 use super::stream_uses;
 use super::trace_file;
@@ -233,22 +233,30 @@ pub fn stats(device: DeviceId) -> Result<(DeviceStats, u64), ShimError> {
 
 /// Reset the peaks of `device`'s statistics to their current values.
 pub fn reset_peak_stats(device: DeviceId) -> Result<(), ShimError> {
-    let _inside = inside()?;
-    if let Some((_, rt)) = active()? {
-        check_device(rt, device)?;
-        pools::with_pool(device, |pool| pool.reset_peak_stats())?;
-        pools::reset_ended_peaks(device);
-    }
-    Ok(())
+    reset_stats(device, Pool::reset_peak_stats, DeviceStats::forget_peaks)
 }
 
 /// Reset the running totals (`allocated`, `freed`) and event counts of `device`'s statistics.
 pub fn reset_accumulated_stats(device: DeviceId) -> Result<(), ShimError> {
+    reset_stats(
+        device,
+        Pool::reset_accumulated_stats,
+        DeviceStats::forget_totals,
+    )
+}
+
+/// Reset part of `device`'s statistics: `on_pool` in its pool, `on_ended` in those of the pools
+/// device resets ended (their part of the run's figures, see `pools::note_ended`).
+fn reset_stats(
+    device: DeviceId,
+    on_pool: fn(&mut Pool),
+    on_ended: fn(&mut DeviceStats),
+) -> Result<(), ShimError> {
     let _inside = inside()?;
     if let Some((_, rt)) = active()? {
         check_device(rt, device)?;
-        pools::with_pool(device, |pool| pool.reset_accumulated_stats())?;
-        pools::reset_ended_totals(device);
+        pools::with_pool(device, on_pool)?;
+        pools::with_ended(device, on_ended);
     }
     Ok(())
 }

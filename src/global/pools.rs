@@ -253,20 +253,9 @@ pub fn note_ended(device: DeviceId, stats: DeviceStats) {
     });
 }
 
-/// `reset_peak_stats` for the pools device resets ended on `device`: their memory is gone, so
-/// from now on the run's peaks are the current pool's.
-pub fn reset_ended_peaks(device: DeviceId) {
-    with_ended(device, DeviceStats::forget_peaks);
-}
-
-/// `reset_accumulated_stats` for the pools device resets ended on `device`: from now on the
-/// run's totals and counts are the current pool's; the ended pools' peaks stay.
-pub fn reset_ended_totals(device: DeviceId) {
-    with_ended(device, DeviceStats::forget_totals);
-}
-
-/// Apply `change` to the statistics of the pools device resets ended on `device`, if any.
-fn with_ended(device: DeviceId, change: fn(&mut DeviceStats)) {
+/// Apply `change` to the statistics of the pools device resets ended on `device`, if any
+/// (a reset of peaks or totals: from then on the run's figures are the current pool's).
+pub fn with_ended(device: DeviceId, change: fn(&mut DeviceStats)) {
     let Some(d) = index(device) else {
         return;
     };
