@@ -634,9 +634,7 @@ fn a_failed_device_reset_leaves_the_allocations_intact() {
 /// by the reset.
 #[test]
 fn the_exit_statistics_span_a_device_reset() {
-    let (text, _) = stats_file_run_of("reset", "json");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let stats = &doc["devices"][0]["stats"];
+    let (stats, text) = device_0_exit_stats("reset");
     // 1 MiB, again from the cache (live at the reset), then 1 MiB in a new segment.
     assert_eq!(stats["allocation.all.allocated"], 3, "{text}");
     assert_eq!(stats["allocation.all.freed"], 3, "{text}");
@@ -652,9 +650,7 @@ fn the_exit_statistics_span_a_device_reset() {
 /// and one 2 MiB segment each.
 #[test]
 fn the_exit_statistics_span_every_device_reset() {
-    let (text, _) = stats_file_run_of("reset_twice", "json");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let stats = &doc["devices"][0]["stats"];
+    let (stats, text) = device_0_exit_stats("reset_twice");
     assert_eq!(stats["allocation.all.allocated"], 3, "{text}");
     assert_eq!(stats["allocation.all.freed"], 3, "{text}");
     assert_eq!(stats["num_device_alloc"], 3, "{text}");
@@ -675,9 +671,7 @@ fn a_reset_forgets_the_streams_recorded_for_its_pools_allocations() {
 /// call on, the peaks are the pool's now (30 MiB reserved before the reset, 2 MiB after).
 #[test]
 fn a_peak_reset_after_a_device_reset_forgets_the_ended_pools_peaks() {
-    let (text, _) = stats_file_run_of("reset_peak_after_reset", "json");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let stats = &doc["devices"][0]["stats"];
+    let (stats, text) = device_0_exit_stats("reset_peak_after_reset");
     assert_eq!(stats["reserved_bytes.all.peak"], 2 << 20, "{text}");
     assert_eq!(stats["allocated_bytes.all.peak"], 1 << 20, "{text}");
     assert_eq!(stats["segment.large_pool.peak"], 0, "{text}");
@@ -691,9 +685,7 @@ fn a_peak_reset_after_a_device_reset_forgets_the_ended_pools_peaks() {
 /// now (one 1 MiB allocation freed, from the cache); the peaks still span the reset.
 #[test]
 fn a_totals_reset_after_a_device_reset_forgets_the_ended_pools_totals() {
-    let (text, _) = stats_file_run_of("reset_totals_after_reset", "json");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let stats = &doc["devices"][0]["stats"];
+    let (stats, text) = device_0_exit_stats("reset_totals_after_reset");
     assert_eq!(stats["allocation.all.allocated"], 1, "{text}");
     assert_eq!(stats["allocation.all.freed"], 2, "{text}");
     assert_eq!(stats["allocated_bytes.all.freed"], 2 << 20, "{text}");
@@ -836,6 +828,13 @@ fn stats_file_run(format: &str) -> (String, String) {
 }
 
 /// (the statistics file, stderr) of `scenario` run with `stats:FORMAT` to a file.
+/// Device 0's statistics in the JSON exit report of `scenario`, and the report's text.
+fn device_0_exit_stats(scenario: &str) -> (serde_json::Value, String) {
+    let (text, _) = stats_file_run_of(scenario, "json");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    (doc["devices"][0]["stats"].clone(), text)
+}
+
 fn stats_file_run_of(scenario: &str, format: &str) -> (String, String) {
     let dir = tempfile::Builder::new()
         .prefix("cachealloc-stats-")
