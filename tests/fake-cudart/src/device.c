@@ -43,9 +43,8 @@ cudaError_t cudaDeviceSynchronize(void) {
     ENTER();
     lock();
     fake.counters.device_syncs++;
-    if (fake.injected_sync_failures > 0) {
-        fake.injected_sync_failures--;
-        cudaError_t rc = fake.injected_sync_code;
+    cudaError_t rc = take_call_failure_locked(&fake.injected_sync);
+    if (rc != cudaSuccess) {
         unlock();
         return record(rc);
     }
@@ -68,9 +67,8 @@ cudaError_t cudaDeviceReset(void) {
     ENTER();
     lock();
     fake.counters.device_resets++;
-    if (fake.injected_reset_failures > 0) {
-        fake.injected_reset_failures--;
-        cudaError_t rc = fake.injected_reset_code;
+    cudaError_t rc = take_call_failure_locked(&fake.injected_reset);
+    if (rc != cudaSuccess) {
         unlock();
         return record(rc);
     }

@@ -107,6 +107,12 @@ struct fake_work {
 
 /* A driver call made to fail once, after it succeeds `after` more times
  * (fakecudart_inject_driver_failure). */
+/* A runtime call's injected failures: the next `count` calls answer `code`. */
+struct fake_call_injection {
+    unsigned count;
+    cudaError_t code;
+};
+
 struct fake_driver_injection {
     int armed;
     unsigned after;
@@ -128,14 +134,8 @@ struct fake_state {
     uint64_t now;             /* ticks */
     unsigned injected_failures;
     cudaError_t injected_code;
-    unsigned injected_query_failures; /* of cudaEventQuery */
-    cudaError_t injected_query_code;
-    unsigned injected_reset_failures; /* of cudaDeviceReset */
-    cudaError_t injected_reset_code;
-    unsigned injected_sync_failures; /* of cudaDeviceSynchronize */
-    cudaError_t injected_sync_code;
-    unsigned injected_event_create_failures; /* of cudaEventCreate(WithFlags) */
-    cudaError_t injected_event_create_code;
+    /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags) */
+    struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create;
     struct fake_driver_injection injected_unmap, injected_set_access,
         injected_map; /* cuMemUnmap, cuMemSetAccess, cuMemMap */
     fakecudart_counters counters;
@@ -198,6 +198,8 @@ CUresult driver_enter(int needs_init);
 CUresult driver_leave_locked(CUresult rc);
 /* The injected failure's code when `inj` fires on this call, else CUDA_SUCCESS. */
 CUresult take_injection_locked(struct fake_driver_injection *inj);
+/* cudaSuccess, or the injected code when a failure of the call is due (it is then used up). */
+cudaError_t take_call_failure_locked(struct fake_call_injection *inj);
 int valid_device(int device);
 
 /* Driver VMM (vmm.c). 1 when [lo, lo + bytes) lies in mapped, access-enabled memory of one

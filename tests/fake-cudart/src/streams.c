@@ -156,13 +156,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
         ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)))
         return record(cudaErrorInvalidValue);
     lock();
-    if (fake.injected_event_create_failures > 0) {
-        fake.injected_event_create_failures--;
-        cudaError_t rc = fake.injected_event_create_code;
-        unlock();
-        return record(rc);
-    }
+    cudaError_t injected = take_call_failure_locked(&fake.injected_event_create);
     unlock();
+    if (injected != cudaSuccess)
+        return record(injected);
     struct CUevent_st *e = calloc(1, sizeof *e);
     if (e == NULL)
         return record(cudaErrorMemoryAllocation);
@@ -204,11 +201,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     ENTER();
     lock();
     fake.counters.event_queries++;
-    cudaError_t rc = cudaErrorInvalidResourceHandle;
-    if (fake.injected_query_failures > 0) {
-        fake.injected_query_failures--;
-        rc = fake.injected_query_code;
-    } else {
+    cudaError_t rc = take_call_failure_locked(&fake.injected_query);
+    if (rc == cudaSuccess) {
+        rc = cudaErrorInvalidResourceHandle;
         struct CUevent_st *e = resolve_event_locked(event);
         if (e != NULL)
             rc = e->recorded && e->done_at > fake.now ? cudaErrorNotReady : cudaSuccess;

@@ -62,24 +62,31 @@ cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cu
     fake_init_once();
     cudaError_t rc = cudaSuccess;
     lock();
-    if (call != NULL && strcmp(call, "cudaEventQuery") == 0) {
-        fake.injected_query_failures = count;
-        fake.injected_query_code = code;
-    } else if (call != NULL && strcmp(call, "cudaDeviceReset") == 0) {
-        fake.injected_reset_failures = count;
-        fake.injected_reset_code = code;
-    } else if (call != NULL && strcmp(call, "cudaDeviceSynchronize") == 0) {
-        fake.injected_sync_failures = count;
-        fake.injected_sync_code = code;
-    } else if (call != NULL && (strcmp(call, "cudaEventCreate") == 0 ||
-                                strcmp(call, "cudaEventCreateWithFlags") == 0)) {
-        fake.injected_event_create_failures = count;
-        fake.injected_event_create_code = code;
+    struct fake_call_injection *inj = NULL;
+    if (call != NULL && strcmp(call, "cudaEventQuery") == 0)
+        inj = &fake.injected_query;
+    else if (call != NULL && strcmp(call, "cudaDeviceReset") == 0)
+        inj = &fake.injected_reset;
+    else if (call != NULL && strcmp(call, "cudaDeviceSynchronize") == 0)
+        inj = &fake.injected_sync;
+    else if (call != NULL && (strcmp(call, "cudaEventCreate") == 0 ||
+                              strcmp(call, "cudaEventCreateWithFlags") == 0))
+        inj = &fake.injected_event_create;
+    if (inj != NULL) {
+        inj->count = count;
+        inj->code = code;
     } else {
         rc = cudaErrorInvalidValue;
     }
     unlock();
     return rc;
+}
+
+cudaError_t take_call_failure_locked(struct fake_call_injection *inj) {
+    if (inj->count == 0)
+        return cudaSuccess;
+    inj->count--;
+    return inj->code;
 }
 
 int fakecudart_inject_driver_failure(const char *call, unsigned after, int code) {
