@@ -129,15 +129,18 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
     // Linked without its --no-as-needed, the unused -lcudart is dropped: no runtime in the
     // process. Every call answers 3 with a warning that says why (disabled too, though the
     // library logs nothing else then), a free of NULL answers 0, and the interposed calls (the
-    // library's exports, linked before the runtime) say the same.
+    // library's exports, linked before the runtime) say the same and leave 3 as the last error,
+    // as a failed runtime call does, whether the library serves them or only forwards them.
     let source = prefix.join("no_runtime.c");
     std::fs::write(
         &source,
         "#include <stdio.h>\n#include <cachealloc.h>\n#include <cuda_runtime_api.h>\n\
-         int main(void) { void *p = NULL; int c[5];\n\
+         int main(void) { void *p = NULL; int c[8];\n\
          c[0] = cachealloc_malloc(&p, 1 << 20, 0, NULL); c[1] = cachealloc_free(NULL);\n\
          c[2] = cudaMalloc(&p, 1 << 20); c[3] = cudaGetLastError(); c[4] = cudaGetLastError();\n\
-         printf(\"%d %d %d %d %d\\n\", c[0], c[1], c[2], c[3], c[4]); return 0; }\n",
+         c[5] = cudaDeviceSynchronize(); c[6] = cudaPeekAtLastError(); c[7] = cudaGetLastError();\n\
+         printf(\"%d %d %d %d %d %d %d %d\\n\", c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);\n\
+         return 0; }\n",
     )
     .unwrap();
     let as_needed: Vec<&str> = ["-Wl,--as-needed"]
@@ -145,13 +148,18 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
         .chain(args.iter().copied())
         .collect();
     let program = fake_cudart::compile_c_program(&source, "no_runtime", &as_needed);
-    for (disable, answers) in [("0", "3 0 3 3 0"), ("1", "3 0 3 0 0")] {
+    for disable in ["0", "1"] {
         let out = run_ok(
             fake_cudart::command(&program)
                 .env_remove("CACHEALLOC_CONF")
                 .env("CACHEALLOC_DISABLE", disable),
         );
-        assert_eq!(stdout(&out).trim(), answers, "{}", stderr(&out));
+        assert_eq!(
+            stdout(&out).trim(),
+            "3 0 3 3 0 3 3 3",
+            "CACHEALLOC_DISABLE={disable}: {}",
+            stderr(&out)
+        );
         // Disabled too: the program cannot run, and is told once.
         assert_eq!(
             stderr(&out)

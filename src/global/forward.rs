@@ -1,7 +1,9 @@
 //! Calls handed straight to the real runtime, unchanged. Without a runtime in the process they
-//! answer `cudaErrorInitializationError` (3), as documented in `backend::cuda::runtime`.
+//! answer `cudaErrorInitializationError` (3), as documented in `backend::cuda::runtime`, and
+//! leave it as the program's last error, as a failed runtime call does (`without_runtime`).
 
 use super::init::mode;
+use super::last_error;
 use crate::backend::cuda::runtime::{CudaError, Runtime, VoidFn, codes, runtime};
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -9,6 +11,12 @@ fn real() -> Option<&'static Runtime> {
     // Decide the mode first, so that the log is set up before the lookup may report.
     let _ = mode();
     runtime()
+}
+
+/// The answer of a call that has no runtime to go to: 3, kept as the program's last error
+/// (enabled or disabled alike: `cudaGetLastError()` then answers 3 once).
+fn without_runtime() -> CudaError {
+    last_error::record(codes::INITIALIZATION_ERROR)
 }
 
 /// The real `cudaMalloc(dev_ptr, size)`.
@@ -19,7 +27,7 @@ pub unsafe fn malloc(dev_ptr: *mut *mut c_void, size: usize) -> CudaError {
     match real() {
         // SAFETY: the caller's arguments go to the real cudaMalloc, which validates them.
         Some(rt) => unsafe { (rt.malloc)(dev_ptr, size) },
-        None => codes::INITIALIZATION_ERROR,
+        None => without_runtime(),
     }
 }
 
@@ -31,7 +39,7 @@ pub unsafe fn free(ptr: *mut c_void) -> CudaError {
     match real() {
         // SAFETY: the caller's pointer goes to the real cudaFree, which validates it.
         Some(rt) => unsafe { (rt.free)(ptr) },
-        None => codes::INITIALIZATION_ERROR,
+        None => without_runtime(),
     }
 }
 
@@ -43,7 +51,7 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> CudaError {
     match real() {
         // SAFETY: the caller's out-pointers go to the real cudaMemGetInfo.
         Some(rt) => unsafe { (rt.mem_get_info)(free, total) },
-        None => codes::INITIALIZATION_ERROR,
+        None => without_runtime(),
     }
 }
 
@@ -52,7 +60,7 @@ pub fn device_enable_peer_access(peer: c_int, flags: c_uint) -> CudaError {
     match real() {
         // SAFETY: plain integers, passed on as they came: the runtime checks them.
         Some(rt) => unsafe { (rt.device_enable_peer_access)(peer, flags) },
-        None => codes::INITIALIZATION_ERROR,
+        None => without_runtime(),
     }
 }
 
@@ -65,37 +73,40 @@ pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, dev_ptr: *mut c_void) -> C
         // SAFETY: the caller's handle out-pointer and device pointer go to the real runtime,
         // which checks them.
         Some(rt) => unsafe { (rt.ipc_get_mem_handle)(handle, dev_ptr) },
-        None => codes::INITIALIZATION_ERROR,
+        None => without_runtime(),
     }
 }
 
-/// A no-argument function of the real runtime (`function` picks it), or `without` when the
-/// process has no runtime.
-fn no_arguments(function: impl FnOnce(&Runtime) -> VoidFn, without: CudaError) -> CudaError {
+/// A no-argument function of the real runtime (`function` picks it), or `without`'s answer when
+/// the process has no runtime.
+fn no_arguments(
+    function: impl FnOnce(&Runtime) -> VoidFn,
+    without: fn() -> CudaError,
+) -> CudaError {
     match real() {
         // SAFETY: the picked function takes no arguments (its C signature is `VoidFn`'s).
         Some(rt) => unsafe { function(rt)() },
-        None => without,
+        None => without(),
     }
 }
 
 /// The real `cudaDeviceReset()`.
 pub fn device_reset() -> CudaError {
-    no_arguments(|rt| rt.device_reset, codes::INITIALIZATION_ERROR)
+    no_arguments(|rt| rt.device_reset, without_runtime)
 }
 
 /// The real `cudaDeviceSynchronize()`.
 pub fn device_synchronize() -> CudaError {
-    no_arguments(|rt| rt.device_synchronize, codes::INITIALIZATION_ERROR)
+    no_arguments(|rt| rt.device_synchronize, without_runtime)
 }
 
 /// The real `cudaGetLastError()`, which also clears it (success without a runtime: no runtime
 /// call has failed).
 pub fn get_last_error() -> CudaError {
-    no_arguments(|rt| rt.get_last_error, codes::SUCCESS)
+    no_arguments(|rt| rt.get_last_error, || codes::SUCCESS)
 }
 
 /// The real `cudaPeekAtLastError()` (success without a runtime).
 pub fn peek_at_last_error() -> CudaError {
-    no_arguments(|rt| rt.peek_at_last_error, codes::SUCCESS)
+    no_arguments(|rt| rt.peek_at_last_error, || codes::SUCCESS)
 }
