@@ -488,7 +488,12 @@ fn a_bad_log_filter_is_a_warning_naming_the_variable() {
     ] {
         let c = Config::from_lookup(env(&[(LOG_VAR, spaced)])).unwrap();
         assert_eq!(c.log_filter, read, "{spaced:?}");
+        assert!(c.value_warnings().is_empty(), "{spaced:?}");
     }
+    // Commas alone name no directive: logging stays at warn (an empty filter would let
+    // errors through only).
+    let c = Config::from_lookup(env(&[(LOG_VAR, ",")])).unwrap();
+    assert_eq!(c.log_filter, "warn");
     // With CACHEALLOC_DISABLE=1 nothing else is read: a bad filter cannot stop the
     // pass-through.
     let c = Config::from_lookup(env(&[(DISABLE_VAR, "1"), (LOG_VAR, "degub")])).unwrap();
@@ -588,6 +593,8 @@ fn blank_values_mean_defaults() {
         let blank = Config::from_lookup(env(&[(DISABLE_VAR, text), (LOG_VAR, text)])).unwrap();
         assert!(!blank.disabled);
         assert_eq!(blank.log_filter, "warn");
+        // Blank is the default, not a filter that cannot be read.
+        assert!(blank.value_warnings().is_empty(), "{text:?}");
     }
     assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::default());
 }
@@ -925,6 +932,18 @@ fn a_key_given_twice_keeps_its_last_value_with_a_warning() {
              replaces max_split_size_mb:128, as in PyTorch"
         ]
     );
+    // Each repetition names the value it replaces: the one just before it.
+    let c = conf("max_split_size_mb:64,max_split_size_mb:128,max_split_size_mb:256").unwrap();
+    assert_eq!(c.settings.max_split_size, 256 * MIB);
+    assert_eq!(
+        c.value_warnings(),
+        [
+            "CACHEALLOC_CONF: max_split_size_mb is given more than once: max_split_size_mb:128 \
+             replaces max_split_size_mb:64, as in PyTorch",
+            "CACHEALLOC_CONF: max_split_size_mb is given more than once: max_split_size_mb:256 \
+             replaces max_split_size_mb:128, as in PyTorch"
+        ]
+    );
     // The same value twice loses nothing.
     assert!(
         conf("stats:text,stats:text")
@@ -982,6 +1001,22 @@ fn a_stats_file_without_stats_is_a_warning() {
 fn library_keys_are_told_apart_from_pool_settings() {
     let c = conf("max_split_size_mb:128,free_sync:none,trace:/tmp/t.jsonl").unwrap();
     assert_eq!(c.library_keys_set(), vec!["free_sync", "trace"]);
+    // Every key of the preloaded library is named, in the table's order.
+    let c = conf(
+        "count_cached_as_free:True,stats_file:/tmp/s.json,stats:json,trace:/tmp/t.jsonl,\
+         free_sync:event",
+    )
+    .unwrap();
+    assert_eq!(
+        c.library_keys_set(),
+        vec![
+            "free_sync",
+            "stats",
+            "stats_file",
+            "trace",
+            "count_cached_as_free"
+        ]
+    );
     assert!(
         conf("max_split_size_mb:128")
             .unwrap()
@@ -1066,4 +1101,18 @@ fn a_tuning_in_an_unread_variable_is_warned_about() {
     ]))
     .unwrap();
     assert!(copied.unread_warnings().is_empty());
+    // A lower variable that cannot even be parsed is still a tuning the user may think is in
+    // force: named as written.
+    let broken = Config::from_lookup(env(&[
+        (CONF_VAR, "stats:text"),
+        (PYTORCH_CUDA_CONF_VAR, " max_split_size_mb=128 "),
+    ]))
+    .unwrap();
+    assert_eq!(
+        broken.unread_warnings(),
+        [
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+          max_split_size_mb=128 is not in force (copy it into CACHEALLOC_CONF to keep it)"
+        ]
+    );
 }
