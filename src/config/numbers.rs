@@ -103,6 +103,8 @@ mod tests {
         assert_eq!(whole("-1"), read(u64::MAX, false));
         assert_eq!(whole("-0"), read(0, false));
         assert_eq!(whole("0x10"), read(0, false));
+        // stoull stops at the first character that is not a digit, '_' included.
+        assert_eq!(whole("2_048"), read(2, false));
         assert_eq!(whole("18446744073709551615"), read(u64::MAX, true));
         assert_eq!(whole("18446744073709551616"), Err(NumberError::OutOfRange));
         for text in ["abc", "MB128", "-", "+", ".5", ""] {
@@ -119,6 +121,8 @@ mod tests {
         assert_eq!(fraction("0.5abc"), read(0.5, false));
         assert_eq!(fraction("1e"), read(1.0, false));
         assert_eq!(fraction("-0.25x"), read(-0.25, false));
+        // A character of several bytes after the number ends it like any other.
+        assert_eq!(fraction("0.5µs"), read(0.5, false));
         assert_eq!(fraction("inf"), read(f64::INFINITY, true));
         assert!(fraction("nan").unwrap().value.is_nan());
         assert_eq!(fraction("0x1p-1"), Err(NumberError::Hexadecimal));

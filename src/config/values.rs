@@ -283,6 +283,15 @@ mod tests {
     fn fractions_respect_open_and_closed_bounds() {
         assert_eq!(open_fraction(&s("0.5"), &mut Vec::new()), Ok(0.5));
         assert_eq!(open_fraction(&s(".25"), &mut Vec::new()), Ok(0.25));
+        // Anything strictly between the bounds, however close to them (PyTorch's check).
+        for inside in ["0.001", "1e-300", "0.999"] {
+            let want = inside.parse::<f64>().unwrap();
+            assert_eq!(
+                open_fraction(&s(inside), &mut Vec::new()),
+                Ok(want),
+                "{inside}"
+            );
+        }
         for bad in ["0", "1", "1.0", "-0.1", "NaN", "inf"] {
             assert!(open_fraction(&s(bad), &mut Vec::new()).is_err(), "{bad}");
         }
