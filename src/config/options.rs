@@ -606,6 +606,15 @@ mod tests {
         for v in VARIABLES {
             assert!(help.contains(v.name), "{} missing from help", v.name);
         }
+        // The options PyTorch reads too are tagged; cachealloc's own are not.
+        for o in OPTIONS {
+            let line = help
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{} ", o.name)))
+                .unwrap_or_else(|| panic!("no line for {}", o.name));
+            let tagged = line.ends_with(" [PyTorch]");
+            assert_eq!(tagged, o.carrier == Carrier::Shared, "{line}");
+        }
         // Ignoring a key that changes PyTorch's policy is a warning, and the help says so.
         for p in POLICY_KEYS_NOT_SUPPORTED {
             let warned = format!("{} changes PyTorch's policy", p.written());

@@ -16,7 +16,8 @@ pub fn shell_word(text: &str) -> String {
 mod tests {
     use super::shell_word;
 
-    /// Each word, pasted into `sh`, reads back as the text it was made from.
+    /// Each word, pasted into `sh`, reads back as one word holding the text it was made from
+    /// (an empty text too: an empty value must not vanish from a command line).
     #[test]
     fn a_shell_reads_each_word_back_as_its_text() {
         let texts = [
@@ -33,10 +34,11 @@ mod tests {
             let out = std::process::Command::new("sh")
                 .current_dir(dir.path())
                 .arg("-c")
-                .arg(format!("printf %s {word}"))
+                .arg(format!("set -- {word}; printf '%s|%s' \"$#\" \"$1\""))
                 .output()
                 .unwrap();
-            assert_eq!(String::from_utf8_lossy(&out.stdout), text, "{word}");
+            let read = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(read, format!("1|{text}"), "{word}");
             assert!(
                 std::fs::read_dir(dir.path()).unwrap().next().is_none(),
                 "{word}"
