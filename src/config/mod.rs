@@ -211,7 +211,9 @@ impl Config {
     }
 
     /// Read the configuration from the process environment. A value that is not valid UTF-8 is
-    /// read with replacement characters (and then fails to parse with a clear message).
+    /// read with replacement characters (U+FFFD): a path holding one is refused (the file would
+    /// get another name), a key or word fails to parse, and a number is read up to it, as
+    /// PyTorch reads it, with a warning.
     pub fn from_env() -> Result<Config, ConfigError> {
         Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }

@@ -296,7 +296,7 @@ pub static OPTIONS: &[OptionSpec] = &[
               the `trace` file. Held from the first CUDA call and written at exit; a path \
               another running process holds is left to it: this process writes beside it, with \
               its process id before the extension. A path cannot contain `,`, `:`, `[`, `]` or \
-              whitespace.",
+              whitespace, and must be valid UTF-8.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())
@@ -315,7 +315,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         doc: "Record allocator events to this file for `cachealloc replay`; off when unset. A \
               path another running process records to is left to it: this process records \
               beside it, with its process id before the extension. A path cannot contain `,`, \
-              `:`, `[`, `]` or whitespace.",
+              `:`, `[`, `]` or whitespace, and must be valid UTF-8.",
         apply: |c, v, _| {
             c.trace = Some(values::path(v)?);
             Ok(())

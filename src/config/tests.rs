@@ -500,6 +500,30 @@ fn a_bad_log_filter_is_a_warning_naming_the_variable() {
     assert!(c.disabled);
 }
 
+/// `Config::from_env` reads a byte that is not UTF-8 as U+FFFD: in a path that would name
+/// another file, so the path is refused, saying why.
+#[test]
+fn a_path_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    for key in ["stats_file", "trace"] {
+        // "/tmp/café.json" in Latin-1, read as `from_env` reads the variable.
+        let mut raw = format!("stats:json,{key}:/tmp/caf").into_bytes();
+        raw.extend_from_slice(b"\xe9.json");
+        let text = std::ffi::OsStr::from_bytes(&raw)
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            error(&[(CONF_VAR, &text)]),
+            format!(
+                "CACHEALLOC_CONF: {key}:/tmp/caf\u{FFFD}.json: a path must be valid UTF-8 (a \
+                 byte that is not is read as '\u{FFFD}', so the file would be \
+                 '/tmp/caf\u{FFFD}.json'); allowed: a UTF-8 path without whitespace, ',', ':', \
+                 '[' or ']'"
+            )
+        );
+    }
+}
+
 #[test]
 fn shared_keys_take_pytorch_meaning() {
     let c = conf(

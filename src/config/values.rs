@@ -130,7 +130,8 @@ pub fn choice<T: Copy>(value: &Value, choices: &[(&str, T)]) -> Result<T, String
 }
 
 /// A path; `%p` is expanded later (see `path`). Whitespace inside it is refused: the syntax
-/// drops it (as PyTorch's does), so the file would silently land elsewhere.
+/// drops it (as PyTorch's does), so the file would silently land elsewhere. So is a byte that
+/// is not UTF-8, which `Config::from_env` reads as U+FFFD: the file would get another name.
 pub fn path(value: &Value) -> Result<String, String> {
     if let Value::Scalar {
         text,
@@ -142,7 +143,15 @@ pub fn path(value: &Value) -> Result<String, String> {
              '{text}'); allowed: a path without whitespace, ',', ':', '[' or ']'"
         ));
     }
-    scalar(value).map(str::to_string)
+    let text = scalar(value)?;
+    if text.contains(char::REPLACEMENT_CHARACTER) {
+        return Err(format!(
+            "a path must be valid UTF-8 (a byte that is not is read as '{}', so the file would \
+             be '{text}'); allowed: a UTF-8 path without whitespace, ',', ':', '[' or ']'",
+            char::REPLACEMENT_CHARACTER
+        ));
+    }
+    Ok(text.to_string())
 }
 
 /// `roundup_power2_divisions`, applied onto `table` exactly as PyTorch's
