@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::cli::{json, state};
+use support::cli::{cachealloc, json, state};
 use support::snapshot_pickle::{Segment, write_state_snapshot};
 
 const MIB: u64 = 1 << 20;
@@ -186,4 +186,38 @@ fn a_block_freed_too_late() {
         "{text}"
     );
     std::fs::remove_file(path).unwrap();
+}
+
+/// A snapshot whose segment names a device ordinal PyTorch cannot have (a damaged file) is
+/// refused by `state` and `replay` with exit code 2 and the place, not a panic or a run out of
+/// memory building a device for every ordinal below it.
+#[test]
+fn a_device_ordinal_beyond_pytorchs_range_exits_2() {
+    use serde_pickle::{HashableValue as H, SerOptions, Value as V};
+    let segment = V::Dict(
+        [
+            ("device", V::I64(i64::from(i32::MAX))),
+            ("address", V::I64(SEG as i64)),
+            ("total_size", V::I64(2 * MIB as i64)),
+            ("blocks", V::List(vec![])),
+        ]
+        .into_iter()
+        .map(|(k, v)| (H::String(k.into()), v))
+        .collect(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("device.pickle");
+    let bytes = serde_pickle::value_to_vec(&V::List(vec![segment]), SerOptions::new()).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    for out in [
+        state(&path, &[]),
+        cachealloc(&["replay", path.to_str().unwrap()]),
+    ] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("segments[0]: device ordinal 2147483647 is out of range"),
+            "{err}"
+        );
+    }
 }

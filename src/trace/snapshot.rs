@@ -36,6 +36,11 @@ use crate::pool::{DeviceId, PoolKind, Settings, StreamId};
 
 type Dict = [(PyValue, PyValue)];
 
+/// The highest device ordinal a snapshot can name: PyTorch's device index
+/// (`c10::DeviceIndex`) is an 8-bit signed integer. The recording has a device for every
+/// ordinal up to the highest a segment names, so a damaged file's larger one must not be read.
+const MAX_DEVICE: i32 = i8::MAX as i32;
+
 /// Read a snapshot file.
 pub fn read_snapshot(path: impl AsRef<Path>) -> Result<RecordedSnapshot, TraceError> {
     TraceFile::open(path.as_ref())?.read_snapshot()
@@ -385,7 +390,14 @@ impl<'a> Reader<'a> {
         let d = self.dict(value, at)?;
         let device = self.u64_field(d, "device", at)?;
         let device = i32::try_from(device)
-            .map_err(|_| self.bad(format!("{at}: device ordinal {device} is out of range")))?;
+            .ok()
+            .filter(|&ordinal| ordinal <= MAX_DEVICE)
+            .ok_or_else(|| {
+                self.bad(format!(
+                    "{at}: device ordinal {device} is out of range: PyTorch numbers devices 0 \
+                     to {MAX_DEVICE} (c10::DeviceIndex is an 8-bit integer)"
+                ))
+            })?;
         let address = self.u64_field(d, "address", at)?;
         let total_size = self.u64_field(d, "total_size", at)?;
         let stream = StreamId(self.get(d, "stream").and_then(as_u64).unwrap_or(0));
@@ -1023,6 +1035,11 @@ mod tests {
 
     /// The sample snapshot with its segment's `segment_pool_id` set to `id`.
     fn with_pool_id(id: V) -> Vec<u8> {
+        with_segment_field("segment_pool_id", id)
+    }
+
+    /// The sample snapshot with its segment's field `key` set to `value`.
+    fn with_segment_field(key: &str, value: V) -> Vec<u8> {
         let mut snap = snapshot(vec![]);
         let V::Dict(top) = &mut snap else {
             unreachable!("a dict")
@@ -1033,8 +1050,29 @@ mod tests {
         let V::Dict(segment) = &mut segments[0] else {
             unreachable!("a segment dict")
         };
-        segment.insert(H::String("segment_pool_id".into()), id);
+        segment.insert(H::String(key.into()), value);
         bytes(&snap)
+    }
+
+    /// PyTorch numbers devices with an 8-bit index: a segment naming a larger ordinal is a
+    /// damaged file, refused with the place and the range, not read into a recording with a
+    /// device for every ordinal below it (which ran out of memory, or overflowed at 2^31 - 1).
+    #[test]
+    fn a_device_ordinal_beyond_pytorchs_range_is_refused() {
+        let device = |n: i64| parse_snapshot(&with_segment_field("device", V::I64(n)), "s.pickle");
+        let last = device(127).unwrap();
+        assert_eq!(last.devices.len(), 128);
+        assert_eq!(last.devices[127].segments.len(), 1);
+        for n in [128, 100_000_000, i64::from(i32::MAX), 1 << 40] {
+            let err = device(n).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "segments[0]: device ordinal {n} is out of range: PyTorch numbers devices 0 \
+                     to 127"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]
