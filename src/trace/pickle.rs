@@ -692,6 +692,79 @@ mod tests {
         assert_eq!(items[1], PyValue::Int(-1));
     }
 
+    /// The first of a LONG1's little-endian bytes is the lowest: only the last one's top bit
+    /// makes it negative (a stream pointer or address whose low byte is 0x80 or more stays
+    /// positive), and LONG1 of no bytes is 0, as Python reads them.
+    #[test]
+    fn long_ints_take_their_sign_from_the_last_byte() {
+        let bytes =
+            b"\x80\x02(\x8a\x02\x80\x00\x8a\x06\xf0\xff\xff\xff\xff\x7f\x8a\x02\x00\x80\x8a\x00t.";
+        let p = decode(bytes).unwrap();
+        let items = p.as_list(p.root()).unwrap();
+        assert_eq!(
+            items,
+            [
+                PyValue::Int(0x80),
+                PyValue::Int(0x7fff_ffff_fff0),
+                PyValue::Int(-0x8000),
+                PyValue::Int(0)
+            ]
+        );
+    }
+
+    /// Protocol 5 is Python's highest (`pickle.HIGHEST_PROTOCOL`): a snapshot pickled again
+    /// with it reads; a later one is refused by number.
+    #[test]
+    fn protocol_5_is_read_and_later_ones_are_named() {
+        assert_eq!(decode(b"\x80\x05K\x07.").unwrap().root(), PyValue::Int(7));
+        assert_eq!(
+            decode(b"\x80\x06K\x07.").unwrap_err(),
+            "unsupported pickle protocol 6"
+        );
+    }
+
+    /// Protocol 0 writes booleans as `I01`/`I00` and ints beyond 32 bits as `L…L`, as
+    /// `pickle.dumps(x, protocol=0)` does.
+    #[test]
+    fn protocol_0_booleans_and_longs_are_read_as_python_writes_them() {
+        let p = decode(b"(I01\nI00\nI-7\nL140737488355328L\nF0.5\nt.").unwrap();
+        let items = p.as_list(p.root()).unwrap();
+        assert_eq!(
+            items,
+            [
+                PyValue::Bool(true),
+                PyValue::Bool(false),
+                PyValue::Int(-7),
+                PyValue::Int(140_737_488_355_328),
+                PyValue::Float(0.5)
+            ]
+        );
+    }
+
+    /// A dict's key repeated in the stream keeps its last value, as Python's dict does; a
+    /// SETITEMS with a key and no value is an error, not a silently shorter dict; DUP copies
+    /// the top of the stack.
+    #[test]
+    fn dict_items_are_kept_as_python_builds_them() {
+        let p = decode(b"}(\x8c\x01aK\x01\x8c\x01aK\x02u.").unwrap();
+        let d = p.as_dict(p.root()).unwrap();
+        assert_eq!(p.get(d, "a"), Some(PyValue::Int(2)));
+        let err = decode(b"}(\x8c\x01aK\x01\x8c\x01bu.").unwrap_err();
+        assert_eq!(err, "odd number of dict items at byte 11");
+        let p = decode(b"K\x092\x86.").unwrap();
+        let pair = p.as_list(p.root()).unwrap();
+        assert_eq!(pair, [PyValue::Int(9), PyValue::Int(9)]);
+    }
+
+    /// A float in a message is written as Python writes it.
+    #[test]
+    fn values_are_described_as_python_writes_them() {
+        let p = decode(b"G?\xf0\x00\x00\x00\x00\x00\x00.").unwrap();
+        assert_eq!(p.describe(p.root()), "float 1.0");
+        let p = decode(b"G?\xf8\x00\x00\x00\x00\x00\x00.").unwrap();
+        assert_eq!(p.describe(p.root()), "float 1.5");
+    }
+
     #[test]
     fn objects_and_garbage_are_errors_not_panics() {
         assert!(decode(b"").is_err());
