@@ -1110,6 +1110,154 @@ mod tests {
         assert!(text.contains("found str \"default\""), "{text}");
     }
 
+    /// Fields that older or newer files leave out take the values PyTorch means: a 2 MiB
+    /// segment without `segment_type` is a small-pool one, a block without `requested_size`
+    /// requested its size, an entry's `stream` is kept, and `snapshot` and `annotate` entries
+    /// need no address (nor `annotate` a size).
+    #[test]
+    fn fields_a_file_leaves_out_take_pytorchs_meaning() {
+        let block = |size: i64| {
+            dict(vec![
+                ("size", V::I64(size)),
+                ("state", s("active_allocated")),
+            ])
+        };
+        let segment = |address: i64, size: i64| {
+            dict(vec![
+                ("device", V::I64(0)),
+                ("address", V::I64(address)),
+                ("total_size", V::I64(size)),
+                ("blocks", V::List(vec![block(size)])),
+            ])
+        };
+        let mut on_stream = entry("alloc", SEG, 512, vec![]);
+        if let V::Dict(d) = &mut on_stream {
+            d.insert(H::String("stream".into()), V::I64(0x5555_0000_1230));
+        }
+        let top = dict(vec![
+            // Listed out of address order: read in address order.
+            (
+                "segments",
+                V::List(vec![
+                    segment(SEG + (64 << 20), 20 << 20),
+                    segment(SEG, 2 << 20),
+                ]),
+            ),
+            (
+                "device_traces",
+                V::List(vec![V::List(vec![
+                    on_stream,
+                    dict(vec![("action", s("snapshot")), ("size", V::I64(512))]),
+                    dict(vec![("action", s("annotate"))]),
+                ])]),
+            ),
+            ("allocator_settings", V::None),
+        ]);
+        let snap = parse_snapshot(&bytes(&top), "old.pickle").unwrap();
+        assert_eq!(snap.settings, None);
+        let dev = &snap.devices[0];
+        let seg = |i: usize| &dev.segments[i];
+        assert_eq!((seg(0).address, seg(0).pool), (SEG as u64, PoolKind::Small));
+        assert_eq!(
+            (seg(1).address, seg(1).pool),
+            (SEG as u64 + (64 << 20), PoolKind::Large)
+        );
+        assert_eq!(seg(1).blocks[0].requested_size, 20 << 20);
+        assert_eq!(dev.entries[0].stream, StreamId(0x5555_0000_1230));
+        let actions: Vec<_> = dev
+            .entries
+            .iter()
+            .map(|e| (e.action, e.addr, e.size))
+            .collect();
+        assert_eq!(
+            actions[1..],
+            [(Action::Snapshot, 0, 512), (Action::Annotate, 0, 0)]
+        );
+    }
+
+    /// An `oom` entry with both keys is read by `device_free`, the key Python snapshots use.
+    #[test]
+    fn an_oom_entry_is_read_by_device_free_first() {
+        let oom = entry("oom", 7, 1 << 30, vec![("device_free", V::I64(5 << 20))]);
+        let snap = parse_snapshot(&bytes(&snapshot(vec![oom])), "s.pickle").unwrap();
+        assert_eq!(snap.devices[0].entries[0].device_free, Some(5 << 20));
+    }
+
+    /// Frames of Python's `torch.cuda.empty_cache` name it in snake case.
+    #[test]
+    fn a_python_empty_cache_frame_marks_an_empty_cache_call() {
+        let release = entry(
+            "segment_free",
+            SEG,
+            2 << 20,
+            vec![("frames", frames(&["empty_cache"]))],
+        );
+        let snap = parse_snapshot(&bytes(&snapshot(vec![release])), "s.pickle").unwrap();
+        assert_eq!(snap.devices[0].entries[0].call_site, CallSite::EmptyCache);
+    }
+
+    /// Values the reader does not know are refused, naming the place and what is allowed,
+    /// rather than read as something else.
+    #[test]
+    fn unknown_values_are_refused_not_guessed() {
+        let err = error_of(&with_segment_field("segment_type", s("medium"))).to_string();
+        assert!(
+            err.contains(
+                "segments[0]: 'segment_type' must be \"small\" or \"large\", found str \"medium\""
+            ),
+            "{err}"
+        );
+        let mut snap = snapshot(vec![]);
+        let V::Dict(top) = &mut snap else {
+            unreachable!("a dict")
+        };
+        let Some(V::Dict(settings)) = top.get_mut(&H::String("allocator_settings".into())) else {
+            unreachable!("settings")
+        };
+        let mut divisions = BTreeMap::new();
+        divisions.insert(H::String("3".into()), V::I64(4));
+        settings.insert(
+            H::String("roundup_power2_divisions".into()),
+            V::Dict(divisions),
+        );
+        let err = error_of(&bytes(&snap)).to_string();
+        assert!(
+            err.contains(
+                "allocator_settings.roundup_power2_divisions: key \"3\" is not a power-of-two MiB"
+            ),
+            "{err}"
+        );
+        let state = dict(vec![
+            ("size", V::I64(2 << 20)),
+            ("state", s("active_freeing")),
+        ]);
+        let err = error_of(&with_segment_field("blocks", V::List(vec![state]))).to_string();
+        assert!(
+            err.contains("segments[0].blocks[0]: unknown block state 'active_freeing'"),
+            "{err}"
+        );
+    }
+
+    /// Files that are not snapshots are named as such: an empty file, a pickle without
+    /// `segments`, and binary bytes (not called text for being UTF-8).
+    #[test]
+    fn what_is_not_a_snapshot_is_named() {
+        let err = error_of(b"").to_string();
+        assert_eq!(
+            err.split("; expected").next(),
+            Some("bad.pickle: not a readable Python pickle: the file is empty")
+        );
+        let err = error_of(&bytes(&dict(vec![("device_traces", V::List(vec![]))])));
+        assert!(matches!(err, TraceError::NotSnapshot { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("the top-level dict has no 'segments' key"),
+            "{err}"
+        );
+        let err = error_of(b"\x05\x06binary\n").to_string();
+        assert!(err.contains("unknown opcode 0x05 at byte 0"), "{err}");
+    }
+
     #[test]
     fn missing_files_are_io_errors_naming_the_path() {
         let err = read_snapshot("/nonexistent/dir/x.pickle").unwrap_err();
