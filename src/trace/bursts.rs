@@ -176,6 +176,17 @@ mod tests {
         assert_eq!(count_retries(&entries, &release_bursts(&entries)), 2);
     }
 
+    /// An `empty_cache()` call followed by a new segment is no retry: only the OOM ladder's
+    /// releases before a new segment are.
+    #[test]
+    fn an_empty_cache_call_before_a_new_segment_is_no_retry() {
+        let entries = vec![
+            at(Action::SegmentFree, MIB, 2 * MIB, CallSite::EmptyCache),
+            entry(Action::SegmentAlloc, 4 * MIB, 20 * MIB),
+        ];
+        assert_eq!(count_retries(&entries, &release_bursts(&entries)), 0);
+    }
+
     /// An entry without frames between entries whose frames name `emptyCache` is part of their
     /// burst: only frames naming the other cause start a new one.
     #[test]

@@ -181,6 +181,60 @@ mod tests {
         );
     }
 
+    /// The lower bound is the highest level reserved anywhere in the trace, not what is left
+    /// at its end; an `empty_cache()` call before a new segment bounds nothing.
+    #[test]
+    fn the_peak_not_the_end_bounds_the_capacity_from_below() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
+                entry(Action::SegmentAlloc, BASE + 64 * MIB, 40 * MIB),
+                at(
+                    Action::SegmentFree,
+                    BASE + 64 * MIB,
+                    40 * MIB,
+                    CallSite::EmptyCache,
+                ),
+                entry(Action::SegmentAlloc, BASE + 128 * MIB, 2 * MIB),
+            ],
+            vec![segment(
+                BASE + 128 * MIB,
+                2 * MIB,
+                &[(0, 2 * MIB, 0, false)],
+            )],
+        );
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 40 * MIB,
+                high: 60 * MIB
+            })
+        );
+        let only_empty_cache = recording(rec.entries[2..].to_vec(), rec.segments.clone());
+        assert_eq!(only_empty_cache.capacity(), None);
+    }
+
+    /// Of several `oom` entries, the first gives the capacity: the replay fails there first.
+    #[test]
+    fn the_first_oom_gives_the_capacity() {
+        let rec = recording(
+            vec![
+                oom(40 * MIB, 7 * MIB),
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                oom(40 * MIB, 3 * MIB),
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Exact {
+                bytes: 7 * MIB,
+                oom_index: 0
+            })
+        );
+    }
+
     /// A bracket narrower than the 2 MiB step replays at its low end, never below it (below,
     /// the recorded peak would not fit).
     #[test]

@@ -298,6 +298,45 @@ mod tests {
         );
     }
 
+    /// A `free_requested` that the next entry does not complete, because that entry completes
+    /// another block, waits: it leaves the allocation statistics at once. An `oom` keeps its
+    /// stream, as the request that failed had it.
+    #[test]
+    fn a_free_is_completed_at_once_only_by_its_own_completion() {
+        let stream = StreamId(7);
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::Alloc, BASE, 3 * MIB),
+                entry(Action::Alloc, BASE + 3 * MIB, 3 * MIB),
+                entry(Action::FreeRequested, BASE + 3 * MIB, 3 * MIB),
+                entry(Action::FreeRequested, BASE, 3 * MIB),
+                entry(Action::FreeCompleted, BASE + 3 * MIB, 3 * MIB),
+                entry(Action::FreeCompleted, BASE, 3 * MIB),
+                TraceEntry {
+                    stream,
+                    ..oom(64 * MIB, MIB)
+                },
+            ],
+            vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
+        );
+        let ops = rec.plain().ops;
+        assert_eq!(
+            ops[2..],
+            [
+                Op::FreeRequested { id: 1 },
+                Op::FreeRequested { id: 0 },
+                Op::Free { id: 1 },
+                Op::Free { id: 0 },
+                Op::Oom {
+                    size: 64 * MIB,
+                    stream,
+                    device_free: MIB
+                }
+            ]
+        );
+    }
+
     /// Two allocations at one address with no free between: plain mode frees the earlier one
     /// there (the recorded program must have), faithful mode refuses the recording.
     #[test]

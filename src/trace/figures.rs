@@ -209,6 +209,31 @@ mod tests {
         assert_eq!(f.recorded_oom, None);
     }
 
+    /// Only `empty_cache()` bursts count as calls; a file whose segments are fewer than its
+    /// trace's net reservations starts at 0 reserved, not at a wrapped-around figure.
+    #[test]
+    fn empty_cache_calls_and_an_inconsistent_start() {
+        let rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
+                entry(Action::SegmentAlloc, BASE + 32 * MIB, 40 * MIB),
+                at(
+                    Action::SegmentFree,
+                    BASE + 32 * MIB,
+                    40 * MIB,
+                    CallSite::EmptyCache,
+                ),
+                entry(Action::SegmentAlloc, BASE + 128 * MIB, 40 * MIB),
+            ],
+            vec![],
+        );
+        let f = rec.figures();
+        assert_eq!((f.empty_cache_calls, f.recorded_retries), (1, 1));
+        assert_eq!(f.start_reserved_bytes, 0);
+        assert_eq!(f.recorded_peak_reserved_bytes, 0);
+    }
+
     /// A segment allocated by the last entry counts in the peak: the value after the last entry
     /// is a level the recording reached too.
     #[test]
@@ -273,6 +298,9 @@ mod tests {
         });
         let f = rec.figures();
         assert_eq!((f.recorded_retries, f.retries_upper_bound), (1, true));
+        // Settings recorded at their defaults: the count is exact.
+        rec.settings = Some(RecordedSettings::default());
+        assert!(!rec.figures().retries_upper_bound);
         // So may a release under a garbage-collection threshold (the collector's).
         rec.settings = Some(RecordedSettings {
             garbage_collection_threshold: 0.6,

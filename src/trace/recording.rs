@@ -244,6 +244,46 @@ mod tests {
     use super::*;
     use crate::trace::fixtures::{BASE, MIB, entry, oom, recording};
 
+    /// The settings' flag, a segment's or a map/unmap entry each say the recording used
+    /// expandable segments.
+    #[test]
+    fn each_sign_of_expandable_segments_is_enough() {
+        let mut by_settings = recording(vec![], vec![]);
+        assert!(!by_settings.is_expandable());
+        by_settings.settings = Some(RecordedSettings {
+            expandable_segments: true,
+            ..RecordedSettings::default()
+        });
+        assert!(by_settings.is_expandable());
+        for action in [Action::SegmentMap, Action::SegmentUnmap] {
+            assert!(recording(vec![entry(action, BASE, 20 * MIB)], vec![]).is_expandable());
+        }
+    }
+
+    /// The recorded fields are the settings replayed, over what the string says.
+    #[test]
+    fn the_recorded_fields_are_the_settings_replayed() {
+        let mut divisions = [0; ROUNDUP_INTERVALS];
+        divisions[3] = 4;
+        let recorded = RecordedSettings {
+            max_split_size: Some(64 * MIB),
+            garbage_collection_threshold: 0.6,
+            expandable_segments: true,
+            roundup_power2_divisions: divisions,
+            conf_settings: Some(Settings {
+                per_process_memory_fraction: 0.5,
+                ..Settings::default()
+            }),
+            ..RecordedSettings::default()
+        };
+        let settings = recorded.to_settings();
+        assert_eq!(settings.max_split_size, 64 * MIB);
+        assert_eq!(settings.garbage_collection_threshold, 0.6);
+        assert!(settings.expandable_segments);
+        assert_eq!(settings.roundup_power2_divisions, divisions);
+        assert_eq!(settings.per_process_memory_fraction, 0.5);
+    }
+
     /// A trace whose only request failed still has something to replay (the request, probed
     /// at the recorded capacity): a replay without `--device` takes its device over one whose
     /// trace holds only markers and segment entries.
