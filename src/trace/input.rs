@@ -109,6 +109,35 @@ mod tests {
         }
     }
 
+    /// The kind is told by the first line alone, wherever in it the header names its format: a
+    /// header with its keys in another order is a recorded trace, and JSON that names a
+    /// `format` only on a later line is not.
+    #[test]
+    fn the_first_line_alone_tells_a_recorded_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str, text: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            TraceFile::open(&path).unwrap()
+        };
+        let settings = "max_split_size_mb:512,garbage_collection_threshold:0.6";
+        let reordered = format!(
+            "{{\"settings\":\"{settings}\",\"free_sync\":\"device\",\"pid\":1,\"devices\":[0],\
+             \"version\":4,\"format\":\"cachealloc-trace\"}}\n"
+        );
+        let file = open("reordered.trace", reordered);
+        assert!(file.is_recorded_trace());
+        let trace = file.read_recorded_trace().unwrap();
+        assert_eq!(trace.header.settings, settings);
+        let json = open(
+            "profile.json",
+            "{\n  \"schemaVersion\": 1,\n  \"format\": \"chrome\"\n}\n".into(),
+        );
+        assert!(!json.is_recorded_trace());
+        let err = json.read_snapshot().unwrap_err().to_string();
+        assert!(err.contains("it is JSON text"), "{err}");
+    }
+
     #[test]
     fn a_directory_is_named_as_one() {
         let dir = tempfile::tempdir().unwrap();

@@ -586,6 +586,25 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "a second header: a trace file holds one recording",
         ),
         (
+            HEADER.replace("\"devices\":[0]", "\"devices\":[0,-1]") + "\n",
+            "line 1",
+            "the header lists device -1; ordinals are >= 0",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":-2,\"action\":\"empty_cache\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "device -2 is negative",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"range_reserve\",\"addr\":4096,\"size\":0,\"stream\":0,\"page\":2097152}}\n"
+            ),
+            "line 2",
+            "a range_reserve of 0 bytes in pages of 2097152 bytes; a range is one or more whole pages",
+        ),
+        (
             // Broken inside the file (the line has its newline): refused.
             format!("{HEADER}\n{{\"t_us\":1,\"dev\n"),
             "line 2",
@@ -599,4 +618,22 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "for {text:?}: {message}"
         );
     }
+}
+
+/// A header after a byte-order mark (an editor's UTF-8 save) is read; devices come in ordinal
+/// order whatever order their events came in; a device whose only event is a failed request has
+/// something to replay.
+#[test]
+fn devices_are_read_in_ordinal_order_after_a_byte_order_mark() {
+    let header = HEADER.replace("\"devices\":[0]", "\"devices\":[]");
+    let text = format!(
+        "\u{feff}{header}\n\
+         {{\"t_us\":1,\"device\":2,\"action\":\"oom\",\"addr\":0,\"size\":2097152,\"stream\":0,\"device_free\":0}}\n\
+         {{\"t_us\":2,\"device\":1,\"action\":\"empty_cache\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
+    );
+    let trace = parse_recorded_trace(text.as_bytes(), "bom.trace").unwrap();
+    let devices: Vec<_> = trace.devices.iter().map(|d| d.device.0).collect();
+    assert_eq!(devices, [1, 2]);
+    assert!(!trace.devices[0].has_block_events());
+    assert!(trace.devices[1].has_block_events());
 }
