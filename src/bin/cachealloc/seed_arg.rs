@@ -15,6 +15,7 @@ mod tests {
     fn seeds_are_whole_numbers_and_the_error_says_so() {
         assert_eq!(parse_seed("7"), Ok(7));
         assert_eq!(parse_seed("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_seed(" 7 "), Ok(7));
         for text in ["-1", "abc", "", "1.5", "18446744073709551616"] {
             assert_eq!(
                 parse_seed(text),

@@ -138,6 +138,38 @@ mod tests {
     }
 
     #[test]
+    fn every_unit_has_its_power() {
+        let units = [
+            ("3KiB", 3 << 10),
+            ("3K", 3 << 10),
+            ("3KB", 3_000),
+            ("3MiB", 3 << 20),
+            ("3M", 3 << 20),
+            ("3MB", 3_000_000),
+            ("3GiB", 3 << 30),
+            ("3G", 3 << 30),
+            ("3GB", 3_000_000_000),
+            ("3TiB", 3 << 40),
+            ("3T", 3 << 40),
+            ("3TB", 3_000_000_000_000),
+            ("3B", 3),
+            ("3 mb", 3_000_000),
+            ("3 Tib", 3 << 40),
+        ];
+        for (text, bytes) in units {
+            assert_eq!(parse_bytes(text), Ok(Some(bytes)), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_fraction_of_a_unit_rounds_to_the_nearest_byte() {
+        // PyTorch's "Tried to allocate 1.24 GiB": 1331439861.76 bytes.
+        assert_eq!(parse_bytes("1.24GiB"), Ok(Some(1_331_439_862)));
+        assert_eq!(parse_bytes("0.0005KiB"), Ok(Some(1)));
+        assert_eq!(parse_bytes("0.0004KiB"), Ok(Some(0)));
+    }
+
+    #[test]
     fn rejects_junk_with_the_allowed_forms() {
         for bad in ["", "GiB", "12 parsecs", "-1", "-5GiB", "1e99GiB"] {
             let err = parse_bytes(bad).unwrap_err();
@@ -184,6 +216,19 @@ mod tests {
         // A byte count meant as one gets no gibibyte hint.
         let err = parse_capacity("1048576").unwrap_err();
         assert!(err.ends_with("(the smallest is 2 MiB)"), "{err}");
+        // Up to 1024 a number without a unit is taken for a unit left off; beyond, for bytes.
+        let err = parse_capacity("1024").unwrap_err();
+        assert!(err.ends_with("for gibibytes write 1024GiB)"), "{err}");
+        let err = parse_capacity("1025").unwrap_err();
+        assert!(err.ends_with("(the smallest is 2 MiB)"), "{err}");
+        // A small size with a unit is what was meant: no hint to add another.
+        for with_unit in ["1KiB", "512B", "0.5KiB"] {
+            let err = parse_capacity(with_unit).unwrap_err();
+            assert!(
+                err.ends_with("(the smallest is 2 MiB)"),
+                "{with_unit}: {err}"
+            );
+        }
         assert_eq!(parse_capacity("2MiB"), Ok(2 << 20));
         assert_eq!(parse_capacity("2097152"), Ok(2 << 20));
     }
