@@ -194,6 +194,56 @@ mod tests {
         assert_eq!(memory_summary(&hand_built(), DeviceId(1), false), expected);
     }
 
+    /// Each block shows its own statistic, in its rows for all pools, the large and the small
+    /// pool: a block whose figures were another's would read plausibly.
+    #[test]
+    fn each_block_shows_its_own_statistic() {
+        let mut stats = DeviceStats::default();
+        let blocks = [
+            (&mut stats.allocated_bytes, "Allocated memory"),
+            (&mut stats.active_bytes, "Active memory"),
+            (&mut stats.requested_bytes, "Requested memory"),
+            (&mut stats.reserved_bytes, "GPU reserved memory"),
+            (&mut stats.inactive_split_bytes, "Non-releasable memory"),
+            (&mut stats.allocation, "Allocations"),
+            (&mut stats.active, "Active allocs"),
+            (&mut stats.segment, "GPU reserved segments"),
+            (&mut stats.inactive_split, "Non-releasable allocs"),
+        ];
+        let mut expected = Vec::new();
+        for (k, (array, name)) in (1..).zip(blocks) {
+            // Current, peak, allocated and freed told apart, and each pool from the others.
+            array.all = stat(k, 10 + k, 20 + k, 30 + k);
+            array.large_pool = stat(100 + k, 110 + k, 120 + k, 130 + k);
+            array.small_pool = stat(200 + k, 210 + k, 220 + k, 230 + k);
+            let unit = if k <= 5 { "B  " } else { "  " };
+            let width = if k <= 5 { 6 } else { 7 };
+            let row = |name: &str, base: i64| {
+                let cells: Vec<String> = (0..4)
+                    .map(|c| format!("{:width$} {unit}", base + 10 * c + k))
+                    .collect();
+                format!("| {name:<21} | {} |", cells.join(" | "))
+            };
+            expected.push(row(name, 0));
+            expected.push(row("      from large pool", 100));
+            expected.push(row("      from small pool", 200));
+        }
+        stats.oversize_allocations = stat(41, 42, 43, 44);
+        stats.oversize_segments = stat(51, 52, 53, 54);
+        expected.push(
+            "| Oversize allocations  |      41    |      42    |      43    |      44    |".into(),
+        );
+        expected.push(
+            "| Oversize GPU segments |      51    |      52    |      53    |      54    |".into(),
+        );
+        let text = memory_summary(&stats, DeviceId(0), false);
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|line| line.matches(" | ").count() == 4 && !line.contains("Metric"))
+            .collect();
+        assert_eq!(rows, expected);
+    }
+
     #[test]
     fn abbreviated_summary_keeps_only_all_rows() {
         let text = memory_summary(&hand_built(), DeviceId(0), true);
