@@ -91,6 +91,17 @@ fn reports_each_pool_and_the_largest_free_blocks() {
     let out = state(&path, &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
+    // The table's rows, each pool's figures in its own row.
+    assert!(
+        text.contains(
+            "            segments      reserved     allocated     requested   free cached  blocks  largest free
+large pool         2    200.00 MiB    120.00 MiB    120.00 MiB     80.00 MiB       2     40.00 MiB
+small pool         1      2.00 MiB    1024 bytes    1000 bytes      2.00 MiB       1      2.00 MiB
+all                3    202.00 MiB    120.00 MiB    120.00 MiB     82.00 MiB       3     40.00 MiB
+"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("(it holds no allocation trace to replay)"),
         "{text}"
@@ -107,6 +118,37 @@ fn reports_each_pool_and_the_largest_free_blocks() {
     );
     assert!(
         text.contains("Try a request in this state: --request SIZE"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+
+    // All allocated: nothing cached free, and no largest free block to speak of.
+    let allocated = || Segment {
+        address: SEG + 0x1000_0000,
+        stream: 0,
+        expandable: false,
+        pool_id: (0, 0),
+        blocks: vec![(2000 * MIB, 2000 * MIB, "active_allocated")],
+    };
+    let path = write_state_snapshot("all-allocated.pickle", &[allocated()], None);
+    let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
+    assert!(
+        text.contains("\nEvery reserved byte is allocated: nothing is cached free.\n"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+    // A sliver free in the small pool: a share under 0.1%, and no large pool's free block.
+    let mut segments = split_segments();
+    segments.truncate(1);
+    segments.push(allocated());
+    let path = write_state_snapshot("sliver-free.pickle", &segments, None);
+    let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
+    assert!(
+        text.contains("2.00 MiB of the 1.96 GiB reserved (under 0.1%) is cached free, in 1 block."),
+        "{text}"
+    );
+    assert!(
+        !text.contains("The large pool's largest free block"),
         "{text}"
     );
     std::fs::remove_file(path).unwrap();
@@ -315,6 +357,14 @@ fn device_memory_and_settings() {
         ),
         "{err}"
     );
+    // The settings given are the program's, as it says: what to do is record a trace.
+    assert!(
+        err.contains(
+            "; --conf names the settings the program ran with, under which it reached this \
+             state; to see how other settings would have done, record the allocation history"
+        ),
+        "{err}"
+    );
     // Keys of the preloaded library are named as having no effect on the command that runs.
     let out = state(
         &path,
@@ -364,6 +414,14 @@ fn a_split_segment_with_a_free_block_of_max_split_size_is_refused() {
             ),
             "{err}"
         );
+        // The settings are the file's: they may have changed while the program ran.
+        assert!(
+            err.ends_with(
+                "; were they changed while the program ran? give --conf with the ones in force \
+                 when the snapshot was taken\n"
+            ),
+            "{extra:?}: {err}"
+        );
     }
     // Under the defaults (no max_split_size) the same state is one PyTorch reaches.
     let j = state_json(&path, &["--conf", "", "--request", "300MiB"]);
@@ -389,7 +447,12 @@ fn wholly_free_segments_and_pending_frees_are_told_apart() {
     assert_eq!(j["pools"]["all"]["pending_free_bytes"], 60 * MIB);
     let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
     assert!(
-        text.contains("20.00 MiB in 1 segment wholly free"),
+        text.contains(
+            "102.00 MiB of the 222.00 MiB reserved (45.9%) is cached free, in 4 blocks: 20.00 MiB \
+             in 1 segment wholly free, which the allocator returns to the device when a request \
+             finds no room (as empty_cache() does), and 82.00 MiB in pieces of segments that \
+             also hold allocations."
+        ),
         "{text}"
     );
     assert!(text.contains("60.00 MiB is freed but pending"), "{text}");
@@ -408,6 +471,18 @@ fn wholly_free_segments_and_pending_frees_are_told_apart() {
             "served by a new segment of 50.00 MiB from the device, after returning 2 \
              free cached segments to it, 1 of them wholly free only once the pending frees \
              completed (the pool synchronizes first)."
+        ),
+        "{text}"
+    );
+    let text = String::from_utf8_lossy(
+        &state(&path, &["--request", "500MiB", "--device-free", "30MiB"]).stdout,
+    )
+    .into_owned();
+    // Refused even after the segments were returned: the calls on the way are told.
+    assert!(
+        text.contains(
+            "\nOn the way the pool returned 2 free cached segments (120.00 MiB) to the device \
+             and retried.\n"
         ),
         "{text}"
     );
@@ -682,6 +757,57 @@ fn streams() {
         "{err}"
     );
     std::fs::remove_file(path).unwrap();
+
+    // All on one stream, not the default: the request goes there, and finds its cached block.
+    for s in &mut segments {
+        s.stream = 7;
+    }
+    let path = write_state_snapshot("one-other-stream.pickle", &segments, None);
+    let j = state_json(&path, &["--request", "30MiB"]);
+    assert_eq!(j["request"]["stream"], 7, "{j}");
+    assert_eq!(j["request"]["outcome"], "cached", "{j}");
+    std::fs::remove_file(path).unwrap();
+}
+
+/// The readable report lists the five largest free cached blocks of the default pools and
+/// counts the rest, not the private pools' (reported apart).
+#[test]
+fn five_free_blocks_are_listed_and_the_rest_counted() {
+    let mut segments: Vec<Segment> = (1..=7)
+        .map(|k| Segment {
+            address: SEG + k * 0x1000_0000,
+            stream: 0,
+            expandable: false,
+            pool_id: (0, 0),
+            blocks: vec![
+                (20 * MIB, 20 * MIB, "active_allocated"),
+                (2 * k * MIB, 0, "inactive"),
+            ],
+        })
+        .collect();
+    segments.push(Segment {
+        address: SEG + 0x1_0000_0000,
+        stream: 0,
+        expandable: false,
+        pool_id: (0, 3),
+        blocks: vec![
+            (20 * MIB, 20 * MIB, "active_allocated"),
+            (30 * MIB, 0, "inactive"),
+        ],
+    });
+    let path = write_state_snapshot("seven-free.pickle", &segments, None);
+    let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Largest free cached blocks: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(
+        line,
+        "Largest free cached blocks: 14.00 MiB at 0x7f0071400000 (large), 12.00 MiB at \
+         0x7f0061400000 (large), 10.00 MiB at 0x7f0051400000 (large), 8.00 MiB at \
+         0x7f0041400000 (large), 6.00 MiB at 0x7f0031400000 (large) (and 2 more)."
+    );
+    std::fs::remove_file(path).unwrap();
 }
 
 /// Under max_split_size_mb a request that no cached block may serve makes the pool return
@@ -730,6 +856,9 @@ fn a_segment_size_given_as_the_request_is_noted() {
     }
     let out = state(&path, &["--request", "3MiB"]);
     assert!(out.stderr.is_empty(), "{out:?}");
+    // No free memory is no size to misread.
+    let out = state(&path, &["--request", "3MiB", "--device-free", "0"]);
+    assert!(out.stderr.is_empty(), "{out:?}");
     std::fs::remove_file(path).unwrap();
 }
 
@@ -743,6 +872,12 @@ fn the_replay_command_names_the_device() {
     let j = state_json(&t, &["--device", "1"]);
     let command = j["replay_command"].as_str().unwrap();
     assert!(command.ends_with(" --device 1"), "{command}");
+    // The message to copy the request's sizes from is the one for this device.
+    let text = String::from_utf8_lossy(&state(&t, &["--device", "1"]).stdout).into_owned();
+    assert!(
+        text.contains("\"Tried to allocate SIZE. GPU 1 has a total capacity of SIZE"),
+        "{text}"
+    );
     assert_eq!(j["expandable_segments"], true);
     let j = state_json(&t, &[]);
     assert!(
@@ -769,6 +904,16 @@ fn notes_for_what_may_be_misread() {
         text.contains("In this state the request fits. If the program ran out of memory here"),
         "{text}"
     );
+    // The block the request needs: 300 bytes round up to 512 in the small pool.
+    assert!(
+        text.contains(
+            "Trying a request of 300 bytes on stream 0x0 (a block of 512 bytes in the small pool)"
+        ),
+        "{text}"
+    );
+    let j = state_json(&path, &["--request", "300"]);
+    assert_eq!(j["request"]["requested_bytes"], 300);
+    assert_eq!(j["request"]["rounded_bytes"], 512);
     let text = String::from_utf8_lossy(&state(&path, &["--request", "100MiB"]).stdout).into_owned();
     assert!(
         text.contains("The device's total memory was not given"),
@@ -783,6 +928,12 @@ fn notes_for_what_may_be_misread() {
         text.contains("Memory outside cachealloc: 822.00 MiB"),
         "{text}"
     );
+    // Exhaustion on a device whose total was given (all of it the pool's): nothing to add.
+    let exhausted = ["--request", "100MiB", "--device-memory", "202MiB"];
+    let j = state_json(&path, &exhausted);
+    assert_eq!(j["request"]["oom"]["kind"], "exhausted", "{j}");
+    let text = String::from_utf8_lossy(&state(&path, &exhausted).stdout).into_owned();
+    assert!(!text.contains("total memory was not given"), "{text}");
     std::fs::remove_file(path).unwrap();
 }
 

@@ -365,12 +365,38 @@ fn a_stream_without_a_range_gets_one() {
     assert_eq!(r["mapped_bytes"], 40 * MIB);
     let range = r["range_address"].as_u64().unwrap();
     assert_eq!(r["served_address"], range);
+    assert_eq!(r["range_bytes"], 120 * MIB);
+    // The calls in order: the range reserved (where, how large), then its pages mapped.
+    assert_eq!(
+        r["device_calls"].as_array().unwrap(),
+        &[
+            value!({"call": "reserve_range", "address": range, "bytes": 120 * MIB}),
+            value!({"call": "map", "bytes": 40 * MIB}),
+        ]
+    );
     let text = String::from_utf8_lossy(&state(&path, &args).stdout).into_owned();
     assert!(
         text.contains(&format!(
             "by mapping 40.00 MiB of pages into a range of {} reserved for it at {range:#x}.",
             "120.00 MiB"
         )),
+        "{text}"
+    );
+    // The ranges taken, and the device memory they were sized from: not given, so inferred.
+    assert!(
+        text.contains(
+            "1⅛ of the device's memory long (102.00 MiB: the reserved memory plus --device-free, \
+             as --device-memory was not given), as PyTorch reserves them (a run beyond it begins \
+             another range). The ranges: 120.00 MiB at 0x7f0000000000 (large pool, stream 0x0, \
+             60.00 MiB mapped); 116.00 MiB at 0x7f1000000000 (small pool, stream 0x0, 2.00 MiB \
+             mapped)."
+        ),
+        "{text}"
+    );
+    let given = [&args[..], &["--device-memory", "102MiB"]].concat();
+    let text = String::from_utf8_lossy(&state(&path, &given).stdout).into_owned();
+    assert!(
+        text.contains("1⅛ of the device's memory long (102.00 MiB), as PyTorch"),
         "{text}"
     );
     std::fs::remove_file(path).unwrap();

@@ -104,11 +104,58 @@ fn a_total_rounded_down_by_pytorchs_message_is_taken_as_meant() {
         ),
         "{err}"
     );
-    let out = state(&path, &["--request", "1MiB", "--device-memory", "990MiB"]);
+    // Up to 0.5% short is taken as meant (4 MiB of 997 MiB), more is not (5 MiB of 996).
+    let out = state(&path, &["--request", "1MiB", "--device-memory", "997MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("taken as that"), "{err}");
+    for short in ["996MiB", "990MiB"] {
+        let out = state(&path, &["--request", "1MiB", "--device-memory", short]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{short}: {err}");
+        assert!(
+            err.contains("is less than the memory the snapshot reserves"),
+            "{short}: {err}"
+        );
+    }
+    // A total that is exactly the memory needs no note.
+    let out = state(&path, &["--request", "1MiB", "--device-memory", "1001MiB"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    std::fs::remove_file(path).unwrap();
+}
+
+/// A state that reserves exactly what per_process_memory_fraction allows is one a program
+/// reaches; a byte more is refused.
+#[test]
+fn a_state_at_the_memory_fraction_limit_exists() {
+    let path = write_state_snapshot(
+        "at-fraction.pickle",
+        &[native(
+            SEG,
+            vec![(1000 * MIB, 1000 * MIB, "active_allocated")],
+        )],
+        None,
+    );
+    let conf = [
+        "--conf",
+        "per_process_memory_fraction:0.5",
+        "--request",
+        "1MiB",
+    ];
+    let out = state(
+        &path,
+        &[&conf[..], &["--device-memory", "2000MiB"]].concat(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = state(
+        &path,
+        &[&conf[..], &["--device-memory", "1998MiB"]].concat(),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("is less than the memory the snapshot reserves"),
+        err.contains("more than per_process_memory_fraction:0.5 allows"),
         "{err}"
     );
     std::fs::remove_file(path).unwrap();
