@@ -239,6 +239,12 @@ fn nothing_to_replay_and_a_capacity_below_the_start_state_are_refused() {
         assert!(err.contains(needle), "{args:?}: {err}");
         // The refusal says enough: no note on the device's size before it.
         assert!(!err.contains("note:"), "{args:?}: {err}");
+        // It names the command that reports the state instead: the device is the one `state`
+        // takes by itself, so without --device.
+        if needle.contains("nothing to replay") {
+            let command = format!("which cachealloc state {} reports", t.display());
+            assert!(err.contains(&command), "{args:?}: {err}");
+        }
     }
 }
 
@@ -711,6 +717,121 @@ fn synth(capacity: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
     args.extend_from_slice(extra);
     json(&cachealloc(&args))
+}
+
+/// The summary's events add up, with the frees of allocations that ran out of memory (skipped)
+/// named apart, and its peaks are each the figure it names.
+#[test]
+fn the_events_and_peaks_lines_after_an_oom() {
+    let out = cachealloc(&["synth", "--capacity", "5800MiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "\n  events: 51324 (25884 allocations, 25439 frees, 1 free of allocations that ran \
+             out of memory, skipped, 0 empty_cache calls)\n"
+        ),
+        "{text}"
+    );
+    // The peaks, each under its own name (the JSON: 5730675712, 5721158712, 6029312000).
+    assert!(
+        text.contains(
+            "\n  peak allocated 5.34 GiB | peak requested 5.33 GiB | peak reserved 5.62 GiB | final \
+             reserved 5.62 GiB\n"
+        ),
+        "{text}"
+    );
+    // The statistics table in full, with each pool's rows, as memory_summary() prints it.
+    assert!(
+        text.contains("\n|       from large pool |")
+            && text.contains("\n|       from small pool |"),
+        "{text}"
+    );
+    let j = json(&cachealloc(&["synth", "--capacity", "5800MiB", "--json"]));
+    assert_eq!(j["peak_allocated_bytes"], 5_730_675_712u64, "{j}");
+    assert_eq!(j["peak_requested_bytes"], 5_721_158_712u64, "{j}");
+    assert_eq!(j["peak_reserved_bytes"], 6_029_312_000u64, "{j}");
+}
+
+/// A request of 1 EB or more is refused as PyTorch refuses it (no OOM counted), and the summary
+/// says how many were.
+#[test]
+fn requests_of_an_exabyte_are_refused_and_counted() {
+    let (a, eb) = (0x7f00_0000_0000u64, 1u64 << 60);
+    let path = write_trace(
+        "exabyte",
+        &[
+            ("alloc", a, eb, 0),
+            ("free_completed", a, eb, 0),
+            ("alloc", a, 1 << 20, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let j = json(&cachealloc(&["replay", p, "--json"]));
+    assert_eq!(j["requests_too_large"], 1, "{j}");
+    assert_eq!(j["frees_of_failed_allocs"], 1, "{j}");
+    assert_eq!(j["num_ooms"], 0, "{j}");
+    let text = String::from_utf8_lossy(&cachealloc(&["replay", p]).stdout).into_owned();
+    assert!(
+        text.contains("\n  refused: 1 request of 1 EB or more (as PyTorch refuses them)\n"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// A free the program requested that had not completed when the recording ended is counted
+/// and said: its block is still active at the end.
+#[test]
+fn a_free_still_pending_at_the_end_is_said() {
+    let a = 0x7f00_0000_0000u64;
+    let path = write_trace(
+        "pending-at-end",
+        &[("alloc", a, 1 << 20, 0), ("free_requested", a, 1 << 20, 0)],
+    );
+    let p = path.to_str().unwrap();
+    let j = json(&cachealloc(&["replay", p, "--json"]));
+    assert_eq!(j["pending_frees"], 1, "{j}");
+    assert_eq!(
+        j["memory_stats"]["active_bytes.all.current"],
+        1 << 20,
+        "{j}"
+    );
+    let text = String::from_utf8_lossy(&cachealloc(&["replay", p]).stdout).into_owned();
+    assert!(
+        text.contains(
+            "\n  still pending at the end: 1 allocation whose free was waiting for device work \
+             when the recording ended (freed, still active: their blocks are not reusable yet)\n"
+        ),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// A faithful replay says how many allocations landed at their recorded address; a plain
+/// replay, which does not place them there, says nothing of it.
+#[test]
+fn a_faithful_replay_counts_the_allocations_at_their_recorded_address() {
+    let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let path = write_trace(
+        "at-recorded",
+        &[
+            ("segment_alloc", a, 20 * mib, 0),
+            ("alloc", a, 4 * mib, 0),
+            ("alloc", a + 4 * mib, 4 * mib, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let text =
+        String::from_utf8_lossy(&cachealloc(&["replay", p, "--faithful"]).stdout).into_owned();
+    assert!(
+        text.contains("\n  allocations at their recorded address: 2 of 2\n"),
+        "{text}"
+    );
+    let j = json(&cachealloc(&["replay", p, "--json"]));
+    assert!(j["allocs_at_recorded_addr"].is_null(), "{j}");
+    let text = String::from_utf8_lossy(&cachealloc(&["replay", p]).stdout).into_owned();
+    assert!(!text.contains("recorded address"), "{text}");
+    std::fs::remove_file(path).unwrap();
 }
 
 #[test]

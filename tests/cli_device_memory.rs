@@ -111,6 +111,19 @@ fn a_capacity_beyond_the_device_memory_is_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expected), "{args:?}: {err}");
     }
+    // All of the device's memory is a capacity it can have.
+    let out = cachealloc(&[
+        "synth",
+        "transformer:steps=1",
+        "--capacity",
+        "8GiB",
+        "--device-memory",
+        "8GiB",
+        "--json",
+    ]);
+    let j = json(&out);
+    assert_eq!(j["capacity_bytes"], 8u64 << 30, "{j}");
+    assert_eq!(j["device_memory_bytes"], 8u64 << 30, "{j}");
     // Sizes that read the same are told apart by their bytes.
     let out = cachealloc(&["synth", "--capacity", "8.001GiB", "--device-memory", "8GiB"]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -5,7 +5,7 @@
 mod support;
 
 use support::cli::{cachealloc, cachealloc_with, json};
-use support::trace_lines::write_trace;
+use support::trace_lines::{write_trace, write_trace_with_settings};
 
 #[test]
 fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
@@ -24,6 +24,62 @@ fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
 
 /// The summary names the settings the replay ran with: a key given twice takes its last value
 /// (as in PyTorch), and a PyTorch-only key, ignored by a replay, is not named.
+/// A faithful replay names the settings it runs with: the recording's, or those of `--conf`,
+/// which replace them (the defaults when it names none), said to be in their place.
+#[test]
+fn a_faithful_replay_names_whose_settings_it_runs_with() {
+    let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let events = [
+        ("segment_alloc", a, 20 * mib, 0),
+        ("alloc", a, 4 * mib, 0),
+        ("free_completed", a, 4 * mib, 0),
+    ];
+    let path = write_trace_with_settings("faithful-settings", "max_split_size_mb:128", &events);
+    let p = path.to_str().unwrap();
+    let settings = |extra: &[&str]| {
+        let out = cachealloc(&[&["replay", p, "--faithful", "--json"], extra].concat());
+        json(&out)["settings"].as_str().unwrap().to_string()
+    };
+    assert_eq!(settings(&[]), "as recorded: max_split_size_mb:128");
+    assert_eq!(
+        settings(&["--conf", "max_split_size_mb:64"]),
+        "max_split_size_mb:64 (from --conf, in place of the recording's)"
+    );
+    assert_eq!(
+        settings(&["--conf", ""]),
+        "defaults (from --conf, in place of the recording's)"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// The summary names the segment placement when it is not the default (top-down), and the
+/// JSON always.
+#[test]
+fn the_summary_names_a_placement_other_than_top_down() {
+    let run = |extra: &[&str]| {
+        let out = cachealloc(&[&["synth", "loguniform:ops=200"], extra].concat());
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = run(&["--placement", "bottom-up"]);
+    assert!(
+        text.contains("\n  segment placement: bottom-up\n"),
+        "{text}"
+    );
+    for default in [&[][..], &["--placement", "top-down"]] {
+        let text = run(default);
+        assert!(!text.contains("segment placement"), "{default:?}: {text}");
+    }
+    let j = json(&cachealloc(&[
+        "synth",
+        "loguniform:ops=200",
+        "--placement",
+        "bottom-up",
+        "--json",
+    ]));
+    assert_eq!(j["placement"], "bottom-up");
+}
+
 #[test]
 fn the_summary_names_the_settings_in_effect_not_the_text_given() {
     let out = cachealloc(&[
