@@ -10,6 +10,7 @@
 use super::tests::{MIB, S0, alloc, free, pool_with};
 use super::*;
 use crate::backend::sim::SimDevice;
+use std::sync::{Arc, Mutex};
 
 const GIB: u64 = 1 << 30;
 const PAGE: u64 = 20 * MIB;
@@ -221,4 +222,101 @@ fn an_unmapped_stretch_and_the_free_block_after_it_are_room_to_the_byte() {
     let s = p.stats();
     assert_eq!(s.reserved_bytes.all.current, 4 * PAGE as i64);
     assert_eq!(s.counts.num_device_alloc, 3, "pages 1-2 mapped in one call");
+}
+
+/// `empty_cache` unmaps the free blocks of expandable segments in the order of the free index
+/// (PyTorch's `release_blocks`: stream, size, address), which a recorded trace shows as the
+/// order of its `segment_unmap` entries: of a free 60 MiB block at the range's start and a free
+/// 30 MiB one at 70 MiB, the smaller one's page goes first.
+#[test]
+fn empty_cache_unmaps_smaller_free_blocks_first() {
+    let mut p = pool_with(8 * GIB, expandable());
+    let unmapped = Arc::new(Mutex::new(Vec::new()));
+    let sink = unmapped.clone();
+    p.set_event_sink(Some(Box::new(move |e: &PoolEvent| {
+        if let PoolEvent::SegmentUnmap { ptr, size, .. } = e {
+            sink.lock().unwrap().push((ptr.addr(), *size / MIB));
+        }
+    })));
+    let x = alloc(&mut p, 3 * PAGE); // pages 0-2: x [0, 60)
+    let _k1 = alloc(&mut p, 10 * MIB); // page 3: k1 [60, 70)
+    let y = alloc(&mut p, 30 * MIB); // pages 3-4: y [70, 100)
+    let _k2 = alloc(&mut p, 10 * MIB); // page 5: k2 [100, 110), free [110, 120)
+    free(&mut p, x);
+    free(&mut p, y);
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    let base = x.addr();
+    assert_eq!(
+        *unmapped.lock().unwrap(),
+        vec![(base + 4 * PAGE, 20), (base, 60)],
+        "the 30 MiB block's page, then the 60 MiB block's three"
+    );
+}
+
+/// An out-of-memory report names the pages the device refused to this request only: after a
+/// 12 MiB request was refused its page, a 2 GiB request that maps nothing (over the 1.8 GiB
+/// `per_process_memory_fraction:0.9` allows of a device reporting 2 GiB) reports no refused
+/// pages, and its hint says nothing of pages.
+#[test]
+fn a_report_does_not_name_pages_refused_to_an_earlier_request() {
+    let mut sim = SimDevice::new(GIB);
+    sim.set_total(Some(2 * GIB));
+    let settings = Settings {
+        per_process_memory_fraction: 0.9,
+        ..expandable()
+    };
+    let mut p = DeviceAllocator::new(sim, settings);
+    let _big = alloc(&mut p, 1010 * MIB);
+    let Err(Error::OutOfMemory(refused)) = p.malloc(12 * MIB, S0) else {
+        panic!("12 MiB fit in the 4 MiB left")
+    };
+    assert_eq!(refused.refused_map, Some(PAGE));
+    let Err(Error::OutOfMemory(report)) = p.malloc(2 * GIB, S0) else {
+        panic!("2 GiB fit")
+    };
+    assert_eq!(report.refused_map, None);
+    let text = report.to_string();
+    assert!(!text.contains("whole pages"), "{text}");
+}
+
+/// `validate()` finds an unmapped block its set does not list, a set listing more blocks
+/// than are unmapped, an expandable block linked to a native one, and an unmapped stretch off
+/// its range's pages.
+#[test]
+fn validate_finds_broken_expandable_bookkeeping() {
+    // Page 0: a [0, 10), free [10, 20); then the unmapped rest of the range.
+    let broken = |corrupt: &dyn Fn(&mut DeviceAllocator<SimDevice>, u64)| {
+        let mut p = pool_with(8 * GIB, expandable());
+        let a = alloc(&mut p, 10 * MIB);
+        corrupt(&mut p, a.addr());
+        p.validate().unwrap_err()
+    };
+    let err = broken(&|p, base| {
+        let id = p.blocks.find(base + PAGE).unwrap();
+        p.blocks.get_mut(id).stream = StreamId(1);
+    });
+    assert!(err.contains("is not in its set"), "{err}");
+    let err = broken(&|p, base| {
+        let a = *p.blocks.get(p.blocks.find(base).unwrap());
+        p.unmapped.insert(&a);
+    });
+    assert!(
+        err.contains("1 unmapped blocks but 2 in the unmapped sets"),
+        "{err}"
+    );
+    let err = broken(&|p, base| {
+        let id = p.blocks.find(base + 10 * MIB).unwrap();
+        p.blocks.get_mut(id).expandable = false;
+    });
+    assert!(err.contains("next link is not symmetric"), "{err}");
+    let err = broken(&|p, base| {
+        let id = p.blocks.find(base + 10 * MIB).unwrap();
+        let f = *p.blocks.get(id);
+        p.pools_mut(f.pool).get_mut(f.stream).remove(f.size, f.addr);
+        p.blocks.get_mut(id).state = BlockState::Unmapped;
+        let f = *p.blocks.get(id);
+        p.unmapped.insert(&f);
+    });
+    assert!(err.contains("is not on page boundaries"), "{err}");
 }
