@@ -305,7 +305,7 @@ mod tests {
             f(&mut seed);
             seed
         };
-        let cases: [(RangeSeed, &str); 5] = [
+        let cases: [(RangeSeed, &str); 6] = [
             (
                 moved(&|s| s.size = 10 * PAGE + MIB),
                 "not whole pages of 20971520 bytes",
@@ -323,6 +323,13 @@ mod tests {
                 moved(&|s| s.runs[0].blocks[1].size = MIB),
                 "blocks add up to 22020096 bytes, not 41943040",
             ),
+            (
+                moved(&|s| {
+                    s.runs[1].size = PAGE - MIB;
+                    s.runs[1].blocks[0].size = PAGE - MIB;
+                }),
+                "of 19922944 bytes is not whole pages of 20971520 bytes",
+            ),
         ];
         for (seed, needle) in cases {
             let mut pool = DeviceAllocator::new(SimDevice::new(1 << 40), expandable());
@@ -339,6 +346,12 @@ mod tests {
         let mut pool = DeviceAllocator::new(SimDevice::new(1 << 40), expandable());
         let err = pool.adopt_range(&seed).unwrap_err().to_string();
         assert!(err.contains("not whole pages"), "{err}");
+        // A range over one the pool holds.
+        let mut pool = pool_holding(&two_runs(), 1 << 40, expandable()).unwrap();
+        let err = pool.adopt_range(&two_runs()).unwrap_err().to_string();
+        assert!(err.contains("overlaps an existing segment"), "{err}");
+        pool.validate().unwrap();
+        assert_eq!(pool.stats().reserved_bytes.all.current, 3 * PAGE as i64);
         let err = SimDevice::new(1 << 40)
             .claim_range(
                 seed.addr,
@@ -351,6 +364,21 @@ mod tests {
             err.contains("is not whole pages"),
             "the device refuses it too: {err}"
         );
+    }
+
+    /// An adopted allocation counts as oversize from `max_split_size` up, as one the pool hands
+    /// out does: under max_split_size_mb:20, the 20 MiB block is one, until it is freed.
+    #[test]
+    fn an_adopted_allocation_of_max_split_size_is_oversize() {
+        let settings = Settings {
+            max_split_size: PAGE,
+            ..expandable()
+        };
+        let mut pool = pool_holding(&two_runs(), 1 << 40, settings).unwrap();
+        assert_eq!(pool.stats().oversize_allocations.current, 1);
+        pool.free(DevicePtr::new(RANGE).unwrap()).unwrap();
+        pool.validate().unwrap();
+        assert_eq!(pool.stats().oversize_allocations.current, 0);
     }
 
     /// A random range of `pages` pages of `pool`: runs of mapped pages with unmapped gaps
