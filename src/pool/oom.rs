@@ -1290,6 +1290,28 @@ mod tests {
             ..report.clone()
         };
         assert!(!larger.to_string().contains("expandable_segments:False"));
+        // Nor is the order of allocation named when a native segment would not fit either: a
+        // 1.5 MiB request (a 20 MiB segment) refused the page after a 1 MiB free block.
+        let tail = OomReport {
+            allocated: 1019 * MIB,
+            live_requested: 1019 * MIB,
+            requested: 3 * MIB / 2,
+            rounded: 3 * MIB / 2,
+            alloc_size: 20 * MIB,
+            largest_free_blocks: vec![MIB],
+            pool_largest_free_block: MIB,
+            large_pool_largest_free_block: MIB,
+            ..report.clone()
+        };
+        let text = tail.to_string();
+        assert!(
+            text.ends_with(
+                "Every free cached block is smaller than 20 MiB, the smallest \
+                 max_split_size_mb, so no value keeps pieces this small whole. Keep less memory \
+                 alive."
+            ),
+            "{text}"
+        );
         // Without a refused map there is nothing to say of pages.
         let mapped = OomReport {
             refused_map: None,
@@ -1360,6 +1382,39 @@ mod tests {
                  requests take segments rounded to 2 MiB, not whole 20 MiB pages"
             ),
             "{hint}"
+        );
+    }
+
+    /// Under expandable segments a small request refused its page gets no max_split_size_mb
+    /// value, however large the large pool's free block: the ladder has unmapped its whole
+    /// pages, and what is left (here 36 MiB across the ends of two pages) no value gives back.
+    /// Nor is a native segment named twice: the small pool's pages are its segments' size.
+    #[test]
+    fn a_small_request_refused_its_page_gets_no_max_split_size_value() {
+        let report = OomReport {
+            requested: 512 * 1024,
+            rounded: 512 * 1024,
+            alloc_size: SMALL_BUFFER,
+            device_free: MIB,
+            pool_largest_free_block: 0,
+            large_pool_largest_free_block: 36 * MIB,
+            expandable_segments: true,
+            refused_map: Some(SMALL_BUFFER),
+            ..fragmented()
+        };
+        let text = report.to_string();
+        assert!(!text.contains("max_split_size_mb:"), "{text}");
+        assert!(
+            text.contains(
+                "A setting to try: expandable_segments:False (the default), under which larger \
+                 requests take segments rounded to 2 MiB, not whole 20 MiB pages"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("expandable_segments:False").count(),
+            1,
+            "{text}"
         );
     }
 
@@ -1532,6 +1587,23 @@ mod tests {
             ),
             "{text}"
         );
+        // Blocks adopted from a recording made without expandable segments may still be
+        // padded under them: expandable_segments:True is on already, and max_split_size_mb
+        // takes no block whole there, so no setting is named.
+        let adopted = OomReport {
+            expandable_segments: true,
+            max_split_size: 512 * MIB,
+            ..report.clone()
+        };
+        let text = adopted.hint().to_string();
+        assert!(
+            text.contains(
+                "Of the padding, blocks left with a rest of 1 MiB or less unsplit hold 512.00 MiB \
+                 more. No setting changes this padding"
+            ),
+            "{text}"
+        );
+        assert!(!adopted.hint().settings_may_help(), "{text}");
         // With expandable segments every rest is split: nothing the settings change is left.
         let expandable = OomReport {
             expandable_segments: true,
