@@ -202,6 +202,34 @@ fn the_walk_over_growable_blocks_goes_on_past_the_first_step() {
     assert_eq!(p.stats().counts.num_device_alloc, 4, "no page mapped");
 }
 
+/// The walk moves on only to a block that could grow to strictly less: of two free 10 MiB
+/// blocks that could each grow to 30 MiB (an unmapped page after each), a 10 MiB request takes
+/// the lower one, as the best fit by (size, address) would.
+#[test]
+fn the_walk_stops_at_a_tie() {
+    let mut p = pool_with(8 * GIB, expandable());
+    // Pages 0-4: k1 [0, 10), x [10, 20), y [20, 40), k2 [40, 50), z [50, 60), w [60, 80),
+    // k3 [80, 100).
+    let sizes = [10, 10, 20, 10, 10, 20, 20];
+    let blocks: Vec<_> = sizes.iter().map(|&m| alloc(&mut p, m * MIB)).collect();
+    let base = blocks[0].addr();
+    let mut at = 0;
+    for (b, m) in blocks.iter().zip(sizes) {
+        assert_eq!(b.addr(), base + at * MIB);
+        at += m;
+    }
+    for &i in &[1, 2, 4, 5] {
+        free(&mut p, blocks[i]);
+    }
+    // Pages 1 and 3 unmapped: free 10 MiB at 10 and at 50, each before an unmapped page.
+    p.empty_cache().unwrap();
+    p.validate().unwrap();
+    assert_eq!(p.stats().reserved_bytes.all.current, 3 * PAGE as i64);
+    let a = alloc(&mut p, 10 * MIB);
+    assert_eq!(a.addr(), base + 10 * MIB, "the lower of the two");
+    assert_eq!(p.stats().counts.num_device_alloc, 5, "no page mapped");
+}
+
 /// Room for a request beside unmapped space counts the free block after the unmapped stretch,
 /// and an exact fit is room: with an unmapped 40 MiB stretch between an allocated block and a
 /// free 5 MiB one, a 45 MiB request maps just the stretch (its two pages) and takes it with the
