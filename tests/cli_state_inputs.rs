@@ -268,3 +268,79 @@ fn a_device_ordinal_beyond_pytorchs_range_exits_2() {
         );
     }
 }
+
+/// A snapshot whose `allocator_settings` holds a value PyTorch cannot have written is refused
+/// by `replay --faithful` and `state` with exit code 2, naming the field, the value and what
+/// is allowed, not replayed under another setting (all-zero divisions, no collection,
+/// unlimited splitting, an interval left out).
+#[test]
+fn malformed_recorded_settings_exit_2_naming_the_field() {
+    use serde_pickle::{HashableValue as H, SerOptions, Value as V};
+    let dict = |items: Vec<(&str, V)>| {
+        V::Dict(
+            items
+                .into_iter()
+                .map(|(k, v)| (H::String(k.into()), v))
+                .collect(),
+        )
+    };
+    let alloc = dict(vec![
+        ("action", V::String("alloc".into())),
+        ("addr", V::I64(SEG as i64)),
+        ("size", V::I64(MIB as i64)),
+        ("stream", V::I64(0)),
+    ]);
+    let cases: [(&str, V, &str); 4] = [
+        (
+            "roundup_power2_divisions",
+            V::I64(4),
+            "allocator_settings.roundup_power2_divisions: found int 4; allowed: a dict",
+        ),
+        (
+            "garbage_collection_threshold",
+            V::String("0.6".into()),
+            "allocator_settings.garbage_collection_threshold: found str \"0.6\"; allowed: a \
+             number from 0.0 (off) up to but not including 1.0",
+        ),
+        (
+            "max_split_size",
+            V::F64(536870912.0),
+            "allocator_settings.max_split_size: found float 536870912.0; allowed: a whole number \
+             of bytes",
+        ),
+        (
+            "roundup_power2_divisions",
+            dict(vec![("65536", V::I64(4))]),
+            "allocator_settings.roundup_power2_divisions: found key str \"65536\"; allowed: each \
+             interval's start in MiB, a power of 2 from \"1\" to \"32768\"",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, value, message) in cases {
+        let top = dict(vec![
+            ("segments", V::List(vec![])),
+            ("device_traces", V::List(vec![V::List(vec![alloc.clone()])])),
+            (
+                "allocator_settings",
+                dict(vec![
+                    ("PYTORCH_CUDA_ALLOC_CONF", V::String(String::new())),
+                    (name, value),
+                ]),
+            ),
+        ]);
+        let path = dir.path().join("settings.pickle");
+        std::fs::write(
+            &path,
+            serde_pickle::value_to_vec(&top, SerOptions::new()).unwrap(),
+        )
+        .unwrap();
+        for out in [
+            cachealloc(&["replay", path.to_str().unwrap(), "--faithful"]),
+            state(&path, &[]),
+        ] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{message}: {err}");
+            assert!(err.contains(message), "{message:?} in {err}");
+        }
+    }
+}

@@ -15,10 +15,11 @@
 //!   then the running sum of block sizes from the segment start.
 //! - segments: `segment_pool_id`, a pair of integers, (0, 0) for the default pools and another
 //!   pair for a private pool (a CUDA graph's or a MemPool's); absent in older files.
-//! - `allocator_settings`: fields for four settings (`max_split_size`, -1 for unlimited;
-//!   `garbage_collection_threshold`; `expandable_segments`; `roundup_power2_divisions`, keyed by
-//!   the interval's start in MiB) and `PYTORCH_CUDA_ALLOC_CONF`, the string PyTorch last read,
-//!   which alone names the others (`per_process_memory_fraction`, `max_non_split_rounding_mb`).
+//! - `allocator_settings`: fields for four settings (`max_split_size`, an int of bytes, -1 for
+//!   unlimited; `garbage_collection_threshold`, a float; `expandable_segments`, a bool;
+//!   `roundup_power2_divisions`, a dict of ints keyed "1", "2", …, "32768", the interval's start
+//!   in MiB) and `PYTORCH_CUDA_ALLOC_CONF`, the string PyTorch last read, which alone names the
+//!   others (`per_process_memory_fraction`, `max_non_split_rounding_mb`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -489,35 +490,48 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// `allocator_settings`: each setting from its field, or where the file has none, from
-    /// the recorded string, which alone names the others (see [`RecordedSettings`]).
+    /// `allocator_settings`: each setting from its field, or where the file has none (or
+    /// None), from the recorded string, which alone names the others (see
+    /// [`RecordedSettings`]). A field holding what PyTorch cannot have written is refused,
+    /// naming the field, the value and what is allowed, rather than read as something else.
     fn settings(&self, value: PyValue) -> Result<RecordedSettings, TraceError> {
         let at = "allocator_settings";
         let d = self.dict(value, at)?;
-        let conf = self
-            .get(d, "PYTORCH_CUDA_ALLOC_CONF")
-            .and_then(|v| self.p.as_str(v))
-            .map(str::to_owned);
+        let field = |name| self.get(d, name).filter(|&v| v != PyValue::None);
+        let conf = match field("PYTORCH_CUDA_ALLOC_CONF") {
+            Some(v) => Some(
+                self.p
+                    .as_str(v)
+                    .ok_or_else(|| {
+                        self.bad_setting(
+                            "PYTORCH_CUDA_ALLOC_CONF",
+                            v,
+                            "a string (the settings PyTorch last read)",
+                        )
+                    })?
+                    .to_owned(),
+            ),
+            None => None,
+        };
         let (conf_settings, conf_warnings) = self.conf_settings(conf.as_deref());
         let from_conf = conf_settings.clone().unwrap_or_default();
-        // PyTorch writes -1 for unlimited; `max_split_size_mb:-1` is its clamp at whole MiB
-        // below 2^64, negative as a signed int, unlimited too (`to_settings`).
-        let max_split_size = match self.get(d, "max_split_size") {
-            Some(v) => as_u64(v),
+        let max_split_size = match field("max_split_size") {
+            Some(v) => self.max_split_size(v)?,
             None => from_conf
                 .has_max_split_size()
                 .then_some(from_conf.max_split_size),
         };
-        let garbage_collection_threshold = match self.get(d, "garbage_collection_threshold") {
-            Some(v) => as_f64(v).unwrap_or(0.0),
+        let garbage_collection_threshold = match field("garbage_collection_threshold") {
+            Some(v) => self.garbage_collection_threshold(v)?,
             None => from_conf.garbage_collection_threshold,
         };
-        let expandable_segments = match self.get(d, "expandable_segments") {
-            Some(v) => v == PyValue::Bool(true),
+        let expandable_segments = match field("expandable_segments") {
+            Some(PyValue::Bool(on)) => on,
+            Some(v) => return Err(self.bad_setting("expandable_segments", v, "True or False")),
             None => from_conf.expandable_segments,
         };
-        let roundup_power2_divisions = match self.get(d, "roundup_power2_divisions") {
-            Some(v) => self.roundup_table(v, at)?,
+        let roundup_power2_divisions = match field("roundup_power2_divisions") {
+            Some(v) => self.roundup_table(v)?,
             None => from_conf.roundup_power2_divisions,
         };
         Ok(RecordedSettings {
@@ -563,32 +577,96 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// The error for `allocator_settings.{name}` holding `value`.
+    fn bad_setting(&self, name: &str, value: PyValue, allowed: &str) -> TraceError {
+        self.bad(format!(
+            "allocator_settings.{name}: found {}; allowed: {allowed}",
+            self.p.describe(value)
+        ))
+    }
+
+    /// `max_split_size` in bytes, `None` when unlimited. PyTorch writes the `size_t` setting
+    /// as a signed 64-bit integer: -1 for unlimited (SIZE_MAX), and a negative value too for
+    /// the largest settings (`max_split_size_mb` is clamped to the whole MiB below 2^64), which
+    /// are read as unlimited as well (`to_settings` does the same with the clamp).
+    fn max_split_size(&self, value: PyValue) -> Result<Option<u64>, TraceError> {
+        match value {
+            PyValue::Int(bytes) if (i128::from(i64::MIN)..0).contains(&bytes) => Ok(None),
+            PyValue::Int(bytes) if u64::try_from(bytes).is_ok() => Ok(Some(bytes as u64)),
+            _ => Err(self.bad_setting(
+                "max_split_size",
+                value,
+                "a whole number of bytes below 2^64, or -1 (unlimited; any negative 64-bit \
+                 integer is read so)",
+            )),
+        }
+    }
+
+    /// `garbage_collection_threshold`: PyTorch writes a float, 0.0 (off) or what its
+    /// parser accepts, greater than 0.0 and less than 1.0.
+    fn garbage_collection_threshold(&self, value: PyValue) -> Result<f64, TraceError> {
+        match as_f64(value) {
+            Some(v) if (0.0..1.0).contains(&v) => Ok(v),
+            _ => Err(self.bad_setting(
+                "garbage_collection_threshold",
+                value,
+                "a number from 0.0 (off) up to but not including 1.0",
+            )),
+        }
+    }
+
     /// `roundup_power2_divisions`: divisions per interval, keyed by the interval's start in
-    /// MiB ("1", "2", …, "32768").
-    fn roundup_table(
-        &self,
-        value: PyValue,
-        at: &str,
-    ) -> Result<[u64; ROUNDUP_INTERVALS], TraceError> {
-        let mut table = [0; ROUNDUP_INTERVALS];
+    /// MiB, "1", "2", …, "32768" as PyTorch writes them (an integer key is read the same); each
+    /// 0 (off) or a power of 2, as PyTorch's parser allows. A key the dict lacks is 0.
+    fn roundup_table(&self, value: PyValue) -> Result<[u64; ROUNDUP_INTERVALS], TraceError> {
+        let name = "roundup_power2_divisions";
+        let last_start = 1u64 << (ROUNDUP_INTERVALS - 1);
         let Some(entries) = self.p.as_dict(value) else {
-            return Ok(table);
+            return Err(self.bad_setting(
+                name,
+                value,
+                &format!(
+                    "a dict of divisions keyed by each interval's start in MiB (\"1\", \"2\", \
+                     \"4\", …, \"{last_start}\")"
+                ),
+            ));
         };
+        let mut table = [0; ROUNDUP_INTERVALS];
         for &(k, v) in entries {
             let start_mib = match k {
                 PyValue::Int(i) => u64::try_from(i).ok(),
-                _ => self.p.as_str(k).and_then(|s| s.parse::<u64>().ok()),
+                _ => self
+                    .p
+                    .as_str(k)
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok()),
             };
-            let Some(start_mib) = start_mib.filter(|m| m.is_power_of_two()) else {
+            let Some(start_mib) = start_mib.filter(|&m| m.is_power_of_two() && m <= last_start)
+            else {
                 return Err(self.bad(format!(
-                    "{at}.roundup_power2_divisions: key {:?} is not a power-of-two MiB",
-                    self.p.as_str(k).unwrap_or(self.p.type_name(k))
+                    "allocator_settings.{name}: found key {}; allowed: each interval's start \
+                     in MiB, a power of 2 from \"1\" to \"{last_start}\"",
+                    self.p.describe(k)
                 )));
             };
-            let index = start_mib.trailing_zeros() as usize;
-            if index < ROUNDUP_INTERVALS {
-                table[index] = as_u64(v).unwrap_or(0);
-            }
+            let divisions = match v {
+                PyValue::Int(d) => u64::try_from(d)
+                    .ok()
+                    .filter(|&d| d == 0 || d.is_power_of_two()),
+                _ => None,
+            };
+            let Some(divisions) = divisions else {
+                let key = match self.p.as_str(k) {
+                    Some(text) => format!("{text:?}"),
+                    None => start_mib.to_string(),
+                };
+                return Err(self.bad(format!(
+                    "allocator_settings.{name}[{key}]: found {}; allowed: 0 (off) or a power \
+                     of 2 (1, 2, 4, 8, …)",
+                    self.p.describe(v)
+                )));
+            };
+            table[start_mib.trailing_zeros() as usize] = divisions;
         }
         Ok(table)
     }
@@ -787,13 +865,222 @@ mod tests {
 
     /// The settings read from a snapshot whose `allocator_settings` holds `items`.
     fn settings_of(items: Vec<(&str, V)>) -> RecordedSettings {
+        read_settings(items).unwrap()
+    }
+
+    fn read_settings(items: Vec<(&str, V)>) -> Result<RecordedSettings, TraceError> {
         let top = dict(vec![
             ("segments", V::List(vec![])),
             ("device_traces", V::List(vec![V::List(vec![])])),
             ("allocator_settings", dict(items)),
         ]);
-        let snap = parse_snapshot(&bytes(&top), "settings.pickle").unwrap();
-        snap.settings.unwrap()
+        let snap = parse_snapshot(&bytes(&top), "settings.pickle")?;
+        Ok(snap.settings.unwrap())
+    }
+
+    /// A `roundup_power2_divisions` dict with string keys, as PyTorch writes it.
+    fn divisions_of(items: &[(&str, V)]) -> V {
+        V::Dict(
+            items
+                .iter()
+                .map(|(k, v)| (H::String((*k).into()), v.clone()))
+                .collect(),
+        )
+    }
+
+    /// The fields PyTorch writes, as the real snapshots hold them: `max_split_size` an int
+    /// (-1, or bytes), `garbage_collection_threshold` a float, `expandable_segments` a bool,
+    /// `roundup_power2_divisions` a dict of 16 string keys "1" … "32768" to ints; the
+    /// largest `max_split_size_mb` PyTorch keeps (the whole MiB below 2^64) written as a
+    /// negative int64 is unlimited like -1; an int threshold and int keys read as the same.
+    #[test]
+    fn settings_as_pytorch_writes_them_are_read() {
+        let keys: Vec<String> = (0..ROUNDUP_INTERVALS)
+            .map(|i| (1u64 << i).to_string())
+            .collect();
+        let mut items: Vec<(&str, V)> = keys.iter().map(|k| (k.as_str(), V::I64(0))).collect();
+        items[3].1 = V::I64(4);
+        items[15].1 = V::I64(8);
+        let recorded = settings_of(vec![
+            ("PYTORCH_CUDA_ALLOC_CONF", s("max_split_size_mb:512")),
+            ("max_split_size", V::I64(512 * MIB as i64)),
+            ("garbage_collection_threshold", V::F64(0.6)),
+            ("expandable_segments", V::Bool(true)),
+            ("pinned_num_register_threads", V::I64(1)),
+            ("release_lock_on_cudamalloc", V::Bool(false)),
+            ("roundup_power2_divisions", divisions_of(&items)),
+        ]);
+        let mut divisions = [0; ROUNDUP_INTERVALS];
+        divisions[3] = 4;
+        divisions[15] = 8;
+        assert_eq!(recorded.max_split_size, Some(512 * MIB));
+        assert_eq!(recorded.garbage_collection_threshold, 0.6);
+        assert!(recorded.expandable_segments);
+        assert_eq!(recorded.roundup_power2_divisions, divisions);
+
+        let clamp = -((1i64) << 20);
+        for unlimited in [V::I64(-1), V::I64(clamp), V::I64(i64::MIN)] {
+            let recorded = settings_of(vec![("max_split_size", unlimited.clone())]);
+            assert_eq!(recorded.max_split_size, None, "{unlimited:?}");
+        }
+        let widest = serde_pickle::to_value(&u64::MAX).unwrap();
+        let recorded = settings_of(vec![("max_split_size", widest)]);
+        assert_eq!(recorded.max_split_size, Some(u64::MAX));
+        assert_eq!(recorded.to_settings().max_split_size, u64::MAX);
+
+        let mut int_keys = BTreeMap::new();
+        int_keys.insert(H::I64(2), V::I64(2));
+        let recorded = settings_of(vec![
+            ("garbage_collection_threshold", V::I64(0)),
+            ("roundup_power2_divisions", V::Dict(int_keys)),
+        ]);
+        assert_eq!(recorded.garbage_collection_threshold, 0.0);
+        assert_eq!(recorded.roundup_power2_divisions[1], 2);
+    }
+
+    /// A field that is None is read as one the file lacks: from the recorded string, else
+    /// its default.
+    #[test]
+    fn a_none_field_is_taken_from_the_string_or_its_default() {
+        let fields = || {
+            [
+                "max_split_size",
+                "garbage_collection_threshold",
+                "expandable_segments",
+                "roundup_power2_divisions",
+            ]
+            .map(|name| (name, V::None))
+        };
+        let conf = "max_split_size_mb:512,garbage_collection_threshold:0.6,\
+                    roundup_power2_divisions:4,expandable_segments:True";
+        let mut items = vec![("PYTORCH_CUDA_ALLOC_CONF", s(conf))];
+        items.extend(fields());
+        let recorded = settings_of(items);
+        assert_eq!(recorded.max_split_size, Some(512 * MIB));
+        assert_eq!(recorded.garbage_collection_threshold, 0.6);
+        assert_eq!(recorded.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+        assert!(recorded.expandable_segments);
+
+        let mut items = vec![("PYTORCH_CUDA_ALLOC_CONF", V::None)];
+        items.extend(fields());
+        let recorded = settings_of(items);
+        assert_eq!(recorded.conf, None);
+        assert_eq!(recorded.to_settings(), Settings::default());
+    }
+
+    /// A field holding what PyTorch cannot have written is refused, naming the field, the
+    /// value and what is allowed, not read as another setting (all zeros, 0, unlimited, or
+    /// the interval left out).
+    #[test]
+    fn malformed_settings_are_refused_naming_field_value_and_allowed() {
+        let divisions = |key: &str, v: V| divisions_of(&[(key, v)]);
+        let cases: Vec<(&str, V, &str)> = vec![
+            (
+                "roundup_power2_divisions",
+                V::List(vec![V::I64(4)]),
+                "allocator_settings.roundup_power2_divisions: found list; allowed: a dict of \
+                 divisions keyed by each interval's start in MiB (\"1\", \"2\", \"4\", …, \
+                 \"32768\")",
+            ),
+            (
+                "roundup_power2_divisions",
+                V::I64(4),
+                "allocator_settings.roundup_power2_divisions: found int 4; allowed: a dict",
+            ),
+            (
+                "roundup_power2_divisions",
+                divisions("65536", V::I64(4)),
+                "allocator_settings.roundup_power2_divisions: found key str \"65536\"; \
+                 allowed: each interval's start in MiB, a power of 2 from \"1\" to \"32768\"",
+            ),
+            (
+                "roundup_power2_divisions",
+                divisions("0", V::I64(4)),
+                "found key str \"0\"; allowed: each interval's start",
+            ),
+            (
+                "roundup_power2_divisions",
+                divisions("+4", V::I64(4)),
+                "found key str \"+4\"; allowed: each interval's start",
+            ),
+            (
+                "roundup_power2_divisions",
+                divisions("4", s("4")),
+                "allocator_settings.roundup_power2_divisions[\"4\"]: found str \"4\"; \
+                 allowed: 0 (off) or a power of 2 (1, 2, 4, 8, …)",
+            ),
+            (
+                "roundup_power2_divisions",
+                divisions("4", V::I64(3)),
+                "allocator_settings.roundup_power2_divisions[\"4\"]: found int 3; allowed",
+            ),
+            (
+                "roundup_power2_divisions",
+                divisions("4", V::I64(-2)),
+                "allocator_settings.roundup_power2_divisions[\"4\"]: found int -2; allowed",
+            ),
+            (
+                "garbage_collection_threshold",
+                s("0.6"),
+                "allocator_settings.garbage_collection_threshold: found str \"0.6\"; allowed: \
+                 a number from 0.0 (off) up to but not including 1.0",
+            ),
+            (
+                "garbage_collection_threshold",
+                V::F64(1.0),
+                "allocator_settings.garbage_collection_threshold: found float 1.0; allowed",
+            ),
+            (
+                "garbage_collection_threshold",
+                V::F64(-0.5),
+                "allocator_settings.garbage_collection_threshold: found float -0.5; allowed",
+            ),
+            (
+                "garbage_collection_threshold",
+                V::F64(f64::NAN),
+                "allocator_settings.garbage_collection_threshold: found float NaN; allowed",
+            ),
+            (
+                "max_split_size",
+                s("512"),
+                "allocator_settings.max_split_size: found str \"512\"; allowed: a whole number \
+                 of bytes below 2^64, or -1 (unlimited",
+            ),
+            (
+                "max_split_size",
+                V::F64(536870912.0),
+                "allocator_settings.max_split_size: found float 536870912.0; allowed",
+            ),
+            (
+                "max_split_size",
+                V::Bool(true),
+                "allocator_settings.max_split_size: found bool True; allowed",
+            ),
+            (
+                "expandable_segments",
+                s("True"),
+                "allocator_settings.expandable_segments: found str \"True\"; allowed: True or \
+                 False",
+            ),
+            (
+                "expandable_segments",
+                V::I64(1),
+                "allocator_settings.expandable_segments: found int 1; allowed: True or False",
+            ),
+            (
+                "PYTORCH_CUDA_ALLOC_CONF",
+                V::I64(1),
+                "allocator_settings.PYTORCH_CUDA_ALLOC_CONF: found int 1; allowed: a string",
+            ),
+        ];
+        for (name, value, message) in cases {
+            let err = read_settings(vec![(name, value.clone())])
+                .expect_err(&format!("{name} = {value:?} is refused"));
+            assert!(matches!(err, TraceError::Unsupported { .. }), "{err}");
+            let err = err.to_string();
+            assert!(err.starts_with("settings.pickle: "), "{err}");
+            assert!(err.contains(message), "{message:?} in {err}");
+        }
     }
 
     /// `allocator_settings` as PyTorch writes it: the string `conf` and the fields, with
@@ -1223,7 +1510,8 @@ mod tests {
         let err = error_of(&bytes(&snap)).to_string();
         assert!(
             err.contains(
-                "allocator_settings.roundup_power2_divisions: key \"3\" is not a power-of-two MiB"
+                "allocator_settings.roundup_power2_divisions: found key str \"3\"; allowed: \
+                 each interval's start in MiB, a power of 2 from \"1\" to \"32768\""
             ),
             "{err}"
         );
