@@ -124,8 +124,19 @@ fn discrete_diffusion_with_its_capacity_reproduces_the_recorded_oom() {
     // Without a capacity the same trace fits: the what-if default is an unlimited device.
     let free = json(&cachealloc(&["replay", t.to_str().unwrap(), "--json"]));
     assert_eq!(free["num_ooms"], 0);
+    // The reserved memory at the end is below the peak: the run gave some back.
+    assert_eq!(free["peak_reserved_bytes"], 23_397_924_864u64);
+    assert_eq!(free["final_reserved_bytes"], 22_571_646_976u64);
     let text = String::from_utf8(cachealloc(&["replay", t.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains("not requested again (no capacity)"), "{text}");
+    // The recording's figures beside the replay's, its out-of-memory error among them.
+    assert!(
+        text.contains(
+            "  recorded: peak reserved 21.79 GiB | 126 cudaMalloc, 6 cudaFree | retries 1 | OOM at \
+             trace entry 1117 (384.00 MiB requested)\n"
+        ),
+        "{text}"
+    );
 }
 
 /// Slips a user makes on the command line are named with the fix: a key joined to its value
@@ -365,6 +376,14 @@ fn a_faithful_search_names_the_values_it_cannot_replay() {
             && text.contains("could not exist under them.)"),
         "{text}"
     );
+    // The values the search did try are the others.
+    assert!(
+        text.contains(
+            "No max_split_size_mb value tried (1024, 512, 256, 128; other settings as in this \
+             replay) lets this workload run"
+        ),
+        "{text}"
+    );
     // Every value listed as fitting fits when given.
     let Some(t) = trace("sqattn/126d2e6/cuda_memory_snapshot.pickle") else {
         return;
@@ -578,6 +597,34 @@ fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
     assert!(!text.contains("this replay did not"), "{text}");
 }
 
+/// A recording that made a native segment before expandable segments were turned on counts
+/// both kinds of device call.
+#[test]
+fn a_recording_of_native_and_expandable_segments_counts_both() {
+    let (native, expandable, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
+    let path = write_trace_with_settings(
+        "native-then-expandable",
+        "expandable_segments:True",
+        &[
+            ("segment_alloc", native, 20 * mib, 0),
+            ("alloc", native, 4 * mib, 0),
+            ("segment_map", expandable, 20 * mib, 0),
+            ("segment_map", expandable + 20 * mib, 20 * mib, 0),
+            ("alloc", expandable, 40 * mib, 0),
+        ],
+    );
+    let out = cachealloc(&["replay", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "  recorded (expandable segments): peak reserved 60.00 MiB | 1 cudaMalloc, 0 cudaFree, \
+             2 segment maps, 0 unmaps | retries 0\n"
+        ),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
 #[test]
 fn bad_input_exits_2_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -717,6 +764,20 @@ fn synth(capacity: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["synth", "transformer", "--capacity", capacity, "--json"];
     args.extend_from_slice(extra);
     json(&cachealloc(&args))
+}
+
+/// A value that fits with a single retry says so in the singular (four training steps on a
+/// 5.5 GiB device).
+#[test]
+fn a_fit_with_one_retry_says_so() {
+    let args = ["synth", "transformer:steps=4", "--capacity", "5.5GiB"];
+    let v = json(&cachealloc(&[&args[..], &["--json"]].concat()));
+    let fits = v["fitting_settings"].as_array().unwrap();
+    let once = fits.iter().filter(|f| f["num_alloc_retries"] == 1).count();
+    assert!(once > 0, "{v}");
+    let text = String::from_utf8(cachealloc(&args).stdout).unwrap();
+    assert_eq!(text.matches(" cudaMalloc, 1 retry").count(), once, "{text}");
+    assert!(!text.contains("1 retries"), "{text}");
 }
 
 /// The summary's events add up, with the frees of allocations that ran out of memory (skipped)
@@ -879,6 +940,15 @@ fn an_oom_comes_with_settings_verified_to_fit() {
             .unwrap()
             .contains("Hint: Fragmentation")
     );
+    // Every free cached block is counted, beyond the largest few the report lists.
+    assert_eq!(report["free_blocks"], 76);
+    assert!(
+        report["text"]
+            .as_str()
+            .unwrap()
+            .contains("138.15 MiB, 91.19 MiB, 38.24 MiB, 20.46 MiB (and 72 more)."),
+        "{report}"
+    );
     assert!(v["gets_furthest"].is_null(), "settings fit: nothing to add");
     // Settings that fit only by filling the device are marked so (they live on releasing
     // cached blocks: the retries), not shown as if they needed that memory.
@@ -891,6 +961,16 @@ fn an_oom_comes_with_settings_verified_to_fit() {
         .count();
     assert!(full > 0);
     assert_eq!(text.matches("(fills the device)").count(), full, "{text}");
+    // The report's suggestion is marked among them, on its own line only.
+    let marked: Vec<&str> = text
+        .lines()
+        .filter(|l| l.ends_with(" (the report's suggestion)"))
+        .collect();
+    assert_eq!(marked.len(), 1, "{text}");
+    assert!(
+        marked[0].starts_with(&format!("  --conf {conf} ")),
+        "{text}"
+    );
     // The JSON marks the same settings.
     let marked = fits
         .iter()
@@ -1038,6 +1118,27 @@ fn after_a_padding_oom_the_search_also_drops_the_divisions() {
         ),
         "{text}"
     );
+    // Where nothing fits after a padding out-of-memory, the search says that the blocks, not
+    // the requests, need more memory (none of it held outside cachealloc here).
+    let text = String::from_utf8(
+        cachealloc(&[
+            "synth",
+            "transformer",
+            "--capacity",
+            "5GiB",
+            divided[0],
+            divided[1],
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        text.contains(
+            "without an out-of-memory on this device: its blocks need more memory, though the \
+             requests alone would fit. With --conf"
+        ),
+        "{text}"
+    );
     // After a fragmentation out-of-memory, the divisions stay in every value tried.
     let v = synth("6.5GiB", &divided);
     assert_eq!(v["first_oom_report"]["kind"], "fragmentation", "{v}");
@@ -1052,6 +1153,29 @@ fn after_a_padding_oom_the_search_also_drops_the_divisions() {
             "{v}"
         );
     }
+}
+
+/// A request whose segment is larger than the whole device is no fragmentation: the JSON names
+/// it `segment_too_large` with the segment it needed (an 8 MiB request takes a 20 MiB segment,
+/// more than a 16 MiB device).
+#[test]
+fn a_segment_larger_than_the_device_is_named_so() {
+    let path = write_trace(
+        "segment-too-large",
+        &[("alloc", 0x7f00_0000_0000, 8 << 20, 0)],
+    );
+    let v = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--capacity",
+        "16MiB",
+        "--json",
+    ]));
+    let report = &v["first_oom_report"];
+    assert_eq!(report["kind"], "segment_too_large", "{v}");
+    assert_eq!(report["requested_bytes"], 8 << 20);
+    assert_eq!(report["segment_bytes"], 20 << 20);
+    std::fs::remove_file(path).unwrap();
 }
 
 /// A bounded run of `scripts/oom-hint-study.py` (one workload, one device size): it reads the
@@ -1296,6 +1420,19 @@ fn an_oom_is_replayed_with_expandable_segments_too() {
     // A replay with them is tried without them.
     assert!(
         text.contains("Without expandable segments (--conf '') it runs out of memory too"),
+        "{text}"
+    );
+    // Where no max_split_size_mb value fits but expandable segments do, the search does not
+    // say that the workload needs more memory.
+    let out = cachealloc(&["synth", "transformer", "--capacity", "5.44GiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "lets this workload run without an out-of-memory on this device. With --conf"
+        ) && text.contains(
+            "With expandable segments (--conf expandable_segments:True) it runs \
+                 without an out-of-memory"
+        ),
         "{text}"
     );
 }

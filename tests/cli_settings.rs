@@ -5,6 +5,7 @@
 mod support;
 
 use support::cli::{cachealloc, cachealloc_with, json};
+use support::snapshot_pickle::{Segment, write_snapshot};
 use support::trace_lines::{write_trace, write_trace_with_settings};
 
 #[test]
@@ -49,6 +50,36 @@ fn a_faithful_replay_names_whose_settings_it_runs_with() {
         settings(&["--conf", ""]),
         "defaults (from --conf, in place of the recording's)"
     );
+    std::fs::remove_file(path).unwrap();
+}
+
+/// A snapshot from a PyTorch that recorded no allocator settings, whose segments are
+/// expandable: a faithful replay runs with expandable segments, as the recording shows them,
+/// mapping pages as the recording did.
+#[test]
+fn a_faithful_replay_of_expandable_segments_named_nowhere_uses_them() {
+    let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let segment = Segment {
+        address: a,
+        stream: 0,
+        expandable: true,
+        pool_id: (0, 0),
+        blocks: vec![(20 * mib, 20 * mib, "active_allocated")],
+    };
+    let entries = [("segment_map", a, 20 * mib), ("alloc", a, 20 * mib)];
+    let path = write_snapshot("expandable-unnamed.pickle", &[segment], &entries, None);
+    let j = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--faithful",
+        "--json",
+    ]));
+    assert_eq!(
+        j["settings"], "as the recording shows them: expandable_segments:True",
+        "{j}"
+    );
+    assert_eq!(j["expandable_segments"], true);
+    assert_eq!(j["num_device_alloc"], j["recorded_segment_maps"]);
     std::fs::remove_file(path).unwrap();
 }
 
