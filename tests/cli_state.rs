@@ -950,6 +950,35 @@ fn no_replay_command_for_a_trace_of_frees_alone() {
     assert_eq!(j["replay_command"], serde_json::Value::Null);
 }
 
+/// A trace of one failed request (its `oom` entry, no allocation) is replayable: the header
+/// offers the replay command, and the replay runs the request.
+#[test]
+fn a_trace_of_an_out_of_memory_alone_is_replayable() {
+    let path = write_snapshot(
+        "oom-alone.pickle",
+        &split_segments(),
+        &[("oom", 0, 300 * MIB)],
+        None,
+    );
+    let j = state_json(&path, &[]);
+    assert_eq!(j["trace_entries"], 1);
+    assert_eq!(j["replayable"], true, "{j}");
+    assert!(
+        j["replay_command"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("cachealloc replay")),
+        "{j}"
+    );
+    let out = cachealloc(&["replay", path.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["recorded_oom_requests"], 1);
+    std::fs::remove_file(path).unwrap();
+}
+
 /// cachealloc keeps no private pools (CUDA graphs', MemPools'): a replay of a recording that has
 /// them says that their requests are served from the default pools, in both modes, and replays.
 #[test]

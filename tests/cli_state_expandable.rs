@@ -152,6 +152,46 @@ fn the_ranges_taken_are_listed() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// Beyond four ranges the words list the first four and count the rest; a range that another
+/// segment begins inside of is cut short there, and says so. (Five streams' runs of one page,
+/// 1 GiB apart on a 1 GiB device, whose ranges would be 1160 MiB.)
+#[test]
+fn many_ranges_are_counted_and_cut_short_ones_named() {
+    let runs: Vec<Segment> = (0..5)
+        .map(|stream| Segment {
+            address: SEG + stream * GIB,
+            stream,
+            ..one_run(vec![(20 * MIB, 0, "inactive")])
+        })
+        .collect();
+    let path = write_state_snapshot("expandable-five.pickle", &runs, None);
+    let args = ["--request", "1MiB", "--device-memory", "1GiB"];
+    let r = request(&path, &args);
+    let cut: Vec<bool> = r["inferred_ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["cut_short"].as_bool().unwrap())
+        .collect();
+    assert_eq!(cut, [true, true, true, true, false], "{r}");
+    let text = String::from_utf8_lossy(&state(&path, &args).stdout).into_owned();
+    let cut_short = "20.00 MiB mapped, cut short where another segment begins";
+    assert!(
+        text.contains(&format!(
+            "The ranges: 1020.00 MiB at {SEG:#x} (large pool, stream 0x0, {cut_short}); "
+        )) && text.contains(&format!(
+            "; 1020.00 MiB at {:#x} (large pool, stream 0x3, {cut_short}) (and 1 more).",
+            SEG + 3 * GIB
+        )),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!("at {:#x} (large pool", SEG + 4 * GIB)),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
 /// Expandable segments are on when the segments are, whatever the snapshot's settings say;
 /// `--conf` without them is refused for such a state, naming why.
 #[test]
@@ -259,8 +299,10 @@ fn a_block_freed_pending_serves_after_the_retry() {
         text.contains(&format!(
             "served from the block of 38.00 MiB at {:#x}, whose free was pending",
             SEG + MIB
-        )) && text
-            .contains("after these calls to the device: unmapped 20.00 MiB of free cached pages"),
+        )) && text.contains(
+            "after these calls to the device: unmapped 20.00 MiB of free cached pages (a retry, \
+             after giving memory back)"
+        ),
         "{text}"
     );
     std::fs::remove_file(path).unwrap();
@@ -332,6 +374,11 @@ fn the_calls_on_the_way_are_listed_in_order() {
         },
     ];
     let mixed = write_state_snapshot("expandable-mixed.pickle", &mixed, None);
+    // One expandable segment among native ones makes the state expandable.
+    let j = json(&state(&mixed, &["--json"]));
+    assert_eq!(j["expandable_segments"], true, "{j}");
+    let text = String::from_utf8_lossy(&state(&mixed, &[]).stdout).into_owned();
+    assert!(text.contains("The segments are expandable"), "{text}");
     let r = request(&mixed, &["--request", "50MiB", "--device-free", "20MiB"]);
     assert_eq!(r["outcome"], "mapped_pages", "{r}");
     assert_eq!(r["unmapped_bytes"], 0);
