@@ -766,6 +766,13 @@ fn synth(capacity: &str, extra: &[&str]) -> serde_json::Value {
     json(&cachealloc(&args))
 }
 
+/// The transformer workload's summary on a device of `capacity`, with extra options.
+fn synth_text(capacity: &str, extra: &[&str]) -> String {
+    let mut args = vec!["synth", "transformer", "--capacity", capacity];
+    args.extend_from_slice(extra);
+    String::from_utf8(cachealloc(&args).stdout).unwrap()
+}
+
 /// A value that fits with a single retry says so in the singular (four training steps on a
 /// 5.5 GiB device).
 #[test]
@@ -952,9 +959,7 @@ fn an_oom_comes_with_settings_verified_to_fit() {
     assert!(v["gets_furthest"].is_null(), "settings fit: nothing to add");
     // Settings that fit only by filling the device are marked so (they live on releasing
     // cached blocks: the retries), not shown as if they needed that memory.
-    let text =
-        String::from_utf8(cachealloc(&["synth", "transformer", "--capacity", "5800MiB"]).stdout)
-            .unwrap();
+    let text = synth_text("5800MiB", &[]);
     let full = fits
         .iter()
         .filter(|f| (5800u64 << 20) - f["peak_reserved_bytes"].as_u64().unwrap() < 20 << 20)
@@ -1024,9 +1029,7 @@ fn without_a_fit_the_value_that_gets_furthest_is_named() {
     assert!(at > v["first_oom_event_index"].as_u64().unwrap());
     let alone = synth("4.7GiB", &["--conf", conf]);
     assert_eq!(alone["first_oom_event_index"], at);
-    let text =
-        String::from_utf8(cachealloc(&["synth", "transformer", "--capacity", "4.7GiB"]).stdout)
-            .unwrap();
+    let text = synth_text("4.7GiB", &[]);
     assert!(
         text.contains(&format!(
             "it needs more memory. With --conf {conf} it gets past this out-of-memory and first \
@@ -1075,9 +1078,7 @@ fn without_a_fit_the_value_that_gets_furthest_is_named() {
     // Live memory alone exceeds this device: no value gets anywhere.
     let v = synth("2GiB", &[]);
     assert!(v["gets_furthest"].is_null());
-    let text =
-        String::from_utf8(cachealloc(&["synth", "transformer", "--capacity", "2GiB"]).stdout)
-            .unwrap();
+    let text = synth_text("2GiB", &[]);
     assert!(
         text.contains("it needs more memory. No value gets past this out-of-memory."),
         "{text}"
@@ -1099,18 +1100,7 @@ fn after_a_padding_oom_the_search_also_drops_the_divisions() {
         let alone = synth("5.6GiB", &["--conf", conf]);
         assert!(alone["first_oom_event_index"].is_null(), "{conf}: {alone}");
     }
-    let text = String::from_utf8(
-        cachealloc(&[
-            "synth",
-            "transformer",
-            "--capacity",
-            "5.6GiB",
-            divided[0],
-            divided[1],
-        ])
-        .stdout,
-    )
-    .unwrap();
+    let text = synth_text("5.6GiB", &divided);
     assert!(
         text.contains(
             "(max_split_size_mb values with this replay's other settings, and also without its \
@@ -1120,18 +1110,7 @@ fn after_a_padding_oom_the_search_also_drops_the_divisions() {
     );
     // Where nothing fits after a padding out-of-memory, the search says that the blocks, not
     // the requests, need more memory (none of it held outside cachealloc here).
-    let text = String::from_utf8(
-        cachealloc(&[
-            "synth",
-            "transformer",
-            "--capacity",
-            "5GiB",
-            divided[0],
-            divided[1],
-        ])
-        .stdout,
-    )
-    .unwrap();
+    let text = synth_text("5GiB", &divided);
     assert!(
         text.contains(
             "without an out-of-memory on this device: its blocks need more memory, though the \
@@ -1424,8 +1403,7 @@ fn an_oom_is_replayed_with_expandable_segments_too() {
     );
     // Where no max_split_size_mb value fits but expandable segments do, the search does not
     // say that the workload needs more memory.
-    let out = cachealloc(&["synth", "transformer", "--capacity", "5.44GiB"]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = synth_text("5.44GiB", &[]);
     assert!(
         text.contains(
             "lets this workload run without an out-of-memory on this device. With --conf"
