@@ -57,20 +57,27 @@ pub(super) fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Con
     Ok(config)
 }
 
-/// The entries with keys shared with PyTorch (`max_split_size_mb:128`, ...) whose value differs
-/// from what `config` holds, as written.
+/// The entries with keys shared with PyTorch (`max_split_size_mb:128`, ...) that the settings
+/// in force do not hold, as written: an entry PyTorch would refuse, or one whose key ends up
+/// with another value than `config` holds when the variable is read alone, as PyTorch reads it
+/// (each variable over the defaults: `roundup_power2_divisions:[1024:4]` means 0 from 2 GiB
+/// up, whatever another variable set).
 fn entries_not_in_force(config: &Config, entries: &[syntax::Entry]) -> String {
+    let mut alone = Config::default();
+    let shared = |e: &syntax::Entry| options::find(&e.key).filter(|s| s.carrier == Carrier::Shared);
+    let refused: Vec<bool> = entries
+        .iter()
+        .map(|e| {
+            shared(e).is_some_and(|spec| spec.apply(&mut alone, &e.value, &mut Vec::new()).is_err())
+        })
+        .collect();
     entries
         .iter()
-        .filter(|e| {
-            options::find(&e.key).is_some_and(|spec| {
-                let mut applied = config.clone();
-                spec.carrier == Carrier::Shared
-                    && (spec.apply(&mut applied, &e.value, &mut Vec::new()).is_err()
-                        || applied.settings != config.settings)
-            })
+        .zip(refused)
+        .filter(|(e, refused)| {
+            shared(e).is_some_and(|spec| *refused || spec.current(&alone) != spec.current(config))
         })
-        .map(|e| format!("{}:{}", e.key, e.value.as_written()))
+        .map(|(e, _)| format!("{}:{}", e.key, e.value.as_written()))
         .collect::<Vec<_>>()
         .join(",")
 }

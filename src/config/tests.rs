@@ -1140,3 +1140,57 @@ fn a_tuning_in_an_unread_variable_is_warned_about() {
         ]
     );
 }
+
+/// An unread variable's tuning is compared as PyTorch reads that variable: alone, over the
+/// defaults. A list of roundup divisions sets only the sizes it names after the first, so
+/// `[1024:4]` read alone rounds nothing from 2 GiB up, unlike `4` in force.
+#[test]
+fn an_unread_variable_is_compared_as_read_alone() {
+    let c = Config::from_lookup(env(&[
+        (CONF_VAR, "roundup_power2_divisions:4"),
+        (PYTORCH_CUDA_CONF_VAR, "roundup_power2_divisions:[1024:4]"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.unread_warnings(),
+        [
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+          roundup_power2_divisions:[1024:4] is not in force (copy it into CACHEALLOC_CONF to \
+          keep it)"
+        ]
+    );
+    // The same list in force: nothing to copy.
+    let same = Config::from_lookup(env(&[
+        (CONF_VAR, "stats:text,roundup_power2_divisions:[1024:4]"),
+        (PYTORCH_CUDA_CONF_VAR, "roundup_power2_divisions:[1024:4]"),
+    ]))
+    .unwrap();
+    assert!(same.unread_warnings().is_empty());
+    // A key given twice is compared by the value it ends with: both entries are named (copying
+    // them both keeps the tuning), and none when it ends at the value in force.
+    let twice = |lower: &str| {
+        Config::from_lookup(env(&[
+            (CONF_VAR, "max_split_size_mb:128"),
+            (PYTORCH_CUDA_CONF_VAR, lower),
+        ]))
+        .unwrap()
+        .unread_warnings()
+    };
+    assert_eq!(
+        twice("max_split_size_mb:128,max_split_size_mb:256"),
+        [
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+          max_split_size_mb:128,max_split_size_mb:256 is not in force (copy it into \
+          CACHEALLOC_CONF to keep it)"
+        ]
+    );
+    assert!(twice("max_split_size_mb:256,max_split_size_mb:128").is_empty());
+    // A value PyTorch refuses is named, whatever else the variable holds.
+    assert_eq!(
+        twice("max_split_size_mb:10,max_split_size_mb:128"),
+        [
+            "CACHEALLOC_CONF is set, so PYTORCH_CUDA_ALLOC_CONF is not read: its \
+          max_split_size_mb:10 is not in force (copy it into CACHEALLOC_CONF to keep it)"
+        ]
+    );
+}
