@@ -440,9 +440,9 @@ impl ReplayJson {
             return native;
         }
         let mapped = format!(
-            "{} segment maps, {} unmaps",
-            opt(self.recorded_segment_maps),
-            opt(self.recorded_segment_unmaps)
+            "{}, {}",
+            opt_counted(self.recorded_segment_maps, "segment map"),
+            opt_counted(self.recorded_segment_unmaps, "unmap")
         );
         let made_native = [self.recorded_segment_allocs, self.recorded_segment_frees]
             .iter()
@@ -580,14 +580,15 @@ impl ReplayJson {
             fs(self.peak_reserved_bytes),
             fs(self.final_reserved_bytes)
         );
-        let (alloc_call, free_call) = if self.expandable_segments {
-            ("segment maps", "unmaps")
-        } else {
-            ("cudaMalloc", "cudaFree")
-        };
         t += &format!(
-            "  device calls: {} {alloc_call}, {} {free_call} | retries {} | OOMs {}\n",
-            self.num_device_alloc, self.num_device_free, self.num_alloc_retries, self.num_ooms
+            "  device calls: {} | retries {} | OOMs {}\n",
+            device_calls(
+                self.expandable_segments,
+                self.num_device_alloc,
+                self.num_device_free
+            ),
+            self.num_alloc_retries,
+            self.num_ooms
         );
         if let Some(at) = self.allocs_at_recorded_addr {
             t += &format!(
@@ -660,11 +661,6 @@ impl ReplayJson {
             .max_split_sizes_not_replayable
             .as_deref()
             .unwrap_or(&[]);
-        let device_allocs = if self.expandable_segments {
-            "segment maps"
-        } else {
-            "cudaMalloc"
-        };
         let listed = |values: &[u64]| {
             values
                 .iter()
@@ -781,10 +777,10 @@ impl ReplayJson {
                 false => "",
             };
             t += &format!(
-                "  --conf {:<width$}  peak reserved {}{whole}, {} {device_allocs}, {}{note}\n",
+                "  --conf {:<width$}  peak reserved {}{whole}, {}, {}{note}\n",
                 shell_word(&f.conf),
                 format_size(f.peak_reserved_bytes),
-                f.num_device_alloc,
+                device_allocs(self.expandable_segments, f.num_device_alloc),
                 match f.num_alloc_retries {
                     1 => "1 retry".to_string(),
                     n => format!("{n} retries"),
@@ -804,18 +800,18 @@ fn fills(limit: u64, peak: u64) -> bool {
 
 /// The replay with expandable segments, in words.
 fn expandable_text(e: &ExpandableTrialJson, mode: &str) -> String {
-    let (with, device_allocs) = if e.expandable_segments {
-        ("With", "segment maps")
+    let with = if e.expandable_segments {
+        "With"
     } else {
-        ("Without", "cudaMalloc")
+        "Without"
     };
     match e.first_oom_event_index {
         None => format!(
             "{with} expandable segments (--conf {}) it runs without an out-of-memory: peak \
-             reserved {}, {} {device_allocs}.\n",
+             reserved {}, {}.\n",
             shell_word(&e.conf),
             format_size(e.peak_reserved_bytes),
-            e.num_device_alloc
+            device_allocs(e.expandable_segments, e.num_device_alloc)
         ),
         Some(at) => format!(
             "{with} expandable segments (--conf {}) it runs out of memory too, first at {}.\n",
@@ -838,6 +834,31 @@ fn opt(v: Option<u64>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
 }
 
+/// `counted`, or "? maps" when the figure is unknown.
+fn opt_counted(v: Option<u64>, noun: &str) -> String {
+    v.map_or_else(|| format!("? {noun}s"), |n| counted(n, noun))
+}
+
+/// The device calls a replay made: "3 cudaMalloc, 1 cudaFree" (the calls' names), or with
+/// expandable segments "1 segment map, 2 unmaps".
+fn device_calls(expandable_segments: bool, allocs: u64, frees: u64) -> String {
+    let frees = if expandable_segments {
+        counted(frees, "unmap")
+    } else {
+        format!("{frees} cudaFree")
+    };
+    format!("{}, {frees}", device_allocs(expandable_segments, allocs))
+}
+
+/// The device allocations a replay made: "3 cudaMalloc", or "1 segment map".
+fn device_allocs(expandable_segments: bool, n: u64) -> String {
+    if expandable_segments {
+        counted(n, "segment map")
+    } else {
+        format!("{n} cudaMalloc")
+    }
+}
+
 /// `n` and the noun, plural unless `n` is 1: "1 free", "3 frees".
 pub(crate) fn counted(n: u64, noun: &str) -> String {
     if n == 1 {
@@ -849,7 +870,7 @@ pub(crate) fn counted(n: u64, noun: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::fills;
+    use super::{device_calls, fills, opt_counted};
 
     #[test]
     fn a_limit_is_filled_when_less_than_a_large_segment_is_left() {
@@ -857,5 +878,16 @@ mod tests {
         assert!(fills(limit, limit));
         assert!(fills(limit, limit - (20 << 20) + 1));
         assert!(!fills(limit, limit - (20 << 20)));
+    }
+
+    /// Page maps are counted with their noun, in the singular for one; the native calls are
+    /// named by the function.
+    #[test]
+    fn device_calls_read_as_counts() {
+        assert_eq!(device_calls(true, 1, 1), "1 segment map, 1 unmap");
+        assert_eq!(device_calls(true, 2, 0), "2 segment maps, 0 unmaps");
+        assert_eq!(device_calls(false, 1, 1), "1 cudaMalloc, 1 cudaFree");
+        assert_eq!(opt_counted(None, "unmap"), "? unmaps");
+        assert_eq!(opt_counted(Some(1), "segment map"), "1 segment map");
     }
 }
