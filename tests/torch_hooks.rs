@@ -1,4 +1,4 @@
-//! The pluggable-allocator hooks beyond malloc and free, called as PyTorch calls them, against
+//! The pluggable-allocator entry points, called as PyTorch calls them, against
 //! the fake runtime's simulated kernels (`tests/preload/torch_hooks_check.c`):
 //! `cachealloc_torch_record_stream` (`set_record_stream_fn`, `Tensor.record_stream`) keeps a
 //! freed block from the next tensor while another stream's work still uses it (an event on each
@@ -13,6 +13,8 @@
 //! `cachealloc_torch_mempool_malloc` answers NULL for PyTorch's MemPool path, which checks it.
 //! And with expandable segments on several devices, a library that is not preloaded warns that
 //! PyTorch's peer access cannot reach its pages (`tests/preload/torch_peer_check.c`).
+//! And malloc and free themselves, as PyTorch relies on them: the block of a stream, the device
+//! asked for, size 0, a free that reads only the pointer, refusals thrown and logged.
 
 mod support;
 
@@ -120,6 +122,40 @@ fn a_recorded_free_that_failed_still_waits_for_its_streams_when_made_again() {
     }
 }
 
+/// What PyTorch's `CUDAPluggableAllocator` relies on from the malloc and free it is given
+/// (`contract` in `torch_hooks_check.c`): a freed block goes at once to the next tensor of its
+/// own stream and to no other stream's; free reads the pointer only; size 0 (an empty tensor) is
+/// NULL; the device argument picks the memory's device. NULL to free is nothing to do; a pointer
+/// of no allocation and a device the process does not have are logged.
+#[test]
+fn malloc_and_free_keep_the_pluggable_allocators_contract() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("contract")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE")
+            .env_remove("CACHEALLOC_LOG"),
+    );
+    let (stdout, log) = (stdout(&out), stderr(&out));
+    assert!(stdout.contains("ok contract"), "{stdout}\n{log}");
+    let frees: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("cachealloc_torch_free"))
+        .collect();
+    assert!(
+        frees.len() == 1 && frees[0].ends_with("was not allocated by cachealloc"),
+        "only the pointer of no allocation is logged, NULL is not: {log}"
+    );
+    for call in ["cachealloc_torch_malloc", "cachealloc_torch_mempool_malloc"] {
+        assert!(
+            log.contains(&format!(
+                "{call}: no device 7 in this process (it has 2: devices 0 to 1)"
+            )),
+            "{log}"
+        );
+    }
+}
+
 /// With three devices: the reset of one leaves the waits of a recorded free on another device's
 /// stream in place (only the reset device's events go with it), and the block comes back once
 /// that stream's work is done.
@@ -196,6 +232,22 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
         stderr(&out).contains("CUDA out of memory"),
         "the report is logged too"
     );
+    // An empty tensor is NULL, not a failure; the other refusals are thrown, and logged.
+    for line in [
+        "size 0: returned NULL\n",
+        "device 7: caught: no device 7 in this process (it has 2: devices 0 to 1)\n",
+        "over 1 EiB: caught: CUDA out of memory. Tried to allocate more than 1EB memory \
+         (2305843009213693952 bytes requested).\n",
+    ] {
+        assert!(text.contains(line), "{line}{text}");
+    }
+    assert!(
+        stderr(&out).contains(
+            "cachealloc_torch_malloc: CUDA out of memory. Tried to allocate more than 1EB memory"
+        ),
+        "{}",
+        stderr(&out)
+    );
 
     // Disabled, the runtime's own out-of-memory answer is thrown in PyTorch's words, and the
     // failed cudaMalloc's error is not left for PyTorch's next check to raise somewhere else.
@@ -216,6 +268,7 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
     );
     assert!(text.contains("then: allocated"), "{text}");
     assert!(text.contains("last error: 0"), "{text}");
+    assert!(text.contains("size 0: returned NULL\n"), "{text}");
 
     // A configuration error: every allocation throws, naming it.
     let out = run_ok(

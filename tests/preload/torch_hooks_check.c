@@ -7,7 +7,9 @@
  * while the side stream's work still used it; with "failed_free" it checks a recorded free that
  * fails and is made again, printing "ok failed free"; with "third_device_reset" (three devices)
  * it checks that a reset of one device leaves the waits on another's streams, printing
- * "ok third device reset".
+ * "ok third device reset"; with "contract" it checks what PyTorch's CUDAPluggableAllocator relies
+ * on from malloc and free (streams, devices, size 0, the arguments free does not need), printing
+ * "ok contract".
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -350,8 +352,62 @@ static void third_device_reset(void) {
     printf("ok third device reset\n");
 }
 
+/* What PyTorch's CUDAPluggableAllocator relies on from the malloc and free it is given. */
+static void contract(void) {
+    cudaStream_t s1, s2;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == 0);
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == 0);
+    /* A block belongs to the stream its tensor was allocated on: freed while that stream's
+     * kernel still reads it, it goes at once to the next tensor of the same stream (whose work
+     * runs after that kernel), never to a tensor of another stream, whose work would not. */
+    void *x = cachealloc_torch_malloc(MIB, 0, s1);
+    CHECK(x != NULL);
+    CHECK(fakecudart_launch(x, MIB, s1, 1000) == 0);
+    cachealloc_torch_free(x, MIB, 0, s1);
+    void *other = cachealloc_torch_malloc(MIB, 0, s2);
+    CHECK(other != NULL && other != x);
+    void *same = cachealloc_torch_malloc(MIB, 0, s1);
+    CHECK(same == x);
+    /* The pointer alone names the block: free's size, device and stream are not read (a
+     * caller that has no size to pass frees as well). */
+    cachealloc_torch_free(same, 0, 5, s2);
+    same = cachealloc_torch_malloc(MIB, 0, s1);
+    CHECK(same == x);
+    cachealloc_torch_free(same, MIB, 0, s1);
+    cachealloc_torch_free(other, MIB, 0, s2);
+
+    /* Size 0, an empty tensor: NULL, which PyTorch never frees; no failure. */
+    CHECK(cachealloc_torch_malloc(0, 0, NULL) == NULL);
+    CHECK(cachealloc_torch_mempool_malloc(0, 0, NULL) == NULL);
+    /* NULL to free is nothing to do; a pointer of no allocation is logged, nothing else. */
+    cachealloc_torch_free(NULL, 0, 0, NULL);
+    int local;
+    cachealloc_torch_free(&local, sizeof local, 0, NULL);
+
+    /* The device argument, not the current device, says whose memory it is; the current
+     * device stays as it was. */
+    void *d1 = cachealloc_torch_malloc(MIB, 1, NULL);
+    void *m1 = cachealloc_torch_mempool_malloc(MIB, 1, NULL);
+    struct cudaPointerAttributes attributes;
+    CHECK(d1 != NULL && cudaPointerGetAttributes(&attributes, d1) == 0 && attributes.device == 1);
+    CHECK(m1 != NULL && cudaPointerGetAttributes(&attributes, m1) == 0 && attributes.device == 1);
+    int current = -1;
+    CHECK(cudaGetDevice(&current) == 0 && current == 0);
+    cachealloc_torch_free(d1, MIB, 1, NULL);
+    cachealloc_torch_free(m1, MIB, 1, NULL);
+
+    /* A device the process does not have: NULL (no C++ runtime here to throw with), logged,
+     * and no error left for the program's next check. */
+    CHECK(cachealloc_torch_malloc(MIB, 7, NULL) == NULL);
+    CHECK(cachealloc_torch_mempool_malloc(MIB, 7, NULL) == NULL);
+    CHECK(cudaGetLastError() == 0);
+    printf("ok contract\n");
+}
+
 int main(int argc, char **argv) {
-    if (argc == 2 && strcmp(argv[1], "failed_free") == 0)
+    if (argc == 2 && strcmp(argv[1], "contract") == 0)
+        contract();
+    else if (argc == 2 && strcmp(argv[1], "failed_free") == 0)
         failed_free();
     else if (argc == 2 && strcmp(argv[1], "third_device_reset") == 0)
         third_device_reset();

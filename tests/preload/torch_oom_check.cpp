@@ -5,12 +5,24 @@
  * Prints "caught: <what()>" or "returned <pointer>", then whether the allocator still serves
  * an allocation afterwards, then the thread's last CUDA error: PyTorch checks it before its next
  * cudaMalloc and after each kernel launch, so a failure already thrown must not leave it set.
+ * Then the same for an empty tensor, a device the process does not have and a request over
+ * 1 EiB, one line each: "<what>: caught: <what()>" or "<what>: returned NULL|a pointer".
  */
 #include <cstdio>
 #include <stdexcept>
 
 #include <cachealloc.h>
 #include <cuda_runtime_api.h>
+
+static void attempt(const char *what, size_t size, int device) {
+    try {
+        void *p = cachealloc_torch_malloc(size, device, NULL);
+        std::printf("%s: returned %s\n", what, p ? "a pointer" : "NULL");
+        cachealloc_torch_free(p, size, device, NULL);
+    } catch (const std::runtime_error &e) {
+        std::printf("%s: caught: %s\n", what, e.what());
+    }
+}
 
 int main() {
     try {
@@ -27,5 +39,8 @@ int main() {
         std::printf("then: caught\n");
     }
     std::printf("last error: %d\n", (int)cudaGetLastError());
+    attempt("size 0", 0, 0);
+    attempt("device 7", 1 << 20, 7);
+    attempt("over 1 EiB", (size_t)1 << 61, 0);
     return 0;
 }
