@@ -156,6 +156,30 @@ fn malloc_and_free_keep_the_pluggable_allocators_contract() {
     }
 }
 
+/// The free and empty-cache hooks return nothing, so the log is the only word of a failure
+/// inside them, and it is at the default level: a recorded free whose event cannot be made
+/// (the tensor's memory stays allocated), pages that cannot be unmapped (they stay cached).
+#[test]
+fn a_failure_inside_a_hook_that_returns_nothing_is_logged_at_the_default_level() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("hook_failures")
+            .env("CACHEALLOC_CONF", "expandable_segments:True")
+            .env_remove("CACHEALLOC_DISABLE")
+            .env_remove("CACHEALLOC_LOG"),
+    );
+    let (stdout, log) = (stdout(&out), stderr(&out));
+    assert!(stdout.contains("ok hook failures"), "{stdout}\n{log}");
+    for line in [
+        "WARN cachealloc::ffi::status: cachealloc_torch_free: cudaEventCreateWithFlags failed \
+         with CUDA error 2",
+        "WARN cachealloc::ffi::status: cachealloc_torch_empty_cache: cuMemUnmap failed with \
+         CUDA error 1",
+    ] {
+        assert!(log.contains(line), "{line}: {log}");
+    }
+}
+
 /// With three devices: the reset of one leaves the waits of a recorded free on another device's
 /// stream in place (only the reset device's events go with it), and the block comes back once
 /// that stream's work is done.

@@ -19,6 +19,27 @@ static NO_DEVICE: Repeats = Repeats::new("invalid-device errors", 10);
 /// Other arguments refused (a stream use of freed memory, an IPC handle that cannot be made).
 static BAD_ARGUMENTS: Repeats = Repeats::new("invalid-argument errors", 10);
 
+/// Failures inside a hook that returns no code, of the kinds `to_code` leaves to the code.
+static UNRETURNED: Repeats = Repeats::new("failures of hooks that return no code", 10);
+
+/// Log `err` of an entry point that returns no code (the pluggable allocator's free,
+/// record-stream and empty-cache hooks): as `to_code` logs it, except that a runtime error,
+/// which `to_code` leaves to the code the program reads, is logged at warn (the first few, then
+/// counted): here the log is the only word of it.
+pub fn log_unreturned(call: &'static str, err: ShimError) {
+    match err {
+        e @ (ShimError::Runtime { .. } | ShimError::Pool(Error::Backend(_))) => log_repeated(
+            call,
+            &UNRETURNED,
+            || e.to_string(),
+            || format!("the latest: {e}"),
+        ),
+        e => {
+            to_code(call, e);
+        }
+    }
+}
+
 /// The code for `err`, logging what the program should know: at warn, the first few of each
 /// kind (an OOM report in full), then counted (`repeats`).
 ///

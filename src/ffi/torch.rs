@@ -17,10 +17,11 @@
 //! throws (`cxx_exception`); as the allocator of a `torch.cuda.MemPool`, PyTorch's own caching
 //! allocator calls it and checks for NULL (raising its `OutOfMemoryError`, in some versions after
 //! freeing what it caches and retrying: pytorch#159674), so `cachealloc_torch_mempool_malloc`
-//! answers NULL. The other hooks log their failures.
+//! answers NULL. The other hooks return nothing: they log their failures, a runtime error
+//! included, at warn (`log_unreturned`), since PyTorch has no code to read.
 
 use super::cxx_exception;
-use super::status::{boundary, oom_text, to_code};
+use super::status::{boundary, log_unreturned, oom_text, to_code};
 use crate::backend::cuda::runtime::{self, codes};
 use crate::global::{ShimError, api};
 use crate::pool::{DeviceId, Error, StreamId};
@@ -127,7 +128,7 @@ pub extern "C" fn cachealloc_torch_free(
     let _ = (size, device, stream);
     boundary("cachealloc_torch_free", (), || {
         if let Err(e) = api::free(ptr as u64) {
-            to_code("cachealloc_torch_free", e);
+            log_unreturned("cachealloc_torch_free", e);
         }
     })
 }
@@ -139,7 +140,7 @@ pub extern "C" fn cachealloc_torch_free(
 pub extern "C" fn cachealloc_torch_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     boundary("cachealloc_torch_record_stream", (), || {
         if let Err(e) = api::record_stream(ptr as u64, StreamId(stream as u64)) {
-            to_code("cachealloc_torch_record_stream", e);
+            log_unreturned("cachealloc_torch_record_stream", e);
         }
     })
 }
@@ -150,7 +151,7 @@ pub extern "C" fn cachealloc_torch_record_stream(ptr: *mut c_void, stream: *mut 
 pub extern "C" fn cachealloc_torch_empty_cache() {
     boundary("cachealloc_torch_empty_cache", (), || {
         if let Err(e) = api::empty_cache_all() {
-            to_code("cachealloc_torch_empty_cache", e);
+            log_unreturned("cachealloc_torch_empty_cache", e);
         }
     })
 }

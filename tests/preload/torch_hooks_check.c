@@ -9,7 +9,8 @@
  * it checks that a reset of one device leaves the waits on another's streams, printing
  * "ok third device reset"; with "contract" it checks what PyTorch's CUDAPluggableAllocator relies
  * on from malloc and free (streams, devices, size 0, the arguments free does not need), printing
- * "ok contract".
+ * "ok contract"; with "hook_failures" it makes the free and empty-cache hooks fail, printing
+ * "ok hook failures" (the log says what failed).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -404,9 +405,33 @@ static void contract(void) {
     printf("ok contract\n");
 }
 
+/* The free and empty-cache hooks return nothing: a failure inside can reach the program
+ * through the log only. A recorded free whose event cannot be made leaves the memory
+ * allocated; pages that cannot be unmapped stay in the cache. */
+static void hook_failures(void) {
+    cudaStream_t side;
+    CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == 0);
+    void *r = cachealloc_torch_malloc(MIB, 0, NULL);
+    CHECK(r != NULL);
+    CHECK(fakecudart_launch(r, MIB, side, 1000) == 0);
+    cachealloc_torch_record_stream(r, side);
+    CHECK(fakecudart_inject_call_failures("cudaEventCreate", 1, cudaErrorMemoryAllocation) == 0);
+    cachealloc_torch_free(r, MIB, 0, NULL);
+    CHECK(cudaGetLastError() == 0);
+    void *big = cachealloc_torch_malloc(64 * MIB, 0, NULL);
+    CHECK(big != NULL);
+    cachealloc_torch_free(big, 64 * MIB, 0, NULL);
+    CHECK(fakecudart_inject_driver_failure("cuMemUnmap", 0, 1) == 0);
+    cachealloc_torch_empty_cache();
+    CHECK(cudaGetLastError() == 0);
+    printf("ok hook failures\n");
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "contract") == 0)
         contract();
+    else if (argc == 2 && strcmp(argv[1], "hook_failures") == 0)
+        hook_failures();
     else if (argc == 2 && strcmp(argv[1], "failed_free") == 0)
         failed_free();
     else if (argc == 2 && strcmp(argv[1], "third_device_reset") == 0)
