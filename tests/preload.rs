@@ -480,6 +480,30 @@ fn a_fragmentation_oom_names_a_setting_that_avoids_it() {
         log.contains("run it again with CACHEALLOC_CONF=trace:/tmp/cachealloc-%p.jsonl "),
         "{log}"
     );
+    assert!(
+        log.contains(
+            "and replay the file with `cachealloc replay /tmp/cachealloc-PID.jsonl --device 0 \
+             --faithful`."
+        ),
+        "the command names a file, not the pattern: {log}"
+    );
+    // A trace file that could not be created: the suggested setting records to the default
+    // path in its place, not to both.
+    let unwritable = check(
+        "fragmentation",
+        &[
+            capacity,
+            (
+                "CACHEALLOC_CONF",
+                "trace:/nonexistent-cachealloc-dir/run.jsonl",
+            ),
+        ],
+    );
+    let log = stderr(&unwritable);
+    assert!(
+        log.contains("run it again with CACHEALLOC_CONF=trace:/tmp/cachealloc-%p.jsonl "),
+        "{log}"
+    );
     let tuned = check(
         "fragmentation",
         &[
@@ -572,6 +596,13 @@ fn a_recorded_oom_names_the_replay_that_finds_the_settings_that_fit() {
         .unwrap_or_else(|| panic!("no replay command in:\n{log}"))
         + 1;
     let command = &log[start..start + log[start..].find('`').unwrap()];
+    assert!(
+        log.contains(
+            "under which the whole run has no out-of-memory error (else the one that gets \
+             furthest past this one), and whether expandable segments avoid them."
+        ),
+        "the replay also tries the other kind of segment: {log}"
+    );
     let args: Vec<&str> = command.split_whitespace().skip(1).collect();
     assert!(
         args[0] == "replay"
