@@ -84,6 +84,11 @@ fn installed_library_links_with_pkg_config_and_serves_the_c_api() {
         log.contains("cachealloc_malloc: no device -1 in this process\n"),
         "{log}"
     );
+    // cachealloc_stats_json answers 0 for any failure: the log says which.
+    assert!(
+        log.contains("cachealloc_stats_json: no device 7 in this process (it has 2"),
+        "{log}"
+    );
     // The devices that served allocations, and not the missing ones the program asked for.
     let stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats_file).unwrap()).unwrap();

@@ -87,3 +87,82 @@ impl CacheallocStats {
         Some((caller - caller % 8).min(std::mem::size_of::<Self>()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::stats::{Counts, Stat};
+
+    fn stat(current: i64, peak: i64) -> Stat {
+        Stat {
+            current,
+            peak,
+            ..Stat::default()
+        }
+    }
+
+    /// Each field carries its own statistic (every figure below is distinct), the whole
+    /// device's, not a pool's.
+    #[test]
+    fn each_field_carries_its_own_statistic() {
+        let mut stats = DeviceStats::default();
+        stats.allocated_bytes.all = stat(1, 2);
+        stats.reserved_bytes.all = stat(3, 4);
+        stats.active_bytes.all = stat(5, 6);
+        stats.requested_bytes.all = stat(7, 8);
+        stats.inactive_split_bytes.all = stat(9, 10);
+        stats.allocation.all = stat(11, 12);
+        stats.segment.all = stat(13, 14);
+        stats.allocated_bytes.large_pool = stat(100, 101);
+        stats.counts = Counts {
+            num_alloc_retries: 15,
+            num_ooms: 16,
+            num_sync_all_streams: 17,
+            num_device_alloc: 18,
+            num_device_free: 19,
+        };
+        assert_eq!(
+            CacheallocStats::from_stats(&stats, 20),
+            CacheallocStats {
+                size: std::mem::size_of::<CacheallocStats>() as u32,
+                version: CACHEALLOC_STATS_VERSION,
+                allocated_bytes: 1,
+                allocated_bytes_peak: 2,
+                reserved_bytes: 3,
+                reserved_bytes_peak: 4,
+                active_bytes: 5,
+                active_bytes_peak: 6,
+                requested_bytes: 7,
+                requested_bytes_peak: 8,
+                inactive_split_bytes: 9,
+                cached_free_bytes: 20,
+                allocations: 11,
+                segments: 13,
+                num_alloc_retries: 15,
+                num_ooms: 16,
+                num_device_alloc: 18,
+                num_device_free: 19,
+                num_sync_all_streams: 17,
+            }
+        );
+        // A figure below zero (never expected) reads 0, not a count near 2^64.
+        stats.allocation.all = stat(-1, 0);
+        assert_eq!(CacheallocStats::from_stats(&stats, 0).allocations, 0);
+    }
+
+    /// A caller's `size` gets the whole fields it holds after the 8-byte header (size and
+    /// version alone for 8), never part of one, and never more than this layout has (a caller
+    /// built with a newer, longer header learns the size filled); below the header, nothing.
+    #[test]
+    fn a_caller_gets_the_whole_fields_its_size_holds() {
+        let ours = std::mem::size_of::<CacheallocStats>();
+        assert_eq!(CacheallocStats::fill_len(0), None);
+        assert_eq!(CacheallocStats::fill_len(7), None);
+        assert_eq!(CacheallocStats::fill_len(8), Some(8));
+        assert_eq!(CacheallocStats::fill_len(15), Some(8));
+        assert_eq!(CacheallocStats::fill_len(20), Some(16));
+        assert_eq!(CacheallocStats::fill_len(ours as u32), Some(ours));
+        assert_eq!(CacheallocStats::fill_len(ours as u32 + 64), Some(ours));
+        assert_eq!(CacheallocStats::fill_len(u32::MAX), Some(ours));
+    }
+}

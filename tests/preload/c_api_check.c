@@ -53,11 +53,16 @@ int main(int argc, char **argv) {
     CHECK(old[2] == 0xdeadbeef);
     stats.size = 4;
     CHECK(cachealloc_get_stats(0, &stats) == 1);
+    CHECK(cachealloc_get_stats(0, NULL) == 1);
 
     /* JSON, snprintf-like. */
     size_t need = cachealloc_stats_json(0, NULL, 0);
     CHECK(need > 100);
     char small[8];
+    /* A length of 0 writes nothing, whatever the buffer: the length needed is the answer. */
+    memset(small, 'x', sizeof small);
+    CHECK(cachealloc_stats_json(0, small, 0) == need);
+    CHECK(small[0] == 'x');
     CHECK(cachealloc_stats_json(0, small, sizeof small) == need);
     CHECK(small[7] == '\0' && small[0] == '{');
     char *json = malloc(need + 1);
