@@ -193,6 +193,8 @@ impl std::error::Error for SynthError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::StreamId;
+    use crate::trace::workload::Op;
 
     #[test]
     fn kinds_parse_by_name() {
@@ -312,5 +314,236 @@ mod tests {
             ..TransformerParams::default()
         });
         assert!(spec.generate(1).is_err());
+        // A library caller's parameters are checked too, not only a parsed spec's.
+        let spec = SynthSpec::LogUniform(LogUniformParams {
+            free_probability: 1.5,
+            ..LogUniformParams::default()
+        });
+        assert_eq!(
+            spec.generate(1).unwrap_err().0,
+            "loguniform free_p=1.5 must be from 0 to 1"
+        );
+    }
+
+    /// Every key sets its own parameter; the spec may carry spaces around its parts, an empty
+    /// pair, and `_` between digits, and one sequence length means every step has it.
+    #[test]
+    fn every_key_sets_its_parameter() {
+        let spec: SynthSpec = "transformer:layers=3,hidden=96,heads=6,vocab=500,batch=5,\
+                               seq=40-80,steps=7,dtype_bytes=4"
+            .parse()
+            .unwrap();
+        let expected = TransformerParams {
+            layers: 3,
+            hidden: 96,
+            heads: 6,
+            vocab: 500,
+            batch: 5,
+            seq_min: 40,
+            seq_max: 80,
+            steps: 7,
+            dtype_bytes: 4,
+        };
+        assert_eq!(spec, SynthSpec::Transformer(expected));
+        assert_eq!(spec.kind(), SynthKind::Transformer);
+        let spaced = " transformer : layers = 3 , hidden=96,heads=6,vocab=500,batch=5, \
+                      seq = 40 - 80 ,, ,steps=7,dtype_bytes=4,";
+        assert_eq!(spaced.parse(), Ok(spec));
+
+        let spec: SynthSpec = "loguniform:ops=1_000,min=1000,max=5000,free_p=0.5,budget_gib=3"
+            .parse()
+            .unwrap();
+        let expected = LogUniformParams {
+            ops: 1000,
+            min_size: 1000,
+            max_size: 5000,
+            free_probability: 0.5,
+            budget: 3 << 30,
+        };
+        assert_eq!(spec, SynthSpec::LogUniform(expected));
+        assert_eq!(spec.kind(), SynthKind::LogUniform);
+
+        let SynthSpec::Transformer(p) = "transformer:seq=512".parse().unwrap() else {
+            unreachable!()
+        };
+        assert_eq!((p.seq_min, p.seq_max), (512, 512));
+    }
+
+    /// The documented ranges hold to their ends: a value at an end is taken, the first one past
+    /// it is refused with a message naming it and what is allowed.
+    #[test]
+    fn parameter_ranges_hold_to_their_ends() {
+        let ok = |s: &str| {
+            s.parse::<SynthSpec>()
+                .unwrap_or_else(|e| panic!("{s} refused: {e}"))
+        };
+        let err = |s: &str| s.parse::<SynthSpec>().unwrap_err().0;
+        for spec in [
+            "loguniform:free_p=0",
+            "loguniform:free_p=1",
+            "loguniform:min=1,max=1",
+            "loguniform:min=4096,max=4096",
+            "loguniform:budget_gib=1,min=1073741824,max=1073741824",
+            "loguniform:ops=10_000_000",
+            // The largest request the pool takes: 1 EiB less a byte (a budget of 1 EiB).
+            "loguniform:max=1152921504606846975,budget_gib=1073741824",
+            "transformer:seq=1",
+            "transformer:seq=300-300",
+        ] {
+            ok(spec);
+        }
+        for dtype in [1, 2, 4, 8] {
+            ok(&format!("transformer:dtype_bytes={dtype}"));
+        }
+        let refused = [
+            (
+                "loguniform:max=1152921504606846976,budget_gib=1073741824",
+                "loguniform max=1152921504606846976 is a request the pool refuses: give less \
+                 than 1152921504606846976 bytes (1 EiB)",
+            ),
+            (
+                "loguniform:min=0",
+                "loguniform sizes min=0 max=268435456: need 1 <= min <= max",
+            ),
+            (
+                "loguniform:ops=10_000_001",
+                "loguniform ops=10000001 is more than a synthetic workload may have (at most \
+                 10000000)",
+            ),
+            (
+                "loguniform:free_p=1.01",
+                "synthetic workload parameter free_p=\"1.01\" must be a number from 0 to 1",
+            ),
+            (
+                "loguniform:free_p=-0.01",
+                "synthetic workload parameter free_p=\"-0.01\" must be a number from 0 to 1",
+            ),
+            // 2^34 GiB is 2^64 bytes.
+            (
+                "loguniform:budget_gib=17179869184",
+                "synthetic workload parameter budget_gib=\"17179869184\" is too large",
+            ),
+            (
+                "loguniform:max=1KiB",
+                "synthetic workload parameter max=\"1KiB\" is not a whole number of bytes \
+                 (without a unit: 1024, not 1KiB)",
+            ),
+            (
+                "transformer:seq=0",
+                "transformer seq=0-0: need 1 <= min <= max",
+            ),
+            (
+                "transformer:seq=0-64",
+                "transformer seq=0-64: need 1 <= min <= max",
+            ),
+        ];
+        for (spec, message) in refused {
+            assert_eq!(err(spec), message, "{spec}");
+        }
+        for dtype in [0, 3, 16] {
+            assert_eq!(
+                err(&format!("transformer:dtype_bytes={dtype}")),
+                format!("transformer dtype_bytes={dtype} must be 1, 2, 4 or 8")
+            );
+        }
+        for key in ["layers", "hidden", "heads", "vocab", "batch"] {
+            assert_eq!(
+                err(&format!("transformer:{key}=0")),
+                format!("transformer {key} must be at least 1")
+            );
+        }
+        for key in ["layers", "steps"] {
+            assert_eq!(
+                err(&format!("transformer:{key}=4294967296")),
+                format!("transformer parameter {key}=4294967296 is too large (at most 4294967295)")
+            );
+        }
+    }
+
+    /// The help gives each parameter's default as the spec writes it.
+    #[test]
+    fn the_help_gives_each_default() {
+        let help = parameters_help();
+        let defaults = [
+            ("layers", "12"),
+            ("hidden", "768"),
+            ("heads", "12"),
+            ("vocab", "50257"),
+            ("batch", "4"),
+            ("seq", "128-1024"),
+            ("steps", "32"),
+            ("dtype_bytes", "2: bf16/fp16"),
+            ("ops", "1000000"),
+            ("min", "512"),
+            ("max", "268435456"),
+            ("free_p", "0.3"),
+            ("budget_gib", "40"),
+        ];
+        for (key, default) in defaults {
+            let line = help
+                .lines()
+                .find(|line| line.starts_with(&format!("  {key}: ")))
+                .unwrap_or_else(|| panic!("no line for {key}:\n{help}"));
+            assert!(line.ends_with(&format!("({default})")), "{line}");
+        }
+    }
+
+    /// One FNV-1a digest of every operation's fields.
+    fn digest(w: &Workload) -> u64 {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        let mut mix = |value: u64| {
+            for byte in value.to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
+            }
+        };
+        for op in &w.ops {
+            match *op {
+                Op::Alloc {
+                    id,
+                    size,
+                    stream,
+                    recorded_addr,
+                } => {
+                    assert_eq!((stream, recorded_addr), (StreamId(0), None), "{op:?}");
+                    [0, id.into(), size].into_iter().for_each(&mut mix);
+                }
+                Op::Free { id } => [1, id.into()].into_iter().for_each(&mut mix),
+                _ => panic!("a generator made {op:?}"),
+            }
+        }
+        hash
+    }
+
+    /// A generated workload is named by its spec and seed (the benchmark table's synthetic rows
+    /// are the defaults at seeds 42 and 1, README's `synth` figures the transformer's at seed
+    /// 1): the same name must keep meaning the same operations, on every platform and release.
+    #[test]
+    fn a_spec_and_seed_always_mean_the_same_operations() {
+        let pinned = [
+            ("loguniform", 42, 1_000_000, 0xcf1d_3613_96e8_9af0),
+            ("transformer", 1, 51_324, 0xb33b_6b32_1be7_4345),
+            (
+                "loguniform:ops=5000,min=1,max=65536,free_p=0.4,budget_gib=1",
+                7,
+                5000,
+                0xf2b3_1f6f_95f6_adc9,
+            ),
+            (
+                "transformer:layers=2,hidden=64,heads=4,vocab=1000,batch=2,seq=16-256,steps=3,\
+                 dtype_bytes=4",
+                9,
+                1014,
+                0x9fb0_fe7b_fd45_9e23,
+            ),
+        ];
+        for (spec, seed, ops, pinned_digest) in pinned {
+            let w = spec.parse::<SynthSpec>().unwrap().generate(seed).unwrap();
+            assert_eq!(
+                (w.ops.len(), digest(&w)),
+                (ops, pinned_digest),
+                "{spec} at seed {seed}: {:#x}",
+                digest(&w)
+            );
+        }
     }
 }

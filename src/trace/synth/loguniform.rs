@@ -347,6 +347,114 @@ mod tests {
         }
     }
 
+    /// The workload as ops alone: `A size` and `F id`.
+    fn sequence(spec: &str, seed: u64) -> Vec<Op> {
+        spec.parse::<SynthSpec>()
+            .unwrap()
+            .generate(seed)
+            .unwrap()
+            .ops
+    }
+
+    fn alloc(id: AllocId, size: u64) -> Op {
+        Op::Alloc {
+            id,
+            size,
+            stream: StreamId(0),
+            recorded_addr: None,
+        }
+    }
+
+    /// With `min` = `max` every request has that size (the log-uniform draw is not rounded
+    /// below it), and the budget is reached exactly but never passed: two 512 MiB requests fill
+    /// 1 GiB, each further one first frees one, and the frees count towards `ops`.
+    #[test]
+    fn the_budget_is_filled_exactly_and_frees_count_as_operations() {
+        let ops = sequence(
+            "loguniform:ops=7,min=536870912,max=536870912,free_p=0,budget_gib=1",
+            1,
+        );
+        let half = 512 << 20;
+        assert_eq!(&ops[..2], &[alloc(0, half), alloc(1, half)]);
+        assert!(matches!(ops[2], Op::Free { id: 0 | 1 }), "{ops:?}");
+        assert_eq!(ops[3], alloc(2, half));
+        assert!(matches!(ops[4], Op::Free { .. }), "{ops:?}");
+        assert_eq!(ops[5], alloc(3, half));
+        assert!(matches!(ops[6], Op::Free { .. }), "{ops:?}");
+        assert_eq!(ops.len(), 7);
+        for size in [1, 4096, 1000] {
+            let spec = format!("loguniform:ops=100,min={size},max={size}");
+            for op in sequence(&spec, 2) {
+                if let Op::Alloc { size: got, .. } = op {
+                    assert_eq!(got, size, "{spec}");
+                }
+            }
+        }
+        // Where the budget needs several frees before a request, the workload still stops at
+        // exactly `ops` operations.
+        for n in 1..60 {
+            let spec =
+                format!("loguniform:ops={n},min=268435456,max=1073741824,free_p=0,budget_gib=1");
+            let w = spec.parse::<SynthSpec>().unwrap().generate(3).unwrap();
+            assert_eq!(w.ops.len(), n, "{spec}");
+            assert_eq!(
+                w.num_ids as usize,
+                w.allocs(),
+                "{spec}: ids are 0..allocations"
+            );
+        }
+    }
+
+    /// `free_p` is the chance that an operation frees (while the budget does not bind), and the
+    /// allocation it frees is any live one, not the newest or the oldest.
+    #[test]
+    fn frees_follow_free_p_and_pick_any_live_allocation() {
+        let frees = |ops: &[Op]| {
+            ops.iter()
+                .filter(|op| matches!(op, Op::Free { .. }))
+                .count()
+        };
+        assert_eq!(frees(&sequence("loguniform:ops=2000,free_p=0", 1)), 0);
+        let every_other = sequence("loguniform:ops=2000,free_p=1", 1);
+        for pair in every_other.chunks(2) {
+            let [Op::Alloc { id, .. }, Op::Free { id: freed }] = pair else {
+                panic!("not an allocation and its free: {pair:?}");
+            };
+            assert_eq!(id, freed);
+        }
+        // About 30% of 20,000 operations: the standard deviation is 0.3%.
+        let ops = sequence("loguniform:ops=20000,max=65536", 4);
+        let share = frees(&ops) as f64 / ops.len() as f64;
+        assert!(
+            (0.28..0.32).contains(&share),
+            "{share} of the operations free"
+        );
+
+        // Where each freed allocation ranks among those live, oldest 0 to newest 1: spread
+        // evenly, a quarter of the frees in each quarter.
+        let mut live: Vec<AllocId> = Vec::new();
+        let mut quarters = [0usize; 4];
+        for op in &ops {
+            match *op {
+                Op::Alloc { id, .. } => live.push(id),
+                Op::Free { id } => {
+                    let at = live.iter().position(|&l| l == id).unwrap();
+                    if live.len() > 1 {
+                        let rank = at as f64 / (live.len() - 1) as f64;
+                        quarters[((rank * 4.0) as usize).min(3)] += 1;
+                    }
+                    live.remove(at);
+                }
+                _ => unreachable!(),
+            }
+        }
+        let total: usize = quarters.iter().sum();
+        for count in quarters {
+            let share = count as f64 / total as f64;
+            assert!((0.2..0.3).contains(&share), "{quarters:?}");
+        }
+    }
+
     #[test]
     fn default_is_the_million_op_benchmark_trace() {
         let SynthSpec::LogUniform(p) = SynthSpec::new(SynthKind::LogUniform) else {

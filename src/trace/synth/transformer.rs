@@ -645,6 +645,211 @@ mod tests {
         );
     }
 
+    /// Each op of `ops` as `A size` or `F size` (the size of the allocation it frees).
+    fn sizes(w: &Workload, ops: std::ops::Range<usize>) -> Vec<(char, u64)> {
+        let mut size_of = vec![0; w.num_ids as usize];
+        let mut out = Vec::new();
+        for (i, op) in w.ops.iter().enumerate() {
+            let entry = match *op {
+                Op::Alloc { id, size, .. } => {
+                    size_of[id as usize] = size;
+                    ('A', size)
+                }
+                Op::Free { id } => ('F', size_of[id as usize]),
+                _ => unreachable!(),
+            };
+            if ops.contains(&i) {
+                out.push(entry);
+            }
+        }
+        out
+    }
+
+    /// `A name F name ...` with each name's size from `size`.
+    fn expected(text: &str, size: impl Fn(&str) -> u64) -> Vec<(char, u64)> {
+        let mut out = Vec::new();
+        for token in text.split_whitespace() {
+            let (kind, name) = token.split_at(1);
+            let kind = kind.chars().next().unwrap();
+            out.push((kind, size(name)));
+        }
+        out
+    }
+
+    /// Setup: every weight in `dtype_bytes` (embeddings, final norm, then each layer's twelve),
+    /// then Adam's two fp32 moments per weight.
+    #[test]
+    fn setup_allocates_the_weights_then_two_fp32_moments_each() {
+        let p = TransformerParams {
+            layers: 2,
+            dtype_bytes: 1,
+            ..tiny()
+        };
+        let (h, v, s) = (p.hidden, p.vocab, p.seq_max);
+        let layer = [
+            h,
+            h,
+            3 * h * h,
+            3 * h,
+            h * h,
+            h,
+            h,
+            h,
+            4 * h * h,
+            4 * h,
+            4 * h * h,
+            h,
+        ];
+        let mut numels = vec![v * h, s * h, h, h];
+        numels.extend(layer);
+        numels.extend(layer);
+        let mut want: Vec<(char, u64)> = numels.iter().map(|&n| ('A', n)).collect();
+        want.extend(numels.iter().flat_map(|&n| [('A', 4 * n), ('A', 4 * n)]));
+        let out = generate(&p, 1);
+        assert_eq!(sizes(&out.workload, 0..out.persistent), want);
+    }
+
+    /// One training step (one layer, a fixed sequence length), op by op as the module doc
+    /// describes it: sizes follow the batch, the sequence length (scores its square), the width,
+    /// the heads and the vocabulary, and each activation is freed where it says.
+    #[test]
+    fn a_step_allocates_and_frees_as_documented() {
+        let p = TransformerParams {
+            layers: 1,
+            seq_min: 32,
+            seq_max: 32,
+            steps: 1,
+            ..tiny()
+        };
+        let (b, s, h, dt) = (p.batch, 32, p.hidden, p.dtype_bytes);
+        let tokens = b * s;
+        let act = tokens * h * dt;
+        let size = |name: &str| match name {
+            "ids" => tokens * 8,
+            "act" => act,
+            "act3" => 3 * act,
+            "act4" => 4 * act,
+            "stat" => tokens * 4,
+            "scores" => b * p.heads * s * s * dt,
+            "logits" => tokens * p.vocab * dt,
+            "logits32" => tokens * p.vocab * 4,
+            "f32" => 4,
+            "g_wte" => p.vocab * h * dt,
+            "g_wpe" => p.seq_max * h * dt,
+            "g_h" => h * dt,
+            "g_3h" => 3 * h * dt,
+            "g_4h" => 4 * h * dt,
+            "g_hh" => h * h * dt,
+            "g_3hh" => 3 * h * h * dt,
+            "g_4hh" => 4 * h * h * dt,
+            _ => panic!("{name}"),
+        };
+        let forward = "Aids Aact \
+            Aact Astat Astat Aact3 Ascores Ascores Fscores Aact Aact Aact Fact \
+            Aact Astat Astat Aact4 Aact4 Aact Aact Fact \
+            Aact Astat Astat Alogits Alogits32 Af32";
+        let backward = "Af32 Alogits32 Ff32 Flogits32 Alogits Flogits32 Flogits Ag_wte \
+            Aact Flogits Fact Aact Fact Fstat Fstat Fact Ag_h Ag_h \
+            Ag_4hh Ag_h Aact4 Fact4 Aact4 Fact4 Fact4 Ag_4hh Ag_4h \
+            Aact Fact4 Fact Aact Fact Fstat Fstat Ag_h Ag_h \
+            Aact Fact Fact Fact Ag_hh Ag_h \
+            Aact Ascores Fact Ascores Fscores Fscores Aact3 Fscores Fact Fact3 Ag_3hh Ag_3h \
+            Aact Fact3 Fact Aact Fact Fstat Fstat Ag_h Ag_h \
+            Aact Fact Fact Fact Ag_wpe Fact Fids Ff32";
+        let out = generate(&p, 1);
+        let w = &out.workload;
+        let start = out.step_starts[0];
+        let want: Vec<(char, u64)> = expected(&format!("{forward} {backward}"), size);
+        assert_eq!(sizes(w, start..start + want.len()), want);
+
+        // The optimizer: a 4-byte norm per gradient, their total, then the clip factor; an fp32
+        // temporary per weight for the update; then every gradient is freed, in weight order.
+        let numels = p.weight_numels();
+        let n = numels.len();
+        let mut tail = vec![('A', 4); n + 1];
+        tail.extend(vec![('F', 4); n]);
+        tail.extend([('A', 4), ('F', 4), ('F', 4)]);
+        tail.extend(numels.iter().flat_map(|&k| [('A', 4 * k), ('F', 4 * k)]));
+        tail.extend(numels.iter().map(|&k| ('F', k * dt)));
+        let end = w.ops.len();
+        assert_eq!(sizes(w, end - tail.len()..end), tail);
+        assert_eq!(
+            start + want.len() + tail.len(),
+            end,
+            "ops between backward and optimizer"
+        );
+    }
+
+    /// Each step's sequence length is drawn from the whole range, both ends included (the
+    /// token ids, a step's first allocation, hold 8 bytes per token).
+    #[test]
+    fn sequence_lengths_cover_the_range_with_its_ends() {
+        let p = TransformerParams {
+            layers: 1,
+            seq_min: 16,
+            seq_max: 19,
+            steps: 40,
+            ..tiny()
+        };
+        let out = generate(&p, 2);
+        let mut seen: Vec<u64> = out
+            .step_starts
+            .iter()
+            .map(|&at| match out.workload.ops[at] {
+                Op::Alloc { size, .. } => size / (8 * p.batch),
+                ref op => panic!("a step starts with {op:?}"),
+            })
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, [16, 17, 18, 19]);
+    }
+
+    /// A tensor of 1 EiB or more is refused (the pool would refuse the request), for each kind
+    /// of tensor that can grow there, and one just under it is not.
+    #[test]
+    fn tensors_of_1_eib_are_refused_at_the_boundary() {
+        let tensor = "transformer parameters make a tensor of 1 EiB or more";
+        let err = |s: &str| {
+            s.parse::<crate::trace::synth::SynthSpec>()
+                .err()
+                .map(|e| e.0)
+        };
+        let pairs = [
+            // Attention scores, batch·heads·seq² elements of 8 bytes: 2^57 · 8 bytes.
+            (
+                "hidden=1,heads=1,vocab=1,seq=1048576,dtype_bytes=8",
+                "batch=131072",
+                "batch=131071",
+            ),
+            // Logits, batch·seq·vocab elements.
+            (
+                "hidden=1,heads=1,seq=1,batch=1048576,dtype_bytes=8",
+                "vocab=137438953472",
+                "vocab=137438953471",
+            ),
+            // The token embedding, vocab·hidden elements.
+            (
+                "heads=1,seq=1,batch=1,hidden=1048576,dtype_bytes=8",
+                "vocab=137438953472",
+                "vocab=137438953471",
+            ),
+        ];
+        for (shape, refused, taken) in pairs {
+            let spec = |last: &str| format!("transformer:layers=1,{shape},{last}");
+            assert_eq!(
+                err(&spec(refused)).as_deref(),
+                Some(tensor),
+                "{shape},{refused}"
+            );
+            assert_eq!(err(&spec(taken)), None, "{shape},{taken}");
+        }
+        // In bf16 the embedding is half that, but its Adam moments are fp32: 2^58 · 4 bytes.
+        let moments = "transformer:layers=1,heads=1,seq=1,batch=1,hidden=1048576,dtype_bytes=2,\
+                       vocab=274877906944";
+        assert_eq!(err(moments).as_deref(), Some(tensor));
+    }
+
     #[test]
     fn validation_catches_impossible_shapes() {
         let bad = |f: fn(&mut TransformerParams)| {
