@@ -402,6 +402,10 @@ mod tests {
                  than 1152921504606846976 bytes (1 EiB)",
             ),
             (
+                "loguniform:budget_gib=0",
+                "loguniform budget_gib=0 must be at least 1",
+            ),
+            (
                 "loguniform:min=0",
                 "loguniform sizes min=0 max=268435456: need 1 <= min <= max",
             ),

@@ -114,7 +114,7 @@ impl LogUniformParams {
             )
         })?;
         check(self.budget > 0, || {
-            "loguniform budget must be positive".into()
+            "loguniform budget_gib=0 must be at least 1".into()
         })?;
         // Every request fits the budget alone, so freeing what is live always makes room for it:
         // a request larger would break the budget, and redrawing it would silently make the
