@@ -217,6 +217,54 @@ fn a_recording_with_expandable_segments_replays_page_for_page() {
     assert_eq!(faithful["allocs_at_recorded_addr"].as_u64(), Some(allocs));
 }
 
+/// On a device without virtual memory management, the shim asked for expandable segments uses
+/// fixed ones (one cudaMalloc per segment) while its header still names the setting: the
+/// faithful replay follows what the device did, not the header, and says so (it mapped pages
+/// for every segment, none at its recorded address).
+#[test]
+fn a_recording_that_fell_back_to_fixed_segments_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record_with(
+        dir.path(),
+        "mix",
+        "expandable_segments:True,",
+        &[("FAKECUDART_CAPACITY", "1GiB"), ("FAKECUDART_VMM", "0")],
+    );
+    let header = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        header
+            .lines()
+            .next()
+            .unwrap()
+            .contains("expandable_segments:True"),
+        "{header}"
+    );
+    let stats = shim_stats(dir.path(), 0);
+    let faithful = replay_json(&trace, &["--faithful"]);
+    assert_eq!(faithful["expandable_segments"], false, "{faithful}");
+    assert_eq!(faithful["recorded_expandable_segments"], false);
+    assert!(
+        faithful["settings"].as_str().unwrap().contains(
+            "the header's expandable_segments:True left out: device 0's pool made cudaMalloc \
+             calls and mapped no page"
+        ),
+        "{faithful}"
+    );
+    assert_eq!(
+        faithful["recorded_segment_allocs"],
+        stats["num_device_alloc"]
+    );
+    assert_eq!(faithful["num_device_alloc"], stats["num_device_alloc"]);
+    assert_eq!(faithful["num_device_free"], stats["num_device_free"]);
+    assert_eq!(
+        faithful["peak_reserved_bytes"],
+        stats["reserved_bytes.all.peak"]
+    );
+    assert_eq!(faithful["num_alloc_retries"], stats["num_alloc_retries"]);
+    let allocs = faithful["allocs"].as_u64().unwrap();
+    assert_eq!(faithful["allocs_at_recorded_addr"].as_u64(), Some(allocs));
+}
+
 /// With expandable segments, a small allocation first reserves the small pool's range, and the
 /// large pool's range is reserved below it, a little over 1 1/8 of the device's memory lower. A
 /// faithful replay sizes its ranges from that distance and still lands every allocation at its

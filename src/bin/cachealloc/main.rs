@@ -281,6 +281,9 @@ fn run(cli: Cli) -> Result<String, String> {
                         "as recorded"
                     };
                     settings_text = named_settings(how, recorded);
+                    if let Some(remark) = &loaded.settings_remark {
+                        settings_text = format!("{settings_text} ({remark})");
+                    }
                 } else {
                     settings_text = "defaults (the recording names none)".to_string();
                 }

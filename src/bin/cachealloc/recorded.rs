@@ -12,9 +12,11 @@
 use crate::outcome::Recorded;
 use crate::sources::{Loaded, other_devices_note, recorded_figures};
 use cachealloc::backend::sim::Placement;
+use cachealloc::pool::Settings;
 use cachealloc::trace::TraceFile;
+use cachealloc::trace::ranges::RangeChange;
 use cachealloc::trace::record::ENDED_FROM;
-use cachealloc::trace::record::convert::convert_device;
+use cachealloc::trace::record::convert::{RecordedDevice, convert_device};
 use cachealloc::trace::record::read::DeviceEvents;
 use std::path::Path;
 
@@ -82,6 +84,7 @@ pub fn load(
         trace.marks_retries(),
     );
     let recorded: Recorded = recorded_figures(&rec.figures, rec.figures.recorded_segment_maps > 0);
+    let (settings, settings_remark) = device_settings(&trace.settings, &rec, chosen.device.0);
     Ok(Loaded {
         device: chosen.device.0,
         workload: rec.workload,
@@ -109,8 +112,9 @@ pub fn load(
         },
         device_memory: rec.device_memory.filter(|_| faithful),
         recorded,
-        recorded_settings: Some(trace.settings),
+        recorded_settings: Some(settings),
         settings_inferred: false,
+        settings_remark,
         // Checked by the reader, which refuses a header whose settings it cannot read.
         settings_warnings: Vec::new(),
         start_rebuildable: false,
@@ -123,4 +127,36 @@ pub fn load(
         // A cachealloc recording has no private pools.
         notes,
     })
+}
+
+/// The settings device `device`'s pool ran with: the header's, less expandable segments when
+/// the header asks for them and the device's pool made cudaMalloc calls and mapped no page (the
+/// preloaded library uses fixed segments on a device without virtual memory management, and
+/// its pool makes no cudaMalloc call otherwise); with what was changed, and why.
+fn device_settings(
+    header: &Settings,
+    rec: &RecordedDevice,
+    device: i32,
+) -> (Settings, Option<String>) {
+    let f = &rec.figures;
+    let fixed_only = f.recorded_segment_allocs > 0
+        && f.recorded_segment_maps == 0
+        && f.recorded_segment_unmaps == 0
+        && !rec
+            .range_changes
+            .iter()
+            .any(|c| matches!(c, RangeChange::Reserve { .. }));
+    if !(header.expandable_segments && fixed_only) {
+        return (header.clone(), None);
+    }
+    let settings = Settings {
+        expandable_segments: false,
+        ..header.clone()
+    };
+    let remark = format!(
+        "the header's expandable_segments:True left out: device {device}'s pool made cudaMalloc \
+         calls and mapped no page, as the preloaded library does on a device without virtual \
+         memory management"
+    );
+    (settings, Some(remark))
 }

@@ -30,6 +30,8 @@ pub struct Loaded {
     /// The settings were read from what the recording did (its expandable segments), not
     /// named by the file.
     pub settings_inferred: bool,
+    /// What a faithful replay changed of the recorded settings, and why (said with them).
+    pub settings_remark: Option<String>,
     /// Warnings from reading the recorded settings (a recorded `PYTORCH_CUDA_ALLOC_CONF` that
     /// cannot be read, or keys in it that cachealloc does not follow), for when a replay runs
     /// with them.
@@ -135,6 +137,7 @@ pub fn load(
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
+            settings_remark: None,
             settings_warnings,
             start_rebuildable: true,
             placement: None,
@@ -165,6 +168,7 @@ pub fn load(
             recorded,
             recorded_settings,
             settings_inferred: rec.settings.is_none(),
+            settings_remark: None,
             settings_warnings,
             start_rebuildable: true,
             placement: None,
