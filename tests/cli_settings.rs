@@ -80,6 +80,7 @@ fn a_faithful_replay_of_expandable_segments_named_nowhere_uses_them() {
     );
     assert_eq!(j["expandable_segments"], true);
     assert_eq!(j["num_device_alloc"], j["recorded_segment_maps"]);
+    assert_eq!(j["recorded_both_segment_kinds"], false);
     std::fs::remove_file(path).unwrap();
 }
 
@@ -282,4 +283,88 @@ fn options_without_effect_on_a_replay_are_warned_about() {
     );
     let err = stderr_of("per_process_memory_fraction:0");
     assert!(err.contains("allows no memory at all"), "{err}");
+}
+
+/// A recording that holds native segments and expandable ones (the setting changed while it
+/// ran, or PyTorch kept a CUDA graph's private pool on native segments) cannot be reproduced by a
+/// replay, which uses one kind for all: the summary and the JSON say so, where they once showed
+/// a silent mismatch (2 segment maps against 1 cudaMalloc and 2 maps, no allocation at its
+/// address). Recordings of one kind say nothing of it.
+#[test]
+fn a_replay_says_when_the_recording_holds_both_kinds_of_segment() {
+    let (native, grown, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
+    let line = "the recording holds both native segments (cudaMalloc) and expandable ones (page \
+                maps): the setting changed while it ran, or PyTorch kept private pools (CUDA \
+                graphs') on native segments; the trace does not say which segment was made \
+                under which setting, and this replay used expandable segments for all of them, \
+                so its device calls and addresses cannot all match the recording's\n";
+    let toggled = write_trace_with_settings(
+        "both-kinds",
+        "expandable_segments:True",
+        &[
+            ("segment_alloc", native, 20 * mib, 0),
+            ("alloc", native, 4 * mib, 0),
+            ("segment_map", grown, 20 * mib, 0),
+            ("segment_map", grown + 20 * mib, 20 * mib, 0),
+            ("alloc", grown, 40 * mib, 0),
+        ],
+    );
+    let graph_pool = write_snapshot(
+        "both-kinds.pickle",
+        &[
+            Segment {
+                address: native,
+                stream: 0,
+                expandable: false,
+                pool_id: (1, 2),
+                blocks: vec![
+                    (4 * mib, 4 * mib, "active_allocated"),
+                    (16 * mib, 0, "inactive"),
+                ],
+            },
+            Segment {
+                address: grown,
+                stream: 0,
+                expandable: true,
+                pool_id: (0, 0),
+                blocks: vec![
+                    (4 * mib, 4 * mib, "active_allocated"),
+                    (16 * mib, 0, "inactive"),
+                ],
+            },
+        ],
+        &[
+            ("segment_map", grown, 20 * mib),
+            ("alloc", grown, 4 * mib),
+            ("segment_alloc", native, 20 * mib),
+            ("alloc", native, 4 * mib),
+        ],
+        None,
+    );
+    for path in [&toggled, &graph_pool] {
+        let path = path.to_str().unwrap();
+        let j = json(&cachealloc(&["replay", path, "--faithful", "--json"]));
+        assert_eq!(j["recorded_both_segment_kinds"], true, "{path}: {j}");
+        assert_eq!(j["expandable_segments"], true, "{path}: {j}");
+        let out = cachealloc(&["replay", path, "--faithful"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(line), "{path}: {text}");
+    }
+    let native_only = write_trace(
+        "native-kind-only",
+        &[
+            ("segment_alloc", native, 20 * mib, 0),
+            ("alloc", native, 4 * mib, 0),
+        ],
+    );
+    let j = json(&cachealloc(&[
+        "replay",
+        native_only.to_str().unwrap(),
+        "--faithful",
+        "--json",
+    ]));
+    assert_eq!(j["recorded_both_segment_kinds"], false, "{j}");
+    for path in [toggled, graph_pool, native_only] {
+        std::fs::remove_file(path).unwrap();
+    }
 }

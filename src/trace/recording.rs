@@ -195,6 +195,26 @@ impl DeviceRecording {
                 .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
     }
 
+    /// True when the recording holds both kinds of segment: native ones (`segment_alloc` or
+    /// `segment_free` entries, or segments at the end that are not expandable) and expandable
+    /// ones (`segment_map` or `segment_unmap` entries, or expandable segments at the end). The
+    /// setting changed while it ran, or PyTorch kept private pools on native segments (as
+    /// versions whose `alloc_block` leaves out pools owned by a CUDA graph did); a replay runs
+    /// with one kind throughout.
+    pub fn mixes_segment_kinds(&self) -> bool {
+        let native = self.segments.iter().any(|s| !s.is_expandable)
+            || self
+                .entries
+                .iter()
+                .any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree));
+        let expandable = self.segments.iter().any(|s| s.is_expandable)
+            || self
+                .entries
+                .iter()
+                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+        native && expandable
+    }
+
     /// True when the trace allocates or frees blocks (not only snapshot markers, segment
     /// entries or annotations): what a replay needs.
     pub fn has_block_events(&self) -> bool {
@@ -242,7 +262,7 @@ impl RecordedSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::fixtures::{BASE, MIB, entry, oom, recording};
+    use crate::trace::fixtures::{BASE, MIB, entry, oom, recording, segment};
 
     /// The settings' flag, a segment's or a map/unmap entry each say the recording used
     /// expandable segments.
@@ -258,6 +278,29 @@ mod tests {
         for action in [Action::SegmentMap, Action::SegmentUnmap] {
             assert!(recording(vec![entry(action, BASE, 20 * MIB)], vec![]).is_expandable());
         }
+    }
+
+    /// Native and expandable segments together, in the trace or at the end, are told; either
+    /// kind alone is not.
+    #[test]
+    fn native_and_expandable_segments_together_are_told() {
+        let native = entry(Action::SegmentAlloc, BASE, 20 * MIB);
+        let mapped = entry(Action::SegmentMap, BASE + 100 * MIB, 20 * MIB);
+        assert!(!recording(vec![native.clone()], vec![]).mixes_segment_kinds());
+        assert!(!recording(vec![mapped.clone()], vec![]).mixes_segment_kinds());
+        assert!(recording(vec![native.clone(), mapped.clone()], vec![]).mixes_segment_kinds());
+        let fixed = segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)]);
+        let grown = RecordedSegment {
+            address: BASE + 100 * MIB,
+            is_expandable: true,
+            ..fixed.clone()
+        };
+        let mut end = recording(vec![], vec![fixed, grown]);
+        assert!(end.mixes_segment_kinds());
+        end.segments.pop();
+        assert!(!end.mixes_segment_kinds());
+        end.entries.push(mapped);
+        assert!(end.mixes_segment_kinds());
     }
 
     /// The recorded fields are the settings replayed, over what the string says.

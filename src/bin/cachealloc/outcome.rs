@@ -22,6 +22,8 @@ pub struct Recorded {
     pub segment_unmaps: Option<u64>,
     /// The recording used expandable segments.
     pub expandable_segments: bool,
+    /// The recording holds native segments and expandable ones, which no replay reproduces.
+    pub both_segment_kinds: bool,
     pub retries: Option<u64>,
     /// `retries` may count more than the recording made (see `RecordedFigures`).
     pub retries_upper_bound: bool,
@@ -111,6 +113,11 @@ pub struct ReplayJson {
     /// `expandable_segments`: a replay without them shows what native segments would have
     /// done, not a reproduction).
     pub recorded_expandable_segments: bool,
+    /// The recording holds both native segments (cudaMalloc) and expandable ones (page maps):
+    /// the setting changed while it ran, or PyTorch kept private pools on native segments. A
+    /// replay runs with one kind throughout (`expandable_segments`), so its device calls and
+    /// addresses cannot all be the recording's.
+    pub recorded_both_segment_kinds: bool,
     pub recorded_retries: Option<u64>,
     /// `recorded_retries` is an upper bound: the recording's retries are told by the releases
     /// before new segments, and under max_split_size_mb or a garbage-collection threshold some
@@ -370,6 +377,7 @@ impl ReplayJson {
             recorded_segment_maps: ctx.recorded.segment_maps,
             recorded_segment_unmaps: ctx.recorded.segment_unmaps,
             recorded_expandable_segments: ctx.recorded.expandable_segments,
+            recorded_both_segment_kinds: ctx.recorded.both_segment_kinds,
             recorded_retries: ctx.recorded.retries,
             recorded_retries_upper_bound: ctx.recorded.retries_upper_bound,
             recorded_oom: ctx.recorded.oom,
@@ -619,6 +627,20 @@ impl ReplayJson {
                         format_size(o.size)
                     ),
                     None => String::new(),
+                }
+            );
+        }
+        if self.recorded_both_segment_kinds {
+            t += &format!(
+                "  the recording holds both native segments (cudaMalloc) and expandable ones \
+                 (page maps): the setting changed while it ran, or PyTorch kept private pools \
+                 (CUDA graphs') on native segments; the trace does not say which segment was \
+                 made under which setting, and this replay used {} segments for all of them, so \
+                 its device calls and addresses cannot all match the recording's\n",
+                if self.expandable_segments {
+                    "expandable"
+                } else {
+                    "native"
                 }
             );
         }

@@ -108,7 +108,10 @@ pub fn load(
             &traced_devices,
         ))
         .collect();
-    let recorded = recorded_figures(&rec.figures(), rec.is_expandable());
+    let recorded = Recorded {
+        both_segment_kinds: rec.mixes_segment_kinds(),
+        ..recorded_figures(&rec.figures(), rec.is_expandable())
+    };
     let recorded_settings =
         (rec.settings.is_some() || rec.is_expandable()).then(|| rec.replay_settings());
     let settings_warnings = rec
@@ -301,6 +304,8 @@ pub(crate) fn recorded_figures(f: &RecordedFigures, expandable_segments: bool) -
         segment_maps: Some(f.recorded_segment_maps as u64),
         segment_unmaps: Some(f.recorded_segment_unmaps as u64),
         expandable_segments,
+        both_segment_kinds: (f.recorded_segment_allocs + f.recorded_segment_frees > 0)
+            && (f.recorded_segment_maps + f.recorded_segment_unmaps > 0),
         retries: Some(f.recorded_retries as u64),
         retries_upper_bound: f.retries_upper_bound,
         oom: f.recorded_oom.as_ref().map(|o| RecordedOomJson {
