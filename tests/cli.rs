@@ -875,6 +875,39 @@ fn a_free_still_pending_at_the_end_is_said() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// A free that waited for device work (its `free_completed` comes later than its
+/// `free_requested`) is one event, its free: the allocation leaves the allocation statistics
+/// at the request, and its block stays active, not reusable, until the completion.
+#[test]
+fn a_free_completed_later_is_one_event() {
+    let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let (v, text) = replay_written_trace(
+        "completed-later",
+        &[
+            ("segment_alloc", a, 20 * mib, 0),
+            ("alloc", a, 4 * mib, 0),
+            ("alloc", a + 4 * mib, 4 * mib, 0),
+            ("free_requested", a, 4 * mib, 0),
+            ("alloc", a + 8 * mib, 4 * mib, 0),
+            ("free_completed", a, 4 * mib, 0),
+        ],
+    );
+    assert_eq!(
+        (&v["events"], &v["allocs"], &v["frees"]),
+        (&4.into(), &3.into(), &1.into()),
+        "{v}"
+    );
+    assert_eq!(v["peak_allocated_bytes"], 8 * mib, "{v}");
+    let stats = &v["memory_stats"];
+    assert_eq!(stats["active_bytes.all.peak"], 12 * mib, "{v}");
+    assert_eq!(stats["active_bytes.all.current"], 8 * mib, "{v}");
+    assert_eq!(v["pending_frees"], 0, "{v}");
+    assert!(
+        text.contains("\n  events: 4 (3 allocations, 1 free, 0 empty_cache calls)\n"),
+        "{text}"
+    );
+}
+
 /// A faithful replay says how many allocations landed at their recorded address; a plain
 /// replay, which does not place them there, says nothing of it.
 #[test]

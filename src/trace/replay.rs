@@ -373,7 +373,7 @@ fn note_oom(out: &mut ReplayOutcome, workload: &Workload, op_index: usize, repor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{BlockSeed, PoolKind, StreamId};
+    use crate::pool::{BlockSeed, MappedRunSeed, PoolKind, StreamId};
 
     const MIB: u64 = 1 << 20;
 
@@ -539,6 +539,63 @@ mod tests {
             (allocation.current, allocation.allocated, allocation.freed),
             (0, 0, 1)
         );
+    }
+
+    /// A start state's expandable segments hold their mapped pages: a device too small for
+    /// them is refused before the replay, naming what the start state holds.
+    #[test]
+    fn a_start_state_of_mapped_pages_beyond_the_capacity_is_refused() {
+        const RANGE: u64 = 0x7f00_0000_0000;
+        let start = StartLayout {
+            ranges: vec![RangeSeed {
+                addr: RANGE,
+                size: 100 * MIB,
+                stream: StreamId(0),
+                pool: PoolKind::Large,
+                runs: vec![MappedRunSeed {
+                    addr: RANGE,
+                    size: 40 * MIB,
+                    blocks: vec![BlockSeed {
+                        addr: RANGE,
+                        size: 40 * MIB,
+                        requested: 40 * MIB,
+                        allocated: true,
+                    }],
+                }],
+            }],
+            ..Default::default()
+        };
+        let mut config = ReplayConfig {
+            capacity: Some(30 * MIB),
+            ..Default::default()
+        };
+        config.settings.expandable_segments = true;
+        let Err(Error::InvalidSeed(why)) = seeded_pool(&config, Some(&start)) else {
+            panic!("40 MiB of pages on a device of 30 MiB");
+        };
+        assert!(
+            why.contains(
+                "the start state's segments hold 40.00 MiB (41943040 bytes), more than \
+                 the device capacity of 30.00 MiB"
+            ),
+            "{why}"
+        );
+    }
+
+    /// The replay's device puts each new segment where its placement says: bottom-up above
+    /// the last one (as `--placement bottom-up` asks), top-down below it.
+    #[test]
+    fn segments_go_where_the_placement_says() {
+        for (placement, ascending) in [(Placement::BottomUp, true), (Placement::TopDown, false)] {
+            let config = ReplayConfig {
+                placement,
+                ..Default::default()
+            };
+            let mut pool = seeded_pool(&config, None).unwrap();
+            let first = pool.malloc(30 * MIB, StreamId(0)).unwrap().addr();
+            let second = pool.malloc(30 * MIB, StreamId(0)).unwrap().addr();
+            assert_eq!(second > first, ascending, "{placement:?}");
+        }
     }
 
     /// A request of 1 EB or more is refused as PyTorch refuses it, and the replay goes on.
