@@ -213,7 +213,7 @@ mod tests {
     use crate::config::Config;
     use crate::pool::StreamId;
     use crate::trace::synth::{SynthKind, SynthSpec};
-    use crate::trace::workload::Op;
+    use crate::trace::workload::{AllocId, Op};
 
     const MIB: u64 = 1 << 20;
 
@@ -274,6 +274,7 @@ mod tests {
         let found = search(&workload, &config);
         assert!(found.fits.is_empty());
         assert_eq!(found.gets_furthest, None, "no value gets past exhaustion");
+        assert_eq!(found.get_further, Vec::<u64>::new(), "nor gets further");
         let trial = try_expandable_segments(&workload, &config, None).unwrap();
         assert!(
             trial.first_oom_event_index.is_some(),
@@ -327,6 +328,176 @@ mod tests {
                 assert!(oom.op_index <= furthest.first_oom_op, "{mb} gets further");
             }
         }
+    }
+
+    /// A workload of one op per trace entry: `(Some(size), id)` allocates `id`, `(None, id)`
+    /// frees it.
+    fn ops(list: &[(Option<u64>, AllocId)]) -> Workload {
+        let mut workload = Workload::new("test");
+        for (index, &(size, id)) in list.iter().enumerate() {
+            let op = match size {
+                Some(size) => Op::Alloc {
+                    id,
+                    size,
+                    stream: StreamId(0),
+                    recorded_addr: None,
+                },
+                None => Op::Free { id },
+            };
+            workload.push(op, index);
+        }
+        workload
+    }
+
+    /// Every standard value is tried and each that fits is listed with its own figures: here
+    /// any value keeps a cached 1200 MiB block whole for the 1200 MiB request that needs it,
+    /// where the default settings cut a 100 MiB request from it (two segments, 1300 MiB).
+    #[test]
+    fn every_standard_value_that_fits_is_listed_with_its_figures() {
+        let workload = ops(&[
+            (Some(1200 * MIB), 0),
+            (None, 0),
+            (Some(100 * MIB), 1),
+            (Some(1200 * MIB), 2),
+        ]);
+        let config = ReplayConfig {
+            capacity: Some(2200 * MIB),
+            ..ReplayConfig::default()
+        };
+        let found = search(&workload, &config);
+        let mut listed: Vec<u64> = found.fits.iter().map(|f| f.max_split_size_mb).collect();
+        listed.sort_unstable();
+        let mut ladder = MAX_SPLIT_LADDER_MB;
+        ladder.sort_unstable();
+        assert_eq!(listed, ladder);
+        for fit in &found.fits {
+            assert_eq!(
+                fit.conf,
+                format!("max_split_size_mb:{}", fit.max_split_size_mb)
+            );
+            assert_eq!(
+                (
+                    fit.peak_reserved_bytes,
+                    fit.num_device_alloc,
+                    fit.num_alloc_retries
+                ),
+                (1300 * MIB, 2, 0),
+                "{fit:?}"
+            );
+        }
+    }
+
+    /// After a padding OOM without `roundup_power2_divisions` there are none to drop: the
+    /// search runs once and does not say it also tried without them. (Two 19.5 MiB requests
+    /// fill a 20 MiB block each, the 0.5 MiB rest not split off, on a 40 MiB device: a 0.75 MiB
+    /// request then fits the requests' bytes, not their blocks'.)
+    #[test]
+    fn a_padding_oom_without_divisions_is_searched_once() {
+        let workload = ops(&[
+            (Some(39 * MIB / 2), 0),
+            (Some(39 * MIB / 2), 1),
+            (Some(3 * MIB / 4), 2),
+        ]);
+        let config = ReplayConfig {
+            capacity: Some(40 * MIB),
+            ..ReplayConfig::default()
+        };
+        let first = replay(&workload, &config, None).unwrap().first_oom.unwrap();
+        assert!(
+            matches!(first.report.hint(), OomHint::Padding { .. }),
+            "{}",
+            first.report
+        );
+        let found = search_after_oom(&workload, &config, None, &first);
+        assert!(!found.also_without_divisions);
+        assert_eq!((found.fits, found.gets_furthest), (Vec::new(), None));
+        // Under divisions (which round these requests as before) the search also drops them,
+        // and no value of either search gets past the first OOM.
+        let divided = ReplayConfig {
+            settings: Config::parse_conf_str("roundup_power2_divisions:4")
+                .unwrap()
+                .settings,
+            ..config
+        };
+        let first = replay(&workload, &divided, None)
+            .unwrap()
+            .first_oom
+            .unwrap();
+        assert_eq!(first.op_index, 2);
+        let found = search_after_oom(&workload, &divided, None, &first);
+        assert!(found.also_without_divisions);
+        assert_eq!(found.gets_furthest, None);
+        assert_eq!(found.get_further, Vec::<u64>::new());
+    }
+
+    /// Where no value fits, the values that run out one operation after the first OOM get
+    /// past it; of equals the search names the first tried, the largest.
+    #[test]
+    fn a_value_that_runs_out_one_op_later_gets_further() {
+        // The default settings cut the 100 MiB request from the cached 1200 MiB block and run
+        // out at the second 1200 MiB request (op 3); every value keeps that block whole, serves
+        // the request, and runs out at the 1000 MiB one (op 4), which the default settings serve
+        // from the 1100 MiB rest.
+        let mut workload = ops(&[
+            (Some(1200 * MIB), 0),
+            (None, 0),
+            (Some(100 * MIB), 1),
+            (Some(1200 * MIB), 2),
+            (Some(1000 * MIB), 3),
+        ]);
+        workload.source_index = vec![0, 2, 4, 6, 8];
+        let config = ReplayConfig {
+            capacity: Some(2200 * MIB),
+            ..ReplayConfig::default()
+        };
+        let first = replay(&workload, &config, None).unwrap().first_oom.unwrap();
+        assert_eq!(first.op_index, 3);
+        let found = search_after_oom(&workload, &config, None, &first);
+        assert!(found.fits.is_empty());
+        assert_eq!(found.get_further, MAX_SPLIT_LADDER_MB.to_vec());
+        let furthest = found.gets_furthest.unwrap();
+        assert_eq!(
+            (furthest.max_split_size_mb, furthest.first_oom_op),
+            (1024, 4)
+        );
+        assert_eq!(furthest.first_oom_event_index, 8);
+    }
+
+    /// The expandable-segments trial's figures are those of its replay: its peak (above what it
+    /// holds at the end, after an `empty_cache()`) and its page maps (more than its unmaps).
+    #[test]
+    fn the_expandable_trial_reports_its_replays_figures() {
+        let mut workload = ops(&[(Some(60 * MIB), 0), (None, 0)]);
+        workload.push(Op::EmptyCache, 2);
+        workload.push(
+            Op::Alloc {
+                id: 1,
+                size: 20 * MIB,
+                stream: StreamId(0),
+                recorded_addr: None,
+            },
+            3,
+        );
+        let config = ReplayConfig {
+            capacity: Some(100 * MIB),
+            ..ReplayConfig::default()
+        };
+        let trial = try_expandable_segments(&workload, &config, None).unwrap();
+        let mut on = config.clone();
+        on.settings.expandable_segments = true;
+        let stats = replay(&workload, &on, None).unwrap().stats;
+        let reserved = stats.reserved_bytes.all;
+        assert!(reserved.peak > reserved.current, "{reserved:?}");
+        let counts = stats.counts;
+        assert!(
+            counts.num_device_alloc > counts.num_device_free,
+            "{counts:?}"
+        );
+        assert_eq!(
+            (trial.peak_reserved_bytes, trial.num_device_alloc),
+            (reserved.peak as u64, counts.num_device_alloc)
+        );
+        assert_eq!(trial.first_oom_event_index, None);
     }
 
     /// The expandable-segments trial counts its OOM as a user does: in trace entries, when the
@@ -418,6 +589,8 @@ mod tests {
                 max_split_conf(&config.settings, fit.max_split_size_mb),
                 fit.conf
             );
+            // What the report's suggestion is given as, were it this value.
+            assert_eq!(found.conf_for(fit.max_split_size_mb), fit.conf);
         }
     }
 }
