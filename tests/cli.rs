@@ -5,7 +5,10 @@ mod support;
 
 use std::process::Command;
 use support::cli::{cachealloc, cachealloc_with, json};
-use support::trace_lines::{write_retry_on_1_gib_device, write_trace, write_trace_with_settings};
+use support::trace_lines::{
+    write_native_then_expandable, write_retry_on_1_gib_device, write_trace,
+    write_trace_with_settings,
+};
 use support::traces::trace;
 
 #[test]
@@ -601,18 +604,7 @@ fn an_expandable_recording_is_compared_by_its_maps_and_unmaps() {
 /// both kinds of device call.
 #[test]
 fn a_recording_of_native_and_expandable_segments_counts_both() {
-    let (native, expandable, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
-    let path = write_trace_with_settings(
-        "native-then-expandable",
-        "expandable_segments:True",
-        &[
-            ("segment_alloc", native, 20 * mib, 0),
-            ("alloc", native, 4 * mib, 0),
-            ("segment_map", expandable, 20 * mib, 0),
-            ("segment_map", expandable + 20 * mib, 20 * mib, 0),
-            ("alloc", expandable, 40 * mib, 0),
-        ],
-    );
+    let path = write_native_then_expandable("native-then-expandable");
     let out = cachealloc(&["replay", path.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -6,7 +6,9 @@ mod support;
 
 use support::cli::{cachealloc, cachealloc_with, json};
 use support::snapshot_pickle::{Segment, write_snapshot};
-use support::trace_lines::{write_trace, write_trace_with_settings};
+use support::trace_lines::{
+    MAPPED_AT, NATIVE_AT, write_native_then_expandable, write_trace, write_trace_with_settings,
+};
 
 #[test]
 fn max_split_size_changes_the_outcome_of_a_synthetic_run() {
@@ -292,23 +294,13 @@ fn options_without_effect_on_a_replay_are_warned_about() {
 /// address). Recordings of one kind say nothing of it.
 #[test]
 fn a_replay_says_when_the_recording_holds_both_kinds_of_segment() {
-    let (native, grown, mib) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64, 1u64 << 20);
+    let (native, grown, mib) = (NATIVE_AT, MAPPED_AT, 1u64 << 20);
     let line = "the recording holds both native segments (cudaMalloc) and expandable ones (page \
                 maps): the setting changed while it ran, or PyTorch kept private pools (CUDA \
                 graphs') on native segments; the trace does not say which segment was made \
                 under which setting, and this replay used expandable segments for all of them, \
                 so its device calls and addresses cannot all match the recording's\n";
-    let toggled = write_trace_with_settings(
-        "both-kinds",
-        "expandable_segments:True",
-        &[
-            ("segment_alloc", native, 20 * mib, 0),
-            ("alloc", native, 4 * mib, 0),
-            ("segment_map", grown, 20 * mib, 0),
-            ("segment_map", grown + 20 * mib, 20 * mib, 0),
-            ("alloc", grown, 40 * mib, 0),
-        ],
-    );
+    let toggled = write_native_then_expandable("both-kinds");
     let graph_pool = write_snapshot(
         "both-kinds.pickle",
         &[

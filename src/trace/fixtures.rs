@@ -1,13 +1,25 @@
-//! Hand-made recordings for the unit tests of the snapshot reader and converters.
+//! Hand-made recordings for the unit tests of the snapshot reader and converters, and
+//! workload operations for those of replay and the generators.
 
 use super::recording::{
     Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment, TraceEntry,
 };
+use super::workload::{AllocId, Op};
 use crate::pool::{DeviceId, PoolKind, StreamId};
 
 pub const MIB: u64 = 1 << 20;
 /// Base address of the hand-made segments.
 pub const BASE: u64 = 0x7f00_0000_0000;
+
+/// An allocation of `size` bytes on the default stream, at no recorded address.
+pub fn alloc(id: AllocId, size: u64) -> Op {
+    Op::Alloc {
+        id,
+        size,
+        stream: StreamId(0),
+        recorded_addr: None,
+    }
+}
 
 pub fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
     TraceEntry {

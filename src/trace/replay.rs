@@ -374,6 +374,7 @@ fn note_oom(out: &mut ReplayOutcome, workload: &Workload, op_index: usize, repor
 mod tests {
     use super::*;
     use crate::pool::{BlockSeed, MappedRunSeed, PoolKind, StreamId};
+    use crate::trace::fixtures::alloc;
 
     const MIB: u64 = 1 << 20;
 
@@ -383,15 +384,6 @@ mod tests {
             w.push(op, i);
         }
         w
-    }
-
-    fn alloc(id: AllocId, size: u64) -> Op {
-        Op::Alloc {
-            id,
-            size,
-            stream: StreamId(0),
-            recorded_addr: None,
-        }
     }
 
     #[test]

@@ -46,6 +46,28 @@ pub fn write_trace_with_settings(
     path
 }
 
+/// `write_trace` of a recording under `expandable_segments:True` that holds a native segment
+/// too (the setting turned on while it ran): a cudaMalloc of 20 MiB at `NATIVE_AT` holding a
+/// 4 MiB allocation, then two 20 MiB page maps at `MAPPED_AT` holding a 40 MiB one.
+pub fn write_native_then_expandable(name: &str) -> PathBuf {
+    let mib = 1u64 << 20;
+    write_trace_with_settings(
+        name,
+        "expandable_segments:True",
+        &[
+            ("segment_alloc", NATIVE_AT, 20 * mib, 0),
+            ("alloc", NATIVE_AT, 4 * mib, 0),
+            ("segment_map", MAPPED_AT, 20 * mib, 0),
+            ("segment_map", MAPPED_AT + 20 * mib, 20 * mib, 0),
+            ("alloc", MAPPED_AT, 40 * mib, 0),
+        ],
+    )
+}
+
+/// Where `write_native_then_expandable` puts its native segment and its mapped pages.
+pub const NATIVE_AT: u64 = 0x7f00_0000_0000;
+pub const MAPPED_AT: u64 = 0x7f10_0000_0000;
+
 /// `write_trace` of a run on a device of 1 GiB (its `device_memory` line) that released a
 /// cached 600 MiB segment and retried to fit an 800 MiB request: its capacity is inferred from
 /// the retry (the middle of what it brackets, 1,100 MiB) and held to the device's memory.

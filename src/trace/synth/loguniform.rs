@@ -195,6 +195,7 @@ pub(super) fn generate(p: &LogUniformParams, seed: u64) -> Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::fixtures::alloc;
     use crate::trace::synth::{SynthKind, SynthSpec};
 
     fn small(ops: usize) -> LogUniformParams {
@@ -354,15 +355,6 @@ mod tests {
             .generate(seed)
             .unwrap()
             .ops
-    }
-
-    fn alloc(id: AllocId, size: u64) -> Op {
-        Op::Alloc {
-            id,
-            size,
-            stream: StreamId(0),
-            recorded_addr: None,
-        }
     }
 
     /// With `min` = `max` every request has that size (the log-uniform draw is not rounded
