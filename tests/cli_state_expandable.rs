@@ -149,6 +149,10 @@ fn the_ranges_taken_are_listed() {
     let text = String::from_utf8_lossy(&state(&path, &[]).stdout).into_owned();
     assert!(text.contains("The segments are expandable"), "{text}");
     assert!(text.contains("--request SIZE"), "{text}");
+    assert_eq!(
+        json(&state(&path, &["--json"]))["both_segment_kinds"],
+        false
+    );
     std::fs::remove_file(path).unwrap();
 }
 
@@ -377,8 +381,20 @@ fn the_calls_on_the_way_are_listed_in_order() {
     // One expandable segment among native ones makes the state expandable.
     let j = json(&state(&mixed, &["--json"]));
     assert_eq!(j["expandable_segments"], true, "{j}");
+    // Its free memory is not all pages to unmap: the native segment's is returned only whole.
+    assert_eq!(j["both_segment_kinds"], true, "{j}");
     let text = String::from_utf8_lossy(&state(&mixed, &[]).stdout).into_owned();
-    assert!(text.contains("The segments are expandable"), "{text}");
+    assert!(
+        text.contains(
+            "40.00 MiB of the 60.00 MiB reserved (66.7%) is cached free, in 1 block. The \
+             snapshot holds native segments beside expandable ones (expandable segments turned \
+             on while the program ran, or a CUDA graph's private pool kept on native segments): \
+             when a request finds no room the free pages of the expandable ones are unmapped, \
+             and a native segment is returned to the device only when wholly free."
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("The segments are expandable"), "{text}");
     let r = request(&mixed, &["--request", "50MiB", "--device-free", "20MiB"]);
     assert_eq!(r["outcome"], "mapped_pages", "{r}");
     assert_eq!(r["unmapped_bytes"], 0);

@@ -113,6 +113,9 @@ pub(crate) struct StateJson {
     /// The segments are expandable (pages mapped into reserved ranges): free pages are
     /// unmapped when a request finds no room, so pieces of free memory matter less.
     expandable_segments: bool,
+    /// Native segments too, beside the expandable ones (expandable segments turned on while the
+    /// program ran, or a CUDA graph's private pool kept on native segments).
+    both_segment_kinds: bool,
     pools: PoolsJson,
     /// The default pools together: what the sentences on free memory speak of.
     #[serde(skip)]
@@ -140,6 +143,8 @@ impl StateJson {
             replayable: replay_command.is_some(),
             replay_command,
             expandable_segments: rec.segments.iter().any(|s| s.is_expandable),
+            both_segment_kinds: rec.segments.iter().any(|s| s.is_expandable)
+                && rec.segments.iter().any(|s| !s.is_expandable),
             pools: PoolsJson {
                 small: memory.small.into(),
                 large: memory.large.into(),
@@ -335,6 +340,19 @@ impl StateJson {
         } else {
             "reserved"
         };
+        if self.both_segment_kinds {
+            return format!(
+                "{} of the {} {reserved} ({}) is cached free, in {}. The snapshot holds native \
+                 segments beside expandable ones (expandable segments turned on while the \
+                 program ran, or a CUDA graph's private pool kept on native segments): when a \
+                 request finds no room the free pages of the expandable ones are unmapped, and a \
+                 native segment is returned to the device only when wholly free.\n",
+                format_size(all.free_bytes),
+                format_size(all.reserved_bytes),
+                percent(all.free_bytes, all.reserved_bytes),
+                counted(all.free_blocks as u64, "block")
+            );
+        }
         if self.expandable_segments {
             return format!(
                 "{} of the {} mapped ({}) is cached free, in {}. The segments are expandable: \
