@@ -28,12 +28,9 @@ static UNRETURNED: Repeats = Repeats::new("failures of hooks that return no code
 /// counted): here the log is the only word of it.
 pub fn log_unreturned(call: &'static str, err: ShimError) {
     match err {
-        e @ (ShimError::Runtime { .. } | ShimError::Pool(Error::Backend(_))) => log_repeated(
-            call,
-            &UNRETURNED,
-            || e.to_string(),
-            || format!("the latest: {e}"),
-        ),
+        e @ (ShimError::Runtime { .. } | ShimError::Pool(Error::Backend(_))) => {
+            log_refusal(call, &UNRETURNED, &e)
+        }
         e => {
             to_code(call, e);
         }

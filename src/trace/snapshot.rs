@@ -660,11 +660,11 @@ impl<'a> Reader<'a> {
                     Some(text) => format!("{text:?}"),
                     None => start_mib.to_string(),
                 };
-                return Err(self.bad(format!(
-                    "allocator_settings.{name}[{key}]: found {}; allowed: 0 (off) or a power \
-                     of 2 (1, 2, 4, 8, …)",
-                    self.p.describe(v)
-                )));
+                return Err(self.bad_setting(
+                    &format!("{name}[{key}]"),
+                    v,
+                    "0 (off) or a power of 2 (1, 2, 4, 8, …)",
+                ));
             };
             table[start_mib.trailing_zeros() as usize] = divisions;
         }

@@ -340,38 +340,35 @@ impl StateJson {
         } else {
             "reserved"
         };
-        if self.both_segment_kinds {
-            return format!(
-                "{} of the {} {reserved} ({}) is cached free, in {}. The snapshot holds native \
-                 segments beside expandable ones (expandable segments turned on while the \
-                 program ran, or a CUDA graph's private pool kept on native segments): when a \
-                 request finds no room the free pages of the expandable ones are unmapped, and a \
-                 native segment is returned to the device only when wholly free.\n",
+        // "N of the M reserved (P%) is cached free, in B blocks", the memory named `of`.
+        let cached_free = |of: &str| {
+            format!(
+                "{} of the {} {of} ({}) is cached free, in {}",
                 format_size(all.free_bytes),
                 format_size(all.reserved_bytes),
                 percent(all.free_bytes, all.reserved_bytes),
                 counted(all.free_blocks as u64, "block")
+            )
+        };
+        if self.both_segment_kinds {
+            return format!(
+                "{}. The snapshot holds native segments beside expandable ones (expandable \
+                 segments turned on while the program ran, or a CUDA graph's private pool kept \
+                 on native segments): when a request finds no room the free pages of the \
+                 expandable ones are unmapped, and a native segment is returned to the device \
+                 only when wholly free.\n",
+                cached_free(reserved)
             );
         }
         if self.expandable_segments {
             return format!(
-                "{} of the {} mapped ({}) is cached free, in {}. The segments are expandable: \
-                 when a request finds no room the free pages are unmapped, and a request maps \
-                 pages into its stream's range, so the free memory's pieces matter less than \
-                 with native segments.\n",
-                format_size(all.free_bytes),
-                format_size(all.reserved_bytes),
-                percent(all.free_bytes, all.reserved_bytes),
-                counted(all.free_blocks as u64, "block")
+                "{}. The segments are expandable: when a request finds no room the free pages \
+                 are unmapped, and a request maps pages into its stream's range, so the free \
+                 memory's pieces matter less than with native segments.\n",
+                cached_free("mapped")
             );
         }
-        let mut out = format!(
-            "{} of the {} {reserved} ({}) is cached free, in {}",
-            format_size(all.free_bytes),
-            format_size(all.reserved_bytes),
-            percent(all.free_bytes, all.reserved_bytes),
-            counted(all.free_blocks as u64, "block")
-        );
+        let mut out = cached_free(reserved);
         let in_pieces = all.free_bytes.saturating_sub(all.free_segment_bytes);
         if all.free_segments > 0 && in_pieces == 0 {
             out += &format!(
