@@ -157,7 +157,11 @@ fn mean_live(workload: &cachealloc::trace::Workload) -> f64 {
         match op {
             Op::Alloc { .. } => live += 1,
             Op::Free { .. } => live -= 1,
-            Op::FreeRequested { .. } | Op::EmptyCache | Op::DeviceReset | Op::Oom { .. } => {}
+            Op::FreeRequested { .. }
+            | Op::EmptyCache
+            | Op::DeviceReset
+            | Op::MemoryFraction { .. }
+            | Op::Oom { .. } => {}
         }
         sum += live;
     }

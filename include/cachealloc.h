@@ -138,6 +138,20 @@ int cachealloc_record_stream(void *ptr, void *stream);
 int cachealloc_empty_cache(int device);
 
 /**
+ * Limit what `device`'s pool may reserve to `fraction` of the device's total memory, as
+ * `torch.cuda.set_per_process_memory_fraction` limits PyTorch's allocator (1 = no limit, the
+ * default unless `per_process_memory_fraction` is configured). The next request that needs
+ * memory from the device meets the new limit — a request the cache cannot serve within it
+ * gets 2 (`cudaErrorMemoryAllocation`), after the cached segments are released as in any
+ * out-of-memory retry — and so does a pool made later (after a `cudaDeviceReset`); memory
+ * already reserved stays. `garbage_collection_threshold` acts only while a limit is set. A
+ * fraction outside [0, 1] (or NaN): 1 (`cudaErrorInvalidValue`); a device the process does not
+ * have: 101 (`cudaErrorInvalidDevice`; checked while the library is active — under
+ * `CACHEALLOC_DISABLE=1` there is no pool to limit and a valid fraction answers 0).
+ */
+int cachealloc_set_memory_fraction(int device, double fraction);
+
+/**
  * Fill `*out` with the statistics of `device`. Set `out->size = sizeof(CacheallocStats)`
  * first: only fields that fit in that size are written; `size` and `version` are written back.
  * A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`); a device the process does
@@ -210,6 +224,15 @@ void cachealloc_torch_free(void *ptr, size_t size, int device, void *stream);
  * work issued before its free is done (see `cachealloc_record_stream`).
  */
 void cachealloc_torch_record_stream(void *ptr, void *stream);
+
+/**
+ * The hook for `set_memory_fraction_fn`, `void (double fraction, int device)`, which
+ * `torch.cuda.set_per_process_memory_fraction(fraction, device)` calls: `device`'s pool may
+ * reserve `fraction` of the device's memory from its next request that needs more (as
+ * `cachealloc_set_memory_fraction`). PyTorch checks the fraction first; a failure here is
+ * logged.
+ */
+void cachealloc_torch_set_memory_fraction(double fraction, int device);
 
 /**
  * The hook for `set_reset_fn`, `void (void)`, which `torch.cuda.empty_cache()` calls: every

@@ -4,6 +4,7 @@
 
 mod support;
 
+use cachealloc::trace::record::FORMAT_VERSION;
 use cachealloc::trace::rng::SplitMix64;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -134,7 +135,7 @@ fn retries_are_recorded_exactly_under_max_split_size() {
     let no_markers = temp_path("oversize-v2");
     copy_without(&path, &["retry"], &no_markers);
     let v2 = std::fs::read_to_string(&no_markers).unwrap().replacen(
-        r#""version":4"#,
+        &format!(r#""version":{FORMAT_VERSION}"#),
         r#""version":2"#,
         1,
     );

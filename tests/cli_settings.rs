@@ -277,7 +277,7 @@ fn options_without_effect_on_a_replay_are_warned_about() {
     };
     let err = stderr_of("garbage_collection_threshold:0.5");
     assert!(
-        err.contains("without one, no cached block is ever collected"),
+        err.contains("without one, no cached block is collected until the program sets one"),
         "{err}"
     );
     assert!(

@@ -16,7 +16,7 @@ fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
     PROGRAM.get_or_init(|| {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/trace_mix.c");
-        fake_cudart::compile_c_program(&source, "trace_mix", &[])
+        fake_cudart::compile_c_program(&source, "trace_mix", &["-ldl"])
     })
 }
 
@@ -395,6 +395,61 @@ fn a_memory_fraction_is_replayed_of_the_recorded_device_memory() {
     assert!(
         guessed["allocs_at_recorded_addr"].as_u64().unwrap() < guessed["allocs"].as_u64().unwrap(),
         "{guessed}"
+    );
+}
+
+/// A program that sets the memory fraction as it runs (`cachealloc_set_memory_fraction`, as
+/// PyTorch's `set_per_process_memory_fraction` does through the pluggable allocator): each call
+/// is a `memory_fraction` line, the one made before the device's first allocation written when
+/// its pool is made, and the replay sets each where the program did — the garbage collection
+/// it turns on included — to what the shim did. Without the lines it departs.
+#[test]
+fn memory_fractions_set_as_the_program_runs_are_replayed_where_it_set_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record_with(
+        dir.path(),
+        "fraction",
+        "garbage_collection_threshold:0.5,",
+        &[("FAKECUDART_CAPACITY", "1GiB")],
+    );
+    let fractions: Vec<f64> = lines_of(&trace, "memory_fraction")
+        .iter()
+        .map(|line| line["fraction"].as_f64().unwrap())
+        .collect();
+    assert_eq!(fractions, [0.6, 0.3, 1.0]);
+    let stats = shim_stats(dir.path(), 0);
+    assert!(
+        stats["num_alloc_retries"].as_u64().unwrap() > 0,
+        "the limit of 30 % made the pool release and retry: {stats}"
+    );
+    let faithful = replay_json(&trace, &["--faithful"]);
+    assert_replays_the_run(&faithful, &stats);
+    assert_eq!(faithful["memory_fraction_calls"], 3);
+    let summary = stdout(&replay(&[trace.to_str().unwrap(), "--faithful"]));
+    assert!(
+        summary.contains(
+            "3 memory fraction calls of the program's, each in force from where it \
+             was made"
+        ),
+        "{summary}"
+    );
+    // A plain replay's device is unlimited: a fraction of it limits nothing, which it says.
+    let plain = replay(&[trace.to_str().unwrap()]);
+    assert!(
+        stderr(&plain).contains(
+            "per_process_memory_fraction limits a fraction of the device's \
+             memory, and this replay's device is unlimited"
+        ),
+        "{}",
+        stderr(&plain)
+    );
+
+    let stripped = trace.with_extension("without-fractions.jsonl");
+    copy_without(&trace, &["memory_fraction"], &stripped);
+    let unlimited = replay_json(&stripped, &["--faithful"]);
+    assert_ne!(
+        unlimited["num_alloc_retries"], stats["num_alloc_retries"],
+        "{unlimited}"
     );
 }
 

@@ -13,6 +13,8 @@
 //! `cachealloc_torch_mempool_malloc` answers NULL for PyTorch's MemPool path, which checks it.
 //! And with expandable segments on several devices, a library that is not preloaded warns that
 //! PyTorch's peer access cannot reach its pages (`tests/preload/torch_peer_check.c`).
+//! And `cachealloc_torch_set_memory_fraction` (`set_memory_fraction_fn`,
+//! `torch.cuda.set_per_process_memory_fraction`) limits the device it names.
 //! And malloc and free themselves, as PyTorch relies on them: the block of a stream, the device
 //! asked for, size 0, a free that reads only the pointer, refusals thrown and logged.
 
@@ -178,6 +180,34 @@ fn a_failure_inside_a_hook_that_returns_nothing_is_logged_at_the_default_level()
     ] {
         assert!(log.contains(line), "{line}: {log}");
     }
+}
+
+/// `torch.cuda.set_per_process_memory_fraction` with `cachealloc_torch_set_memory_fraction` as
+/// the `set_memory_fraction_fn` hook: the device's pool, made after the call, is limited (a
+/// request past the limit fails as out of memory), another device is not, 1 lifts the limit,
+/// and a fraction outside [0, 1] is logged and changes nothing.
+#[test]
+fn the_memory_fraction_hook_limits_the_device_it_names() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("memory_fraction")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE")
+            .env_remove("CACHEALLOC_LOG"),
+    );
+    let (stdout, log) = (stdout(&out), stderr(&out));
+    assert!(stdout.contains("ok memory fraction"), "{stdout}\n{log}");
+    assert!(
+        log.contains("2.00 GiB allowed"),
+        "the report names the limit of 1/8 of 16 GiB: {log}"
+    );
+    assert!(
+        log.contains(
+            "cachealloc_torch_set_memory_fraction: invalid memory fraction 2: set it within \
+             [0, 1] (1 = no limit)"
+        ),
+        "{log}"
+    );
 }
 
 /// With three devices: the reset of one leaves the waits of a recorded free on another device's

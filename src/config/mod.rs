@@ -321,7 +321,8 @@ impl Config {
             warnings.push(format!(
                 "{source}: garbage_collection_threshold acts only under a \
                  per_process_memory_fraction below 1 (as in PyTorch): without one, no cached \
-                 block is ever collected"
+                 block is collected until the program sets one \
+                 (cachealloc_set_memory_fraction)"
             ));
         }
         warnings

@@ -1000,7 +1000,7 @@ fn a_collection_threshold_without_a_fraction_is_a_warning() {
         [
             "CACHEALLOC_CONF: garbage_collection_threshold acts only under a \
              per_process_memory_fraction below 1 (as in PyTorch): without one, no cached block \
-             is ever collected"
+             is collected until the program sets one (cachealloc_set_memory_fraction)"
         ]
     );
     let limited = conf("garbage_collection_threshold:0.6,per_process_memory_fraction:0.9");

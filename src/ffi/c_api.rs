@@ -93,6 +93,26 @@ pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
     })
 }
 
+/// Limit what `device`'s pool may reserve to `fraction` of the device's total memory, as
+/// `torch.cuda.set_per_process_memory_fraction` limits PyTorch's allocator (1 = no limit, the
+/// default unless `per_process_memory_fraction` is configured). The next request that needs
+/// memory from the device meets the new limit — a request the cache cannot serve within it
+/// gets 2 (`cudaErrorMemoryAllocation`), after the cached segments are released as in any
+/// out-of-memory retry — and so does a pool made later (after a `cudaDeviceReset`); memory
+/// already reserved stays. `garbage_collection_threshold` acts only while a limit is set. A
+/// fraction outside [0, 1] (or NaN): 1 (`cudaErrorInvalidValue`); a device the process does not
+/// have: 101 (`cudaErrorInvalidDevice`; checked while the library is active — under
+/// `CACHEALLOC_DISABLE=1` there is no pool to limit and a valid fraction answers 0).
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_set_memory_fraction(device: c_int, fraction: f64) -> c_int {
+    boundary("cachealloc_set_memory_fraction", codes::UNKNOWN, || {
+        api::set_memory_fraction(DeviceId(device), fraction).map_or_else(
+            |e| to_code("cachealloc_set_memory_fraction", e),
+            |()| codes::SUCCESS,
+        )
+    })
+}
+
 /// Fill `*out` with the statistics of `device`. Set `out->size = sizeof(CacheallocStats)`
 /// first: only fields that fit in that size are written; `size` and `version` are written back.
 /// A NULL `out` or a `size` below 8: 1 (`cudaErrorInvalidValue`); a device the process does

@@ -63,6 +63,10 @@ pub fn to_code(call: &'static str, err: ShimError) -> CudaError {
             log_refusal(call, &BAD_POINTERS, &e);
             codes::INVALID_VALUE
         }
+        ShimError::Pool(e @ Error::InvalidFraction(_)) => {
+            log_refusal(call, &BAD_ARGUMENTS, &e);
+            codes::INVALID_VALUE
+        }
         ShimError::Pool(Error::Backend(BackendError::Device { code, call: inner })) => {
             log_event!(
                 debug,

@@ -10,7 +10,9 @@
 //! a free is immediate (PyTorch orders reuse on the stream itself), unless the tensor was
 //! recorded on another stream (`Tensor.record_stream`, through `cachealloc_torch_record_stream`
 //! set with `set_record_stream_fn`). `cachealloc_torch_empty_cache` is the hook for
-//! `set_reset_fn`, which `torch.cuda.empty_cache()` calls.
+//! `set_reset_fn`, which `torch.cuda.empty_cache()` calls, and
+//! `cachealloc_torch_set_memory_fraction` the one for `set_memory_fraction_fn`, which
+//! `torch.cuda.set_per_process_memory_fraction` calls.
 //!
 //! A failed allocation reaches PyTorch in the form its calling path checks: installed with
 //! `change_current_allocator`, PyTorch uses the pointer unchecked, so `cachealloc_torch_malloc`
@@ -141,6 +143,20 @@ pub extern "C" fn cachealloc_torch_record_stream(ptr: *mut c_void, stream: *mut 
     boundary("cachealloc_torch_record_stream", (), || {
         if let Err(e) = api::record_stream(ptr as u64, StreamId(stream as u64)) {
             log_unreturned("cachealloc_torch_record_stream", e);
+        }
+    })
+}
+
+/// The hook for `set_memory_fraction_fn`, `void (double fraction, int device)`, which
+/// `torch.cuda.set_per_process_memory_fraction(fraction, device)` calls: `device`'s pool may
+/// reserve `fraction` of the device's memory from its next request that needs more (as
+/// `cachealloc_set_memory_fraction`). PyTorch checks the fraction first; a failure here is
+/// logged.
+#[unsafe(no_mangle)]
+pub extern "C" fn cachealloc_torch_set_memory_fraction(fraction: f64, device: c_int) {
+    boundary("cachealloc_torch_set_memory_fraction", (), || {
+        if let Err(e) = api::set_memory_fraction(DeviceId(device), fraction) {
+            log_unreturned("cachealloc_torch_set_memory_fraction", e);
         }
     })
 }

@@ -139,6 +139,26 @@ pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
     returned_only(rt, emptied?.unwrap_or(Ok(())).map_err(ShimError::from))
 }
 
+/// Limit what `device`'s pool may reserve to `fraction` of the device's total memory (1 = no
+/// limit), as `torch.cuda.set_per_process_memory_fraction` limits PyTorch's allocator: the next
+/// request that needs memory from the device meets the new limit, and so does a pool made
+/// later (the device's first allocation, or after a device reset). A fraction outside [0, 1]
+/// is refused. With the library disabled there is no pool to limit.
+pub fn set_memory_fraction(device: DeviceId, fraction: f64) -> Result<(), ShimError> {
+    let _inside = inside()?;
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(ShimError::Pool(Error::InvalidFraction(fraction)));
+    }
+    let Some((_, rt)) = active()? else {
+        return Ok(());
+    };
+    check_device(rt, device)?;
+    pools::set_memory_fraction(device, fraction);
+    let set = pools::with_pool(device, |pool| pool.set_memory_fraction(fraction));
+    trace_file::flush();
+    returned_only(rt, set?.unwrap_or(Ok(())).map_err(ShimError::from))
+}
+
 /// The C API reports a failure by its return code only: a runtime call of the pool's that
 /// failed on the way (the code passed through) must not stay as the program's last error; nor,
 /// with `CACHEALLOC_DISABLE=1`, the runtime's own answer to the call passed through (the

@@ -110,11 +110,16 @@ struct MadePool {
 impl MadePool {
     /// The pool, now its device's: a recording notes the device's memory (for a faithful
     /// replay: it sizes the ranges of expandable segments and the limit of a memory fraction,
-    /// which the pool's events do not show). A pool another thread made first is dropped
-    /// without a note.
-    fn installed(self, device: DeviceId) -> Pool {
+    /// which the pool's events do not show), and a memory fraction the program set for the
+    /// device is in force (a recording notes it too). A pool another thread made first is
+    /// dropped without either.
+    fn installed(mut self, device: DeviceId) -> Pool {
         if let Some(total) = self.memory {
             trace_file::note_device_memory(device, total);
+        }
+        if let Some(fraction) = pools::memory_fraction(device) {
+            // (Checked when the program set it: nothing to refuse.)
+            let _ = self.pool.set_memory_fraction(fraction);
         }
         self.pool
     }

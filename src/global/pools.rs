@@ -43,6 +43,12 @@ static ANY_RETIRED: AtomicU64 = AtomicU64::new(0);
 static USED: AtomicU64 = AtomicU64::new(0);
 /// Bit `d` set: device `d` holds a pool now (set when one is made, cleared by a reset).
 static LIVE: AtomicU64 = AtomicU64::new(0);
+/// Per device, the memory fraction the program set (`set_memory_fraction`) as the bits of an
+/// `f64`, or `NO_FRACTION`: a pool made later (at the device's first allocation, or after a
+/// reset) starts with it.
+static FRACTIONS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(NO_FRACTION) }; MAX_DEVICES];
+/// No fraction set: the settings' own. (The bits of a NaN, which no fraction is.)
+const NO_FRACTION: u64 = u64::MAX;
 
 fn index(device: DeviceId) -> Option<usize> {
     usize::try_from(device.0).ok().filter(|&d| d < MAX_DEVICES)
@@ -106,6 +112,21 @@ pub fn forget_peers(device: DeviceId) {
     for peers in &PEERS {
         peers.fetch_and(!(1u64 << d), Ordering::AcqRel);
     }
+}
+
+/// Remember that the program set `device`'s memory fraction to `fraction` (for the pools made
+/// from now on; the caller sets it in the pool there is). An ordinal without a pool slot has
+/// no pool to limit.
+pub fn set_memory_fraction(device: DeviceId, fraction: f64) {
+    if let Some(d) = index(device) {
+        FRACTIONS[d].store(fraction.to_bits(), Ordering::Release);
+    }
+}
+
+/// The memory fraction the program set for `device`, if it set one.
+pub fn memory_fraction(device: DeviceId) -> Option<f64> {
+    let bits = FRACTIONS[index(device)?].load(Ordering::Acquire);
+    (bits != NO_FRACTION).then(|| f64::from_bits(bits))
 }
 
 /// The pool lock of slot `d`; the uncontended, unpoisoned case is inlined into each caller.

@@ -192,6 +192,24 @@ impl<B: Backend> DeviceAllocator<B> {
         self.sink = sink;
     }
 
+    /// PyTorch's `setMemoryFraction` (`torch.cuda.set_per_process_memory_fraction`): from now
+    /// on the pool may reserve `fraction` of the device's total memory, and no more (1 = no
+    /// limit); `garbage_collection_threshold` acts only while a limit is set. A fraction outside
+    /// [0, 1] is refused and changes nothing. Memory already reserved past a lower limit stays
+    /// reserved: the limit refuses new segments, and the next request that needs one meets it.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), Error> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidFraction(fraction));
+        }
+        self.settings.per_process_memory_fraction = fraction;
+        self.allowed_maximum = None;
+        self.gc_searches_counted = 0;
+        self.allowed_maximum_resolved = false;
+        self.emit(|| PoolEvent::MemoryFraction { fraction });
+        self.resolve_allowed_maximum();
+        Ok(())
+    }
+
     pub fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
     }

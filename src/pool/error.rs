@@ -27,6 +27,8 @@ pub enum Error {
     InvalidPointer { addr: u64, reason: BadPointer },
     /// The device failed for a reason other than memory; passed through unchanged.
     Backend(BackendError),
+    /// A memory fraction outside [0, 1] (`set_memory_fraction`).
+    InvalidFraction(f64),
     /// A start state that is not a valid pool state (replay seeding).
     InvalidSeed(String),
     /// A start state that is valid but that the current settings could not have produced
@@ -84,6 +86,10 @@ impl fmt::Display for Error {
             Error::InvalidSeed(why) | Error::SeedForbiddenBySettings(why) => {
                 write!(f, "invalid start state: {why}")
             }
+            Error::InvalidFraction(fraction) => write!(
+                f,
+                "invalid memory fraction {fraction}: set it within [0, 1] (1 = no limit)"
+            ),
             Error::Invariant(why) => write!(f, "cachealloc internal inconsistency: {why}"),
         }
     }

@@ -5,7 +5,7 @@ use super::types::{DevicePtr, StreamId};
 
 /// One thing the pool did, in PyTorch's trace vocabulary (and the reservation and release of
 /// expandable segments' ranges, which PyTorch's traces leave out).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PoolEvent {
     /// An allocation handed out: `size` is the requested size.
     Alloc {
@@ -79,6 +79,9 @@ pub enum PoolEvent {
     },
     /// `empty_cache()` was called; the `SegmentFree`s it causes follow.
     EmptyCache,
+    /// The program set the pool's memory fraction (`set_memory_fraction`): from here on it may
+    /// reserve `fraction` of the device's memory (1 = no limit).
+    MemoryFraction { fraction: f64 },
 }
 
 /// Receives pool events (a recorder, a ring buffer, a test probe).

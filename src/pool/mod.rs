@@ -32,6 +32,8 @@ mod expandable_boundary_tests;
 #[cfg(test)]
 mod expandable_tests;
 #[cfg(test)]
+mod fraction_tests;
+#[cfg(test)]
 mod ladder_tests;
 #[cfg(test)]
 mod tests;

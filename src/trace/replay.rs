@@ -116,6 +116,8 @@ pub struct ReplayOutcome {
     /// pool sees them (no statistic moves); refused here the same way, and their frees skipped.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
+    /// The program's calls setting the memory fraction (`Op::MemoryFraction`).
+    pub memory_fraction_calls: u64,
     /// The recording's device resets (`Op::DeviceReset`), replayed as `empty_cache()` calls
     /// whose returns of memory are not counted in `num_device_free`.
     pub device_resets: u64,
@@ -184,6 +186,7 @@ fn replay_observed(
         skipped_frees: 0,
         requests_too_large: 0,
         empty_cache_calls: 0,
+        memory_fraction_calls: 0,
         device_resets: 0,
         recorded_oom_requests: 0,
         first_oom: None,
@@ -241,6 +244,11 @@ fn replay_observed(
                 pool.empty_cache()?;
                 out.device_resets += 1;
                 reset_returns += pool.stats().counts.num_device_free - before;
+            }
+            // The program's own call, after which it is in force whatever the settings said.
+            Op::MemoryFraction { fraction } => {
+                pool.set_memory_fraction(fraction)?;
+                out.memory_fraction_calls += 1;
             }
             Op::Oom { size, stream, .. } => {
                 // The recording's failed request: probe it when the capacity is known.

@@ -35,6 +35,10 @@ pub enum Op {
     /// live allocation, it is replayed as an `empty_cache()` whose returns of memory to the
     /// device are not counted as device calls.
     DeviceReset,
+    /// The program set the pool's memory fraction (a cachealloc trace's `memory_fraction`):
+    /// from here on the pool may reserve `fraction` of the device's total memory (1 = no
+    /// limit).
+    MemoryFraction { fraction: f64 },
     /// A request that ran out of memory in the recording (it has no `Alloc`). With a capacity
     /// set, replay retries it as a probe allocation. `size`: what the program asked for where
     /// the recording says (a cachealloc trace), else the rounded request (PyTorch's trace).

@@ -164,6 +164,24 @@ int main(int argc, char **argv) {
     CHECK(cudaGetLastError() == 101);
     CHECK(cudaGetLastError() == 0);
 
+    /* A memory fraction: device 0 (16 GiB) limited to a quarter refuses a 5 GiB request, as
+     * out of memory; lifted with 1, it serves it. Outside [0, 1]: refused, the limit stays. */
+    CHECK(cachealloc_set_memory_fraction(0, 0.25) == 0);
+    void *five = untouched;
+    CHECK(cachealloc_malloc(&five, 5 * 1024 * MIB, 0, NULL) == 2);
+    CHECK(five == untouched);
+    CHECK(cachealloc_set_memory_fraction(0, 1.5) == 1);
+    CHECK(cachealloc_set_memory_fraction(0, -0.5) == 1);
+    CHECK(cachealloc_set_memory_fraction(0, 0.0 / 0.0) == 1);
+    CHECK(cachealloc_malloc(&five, 5 * 1024 * MIB, 0, NULL) == 2);
+    CHECK(cachealloc_set_memory_fraction(7, 0.5) == 101);
+    CHECK(cachealloc_set_memory_fraction(-1, 0.5) == 101);
+    CHECK(cudaGetLastError() == 0);
+    CHECK(cachealloc_set_memory_fraction(0, 1.0) == 0);
+    CHECK(cachealloc_malloc(&five, 5 * 1024 * MIB, 0, NULL) == 0);
+    CHECK(cachealloc_free(five) == 0);
+    CHECK(cachealloc_empty_cache(0) == 0);
+
     printf("ok c_api\n");
     return 0;
 }

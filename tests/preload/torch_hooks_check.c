@@ -427,11 +427,33 @@ static void hook_failures(void) {
     printf("ok hook failures\n");
 }
 
+/* torch.cuda.set_per_process_memory_fraction through set_memory_fraction_fn: set before the
+ * device's first tensor, it limits the pool made for it; another device is not limited; 1 lifts
+ * the limit; a fraction PyTorch would have refused is logged. (The fake's devices have 16 GiB.) */
+static void memory_fraction(void) {
+    cachealloc_torch_set_memory_fraction(0.125, 0);
+    CHECK(cachealloc_torch_mempool_malloc(3 * 1024 * MIB, 0, NULL) == NULL);
+    CHECK(cudaGetLastError() == 0);
+    void *other = cachealloc_torch_mempool_malloc(3 * 1024 * MIB, 1, NULL);
+    CHECK(other != NULL);
+    cachealloc_torch_free(other, 3 * 1024 * MIB, 1, NULL);
+    cachealloc_torch_set_memory_fraction(2.0, 0);
+    CHECK(cachealloc_torch_mempool_malloc(3 * 1024 * MIB, 0, NULL) == NULL);
+    cachealloc_torch_set_memory_fraction(1.0, 0);
+    void *lifted = cachealloc_torch_mempool_malloc(3 * 1024 * MIB, 0, NULL);
+    CHECK(lifted != NULL);
+    cachealloc_torch_free(lifted, 3 * 1024 * MIB, 0, NULL);
+    CHECK(cudaGetLastError() == 0);
+    printf("ok memory fraction\n");
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "contract") == 0)
         contract();
     else if (argc == 2 && strcmp(argv[1], "hook_failures") == 0)
         hook_failures();
+    else if (argc == 2 && strcmp(argv[1], "memory_fraction") == 0)
+        memory_fraction();
     else if (argc == 2 && strcmp(argv[1], "failed_free") == 0)
         failed_free();
     else if (argc == 2 && strcmp(argv[1], "third_device_reset") == 0)

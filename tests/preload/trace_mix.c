@@ -4,6 +4,9 @@
  *   mix      a seeded mix of cudaMalloc/cudaFree of small and large sizes, with device
  *            synchronizations, ending in an allocation the device cannot hold (run it with
  *            FAKECUDART_CAPACITY set); some allocations stay live at exit.
+ *   fraction the mix, with device 0 limited to 60 % of its memory before its first allocation,
+ *            to 30 % at step 1000 and unlimited at step 2000 (cachealloc_set_memory_fraction,
+ *            found with dlsym: the library is preloaded, not linked).
  *   devices  allocations on device 1, then on device 0 (FAKECUDART_DEVICES=2).
  *   small_first  a small allocation, then a large one, then both again (with
  *            expandable_segments:True, the small pool's range is reserved before the large one's).
@@ -22,6 +25,7 @@
  *   nocuda   no CUDA call at all.
  * Each prints "ok SCENARIO" when every check held.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -54,9 +58,12 @@ static size_t random_size(void) {
     return MIB + (size_t)(next_random() % (23 * MIB));
 }
 
-static void scenario_mix(void) {
+/* The mix of allocations; `at_step`, when given, is called before each step. */
+static void mix(void (*at_step)(int step)) {
     void *live[LIVE] = {0};
     for (int step = 0; step < 3000; step++) {
+        if (at_step != NULL)
+            at_step(step);
         int slot = (int)(next_random() % LIVE);
         if (live[slot] != NULL) {
             CHECK_CODE(cudaFree(live[slot]), cudaSuccess);
@@ -75,6 +82,30 @@ static void scenario_mix(void) {
         if (live[slot] != NULL)
             CHECK_CODE(cudaFree(live[slot]), cudaSuccess);
     }
+}
+
+static void scenario_mix(void) { mix(NULL); }
+
+/* cachealloc_set_memory_fraction as a preloaded program reaches it: by dlsym, the library not
+ * linked. */
+static void set_fraction(double fraction) {
+    int (*set)(int, double) = (int (*)(int, double))dlsym(RTLD_DEFAULT,
+                                                          "cachealloc_set_memory_fraction");
+    CHECK(set != NULL);
+    if (set != NULL)
+        CHECK_CODE(set(0, fraction), cudaSuccess);
+}
+
+static void fraction_steps(int step) {
+    if (step == 1000)
+        set_fraction(0.3);
+    else if (step == 2000)
+        set_fraction(1.0);
+}
+
+static void scenario_fraction(void) {
+    set_fraction(0.6);
+    mix(fraction_steps);
 }
 
 static void scenario_devices(void) {
@@ -188,6 +219,8 @@ int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "";
     if (strcmp(name, "mix") == 0)
         scenario_mix();
+    else if (strcmp(name, "fraction") == 0)
+        scenario_fraction();
     else if (strcmp(name, "devices") == 0)
         scenario_devices();
     else if (strcmp(name, "small_first") == 0)
@@ -205,7 +238,7 @@ int main(int argc, char **argv) {
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, devices, small_first, huge_first, busy_exit, killed, fork_early, nocuda)\n", name);
+        fprintf(stderr, "unknown scenario '%s' (mix, fraction, devices, small_first, huge_first, busy_exit, killed, fork_early, nocuda)\n", name);
         return 2;
     }
     if (failures != 0)

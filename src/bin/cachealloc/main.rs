@@ -220,7 +220,7 @@ fn run(cli: Cli) -> Result<String, String> {
             if args.common.conf.is_none() {
                 note_unread_variable();
             }
-            warn_fraction_without_memory(&config);
+            warn_fraction_without_memory(&config, &workload);
             let out = match &args.save {
                 Some(path) => save_replay(&workload, &config, path)?,
                 None => replay(&workload, &config, None).map_err(|e| e.to_string())?,
@@ -303,7 +303,7 @@ fn run(cli: Cli) -> Result<String, String> {
             for note in &loaded.notes {
                 say!("cachealloc: note: {note}");
             }
-            warn_fraction_without_memory(&config);
+            warn_fraction_without_memory(&config, &loaded.workload);
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
                 let advice = match e {
                     cachealloc::pool::Error::SeedForbiddenBySettings(_)
@@ -500,10 +500,15 @@ fn memory_limit(config: &ReplayConfig) -> Option<u64> {
 /// replay the total the recording names or its reservations imply), which a replay with none of
 /// them does not have. (The other settings that do nothing as set are warned about with the
 /// configuration: `Config::value_warnings`.)
-fn warn_fraction_without_memory(config: &ReplayConfig) {
-    let fraction = config.settings.per_process_memory_fraction;
+fn warn_fraction_without_memory(config: &ReplayConfig, workload: &cachealloc::trace::Workload) {
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
-    if config.total().is_none() && fraction > 0.0 && fraction < 1.0 {
+    let limits = |fraction: f64| fraction > 0.0 && fraction < 1.0;
+    let set_as_it_ran = workload.ops.iter().any(
+        |op| matches!(*op, cachealloc::trace::Op::MemoryFraction { fraction } if limits(fraction)),
+    );
+    if config.total().is_none()
+        && (limits(config.settings.per_process_memory_fraction) || set_as_it_ran)
+    {
         say!(
             "cachealloc: warning: per_process_memory_fraction limits a fraction of the device's \
              memory, and this replay's device is unlimited: give --device-memory (or --capacity) for \

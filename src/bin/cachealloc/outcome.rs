@@ -86,6 +86,9 @@ pub struct ReplayJson {
     /// Requests of 1 EB or more, refused with an out-of-memory error as PyTorch refuses them.
     pub requests_too_large: u64,
     pub empty_cache_calls: u64,
+    /// The program's calls setting the memory fraction as it ran (a cachealloc trace's
+    /// `memory_fraction`), replayed where it made them.
+    pub memory_fraction_calls: u64,
     /// The recording's device resets (a cachealloc trace's `device_reset`): replayed as freeing
     /// what was live and returning every segment, which the counts of device calls leave out
     /// (the reset made no cudaFree).
@@ -360,6 +363,7 @@ impl ReplayJson {
             pending_frees: ctx.recorded.pending_frees,
             requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
+            memory_fraction_calls: out.memory_fraction_calls,
             device_resets: out.device_resets,
             recorded_oom_requests: out.recorded_oom_requests,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
@@ -538,6 +542,12 @@ impl ReplayJson {
             ));
         }
         parts.push(counted(self.empty_cache_calls, "empty_cache call"));
+        if self.memory_fraction_calls > 0 {
+            parts.push(format!(
+                "{} of the program's, each in force from where it was made",
+                counted(self.memory_fraction_calls, "memory fraction call")
+            ));
+        }
         if self.device_resets > 0 {
             parts.push(format!(
                 "{}: what was live freed and every segment returned, without cudaFree calls",

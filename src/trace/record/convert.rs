@@ -4,7 +4,8 @@
 //!   of the id live at that address (the block is back in the pool only then); a
 //!   `free_requested` that the next line does not complete (a free that waited for device
 //!   work) → `Op::FreeRequested`, where the allocation statistics drop it;
-//!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`.
+//!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
+//!   `Op::MemoryFraction`.
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
 //!   recording lost to the reset, and does not count those returns as cudaFree calls (the
@@ -94,9 +95,10 @@ pub fn convert_device(
         retries_upper_bound: false,
         recorded_oom: None,
     };
-    // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`).
-    let collects =
-        settings.garbage_collection_threshold > 0.0 && settings.per_process_memory_fraction < 1.0;
+    // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`),
+    // which the program may set as it runs (`memory_fraction`).
+    let gc_threshold = settings.garbage_collection_threshold > 0.0;
+    let mut collects = gc_threshold && settings.per_process_memory_fraction < 1.0;
     // Counted from a release before a new segment, which under these settings may be no retry.
     let releases_may_be_no_retry = !retries_marked && (settings.has_max_split_size() || collects);
     let mut segment_addresses = Vec::new();
@@ -114,7 +116,11 @@ pub fn convert_device(
         // with a range line between them.
         let passes_by = matches!(
             e.action,
-            Action::RangeReserve | Action::RangeRelease | Action::DeviceMemory | Action::Retry
+            Action::RangeReserve
+                | Action::RangeRelease
+                | Action::DeviceMemory
+                | Action::Retry
+                | Action::MemoryFraction
         );
         if !passes_by
             && !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
@@ -218,6 +224,12 @@ pub fn convert_device(
             Action::EmptyCache => {
                 figures.empty_cache_calls += 1;
                 workload.push(Op::EmptyCache, index);
+            }
+            Action::MemoryFraction => {
+                // (The reader refuses a line without it.)
+                let fraction = e.fraction.unwrap_or(1.0);
+                collects = gc_threshold && fraction < 1.0;
+                workload.push(Op::MemoryFraction { fraction }, index);
             }
             Action::DeviceReset => {
                 pending.clear();

@@ -24,9 +24,13 @@
 //!   `page`, the size of the pages its pool maps) and `range_release` (a range with nothing
 //!   mapped given back, after its last `segment_unmap`), `device_memory` (written when a
 //!   device's pool is created: `size` is the device's total memory, as `cudaMemGetInfo`
-//!   reports it), and `retry` (a counted retry: the pool returned every cached segment it could
+//!   reports it), `retry` (a counted retry: the pool returned every cached segment it could
 //!   and asks the device once more; `size` is the rounded request, and its `segment_alloc`,
-//!   `segment_map`s or `oom` follow). `size` is the requested size for
+//!   `segment_map`s or `oom` follow), and `memory_fraction` (the program set the pool's memory
+//!   fraction as it ran, with `cachealloc_set_memory_fraction` or PyTorch's
+//!   `set_per_process_memory_fraction` through the pluggable allocator; it carries `fraction`,
+//!   and one set before the device's first allocation is written when its pool is made).
+//!   `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
 //!   the rounded request for `oom` (as in PyTorch's trace; it also carries `device_free`, the
 //!   free device bytes at the failure, and `requested`, what the program asked for, which a
@@ -40,7 +44,7 @@
 //! read, and a faithful replay then infers the ranges from the page maps
 //! (`crate::trace::ranges`) and the device's memory from them and its failures. Version 3 added
 //! the `retry` lines; without them the retries are counted from the releases (`convert`).
-//! Version 4 added the `end` line. An `oom` line's `requested` came later, without a new version
+//! Version 4 added the `end` line, version 5 the `memory_fraction` line. An `oom` line's `requested` came later, without a new version
 //! (a reader that does not know it ignores it): a replay of a file without it asks again for the
 //! rounded request.
 //!
@@ -62,10 +66,11 @@ use serde::{Deserialize, Serialize};
 /// The `format` value of the header.
 pub const FORMAT_NAME: &str = "cachealloc-trace";
 /// The version this build writes.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The versions this build reads: version 1 lacks the range lines, versions 1 and 2 the
-/// `retry` lines, and versions 1 to 3 the `end` line.
-pub const READABLE_VERSIONS: [u32; 4] = [1, 2, 3, 4];
+/// `retry` lines, versions 1 to 3 the `end` line, and versions 1 to 4 the `memory_fraction`
+/// line.
+pub const READABLE_VERSIONS: [u32; 5] = [1, 2, 3, 4, 5];
 /// The first version whose files mark every counted retry with a `retry` line.
 pub const RETRIES_MARKED_FROM: u32 = 3;
 /// The first version whose files end with an `end` line once the recording is complete: one
@@ -134,6 +139,10 @@ pub enum Action {
     Oom,
     EmptyCache,
     DeviceReset,
+    /// The program set the memory fraction of the device's pool (version 5: the C API's
+    /// `cachealloc_set_memory_fraction`, PyTorch's `set_per_process_memory_fraction` through
+    /// the pluggable allocator); `fraction` carries it.
+    MemoryFraction,
     /// The last line of a complete recording (version 4): written at exit (`device` 0, no
     /// memory).
     End,
@@ -150,7 +159,7 @@ impl Action {
 }
 
 /// One event line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// Microseconds since recording began (monotonic); in a saved replay, the event's number.
     pub t_us: u64,
@@ -171,6 +180,9 @@ pub struct Event {
     /// lack it, and a replay then asks for `size`, the rounded request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested: Option<u64>,
+    /// The memory fraction a `memory_fraction` line sets (only there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
 }
 
 impl Event {
@@ -222,6 +234,9 @@ impl Event {
                 ..
             } => (Action::Oom, 0, size, stream, Some(device_free), None),
             PoolEvent::EmptyCache => (Action::EmptyCache, 0, 0, StreamId(0), None, None),
+            PoolEvent::MemoryFraction { .. } => {
+                (Action::MemoryFraction, 0, 0, StreamId(0), None, None)
+            }
         };
         Event {
             t_us,
@@ -234,6 +249,10 @@ impl Event {
             page,
             requested: match *event {
                 PoolEvent::Oom { requested, .. } => Some(requested),
+                _ => None,
+            },
+            fraction: match *event {
+                PoolEvent::MemoryFraction { fraction } => Some(fraction),
                 _ => None,
             },
         }
@@ -265,6 +284,7 @@ impl Event {
             device_free: None,
             page: None,
             requested: None,
+            fraction: None,
         }
     }
 }

@@ -243,7 +243,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
     let event: Event = serde_json::from_str(text).map_err(|e| {
         format!(
             "not an event ({e}); an event holds t_us, device, action, addr, size and stream \
-             (device_free for oom, page for range_reserve)"
+             (device_free for oom, page for range_reserve, fraction for memory_fraction)"
         )
     })?;
     if event.device < 0 {
@@ -269,6 +269,22 @@ fn parse_event(text: &str) -> Result<Event, String> {
     }
     if event.action == Action::Oom && event.device_free.is_none() {
         return Err("an oom event without device_free".to_string());
+    }
+    if event.action == Action::MemoryFraction {
+        match event.fraction {
+            Some(f) if (0.0..=1.0).contains(&f) => {}
+            Some(f) => {
+                return Err(format!(
+                    "a memory_fraction event of {f}; a fraction is within [0, 1] (1 = no limit)"
+                ));
+            }
+            None => {
+                return Err(
+                    "a memory_fraction event without fraction (within [0, 1], 1 = no limit)"
+                        .to_string(),
+                );
+            }
+        }
     }
     if event.action == Action::DeviceMemory && event.size == 0 {
         return Err("a device_memory event of 0 bytes; it holds the device's total memory".into());

@@ -11,6 +11,7 @@ use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
 use crate::trace::error::TraceError;
 use crate::trace::replay::{ReplayConfig, replay};
 use crate::trace::rng::SplitMix64;
+use crate::trace::workload::Op;
 
 const MIB: u64 = 1 << 20;
 
@@ -251,6 +252,7 @@ fn line(t_us: u64, action: Action, addr: u64, size: u64) -> Event {
         device_free: (action == Action::Oom).then_some(0),
         page: (action == Action::RangeReserve).then_some(20 * MIB),
         requested: None,
+        fraction: None,
     }
 }
 
@@ -383,6 +385,7 @@ fn device_reset_frees_what_was_live_and_resets_reserved() {
         device_free: None,
         page: None,
         requested: None,
+        fraction: None,
     };
     let mut bytes = Vec::new();
     write_header(&mut bytes, &Header::new(1, vec![], String::new(), "none"));
@@ -494,7 +497,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 to 4)",
+            "version 9 is not supported (this cachealloc reads versions 1 to 5)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
@@ -605,6 +608,20 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "a range_reserve of 0 bytes in pages of 2097152 bytes; a range is one or more whole pages",
         ),
         (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"memory_fraction\",\"addr\":0,\"size\":0,\"stream\":0}}\n"
+            ),
+            "line 2",
+            "a memory_fraction event without fraction (within [0, 1], 1 = no limit)",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"memory_fraction\",\"addr\":0,\"size\":0,\"stream\":0,\"fraction\":1.5}}\n"
+            ),
+            "line 2",
+            "a memory_fraction event of 1.5; a fraction is within [0, 1] (1 = no limit)",
+        ),
+        (
             // Broken inside the file (the line has its newline): refused.
             format!("{HEADER}\n{{\"t_us\":1,\"dev\n"),
             "line 2",
@@ -636,4 +653,52 @@ fn devices_are_read_in_ordinal_order_after_a_byte_order_mark() {
     assert_eq!(devices, [1, 2]);
     assert!(!trace.devices[0].has_block_events());
     assert!(trace.devices[1].has_block_events());
+}
+
+/// A `memory_fraction` line becomes `Op::MemoryFraction` where it stood, and from there a
+/// release before a new segment may be a garbage collection (the header's threshold acts under
+/// the fraction), which bounds no capacity: before the line the same release does.
+#[test]
+fn a_memory_fraction_line_is_replayed_in_place_and_turns_collection_on() {
+    let (a, b) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
+    let fraction = Event {
+        fraction: Some(0.5),
+        ..line(2, Action::MemoryFraction, 0, 0)
+    };
+    let release_then_grow = |t: u64| {
+        [
+            line(t, Action::SegmentAlloc, a, 40 * MIB),
+            line(t + 1, Action::Alloc, a, 40 * MIB),
+            line(t + 2, Action::FreeCompleted, a, 40 * MIB),
+            line(t + 3, Action::SegmentFree, a, 40 * MIB),
+            line(t + 4, Action::SegmentAlloc, b, 60 * MIB),
+            line(t + 5, Action::Alloc, b, 60 * MIB),
+        ]
+    };
+    let read = |events: &[Event]| {
+        let mut bytes = Vec::new();
+        let settings = "garbage_collection_threshold:0.5".to_string();
+        write_header(&mut bytes, &Header::new(1, vec![0], settings, "none"));
+        write_events(&mut bytes, events);
+        device0(&read_back(&bytes))
+    };
+    let mut after: Vec<Event> = vec![fraction];
+    after.extend(release_then_grow(3));
+    let collected = read(&after);
+    assert_eq!(
+        collected.workload.ops[0],
+        Op::MemoryFraction { fraction: 0.5 }
+    );
+    assert_eq!(collected.capacity, None);
+    let mut before: Vec<Event> = release_then_grow(3).to_vec();
+    before.push(Event {
+        t_us: 9,
+        ..fraction
+    });
+    let bounded = read(&before);
+    assert_eq!(
+        bounded.workload.ops.last(),
+        Some(&Op::MemoryFraction { fraction: 0.5 })
+    );
+    assert!(bounded.capacity.is_some(), "{:?}", bounded.capacity);
 }
