@@ -20,7 +20,9 @@
 #       fixed and with expandable segments (needs two GPUs; the fake runtime models two);
 #   (h) the run of (e), recorded with trace:PATH, replayed with `cachealloc replay --faithful`:
 #       every allocation at its recorded address, the same peak, page maps, retries and OOM, with the
-#       device memory the recording names (on the fake runtime, a 300 MiB context holds part).
+#       device memory the recording names (on the fake runtime, a 300 MiB context holds part);
+#   (i) a quarter of the device set as the limit at run time (cachealloc_set_memory_fraction,
+#       found with dlsym under LD_PRELOAD), then the allocations of (d): they stop at the limit.
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -433,5 +435,36 @@ else
         verdict="$(python3 "$helpers/faithful_verdict.py" <<<"$out")" ||
             verdict="FAILED: the replay's JSON could not be read"
         row "$replay_check" "$replay_variant" "$verdict" "$on"
+    fi
+fi
+
+# --- (i) a memory fraction set at run time ------------------------------------------------------
+
+fraction_check="(i) memory fraction set at run time"
+fraction_variant="cachealloc_set_memory_fraction(0, 0.25), then allocate until 2"
+fraction_problem="${build_problem:-$shim_problem}"
+if [[ -z "$fraction_problem" ]] && ! grep -qx cachealloc_set_memory_fraction <<<"$exports"; then
+    fraction_problem="libcachealloc.so exports no cachealloc_set_memory_fraction"
+fi
+if [[ -n "$fraction_problem" ]]; then
+    row "$fraction_check" "$fraction_variant" "not run: $fraction_problem" "$on"
+else
+    chunk=$OOM_CHUNK_GPU
+    [[ -z "$gpu_name" ]] && chunk=$OOM_CHUNK_FAKE
+    if bounded 120 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB \
+        "$work/oom_check" "$chunk" "$OOM_MAX_CHUNKS" fraction=0.25 &&
+        [[ "$out" =~ limit=([0-9]+)\ chunks=([0-9]+)\ oom_rc=2 ]]; then
+        limit=${BASH_REMATCH[1]} chunks=${BASH_REMATCH[2]}
+        # Each chunk is its own segment of exactly its size: the pool stops at the last chunk
+        # that keeps what it reserves within the limit.
+        if ((chunks * chunk <= limit && limit < (chunks + 1) * chunk)); then
+            row "$fraction_check" "$fraction_variant" \
+                "cudaMalloc answered 2 after $chunks × $(fmt_bytes "$chunk"), within the limit of $(fmt_bytes "$limit"); freed and allocated again: ok" "$on"
+        else
+            row "$fraction_check" "$fraction_variant" \
+                "FAILED: $chunks × $(fmt_bytes "$chunk") allocated under a limit of $(fmt_bytes "$limit")" "$on"
+        fi
+    else
+        row "$fraction_check" "$fraction_variant" "FAILED: $(why_failed)" "$on"
     fi
 fi

@@ -527,3 +527,49 @@ fn env_number(var: &str, default: u64) -> u64 {
         Err(_) => default,
     }
 }
+
+/// A recording whose program lifts its memory fraction as it starts (a `memory_fraction` line
+/// of 1) replays without the fraction `--conf` names, and the settings that fit are judged
+/// against the device, not against a fraction no longer in force: marked as filling the
+/// device where their peak does.
+#[test]
+fn fits_are_judged_against_the_device_when_the_program_sets_its_fraction() {
+    let (_, bytes, path) =
+        synth_saved("fraction-lifted", "transformer", &["--capacity", "5800MiB"]);
+    let text = String::from_utf8(bytes).unwrap();
+    let (header, events) = text.split_once('\n').unwrap();
+    let lift = r#"{"t_us":0,"device":0,"action":"memory_fraction","addr":0,"size":0,"stream":0,"fraction":1.0}"#;
+    std::fs::write(&path, format!("{header}\n{lift}\n{events}")).unwrap();
+    let args = [
+        "replay",
+        path.to_str().unwrap(),
+        "--capacity",
+        "5800MiB",
+        "--conf",
+        "per_process_memory_fraction:0.9",
+    ];
+    let v = json(&cachealloc(&[&args[..], &["--json"]].concat()));
+    let summary = String::from_utf8(cachealloc(&args).stdout).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(v["memory_fraction_calls"], 1);
+    let full = v["fitting_settings"]
+        .as_array()
+        .expect("the device alone makes the default settings run out")
+        .iter()
+        .filter(|f| {
+            let fills = (5800u64 << 20) - f["peak_reserved_bytes"].as_u64().unwrap() < 20 << 20;
+            assert_eq!(f["fills_memory_limit"], fills, "{f}");
+            fills
+        })
+        .count();
+    assert!(full > 0, "{v}");
+    assert_eq!(
+        summary.matches("(fills the device)").count(),
+        full,
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("(fills its memory fraction)"),
+        "{summary}"
+    );
+}

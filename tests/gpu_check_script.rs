@@ -82,7 +82,9 @@ fn dry_run_prints_one_honest_table() {
         .iter()
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
-    for check in ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)"] {
+    for check in [
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)",
+    ] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
             "no {check} row:\n{stdout}"
@@ -140,6 +142,15 @@ fn dry_run_prints_one_honest_table() {
             "(h)",
             "the run of (e)",
             "device memory 1024.0 MiB, capacity 724.0 MiB"
+        ),
+        "{stdout}"
+    );
+    // A quarter of the fake's 1 GiB: four chunks of 64 MiB, the fifth refused.
+    assert!(
+        figure(
+            "(i)",
+            "cachealloc_set_memory_fraction(0, 0.25)",
+            "after 4 × 64.0 MiB, within the limit of 256.0 MiB"
         ),
         "{stdout}"
     );

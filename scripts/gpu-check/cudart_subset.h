@@ -24,6 +24,7 @@ extern cudaError_t cudaDeviceSynchronize(void);
 extern cudaError_t cudaGetDeviceCount(int *count);
 extern cudaError_t cudaSetDevice(int device);
 extern cudaError_t cudaGetLastError(void);
+extern cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 extern const char *cudaGetErrorName(cudaError_t error);
 
 #endif

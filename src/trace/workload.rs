@@ -79,6 +79,14 @@ impl Workload {
         self.source_index.push(index);
     }
 
+    /// The memory fractions the program set as it ran (`Op::MemoryFraction`), in order.
+    pub fn memory_fractions(&self) -> impl Iterator<Item = f64> + '_ {
+        self.ops.iter().filter_map(|op| match *op {
+            Op::MemoryFraction { fraction } => Some(fraction),
+            _ => None,
+        })
+    }
+
     /// Number of allocations (not frees) in the workload.
     pub fn allocs(&self) -> usize {
         self.ops

@@ -240,7 +240,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 faithful: false,
                 orphans_replayed: false,
                 start_rebuildable: false,
-                memory_limit: memory_limit(&config),
+                memory_limit: memory_limit(&config, &workload),
             };
             Ok(render(
                 ReplayJson::new(ctx, out)
@@ -329,7 +329,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 placement: config.placement.name(),
                 orphans_replayed: loaded.start.is_some(),
                 start_rebuildable: loaded.start_rebuildable,
-                memory_limit: memory_limit(&config),
+                memory_limit: memory_limit(&config, &loaded.workload),
                 recorded: loaded.recorded,
                 faithful: args.faithful,
             };
@@ -484,10 +484,13 @@ fn note_unread_variable() {
 }
 
 /// The most the replay's pool may reserve: the capacity, or PyTorch's allowed maximum (the
-/// fraction of the device's total) under a `per_process_memory_fraction` below 1.
-fn memory_limit(config: &ReplayConfig) -> Option<u64> {
+/// fraction of the device's total) under a `per_process_memory_fraction` below 1 — unless the
+/// workload sets the fraction as it runs, when no one limit holds throughout: the capacity.
+fn memory_limit(config: &ReplayConfig, workload: &cachealloc::trace::Workload) -> Option<u64> {
+    let set_as_it_ran = workload.memory_fractions().next().is_some();
     let allowed = config
         .total()
+        .filter(|_| !set_as_it_ran)
         .and_then(|total| config.settings.allowed_maximum(total));
     match (config.capacity, allowed) {
         (Some(capacity), Some(allowed)) => Some(capacity.min(allowed)),
@@ -503,9 +506,7 @@ fn memory_limit(config: &ReplayConfig) -> Option<u64> {
 fn warn_fraction_without_memory(config: &ReplayConfig, workload: &cachealloc::trace::Workload) {
     // (A fraction of 0 allows nothing of any device: warned about with the configuration.)
     let limits = |fraction: f64| fraction > 0.0 && fraction < 1.0;
-    let set_as_it_ran = workload.ops.iter().any(
-        |op| matches!(*op, cachealloc::trace::Op::MemoryFraction { fraction } if limits(fraction)),
-    );
+    let set_as_it_ran = workload.memory_fractions().any(limits);
     if config.total().is_none()
         && (limits(config.settings.per_process_memory_fraction) || set_as_it_ran)
     {
