@@ -189,20 +189,31 @@ impl TransformerParams {
         u64::try_from(ops).unwrap_or(u64::MAX)
     }
 
-    /// The largest tensor at `seq_max`, or `None` on overflow. Every other size is a product
-    /// of no larger factors, so generation cannot overflow once this fits.
+    /// The largest tensor at `seq_max` in bytes, or `None` on overflow: activations in
+    /// `dtype_bytes`, what is also kept in fp32 (log-probabilities, Adam's moments and updates)
+    /// in the wider of the two, token ids in 8 bytes. Every other size is a product of no
+    /// larger factors, so generation cannot overflow once this fits.
     fn largest_tensor(&self) -> Option<u64> {
         let (b, s, h, dt) = (self.batch, self.seq_max, self.hidden, self.dtype_bytes);
+        let wide = dt.max(FP32);
+        let tokens = b.checked_mul(s)?;
         let scores = b.checked_mul(self.heads)?.checked_mul(s)?.checked_mul(s)?;
-        let mlp = b.checked_mul(s)?.checked_mul(h)?.checked_mul(4)?;
-        let logits = b.checked_mul(s)?.checked_mul(self.vocab)?;
+        let mlp = tokens.checked_mul(h)?.checked_mul(4)?;
+        let logits = tokens.checked_mul(self.vocab)?;
         let embedding = self.vocab.checked_mul(h)?;
         let fc_weight = h.checked_mul(h)?.checked_mul(4)?;
         let position = s.checked_mul(h)?;
-        [scores, mlp, logits, embedding, fc_weight, position]
-            .into_iter()
-            .max()?
-            .checked_mul(dt.max(FP32).max(TOKEN))
+        [
+            scores.checked_mul(dt)?,
+            mlp.checked_mul(dt)?,
+            logits.checked_mul(wide)?,
+            embedding.checked_mul(wide)?,
+            fc_weight.checked_mul(wide)?,
+            position.checked_mul(wide)?,
+            tokens.checked_mul(TOKEN)?,
+        ]
+        .into_iter()
+        .max()
     }
 
     /// Element counts of every weight: embeddings and final norm, then each layer's.
@@ -848,6 +859,29 @@ mod tests {
         let moments = "transformer:layers=1,heads=1,seq=1,batch=1,hidden=1048576,dtype_bytes=2,\
                        vocab=274877906944";
         assert_eq!(err(moments).as_deref(), Some(tensor));
+        // In one-byte elements the attention scores reach 1 EiB at 2^60 elements, not at the
+        // 2^57 of eight-byte ones; token ids are eight bytes whatever the activations' type.
+        let one_byte = [
+            (
+                "hidden=1,heads=1,vocab=1,seq=1048576,dtype_bytes=1",
+                "batch=1048576",
+                "batch=1048575",
+            ),
+            (
+                "hidden=1,heads=1,vocab=1,seq=1,dtype_bytes=1",
+                "batch=144115188075855872",
+                "batch=144115188075855871",
+            ),
+        ];
+        for (shape, refused, taken) in one_byte {
+            let spec = |last: &str| format!("transformer:layers=1,steps=1,{shape},{last}");
+            assert_eq!(
+                err(&spec(refused)).as_deref(),
+                Some(tensor),
+                "{shape},{refused}"
+            );
+            assert_eq!(err(&spec(taken)), None, "{shape},{taken}");
+        }
     }
 
     #[test]
