@@ -57,7 +57,9 @@ pub struct GetsFurther {
 pub struct MaxSplitSearch {
     /// The values that replay without any OOM, by peak reserved memory.
     pub fits: Vec<FittingSetting>,
-    /// Of the others, the one whose first OOM comes latest, if later than the replay's own.
+    /// Of the others, the one whose first OOM comes latest, if later than the replay's own;
+    /// of values whose first OOMs come equally late, the first in `MAX_SPLIT_LADDER_MB`'s
+    /// order (and the search with the replay's divisions before the one without them).
     pub gets_furthest: Option<GetsFurther>,
     /// The values that run out of memory, but later than the replay itself.
     pub get_further: Vec<u64>,

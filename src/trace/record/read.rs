@@ -14,7 +14,7 @@ use super::{
     Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM, looks_like_header,
 };
 use crate::backend::sim::Placement;
-use crate::config::Config;
+use crate::config::{Config, FreeSync};
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::pool::{DeviceId, Settings, pool_with_page};
 use crate::trace::error::TraceError;
@@ -215,6 +215,17 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
         let allowed: Vec<&str> = Placement::CHOICES.iter().map(|(n, _)| *n).collect();
         return Err(format!(
             "the header names placement '{p}'; it must be one of {}",
+            allowed.join(", ")
+        ));
+    }
+    if !FreeSync::CHOICES
+        .iter()
+        .any(|(name, _)| *name == header.free_sync)
+    {
+        let allowed: Vec<&str> = FreeSync::CHOICES.iter().map(|(n, _)| *n).collect();
+        return Err(format!(
+            "the header names free_sync '{}'; it must be one of {}",
+            header.free_sync,
             allowed.join(", ")
         ));
     }

@@ -589,6 +589,11 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             "a second header: a trace file holds one recording",
         ),
         (
+            HEADER.replace("\"free_sync\":\"device\"", "\"free_sync\":\"sometimes\"") + "\n",
+            "line 1",
+            "the header names free_sync 'sometimes'; it must be one of device, event, none",
+        ),
+        (
             HEADER.replace("\"devices\":[0]", "\"devices\":[0,-1]") + "\n",
             "line 1",
             "the header lists device -1; ordinals are >= 0",
