@@ -25,7 +25,8 @@
 //! counted retry and each malloc release followed by `segment_alloc` one successful retry — exact
 //! with default settings, an upper bound with `max_split_size` (whose oversize release is
 //! counted too) or a garbage-collection threshold (whose collections are counted too, and then
-//! give no capacity bound). From version 3 on, a file marks each counted retry with a `retry`
+//! give no capacity bound). A new segment that the memory fraction in force refused (past its
+//! limit of the recorded `device_memory`) gives no capacity bound either. From version 3 on, a file marks each counted retry with a `retry`
 //! line, and those are counted instead: exact under every setting.
 
 use super::read::DeviceEvents;
@@ -99,6 +100,9 @@ pub fn convert_device(
     // which the program may set as it runs (`memory_fraction`).
     let gc_threshold = settings.garbage_collection_threshold > 0.0;
     let mut collects = gc_threshold && settings.per_process_memory_fraction < 1.0;
+    // The fraction in force, whose limit (of the device's memory, once its line is read) may
+    // be what refused a segment rather than the device.
+    let mut fraction = settings.per_process_memory_fraction;
     // Counted from a release before a new segment, which under these settings may be no retry.
     let releases_may_be_no_retry = !retries_marked && (settings.has_max_split_size() || collects);
     let mut segment_addresses = Vec::new();
@@ -131,8 +135,8 @@ pub fn convert_device(
                 figures.recorded_retries += 1;
                 figures.retries_upper_bound |= releases_may_be_no_retry;
             }
-            if !collects {
-                let level = b.reserved_before.saturating_add(e.size);
+            let level = b.reserved_before.saturating_add(e.size);
+            if !collects && !past_limit(level, fraction, device_memory) {
                 failed_level = Some(failed_level.map_or(level, |l| l.min(level)));
             }
         }
@@ -227,7 +231,7 @@ pub fn convert_device(
             }
             Action::MemoryFraction => {
                 // (The reader refuses a line without it.)
-                let fraction = e.fraction.unwrap_or(1.0);
+                fraction = e.fraction.unwrap_or(1.0);
                 collects = gc_threshold && fraction < 1.0;
                 workload.push(Op::MemoryFraction { fraction }, index);
             }
@@ -293,6 +297,19 @@ pub fn convert_device(
         capacity,
         device_memory,
     }
+}
+
+/// Whether a pool holding `level` bytes is past the limit `fraction` sets on a device of
+/// `device_memory` bytes: a segment refused there was refused by the limit (PyTorch's
+/// `alloc_block` asks no device then), which says nothing of the device's capacity.
+fn past_limit(level: u64, fraction: f64, device_memory: Option<u64>) -> bool {
+    let limit = Settings {
+        per_process_memory_fraction: fraction,
+        ..Settings::default()
+    };
+    device_memory
+        .and_then(|total| limit.allowed_maximum(total))
+        .is_some_and(|allowed| level > allowed)
 }
 
 fn oom_at(index: usize, e: &Event, reserved: u64) -> RecordedOom {

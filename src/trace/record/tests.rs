@@ -8,6 +8,7 @@ use super::{Action, Event, Header, settings_text, write_events, write_header};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::config::Config;
 use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
+use crate::trace::capacity::CapacityEstimate;
 use crate::trace::error::TraceError;
 use crate::trace::replay::{ReplayConfig, replay};
 use crate::trace::rng::SplitMix64;
@@ -706,4 +707,56 @@ fn a_memory_fraction_line_is_replayed_in_place_and_turns_collection_on() {
         Some(&Op::MemoryFraction { fraction: 0.5 })
     );
     assert!(bounded.capacity.is_some(), "{:?}", bounded.capacity);
+}
+
+/// A release before a new segment that the memory fraction in force explains (the new segment
+/// would have taken the pool past the fraction of the recorded device memory) is the limit's
+/// refusal, not the device's: it bounds no capacity, whether the program set the fraction or
+/// the header's settings name it. One within the limit is the device's and still bounds it.
+#[test]
+fn a_release_the_memory_fraction_explains_bounds_no_capacity() {
+    let (a, b) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
+    let fraction = |t: u64, f: f64| Event {
+        fraction: Some(f),
+        ..line(t, Action::MemoryFraction, 0, 0)
+    };
+    // 100 MiB cached, then 200 MiB: 300 MiB is past a quarter of 1 GiB, so the pool releases
+    // the cached segment and takes the new one; then the program lifts the limit.
+    let release_then_grow = [
+        line(3, Action::SegmentAlloc, a, 100 * MIB),
+        line(4, Action::Alloc, a, 100 * MIB),
+        line(5, Action::FreeCompleted, a, 100 * MIB),
+        line(6, Action::Retry, 0, 200 * MIB),
+        line(7, Action::SegmentFree, a, 100 * MIB),
+        line(8, Action::SegmentAlloc, b, 200 * MIB),
+        line(9, Action::Alloc, b, 200 * MIB),
+    ];
+    let read = |settings: &str, events: &[Event]| {
+        let mut bytes = Vec::new();
+        write_header(
+            &mut bytes,
+            &Header::new(1, vec![0], settings.to_string(), "none"),
+        );
+        write_events(&mut bytes, events);
+        device0(&read_back(&bytes))
+    };
+    let mut set = vec![Event::device_memory(0, 1 << 30, 1), fraction(2, 0.25)];
+    set.extend(release_then_grow);
+    set.push(fraction(10, 1.0));
+    assert_eq!(read("", &set).capacity, None);
+    let mut configured = vec![Event::device_memory(0, 1 << 30, 1)];
+    configured.extend(release_then_grow);
+    assert_eq!(
+        read("per_process_memory_fraction:0.25", &configured).capacity,
+        None
+    );
+    // Under half of 1 GiB the same 300 MiB was within the limit: the device refused it.
+    set[1] = fraction(2, 0.5);
+    assert!(matches!(
+        read("", &set).capacity,
+        Some(CapacityEstimate::Bracket { high, .. }) if high == 300 * MIB
+    ));
+    // As it is with the limit lifted before it.
+    set[1] = fraction(2, 1.0);
+    assert!(read("", &set).capacity.is_some());
 }
