@@ -92,6 +92,8 @@ pub struct SimDevice {
     address_hints: VecDeque<(u64, u64)>,
     /// Upcoming `allocate` calls that fail: each entry is consumed by one call.
     injected_failures: VecDeque<Option<BackendError>>,
+    /// Upcoming `mem_info` calls that fail (`inject_mem_info_failures`).
+    mem_info_failures: u32,
     next_fence: u64,
     /// Fences below this value are done.
     completed_fences: u64,
@@ -120,6 +122,7 @@ impl SimDevice {
             free_ranges: RangeSet::of(ADDRESS_BASE, ADDRESS_TOP),
             address_hints: VecDeque::new(),
             injected_failures: VecDeque::new(),
+            mem_info_failures: 0,
             next_fence: 1,
             completed_fences: u64::MAX,
             fences_complete_immediately: true,
@@ -195,6 +198,11 @@ impl SimDevice {
     /// Make the next `allocate` call fail with `error` (queued; one call each).
     pub fn inject_failure(&mut self, error: BackendError) {
         self.injected_failures.push_back(Some(error));
+    }
+
+    /// Make the next `count` `mem_info` calls fail, as `cudaMemGetInfo` can.
+    pub fn inject_mem_info_failures(&mut self, count: u32) {
+        self.mem_info_failures = count;
     }
 
     /// Let the next `allocate` call proceed normally (used to space out injected failures).
@@ -460,6 +468,13 @@ impl Backend for SimDevice {
     }
 
     fn mem_info(&mut self) -> Result<MemInfo, BackendError> {
+        if self.mem_info_failures > 0 {
+            self.mem_info_failures -= 1;
+            return Err(BackendError::Device {
+                code: 999,
+                call: "cudaMemGetInfo",
+            });
+        }
         Ok(MemInfo {
             free: self.capacity.saturating_sub(self.used),
             total: self.total.unwrap_or(self.capacity),

@@ -596,14 +596,19 @@ impl<B: Backend> DeviceAllocator<B> {
         }
     }
 
+    /// The limit of a fraction below 1, of the device's total memory. A device that cannot
+    /// tell its memory now (`cudaMemGetInfo` failing) is asked again at the next request that
+    /// needs memory: until it answers there is no limit, but the fraction is not dropped.
     fn resolve_allowed_maximum(&mut self) {
         if self.allowed_maximum_resolved {
             return;
         }
-        self.allowed_maximum_resolved = true;
-        if self.settings.per_process_memory_fraction < 1.0
-            && let Ok(info) = self.backend.mem_info()
-        {
+        if self.settings.per_process_memory_fraction >= 1.0 {
+            self.allowed_maximum_resolved = true;
+            return;
+        }
+        if let Ok(info) = self.backend.mem_info() {
+            self.allowed_maximum_resolved = true;
             self.allowed_maximum = self.settings.allowed_maximum(info.total);
             self.gc_searches_counted = u64::from(self.settings.garbage_collection_threshold > 0.0);
         }

@@ -155,3 +155,29 @@ fn the_limit_is_the_fraction_of_the_devices_total_memory() {
     };
     assert_eq!(report.allowed_maximum, Some(512 * MIB));
 }
+
+/// A device that cannot tell its memory when the fraction is set (`cudaMemGetInfo` failing
+/// once) does not drop the limit: the next request that needs memory takes it, of the total the
+/// device then reports, and a request past it is refused.
+#[test]
+fn a_limit_the_device_could_not_size_yet_is_taken_at_the_next_request() {
+    let mut p = pool_with(1024 * MIB, Settings::default());
+    p.backend_mut().inject_mem_info_failures(1);
+    p.set_memory_fraction(0.25).unwrap();
+    let Err(Error::OutOfMemory(report)) = p.malloc(300 * MIB, S0) else {
+        panic!("served past the limit of 256 MiB");
+    };
+    assert_eq!(report.allowed_maximum, Some(256 * MIB));
+    // As for a configured fraction whose first request found the device silent.
+    let settings = Settings {
+        per_process_memory_fraction: 0.25,
+        ..Settings::default()
+    };
+    let mut configured = pool_with(1024 * MIB, settings);
+    configured.backend_mut().inject_mem_info_failures(1);
+    alloc(&mut configured, 100 * MIB);
+    assert!(matches!(
+        configured.malloc(200 * MIB, S0),
+        Err(Error::OutOfMemory(report)) if report.allowed_maximum == Some(256 * MIB)
+    ));
+}
