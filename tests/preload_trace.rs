@@ -400,9 +400,10 @@ fn a_memory_fraction_is_replayed_of_the_recorded_device_memory() {
 
 /// A program that sets the memory fraction as it runs (`cachealloc_set_memory_fraction`, as
 /// PyTorch's `set_per_process_memory_fraction` does through the pluggable allocator): each call
-/// is a `memory_fraction` line, the one made before the device's first allocation written when
-/// its pool is made, and the replay sets each where the program did — the garbage collection
-/// it turns on included — to what the shim did. Without the lines it departs.
+/// is one `memory_fraction` line — the one made before the device's first allocation too, and
+/// none for the pool made after a device reset, which starts with the fraction in force — and
+/// the replay sets each where the program did (the garbage collection it turns on included) to
+/// what the shim did. Without the lines it departs.
 #[test]
 fn memory_fractions_set_as_the_program_runs_are_replayed_where_it_set_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -416,7 +417,7 @@ fn memory_fractions_set_as_the_program_runs_are_replayed_where_it_set_them() {
         .iter()
         .map(|line| line["fraction"].as_f64().unwrap())
         .collect();
-    assert_eq!(fractions, [0.6, 0.3, 1.0]);
+    assert_eq!(fractions, [0.6, 0.3, 1.0, 0.7]);
     let stats = shim_stats(dir.path(), 0);
     assert!(
         stats["num_alloc_retries"].as_u64().unwrap() > 0,
@@ -424,11 +425,11 @@ fn memory_fractions_set_as_the_program_runs_are_replayed_where_it_set_them() {
     );
     let faithful = replay_json(&trace, &["--faithful"]);
     assert_replays_the_run(&faithful, &stats);
-    assert_eq!(faithful["memory_fraction_calls"], 3);
+    assert_eq!(faithful["memory_fraction_calls"], 4);
     let summary = stdout(&replay(&[trace.to_str().unwrap(), "--faithful"]));
     assert!(
         summary.contains(
-            "3 memory fraction calls of the program's, each in force from where it \
+            "4 memory fraction calls of the program's, each in force from where it \
              was made"
         ),
         "{summary}"

@@ -17,6 +17,7 @@ use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_LEGACY, codes, ru
 use crate::backend::cuda::{CudaBackend, FencePolicy};
 use crate::config::{Config, FreeSync};
 use crate::pool::{DeviceAllocator, DeviceId, DevicePtr, StreamId};
+use crate::trace::record::buffer::DeviceSink;
 use std::ffi::c_int;
 
 /// Where an interposed call goes.
@@ -105,21 +106,26 @@ struct MadePool {
     unsupported: Option<String>,
     /// The device's total memory, when a trace is recorded.
     memory: Option<u64>,
+    /// Where its events go, when a trace is recorded (attached once it is its device's).
+    sink: Option<DeviceSink>,
 }
 
 impl MadePool {
-    /// The pool, now its device's: a recording notes the device's memory (for a faithful
-    /// replay: it sizes the ranges of expandable segments and the limit of a memory fraction,
-    /// which the pool's events do not show), and a memory fraction the program set for the
-    /// device is in force (a recording notes it too). A pool another thread made first is
-    /// dropped without either.
+    /// The pool, now its device's: a memory fraction the program set for the device is in
+    /// force (before the pool records its events: the call was recorded when it was made), and
+    /// a recording notes the device's memory (for a faithful replay: it sizes the ranges of
+    /// expandable segments and the limit of a memory fraction, which the pool's events do not
+    /// show). A pool another thread made first is dropped without a note.
     fn installed(mut self, device: DeviceId) -> Pool {
-        if let Some(total) = self.memory {
-            trace_file::note_device_memory(device, total);
-        }
         if let Some(fraction) = pools::memory_fraction(device) {
             // (Checked when the program set it: nothing to refuse.)
             let _ = self.pool.set_memory_fraction(fraction);
+        }
+        if let Some(total) = self.memory {
+            trace_file::note_device_memory(device, total);
+        }
+        if let Some(sink) = self.sink {
+            self.pool.set_event_sink(Some(Box::new(sink)));
         }
         self.pool
     }
@@ -148,14 +154,11 @@ fn new_pool(config: &Config, rt: &'static Runtime, device: DeviceId) -> MadePool
         .as_ref()
         .and_then(|_| backend.mem_info().ok())
         .map(|info| info.total);
-    let mut pool = DeviceAllocator::new(backend, config.settings.clone());
-    if let Some(sink) = sink {
-        pool.set_event_sink(Some(Box::new(sink)));
-    }
     MadePool {
-        pool,
+        pool: DeviceAllocator::new(backend, config.settings.clone()),
         unsupported,
         memory,
+        sink,
     }
 }
 

@@ -131,6 +131,15 @@ pub fn note_device_memory(device: DeviceId, total: u64) {
     }
 }
 
+/// Note that the program set the memory fraction of `device`, which has no pool now to record
+/// it (a pool records its own: `DeviceAllocator::set_memory_fraction`).
+pub fn note_memory_fraction(device: DeviceId, fraction: f64) {
+    if let Some(r) = RECORDER.get() {
+        r.buffer
+            .push_with(|t_us| Event::memory_fraction(device.0, fraction, t_us));
+    }
+}
+
 /// Note that the pool of `device` was dropped by `cudaDeviceReset`.
 pub fn note_device_reset(device: DeviceId) {
     if let Some(r) = RECORDER.get() {

@@ -6,7 +6,8 @@
  *            FAKECUDART_CAPACITY set); some allocations stay live at exit.
  *   fraction the mix, with device 0 limited to 60 % of its memory before its first allocation,
  *            to 30 % at step 1000 and unlimited at step 2000 (cachealloc_set_memory_fraction,
- *            found with dlsym: the library is preloaded, not linked).
+ *            found with dlsym: the library is preloaded, not linked); then a device reset, an
+ *            allocation, a limit of 70 % and another allocation.
  *   devices  allocations on device 1, then on device 0 (FAKECUDART_DEVICES=2).
  *   small_first  a small allocation, then a large one, then both again (with
  *            expandable_segments:True, the small pool's range is reserved before the large one's).
@@ -106,6 +107,15 @@ static void fraction_steps(int step) {
 static void scenario_fraction(void) {
     set_fraction(0.6);
     mix(fraction_steps);
+    /* After a device reset the next pool starts with the fraction in force; a call then is
+     * made on that pool. */
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    void *p = NULL;
+    CHECK_CODE(cudaMalloc(&p, 8 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    set_fraction(0.7);
+    CHECK_CODE(cudaMalloc(&p, 8 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
 }
 
 static void scenario_devices(void) {

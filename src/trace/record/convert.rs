@@ -26,8 +26,9 @@
 //! with default settings, an upper bound with `max_split_size` (whose oversize release is
 //! counted too) or a garbage-collection threshold (whose collections are counted too, and then
 //! give no capacity bound). A new segment that the memory fraction in force refused (past its
-//! limit of the recorded `device_memory`) gives no capacity bound either. From version 3 on, a file marks each counted retry with a `retry`
-//! line, and those are counted instead: exact under every setting.
+//! limit of the recorded `device_memory`) gives no capacity bound either. From version 3 on, a
+//! file marks each counted retry with a `retry` line, and those are counted instead: exact
+//! under every setting.
 
 use super::read::DeviceEvents;
 use super::{Action, Event};

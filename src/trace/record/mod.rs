@@ -28,8 +28,9 @@
 //!   and asks the device once more; `size` is the rounded request, and its `segment_alloc`,
 //!   `segment_map`s or `oom` follow), and `memory_fraction` (the program set the pool's memory
 //!   fraction as it ran, with `cachealloc_set_memory_fraction` or PyTorch's
-//!   `set_per_process_memory_fraction` through the pluggable allocator; it carries `fraction`,
-//!   and one set before the device's first allocation is written when its pool is made).
+//!   `set_per_process_memory_fraction` through the pluggable allocator; it carries `fraction`;
+//!   one line per call, also for a call made while the device has no pool, whose next pool
+//!   starts with it).
 //!   `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
 //!   the rounded request for `oom` (as in PyTorch's trace; it also carries `device_free`, the
@@ -271,6 +272,14 @@ impl Event {
     /// The `device_memory` line of a device with `total` bytes.
     pub fn device_memory(device: i32, total: u64, t_us: u64) -> Self {
         Self::marker(Action::DeviceMemory, device, total, t_us)
+    }
+
+    /// A `memory_fraction` line of `device`.
+    pub fn memory_fraction(device: i32, fraction: f64, t_us: u64) -> Self {
+        Event {
+            fraction: Some(fraction),
+            ..Self::marker(Action::MemoryFraction, device, 0, t_us)
+        }
     }
 
     fn marker(action: Action, device: i32, size: u64, t_us: u64) -> Self {
