@@ -661,16 +661,22 @@ fn devices_are_read_in_ordinal_order_after_a_byte_order_mark() {
     assert!(trace.devices[1].has_block_events());
 }
 
+/// Device 0 of a trace of `events` recorded with `settings`.
+fn recorded_with(settings: &str, events: &[Event]) -> RecordedDevice {
+    let mut bytes = Vec::new();
+    let header = Header::new(1, vec![0], settings.to_string(), "none");
+    write_header(&mut bytes, &header);
+    write_events(&mut bytes, events);
+    device0(&read_back(&bytes))
+}
+
 /// A `memory_fraction` line becomes `Op::MemoryFraction` where it stood, and from there a
 /// release before a new segment may be a garbage collection (the header's threshold acts under
 /// the fraction), which bounds no capacity: before the line the same release does.
 #[test]
 fn a_memory_fraction_line_is_replayed_in_place_and_turns_collection_on() {
     let (a, b) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
-    let fraction = Event {
-        fraction: Some(0.5),
-        ..line(2, Action::MemoryFraction, 0, 0)
-    };
+    let fraction = Event::memory_fraction(0, 0.5, 2);
     let release_then_grow = |t: u64| {
         [
             line(t, Action::SegmentAlloc, a, 40 * MIB),
@@ -681,13 +687,7 @@ fn a_memory_fraction_line_is_replayed_in_place_and_turns_collection_on() {
             line(t + 5, Action::Alloc, b, 60 * MIB),
         ]
     };
-    let read = |events: &[Event]| {
-        let mut bytes = Vec::new();
-        let settings = "garbage_collection_threshold:0.5".to_string();
-        write_header(&mut bytes, &Header::new(1, vec![0], settings, "none"));
-        write_events(&mut bytes, events);
-        device0(&read_back(&bytes))
-    };
+    let read = |events: &[Event]| recorded_with("garbage_collection_threshold:0.5", events);
     let mut after: Vec<Event> = vec![fraction];
     after.extend(release_then_grow(3));
     let collected = read(&after);
@@ -716,10 +716,7 @@ fn a_memory_fraction_line_is_replayed_in_place_and_turns_collection_on() {
 #[test]
 fn a_release_the_memory_fraction_explains_bounds_no_capacity() {
     let (a, b) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
-    let fraction = |t: u64, f: f64| Event {
-        fraction: Some(f),
-        ..line(t, Action::MemoryFraction, 0, 0)
-    };
+    let fraction = |t: u64, f: f64| Event::memory_fraction(0, f, t);
     // 100 MiB cached, then 200 MiB: 300 MiB is past a quarter of 1 GiB, so the pool releases
     // the cached segment and takes the new one; then the program lifts the limit.
     let release_then_grow = [
@@ -731,32 +728,23 @@ fn a_release_the_memory_fraction_explains_bounds_no_capacity() {
         line(8, Action::SegmentAlloc, b, 200 * MIB),
         line(9, Action::Alloc, b, 200 * MIB),
     ];
-    let read = |settings: &str, events: &[Event]| {
-        let mut bytes = Vec::new();
-        write_header(
-            &mut bytes,
-            &Header::new(1, vec![0], settings.to_string(), "none"),
-        );
-        write_events(&mut bytes, events);
-        device0(&read_back(&bytes))
-    };
     let mut set = vec![Event::device_memory(0, 1 << 30, 1), fraction(2, 0.25)];
     set.extend(release_then_grow);
     set.push(fraction(10, 1.0));
-    assert_eq!(read("", &set).capacity, None);
+    assert_eq!(recorded_with("", &set).capacity, None);
     let mut configured = vec![Event::device_memory(0, 1 << 30, 1)];
     configured.extend(release_then_grow);
     assert_eq!(
-        read("per_process_memory_fraction:0.25", &configured).capacity,
+        recorded_with("per_process_memory_fraction:0.25", &configured).capacity,
         None
     );
     // Under half of 1 GiB the same 300 MiB was within the limit: the device refused it.
     set[1] = fraction(2, 0.5);
     assert!(matches!(
-        read("", &set).capacity,
+        recorded_with("", &set).capacity,
         Some(CapacityEstimate::Bracket { high, .. }) if high == 300 * MIB
     ));
     // As it is with the limit lifted before it.
     set[1] = fraction(2, 1.0);
-    assert!(read("", &set).capacity.is_some());
+    assert!(recorded_with("", &set).capacity.is_some());
 }
