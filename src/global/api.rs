@@ -153,14 +153,16 @@ pub fn set_memory_fraction(device: DeviceId, fraction: f64) -> Result<(), ShimEr
         return Ok(());
     };
     check_device(rt, device)?;
-    pools::set_memory_fraction(device, fraction);
-    let set = pools::with_pool(device, |pool| pool.set_memory_fraction(fraction))?;
-    if set.is_none() {
-        // The pool made next starts with it, and records nothing of it: the call is noted here.
-        trace_file::note_memory_fraction(device, fraction);
-    }
+    let set = pools::set_memory_fraction(device, fraction, |pool| match pool {
+        Some(pool) => pool.set_memory_fraction(fraction),
+        None => {
+            // The pool made next starts with it and records nothing of it: noted here.
+            trace_file::note_memory_fraction(device, fraction);
+            Ok(())
+        }
+    });
     trace_file::flush();
-    returned_only(rt, set.unwrap_or(Ok(())).map_err(ShimError::from))
+    returned_only(rt, set?.unwrap_or(Ok(())).map_err(ShimError::from))
 }
 
 /// The C API reports a failure by its return code only: a runtime call of the pool's that

@@ -114,13 +114,21 @@ pub fn forget_peers(device: DeviceId) {
     }
 }
 
-/// Remember that the program set `device`'s memory fraction to `fraction` (for the pools made
-/// from now on; the caller sets it in the pool there is). An ordinal without a pool slot has
-/// no pool to limit.
-pub fn set_memory_fraction(device: DeviceId, fraction: f64) {
-    if let Some(d) = index(device) {
-        FRACTIONS[d].store(fraction.to_bits(), Ordering::Release);
-    }
+/// Under `device`'s pool lock, remember that the program set its memory fraction to
+/// `fraction` (for the pools made from now on), then run `set` on the pool there is, if any:
+/// calls on two threads, and a pool made or dropped meanwhile, see one order. `Ok(None)` for an
+/// ordinal without a pool slot (no pool to limit).
+pub fn set_memory_fraction<R>(
+    device: DeviceId,
+    fraction: f64,
+    set: impl FnOnce(Option<&mut Pool>) -> R,
+) -> Result<Option<R>, ShimError> {
+    let Some(d) = index(device) else {
+        return Ok(None);
+    };
+    let mut guard = lock(device, d)?;
+    FRACTIONS[d].store(fraction.to_bits(), Ordering::Release);
+    Ok(Some(set(guard.as_mut())))
 }
 
 /// The memory fraction the program set for `device`, if it set one.
