@@ -528,18 +528,70 @@ fn env_number(var: &str, default: u64) -> u64 {
     }
 }
 
+/// The transformer workload saved on a device of `capacity`, with a `memory_fraction` line of
+/// `fraction` before its first event (the program set it before its first allocation).
+fn saved_with_fraction(name: &str, capacity: &str, fraction: f64) -> PathBuf {
+    let (_, bytes, path) = synth_saved(name, "transformer", &["--capacity", capacity]);
+    let text = String::from_utf8(bytes).unwrap();
+    let (header, events) = text.split_once('\n').unwrap();
+    let set = format!(
+        r#"{{"t_us":0,"device":0,"action":"memory_fraction","addr":0,"size":0,"stream":0,"fraction":{fraction:?}}}"#
+    );
+    std::fs::write(&path, format!("{header}\n{set}\n{events}")).unwrap();
+    path
+}
+
+/// A recording whose program set its memory fraction before its first allocation is judged
+/// as one configured with it: the settings that fit are those of `--conf` with that fraction,
+/// marked the same where they fill it.
+#[test]
+fn a_fraction_set_before_the_first_allocation_is_the_limit_fits_are_judged_against() {
+    let path = saved_with_fraction("fraction-first", "8GiB", 0.7);
+    let replayed = json(&cachealloc(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--capacity",
+        "8GiB",
+        "--json",
+    ]));
+    std::fs::remove_file(&path).unwrap();
+    let configured = json(&cachealloc(&[
+        "synth",
+        "transformer",
+        "--capacity",
+        "8GiB",
+        "--conf",
+        "per_process_memory_fraction:0.7",
+        "--json",
+    ]));
+    let fits = &replayed["fitting_settings"];
+    assert!(fits.as_array().is_some_and(|f| !f.is_empty()), "{replayed}");
+    let marked = |fits: &Value| -> Vec<(Value, Value)> {
+        fits.as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["max_split_size_mb"].clone(),
+                    f["fills_memory_limit"].clone(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(marked(fits), marked(&configured["fitting_settings"]));
+    assert!(
+        marked(fits).iter().any(|(_, fills)| fills == true),
+        "{replayed}"
+    );
+}
+
 /// A recording whose program lifts its memory fraction as it starts (a `memory_fraction` line
 /// of 1) replays without the fraction `--conf` names, and the settings that fit are judged
 /// against the device, not against a fraction no longer in force: marked as filling the
 /// device where their peak does.
 #[test]
 fn fits_are_judged_against_the_device_when_the_program_sets_its_fraction() {
-    let (_, bytes, path) =
-        synth_saved("fraction-lifted", "transformer", &["--capacity", "5800MiB"]);
-    let text = String::from_utf8(bytes).unwrap();
-    let (header, events) = text.split_once('\n').unwrap();
-    let lift = r#"{"t_us":0,"device":0,"action":"memory_fraction","addr":0,"size":0,"stream":0,"fraction":1.0}"#;
-    std::fs::write(&path, format!("{header}\n{lift}\n{events}")).unwrap();
+    let path = saved_with_fraction("fraction-lifted", "5800MiB", 1.0);
     let args = [
         "replay",
         path.to_str().unwrap(),

@@ -44,6 +44,12 @@ pub fn max_split_size_from_bytes(bytes: u64) -> u64 {
     }
 }
 
+/// PyTorch's allowed maximum under a memory fraction of `fraction` on a device of `total`
+/// bytes: that share of it, or `None` (no limit) for a fraction of 1.
+pub fn allowed_maximum(fraction: f64, total: u64) -> Option<u64> {
+    (fraction < 1.0).then_some((fraction * total as f64) as u64)
+}
+
 impl Settings {
     /// Whether `roundup_power2_divisions` rounds any size past the 512-byte rounding: a
     /// division of 0 or 1 leaves sizes as they are.
@@ -59,7 +65,6 @@ impl Settings {
     /// PyTorch's allowed maximum on a device of `total` bytes: `per_process_memory_fraction` of
     /// it, or `None` (no limit) for a fraction of 1.
     pub fn allowed_maximum(&self, total: u64) -> Option<u64> {
-        let fraction = self.per_process_memory_fraction;
-        (fraction < 1.0).then_some((fraction * total as f64) as u64)
+        allowed_maximum(self.per_process_memory_fraction, total)
     }
 }

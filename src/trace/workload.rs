@@ -87,11 +87,91 @@ impl Workload {
         })
     }
 
+    /// The memory fraction in force at every request of the workload (its allocations and the
+    /// recording's failed requests): `configured`, or what the program set before its first
+    /// request; `None` when the program changed it between two requests (no one limit holds
+    /// throughout).
+    pub fn fraction_throughout(&self, configured: f64) -> Option<f64> {
+        let mut current = configured;
+        let mut at_requests: Option<f64> = None;
+        for op in &self.ops {
+            match *op {
+                Op::MemoryFraction { fraction } => current = fraction,
+                Op::Alloc { .. } | Op::Oom { .. } => match at_requests {
+                    None => at_requests = Some(current),
+                    Some(f) if f != current => return None,
+                    Some(_) => {}
+                },
+                _ => {}
+            }
+        }
+        Some(at_requests.unwrap_or(current))
+    }
+
     /// Number of allocations (not frees) in the workload.
     pub fn allocs(&self) -> usize {
         self.ops
             .iter()
             .filter(|op| matches!(op, Op::Alloc { .. }))
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(ops: Vec<Op>) -> Workload {
+        let mut w = Workload::new("test");
+        for op in ops {
+            w.push(op, 0);
+        }
+        w
+    }
+
+    fn alloc(id: AllocId) -> Op {
+        Op::Alloc {
+            id,
+            size: 512,
+            stream: StreamId(0),
+            recorded_addr: None,
+        }
+    }
+
+    /// The fraction at every request: the configured one, or the program's set before its
+    /// first request (the last of those); set again to the same value, still one; changed
+    /// between two requests, none — a change after the last request, or before a recorded
+    /// failure, counts like one before an allocation.
+    #[test]
+    fn the_fraction_in_force_throughout_is_the_one_before_the_first_request() {
+        let set = |fraction| Op::MemoryFraction { fraction };
+        let oom = Op::Oom {
+            size: 512,
+            stream: StreamId(0),
+            device_free: 0,
+        };
+        assert_eq!(workload(vec![alloc(0)]).fraction_throughout(0.5), Some(0.5));
+        assert_eq!(
+            workload(vec![set(0.9), set(0.7), alloc(0), Op::Free { id: 0 }])
+                .fraction_throughout(0.5),
+            Some(0.7)
+        );
+        assert_eq!(
+            workload(vec![set(0.7), alloc(0), set(0.7), alloc(1)]).fraction_throughout(1.0),
+            Some(0.7)
+        );
+        assert_eq!(
+            workload(vec![alloc(0), set(0.7), alloc(1)]).fraction_throughout(1.0),
+            None
+        );
+        assert_eq!(
+            workload(vec![alloc(0), set(0.7), oom]).fraction_throughout(1.0),
+            None
+        );
+        assert_eq!(
+            workload(vec![alloc(0), set(0.7)]).fraction_throughout(1.0),
+            Some(1.0)
+        );
+        assert_eq!(workload(vec![set(0.7)]).fraction_throughout(1.0), Some(0.7));
     }
 }

@@ -484,14 +484,14 @@ fn note_unread_variable() {
 }
 
 /// The most the replay's pool may reserve: the capacity, or PyTorch's allowed maximum (the
-/// fraction of the device's total) under a `per_process_memory_fraction` below 1 — unless the
-/// workload sets the fraction as it runs, when no one limit holds throughout: the capacity.
+/// fraction of the device's total) under a memory fraction below 1, the settings' or the one
+/// the program set before its first request — unless the program changed it between requests,
+/// when no one limit holds throughout: the capacity.
 fn memory_limit(config: &ReplayConfig, workload: &cachealloc::trace::Workload) -> Option<u64> {
-    let set_as_it_ran = workload.memory_fractions().next().is_some();
-    let allowed = config
-        .total()
-        .filter(|_| !set_as_it_ran)
-        .and_then(|total| config.settings.allowed_maximum(total));
+    let allowed = config.total().and_then(|total| {
+        let fraction = workload.fraction_throughout(config.settings.per_process_memory_fraction)?;
+        cachealloc::pool::allowed_maximum(fraction, total)
+    });
     match (config.capacity, allowed) {
         (Some(capacity), Some(allowed)) => Some(capacity.min(allowed)),
         (capacity, allowed) => capacity.or(allowed),

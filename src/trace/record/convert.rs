@@ -32,7 +32,7 @@
 
 use super::read::DeviceEvents;
 use super::{Action, Event};
-use crate::pool::{Settings, StreamId};
+use crate::pool::{Settings, StreamId, allowed_maximum};
 use crate::trace::capacity::CapacityEstimate;
 use crate::trace::figures::{RecordedFigures, RecordedOom};
 use crate::trace::ranges::RangeChange;
@@ -304,12 +304,8 @@ pub fn convert_device(
 /// `device_memory` bytes: a segment refused there was refused by the limit (PyTorch's
 /// `alloc_block` asks no device then), which says nothing of the device's capacity.
 fn past_limit(level: u64, fraction: f64, device_memory: Option<u64>) -> bool {
-    let limit = Settings {
-        per_process_memory_fraction: fraction,
-        ..Settings::default()
-    };
     device_memory
-        .and_then(|total| limit.allowed_maximum(total))
+        .and_then(|total| allowed_maximum(fraction, total))
         .is_some_and(|allowed| level > allowed)
 }
 
