@@ -32,6 +32,7 @@
 
 use super::read::DeviceEvents;
 use super::{Action, Event};
+use crate::pool::rounding::segment_size;
 use crate::pool::{Settings, StreamId, allowed_maximum};
 use crate::trace::capacity::CapacityEstimate;
 use crate::trace::figures::{RecordedFigures, RecordedOom};
@@ -63,9 +64,11 @@ pub struct RecordedDevice {
     pub device_memory: Option<u64>,
 }
 
-/// The malloc-release run in progress: reserved bytes before it.
+/// The malloc-release run in progress: reserved bytes before it, and the rounded request of
+/// its `retry` line once read.
 struct Burst {
     reserved_before: u64,
+    request: Option<u64>,
 }
 
 /// Convert the events of one device of `source`, recorded with `settings`; `retries_marked`:
@@ -136,8 +139,15 @@ pub fn convert_device(
                 figures.recorded_retries += 1;
                 figures.retries_upper_bound |= releases_may_be_no_retry;
             }
+            // What the device refused: the new segment, or the pages mapped for the request.
             let level = b.reserved_before.saturating_add(e.size);
-            if !collects && !past_limit(level, fraction, device_memory) {
+            // What the limit is checked against: the segment the request needs (more than the
+            // pages mapped where the range's free end covers part of it), when the retry line
+            // names the request.
+            let limit_level = b
+                .request
+                .map_or(level, |r| b.reserved_before.saturating_add(segment_size(r)));
+            if !collects && !past_limit(limit_level, fraction, device_memory) {
                 failed_level = Some(failed_level.map_or(level, |l| l.min(level)));
             }
         }
@@ -196,6 +206,7 @@ pub fn convert_device(
                 if !in_empty_cache && burst.is_none() {
                     burst = Some(Burst {
                         reserved_before: reserved,
+                        request: None,
                     });
                 }
                 reserved = reserved.saturating_sub(e.size);
@@ -203,6 +214,9 @@ pub fn convert_device(
             Action::Retry => {
                 if retries_marked {
                     figures.recorded_retries += 1;
+                }
+                if let Some(b) = burst.as_mut() {
+                    b.request = Some(e.size);
                 }
             }
             Action::Oom => {

@@ -748,3 +748,34 @@ fn a_release_the_memory_fraction_explains_bounds_no_capacity() {
     set[1] = fraction(2, 1.0);
     assert!(recorded_with("", &set).capacity.is_some());
 }
+
+/// With expandable segments the limit is checked against the segment the request needs, and
+/// the device refuses the pages mapped for it, which may be more: under a quarter of 1 GiB
+/// (256 MiB), with 240 MiB mapped, a 12 MiB request is within the limit (252 MiB), so its
+/// release and retry are the device's refusal of one 20 MiB page, bounding the capacity at
+/// 260 MiB, though that page would pass the limit.
+#[test]
+fn an_expandable_retry_is_judged_by_the_segment_the_limit_checks() {
+    let a = 0x7f00_0000_0000u64;
+    let events = [
+        Event::device_memory(0, 1 << 30, 1),
+        Event::memory_fraction(0, 0.25, 2),
+        line(3, Action::RangeReserve, a, 60 * 20 * MIB),
+        line(4, Action::SegmentMap, a, 240 * MIB),
+        line(5, Action::Alloc, a, 240 * MIB),
+        line(6, Action::FreeCompleted, a, 240 * MIB),
+        line(7, Action::SegmentUnmap, a, 240 * MIB),
+        line(8, Action::Retry, 0, 12 * MIB),
+        line(9, Action::SegmentMap, a, 20 * MIB),
+        line(10, Action::Alloc, a, 12 * MIB),
+    ];
+    let rec = recorded_with("expandable_segments:True", &events);
+    assert!(
+        matches!(
+            rec.capacity,
+            Some(CapacityEstimate::Bracket { high, .. }) if high == 260 * MIB
+        ),
+        "{:?}",
+        rec.capacity
+    );
+}
