@@ -301,30 +301,20 @@ fn a_replay_says_when_the_recording_holds_both_kinds_of_segment() {
                 under which setting, and this replay used expandable segments for all of them, \
                 so its device calls and addresses cannot all match the recording's\n";
     let toggled = write_native_then_expandable("both-kinds");
+    // A 20 MiB segment holding one 4 MiB allocation.
+    let segment = |address, expandable, pool_id| Segment {
+        address,
+        stream: 0,
+        expandable,
+        pool_id,
+        blocks: vec![
+            (4 * mib, 4 * mib, "active_allocated"),
+            (16 * mib, 0, "inactive"),
+        ],
+    };
     let graph_pool = write_snapshot(
         "both-kinds.pickle",
-        &[
-            Segment {
-                address: native,
-                stream: 0,
-                expandable: false,
-                pool_id: (1, 2),
-                blocks: vec![
-                    (4 * mib, 4 * mib, "active_allocated"),
-                    (16 * mib, 0, "inactive"),
-                ],
-            },
-            Segment {
-                address: grown,
-                stream: 0,
-                expandable: true,
-                pool_id: (0, 0),
-                blocks: vec![
-                    (4 * mib, 4 * mib, "active_allocated"),
-                    (16 * mib, 0, "inactive"),
-                ],
-            },
-        ],
+        &[segment(native, false, (1, 2)), segment(grown, true, (0, 0))],
         &[
             ("segment_map", grown, 20 * mib),
             ("alloc", grown, 4 * mib),

@@ -14,7 +14,7 @@ use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{self, CudaError, Runtime, codes, runtime};
 use crate::backend::cuda::unread_error;
-use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, Settings, StreamId};
+use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, Settings, StreamId, check_fraction};
 use std::ffi::c_void;
 
 const DEVICE_RANGE: &str = "device ordinal out of range (0..63 have pools)";
@@ -146,9 +146,7 @@ pub fn empty_cache(device: DeviceId) -> Result<(), ShimError> {
 /// is refused. With the library disabled there is no pool to limit.
 pub fn set_memory_fraction(device: DeviceId, fraction: f64) -> Result<(), ShimError> {
     let _inside = inside()?;
-    if !(0.0..=1.0).contains(&fraction) {
-        return Err(ShimError::Pool(Error::InvalidFraction(fraction)));
-    }
+    check_fraction(fraction)?;
     let Some((_, rt)) = active()? else {
         return Ok(());
     };

@@ -198,9 +198,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// [0, 1] is refused and changes nothing. Memory already reserved past a lower limit stays
     /// reserved: the limit refuses new segments, and the next request that needs one meets it.
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), Error> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(Error::InvalidFraction(fraction));
-        }
+        super::check_fraction(fraction)?;
         self.settings.per_process_memory_fraction = fraction;
         self.allowed_maximum = None;
         self.gc_searches_counted = 0;

@@ -1,6 +1,7 @@
 //! The policy knobs the pool reads. `config` parses them from the environment; the core only
 //! sees this plain struct.
 
+use super::error::Error;
 use super::rounding::{LARGE_BUFFER, ROUNDUP_INTERVALS};
 
 /// Allocator policy settings (the allocator keys of `PYTORCH_CUDA_ALLOC_CONF`).
@@ -41,6 +42,16 @@ pub fn max_split_size_from_bytes(bytes: u64) -> u64 {
         u64::MAX
     } else {
         bytes
+    }
+}
+
+/// `fraction` as a memory fraction, which PyTorch's `setMemoryFraction` takes within [0, 1]
+/// (NaN is not).
+pub fn check_fraction(fraction: f64) -> Result<(), Error> {
+    if (0.0..=1.0).contains(&fraction) {
+        Ok(())
+    } else {
+        Err(Error::InvalidFraction(fraction))
     }
 }
 

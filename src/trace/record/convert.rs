@@ -102,13 +102,13 @@ pub fn convert_device(
     };
     // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`),
     // which the program may set as it runs (`memory_fraction`).
-    let gc_threshold = settings.garbage_collection_threshold > 0.0;
-    let mut collects = gc_threshold && settings.per_process_memory_fraction < 1.0;
+    let collects = |fraction: f64| settings.garbage_collection_threshold > 0.0 && fraction < 1.0;
     // The fraction in force, whose limit (of the device's memory, once its line is read) may
     // be what refused a segment rather than the device.
     let mut fraction = settings.per_process_memory_fraction;
     // Counted from a release before a new segment, which under these settings may be no retry.
-    let releases_may_be_no_retry = !retries_marked && (settings.has_max_split_size() || collects);
+    let releases_may_be_no_retry =
+        !retries_marked && (settings.has_max_split_size() || collects(fraction));
     let mut segment_addresses = Vec::new();
     let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
     // Addresses whose free was requested and has not completed yet.
@@ -147,7 +147,7 @@ pub fn convert_device(
             let limit_level = b
                 .request
                 .map_or(level, |r| b.reserved_before.saturating_add(segment_size(r)));
-            if !collects && !past_limit(limit_level, fraction, device_memory) {
+            if !collects(fraction) && !past_limit(limit_level, fraction, device_memory) {
                 failed_level = Some(failed_level.map_or(level, |l| l.min(level)));
             }
         }
@@ -247,7 +247,6 @@ pub fn convert_device(
             Action::MemoryFraction => {
                 // (The reader refuses a line without it.)
                 fraction = e.fraction.unwrap_or(1.0);
-                collects = gc_threshold && fraction < 1.0;
                 workload.push(Op::MemoryFraction { fraction }, index);
             }
             Action::DeviceReset => {

@@ -16,7 +16,7 @@ use super::{
 use crate::backend::sim::Placement;
 use crate::config::{Config, FreeSync};
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
-use crate::pool::{DeviceId, Settings, pool_with_page};
+use crate::pool::{DeviceId, Settings, check_fraction, pool_with_page};
 use crate::trace::error::TraceError;
 use crate::trace::input::TraceFile;
 use std::io::BufRead;
@@ -218,15 +218,12 @@ fn parse_header(text: &str) -> Result<(Header, Settings), String> {
             allowed.join(", ")
         ));
     }
-    if !FreeSync::CHOICES
-        .iter()
-        .any(|(name, _)| *name == header.free_sync)
-    {
-        let allowed: Vec<&str> = FreeSync::CHOICES.iter().map(|(n, _)| *n).collect();
+    let free_syncs: Vec<&str> = FreeSync::CHOICES.iter().map(|(n, _)| *n).collect();
+    if !free_syncs.contains(&header.free_sync.as_str()) {
         return Err(format!(
             "the header names free_sync '{}'; it must be one of {}",
             header.free_sync,
-            allowed.join(", ")
+            free_syncs.join(", ")
         ));
     }
     if let Some(d) = header.devices.iter().find(|&&d| d < 0) {
@@ -283,7 +280,7 @@ fn parse_event(text: &str) -> Result<Event, String> {
     }
     if event.action == Action::MemoryFraction {
         match event.fraction {
-            Some(f) if (0.0..=1.0).contains(&f) => {}
+            Some(f) if check_fraction(f).is_ok() => {}
             Some(f) => {
                 return Err(format!(
                     "a memory_fraction event of {f}; a fraction is within [0, 1] (1 = no limit)"
