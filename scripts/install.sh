@@ -56,7 +56,12 @@ cd "$(dirname "$0")/.."
 
 if [ -z "$library" ]; then
     cargo build --release --lib
-    library="${CARGO_TARGET_DIR:-target}/release/libcachealloc.so"
+    # Where cargo put the build: CARGO_TARGET_DIR, CARGO_BUILD_TARGET_DIR or cargo's
+    # configuration may move it, and an old copy left in target/ must not be installed instead.
+    target="$(cargo metadata --no-deps --format-version 1 \
+        | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+    [ -n "$target" ] || { echo "install.sh: cargo metadata did not name the build's target directory" >&2; exit 1; }
+    library="$target/release/libcachealloc.so"
 fi
 [ -f "$library" ] || { echo "install.sh: $library not found" >&2; exit 1; }
 
