@@ -4,7 +4,9 @@
 
 pub mod ci;
 pub mod cli;
+pub mod cut_replay;
 pub mod fake_cudart;
+pub mod pool_recorder;
 pub mod real_cudart;
 pub mod reference_pool;
 pub mod shim;

@@ -1,0 +1,183 @@
+//! Recordings cut mid-run and replayed faithfully: how a replay departs from the recording, the
+//! places a recording can be cut (between two of the program's calls), and a sweep that cuts
+//! the pool's own recordings (`pool_recorder`) at many such places.
+
+use super::pool_recorder::{PoolRecording, Shape, record};
+use cachealloc::trace::recording::{Action, DeviceRecording, TraceEntry};
+use cachealloc::trace::{ReplayConfig, replay_faithful};
+
+/// How a faithful replay of `recording` on a device of `device` bytes departs from the
+/// recording (empty: not at all). The replay is given the device's capacity, and its memory
+/// when `memory_known` (else the memory is estimated from the recording). Its retries are
+/// compared with those the pool made, and the recording's count of them must be those, or
+/// where it says it may count more (under `max_split_size`), at least those.
+pub fn departures(recording: &PoolRecording, device: u64, memory_known: bool) -> Vec<String> {
+    let rec = &recording.rec;
+    let config = ReplayConfig {
+        settings: rec.replay_settings(),
+        capacity: Some(device),
+        device_total: memory_known.then_some(device),
+        ..ReplayConfig::default()
+    };
+    let run = match replay_faithful(rec, &config) {
+        Ok(run) => run,
+        Err(e) => return vec![e],
+    };
+    let (out, recorded) = (&run.outcome, &run.recorded);
+    let s = &out.stats;
+    let replay_oom = out.first_oom.as_ref().and_then(|o| o.source_index);
+    let recorded_oom = recorded.recorded_oom.as_ref().map(|o| o.event_index);
+    [
+        (
+            "peak reserved",
+            s.reserved_bytes.all.peak as u64,
+            recorded.recorded_peak_reserved_bytes,
+        ),
+        (
+            "cudaMallocs and maps",
+            s.counts.num_device_alloc,
+            (recorded.recorded_segment_allocs + recorded.recorded_segment_maps) as u64,
+        ),
+        (
+            "cudaFrees and unmaps",
+            s.counts.num_device_free,
+            (recorded.recorded_segment_frees + recorded.recorded_segment_unmaps) as u64,
+        ),
+        (
+            "retries",
+            s.counts.num_alloc_retries,
+            recording.retries() as u64,
+        ),
+        (
+            "retries counted in the trace",
+            recorded.recorded_retries as u64,
+            if recorded.retries_upper_bound {
+                (recorded.recorded_retries as u64).max(recording.retries() as u64)
+            } else {
+                recording.retries() as u64
+            },
+        ),
+        (
+            "at recorded address",
+            out.allocs_at_recorded_addr,
+            out.allocs_with_recorded_addr,
+        ),
+        (
+            "first OOM entry + 1",
+            replay_oom.map_or(0, |i| i as u64 + 1),
+            recorded_oom.map_or(0, |i| i as u64 + 1),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, replay, recorded)| replay != recorded)
+    .map(|(what, replay, recorded)| format!("{what}: replay {replay}, recorded {recorded}"))
+    .collect()
+}
+
+/// The places between two of the program's calls: no cut falls inside a malloc's cudaMallocs
+/// or maps, its release of cached memory and retry (half of that call's work would lie before
+/// the cut), or an `empty_cache()`'s cudaFrees or unmaps.
+pub fn between_operations(rec: &DeviceRecording) -> impl Iterator<Item = usize> + '_ {
+    let call = |e: &TraceEntry| {
+        matches!(
+            e.action,
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+        )
+    };
+    (1..rec.entries.len()).filter(move |&at| call(&rec.entries[at - 1]) && call(&rec.entries[at]))
+}
+
+/// The recordings per shape a sweep makes (`CACHEALLOC_CUT_SEEDS`; `None`: the default run)
+/// and its first seed (`CACHEALLOC_CUT_FIRST_SEED`, default 0: to look at one recording).
+pub fn sweep_seeds() -> (Option<u64>, u64) {
+    let var = |name| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    (
+        var("CACHEALLOC_CUT_SEEDS"),
+        var("CACHEALLOC_CUT_FIRST_SEED").unwrap_or(0),
+    )
+}
+
+/// What a sweep met.
+#[derive(Default)]
+pub struct CutSweep {
+    pub cuts: usize,
+    /// Recordings that ran out of memory.
+    pub ooms: usize,
+    /// Retries the pool made.
+    pub retries: usize,
+    /// cudaFrees and unmaps, `empty_cache()`'s and the retries' releases alike.
+    pub device_frees: usize,
+    /// Cut recordings that departed with the device's memory given, and with the capacity alone.
+    pub known: Vec<String>,
+    pub unknown: Vec<String>,
+}
+
+impl CutSweep {
+    /// Record `seeds` random workloads of each of `shapes` under the settings of `conf`; each
+    /// must replay faithfully whole; then cut each at every `step`-th place between two calls
+    /// and replay each cut on the recording's device size twice: given the capacity and the
+    /// device's memory, and given the capacity alone.
+    pub fn run(shapes: &[Shape], conf: &str, seeds: std::ops::Range<u64>, step: usize) -> Self {
+        let mut sweep = CutSweep::default();
+        for &shape in shapes {
+            for seed in seeds.clone() {
+                let recording = record(seed, shape, conf);
+                let whole = departures(&recording, shape.device, false);
+                let rec = &recording.rec;
+                assert!(whole.is_empty(), "{}: {whole:?}", rec.source);
+                let figures = rec.figures();
+                sweep.ooms += usize::from(figures.recorded_oom.is_some());
+                sweep.retries += recording.retries();
+                sweep.device_frees +=
+                    figures.recorded_segment_frees + figures.recorded_segment_unmaps;
+                for at in between_operations(rec).step_by(step) {
+                    let cut = recording.cut(at);
+                    sweep.cuts += 1;
+                    for (memory_known, failures) in
+                        [(true, &mut sweep.known), (false, &mut sweep.unknown)]
+                    {
+                        let found = departures(&cut, shape.device, memory_known);
+                        if !found.is_empty() {
+                            failures.push(format!(
+                                "{} cut at {at}: {}",
+                                rec.source,
+                                found.join(", ")
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        sweep
+    }
+
+    /// Say how many cut recordings replayed exactly, and fail if more than 1 in `per_known`
+    /// departed with the memory given or 1 in `per_unknown` with the capacity alone (`None`:
+    /// none may).
+    pub fn check(self, allowed_per: Option<(usize, usize)>) {
+        let cuts = self.cuts;
+        let (per_known, per_unknown) =
+            allowed_per.map_or((None, None), |(k, u)| (Some(k), Some(u)));
+        for (failures, per, given) in [
+            (self.known, per_known, "the device's memory given"),
+            (self.unknown, per_unknown, "the capacity alone"),
+        ] {
+            let allowed = per.map_or(0, |per| cuts / per);
+            eprintln!(
+                "{} of {cuts} cut recordings replayed exactly with {given}{}",
+                cuts - failures.len(),
+                failures
+                    .iter()
+                    .take(20)
+                    .map(|f| format!("\n  departed: {f}"))
+                    .collect::<String>()
+            );
+            assert!(
+                failures.len() <= allowed,
+                "{} of {cuts} cut recordings departed with {given} (at most {allowed} allowed):\n{}",
+                failures.len(),
+                failures[..failures.len().min(10)].join("\n")
+            );
+        }
+    }
+}

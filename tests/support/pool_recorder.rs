@@ -1,0 +1,259 @@
+//! Recordings the pool itself makes: a pool on a simulated device, all of it the pool's, whose
+//! events are written down as a PyTorch snapshot's trace as the program's calls make them, and
+//! whose final segments become the snapshot's state. Random workloads of a [`Shape`] run through
+//! it give recordings whose every figure is known, to cut and replay (`cut_replay`).
+
+use cachealloc::backend::sim::SimDevice;
+use cachealloc::config::Config;
+use cachealloc::pool::{BlockState as PoolBlockState, DeviceId, PoolEvent, Settings, StreamId};
+use cachealloc::pool::{DeviceAllocator, DevicePtr};
+use cachealloc::trace::recording::{
+    Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment,
+    RecordedSettings, TraceEntry,
+};
+use cachealloc::trace::rng::SplitMix64;
+use cachealloc::trace::{ReplayConfig, seeded_pool};
+use std::sync::{Arc, Mutex};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// What a random workload looks like.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub streams: u64,
+    pub ops: usize,
+    /// An `empty_cache()` every this many operations (0: none).
+    pub empty_cache_every: usize,
+    /// Percent of requests of at most 1 MiB (the small pool).
+    pub small_percent: u64,
+    /// Large requests are 1 MiB to this.
+    pub max_large: u64,
+    pub live_max: usize,
+    /// The device's memory, all of it the pool's.
+    pub device: u64,
+}
+
+/// The trace entry of a pool event (`None` for those a PyTorch trace has no entry for).
+fn entry(event: &PoolEvent, call_site: CallSite) -> Option<TraceEntry> {
+    let e = |action, ptr: DevicePtr, size, stream| TraceEntry {
+        action,
+        addr: ptr.addr(),
+        size,
+        stream,
+        device_free: None,
+        call_site,
+    };
+    Some(match *event {
+        PoolEvent::Alloc { ptr, size, stream } => e(Action::Alloc, ptr, size, stream),
+        PoolEvent::FreeRequested { ptr, size, stream } => {
+            e(Action::FreeRequested, ptr, size, stream)
+        }
+        PoolEvent::FreeCompleted { ptr, size, stream } => {
+            e(Action::FreeCompleted, ptr, size, stream)
+        }
+        PoolEvent::SegmentAlloc { ptr, size, stream } => e(Action::SegmentAlloc, ptr, size, stream),
+        PoolEvent::SegmentFree { ptr, size, stream } => e(Action::SegmentFree, ptr, size, stream),
+        PoolEvent::SegmentMap { ptr, size, stream } => e(Action::SegmentMap, ptr, size, stream),
+        PoolEvent::SegmentUnmap { ptr, size, stream } => e(Action::SegmentUnmap, ptr, size, stream),
+        // PyTorch's trace has the rounded request only.
+        PoolEvent::Oom {
+            size,
+            stream,
+            device_free,
+            ..
+        } => TraceEntry {
+            action: Action::Oom,
+            addr: 0,
+            size,
+            stream,
+            device_free: Some(device_free),
+            call_site,
+        },
+        _ => return None,
+    })
+}
+
+/// A pool with the settings of a `PYTORCH_CUDA_ALLOC_CONF` string, all of a device of `device`
+/// bytes its own, whose events are written down as a PyTorch trace.
+pub struct Recorder {
+    pool: DeviceAllocator<SimDevice>,
+    conf: String,
+    settings: Settings,
+    entries: Arc<Mutex<Vec<TraceEntry>>>,
+    /// Where each retry fell: the number of entries before it.
+    retries_at: Arc<Mutex<Vec<usize>>>,
+    site: Arc<Mutex<CallSite>>,
+}
+
+/// A recording the pool made, and what its trace does not say for sure: the retries it made
+/// (under `max_split_size` a release before a new segment may be none).
+#[derive(Clone, Debug)]
+pub struct PoolRecording {
+    pub rec: DeviceRecording,
+    /// Where each retry fell: the number of entries before it.
+    retries_at: Vec<usize>,
+}
+
+impl PoolRecording {
+    /// The recording with its first `at` entries cut off.
+    pub fn cut(&self, at: usize) -> PoolRecording {
+        let mut rec = self.rec.clone();
+        rec.entries.drain(..at);
+        let retries_at = self
+            .retries_at
+            .iter()
+            .filter(|&&r| r >= at)
+            .map(|r| r - at)
+            .collect();
+        PoolRecording { rec, retries_at }
+    }
+
+    /// The retries the pool made in the recording.
+    pub fn retries(&self) -> usize {
+        self.retries_at.len()
+    }
+}
+
+impl Recorder {
+    pub fn new(device: u64, conf: &str) -> Self {
+        let settings = Config::parse_pytorch_conf(conf).unwrap().settings;
+        let config = ReplayConfig {
+            settings: settings.clone(),
+            capacity: Some(device),
+            device_total: Some(device),
+            ..ReplayConfig::default()
+        };
+        let mut pool = seeded_pool(&config, None).unwrap();
+        let entries: Arc<Mutex<Vec<TraceEntry>>> = Arc::default();
+        let retries_at: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let site = Arc::new(Mutex::new(CallSite::Other));
+        let (sink_entries, sink_retries, sink_site) =
+            (entries.clone(), retries_at.clone(), site.clone());
+        pool.set_event_sink(Some(Box::new(move |event: &PoolEvent| {
+            let mut entries = sink_entries.lock().unwrap();
+            if let PoolEvent::Retry { .. } = event {
+                sink_retries.lock().unwrap().push(entries.len());
+            }
+            if let Some(e) = entry(event, *sink_site.lock().unwrap()) {
+                entries.push(e);
+            }
+        })));
+        Recorder {
+            pool,
+            conf: conf.to_owned(),
+            settings,
+            entries,
+            retries_at,
+            site,
+        }
+    }
+
+    fn call(&self, site: CallSite) {
+        *self.site.lock().unwrap() = site;
+    }
+
+    pub fn malloc(&mut self, size: u64, stream: u64) -> Option<DevicePtr> {
+        self.call(CallSite::Malloc);
+        self.pool.malloc(size, StreamId(stream)).ok()
+    }
+
+    pub fn free(&mut self, ptr: DevicePtr) {
+        self.call(CallSite::Other);
+        self.pool.free(ptr).unwrap();
+    }
+
+    pub fn empty_cache(&mut self) {
+        self.call(CallSite::EmptyCache);
+        self.pool.empty_cache().unwrap();
+    }
+
+    /// Trace entries written so far.
+    pub fn entries(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+
+    /// The snapshot: the trace, the pool's segments as its state, and the settings as PyTorch
+    /// records them (its fields, and the string it read).
+    pub fn recording(self, source: String) -> PoolRecording {
+        let segments = self
+            .pool
+            .segments()
+            .into_iter()
+            .map(|s| RecordedSegment {
+                device: DeviceId(0),
+                address: s.addr,
+                total_size: s.size,
+                stream: s.stream,
+                pool: s.pool,
+                private_pool: None,
+                is_expandable: s.expandable,
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| RecordedBlock {
+                        address: b.addr,
+                        size: b.size,
+                        requested_size: b.requested,
+                        state: match b.state {
+                            PoolBlockState::Allocated => BlockState::Allocated,
+                            PoolBlockState::Pending => BlockState::PendingFree,
+                            _ => BlockState::Inactive,
+                        },
+                    })
+                    .collect(),
+            })
+            .collect();
+        let entries = self.entries.lock().unwrap().clone();
+        let s = &self.settings;
+        let settings = RecordedSettings {
+            conf: Some(self.conf.clone()),
+            max_split_size: s.has_max_split_size().then_some(s.max_split_size),
+            garbage_collection_threshold: s.garbage_collection_threshold,
+            expandable_segments: s.expandable_segments,
+            roundup_power2_divisions: s.roundup_power2_divisions,
+            conf_settings: Some(s.clone()),
+            conf_warnings: Vec::new(),
+        };
+        let rec = DeviceRecording {
+            source,
+            device: DeviceId(0),
+            entries,
+            segments,
+            settings: Some(settings),
+        };
+        let retries_at = self.retries_at.lock().unwrap().clone();
+        PoolRecording { rec, retries_at }
+    }
+}
+
+/// A recording of a random workload of `shape`, under the settings of `conf`.
+pub fn record(seed: u64, shape: Shape, conf: &str) -> PoolRecording {
+    let mut recorder = Recorder::new(shape.device, conf);
+    let mut rng = SplitMix64::new(seed);
+    let mut live = Vec::new();
+    for i in 0..shape.ops {
+        if shape.empty_cache_every > 0 && i % shape.empty_cache_every == shape.empty_cache_every - 1
+        {
+            recorder.empty_cache();
+        } else if live.len() < shape.live_max && (live.is_empty() || rng.below(100) < 55) {
+            let size = if rng.below(100) < shape.small_percent {
+                1 + rng.below(MIB)
+            } else {
+                MIB + rng.below(shape.max_large)
+            };
+            if let Some(ptr) = recorder.malloc(size, rng.below(shape.streams)) {
+                live.push(ptr);
+            }
+        } else {
+            let ptr = live.swap_remove(rng.below(live.len() as u64) as usize);
+            recorder.free(ptr);
+        }
+    }
+    let source = if conf.is_empty() {
+        format!("seed {seed}, {shape:?}")
+    } else {
+        format!("{conf}, seed {seed}, {shape:?}")
+    };
+    recorder.recording(source)
+}
