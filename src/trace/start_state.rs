@@ -18,6 +18,10 @@
 //!   reappearing block and the next occupied block (or the segment end) belongs to the block;
 //!   when a block later reappears ≤ 1 MiB past an earlier one whose end was a guess, that
 //!   earlier block is extended to it (the "first real allocation just past it" fixes its end).
+//!   Under `max_split_size` (the recording's settings say so) a request of that size or more
+//!   is never split off its block: a cached block less than `max_non_split_rounding` (20 MiB)
+//!   larger, or a segment of its own rounded up to 2 MiB, is taken whole, so such a block
+//!   keeps a gap of up to that much as its tail (`largest_tail`).
 //! - `segment_alloc` (undo): the segment, which must be wholly free, disappears.
 //! - `segment_free` (undo): a wholly free segment reappears (pool by size: 2 MiB = small).
 //! - `oom`, `snapshot`, `annotate`: nothing.
@@ -33,11 +37,25 @@ use super::expandable_start::{PagesSeen, start_ranges};
 use super::expandable_state::{SeedRange, end_state_groups, infer_ranges};
 use super::recording::{Action, DeviceRecording, RecordedSegment};
 use super::workload::AllocId;
-use crate::pool::rounding::{MAX_REQUEST, SMALL_BUFFER, round_size};
+use crate::pool::rounding::{MAX_REQUEST, MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, round_size};
 use crate::pool::{BlockSeed, PoolKind, Settings, StreamId};
 
 /// A large-pool block is split only if more than this would remain.
 const LARGE_SPLIT_REMAINDER: u64 = 1 << 20; // 1 MiB
+
+/// The largest unsplit tail a large-pool block handed out for a request of `rounded` bytes can
+/// carry. The large pool splits a block only when more than 1 MiB would remain; but under
+/// `max_split_size` a block of that size or more is never split: a request of at least
+/// `max_split_size` takes a cached block whole when it is less than `max_non_split_rounding`
+/// larger, or a segment of its own, rounded up to 2 MiB, whole. (Such a block is its whole
+/// segment: a free block of `max_split_size` or more is never part of a split segment.)
+fn largest_tail(settings: &Settings, rounded: u64) -> u64 {
+    if rounded >= settings.max_split_size {
+        settings.max_non_split_rounding.max(ROUND_LARGE) - MIN_BLOCK_SIZE
+    } else {
+        LARGE_SPLIT_REMAINDER
+    }
+}
 
 /// One block of a seeded segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -519,7 +537,8 @@ impl Walk {
             ));
         }
         let large = seg.pool == PoolKind::Large;
-        let (size, exact_end) = if large && next_start - min_end <= LARGE_SPLIT_REMAINDER {
+        let (size, exact_end) = if large && next_start - min_end <= largest_tail(settings, rounded)
+        {
             (next_start - addr, true)
         } else {
             (rounded, !large)
@@ -699,7 +718,7 @@ fn free_block(addr: u64, size: u64) -> SeedBlock {
 mod tests {
     use super::*;
     use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
-    use crate::trace::recording::TraceEntry;
+    use crate::trace::recording::{RecordedSettings, TraceEntry};
 
     #[test]
     fn orphan_free_keeps_its_unsplit_tail() {
@@ -722,6 +741,47 @@ mod tests {
                 allocated: true,
                 id: Some(0),
             }
+        );
+    }
+
+    /// Under `max_split_size` a request of that size or more takes its block whole: a cached
+    /// segment up to `max_non_split_rounding` larger (a 45 MiB request in a 60 MiB segment
+    /// under `max_split_size_mb:40`), or a segment of its own rounded up to 2 MiB (40.5 MiB in
+    /// 42 MiB). The block reappears as the whole segment, tail and all; without the setting
+    /// the same gaps are free blocks (the large pool would have split them off).
+    #[test]
+    fn an_oversize_block_keeps_its_long_unsplit_tail() {
+        let blocks = |max_split: Option<u64>, requested: u64, segment_size: u64| {
+            let mut rec = recording(
+                vec![entry(Action::FreeCompleted, BASE, requested)],
+                vec![segment(BASE, segment_size, &[(0, segment_size, 0, false)])],
+            );
+            rec.settings = Some(RecordedSettings {
+                max_split_size: max_split,
+                ..RecordedSettings::default()
+            });
+            let start = reconstruct_start(&rec, None).unwrap();
+            let sizes: Vec<(u64, bool)> = start.segments[0]
+                .blocks
+                .iter()
+                .map(|b| (b.size, b.allocated))
+                .collect();
+            sizes
+        };
+        let oversize = Some(40 * MIB);
+        assert_eq!(blocks(oversize, 45 * MIB, 60 * MIB), [(60 * MIB, true)]);
+        assert_eq!(
+            blocks(oversize, 40 * MIB + MIB / 2, 42 * MIB),
+            [(42 * MIB, true)]
+        );
+        assert_eq!(
+            blocks(None, 45 * MIB, 60 * MIB),
+            [(45 * MIB, true), (15 * MIB, false)]
+        );
+        // A request below max_split_size is split as in the large pool.
+        assert_eq!(
+            blocks(oversize, 30 * MIB, 34 * MIB),
+            [(30 * MIB, true), (4 * MIB, false)]
         );
     }
 
