@@ -23,7 +23,7 @@
 //! all of 46,518 to 49,795). `CACHEALLOC_CUT_FIRST_SEED` starts the sweep at another seed, to
 //! look at one recording.
 
-use support::cut_replay::{CutSweep, departures, sweep_seeds};
+use support::cut_replay::{CutSweep, assert_replays_exactly, sweep_seeds};
 use support::pool_recorder::{GIB, MIB, Recorder, Shape};
 
 mod support;
@@ -105,14 +105,5 @@ fn an_oversize_block_with_a_long_unsplit_tail_replays_exactly() {
     recorder.empty_cache();
     let rec = recorder.recording("a 60 MiB segment serving 45 MiB".into());
     let cut = rec.cut(cut_at);
-    for memory_known in [true, false] {
-        assert_eq!(
-            departures(&rec, 8 * GIB, memory_known),
-            Vec::<String>::new()
-        );
-        assert_eq!(
-            departures(&cut, 8 * GIB, memory_known),
-            Vec::<String>::new()
-        );
-    }
+    assert_replays_exactly(&rec, &cut, 8 * GIB);
 }

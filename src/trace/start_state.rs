@@ -720,6 +720,16 @@ mod tests {
     use crate::trace::fixtures::{BASE, MIB, entry, recording, segment};
     use crate::trace::recording::{RecordedSettings, TraceEntry};
 
+    /// The first rebuilt segment's blocks, as (size, allocated).
+    fn first_segment_blocks(rec: &DeviceRecording) -> Vec<(u64, bool)> {
+        let start = reconstruct_start(rec, None).unwrap();
+        start.segments[0]
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.allocated))
+            .collect()
+    }
+
     #[test]
     fn orphan_free_keeps_its_unsplit_tail() {
         // A 19.25 MiB block in a 20 MiB segment was not split (0.75 MiB ≤ 1 MiB would remain);
@@ -760,13 +770,7 @@ mod tests {
                 max_split_size: max_split,
                 ..RecordedSettings::default()
             });
-            let start = reconstruct_start(&rec, None).unwrap();
-            let sizes: Vec<(u64, bool)> = start.segments[0]
-                .blocks
-                .iter()
-                .map(|b| (b.size, b.allocated))
-                .collect();
-            sizes
+            first_segment_blocks(&rec)
         };
         let oversize = Some(40 * MIB);
         assert_eq!(blocks(oversize, 45 * MIB, 60 * MIB), [(60 * MIB, true)]);
@@ -793,13 +797,7 @@ mod tests {
             vec![entry(Action::FreeCompleted, BASE, 19 * MIB)],
             vec![segment(BASE, 20 * MIB, &[(0, 20 * MIB, 0, false)])],
         );
-        let start = reconstruct_start(&rec, None).unwrap();
-        let blocks: Vec<(u64, bool)> = start.segments[0]
-            .blocks
-            .iter()
-            .map(|b| (b.size, b.allocated))
-            .collect();
-        assert_eq!(blocks, [(20 * MIB, true)]);
+        assert_eq!(first_segment_blocks(&rec), [(20 * MIB, true)]);
     }
 
     #[test]
@@ -844,14 +842,8 @@ mod tests {
             ],
             vec![segment(BASE, 40 * MIB, &[(0, 40 * MIB, 0, false)])],
         );
-        let start = reconstruct_start(&rec, None).unwrap();
-        let sizes: Vec<(u64, bool)> = start.segments[0]
-            .blocks
-            .iter()
-            .map(|b| (b.size, b.allocated))
-            .collect();
         assert_eq!(
-            sizes,
+            first_segment_blocks(&rec),
             [(11 * MIB, true), (5 * MIB, true), (24 * MIB, false)]
         );
         let rec = recording(

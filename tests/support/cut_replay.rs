@@ -6,6 +6,16 @@ use super::pool_recorder::{PoolRecording, Shape, record};
 use cachealloc::trace::recording::{Action, DeviceRecording, TraceEntry};
 use cachealloc::trace::{ReplayConfig, replay_faithful};
 
+/// `recording` and `cut` (it cut short) both replay exactly on a device of `device` bytes,
+/// with the device's memory given and without it.
+pub fn assert_replays_exactly(recording: &PoolRecording, cut: &PoolRecording, device: u64) {
+    for memory_known in [true, false] {
+        for rec in [recording, cut] {
+            assert_eq!(departures(rec, device, memory_known), Vec::<String>::new());
+        }
+    }
+}
+
 /// How a faithful replay of `recording` on a device of `device` bytes departs from the
 /// recording (empty: not at all). The replay is given the device's capacity, and its memory
 /// when `memory_known` (else the memory is estimated from the recording). Its retries are
