@@ -23,8 +23,10 @@
 //! all of 46,518 to 49,795). `CACHEALLOC_CUT_FIRST_SEED` starts the sweep at another seed, to
 //! look at one recording.
 
+use support::cli::{cachealloc, json};
 use support::cut_replay::{CutSweep, assert_replays_exactly, sweep_seeds};
 use support::pool_recorder::{GIB, MIB, Recorder, Shape};
+use support::snapshot_pickle::write_recording;
 
 mod support;
 
@@ -106,4 +108,57 @@ fn an_oversize_block_with_a_long_unsplit_tail_replays_exactly() {
     let rec = recorder.recording("a 60 MiB segment serving 45 MiB".into());
     let cut = rec.cut(cut_at);
     assert_replays_exactly(&rec, &cut, 8 * GIB);
+}
+
+/// A snapshot that names no settings (older PyTorch wrote none) of a program that ran
+/// under `max_split_size_mb:40`, beginning with the 45 MiB request of the case above live in
+/// its 60 MiB segment: `cachealloc replay --faithful --conf max_split_size_mb:40` rebuilds its
+/// start under the settings given and replays it exactly, and says so; under the defaults' rules
+/// the walk leaves 15 MiB of the segment free, which the later 10 MiB request then takes
+/// instead of a segment of its own.
+#[test]
+fn a_snapshot_naming_no_settings_is_rebuilt_under_those_given() {
+    let mut recorder = Recorder::new(8 * GIB, "max_split_size_mb:40");
+    let first = recorder.malloc(60 * MIB, 0).unwrap();
+    recorder.free(first);
+    let oversize = recorder.malloc(45 * MIB, 0).unwrap();
+    let cut_at = recorder.entries();
+    let fresh = recorder.malloc(10 * MIB, 0).unwrap();
+    recorder.free(fresh);
+    recorder.free(oversize);
+    let mut rec = recorder.recording("no settings".into()).cut(cut_at).rec;
+    rec.settings = None;
+    let path = write_recording("fixed-no-settings.pickle", &rec);
+    let path = path.to_str().unwrap();
+    let replay = |conf: &[&str]| {
+        let mut args = vec!["replay", path, "--faithful", "--json"];
+        args.extend(conf);
+        let j = json(&cachealloc(&args));
+        (
+            j["allocs_at_recorded_addr"].as_u64().unwrap(),
+            j["allocs"].as_u64().unwrap(),
+            j["num_device_alloc"].as_u64().unwrap(),
+            j["recorded_segment_allocs"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(replay(&["--conf", "max_split_size_mb:40"]), (1, 1, 1, 1));
+    // Under the defaults' rules: the request lands in the rebuilt segment's free tail.
+    assert_eq!(replay(&[]), (0, 1, 0, 1));
+    let text = cachealloc(&[
+        "replay",
+        path,
+        "--faithful",
+        "--conf",
+        "max_split_size_mb:40",
+    ]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(
+            "max_split_size_mb:40 (from --conf; the recording names none, so its start state is \
+             rebuilt under these)"
+        ),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
 }

@@ -154,6 +154,22 @@ pub struct RecordedSettings {
 }
 
 impl RecordedSettings {
+    /// The settings a recording that names none is taken to have run with (`--conf` given to
+    /// its faithful replay): `settings`, as if recorded.
+    pub fn assumed(settings: &Settings) -> RecordedSettings {
+        RecordedSettings {
+            conf: None,
+            max_split_size: settings
+                .has_max_split_size()
+                .then_some(settings.max_split_size),
+            garbage_collection_threshold: settings.garbage_collection_threshold,
+            expandable_segments: settings.expandable_segments,
+            roundup_power2_divisions: settings.roundup_power2_divisions,
+            conf_settings: Some(settings.clone()),
+            conf_warnings: Vec::new(),
+        }
+    }
+
     /// The pool settings the recording ran with: the fields', and the string's for the rest.
     pub fn to_settings(&self) -> Settings {
         Settings {
@@ -277,6 +293,28 @@ mod tests {
         assert!(by_settings.is_expandable());
         for action in [Action::SegmentMap, Action::SegmentUnmap] {
             assert!(recording(vec![entry(action, BASE, 20 * MIB)], vec![]).is_expandable());
+        }
+    }
+
+    /// Settings taken as a recording's give back the same settings, every key kept.
+    #[test]
+    fn assumed_settings_are_the_settings_given() {
+        for conf in [
+            "",
+            "max_split_size_mb:40",
+            "max_split_size_mb:64,max_non_split_rounding_mb:32",
+            "roundup_power2_divisions:[256:1,512:2,>:4]",
+            "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5",
+            "expandable_segments:True",
+        ] {
+            let settings = crate::config::Config::parse_conf_str(conf)
+                .unwrap()
+                .settings;
+            assert_eq!(
+                RecordedSettings::assumed(&settings).to_settings(),
+                settings,
+                "{conf}"
+            );
         }
     }
 

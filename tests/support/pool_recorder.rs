@@ -205,15 +205,9 @@ impl Recorder {
             })
             .collect();
         let entries = self.entries.lock().unwrap().clone();
-        let s = &self.settings;
         let settings = RecordedSettings {
             conf: Some(self.conf.clone()),
-            max_split_size: s.has_max_split_size().then_some(s.max_split_size),
-            garbage_collection_threshold: s.garbage_collection_threshold,
-            expandable_segments: s.expandable_segments,
-            roundup_power2_divisions: s.roundup_power2_divisions,
-            conf_settings: Some(s.clone()),
-            conf_warnings: Vec::new(),
+            ..RecordedSettings::assumed(&self.settings)
         };
         let rec = DeviceRecording {
             source,

@@ -2,7 +2,9 @@
 //! tests that need a state no real file has.
 
 use cachealloc::pool::PoolKind;
-use cachealloc::trace::recording::{Action, BlockState, CallSite, DeviceRecording};
+use cachealloc::trace::recording::{
+    Action, BlockState, CallSite, DeviceRecording, RecordedSettings,
+};
 use serde_pickle::{HashableValue as H, SerOptions, Value as V};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -134,8 +136,8 @@ pub fn write_segment_list(name: &str, segments: &[Segment]) -> PathBuf {
     )
 }
 
-/// Write `rec` (device 0, with expandable segments) as the snapshot PyTorch would have dumped:
-/// its trace (each entry's call site as a stack frame's name) and its segments.
+/// Write `rec` (device 0) as the snapshot PyTorch would have dumped: its trace (each entry's
+/// call site as a stack frame's name), its segments and its settings (none when it names none).
 pub fn write_recording(name: &str, rec: &DeviceRecording) -> PathBuf {
     let trace = rec
         .entries
@@ -212,22 +214,40 @@ pub fn write_recording(name: &str, rec: &DeviceRecording) -> PathBuf {
             ])
         })
         .collect();
-    let settings = dict(vec![
-        (
-            "PYTORCH_CUDA_ALLOC_CONF",
-            V::String("expandable_segments:True".into()),
-        ),
-        ("max_split_size", V::I64(-1)),
-        ("garbage_collection_threshold", V::F64(0.0)),
-        ("expandable_segments", V::Bool(true)),
-        ("roundup_power2_divisions", V::Dict(BTreeMap::new())),
-    ]);
-    let top = dict(vec![
+    let mut top = vec![
         ("segments", V::List(segments)),
         ("device_traces", V::List(vec![V::List(trace)])),
-        ("allocator_settings", settings),
-    ]);
-    write(name, &top)
+    ];
+    if let Some(settings) = &rec.settings {
+        top.push(("allocator_settings", recorded_settings(settings)));
+    }
+    write(name, &dict(top))
+}
+
+/// `settings` as PyTorch writes a snapshot's `allocator_settings`.
+fn recorded_settings(settings: &RecordedSettings) -> V {
+    let divisions = settings
+        .roundup_power2_divisions
+        .iter()
+        .enumerate()
+        .map(|(interval, &d)| (H::String((1u64 << interval).to_string()), int(d)))
+        .collect();
+    dict(vec![
+        (
+            "PYTORCH_CUDA_ALLOC_CONF",
+            V::String(settings.conf.clone().unwrap_or_default()),
+        ),
+        (
+            "max_split_size",
+            settings.max_split_size.map_or(V::I64(-1), int),
+        ),
+        (
+            "garbage_collection_threshold",
+            V::F64(settings.garbage_collection_threshold),
+        ),
+        ("expandable_segments", V::Bool(settings.expandable_segments)),
+        ("roundup_power2_divisions", V::Dict(divisions)),
+    ])
 }
 
 /// Pickle `value` to `name` in the temporary folder (the name is made this process's own).

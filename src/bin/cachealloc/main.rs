@@ -260,6 +260,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 args.device,
                 args.faithful,
                 args.common.device_memory,
+                args.common.conf.is_some().then_some(&config.settings),
             )?;
             if args.faithful {
                 // Faithful replay runs with the recording's own settings unless told otherwise:
@@ -268,8 +269,14 @@ fn run(cli: Cli) -> Result<String, String> {
                     if settings_text.is_empty() {
                         settings_text = "defaults".to_string();
                     }
-                    settings_text =
-                        format!("{settings_text} (from --conf, in place of the recording's)");
+                    settings_text = if loaded.settings_inferred {
+                        format!(
+                            "{settings_text} (from --conf; the recording names none, so its \
+                             start state is rebuilt under these)"
+                        )
+                    } else {
+                        format!("{settings_text} (from --conf, in place of the recording's)")
+                    };
                 } else if let Some(recorded) = &loaded.recorded_settings {
                     for warning in &loaded.settings_warnings {
                         say!("cachealloc: warning: {warning}");
@@ -307,10 +314,18 @@ fn run(cli: Cli) -> Result<String, String> {
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
                 let advice = match e {
                     cachealloc::pool::Error::SeedForbiddenBySettings(_)
+                        if args.common.conf.is_some() && loaded.settings_inferred =>
+                    {
+                        " (the recording names no settings, and its start state, rebuilt under \
+                         --conf's, is one their rules cannot have made; for a what-if replay \
+                         under other settings, drop --faithful)"
+                    }
+                    cachealloc::pool::Error::SeedForbiddenBySettings(_)
                         if args.common.conf.is_some() =>
                     {
-                        " (the start state is rebuilt under --conf's settings; for a what-if \
-                         replay under other settings, drop --faithful)"
+                        " (the start state is rebuilt under the recording's settings, which \
+                         --conf's cannot hold; for a what-if replay under other settings, drop \
+                         --faithful)"
                     }
                     _ => "",
                 };

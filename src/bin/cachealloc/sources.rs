@@ -7,6 +7,7 @@ use crate::state::{state_command, state_command_on};
 use cachealloc::backend::sim::Placement;
 use cachealloc::pool::{Settings, format_size};
 use cachealloc::trace::ranges::RangeChange;
+use cachealloc::trace::recording::RecordedSettings;
 use cachealloc::trace::{DeviceRecording, Op, RecordedFigures, StartLayout, TraceFile, Workload};
 use std::path::Path;
 
@@ -48,12 +49,15 @@ pub struct Loaded {
 
 /// Read `path` and prepare device `device` (default: the first device whose trace allocates
 /// or frees, else the first device with a trace). `device_memory` (`--device-memory`) sizes the
-/// ranges of expandable segments that a snapshot's faithful replay begins with.
+/// ranges of expandable segments that a snapshot's faithful replay begins with; `assumed`
+/// (`--conf`) are the settings under which it rebuilds the start of a snapshot that names none
+/// (else the defaults': the walk back needs the rules that cut the blocks it rebuilds).
 pub fn load(
     path: &Path,
     device: Option<i32>,
     faithful: bool,
     device_memory: Option<u64>,
+    assumed: Option<&Settings>,
 ) -> Result<Loaded, String> {
     let file = TraceFile::open(path).map_err(|e| e.to_string())?;
     if file.is_recorded_trace() {
@@ -120,7 +124,20 @@ pub fn load(
         .map(|s| s.conf_warnings.clone())
         .unwrap_or_default();
     if faithful {
-        let f = rec.faithful_on(device_memory).map_err(|e| e.to_string())?;
+        let named_or_assumed;
+        let walked = match (&rec.settings, assumed) {
+            (None, Some(settings)) => {
+                named_or_assumed = DeviceRecording {
+                    settings: Some(RecordedSettings::assumed(settings)),
+                    ..rec.clone()
+                };
+                &named_or_assumed
+            }
+            _ => rec,
+        };
+        let f = walked
+            .faithful_on(device_memory)
+            .map_err(|e| e.to_string())?;
         if !f
             .workload
             .ops
