@@ -11,16 +11,18 @@
 //!
 //! Under default settings, under `max_split_size_mb` (requests up to 121 MiB: most are oversize,
 //! served by a segment of their own or a cached block up to `max_non_split_rounding_mb` larger,
-//! whole), with a larger `max_non_split_rounding_mb`, and under `roundup_power2_divisions`. A
-//! trace cannot tell a retry from `max_split_size`'s release of oversize blocks before a new
+//! whole), with a larger `max_non_split_rounding_mb`, under `roundup_power2_divisions` and
+//! under `per_process_memory_fraction` (its limit, half the device, refuses segments). A trace
+//! cannot tell a retry from `max_split_size`'s release of oversize blocks before a new
 //! segment, so the retries are compared with those the pool made (the recording's count of
-//! them says it may count more).
+//! them says it may count more). Every recording's inferred capacity, whole or cut, must be
+//! the device's, not the limit's.
 //!
-//! `CACHEALLOC_CUT_SEEDS` (default 2, cut at every 10th place) sets the recordings per shape; a
+//! `CACHEALLOC_CUT_SEEDS` (default 1, cut at every 8th place) sets the recordings per shape; a
 //! sweep cuts at every third place, and like the default run allows no departure
 //! (`CACHEALLOC_CUT_SEEDS=40 cargo test --release --test fixed_cuts -- --nocapture`: all of
-//! the 9,319 to 9,967 cut recordings of each of the four settings exact both ways; 200 seeds:
-//! all of 46,518 to 49,795). `CACHEALLOC_CUT_FIRST_SEED` starts the sweep at another seed, to
+//! the 9,319 to 9,967 cut recordings of each of the five settings exact both ways; without the
+//! fraction, 200 seeds: all of 46,518 to 49,795). `CACHEALLOC_CUT_FIRST_SEED` starts the sweep at another seed, to
 //! look at one recording.
 
 use support::cli::{cachealloc, json};
@@ -87,6 +89,13 @@ fn recordings_cut_mid_run_replay_exactly_under_a_larger_non_split_rounding() {
 #[test]
 fn recordings_cut_mid_run_replay_exactly_under_roundup_power2_divisions() {
     cuts_replay_exactly("roundup_power2_divisions:4");
+}
+
+/// The limit of `per_process_memory_fraction` refuses segments: the retries and the
+/// out-of-memory errors meet it, not the device (the whole of which the pool may not have).
+#[test]
+fn recordings_cut_mid_run_replay_exactly_under_a_memory_fraction() {
+    cuts_replay_exactly("per_process_memory_fraction:0.5");
 }
 
 /// Under `max_split_size_mb:40` a request of 45 MiB takes a cached segment of 60 MiB whole: a

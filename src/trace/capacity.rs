@@ -8,6 +8,15 @@
 //!   `segment_alloc` marks a cudaMalloc of that segment's size that failed at the reserved level
 //!   before the burst, so capacity < that level + the size (`high`, the smallest such value).
 //!   With no failure seen there is no upper bound and no capacity to impose.
+//! - Under `per_process_memory_fraction` f below 1 the pool may reserve f of the device's
+//!   memory: the recorded cudaMallocs bound that limit, not the device (the limit refuses a
+//!   segment before the device would), so the bracket is theirs divided by f. An `oom` entry's
+//!   `device_free` is the device's, so its capacity stands as it is.
+//! - With garbage collection on too (`garbage_collection_threshold` g and a fraction), the pool
+//!   releases cached segments before asking for a new one whenever more than g of the limit is
+//!   reserved: such a burst before a new segment marks no failed cudaMalloc. A burst bounds the
+//!   capacity only where no collection can have run: at most g × the recorded peak (which the
+//!   limit is at least) reserved before it.
 
 use super::bursts::{BurstKind, release_bursts};
 use super::figures::reserved_before_each;
@@ -74,9 +83,17 @@ impl DeviceRecording {
                 oom_index: index,
             });
         }
+        let peak = reserved.iter().copied().max().unwrap_or(0);
+        let settings = self.replay_settings();
+        let fraction = settings.per_process_memory_fraction;
+        let limited = fraction < 1.0;
+        // Above this many bytes reserved, a collection may have run before a new segment.
+        let collected_above = (limited && settings.garbage_collection_threshold > 0.0)
+            .then_some((settings.garbage_collection_threshold * peak as f64) as u64);
         let high = release_bursts(&self.entries)
             .iter()
             .filter(|b| b.kind == BurstKind::MallocRelease)
+            .filter(|b| collected_above.is_none_or(|above| reserved[b.start] <= above))
             .filter_map(|b| match b.next_entry(&self.entries) {
                 Some(e) if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap) => {
                     Some(reserved[b.start].saturating_add(e.size))
@@ -84,16 +101,25 @@ impl DeviceRecording {
                 _ => None,
             })
             .min()?;
-        let low = reserved.iter().copied().max().unwrap_or(0);
-        Some(CapacityEstimate::Bracket { low, high })
+        if !limited {
+            return Some(CapacityEstimate::Bracket { low: peak, high });
+        }
+        // The limit is `fraction` of the device's memory, rounded down: at least the peak and
+        // below `high`.
+        let device = |limit: u64| (limit as f64 / fraction).ceil() as u64;
+        Some(CapacityEstimate::Bracket {
+            low: device(peak),
+            high: device(high),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::Settings;
     use crate::trace::fixtures::{BASE, MIB, at, entry, oom, recording, segment};
-    use crate::trace::recording::CallSite;
+    use crate::trace::recording::{CallSite, RecordedSettings};
 
     #[test]
     fn oom_gives_reserved_plus_device_free() {
@@ -244,6 +270,76 @@ mod tests {
             high: 42 * MIB,
         };
         assert_eq!(narrow.replay_capacity(), Some(41 * MIB));
+    }
+
+    /// The recording of `a_retried_cudamalloc_brackets_the_capacity` under `settings`.
+    fn retried_under(settings: Settings) -> DeviceRecording {
+        let mut rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
+                entry(Action::SegmentAlloc, BASE + 64 * MIB, 40 * MIB),
+            ],
+            vec![segment(
+                BASE + 64 * MIB,
+                40 * MIB,
+                &[(0, 40 * MIB, 0, false)],
+            )],
+        );
+        rec.settings = Some(RecordedSettings::assumed(&settings));
+        rec
+    }
+
+    /// Under a memory fraction the failed cudaMalloc met the limit, half the device: the
+    /// device's capacity is in [80, 120) MiB, not the limit's [40, 60).
+    #[test]
+    fn under_a_memory_fraction_the_bracket_is_the_limits_over_the_fraction() {
+        let half = Settings {
+            per_process_memory_fraction: 0.5,
+            ..Settings::default()
+        };
+        assert_eq!(
+            retried_under(half).capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 80 * MIB,
+                high: 120 * MIB
+            })
+        );
+    }
+
+    /// With garbage collection on, a release before a new segment bounds the capacity only
+    /// where no collection can have run: 20 MiB reserved before it, at most 0.6 of the 40 MiB
+    /// peak, is below any threshold; 40 MiB reserved before a release is not, and the release
+    /// may be the collector's, with no failed cudaMalloc (no bound: no capacity).
+    #[test]
+    fn a_release_that_may_be_a_collection_bounds_nothing() {
+        let collecting = Settings {
+            per_process_memory_fraction: 0.5,
+            garbage_collection_threshold: 0.6,
+            ..Settings::default()
+        };
+        assert_eq!(
+            retried_under(collecting.clone()).capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 80 * MIB,
+                high: 120 * MIB
+            })
+        );
+        let mut rec = recording(
+            vec![
+                entry(Action::SegmentAlloc, BASE, 20 * MIB),
+                entry(Action::SegmentAlloc, BASE + 32 * MIB, 20 * MIB),
+                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
+                entry(Action::SegmentAlloc, BASE + 64 * MIB, 10 * MIB),
+            ],
+            vec![
+                segment(BASE + 32 * MIB, 20 * MIB, &[(0, 20 * MIB, 0, false)]),
+                segment(BASE + 64 * MIB, 10 * MIB, &[(0, 10 * MIB, 0, false)]),
+            ],
+        );
+        assert!(rec.capacity().is_some(), "without settings: a retry");
+        rec.settings = Some(RecordedSettings::assumed(&collecting));
+        assert_eq!(rec.capacity(), None);
     }
 
     #[test]

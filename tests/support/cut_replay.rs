@@ -3,6 +3,7 @@
 //! the pool's own recordings (`pool_recorder`) at many such places.
 
 use super::pool_recorder::{PoolRecording, Shape, record};
+use cachealloc::trace::CapacityEstimate;
 use cachealloc::trace::recording::{Action, DeviceRecording, TraceEntry};
 use cachealloc::trace::{ReplayConfig, replay_faithful};
 
@@ -120,6 +121,22 @@ pub struct CutSweep {
     /// Cut recordings that departed with the device's memory given, and with the capacity alone.
     pub known: Vec<String>,
     pub unknown: Vec<String>,
+    /// Recordings, whole or cut, whose inferred capacity (`DeviceRecording::capacity`) is not
+    /// the device's: an exact one of another size, or a bracket it lies outside.
+    pub capacity_misread: Vec<String>,
+}
+
+/// How the capacity `rec` implies misreads a device of `device` bytes, if it does.
+fn capacity_misread(rec: &DeviceRecording, device: u64) -> Option<String> {
+    match rec.capacity()? {
+        CapacityEstimate::Exact { bytes, .. } if bytes != device => {
+            Some(format!("capacity {bytes} inferred exactly"))
+        }
+        CapacityEstimate::Bracket { low, high } if !(low <= device && device < high) => {
+            Some(format!("capacity bracketed in [{low}, {high})"))
+        }
+        _ => None,
+    }
 }
 
 impl CutSweep {
@@ -135,6 +152,11 @@ impl CutSweep {
                 let whole = departures(&recording, shape.device, false);
                 let rec = &recording.rec;
                 assert!(whole.is_empty(), "{}: {whole:?}", rec.source);
+                if let Some(misread) = capacity_misread(rec, shape.device) {
+                    sweep
+                        .capacity_misread
+                        .push(format!("{}: {misread}", rec.source));
+                }
                 let figures = rec.figures();
                 sweep.ooms += usize::from(figures.recorded_oom.is_some());
                 sweep.retries += recording.retries();
@@ -143,6 +165,12 @@ impl CutSweep {
                 for at in between_operations(rec).step_by(step) {
                     let cut = recording.cut(at);
                     sweep.cuts += 1;
+                    if let Some(misread) = capacity_misread(&cut.rec, shape.device) {
+                        let source = &rec.source;
+                        sweep
+                            .capacity_misread
+                            .push(format!("{source} cut at {at}: {misread}"));
+                    }
                     for (memory_known, failures) in
                         [(true, &mut sweep.known), (false, &mut sweep.unknown)]
                     {
@@ -164,13 +192,19 @@ impl CutSweep {
     /// Say how many cut recordings replayed exactly, and fail if more than 1 in `per_known`
     /// departed with the memory given or 1 in `per_unknown` with the capacity alone (`None`:
     /// none may).
-    pub fn check(self, allowed_per: Option<(usize, usize)>) {
+    pub fn check(&self, allowed_per: Option<(usize, usize)>) {
         let cuts = self.cuts;
+        assert!(
+            self.capacity_misread.is_empty(),
+            "{} of {cuts} cut recordings (and the whole ones) misread the device's capacity:\n{}",
+            self.capacity_misread.len(),
+            self.capacity_misread[..self.capacity_misread.len().min(10)].join("\n")
+        );
         let (per_known, per_unknown) =
             allowed_per.map_or((None, None), |(k, u)| (Some(k), Some(u)));
         for (failures, per, given) in [
-            (self.known, per_known, "the device's memory given"),
-            (self.unknown, per_unknown, "the capacity alone"),
+            (&self.known, per_known, "the device's memory given"),
+            (&self.unknown, per_unknown, "the capacity alone"),
         ] {
             let allowed = per.map_or(0, |per| cuts / per);
             eprintln!(
