@@ -597,7 +597,8 @@ impl<B: Backend> DeviceAllocator<B> {
     /// The limit of a fraction below 1, of the device's total memory. A device that cannot
     /// tell its memory now (`cudaMemGetInfo` failing) is asked again at the next request that
     /// needs memory: until it answers there is no limit, but the fraction is not dropped.
-    fn resolve_allowed_maximum(&mut self) {
+    /// (Also when segments are adopted: a pool holding segments has grown, and had its limit.)
+    pub(super) fn resolve_allowed_maximum(&mut self) {
         if self.allowed_maximum_resolved {
             return;
         }

@@ -64,6 +64,8 @@ impl<B: Backend> DeviceAllocator<B> {
         let pieces = self.range_pieces(seed).map_err(|why| {
             Error::InvalidSeed(format!("expandable segment {:#x}: {why}", seed.addr))
         })?;
+        // As for an adopted segment: the pool has grown, and had its limit.
+        self.resolve_allowed_maximum();
         self.reserve_blocks(pieces.len());
         let (pool, stream) = (seed.pool, seed.stream);
         let mut prev: BlockId = NIL;

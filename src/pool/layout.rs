@@ -195,8 +195,15 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Install a segment that already exists on the device, with its blocks, without calling
     /// the backend (the caller has made the backend aware of it). Returns the addresses of its
     /// allocated blocks. Refuses a layout that cannot exist under the current settings.
+    ///
+    /// A pool holding segments has had its memory fraction's limit since it grew (PyTorch
+    /// sets it at start): it is resolved now, so that garbage collection's clock counts the
+    /// searches from here on — a pool whose first request is served from an adopted segment
+    /// would otherwise count none until it next grows, and collect blocks of different ages
+    /// as if all were as old as the adopted ones.
     pub fn adopt_segment(&mut self, seed: &SegmentSeed) -> Result<Vec<DevicePtr>, Error> {
         self.check_seed(seed)?;
+        self.resolve_allowed_maximum();
         let split = seed.blocks.len() > 1;
         self.reserve_blocks(seed.blocks.len());
         let mut ids: Vec<BlockId> = Vec::with_capacity(seed.blocks.len());

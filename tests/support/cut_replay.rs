@@ -118,6 +118,8 @@ pub struct CutSweep {
     pub retries: usize,
     /// cudaFrees and unmaps, `empty_cache()`'s and the retries' releases alike.
     pub device_frees: usize,
+    /// Segments returned inside a `malloc` that made no retry (garbage collection's).
+    pub releases_without_retry: usize,
     /// Cut recordings that departed with the device's memory given, and with the capacity alone.
     pub known: Vec<String>,
     pub unknown: Vec<String>,
@@ -160,6 +162,7 @@ impl CutSweep {
                 let figures = rec.figures();
                 sweep.ooms += usize::from(figures.recorded_oom.is_some());
                 sweep.retries += recording.retries();
+                sweep.releases_without_retry += recording.releases_without_retry();
                 sweep.device_frees +=
                     figures.recorded_segment_frees + figures.recorded_segment_unmaps;
                 for at in between_operations(rec).step_by(step) {

@@ -83,7 +83,18 @@ pub struct Recorder {
     entries: Arc<Mutex<Vec<TraceEntry>>>,
     /// Where each retry fell: the number of entries before it.
     retries_at: Arc<Mutex<Vec<usize>>>,
-    site: Arc<Mutex<CallSite>>,
+    /// The program's call the pool is in.
+    call: Arc<Mutex<Call>>,
+    /// Where each segment returned inside a `malloc` that made no retry fell.
+    releases_without_retry_at: Arc<Mutex<Vec<usize>>>,
+}
+
+/// The program's call the pool is in: where, the segments it returned so far (the number of
+/// entries before each) and whether it retried.
+struct Call {
+    site: CallSite,
+    segment_frees: Vec<usize>,
+    retried: bool,
 }
 
 /// A recording the pool made, and what its trace does not say for sure: the retries it made
@@ -93,6 +104,9 @@ pub struct PoolRecording {
     pub rec: DeviceRecording,
     /// Where each retry fell: the number of entries before it.
     retries_at: Vec<usize>,
+    /// Where each segment returned inside a `malloc` that made no retry fell: garbage
+    /// collection's (or, under `max_split_size`, the oversize release's).
+    releases_without_retry_at: Vec<usize>,
 }
 
 impl PoolRecording {
@@ -100,13 +114,24 @@ impl PoolRecording {
     pub fn cut(&self, at: usize) -> PoolRecording {
         let mut rec = self.rec.clone();
         rec.entries.drain(..at);
-        let retries_at = self
-            .retries_at
-            .iter()
-            .filter(|&&r| r >= at)
-            .map(|r| r - at)
-            .collect();
-        PoolRecording { rec, retries_at }
+        let after = |positions: &[usize]| {
+            positions
+                .iter()
+                .filter(|&&r| r >= at)
+                .map(|r| r - at)
+                .collect()
+        };
+        PoolRecording {
+            rec,
+            retries_at: after(&self.retries_at),
+            releases_without_retry_at: after(&self.releases_without_retry_at),
+        }
+    }
+
+    /// The segments the pool returned inside a `malloc` that made no retry: garbage
+    /// collection's (or, under `max_split_size`, the oversize release's).
+    pub fn releases_without_retry(&self) -> usize {
+        self.releases_without_retry_at.len()
     }
 
     /// The retries the pool made in the recording.
@@ -127,15 +152,25 @@ impl Recorder {
         let mut pool = seeded_pool(&config, None).unwrap();
         let entries: Arc<Mutex<Vec<TraceEntry>>> = Arc::default();
         let retries_at: Arc<Mutex<Vec<usize>>> = Arc::default();
-        let site = Arc::new(Mutex::new(CallSite::Other));
-        let (sink_entries, sink_retries, sink_site) =
-            (entries.clone(), retries_at.clone(), site.clone());
+        let call = Arc::new(Mutex::new(Call {
+            site: CallSite::Other,
+            segment_frees: Vec::new(),
+            retried: false,
+        }));
+        let (sink_entries, sink_retries, sink_call) =
+            (entries.clone(), retries_at.clone(), call.clone());
         pool.set_event_sink(Some(Box::new(move |event: &PoolEvent| {
             let mut entries = sink_entries.lock().unwrap();
-            if let PoolEvent::Retry { .. } = event {
-                sink_retries.lock().unwrap().push(entries.len());
+            let mut call = sink_call.lock().unwrap();
+            match event {
+                PoolEvent::Retry { .. } => {
+                    sink_retries.lock().unwrap().push(entries.len());
+                    call.retried = true;
+                }
+                PoolEvent::SegmentFree { .. } => call.segment_frees.push(entries.len()),
+                _ => {}
             }
-            if let Some(e) = entry(event, *sink_site.lock().unwrap()) {
+            if let Some(e) = entry(event, call.site) {
                 entries.push(e);
             }
         })));
@@ -145,12 +180,23 @@ impl Recorder {
             settings,
             entries,
             retries_at,
-            site,
+            call,
+            releases_without_retry_at: Arc::default(),
         }
     }
 
+    /// The program's next call, at `site`: the one before it ended.
     fn call(&self, site: CallSite) {
-        *self.site.lock().unwrap() = site;
+        let mut call = self.call.lock().unwrap();
+        if call.site == CallSite::Malloc && !call.retried {
+            let mut releases = self.releases_without_retry_at.lock().unwrap();
+            releases.extend(&call.segment_frees);
+        }
+        *call = Call {
+            site,
+            segment_frees: Vec::new(),
+            retried: false,
+        };
     }
 
     pub fn malloc(&mut self, size: u64, stream: u64) -> Option<DevicePtr> {
@@ -217,7 +263,13 @@ impl Recorder {
             settings: Some(settings),
         };
         let retries_at = self.retries_at.lock().unwrap().clone();
-        PoolRecording { rec, retries_at }
+        self.call(CallSite::Other);
+        let releases_without_retry_at = self.releases_without_retry_at.lock().unwrap().clone();
+        PoolRecording {
+            rec,
+            retries_at,
+            releases_without_retry_at,
+        }
     }
 }
 
