@@ -98,6 +98,32 @@ fn recordings_cut_mid_run_replay_exactly() {
     found.check(sweep.map(|_| (2000, 800)));
 }
 
+/// Under `per_process_memory_fraction:0.5` the limit, half the device, refuses pages: it weighs
+/// the segment a request would get without expandable segments, and the pages then mapped may
+/// pass it by less than a page, so the capacity inferred from a cut recording's failures
+/// (every recording's must be the device's) counts those segments, not the pages. A shape
+/// with `empty_cache()` calls on a 2 GiB device, cut at every 8th place (a sweep: every third);
+/// no cut recording may depart (`CACHEALLOC_CUT_SEEDS=40`: all 6,751 exact both ways).
+#[test]
+fn recordings_cut_mid_run_replay_exactly_under_a_memory_fraction() {
+    let (sweep, first) = sweep_seeds();
+    let shapes = [Shape {
+        device: 2 * GIB,
+        ..SHAPES[2]
+    }];
+    let conf = "expandable_segments:True,per_process_memory_fraction:0.5";
+    let step = if sweep.is_some() { 3 } else { 8 };
+    let found = CutSweep::run(&shapes, conf, first..first + sweep.unwrap_or(1), step);
+    // The limit is reached (over the seeds from 0: a chosen one may not reach it).
+    assert!(
+        first > 0 || (found.ooms >= 1 && found.retries >= 5),
+        "{} OOMs, {} retries",
+        found.ooms,
+        found.retries
+    );
+    found.check(None);
+}
+
 /// A small range given back by `empty_cache()` and grown again from its start: its pages, which
 /// the cut recording unmaps wholly free, are the small pool's (those mapped again at their start
 /// say so, though the last seen of them lies above their start).

@@ -12,15 +12,21 @@
 //!   memory: the recorded cudaMallocs bound that limit, not the device (the limit refuses a
 //!   segment before the device would), so the bracket is theirs divided by f. An `oom` entry's
 //!   `device_free` is the device's, so its capacity stands as it is.
+//!   With expandable segments the limit weighs the segment a request would get without them
+//!   (`rounding::segment_size`, from the `alloc` after the pages), not the pages then mapped,
+//!   which may pass the limit by less than a page: the bounds are the reserved level before
+//!   the pages plus that segment.
 //! - With garbage collection on too (`garbage_collection_threshold` g and a fraction), the pool
 //!   releases cached segments before asking for a new one whenever more than g of the limit is
 //!   reserved: such a burst before a new segment marks no failed cudaMalloc. A burst bounds the
-//!   capacity only where no collection can have run: at most g × the recorded peak (which the
-//!   limit is at least) reserved before it.
+//!   capacity only where no collection can have run: at most g × the limit's lower bound
+//!   reserved before it.
 
 use super::bursts::{BurstKind, release_bursts};
 use super::figures::reserved_before_each;
 use super::recording::{Action, DeviceRecording};
+use crate::pool::rounding::{round_size, segment_size};
+use crate::pool::{PoolKind, Settings, page_size};
 
 /// Segment-size granularity used to pick a capacity inside a bracket.
 const CAPACITY_STEP: u64 = 2 << 20; // 2 MiB
@@ -31,7 +37,8 @@ pub enum CapacityEstimate {
     /// From the `oom` entry at `oom_index`: reserved there + `device_free`.
     Exact { bytes: u64, oom_index: usize },
     /// Capacity in `[low, high)`: `low` = recorded peak reserved, `high` = the smallest
-    /// reserved level + segment size whose cudaMalloc failed.
+    /// reserved level + segment size whose cudaMalloc failed (under a memory fraction, the
+    /// bounds of its limit over the fraction).
     Bracket { low: u64, high: u64 },
 }
 
@@ -86,40 +93,87 @@ impl DeviceRecording {
         let peak = reserved.iter().copied().max().unwrap_or(0);
         let settings = self.replay_settings();
         let fraction = settings.per_process_memory_fraction;
-        let limited = fraction < 1.0;
-        // Above this many bytes reserved, a collection may have run before a new segment.
-        let collected_above = (limited && settings.garbage_collection_threshold > 0.0)
-            .then_some((settings.garbage_collection_threshold * peak as f64) as u64);
-        let high = release_bursts(&self.entries)
-            .iter()
-            .filter(|b| b.kind == BurstKind::MallocRelease)
-            .filter(|b| collected_above.is_none_or(|above| reserved[b.start] <= above))
-            .filter_map(|b| match b.next_entry(&self.entries) {
-                Some(e) if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap) => {
-                    Some(reserved[b.start].saturating_add(e.size))
-                }
-                _ => None,
-            })
-            .min()?;
-        if !limited {
+        if fraction >= 1.0 {
+            let high = self
+                .failed_growths(&reserved, None)
+                .filter_map(|(before, at)| Some(before.saturating_add(self.entries.get(at)?.size)))
+                .min()?;
             return Some(CapacityEstimate::Bracket { low: peak, high });
         }
-        // The limit is `fraction` of the device's memory, rounded down: at least the peak and
-        // below `high`.
+        // The limit: every growth it let through fitted (with expandable segments the pages
+        // then mapped may pass it by less than a page), every one it refused did not.
+        let weighed = |at: usize| self.weighed_by_limit(at, &settings);
+        let overshoot = if self.is_expandable() {
+            page_size(PoolKind::Large) - 1
+        } else {
+            0
+        };
+        let growths = (0..self.entries.len()).filter(|&at| {
+            let action = |at: usize| self.entries[at].action;
+            action(at) == Action::SegmentAlloc
+                || (action(at) == Action::SegmentMap
+                    && (at == 0 || action(at - 1) != Action::SegmentMap))
+        });
+        let low = growths
+            .filter_map(|at| Some(reserved[at].saturating_add(weighed(at)?)))
+            .fold(peak.saturating_sub(overshoot), u64::max);
+        // Above this many bytes reserved, a collection may have run before a new segment.
+        let collected_above = (settings.garbage_collection_threshold > 0.0)
+            .then_some((settings.garbage_collection_threshold * low as f64) as u64);
+        let high = self
+            .failed_growths(&reserved, collected_above)
+            .filter_map(|(before, at)| Some(before.saturating_add(weighed(at)?)))
+            .min()?;
+        // The limit is `fraction` of the device's memory, rounded down.
         let device = |limit: u64| (limit as f64 / fraction).ceil() as u64;
         Some(CapacityEstimate::Bracket {
-            low: device(peak),
+            low: device(low),
             high: device(high),
         })
+    }
+
+    /// The growths (a `segment_alloc`, or the first `segment_map` of a request) that follow a
+    /// release inside `malloc`, where no collection can have run (at most `collected_above`
+    /// bytes reserved before it, when collections run): the bytes reserved before the release
+    /// and the growth's index. The first request for memory failed there.
+    fn failed_growths<'a>(
+        &'a self,
+        reserved: &'a [u64],
+        collected_above: Option<u64>,
+    ) -> impl Iterator<Item = (u64, usize)> + 'a {
+        release_bursts(&self.entries)
+            .into_iter()
+            .filter(|b| b.kind == BurstKind::MallocRelease)
+            .filter(move |b| collected_above.is_none_or(|above| reserved[b.start] <= above))
+            .filter(|b| {
+                b.next_entry(&self.entries)
+                    .is_some_and(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
+            })
+            .map(|b| (reserved[b.start], b.end))
+    }
+
+    /// The bytes the fraction's limit weighed for the growth at entry `at`: a new segment's
+    /// size; for pages of expandable segments, the segment the request would get without them
+    /// (from the `alloc` after them, whose size is the request's), not the pages mapped.
+    /// `None` where no `alloc` follows the pages.
+    fn weighed_by_limit(&self, at: usize, settings: &Settings) -> Option<u64> {
+        let growth = &self.entries[at];
+        if growth.action == Action::SegmentAlloc {
+            return Some(growth.size);
+        }
+        let request = self.entries[at..]
+            .iter()
+            .find(|e| e.action != Action::SegmentMap)
+            .filter(|e| e.action == Action::Alloc)?;
+        Some(segment_size(round_size(settings, request.size)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::Settings;
     use crate::trace::fixtures::{BASE, MIB, at, entry, oom, recording, segment};
-    use crate::trace::recording::{CallSite, RecordedSettings};
+    use crate::trace::recording::{CallSite, RecordedSegment, RecordedSettings};
 
     #[test]
     fn oom_gives_reserved_plus_device_free() {
@@ -340,6 +394,48 @@ mod tests {
         assert!(rec.capacity().is_some(), "without settings: a retry");
         rec.settings = Some(RecordedSettings::assumed(&collecting));
         assert_eq!(rec.capacity(), None);
+    }
+
+    /// With expandable segments the limit (50 MiB: a device of 100 MiB at 0.5) weighs the
+    /// segment a request would get without them: 42 MiB for 41 MiB, through, though 60 MiB of
+    /// pages were then mapped, past the limit; at 60 MiB reserved a 30 MiB one failed, and
+    /// mapped 40 MiB once the pages were given back. The device: in [84, 180) MiB, not at
+    /// least 120 MiB as the peak would say.
+    #[test]
+    fn under_a_fraction_pages_mapped_past_the_limit_do_not_bound_it() {
+        let mut rec = recording(
+            vec![
+                entry(Action::SegmentMap, BASE, 60 * MIB),
+                entry(Action::Alloc, BASE, 41 * MIB),
+                entry(Action::FreeCompleted, BASE, 41 * MIB),
+                at(Action::SegmentUnmap, BASE, 60 * MIB, CallSite::Malloc),
+                entry(Action::SegmentMap, BASE, 40 * MIB),
+                entry(Action::Alloc, BASE, 30 * MIB),
+            ],
+            vec![RecordedSegment {
+                is_expandable: true,
+                ..segment(
+                    BASE,
+                    40 * MIB,
+                    &[
+                        (0, 30 * MIB, 30 * MIB, true),
+                        (30 * MIB, 10 * MIB, 0, false),
+                    ],
+                )
+            }],
+        );
+        rec.settings = Some(RecordedSettings::assumed(&Settings {
+            per_process_memory_fraction: 0.5,
+            expandable_segments: true,
+            ..Settings::default()
+        }));
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 84 * MIB,
+                high: 180 * MIB
+            })
+        );
     }
 
     #[test]
