@@ -26,10 +26,12 @@
 //! fraction, 200 seeds: all of 46,518 to 49,795). `CACHEALLOC_CUT_FIRST_SEED` starts the sweep
 //! at another seed, to look at one recording.
 
-use cachealloc::trace::recording::Action;
+use cachealloc::trace::recording::{Action, CallSite};
 use support::cli::{cachealloc, json};
-use support::cut_replay::{CutSweep, assert_replays_exactly, sweep_seeds};
-use support::pool_recorder::{GIB, MIB, Recorder, Shape};
+use support::cut_replay::{
+    CutSweep, assert_replays_exactly, between_operations, departures, sweep_seeds,
+};
+use support::pool_recorder::{GIB, MIB, Recorder, Shape, record};
 use support::snapshot_pickle::write_recording;
 
 mod support;
@@ -241,4 +243,30 @@ fn garbage_collection_ages_the_blocks_of_a_cut_recording_from_its_start() {
     assert_eq!(collected, vec![oldest.addr()]);
     assert_eq!(cut.releases_without_retry(), 1);
     assert_replays_exactly(&rec, &cut, GIB);
+}
+
+/// Without stack frames (a snapshot recorded without them) a collection's releases are told
+/// from `empty_cache()` calls by what follows them, a new segment or the retry's releases:
+/// the cut recordings of the shape that collects and runs out of memory replay as they do with
+/// frames.
+#[test]
+fn collections_without_frames_replay_as_with_them() {
+    let conf = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5";
+    let shape = SHAPES[1];
+    let framed = record(0, shape, conf);
+    let mut frameless = framed.clone();
+    for e in &mut frameless.rec.entries {
+        e.call_site = CallSite::Unrecorded;
+    }
+    let mut collections = 0;
+    for at in between_operations(&framed.rec).step_by(16) {
+        let (with, without) = (framed.cut(at), frameless.cut(at));
+        collections += usize::from(with.releases_without_retry() > 0);
+        assert_eq!(
+            departures(&without, shape.device, true),
+            departures(&with, shape.device, true),
+            "cut at {at}"
+        );
+    }
+    assert!(collections >= 5, "{collections} cuts with collections");
 }
