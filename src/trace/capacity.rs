@@ -197,18 +197,7 @@ mod tests {
     fn a_retried_cudamalloc_brackets_the_capacity() {
         // 20 MiB reserved; a 40 MiB cudaMalloc failed, the 20 MiB segment was released and the
         // retry succeeded: capacity in [40, 60) MiB.
-        let rec = recording(
-            vec![
-                entry(Action::SegmentAlloc, BASE, 20 * MIB),
-                at(Action::SegmentFree, BASE, 20 * MIB, CallSite::Malloc),
-                entry(Action::SegmentAlloc, BASE + 64 * MIB, 40 * MIB),
-            ],
-            vec![segment(
-                BASE + 64 * MIB,
-                40 * MIB,
-                &[(0, 40 * MIB, 0, false)],
-            )],
-        );
+        let rec = retried_under(Settings::default());
         let estimate = rec.capacity().unwrap();
         assert_eq!(
             estimate,
@@ -326,7 +315,8 @@ mod tests {
         assert_eq!(narrow.replay_capacity(), Some(41 * MIB));
     }
 
-    /// The recording of `a_retried_cudamalloc_brackets_the_capacity` under `settings`.
+    /// A 20 MiB segment released for a 40 MiB cudaMalloc that then succeeded, recorded under
+    /// `settings`.
     fn retried_under(settings: Settings) -> DeviceRecording {
         let mut rec = recording(
             vec![
