@@ -26,6 +26,7 @@
 //! fraction, 200 seeds: all of 46,518 to 49,795). `CACHEALLOC_CUT_FIRST_SEED` starts the sweep
 //! at another seed, to look at one recording.
 
+use cachealloc::pool::DevicePtr;
 use cachealloc::trace::recording::{Action, CallSite};
 use support::cli::{cachealloc, json};
 use support::cut_replay::{
@@ -110,18 +111,25 @@ fn recordings_cut_mid_run_replay_exactly_under_a_memory_fraction() {
     cuts_replay_exactly("per_process_memory_fraction:0.5");
 }
 
-/// Under `max_split_size_mb:40` a request of 45 MiB takes a cached segment of 60 MiB whole: a
-/// recording that begins with it live (its trace shows only the 45 MiB requested) begins with
-/// the segment full, so a later 10 MiB request gets a segment of its own, as recorded, and the
-/// segment goes back whole when the block is freed.
-#[test]
-fn an_oversize_block_with_a_long_unsplit_tail_replays_exactly() {
+/// A recorder under `max_split_size_mb:40` whose 45 MiB request took a cached 60 MiB segment
+/// whole: the request's pointer, and the entries recorded so far (where to cut).
+fn an_oversize_block_in_a_cached_segment() -> (Recorder, DevicePtr, usize) {
     let mut recorder = Recorder::new(8 * GIB, "max_split_size_mb:40");
     let first = recorder.malloc(60 * MIB, 0).unwrap();
     recorder.free(first);
     let oversize = recorder.malloc(45 * MIB, 0).unwrap();
     assert_eq!(oversize, first, "the cached segment serves it");
     let cut_at = recorder.entries();
+    (recorder, oversize, cut_at)
+}
+
+/// Under `max_split_size_mb:40` a request of 45 MiB takes a cached segment of 60 MiB whole: a
+/// recording that begins with it live (its trace shows only the 45 MiB requested) begins with
+/// the segment full, so a later 10 MiB request gets a segment of its own, as recorded, and the
+/// segment goes back whole when the block is freed.
+#[test]
+fn an_oversize_block_with_a_long_unsplit_tail_replays_exactly() {
+    let (mut recorder, oversize, cut_at) = an_oversize_block_in_a_cached_segment();
     let fresh = recorder.malloc(10 * MIB, 0).unwrap();
     recorder.free(oversize);
     recorder.free(fresh);
@@ -139,11 +147,7 @@ fn an_oversize_block_with_a_long_unsplit_tail_replays_exactly() {
 /// instead of a segment of its own.
 #[test]
 fn a_snapshot_naming_no_settings_is_rebuilt_under_those_given() {
-    let mut recorder = Recorder::new(8 * GIB, "max_split_size_mb:40");
-    let first = recorder.malloc(60 * MIB, 0).unwrap();
-    recorder.free(first);
-    let oversize = recorder.malloc(45 * MIB, 0).unwrap();
-    let cut_at = recorder.entries();
+    let (mut recorder, oversize, cut_at) = an_oversize_block_in_a_cached_segment();
     let fresh = recorder.malloc(10 * MIB, 0).unwrap();
     recorder.free(fresh);
     recorder.free(oversize);

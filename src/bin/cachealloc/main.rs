@@ -314,18 +314,17 @@ fn run(cli: Cli) -> Result<String, String> {
             let out = replay(&loaded.workload, &config, loaded.start.as_ref()).map_err(|e| {
                 let advice = match e {
                     cachealloc::pool::Error::SeedForbiddenBySettings(_)
-                        if args.common.conf.is_some() && loaded.settings_inferred =>
-                    {
-                        " (the recording names no settings, and its start state, rebuilt under \
-                         --conf's, is one their rules cannot have made; for a what-if replay \
-                         under other settings, drop --faithful)"
-                    }
-                    cachealloc::pool::Error::SeedForbiddenBySettings(_)
                         if args.common.conf.is_some() =>
                     {
-                        " (the start state is rebuilt under the recording's settings, which \
-                         --conf's cannot hold; for a what-if replay under other settings, drop \
-                         --faithful)"
+                        if loaded.settings_inferred {
+                            " (the recording names no settings, and its start state, rebuilt \
+                             under --conf's, is one their rules cannot have made; for a what-if \
+                             replay under other settings, drop --faithful)"
+                        } else {
+                            " (the start state is rebuilt under the recording's settings, which \
+                             --conf's cannot hold; for a what-if replay under other settings, \
+                             drop --faithful)"
+                        }
                     }
                     _ => "",
                 };
