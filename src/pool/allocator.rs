@@ -609,7 +609,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if let Ok(info) = self.backend.mem_info() {
             self.allowed_maximum_resolved = true;
             self.allowed_maximum = self.settings.allowed_maximum(info.total);
-            self.gc_searches_counted = u64::from(self.settings.garbage_collection_threshold > 0.0);
+            self.gc_searches_counted = u64::from(self.settings.collects_garbage());
         }
     }
 

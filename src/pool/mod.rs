@@ -47,6 +47,8 @@ pub use expandable_seed::{MappedRunSeed, RangeSeed};
 pub use format::format_size;
 pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentSpan, SegmentView};
 pub use oom::{OomHint, OomReport};
-pub use settings::{Settings, allowed_maximum, check_fraction, max_split_size_from_bytes};
+pub use settings::{
+    Settings, allowed_maximum, check_fraction, collects_garbage, max_split_size_from_bytes,
+};
 pub use stats::{Counts, DeviceStats, Stat, StatArray};
 pub use types::{DeviceId, DevicePtr, PoolKind, StreamId};

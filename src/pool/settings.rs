@@ -61,6 +61,12 @@ pub fn allowed_maximum(fraction: f64, total: u64) -> Option<u64> {
     (fraction < 1.0).then_some((fraction * total as f64) as u64)
 }
 
+/// Whether garbage collection runs: PyTorch collects cached blocks past `threshold` of the
+/// allowed maximum, which exists only while a memory fraction below 1 is set (`set_fraction`).
+pub fn collects_garbage(threshold: f64, fraction: f64) -> bool {
+    threshold > 0.0 && fraction < 1.0
+}
+
 impl Settings {
     /// Whether `roundup_power2_divisions` rounds any size past the 512-byte rounding: a
     /// division of 0 or 1 leaves sizes as they are.
@@ -77,5 +83,13 @@ impl Settings {
     /// it, or `None` (no limit) for a fraction of 1.
     pub fn allowed_maximum(&self, total: u64) -> Option<u64> {
         allowed_maximum(self.per_process_memory_fraction, total)
+    }
+
+    /// Whether garbage collection runs under these settings (see [`collects_garbage`]).
+    pub fn collects_garbage(&self) -> bool {
+        collects_garbage(
+            self.garbage_collection_threshold,
+            self.per_process_memory_fraction,
+        )
     }
 }

@@ -118,7 +118,8 @@ impl DeviceRecording {
             .filter_map(|at| Some(reserved[at].saturating_add(weighed(at)?)))
             .fold(peak.saturating_sub(overshoot), u64::max);
         // Above this many bytes reserved, a collection may have run before a new segment.
-        let collected_above = (settings.garbage_collection_threshold > 0.0)
+        let collected_above = settings
+            .collects_garbage()
             .then_some((settings.garbage_collection_threshold * low as f64) as u64);
         let high = self
             .failed_growths(&reserved, collected_above)

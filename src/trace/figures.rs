@@ -168,6 +168,9 @@ impl DeviceRecording {
             end_reserved_bytes: self.end_reserved_bytes(),
             recorded_peak_reserved_bytes: reserved.iter().copied().max().unwrap_or(0),
             recorded_retries: count_retries(entries, &bursts),
+            // Any threshold, not only under a fraction below 1: a PyTorch program may set its
+            // fraction as it runs (`set_per_process_memory_fraction`), which a snapshot does
+            // not record.
             retries_upper_bound: releases_before_new_segments(entries, &bursts) > 0
                 && self.settings.as_ref().is_some_and(|s| {
                     s.max_split_size.is_some() || s.garbage_collection_threshold > 0.0

@@ -33,7 +33,7 @@
 use super::read::DeviceEvents;
 use super::{Action, Event};
 use crate::pool::rounding::segment_size;
-use crate::pool::{Settings, StreamId, allowed_maximum};
+use crate::pool::{Settings, StreamId, allowed_maximum, collects_garbage};
 use crate::trace::capacity::CapacityEstimate;
 use crate::trace::figures::{RecordedFigures, RecordedOom};
 use crate::trace::ranges::RangeChange;
@@ -100,9 +100,10 @@ pub fn convert_device(
         retries_upper_bound: false,
         recorded_oom: None,
     };
-    // Garbage collection runs only under a memory fraction below 1 (PyTorch's `set_fraction`),
-    // which the program may set as it runs (`memory_fraction`).
-    let collects = |fraction: f64| settings.garbage_collection_threshold > 0.0 && fraction < 1.0;
+    // Whether garbage collection runs under the fraction in force, which the program may set
+    // as it runs (`memory_fraction`).
+    let collects =
+        |fraction: f64| collects_garbage(settings.garbage_collection_threshold, fraction);
     // The fraction in force, whose limit (of the device's memory, once its line is read) may
     // be what refused a segment rather than the device.
     let mut fraction = settings.per_process_memory_fraction;
