@@ -22,12 +22,22 @@
 #       every allocation at its recorded address, the same peak, page maps, retries and OOM, with the
 #       device memory the recording names (on the fake runtime, a 300 MiB context holds part);
 #   (i) a quarter of the device set as the limit at run time (cachealloc_set_memory_fraction,
-#       found with dlsym under LD_PRELOAD), then the allocations of (d): they stop at the limit.
+#       found with dlsym under LD_PRELOAD), then the allocations of (d): they stop at the limit;
+#   (j) PyTorch's torch.cuda.set_per_process_memory_fraction(0.25, 0) and torch.cuda.empty_cache()
+#       through the pluggable allocator's hooks (set_memory_fraction_fn, set_reset_fn): 64 MiB
+#       tensors until one raises "CUDA out of memory.", holding at most the fraction and within
+#       two tensors of it; freed, then empty_cache gives what was held back to the driver
+#       (torch.cuda.mem_get_info's free memory before and after);
+#   (k) cudaDeviceReset with expandable_segments:True under the shim: chunks written, every other
+#       one freed, the reset: the free memory cudaMemGetInfo reports is back at its start (the
+#       reset does not free the driver's virtual-memory pages; cachealloc releases them first),
+#       and the next allocation is served and written.
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
 # say "fake runtime (not a GPU measurement)". PyTorch rows then use a torch-free stand-in with
-# the same allocation pattern.
+# the same allocation pattern (row (j)'s also on a GPU without torch: a C++ program calling the
+# hooks as PyTorch does, since a failed cachealloc_torch_malloc throws a C++ exception).
 #
 # The library is --lib PATH, else $CACHEALLOC_LIB, else target/release/libcachealloc.so built
 # with `cargo build --release --lib --bin cachealloc`; the CLI (row h) is $CACHEALLOC_CLI, else
@@ -47,6 +57,12 @@ readonly SIZES=(1024 1048576 67108864)           # 1 KiB, 1 MiB, 64 MiB
 readonly OOM_CHUNK_GPU=$((1 << 30))              # 1 GiB per cudaMalloc in the OOM check
 readonly OOM_CHUNK_FAKE=$((64 << 20))            # 64 MiB, with a 1 GiB fake device
 readonly OOM_MAX_CHUNKS=4096
+readonly HOOKS_FRACTION=0.25                     # row (j): the fraction of device 0 set
+readonly TENSOR_BYTES=$((64 << 20))              # one tensor of row (j)
+readonly RESET_CHUNK_GPU=$((256 << 20))          # row (k): 8 chunks of 256 MiB on a GPU
+readonly RESET_CHUNK_FAKE=$((64 << 20))          # 64 MiB, with a 1 GiB fake device
+readonly RESET_CHUNKS=8
+readonly RESET_MARGIN=$((32 << 20))              # free memory after the reset vs at the start
 
 dry_run=0
 lib="${CACHEALLOC_LIB:-}"
@@ -181,12 +197,23 @@ if [[ -z "$cudart" ]]; then
 elif ! command -v gcc >/dev/null 2>&1; then
     build_problem="gcc not found"
 else
-    for prog in malloc_loop oom_check ipc_check cross_device; do
+    for prog in malloc_loop oom_check ipc_check cross_device reset_check; do
         gcc -std=gnu11 -O2 -Wall -Wextra -o "$work/$prog" "$helpers/$prog.c" \
             -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" -ldl \
             -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
             build_problem="compiling $prog.c failed: $(tail -n 1 "$work/last-stderr")"
     done
+fi
+
+# The C++ stand-in of row (j): a C++ exception is how the pluggable allocator's malloc fails.
+cxx_problem="$build_problem"
+if [[ -z "$cxx_problem" ]] && ! command -v g++ >/dev/null 2>&1; then
+    cxx_problem="g++ not found"
+elif [[ -z "$cxx_problem" ]]; then
+    g++ -std=c++17 -O2 -Wall -Wextra -o "$work/fraction_hooks" "$helpers/fraction_hooks.cpp" \
+        -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" -ldl \
+        -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
+        cxx_problem="compiling fraction_hooks.cpp failed: $(tail -n 1 "$work/last-stderr")"
 fi
 
 fmt_us() { awk -v ns="$1" 'BEGIN { printf "%.2f µs", ns / 1000 }'; }
@@ -467,4 +494,106 @@ else
     else
         row "$fraction_check" "$fraction_variant" "FAILED: $(why_failed)" "$on"
     fi
+fi
+
+# "FAILED: <why>" after a helper's failure RC, or "not run: ..." when no time was left to run it.
+failed() {
+    if (($1 == 125)); then printf 'not run: %s' "$out"; else printf 'FAILED: %s' "$(why_failed)"; fi
+}
+
+# --- (j) PyTorch's memory fraction and empty_cache through the pluggable allocator's hooks ---------
+
+hooks_check="(j) set_per_process_memory_fraction, empty_cache"
+hooks_variant="pluggable allocator with its hooks: fraction $HOOKS_FRACTION of device 0, $(fmt_bytes "$TENSOR_BYTES") tensors until refused, freed, empty_cache()"
+# What ran: torch or standin; else the row's result, "not run: ..." or "FAILED: ...".
+hooks_ran="" torch_missing=""
+if [[ -n "$pluggable_problem" ]]; then
+    hooks_ran="not run: $pluggable_problem"
+elif [[ -z "$gpu_name" ]]; then
+    torch_missing="needs torch on a GPU"
+elif ! command -v python3 >/dev/null 2>&1; then
+    torch_missing="python3 not found"
+else
+    rc=0
+    bounded 120 env -u LD_PRELOAD python3 "$helpers/fraction_hooks.py" "$lib" "$TENSOR_BYTES" "$HOOKS_FRACTION" || rc=$?
+    if ((rc != 0)); then
+        hooks_ran="$(failed "$rc")"
+    elif [[ "$out" =~ NOT_RUN\ (.*) ]]; then
+        torch_missing="${BASH_REMATCH[1]}"
+    else
+        hooks_ran=torch
+    fi
+fi
+if [[ -n "$torch_missing" ]]; then
+    # Without torch the hooks are called as PyTorch calls them, from C++.
+    hooks_variant+=" (torch-free stand-in)"
+    if [[ -n "$cxx_problem" ]]; then
+        hooks_ran="not run: $cxx_problem (torch: $torch_missing)"
+    else
+        rc=0
+        bounded 60 env -u LD_PRELOAD FAKECUDART_CAPACITY=1GiB "$work/fraction_hooks" "$lib" "$TENSOR_BYTES" "$HOOKS_FRACTION" || rc=$?
+        if ((rc != 0)); then
+            hooks_ran="$(failed "$rc")"
+        elif [[ "$out" =~ NOT_RUN\ (.*) ]]; then
+            hooks_ran="not run: ${BASH_REMATCH[1]} (torch: $torch_missing)"
+        else
+            hooks_ran=standin
+        fi
+    fi
+fi
+if [[ "$hooks_ran" != torch && "$hooks_ran" != standin ]]; then
+    row "$hooks_check" "$hooks_variant" "$hooks_ran" "$on"
+elif [[ "$out" =~ RESULT\ total=([0-9]+)\ chunk=([0-9]+)\ tensors=([0-9]+)\ refused=([01])\ free_before=([0-9]+)\ free_after=([0-9]+) ]]; then
+    refusal="$(sed -n 's/^REFUSAL //p' <<<"$out" | head -n 1)"
+    # The pool holds at most the fraction, and stops within two tensors of it (each tensor is a
+    # segment of its own); the refusal is cachealloc's report; empty_cache gives back what was
+    # held, to within one tensor.
+    row "$hooks_check" "$hooks_variant" "$(awk -v total="${BASH_REMATCH[1]}" -v chunk="${BASH_REMATCH[2]}" \
+        -v n="${BASH_REMATCH[3]}" -v refused="${BASH_REMATCH[4]}" -v before="${BASH_REMATCH[5]}" \
+        -v after="${BASH_REMATCH[6]}" -v refusal="$refusal" -v fraction="$HOOKS_FRACTION" 'BEGIN {
+        mib = 1048576; held = n * chunk; limit = fraction * total; rise = after - before
+        if (!refused) bad = bad "; not refused as an exception (" substr(refusal, 1, 60) ")"
+        else if (index(refusal, "CUDA out of memory.") != 1) bad = bad "; the refusal says \"" substr(refusal, 1, 60) "\""
+        if (held > limit) bad = bad "; held more than the fraction"
+        if (held + 2 * chunk <= limit) bad = bad "; refused more than two tensors below the fraction"
+        if (rise - held > chunk || held - rise > chunk) bad = bad "; empty_cache gave back a different amount"
+        printf "%srefused after %d × %.1f MiB: %.1f MiB, %.3f of %.1f MiB (limit %.1f MiB)%s; empty_cache: free %.1f → %.1f MiB (%+.1f MiB)",
+            bad == "" ? "" : "FAILED: " substr(bad, 3) ": ", n, chunk / mib, held / mib, held / total,
+            total / mib, limit / mib, refused ? ", \"CUDA out of memory.\"" : "", before / mib, after / mib, rise / mib
+    }')" "$on"
+else
+    row "$hooks_check" "$hooks_variant" "FAILED: no result line ($(why_failed))" "$on"
+fi
+
+# --- (k) a device reset with expandable segments --------------------------------------------------
+
+reset_check="(k) cudaDeviceReset, expandable segments"
+chunk=$RESET_CHUNK_GPU
+[[ -z "$gpu_name" ]] && chunk=$RESET_CHUNK_FAKE
+reset_variant="$RESET_CHUNKS × $(fmt_bytes "$chunk") written, every other freed, cudaDeviceReset, then allocate again"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$reset_check" "$reset_variant" "not run: ${build_problem:-$shim_problem}" "$on"
+elif bounded 60 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB CACHEALLOC_CONF=expandable_segments:True \
+    CACHEALLOC_LOG=cachealloc::device=debug "$work/reset_check" "$chunk" "$RESET_CHUNKS" &&
+    [[ "$out" =~ start_free=([0-9]+)\ chunks=[0-9]+\ freed=[0-9]+\ reset_rc=0\ reset_free=([0-9]+)\ again_rc=0 ]]; then
+    start_free=${BASH_REMATCH[1]} reset_free=${BASH_REMATCH[2]}
+    maps=$(grep -c ': map ' "$work/last-stderr" || true)
+    mallocs=$(grep -c ': cudaMalloc ' "$work/last-stderr" || true)
+    lost=$((start_free - reset_free))
+    figures="free $(fmt_bytes "$start_free") at the start, $(fmt_bytes "$reset_free") after the reset"
+    if ((maps == 0 || mallocs > 0)); then
+        row "$reset_check" "$reset_variant" \
+            "FAILED: $maps page maps and $mallocs cudaMalloc in the device log (expandable segments not used); $figures" "$on"
+    elif ((lost > RESET_MARGIN)); then
+        row "$reset_check" "$reset_variant" \
+            "FAILED: $figures, $(fmt_bytes "$lost") not given back (allowed: $(fmt_bytes "$RESET_MARGIN")); $maps page maps" "$on"
+    elif ((-lost > RESET_MARGIN)); then
+        row "$reset_check" "$reset_variant" \
+            "FAILED: $figures, $(fmt_bytes "$((-lost))") more than at the start (allowed: $(fmt_bytes "$RESET_MARGIN")): something else freed memory meanwhile?" "$on"
+    else
+        row "$reset_check" "$reset_variant" \
+            "$figures; $maps page maps, no cudaMalloc; allocated and written again: ok" "$on"
+    fi
+else
+    row "$reset_check" "$reset_variant" "$(failed $?)" "$on"
 fi

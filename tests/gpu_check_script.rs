@@ -63,7 +63,7 @@ fn dry_run() -> (bool, String, String) {
 
 #[test]
 fn dry_run_prints_one_honest_table() {
-    for tool in ["python3", "gcc"] {
+    for tool in ["python3", "gcc", "g++"] {
         if !available(tool) {
             eprintln!("skipping: {tool} not found (scripts/setup-test-deps.sh installs it)");
             return;
@@ -83,7 +83,7 @@ fn dry_run_prints_one_honest_table() {
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
     for check in [
-        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)",
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "(k)",
     ] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
@@ -151,6 +151,32 @@ fn dry_run_prints_one_honest_table() {
             "(i)",
             "cachealloc_set_memory_fraction(0, 0.25)",
             "after 4 × 64.0 MiB, within the limit of 256.0 MiB"
+        ),
+        "{stdout}"
+    );
+    // The hooks called as PyTorch calls them: the fraction stops the fifth 64 MiB tensor with
+    // cachealloc's report, and the empty-cache hook gives the four back (the fake's free memory
+    // counts what is allocated).
+    assert!(
+        figure(
+            "(j)",
+            "pluggable allocator with its hooks: fraction 0.25",
+            "refused after 4 × 64.0 MiB: 256.0 MiB, 0.250 of 1024.0 MiB (limit 256.0 MiB), \
+             \"CUDA out of memory.\"; empty_cache: free 768.0 → 1024.0 MiB (+256.0 MiB)"
+        ),
+        "{stdout}"
+    );
+    // The fake's reset leaves the driver's pages alone, as the real one: the free memory is
+    // back only because cachealloc released them before it.
+    assert!(
+        figure(
+            "(k)",
+            "8 × 64.0 MiB written",
+            "free 1024.0 MiB at the start, 1024.0 MiB after the reset;"
+        ) && figure(
+            "(k)",
+            "8 × 64.0 MiB written",
+            "no cudaMalloc; allocated and written again: ok"
         ),
         "{stdout}"
     );

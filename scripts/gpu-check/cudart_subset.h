@@ -1,10 +1,15 @@
 /* The few CUDA runtime functions the gpu-check programs call, declared here so that they build
  * against any libcudart.so (NVIDIA's, from a CUDA install or PyPI, or the project's fake runtime)
- * without the CUDA headers. cudaError_t is an enum, int-sized, in the real header. */
+ * without the CUDA headers. cudaError_t is an enum, int-sized, in the real header. C++ programs
+ * include it too: the functions have C linkage there as well. */
 #ifndef GPU_CHECK_CUDART_SUBSET_H
 #define GPU_CHECK_CUDART_SUBSET_H
 
 #include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
@@ -21,10 +26,15 @@ extern cudaError_t cudaMemset(void *dev_ptr, int value, size_t count);
 extern cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind);
 extern cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *dev_ptr);
 extern cudaError_t cudaDeviceSynchronize(void);
+extern cudaError_t cudaDeviceReset(void);
 extern cudaError_t cudaGetDeviceCount(int *count);
 extern cudaError_t cudaSetDevice(int device);
 extern cudaError_t cudaGetLastError(void);
 extern cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 extern const char *cudaGetErrorName(cudaError_t error);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
