@@ -174,6 +174,11 @@ fn command_line_slips_are_named_with_the_fix() {
     }
     let (code, err) = stderr(&["synth", "--capacity", "24"]);
     assert_eq!(code, Some(2));
+    // Refused by the argument parser, said in the same form as the rest.
+    assert!(
+        err.starts_with("cachealloc: error: invalid value '24' for '--capacity <CAPACITY>'"),
+        "{err}"
+    );
     assert!(
         err.contains(
             "invalid capacity \"24\": 24 bytes cannot hold a single segment (the smallest is \
@@ -181,6 +186,15 @@ fn command_line_slips_are_named_with_the_fix() {
         ),
         "{err}"
     );
+    for slip in [&["replay", "--bogus"][..], &["bogus"], &["replay"]] {
+        let (code, err) = stderr(slip);
+        assert_eq!(code, Some(2), "{slip:?}");
+        assert!(err.starts_with("cachealloc: error: "), "{slip:?}: {err}");
+    }
+    // Help asked for by giving no command is help, not an error.
+    let (code, err) = stderr(&[]);
+    assert_eq!(code, Some(2));
+    assert!(err.starts_with("A caching CUDA allocator"), "{err}");
     let (code, err) = stderr(&[
         "synth",
         "transformer:steps=1",

@@ -180,7 +180,10 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    let cli = command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+        .unwrap_or_else(|e| exit_on_usage(e));
     match run(cli).and_then(|text| console::write_output(&text)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -188,6 +191,23 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// clap's own refusals (a bad value, an unknown option, a missing argument) said as ours are,
+/// "cachealloc: error: …", with exit code 2; help and version printed as clap prints them.
+fn exit_on_usage(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    eprint!("cachealloc: {text}");
+    std::process::exit(e.exit_code());
 }
 
 fn run(cli: Cli) -> Result<String, String> {
