@@ -43,6 +43,7 @@ const SHAPES: [Shape; 5] = [
         max_large: 60 * MIB,
         live_max: 40,
         device: 8 * GIB,
+        stream_frees: None,
     },
     Shape {
         streams: 1,
@@ -52,6 +53,7 @@ const SHAPES: [Shape; 5] = [
         max_large: 60 * MIB,
         live_max: 40,
         device: 8 * GIB,
+        stream_frees: None,
     },
     Shape {
         streams: 2,
@@ -61,6 +63,7 @@ const SHAPES: [Shape; 5] = [
         max_large: 60 * MIB,
         live_max: 40,
         device: 8 * GIB,
+        stream_frees: None,
     },
     Shape {
         streams: 3,
@@ -70,6 +73,7 @@ const SHAPES: [Shape; 5] = [
         max_large: 30 * MIB,
         live_max: 60,
         device: 8 * GIB,
+        stream_frees: None,
     },
     // Runs out of memory: retries unmap cached pages, some requests fail.
     Shape {
@@ -80,6 +84,7 @@ const SHAPES: [Shape; 5] = [
         max_large: 120 * MIB,
         live_max: 40,
         device: GIB,
+        stream_frees: None,
     },
 ];
 

@@ -46,6 +46,7 @@ const SHAPES: [Shape; 2] = [
         max_large: 100 * MIB,
         live_max: 40,
         device: 8 * GIB,
+        stream_frees: None,
     },
     // Runs out of memory: retries release cached segments, some requests fail.
     Shape {
@@ -56,6 +57,7 @@ const SHAPES: [Shape; 2] = [
         max_large: 120 * MIB,
         live_max: 40,
         device: 2 * GIB,
+        stream_frees: None,
     },
 ];
 

@@ -2,6 +2,12 @@
 //! events are written down as a PyTorch snapshot's trace as the program's calls make them, and
 //! whose final segments become the snapshot's state. Random workloads of a [`Shape`] run through
 //! it give recordings whose every figure is known, to cut and replay (`cut_replay`).
+//!
+//! The device's work is asynchronous: a free made after other streams' work (`free_after`,
+//! PyTorch's `record_stream`) stays pending — `free_requested` in the trace, the block
+//! `active_pending_free` in the state — until the device has finished the work issued before it
+//! (`complete_work`) and the pool sees so: at its next allocation, or when a retry or
+//! `empty_cache()` synchronizes (`free_completed`). Frees made with `free` complete at once.
 
 use cachealloc::backend::sim::SimDevice;
 use cachealloc::config::Config;
@@ -32,6 +38,21 @@ pub struct Shape {
     pub live_max: usize,
     /// The device's memory, all of it the pool's.
     pub device: u64,
+    /// Frees that wait for another stream's work (`None`: every free completes at once, and
+    /// the recordings are those made before this existed).
+    pub stream_frees: Option<StreamFrees>,
+}
+
+/// How often a random workload frees after another stream's work, and how often the device
+/// finishes its work.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamFrees {
+    /// Percent of frees that wait for the work of a side stream (`Recorder::free_after`).
+    pub percent: u64,
+    /// Percent of operations before which the device finishes the work issued so far
+    /// (`Recorder::complete_work`): the frees waiting for it complete at the pool's next
+    /// allocation.
+    pub complete_percent: u64,
 }
 
 /// The trace entry of a pool event (`None` for those a PyTorch trace has no entry for).
@@ -150,6 +171,8 @@ impl Recorder {
             ..ReplayConfig::default()
         };
         let mut pool = seeded_pool(&config, None).unwrap();
+        // Only `free_after` records fences: `free` still completes at once.
+        pool.backend_mut().hold_work();
         let entries: Arc<Mutex<Vec<TraceEntry>>> = Arc::default();
         let retries_at: Arc<Mutex<Vec<usize>>> = Arc::default();
         let call = Arc::new(Mutex::new(Call {
@@ -207,6 +230,21 @@ impl Recorder {
     pub fn free(&mut self, ptr: DevicePtr) {
         self.call(CallSite::Other);
         self.pool.free(ptr).unwrap();
+    }
+
+    /// The program frees `ptr` after recording it used on `streams` (`record_stream`): its block
+    /// stays pending until the device has finished the work issued so far (`complete_work`).
+    pub fn free_after(&mut self, ptr: DevicePtr, streams: &[u64]) {
+        self.call(CallSite::Other);
+        let streams: Vec<_> = streams.iter().map(|&s| StreamId(s)).collect();
+        let unfenced = self.pool.free_after_streams(ptr, &streams).unwrap();
+        assert!(unfenced.is_empty(), "{unfenced:?}");
+    }
+
+    /// The device finishes the work issued so far: the frees waiting for it complete when the
+    /// pool next looks (its next allocation), or synchronizes.
+    pub fn complete_work(&mut self) {
+        self.pool.backend_mut().complete_work();
     }
 
     pub fn empty_cache(&mut self) {
@@ -278,7 +316,14 @@ pub fn record(seed: u64, shape: Shape, conf: &str) -> PoolRecording {
     let mut recorder = Recorder::new(shape.device, conf);
     let mut rng = SplitMix64::new(seed);
     let mut live = Vec::new();
+    // A stream no request uses, whose work frees wait for.
+    let side_stream = shape.streams;
     for i in 0..shape.ops {
+        if let Some(frees) = shape.stream_frees
+            && rng.below(100) < frees.complete_percent
+        {
+            recorder.complete_work();
+        }
         if shape.empty_cache_every > 0 && i % shape.empty_cache_every == shape.empty_cache_every - 1
         {
             recorder.empty_cache();
@@ -293,7 +338,12 @@ pub fn record(seed: u64, shape: Shape, conf: &str) -> PoolRecording {
             }
         } else {
             let ptr = live.swap_remove(rng.below(live.len() as u64) as usize);
-            recorder.free(ptr);
+            match shape.stream_frees {
+                Some(frees) if rng.below(100) < frees.percent => {
+                    recorder.free_after(ptr, &[side_stream]);
+                }
+                _ => recorder.free(ptr),
+            }
         }
     }
     let source = if conf.is_empty() {
