@@ -8,7 +8,7 @@
 //! included.
 
 use super::bursts::{BurstKind, count_retries, release_bursts, releases_before_new_segments};
-use super::recording::{Action, DeviceRecording, TraceEntry};
+use super::recording::{Action, BlockState, DeviceRecording, TraceEntry};
 use crate::pool::StreamId;
 
 /// The first `oom` entry of a trace.
@@ -99,17 +99,50 @@ fn clamp(v: i128) -> u64 {
 impl DeviceRecording {
     /// The action whose entries become `Op::Free`: `free_completed` when the trace has any
     /// (the block is back in the pool only then; without `record_stream` it directly follows
-    /// its `free_requested`), else `free_requested`.
+    /// its `free_requested`), else `free_requested` (a file recorded without completions) —
+    /// unless every `free_requested` still waits at the end (`requests_all_wait`): such a
+    /// trace, a short one ending while its frees wait for other streams, shows no completion
+    /// because none came, and its requests free nothing.
     pub fn free_action(&self) -> Action {
         if self
             .entries
             .iter()
             .any(|e| e.action == Action::FreeCompleted)
+            || self.requests_all_wait()
         {
             Action::FreeCompleted
         } else {
             Action::FreeRequested
         }
+    }
+
+    /// Whether each `free_requested` of the trace is of a block that the snapshot's state
+    /// shows pending (`active_pending_free`) at that address and that the trace allocates no
+    /// more after it: a free that had not completed when the snapshot was taken, whether the
+    /// file records completions or not.
+    fn requests_all_wait(&self) -> bool {
+        let pending: rustc_hash::FxHashSet<u64> = self
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::PendingFree)
+            .map(|b| b.address)
+            .collect();
+        let mut allocated_after = rustc_hash::FxHashSet::default();
+        for e in self.entries.iter().rev() {
+            match e.action {
+                Action::Alloc => {
+                    allocated_after.insert(e.addr);
+                }
+                Action::FreeRequested
+                    if allocated_after.contains(&e.addr) || !pending.contains(&e.addr) =>
+                {
+                    return false;
+                }
+                _ => {}
+            }
+        }
+        true
     }
 
     /// The recorded figures of this device.
@@ -331,6 +364,43 @@ mod tests {
         assert_eq!(both.figures().frees, 1);
         assert_eq!(both.figures().orphan_frees, 1);
         assert_eq!(both.figures().pending_frees, 0);
+    }
+
+    /// A trace whose frees all still wait at its end (each of a block the snapshot's state shows
+    /// `active_pending_free`, not allocated again after) has no completion to show: it is not
+    /// one recorded without completions, and its requests free nothing. (A recording cut
+    /// shortly before its end, in tests/fixed_cuts.rs, met this.)
+    #[test]
+    fn a_trace_whose_frees_all_wait_uses_completions() {
+        let mut seg = segment(BASE, 2 * MIB, &[(0, MIB, MIB, true), (MIB, MIB, 0, false)]);
+        seg.blocks[0].state = BlockState::PendingFree;
+        let waiting = recording(
+            vec![
+                entry(Action::Alloc, BASE, MIB),
+                entry(Action::FreeRequested, BASE, MIB),
+            ],
+            vec![seg.clone()],
+        );
+        let replay = waiting.faithful().unwrap();
+        assert!(replay.start.segments[0].blocks.iter().all(|b| !b.allocated));
+        assert_eq!(waiting.free_action(), Action::FreeCompleted);
+        let f = waiting.figures();
+        assert_eq!((f.frees, f.pending_frees), (0, 1));
+        // Requested again after it was allocated anew: that free completed, unrecorded.
+        let again = recording(
+            vec![
+                entry(Action::Alloc, BASE, MIB),
+                entry(Action::FreeRequested, BASE, MIB),
+                entry(Action::Alloc, BASE, MIB),
+                entry(Action::FreeRequested, BASE, MIB),
+            ],
+            vec![seg],
+        );
+        assert_eq!(again.free_action(), Action::FreeRequested);
+        // Of a block the state shows free: it completed, unrecorded.
+        let free = segment(BASE, 2 * MIB, &[(0, 2 * MIB, 0, false)]);
+        let done = recording(waiting.entries.clone(), vec![free]);
+        assert_eq!(done.free_action(), Action::FreeRequested);
     }
 
     /// A free requested in the trace but not completed by its end (a block used on another

@@ -10,8 +10,8 @@
 //! `record_stream` in these traces), so the state is the segments plus their occupied blocks;
 //! free blocks are the gaps.
 //! - `alloc` (undo): the block at the address disappears (its space rejoins the gap).
-//! - `free_completed` (undo; `free_requested` when the file has no completions): a block
-//!   reappears at the address. Its size is the request rounded by the recording's settings,
+//! - `free_completed` (undo; `free_requested` when the file has no completions, see
+//!   `DeviceRecording::free_action`): a block reappears at the address. Its size is the request rounded by the recording's settings,
 //!   **plus any unsplit tail**: in the large pool a block is split only when more than 1 MiB
 //!   would remain, so a block may have kept a tail of up to 1 MiB that the trace never shows.
 //!   Since no free large-pool block can be 1 MiB or smaller, a gap of ≤ 1 MiB between a
