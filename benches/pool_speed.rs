@@ -156,7 +156,7 @@ fn mean_live(workload: &cachealloc::trace::Workload) -> f64 {
     for op in &workload.ops {
         match op {
             Op::Alloc { .. } => live += 1,
-            Op::Free { .. } => live -= 1,
+            Op::Free { .. } | Op::FreeAtSync { .. } => live -= 1,
             Op::FreeRequested { .. }
             | Op::EmptyCache
             | Op::DeviceReset

@@ -115,6 +115,10 @@ pub struct DeviceAllocator<B: Backend> {
     /// replay of a recording whose frees completed later than they were requested). No
     /// synchronization completes them.
     pub(super) held: BTreeSet<BlockId>,
+    /// Blocks in `held` whose free completes at the pool's next synchronization
+    /// (`free_completes_at_sync`: a replay of a `free_completed` that an out-of-memory retry's
+    /// synchronization made).
+    pub(super) held_until_sync: BTreeSet<BlockId>,
     pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
     pub(super) total_reserved: u64,
@@ -158,6 +162,7 @@ impl<B: Backend> DeviceAllocator<B> {
             then_streams: BTreeMap::new(),
             fences_done: Vec::new(),
             held: BTreeSet::new(),
+            held_until_sync: BTreeSet::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
             allowed_maximum: None,
@@ -290,10 +295,12 @@ impl<B: Backend> DeviceAllocator<B> {
         for id in queued.chain(self.stream_pending.values_mut()) {
             *id = moved.id(*id);
         }
-        self.held = std::mem::take(&mut self.held)
-            .into_iter()
-            .map(|id| moved.id(id))
-            .collect();
+        for held in [&mut self.held, &mut self.held_until_sync] {
+            *held = std::mem::take(held)
+                .into_iter()
+                .map(|id| moved.id(id))
+                .collect();
+        }
         let then_streams = std::mem::take(&mut self.then_streams);
         self.then_streams = then_streams
             .into_iter()
@@ -308,38 +315,6 @@ impl<B: Backend> DeviceAllocator<B> {
         let fence = self.backend.record_fence()?;
         self.pend(id);
         self.pending.push_back((fence, id));
-        Ok(())
-    }
-
-    /// The program freed the allocation at `ptr`, but its block is not reusable before
-    /// `free_completed` says so: a replay of a recording's `free_requested` whose
-    /// `free_completed` comes later (a free that waited for device work). As PyTorch's `free()`
-    /// does, the allocation leaves `allocation`, `allocated_bytes` and `oversize_allocations`
-    /// now and stays active (and requested) until it completes.
-    pub fn free_requested(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        let id = self.lookup_allocation(ptr)?;
-        self.pend(id);
-        self.held.insert(id);
-        Ok(())
-    }
-
-    /// The free of `ptr` that `free_requested` began completed: its block returns to the pool.
-    pub fn free_completed(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        let addr = ptr.addr();
-        let id = self
-            .blocks
-            .find(addr)
-            .filter(|id| self.held.contains(id))
-            .ok_or_else(|| match self.lookup_allocation(ptr) {
-                // A live allocation whose free was not requested, or no allocation at all.
-                Ok(_) => Error::InvalidPointer {
-                    addr,
-                    reason: BadPointer::NotAnAllocation,
-                },
-                Err(e) => e,
-            })?;
-        self.held.remove(&id);
-        self.complete_pending(id);
         Ok(())
     }
 
@@ -413,7 +388,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The allocation `id` is handed back, its block not yet reusable.
     #[inline]
-    fn pend(&mut self, id: BlockId) {
+    pub(super) fn pend(&mut self, id: BlockId) {
         self.take_allocation(id);
         let b = self.blocks.get(id);
         self.stats.active.pend(b.pool, 1);
@@ -768,7 +743,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The allocated block starting at `ptr`, or why there is none.
     #[inline]
-    fn lookup_allocation(&self, ptr: DevicePtr) -> Result<BlockId, Error> {
+    pub(super) fn lookup_allocation(&self, ptr: DevicePtr) -> Result<BlockId, Error> {
         let addr = ptr.addr();
         let found = self.blocks.find(addr);
         match found.map(|id| (id, self.blocks.get(id).state)) {

@@ -17,6 +17,7 @@ mod free_index;
 pub mod layout;
 pub mod oom;
 mod release;
+mod replayed_frees;
 pub mod rounding;
 pub(crate) mod segment_map;
 pub mod settings;

@@ -194,6 +194,11 @@ impl<B: Backend> DeviceAllocator<B> {
                 queued.len()
             ));
         }
+        if let Some(id) = self.held_until_sync.difference(&self.held).next() {
+            return Err(format!(
+                "block {id} waits for a synchronization but its free was not requested"
+            ));
+        }
         if let Some(id) = self.then_streams.keys().find(|id| !in_queue.contains(id)) {
             return Err(format!(
                 "block {id} waits for streams after a fence but is not waiting for one"

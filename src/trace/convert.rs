@@ -25,7 +25,8 @@ use rustc_hash::FxHashMap;
 use super::bursts::{BurstKind, release_bursts};
 use super::error::TraceError;
 use super::ranges::RangeChange;
-use super::recording::{Action, DeviceRecording, TraceEntry};
+use super::recording::{Action, CallSite, DeviceRecording, TraceEntry};
+use super::retry_sync::completed_at_retries;
 use super::start_state::{StartState, reconstruct_start};
 use super::workload::{AllocId, Op, Workload};
 
@@ -47,7 +48,7 @@ impl DeviceRecording {
     pub fn plain(&self) -> Workload {
         let mut live = FxHashMap::default();
         // Plain mode tolerates everything; errors only arise for seeded ids.
-        build(self, &mut live, 0, false).unwrap_or_else(|_| Workload::new(self.name()))
+        build(self, &mut live, None, false).unwrap_or_else(|_| Workload::new(self.name()))
     }
 
     /// The start state and workload for a replay that reproduces the recording exactly, on
@@ -62,7 +63,7 @@ impl DeviceRecording {
         let start = reconstruct_start(self, device_memory)?;
         let mut live: FxHashMap<u64, Option<AllocId>> =
             start.live_blocks().map(|b| (b.addr, b.id)).collect();
-        let workload = build(self, &mut live, start.num_ids(), true)?;
+        let workload = build(self, &mut live, Some(&start), true)?;
         let capacity = self.capacity().and_then(|c| c.replay_capacity());
         Ok(FaithfulReplay {
             range_changes: start.range_changes(self),
@@ -74,13 +75,15 @@ impl DeviceRecording {
 }
 
 /// Build the workload. `live` maps addresses live at trace start to their ids (`None`: live but
-/// never freed by the trace). With `strict`, a free that finds no id is an error.
+/// never freed by the trace); `start`, the state at trace start where it is known (its ids
+/// come first). With `strict`, a free that finds no id is an error.
 fn build(
     rec: &DeviceRecording,
     live: &mut FxHashMap<u64, Option<AllocId>>,
-    first_id: AllocId,
+    start: Option<&StartState>,
     strict: bool,
 ) -> Result<Workload, TraceError> {
+    let first_id = start.map_or(0, StartState::num_ids);
     let fail = |index: usize, detail: String| {
         TraceError::inconsistent(
             &rec.source,
@@ -91,12 +94,18 @@ fn build(
     workload.num_ids = first_id;
     let mut next_id = first_id;
     let free_action = rec.free_action();
-    let empty_cache_starts: Vec<usize> = release_bursts(&rec.entries)
+    let all_bursts = release_bursts(&rec.entries);
+    let empty_cache_starts: Vec<usize> = all_bursts
         .iter()
         .filter(|b| b.kind == BurstKind::EmptyCache)
         .map(|b| b.start)
         .collect();
     let mut bursts = empty_cache_starts.iter().peekable();
+    let at_retry = if free_action == Action::FreeCompleted {
+        completed_at_retries(&rec.entries, &all_bursts, start.map(|s| &s.segments[..]))
+    } else {
+        vec![false; rec.entries.len()]
+    };
     for (index, entry) in rec.entries.iter().enumerate() {
         match entry.action {
             Action::Alloc => {
@@ -125,6 +134,7 @@ fn build(
                 );
             }
             a if a == free_action => match live.remove(&entry.addr) {
+                Some(Some(id)) if at_retry[index] => workload.push(Op::FreeAtSync { id }, index),
                 Some(Some(id)) => workload.push(Op::Free { id }, index),
                 Some(None) if strict => {
                     return Err(fail(
@@ -177,12 +187,17 @@ fn build(
     Ok(workload)
 }
 
-/// Whether the `free_requested` at `index` completes at once: the next entry completes it.
-fn completes_at_once(entries: &[TraceEntry], index: usize) -> bool {
+/// Whether the `free_requested` at `index` completes at once: the next entry completes it, and
+/// its frames do not place it in a later call (a completion whose frames name `malloc` or
+/// `empty_cache` was found by that call: the free waited, and the allocator found its work
+/// done, or synchronized, as soon as the program's next call began).
+pub(super) fn completes_at_once(entries: &[TraceEntry], index: usize) -> bool {
     let request = &entries[index];
-    entries
-        .get(index + 1)
-        .is_some_and(|e| e.action == Action::FreeCompleted && e.addr == request.addr)
+    entries.get(index + 1).is_some_and(|e| {
+        e.action == Action::FreeCompleted
+            && e.addr == request.addr
+            && !matches!(e.call_site, CallSite::Malloc | CallSite::EmptyCache)
+    })
 }
 
 #[cfg(test)]
@@ -299,8 +314,9 @@ mod tests {
     }
 
     /// A `free_requested` that the next entry does not complete, because that entry completes
-    /// another block, waits: it leaves the allocation statistics at once. An `oom` keeps its
-    /// stream, as the request that failed had it.
+    /// another block, waits: it leaves the allocation statistics at once. Completed right
+    /// before an `oom`, the frees were completed by its retry's synchronization. An `oom` keeps
+    /// its stream, as the request that failed had it.
     #[test]
     fn a_free_is_completed_at_once_only_by_its_own_completion() {
         let stream = StreamId(7);
@@ -326,14 +342,63 @@ mod tests {
             [
                 Op::FreeRequested { id: 1 },
                 Op::FreeRequested { id: 0 },
-                Op::Free { id: 1 },
-                Op::Free { id: 0 },
+                Op::FreeAtSync { id: 1 },
+                Op::FreeAtSync { id: 0 },
                 Op::Oom {
                     size: 64 * MIB,
                     stream,
                     device_free: MIB
                 }
             ]
+        );
+    }
+
+    /// A request that ran out of memory while a free waited for another stream: PyTorch's
+    /// retry synchronizes (`release_cached_blocks`), which completes the free after the
+    /// request's search for a free block, then releases the segment the free left wholly free,
+    /// and the retry gets a new segment. Replayed before the request, the completion would
+    /// serve it from the freed block instead.
+    #[test]
+    fn a_free_completed_by_a_retry_returns_after_the_search() {
+        let (a, b, c) = (BASE + 200 * MIB, BASE + 100 * MIB, BASE + 300 * MIB);
+        let malloc = |action, addr, size| at(action, addr, size, CallSite::Malloc);
+        let rec = recording(
+            vec![
+                malloc(Action::SegmentAlloc, a, 40 * MIB),
+                malloc(Action::Alloc, a, 40 * MIB),
+                at(Action::FreeRequested, a, 40 * MIB, CallSite::Other),
+                malloc(Action::SegmentAlloc, b, 40 * MIB),
+                malloc(Action::Alloc, b, 40 * MIB),
+                // A 30 MiB request: no free block, 80 + 30 MiB do not fit in 100.
+                malloc(Action::FreeCompleted, a, 40 * MIB),
+                malloc(Action::SegmentFree, a, 40 * MIB),
+                malloc(Action::SegmentAlloc, c, 30 * MIB),
+                malloc(Action::Alloc, c, 30 * MIB),
+            ],
+            vec![
+                segment(c, 30 * MIB, &[(0, 30 * MIB, 30 * MIB, true)]),
+                segment(b, 40 * MIB, &[(0, 40 * MIB, 40 * MIB, true)]),
+            ],
+        );
+        let config = crate::trace::ReplayConfig {
+            capacity: Some(100 * MIB),
+            ..Default::default()
+        };
+        let run = crate::trace::replay_faithful(&rec, &config).unwrap();
+        let (out, recorded) = (&run.outcome, &run.recorded);
+        let counts = &out.stats.counts;
+        assert_eq!(
+            (
+                out.allocs_at_recorded_addr,
+                counts.num_device_alloc,
+                counts.num_device_free,
+                counts.num_alloc_retries
+            ),
+            (3, 3, 1, 1)
+        );
+        assert_eq!(
+            (recorded.recorded_segment_allocs, recorded.recorded_retries),
+            (3, 1)
         );
     }
 

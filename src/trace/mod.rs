@@ -15,7 +15,10 @@
 //!
 //! Rules inferred from the recordings (details in each module):
 //! - **Frees**: `free_completed` becomes `Op::Free` (`free_requested` only in files without
-//!   completions); in these traces each completion directly follows its request.
+//!   completions); in the real traces each completion directly follows its request. One that
+//!   waited for other streams (`record_stream`) leaves the allocation statistics at its
+//!   request (`Op::FreeRequested`); one an out-of-memory retry's synchronization completed
+//!   returns its block at the replay's (`Op::FreeAtSync`, see `retry_sync`).
 //! - **Release bursts**: consecutive `segment_free`s. Frames naming `emptyCache` → one
 //!   `Op::EmptyCache`; frames naming `malloc` → the OOM ladder's release, not an op. Without
 //!   frames, a burst directly followed by `oom` or `segment_alloc` is the ladder's, any other an
@@ -49,6 +52,7 @@ pub mod record;
 pub mod recording;
 pub mod replay;
 pub mod request_trial;
+pub mod retry_sync;
 pub mod rng;
 pub mod snapshot;
 pub mod start_state;

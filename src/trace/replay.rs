@@ -204,6 +204,7 @@ fn replay_observed(
                 recorded_addr,
             } => {
                 out.allocs += 1;
+                complete_frees_unless_retrying(&mut pool, size);
                 match pool.malloc(size, stream) {
                     Ok(ptr) => {
                         if let Some(addr) = recorded_addr {
@@ -222,6 +223,16 @@ fn replay_observed(
                     } else {
                         pool.free(ptr)?;
                     }
+                    out.frees += 1;
+                }
+                None => out.skipped_frees += 1,
+            },
+            Op::FreeAtSync { id } => match live.get_mut(id as usize).and_then(Option::take) {
+                Some(ptr) => {
+                    if !requested.remove(&id) {
+                        pool.free_requested(ptr)?;
+                    }
+                    pool.free_completes_at_sync(ptr)?;
                     out.frees += 1;
                 }
                 None => out.skipped_frees += 1,
@@ -254,6 +265,7 @@ fn replay_observed(
                 // The recording's failed request: probe it when the capacity is known.
                 out.recorded_oom_requests += 1;
                 if config.capacity.is_some() {
+                    complete_frees_unless_retrying(&mut pool, size);
                     match pool.malloc(size, stream) {
                         Ok(ptr) => pool.free(ptr)?,
                         Err(e) => note_refusal(&mut out, workload, i, e)?,
@@ -261,16 +273,36 @@ fn replay_observed(
                 }
             }
         }
+        // The request after frees completed at its retry's synchronization has been served:
+        // those it did not synchronize for complete now, as they did before it was served.
+        if !matches!(op, Op::FreeAtSync { .. }) {
+            pool.complete_frees_held_until_sync();
+        }
         if config.check_invariants {
             pool.validate()
                 .map_err(|why| Error::Invariant(format!("after op {i}: {why}")))?;
         }
     }
+    pool.complete_frees_held_until_sync();
     out.stats = pool.stats();
     // The recording's resets returned their memory without a call.
     out.stats.counts.num_device_free -= reset_returns;
     out.final_segments = pool.segments().len();
     Ok(out)
+}
+
+/// Before a request of `size` bytes after frees the recording completed at its retry's
+/// synchronization (`Op::FreeAtSync`): if a new segment fits without a release, the request
+/// makes no retry, so those frees were completed before it (by PyTorch's `process_events`,
+/// which the trace shows alike) and complete now. (With expandable segments they wait for the
+/// synchronization.)
+fn complete_frees_unless_retrying(pool: &mut DeviceAllocator<SimDevice>, size: u64) {
+    if pool.frees_held_until_sync() > 0
+        && !pool.settings().expandable_segments
+        && pool.new_segment_fits(size)
+    {
+        pool.complete_frees_held_until_sync();
+    }
 }
 
 /// The pool a replay starts with: on the simulated device `config` describes, holding the

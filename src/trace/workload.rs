@@ -28,6 +28,13 @@ pub enum Op {
     /// `free_requested` whose `free_completed` does not follow at once). The allocation leaves
     /// the allocation statistics here, as in the recorded allocator.
     FreeRequested { id: AllocId },
+    /// The free of allocation `id` completed in the recording inside the next request, at the
+    /// synchronization of its out-of-memory retry (PyTorch's `release_cached_blocks`): after
+    /// that request's search for a free block, which did not see its block. The replay holds
+    /// the block until its pool synchronizes, or until that request is served without a
+    /// synchronization. (Its free was requested before: at an `Op::FreeRequested`, or before
+    /// the recording began.)
+    FreeAtSync { id: AllocId },
     /// The program called `empty_cache()`.
     EmptyCache,
     /// The program reset the device (`cudaDeviceReset()`, in a cachealloc trace): the recorded

@@ -138,12 +138,12 @@ pub fn load(
         let f = walked
             .faithful_on(device_memory)
             .map_err(|e| e.to_string())?;
-        if !f
-            .workload
-            .ops
-            .iter()
-            .any(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. } | Op::Oom { .. }))
-        {
+        if !f.workload.ops.iter().any(|op| {
+            matches!(
+                op,
+                Op::Alloc { .. } | Op::Free { .. } | Op::FreeAtSync { .. } | Op::Oom { .. }
+            )
+        }) {
             return Err(nothing_to_replay(path, rec, 0, &snapshot.devices));
         }
         Ok(Loaded {
