@@ -136,21 +136,36 @@ impl DeviceRecording {
     /// The growths (a `segment_alloc`, or the first `segment_map` of a request) that follow a
     /// release inside `malloc`, where no collection can have run (at most `collected_above`
     /// bytes reserved before it, when collections run): the bytes reserved before the release
-    /// and the growth's index. The first request for memory failed there.
+    /// and the growth's index. The first request for memory failed there. A release that
+    /// follows another of the same request, with only completions of frees between them (the
+    /// retry's synchronization, after the oversize release), began with the first.
     fn failed_growths<'a>(
         &'a self,
         reserved: &'a [u64],
         collected_above: Option<u64>,
     ) -> impl Iterator<Item = (u64, usize)> + 'a {
-        release_bursts(&self.entries)
+        let bursts = release_bursts(&self.entries);
+        let mut began = Vec::with_capacity(bursts.len());
+        for (i, b) in bursts.iter().enumerate() {
+            let continues = i > 0 && {
+                let before = &bursts[i - 1];
+                before.kind == BurstKind::MallocRelease
+                    && self.entries[before.end..b.start]
+                        .iter()
+                        .all(|e| e.action == Action::FreeCompleted)
+            };
+            began.push(if continues { began[i - 1] } else { b.start });
+        }
+        bursts
             .into_iter()
-            .filter(|b| b.kind == BurstKind::MallocRelease)
-            .filter(move |b| collected_above.is_none_or(|above| reserved[b.start] <= above))
-            .filter(|b| {
+            .zip(began)
+            .filter(|(b, _)| b.kind == BurstKind::MallocRelease)
+            .filter(move |&(_, start)| collected_above.is_none_or(|above| reserved[start] <= above))
+            .filter(|(b, _)| {
                 b.next_entry(&self.entries)
                     .is_some_and(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
             })
-            .map(|b| (reserved[b.start], b.end))
+            .map(|(b, start)| (reserved[start], b.end))
     }
 
     /// The bytes the fraction's limit weighed for the growth at entry `at`: a new segment's
@@ -333,6 +348,44 @@ mod tests {
         );
         rec.settings = Some(RecordedSettings::assumed(&settings));
         rec
+    }
+
+    /// Under `max_split_size` a request's oversize release that frees too little is followed
+    /// by the retry's release; frees that waited for other streams, completed by the retry's
+    /// synchronization, come between the two and split them. The cudaMalloc failed before the
+    /// first: 140 MiB reserved, a 60 MiB one failed (capacity below 200 MiB), not 90 MiB
+    /// (below 150). The device has 160.
+    #[test]
+    fn a_release_split_by_completions_bounds_the_capacity_from_its_start() {
+        let malloc = |action, addr, size| at(action, addr, size, CallSite::Malloc);
+        let (a, b, x, c) = (BASE, BASE + 64 * MIB, BASE + 160 * MIB, BASE + 192 * MIB);
+        let mut rec = recording(
+            vec![
+                malloc(Action::SegmentAlloc, a, 50 * MIB),
+                malloc(Action::SegmentAlloc, b, 70 * MIB),
+                malloc(Action::SegmentAlloc, x, 20 * MIB),
+                // A 60 MiB request: the cached 50 MiB oversize segment is released, too little.
+                malloc(Action::SegmentFree, a, 50 * MIB),
+                malloc(Action::FreeCompleted, x, 20 * MIB),
+                malloc(Action::SegmentFree, x, 20 * MIB),
+                malloc(Action::SegmentAlloc, c, 60 * MIB),
+            ],
+            vec![
+                segment(b, 70 * MIB, &[(0, 70 * MIB, 70 * MIB, true)]),
+                segment(c, 60 * MIB, &[(0, 60 * MIB, 0, false)]),
+            ],
+        );
+        let settings = crate::config::Config::parse_pytorch_conf("max_split_size_mb:40")
+            .unwrap()
+            .settings;
+        rec.settings = Some(RecordedSettings::assumed(&settings));
+        assert_eq!(
+            rec.capacity(),
+            Some(CapacityEstimate::Bracket {
+                low: 140 * MIB,
+                high: 200 * MIB
+            })
+        );
     }
 
     /// Under a memory fraction the failed cudaMalloc met the limit, half the device: the
