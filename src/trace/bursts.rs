@@ -105,9 +105,22 @@ pub fn release_bursts(entries: &[TraceEntry]) -> Vec<ReleaseBurst> {
 /// `max_split_size` or a garbage-collection threshold set, a malloc release can also come from
 /// `release_available_cached_blocks` or the collector without a retry, so the count is an upper
 /// bound.
+///
+/// With expandable segments a retry may also succeed without mapping pages: a malloc release of
+/// pages directly followed by the `alloc` (the retry's synchronization completed frees that
+/// waited for other streams, whose blocks then served the request).
 pub fn count_retries(entries: &[TraceEntry], bursts: &[ReleaseBurst]) -> usize {
     let ooms = entries.iter().filter(|e| e.action == Action::Oom).count();
-    ooms + releases_before_new_segments(entries, bursts)
+    let without_growth = bursts
+        .iter()
+        .filter(|b| b.kind == BurstKind::MallocRelease)
+        .filter(|b| entries[b.start].action == Action::SegmentUnmap)
+        .filter(|b| {
+            b.next_entry(entries)
+                .is_some_and(|e| e.action == Action::Alloc)
+        })
+        .count();
+    ooms + releases_before_new_segments(entries, bursts) + without_growth
 }
 
 /// The malloc releases followed directly by a new segment: the successful retries, under
@@ -216,5 +229,19 @@ mod tests {
         };
         assert_eq!(kind(Action::SegmentAlloc), BurstKind::MallocRelease);
         assert_eq!(kind(Action::Alloc), BurstKind::EmptyCache);
+    }
+
+    /// A release of pages inside `malloc` followed directly by the allocation is a retry that
+    /// found room without mapping pages (expandable segments); one of whole segments is not.
+    #[test]
+    fn an_unmapping_retry_may_map_nothing() {
+        let entries = vec![
+            at(Action::FreeCompleted, 40 * MIB, 512, CallSite::Malloc),
+            at(Action::SegmentUnmap, 40 * MIB, 2 * MIB, CallSite::Malloc),
+            entry(Action::Alloc, 30 * MIB, 512),
+            at(Action::SegmentFree, MIB, 2 * MIB, CallSite::Malloc),
+            entry(Action::Alloc, 8 * MIB, 512),
+        ];
+        assert_eq!(count_retries(&entries, &release_bursts(&entries)), 1);
     }
 }
