@@ -6,9 +6,11 @@
 //! frees carrying the `AllocId` the workload's `Op::Free` uses.
 //!
 //! Method: start from the end-state `segments` of the device and walk the trace backwards,
-//! undoing each entry. Between frees the allocator keeps free space coalesced (no
-//! `record_stream` in these traces), so the state is the segments plus their occupied blocks;
-//! free blocks are the gaps.
+//! undoing each entry. Between frees the allocator keeps free space coalesced, so the state is
+//! the segments plus their occupied blocks; free blocks are the gaps. A block whose free waits
+//! for other streams (`record_stream`) is occupied until its `free_completed`: one requested
+//! before the trace and completed in it is rebuilt as allocated at the start, one still waiting
+//! at the end is the state's `active_pending_free` block (tests/fixed_cuts.rs checks both).
 //! - `alloc` (undo): the block at the address disappears (its space rejoins the gap).
 //! - `free_completed` (undo; `free_requested` when the file has no completions, see
 //!   `DeviceRecording::free_action`): a block reappears at the address. Its size is the request rounded by the recording's settings,

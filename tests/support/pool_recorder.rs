@@ -51,7 +51,8 @@ pub struct StreamFrees {
     pub percent: u64,
     /// Percent of operations before which the device finishes the work issued so far
     /// (`Recorder::complete_work`): the frees waiting for it complete at the pool's next
-    /// allocation.
+    /// allocation. (The last quarter of the allocations still live at the end are freed so
+    /// too, after the operations, and still wait when the snapshot is taken.)
     pub complete_percent: u64,
 }
 
@@ -108,12 +109,16 @@ pub struct Recorder {
     call: Arc<Mutex<Call>>,
     /// Where each segment returned inside a `malloc` that made no retry fell.
     releases_without_retry_at: Arc<Mutex<Vec<usize>>>,
+    /// The places inside a `malloc` or an `empty_cache()` (between two of its entries).
+    inside_calls: Vec<usize>,
 }
 
 /// The program's call the pool is in: where, the segments it returned so far (the number of
 /// entries before each) and whether it retried.
 struct Call {
     site: CallSite,
+    /// The entries before it.
+    start: usize,
     segment_frees: Vec<usize>,
     retried: bool,
 }
@@ -128,6 +133,9 @@ pub struct PoolRecording {
     /// Where each segment returned inside a `malloc` that made no retry fell: garbage
     /// collection's (or, under `max_split_size`, the oversize release's).
     releases_without_retry_at: Vec<usize>,
+    /// The places inside a `malloc` or an `empty_cache()`, where no snapshot's trace begins
+    /// (the program starts recording between two of its calls).
+    inside_calls: Vec<usize>,
 }
 
 impl PoolRecording {
@@ -146,7 +154,14 @@ impl PoolRecording {
             rec,
             retries_at: after(&self.retries_at),
             releases_without_retry_at: after(&self.releases_without_retry_at),
+            inside_calls: after(&self.inside_calls),
         }
+    }
+
+    /// Whether the recording's entry `at` is inside a `malloc` or an `empty_cache()` (another
+    /// of its entries comes before it).
+    pub fn inside_a_call(&self, at: usize) -> bool {
+        self.inside_calls.binary_search(&at).is_ok()
     }
 
     /// The segments the pool returned inside a `malloc` that made no retry: garbage
@@ -155,6 +170,9 @@ impl PoolRecording {
         self.releases_without_retry_at.len()
     }
 
+    pub fn tmp_retries_at(&self) -> Vec<usize> {
+        self.retries_at.clone()
+    }
     /// The retries the pool made in the recording.
     pub fn retries(&self) -> usize {
         self.retries_at.len()
@@ -177,6 +195,7 @@ impl Recorder {
         let retries_at: Arc<Mutex<Vec<usize>>> = Arc::default();
         let call = Arc::new(Mutex::new(Call {
             site: CallSite::Other,
+            start: 0,
             segment_frees: Vec::new(),
             retried: false,
         }));
@@ -205,18 +224,24 @@ impl Recorder {
             retries_at,
             call,
             releases_without_retry_at: Arc::default(),
+            inside_calls: Vec::new(),
         }
     }
 
     /// The program's next call, at `site`: the one before it ended.
-    fn call(&self, site: CallSite) {
+    fn call(&mut self, site: CallSite) {
+        let now = self.entries();
         let mut call = self.call.lock().unwrap();
         if call.site == CallSite::Malloc && !call.retried {
             let mut releases = self.releases_without_retry_at.lock().unwrap();
             releases.extend(&call.segment_frees);
         }
+        if matches!(call.site, CallSite::Malloc | CallSite::EmptyCache) {
+            self.inside_calls.extend(call.start + 1..now);
+        }
         *call = Call {
             site,
+            start: now,
             segment_frees: Vec::new(),
             retried: false,
         };
@@ -259,7 +284,7 @@ impl Recorder {
 
     /// The snapshot: the trace, the pool's segments as its state, and the settings as PyTorch
     /// records them (its fields, and the string it read).
-    pub fn recording(self, source: String) -> PoolRecording {
+    pub fn recording(mut self, source: String) -> PoolRecording {
         let segments = self
             .pool
             .segments()
@@ -307,6 +332,7 @@ impl Recorder {
             rec,
             retries_at,
             releases_without_retry_at,
+            inside_calls: self.inside_calls,
         }
     }
 }
@@ -344,6 +370,12 @@ pub fn record(seed: u64, shape: Shape, conf: &str) -> PoolRecording {
                 }
                 _ => recorder.free(ptr),
             }
+        }
+    }
+    // The snapshot is taken while the program's last frees still wait for the side stream.
+    if shape.stream_frees.is_some() {
+        for ptr in live.split_off(live.len() - live.len().div_ceil(4)) {
+            recorder.free_after(ptr, &[side_stream]);
         }
     }
     let source = if conf.is_empty() {
