@@ -1,9 +1,11 @@
 //! One device's events → the [`Workload`] to replay and the figures the recording reached.
 //!
 //! - `alloc` → `Op::Alloc` with a fresh id and `recorded_addr`; `free_completed` → `Op::Free`
-//!   of the id live at that address (the block is back in the pool only then); a
-//!   `free_requested` that the next line does not complete (a free that waited for device
-//!   work) → `Op::FreeRequested`, where the allocation statistics drop it;
+//!   of the id live at that address (the block is back in the pool only then), or
+//!   `Op::FreeAtSync` where an out-of-memory retry's synchronization completed it
+//!   (`retry_sync`: after the request's search); a `free_requested` that the next line does
+//!   not complete (a free that waited for device work) → `Op::FreeRequested`, where the
+//!   allocation statistics drop it;
 //!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
 //!   `Op::MemoryFraction`.
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
@@ -31,6 +33,7 @@
 //! under every setting.
 
 use super::read::DeviceEvents;
+use super::retry_sync::completed_at_retries;
 use super::{Action, Event};
 use crate::pool::rounding::segment_size;
 use crate::pool::{Settings, StreamId, allowed_maximum, collects_garbage};
@@ -120,6 +123,7 @@ pub fn convert_device(
     let mut burst: Option<Burst> = None;
     let mut failed_level: Option<u64> = None;
     let mut device_memory = None;
+    let at_retry = completed_at_retries(&device.events, retries_marked);
     for (index, e) in device.events.iter().enumerate() {
         // Lines that hold no memory: a release and the new segment after it are one retry
         // with a range line between them.
@@ -177,6 +181,7 @@ pub fn convert_device(
                 figures.frees += 1;
                 pending.remove(&e.addr);
                 match live.remove(&e.addr) {
+                    Some(id) if at_retry[index] => workload.push(Op::FreeAtSync { id }, index),
                     Some(id) => workload.push(Op::Free { id }, index),
                     None => figures.orphan_frees += 1,
                 }

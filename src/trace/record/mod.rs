@@ -55,7 +55,10 @@
 pub mod buffer;
 pub mod convert;
 pub mod read;
+mod retry_sync;
 pub mod save;
+#[cfg(test)]
+mod sync_tests;
 #[cfg(test)]
 mod tests;
 

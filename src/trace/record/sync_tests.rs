@@ -1,0 +1,158 @@
+//! Round trip of frees that waited: a pool on the simulated device records, through the
+//! recording sink and the line writer, a request whose search finds no free block while a free
+//! waits for device work; the replay of the written trace (with its `retry` lines, and
+//! without them as a version 2 file has none) must do what the pool did.
+
+use super::buffer::EventBuffer;
+use super::convert::convert_device;
+use super::read::parse_recorded_trace;
+use super::{Action, Event, FORMAT_VERSION, Header, write_events, write_header};
+use crate::backend::sim::{Placement, SimDevice};
+use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
+use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
+
+const MIB: u64 = 1 << 20;
+const CAPACITY: u64 = 100 * MIB;
+
+/// Record what `drive` does to a pool of `CAPACITY` bytes with bottom-up addresses whose
+/// device work stays pending until a synchronization; return the recording's actions, the
+/// pool's counts `(device allocs, device frees, retries, ooms)` and the replays of the written
+/// trace: as this version writes it, and as a version 2 file (without `retry` lines).
+fn record_and_replay(
+    drive: impl FnOnce(&mut DeviceAllocator<SimDevice>),
+) -> (Vec<Action>, [u64; 4], [ReplayOutcome; 2]) {
+    let buffer = EventBuffer::new();
+    let sim = SimDevice::new(CAPACITY)
+        .with_placement(Placement::BottomUp)
+        .with_pending_work();
+    let mut pool = DeviceAllocator::new(sim, Settings::default());
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    drive(&mut pool);
+    let c = pool.stats().counts;
+    let recorded = [
+        c.num_device_alloc,
+        c.num_device_free,
+        c.num_alloc_retries,
+        c.num_ooms,
+    ];
+    let events = buffer.take();
+    let actions = events.iter().map(|e| e.action).collect();
+    let unmarked: Vec<Event> = events
+        .iter()
+        .filter(|e| e.action != Action::Retry)
+        .cloned()
+        .collect();
+    let replays = [(FORMAT_VERSION, &events), (2, &unmarked)].map(|(version, events)| {
+        let mut bytes = Vec::new();
+        let header = Header {
+            version,
+            ..Header::new(1, vec![0], String::new(), "event")
+        };
+        write_header(&mut bytes, &header);
+        write_events(&mut bytes, events);
+        let trace = parse_recorded_trace(&bytes[..], "sync.trace").expect("the trace reads back");
+        let rec = convert_device(
+            &trace.source,
+            &trace.devices[0],
+            &trace.settings,
+            trace.marks_retries(),
+        );
+        let config = ReplayConfig {
+            capacity: Some(CAPACITY),
+            address_hints: rec.segment_addresses.clone(),
+            check_invariants: true,
+            ..ReplayConfig::default()
+        };
+        replay(&rec.workload, &config, None).expect("the replay runs")
+    });
+    (actions, recorded, replays)
+}
+
+fn malloc(pool: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
+    pool.malloc(size, StreamId(0)).expect("the request fits")
+}
+
+/// Each replay's `(allocs at the recorded address, device allocs, device frees, retries,
+/// ooms)`.
+fn replayed(outs: &[ReplayOutcome; 2]) -> [[u64; 5]; 2] {
+    outs.each_ref().map(|out| {
+        let c = &out.stats.counts;
+        [
+            out.allocs_at_recorded_addr,
+            c.num_device_alloc,
+            c.num_device_free,
+            c.num_alloc_retries,
+            c.num_ooms,
+        ]
+    })
+}
+
+/// A free that waits for another stream (`record_stream`: `free_after_streams`) is still
+/// waiting when a 30 MiB request finds no free block and 80 + 30 MiB do not fit in 100: the
+/// retry's synchronization completes it after the search, releases its whole segment and gets
+/// a new one. The trace shows the completion inside that request, before the release; replayed
+/// before the request, it would serve the request from the freed block, with no retry.
+#[test]
+fn a_free_completed_by_a_retry_returns_after_the_search() {
+    let (actions, recorded, out) = record_and_replay(|pool| {
+        let a = malloc(pool, 40 * MIB);
+        pool.free_after_streams(a, &[StreamId(1)]).unwrap();
+        malloc(pool, 40 * MIB);
+        malloc(pool, 30 * MIB);
+    });
+    use Action::*;
+    let retry = [FreeCompleted, SegmentFree, Retry, SegmentAlloc, Alloc];
+    assert!(
+        actions.ends_with(&retry),
+        "the retry's synchronization completes the free: {actions:?}"
+    );
+    assert_eq!(recorded, [3, 1, 1, 0]);
+    assert_eq!(replayed(&out), [[3, 3, 1, 1, 0]; 2]);
+}
+
+/// The retry fails too: the waiting free leaves part of a segment another allocation still
+/// holds, so the synchronization completes it (before the `retry` and `oom` lines) but releases
+/// nothing. Replayed before the request, the completion would serve it: no retry, no `oom`.
+#[test]
+fn a_free_completed_by_a_failed_retry_returns_after_the_search() {
+    let (actions, recorded, out) = record_and_replay(|pool| {
+        let whole = malloc(pool, 40 * MIB);
+        pool.free(whole).unwrap();
+        // 30 and 10 MiB of that 40 MiB segment, then 40 and 20 MiB more: 100 MiB reserved.
+        let part = malloc(pool, 30 * MIB);
+        malloc(pool, 10 * MIB);
+        malloc(pool, 40 * MIB);
+        malloc(pool, 20 * MIB);
+        pool.free_after_streams(part, &[StreamId(1)]).unwrap();
+        match pool.malloc(30 * MIB, StreamId(0)) {
+            Err(Error::OutOfMemory(_)) => {}
+            other => panic!("no free block and no room: {other:?}"),
+        }
+    });
+    use Action::*;
+    let retry = [FreeRequested, FreeCompleted, Retry, Oom];
+    assert!(actions.ends_with(&retry), "{actions:?}");
+    assert_eq!(recorded, [3, 0, 1, 1]);
+    // The failed request is probed (a replay that knows the capacity) and fails the same way.
+    assert_eq!(replayed(&out), [[5, 3, 0, 1, 1]; 2]);
+}
+
+/// A free that waits for a fence (`free_sync:event`: `free_deferred`) completes where the
+/// pool synchronizes before growing, and the pool searches again: the completion was seen by a
+/// search, so the replay's completion before the request serves it from the same block.
+#[test]
+fn a_free_completed_before_growing_serves_the_request() {
+    let (actions, recorded, out) = record_and_replay(|pool| {
+        let a = malloc(pool, 40 * MIB);
+        malloc(pool, 40 * MIB);
+        pool.free_deferred(a).unwrap();
+        // No free block; 80 + 30 MiB do not fit in 100, but the synchronization before growing
+        // frees `a`, which the search after it finds.
+        malloc(pool, 30 * MIB);
+    });
+    use Action::*;
+    let grow_sync = [FreeRequested, FreeCompleted, Alloc];
+    assert!(actions.ends_with(&grow_sync), "{actions:?}");
+    assert_eq!(recorded, [2, 0, 0, 0]);
+    assert_eq!(replayed(&out), [[3, 2, 0, 0, 0]; 2]);
+}
