@@ -1,12 +1,13 @@
 //! Round trip of frees that waited: a pool on the simulated device records, through the
 //! recording sink and the line writer, a request whose search finds no free block while a free
 //! waits for device work; the replay of the written trace (with its `retry` lines, and
-//! without them as a version 2 file has none) must do what the pool did.
+//! without them as a version 2 file has none) must do what the pool did — with native segments
+//! and with expandable ones (where the device's allocs and frees count page maps and unmaps).
 
 use super::buffer::EventBuffer;
 use super::convert::convert_device;
 use super::read::parse_recorded_trace;
-use super::{Action, Event, FORMAT_VERSION, Header, write_events, write_header};
+use super::{Action, Event, FORMAT_VERSION, Header, settings_text, write_events, write_header};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
 use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
@@ -14,18 +15,20 @@ use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
 const MIB: u64 = 1 << 20;
 const CAPACITY: u64 = 100 * MIB;
 
-/// Record what `drive` does to a pool of `CAPACITY` bytes with bottom-up addresses whose
-/// device work stays pending until a synchronization; return the recording's actions, the
-/// pool's counts `(device allocs, device frees, retries, ooms)` and the replays of the written
-/// trace: as this version writes it, and as a version 2 file (without `retry` lines).
+/// Record what `drive` does to a pool with `settings` on `CAPACITY` bytes with bottom-up
+/// addresses whose device work stays pending until a synchronization; return the recording's
+/// actions, the pool's counts `(device allocs, device frees, retries, ooms)` and the replays of
+/// the written trace, at the recorded segments and ranges: as this version writes it, and as a
+/// version 2 file (without `retry` lines).
 fn record_and_replay(
+    settings: &Settings,
     drive: impl FnOnce(&mut DeviceAllocator<SimDevice>),
 ) -> (Vec<Action>, [u64; 4], [ReplayOutcome; 2]) {
     let buffer = EventBuffer::new();
     let sim = SimDevice::new(CAPACITY)
         .with_placement(Placement::BottomUp)
         .with_pending_work();
-    let mut pool = DeviceAllocator::new(sim, Settings::default());
+    let mut pool = DeviceAllocator::new(sim, settings.clone());
     pool.set_event_sink(Some(Box::new(buffer.sink(0))));
     drive(&mut pool);
     let c = pool.stats().counts;
@@ -46,7 +49,7 @@ fn record_and_replay(
         let mut bytes = Vec::new();
         let header = Header {
             version,
-            ..Header::new(1, vec![0], String::new(), "event")
+            ..Header::new(1, vec![0], settings_text(settings), "event")
         };
         write_header(&mut bytes, &header);
         write_events(&mut bytes, events);
@@ -57,12 +60,17 @@ fn record_and_replay(
             &trace.settings,
             trace.marks_retries(),
         );
-        let config = ReplayConfig {
+        let mut config = ReplayConfig {
+            settings: trace.settings.clone(),
             capacity: Some(CAPACITY),
-            address_hints: rec.segment_addresses.clone(),
             check_invariants: true,
             ..ReplayConfig::default()
         };
+        config.follow_recorded_addresses(
+            rec.segment_addresses.clone(),
+            &rec.range_changes,
+            rec.device_memory,
+        );
         replay(&rec.workload, &config, None).expect("the replay runs")
     });
     (actions, recorded, replays)
@@ -94,7 +102,7 @@ fn replayed(outs: &[ReplayOutcome; 2]) -> [[u64; 5]; 2] {
 /// before the request, it would serve the request from the freed block, with no retry.
 #[test]
 fn a_free_completed_by_a_retry_returns_after_the_search() {
-    let (actions, recorded, out) = record_and_replay(|pool| {
+    let (actions, recorded, out) = record_and_replay(&Settings::default(), |pool| {
         let a = malloc(pool, 40 * MIB);
         pool.free_after_streams(a, &[StreamId(1)]).unwrap();
         malloc(pool, 40 * MIB);
@@ -115,7 +123,7 @@ fn a_free_completed_by_a_retry_returns_after_the_search() {
 /// nothing. Replayed before the request, the completion would serve it: no retry, no `oom`.
 #[test]
 fn a_free_completed_by_a_failed_retry_returns_after_the_search() {
-    let (actions, recorded, out) = record_and_replay(|pool| {
+    let (actions, recorded, out) = record_and_replay(&Settings::default(), |pool| {
         let whole = malloc(pool, 40 * MIB);
         pool.free(whole).unwrap();
         // 30 and 10 MiB of that 40 MiB segment, then 40 and 20 MiB more: 100 MiB reserved.
@@ -142,7 +150,7 @@ fn a_free_completed_by_a_failed_retry_returns_after_the_search() {
 /// search, so the replay's completion before the request serves it from the same block.
 #[test]
 fn a_free_completed_before_growing_serves_the_request() {
-    let (actions, recorded, out) = record_and_replay(|pool| {
+    let (actions, recorded, out) = record_and_replay(&Settings::default(), |pool| {
         let a = malloc(pool, 40 * MIB);
         malloc(pool, 40 * MIB);
         pool.free_deferred(a).unwrap();
@@ -155,4 +163,68 @@ fn a_free_completed_before_growing_serves_the_request() {
     assert!(actions.ends_with(&grow_sync), "{actions:?}");
     assert_eq!(recorded, [2, 0, 0, 0]);
     assert_eq!(replayed(&out), [[3, 2, 0, 0, 0]; 2]);
+}
+
+fn expandable() -> Settings {
+    Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    }
+}
+
+/// With expandable segments (20 MiB pages, in one range per stream): a 40 MiB free waits for
+/// another stream while 40 MiB more are mapped after it; a 30 MiB request finds no free block
+/// and the 40 MiB of pages it needs do not fit in 100. The retry's synchronization completes
+/// the free and unmaps its pages, and the retry maps them again for the request. Replayed
+/// before the request, the completion would serve it from the freed block: no unmap, no map,
+/// no retry.
+#[test]
+fn an_expandable_free_completed_by_a_retry_returns_after_the_search() {
+    let (actions, recorded, out) = record_and_replay(&expandable(), |pool| {
+        let a = malloc(pool, 40 * MIB);
+        pool.free_after_streams(a, &[StreamId(1)]).unwrap();
+        malloc(pool, 40 * MIB);
+        malloc(pool, 30 * MIB);
+    });
+    use Action::*;
+    let retry = [FreeCompleted, SegmentUnmap, Retry, SegmentMap, Alloc];
+    assert!(
+        actions.ends_with(&retry),
+        "the retry's synchronization completes the free: {actions:?}"
+    );
+    // Maps, unmaps, retries, ooms.
+    assert_eq!(recorded, [3, 1, 1, 0]);
+    assert_eq!(replayed(&out), [[3, 3, 1, 1, 0]; 2]);
+}
+
+/// The same on a range of its own: the waiting free is all that stream 2 has mapped, so the
+/// retry's synchronization completes it, unmaps its pages and gives the emptied range back
+/// (`range_release`); the retry reserves a new range for the request and maps there (in a
+/// version 2 file, a `segment_map` after its `range_reserve`, after the releases). Replayed
+/// before the request, the completion would serve it from the freed block.
+#[test]
+fn an_expandable_free_completed_by_a_retry_that_releases_its_range_returns_after_the_search() {
+    let (actions, recorded, out) = record_and_replay(&expandable(), |pool| {
+        let a = pool.malloc(40 * MIB, StreamId(2)).unwrap();
+        pool.free_after_streams(a, &[StreamId(1)]).unwrap();
+        malloc(pool, 40 * MIB);
+        pool.malloc(30 * MIB, StreamId(2))
+            .expect("the retry makes room");
+    });
+    use Action::*;
+    let retry = [
+        FreeCompleted,
+        SegmentUnmap,
+        RangeRelease,
+        Retry,
+        RangeReserve,
+        SegmentMap,
+        Alloc,
+    ];
+    assert!(
+        actions.ends_with(&retry),
+        "the retry's synchronization completes the free: {actions:?}"
+    );
+    assert_eq!(recorded, [3, 1, 1, 0]);
+    assert_eq!(replayed(&out), [[3, 3, 1, 1, 0]; 2]);
 }
