@@ -102,16 +102,26 @@ fn replayed(outs: &[ReplayOutcome; 2]) -> [[u64; 5]; 2] {
 /// before the request, it would serve the request from the freed block, with no retry.
 #[test]
 fn a_free_completed_by_a_retry_returns_after_the_search() {
-    let (actions, recorded, out) = record_and_replay(&Settings::default(), |pool| {
+    use Action::*;
+    retry_completes_after_the_search(
+        &Settings::default(),
+        &[FreeCompleted, SegmentFree, Retry, SegmentAlloc, Alloc],
+    );
+}
+
+/// A 40 MiB free waiting for stream 1, 40 MiB more, then a 30 MiB request that finds no free
+/// block and no room, recorded under `settings`: its trace must end with `retry` (the retry's
+/// synchronization completing the free, its release, the retry and the request served), and
+/// both replays make what the pool made: 3 segments or maps, 1 release, 1 retry, no oom.
+fn retry_completes_after_the_search(settings: &Settings, retry: &[Action]) {
+    let (actions, recorded, out) = record_and_replay(settings, |pool| {
         let a = malloc(pool, 40 * MIB);
         pool.free_after_streams(a, &[StreamId(1)]).unwrap();
         malloc(pool, 40 * MIB);
         malloc(pool, 30 * MIB);
     });
-    use Action::*;
-    let retry = [FreeCompleted, SegmentFree, Retry, SegmentAlloc, Alloc];
     assert!(
-        actions.ends_with(&retry),
+        actions.ends_with(retry),
         "the retry's synchronization completes the free: {actions:?}"
     );
     assert_eq!(recorded, [3, 1, 1, 0]);
@@ -180,21 +190,11 @@ fn expandable() -> Settings {
 /// no retry.
 #[test]
 fn an_expandable_free_completed_by_a_retry_returns_after_the_search() {
-    let (actions, recorded, out) = record_and_replay(&expandable(), |pool| {
-        let a = malloc(pool, 40 * MIB);
-        pool.free_after_streams(a, &[StreamId(1)]).unwrap();
-        malloc(pool, 40 * MIB);
-        malloc(pool, 30 * MIB);
-    });
     use Action::*;
-    let retry = [FreeCompleted, SegmentUnmap, Retry, SegmentMap, Alloc];
-    assert!(
-        actions.ends_with(&retry),
-        "the retry's synchronization completes the free: {actions:?}"
+    retry_completes_after_the_search(
+        &expandable(),
+        &[FreeCompleted, SegmentUnmap, Retry, SegmentMap, Alloc],
     );
-    // Maps, unmaps, retries, ooms.
-    assert_eq!(recorded, [3, 1, 1, 0]);
-    assert_eq!(replayed(&out), [[3, 3, 1, 1, 0]; 2]);
 }
 
 /// The same on a range of its own: the waiting free is all that stream 2 has mapped, so the
