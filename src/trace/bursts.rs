@@ -44,10 +44,35 @@ impl ReleaseBurst {
     pub fn next_entry<'a>(&self, entries: &'a [TraceEntry]) -> Option<&'a TraceEntry> {
         entries.get(self.end)
     }
+
+    /// A malloc release directly followed by a new segment or pages mapped (`is_new_memory`).
+    pub fn precedes_new_memory(&self, entries: &[TraceEntry]) -> bool {
+        self.kind == BurstKind::MallocRelease
+            && self
+                .next_entry(entries)
+                .is_some_and(|e| is_new_memory(e.action))
+    }
+
+    /// An expandable-segments retry that found room without mapping pages: a malloc release of
+    /// pages directly followed by the `alloc` (the retry's synchronization completed frees that
+    /// waited for other streams, whose blocks then served the request).
+    pub fn retried_without_growth(&self, entries: &[TraceEntry]) -> bool {
+        self.kind == BurstKind::MallocRelease
+            && entries[self.start].action == Action::SegmentUnmap
+            && self
+                .next_entry(entries)
+                .is_some_and(|e| e.action == Action::Alloc)
+    }
 }
 
-fn is_release(action: Action) -> bool {
+/// A segment returned, or pages unmapped.
+pub(super) fn is_release(action: Action) -> bool {
     matches!(action, Action::SegmentFree | Action::SegmentUnmap)
+}
+
+/// A new segment, or pages mapped.
+pub(super) fn is_new_memory(action: Action) -> bool {
+    matches!(action, Action::SegmentAlloc | Action::SegmentMap)
 }
 
 /// The cause a stack names, if it names one.
@@ -81,9 +106,7 @@ pub fn release_bursts(entries: &[TraceEntry]) -> Vec<ReleaseBurst> {
             i += 1;
         }
         let kind = named.unwrap_or_else(|| match entries.get(i).map(|e| e.action) {
-            Some(Action::Oom | Action::SegmentAlloc | Action::SegmentMap) => {
-                BurstKind::MallocRelease
-            }
+            Some(a) if a == Action::Oom || is_new_memory(a) => BurstKind::MallocRelease,
             _ => BurstKind::EmptyCache,
         });
         bursts.push(ReleaseBurst {
@@ -106,19 +129,13 @@ pub fn release_bursts(entries: &[TraceEntry]) -> Vec<ReleaseBurst> {
 /// `release_available_cached_blocks` or the collector without a retry, so the count is an upper
 /// bound.
 ///
-/// With expandable segments a retry may also succeed without mapping pages: a malloc release of
-/// pages directly followed by the `alloc` (the retry's synchronization completed frees that
-/// waited for other streams, whose blocks then served the request).
+/// With expandable segments a retry may also succeed without mapping pages
+/// (`ReleaseBurst::retried_without_growth`).
 pub fn count_retries(entries: &[TraceEntry], bursts: &[ReleaseBurst]) -> usize {
     let ooms = entries.iter().filter(|e| e.action == Action::Oom).count();
     let without_growth = bursts
         .iter()
-        .filter(|b| b.kind == BurstKind::MallocRelease)
-        .filter(|b| entries[b.start].action == Action::SegmentUnmap)
-        .filter(|b| {
-            b.next_entry(entries)
-                .is_some_and(|e| e.action == Action::Alloc)
-        })
+        .filter(|b| b.retried_without_growth(entries))
         .count();
     ooms + releases_before_new_segments(entries, bursts) + without_growth
 }
@@ -129,11 +146,7 @@ pub fn count_retries(entries: &[TraceEntry], bursts: &[ReleaseBurst]) -> usize {
 pub fn releases_before_new_segments(entries: &[TraceEntry], bursts: &[ReleaseBurst]) -> usize {
     bursts
         .iter()
-        .filter(|b| b.kind == BurstKind::MallocRelease)
-        .filter(|b| {
-            b.next_entry(entries)
-                .is_some_and(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
-        })
+        .filter(|b| b.precedes_new_memory(entries))
         .count()
 }
 

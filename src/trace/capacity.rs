@@ -159,12 +159,8 @@ impl DeviceRecording {
         bursts
             .into_iter()
             .zip(began)
-            .filter(|(b, _)| b.kind == BurstKind::MallocRelease)
             .filter(move |&(_, start)| collected_above.is_none_or(|above| reserved[start] <= above))
-            .filter(|(b, _)| {
-                b.next_entry(&self.entries)
-                    .is_some_and(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentMap))
-            })
+            .filter(|(b, _)| b.precedes_new_memory(&self.entries))
             .map(|(b, start)| (reserved[start], b.end))
     }
 

@@ -35,7 +35,7 @@
 
 use std::collections::BTreeMap;
 
-use super::bursts::{BurstKind, ReleaseBurst};
+use super::bursts::{BurstKind, ReleaseBurst, is_new_memory, is_release};
 use super::convert::completes_at_once;
 use super::recording::{Action, CallSite, TraceEntry};
 use super::start_state::SeedSegment;
@@ -99,14 +99,6 @@ impl Segments {
     }
 }
 
-fn is_release(action: Action) -> bool {
-    matches!(action, Action::SegmentFree | Action::SegmentUnmap)
-}
-
-fn is_new_memory(action: Action) -> bool {
-    matches!(action, Action::SegmentAlloc | Action::SegmentMap)
-}
-
 /// For each entry, whether it is a `free_completed` made by a retry's synchronization (see the
 /// module doc). `start`: the segments at trace start, where they are known.
 pub fn completed_at_retries(
@@ -168,7 +160,7 @@ pub fn completed_at_retries(
                                 .is_none_or(|s| s.all_free_released(entries, burst))
                     }
                     // Expandable segments: the retry found room without mapping pages.
-                    Some(Action::Alloc) => entries[burst.start].action == Action::SegmentUnmap,
+                    Some(Action::Alloc) => burst.retried_without_growth(entries),
                     _ => false,
                 }
             }),
