@@ -8,6 +8,7 @@ mod device_size;
 mod outcome;
 mod recorded;
 mod request_report;
+mod save_file;
 mod seed_arg;
 mod size;
 mod sources;
@@ -24,7 +25,7 @@ use cachealloc::trace::record::settings_text;
 use cachealloc::trace::{ReplayConfig, ReplayOutcome, Workload, replay, synth};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use outcome::{Context, ReplayJson};
-use std::fs::File;
+use save_file::SaveFile;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -448,15 +449,22 @@ fn save_replay(
         );
     }
     let failed = |e: &dyn std::fmt::Display| format!("--save {}: {e}", path.display());
-    // Created before the replay, so that a bad path is named at once.
-    let file = File::create(path).map_err(|e| failed(&SaveError::Write(e)))?;
-    let saved = replay_saved(workload, config, BufWriter::new(file)).map_err(|e| {
-        // No partial trace is left behind.
-        let _ = std::fs::remove_file(path);
-        match e {
-            SaveError::Replay(e) => e.to_string(),
-            e @ SaveError::Write(_) => failed(&e),
-        }
+    // Opened before the replay, so that a bad path is named at once.
+    let target = SaveFile::create(path).map_err(|e| failed(&SaveError::Write(e)))?;
+    let kept = if target.keeps_previous() {
+        "; the file there is left as it was"
+    } else {
+        ""
+    };
+    let written = target
+        .writer()
+        .map_err(SaveError::Write)
+        .and_then(|file| replay_saved(workload, config, BufWriter::new(file)))
+        .and_then(|saved| target.commit().map(|()| saved).map_err(SaveError::Write));
+    // On failure the temporary file goes with `target`: no partial trace is left behind.
+    let saved = written.map_err(|e| match e {
+        SaveError::Replay(e) => e.to_string(),
+        e @ SaveError::Write(_) => format!("{}{kept}", failed(&e)),
     })?;
     let file = cachealloc::config::shell_word(&path.display().to_string());
     if saved.events == 0 {
