@@ -111,6 +111,10 @@ why_failed() {   # a one-line reason from the helper's output or stderr
     local text="${out:-$(tail -n 1 "$work/last-stderr")}"
     printf '%s' "${text//$'\n'/; }" | cut -c1-160
 }
+# "FAILED: <why>" after a helper's failure RC, or "not run: ..." when no time was left to run it.
+failed() {
+    if (($1 == 125)); then printf 'not run: %s' "$out"; else printf 'FAILED: %s' "$(why_failed)"; fi
+}
 
 # --- environment: GPU or fake runtime ------------------------------------------------------------
 
@@ -355,13 +359,14 @@ else
         row "$oom_check" "allocate until 2, free, continue" \
             "cudaMalloc answered 2 after ${BASH_REMATCH[1]} × $(fmt_bytes "$chunk"), cudaGetLastError 2 as the runtime's own; freed and allocated again: ok" "$on"
     else
-        row "$oom_check" "allocate until 2, free, continue" "FAILED: $(why_failed)" "$on"
+        row "$oom_check" "allocate until 2, free, continue" "$(failed $?)" "$on"
     fi
 fi
 
 # --- (e) expandable segments under the shim ----------------------------------------------------
 
 expandable_check="(e) expandable segments"
+expandable_rc=0
 trace_dir="$work/trace-e"
 if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
     row "$expandable_check" "allocate and write until 2, free, continue" "not run: ${build_problem:-$shim_problem}" "$on"
@@ -386,7 +391,8 @@ else
                 "FAILED: $maps page maps and $mallocs cudaMalloc in the device log (expandable segments not used: $(grep -m1 'expandable' "$work/last-stderr" | cut -c1-120))" "$on"
         fi
     else
-        row "$expandable_check" "allocate and write until 2, free, continue" "FAILED: $(why_failed)" "$on"
+        expandable_rc=$?
+        row "$expandable_check" "allocate and write until 2, free, continue" "$(failed $expandable_rc)" "$on"
     fi
 fi
 
@@ -410,7 +416,7 @@ elif bounded 60 env -u CACHEALLOC_DISABLE LD_PRELOAD="$lib" CACHEALLOC_CONF= "$w
         row "$ipc_check" "$ipc_variant" "FAILED: the child found $(why_failed)" "$on"
     fi
 else
-    row "$ipc_check" "$ipc_variant" "FAILED: $(why_failed)" "$on"
+    row "$ipc_check" "$ipc_variant" "$(failed $?)" "$on"
 fi
 
 # --- (g) another device's memory under the shim --------------------------------------------------
@@ -433,7 +439,7 @@ for segments in fixed expandable; do
             row "$cross_check" "$variant" "FAILED: $(why_failed)" "$on"
         fi
     else
-        row "$cross_check" "$variant" "FAILED: $(why_failed)" "$on"
+        row "$cross_check" "$variant" "$(failed $?)" "$on"
     fi
 done
 
@@ -449,15 +455,15 @@ elif [[ ! -x "$cli" ]]; then
     row "$replay_check" "$replay_variant" "not run: no cachealloc CLI at $cli (set CACHEALLOC_CLI)" "$on"
 elif ! command -v python3 >/dev/null 2>&1; then
     row "$replay_check" "$replay_variant" "not run: python3 not found (it reads the replay's JSON)" "$on"
+elif [[ -z "$trace" ]] && ((expandable_rc == 125)); then
+    row "$replay_check" "$replay_variant" "not run: (e), whose recording it replays, was not run" "$on"
 elif [[ -z "$trace" ]]; then
     row "$replay_check" "$replay_variant" "FAILED: (e) wrote no trace in $trace_dir" "$on"
 else
     rc=0
     bounded 120 "$cli" replay "$trace" --faithful --json || rc=$?
-    if ((rc == 125)); then
-        row "$replay_check" "$replay_variant" "not run: $out" "$on"
-    elif ((rc != 0)); then
-        row "$replay_check" "$replay_variant" "FAILED: $(why_failed)" "$on"
+    if ((rc != 0)); then
+        row "$replay_check" "$replay_variant" "$(failed $rc)" "$on"
     else
         verdict="$(python3 "$helpers/faithful_verdict.py" <<<"$out")" ||
             verdict="FAILED: the replay's JSON could not be read"
@@ -492,14 +498,9 @@ else
                 "FAILED: $chunks × $(fmt_bytes "$chunk") allocated under a limit of $(fmt_bytes "$limit")" "$on"
         fi
     else
-        row "$fraction_check" "$fraction_variant" "FAILED: $(why_failed)" "$on"
+        row "$fraction_check" "$fraction_variant" "$(failed $?)" "$on"
     fi
 fi
-
-# "FAILED: <why>" after a helper's failure RC, or "not run: ..." when no time was left to run it.
-failed() {
-    if (($1 == 125)); then printf 'not run: %s' "$out"; else printf 'FAILED: %s' "$(why_failed)"; fi
-}
 
 # --- (j) PyTorch's memory fraction and empty_cache through the pluggable allocator's hooks ---------
 

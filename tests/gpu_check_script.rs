@@ -6,6 +6,7 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long the dry run may take, in seconds (it takes a few on this machine).
@@ -22,8 +23,12 @@ fn available(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Runs the dry run and returns (success, stdout, stderr), killing it past the limit.
-fn dry_run() -> (bool, String, String) {
+/// Runs the dry run with a time budget of `budget_s` and returns (success, stdout, stderr),
+/// killing it past the limit.
+fn dry_run(budget_s: u64) -> (bool, String, String) {
+    // One at a time: both write the script's work folder (target/gpu-check).
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let shim = support::shim::library();
     let mut child = Command::new("bash")
@@ -33,7 +38,7 @@ fn dry_run() -> (bool, String, String) {
         .arg(&shim)
         .current_dir(root)
         .env("CACHEALLOC_CLI", env!("CARGO_BIN_EXE_cachealloc"))
-        .env("GPU_CHECK_BUDGET", (WALL_LIMIT_S - 5).to_string())
+        .env("GPU_CHECK_BUDGET", budget_s.to_string())
         .env_remove("LD_PRELOAD")
         .env_remove("CACHEALLOC_CONF")
         .stdout(Stdio::piped())
@@ -61,17 +66,8 @@ fn dry_run() -> (bool, String, String) {
     )
 }
 
-#[test]
-fn dry_run_prints_one_honest_table() {
-    for tool in ["python3", "gcc", "g++"] {
-        if !available(tool) {
-            eprintln!("skipping: {tool} not found (scripts/setup-test-deps.sh installs it)");
-            return;
-        }
-    }
-    let (ok, stdout, stderr) = dry_run();
-    assert!(ok, "gpu-check.sh --dry-run failed:\n{stdout}\n{stderr}");
-
+/// The table's rows, split into their four columns; each check (a)–(k) has at least one.
+fn every_row(stdout: &str) -> Vec<Vec<&str>> {
     let table: Vec<&str> = stdout.lines().filter(|l| l.starts_with('|')).collect();
     assert_eq!(
         table.first().copied(),
@@ -90,6 +86,41 @@ fn dry_run_prints_one_honest_table() {
             "no {check} row:\n{stdout}"
         );
     }
+    rows
+}
+
+/// Each tool the dry run's helpers need, or a note that the test is skipped.
+fn tools_available() -> bool {
+    for tool in ["python3", "gcc", "g++"] {
+        if !available(tool) {
+            eprintln!("skipping: {tool} not found (scripts/setup-test-deps.sh installs it)");
+            return false;
+        }
+    }
+    true
+}
+
+#[test]
+fn a_spent_time_budget_leaves_every_row_not_run_and_none_failed() {
+    if !tools_available() {
+        return;
+    }
+    // Below the five seconds the script keeps in hand after each helper: none runs.
+    let (ok, stdout, stderr) = dry_run(1);
+    assert!(ok, "gpu-check.sh --dry-run failed:\n{stdout}\n{stderr}");
+    for row in every_row(&stdout) {
+        assert!(row[2].starts_with("not run: "), "{row:?}");
+    }
+}
+
+#[test]
+fn dry_run_prints_one_honest_table() {
+    if !tools_available() {
+        return;
+    }
+    let (ok, stdout, stderr) = dry_run(WALL_LIMIT_S - 5);
+    assert!(ok, "gpu-check.sh --dry-run failed:\n{stdout}\n{stderr}");
+    let rows = every_row(&stdout);
     for row in &rows {
         assert_eq!(row.len(), 4, "malformed row {row:?}");
         assert_eq!(row[3], FAKE_LABEL, "a row claims a GPU figure: {row:?}");
