@@ -142,3 +142,20 @@ fn a_save_into_a_missing_folder_is_refused_naming_the_path() {
         )
     );
 }
+
+#[test]
+fn a_save_to_a_device_is_written_without_suggesting_a_replay_of_it() {
+    let out = cachealloc(&["synth", "transformer:steps=2", "--save", "/dev/null"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "cachealloc: note: wrote the run's trace to /dev/null"
+    );
+    assert!(
+        fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+}

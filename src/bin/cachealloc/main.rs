@@ -469,6 +469,9 @@ fn save_replay(
     let file = cachealloc::config::shell_word(&path.display().to_string());
     if saved.events == 0 {
         say!("cachealloc: note: the run allocated nothing: {file} holds no event of the pool");
+    } else if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        // A pipe or a device: there is no file to replay later.
+        say!("cachealloc: note: wrote the run's trace to {file}");
     } else {
         say!(
             "cachealloc: note: saved the run as a trace in {file}; cachealloc replay {file} \
