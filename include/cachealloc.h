@@ -8,8 +8,8 @@
  * CUDA runtime unchanged, 101 = cudaErrorInvalidDevice for a device the process does not have;
  * cachealloc has pools for devices 0-63: a device 64 or above that exists answers 1).
  * `stream` arguments are cudaStream_t values (NULL = default stream). A failure is reported by
- * the return code only: these calls leave cudaGetLastError() as it was (under
- * CACHEALLOC_DISABLE=1 they are the runtime's own cudaMalloc and cudaFree, which set it).
+ * the return code only: these calls leave cudaGetLastError() as it was, also under
+ * CACHEALLOC_DISABLE=1, where they call the runtime's own cudaMalloc and cudaFree.
  *
  * The library also exports the runtime functions it interposes (cudaMalloc, cudaFree, ...): a
  * program linked with it before -lcudart, as pkg-config's flags place it, has its own
