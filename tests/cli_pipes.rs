@@ -1,5 +1,5 @@
 //! A trace handed to `cachealloc` through a pipe (`replay <(zcat snapshot.pickle.gz)`,
-//! `... | cachealloc replay /dev/stdin`): read once, it replays as from its file; an endless
+//! `... | cachealloc replay -` or `/dev/stdin`): read once, it replays as from its file; an endless
 //! stream that is no trace is refused from its first bytes instead of read until memory runs
 //! out.
 
@@ -30,21 +30,22 @@ fn with_piped_stdin<T: Send + 'static>(
     (out, feeder.join().expect("feeder ends"))
 }
 
-/// `replay FILE --json` and `replay /dev/stdin --json` with the file's bytes piped in give the
-/// same figures (but for the trace's name).
+/// `replay FILE --json`, and `replay /dev/stdin --json` or `replay - --json` with the file's
+/// bytes piped in, give the same figures (but for the trace's name).
 fn assert_replays_through_a_pipe(file: &Path) {
     let mut from_file = json(&cachealloc(&["replay", file.to_str().unwrap(), "--json"]));
-    let bytes = std::fs::read(file).unwrap();
-    let (out, ()) = with_piped_stdin(&["replay", "/dev/stdin", "--json"], move |w| {
-        w.write_all(&bytes)
-            .expect("the binary reads the whole trace");
-    });
-    let mut piped = json(&out);
-    assert_eq!(piped["trace"], "/dev/stdin");
-    for figures in [&mut from_file, &mut piped] {
-        figures.as_object_mut().unwrap().remove("trace");
+    from_file.as_object_mut().unwrap().remove("trace");
+    for stdin in ["/dev/stdin", "-"] {
+        let bytes = std::fs::read(file).unwrap();
+        let (out, ()) = with_piped_stdin(&["replay", stdin, "--json"], move |w| {
+            w.write_all(&bytes)
+                .expect("the binary reads the whole trace");
+        });
+        let mut piped = json(&out);
+        assert_eq!(piped["trace"], stdin);
+        piped.as_object_mut().unwrap().remove("trace");
+        assert_eq!(piped, from_file, "{} as {stdin}", file.display());
     }
-    assert_eq!(piped, from_file, "{}", file.display());
 }
 
 #[test]

@@ -159,3 +159,39 @@ fn a_save_to_a_device_is_written_without_suggesting_a_replay_of_it() {
             .is_char_device()
     );
 }
+
+#[test]
+fn a_save_to_standard_output_or_error_is_refused_however_spelled() {
+    // Through a pipe, as the tests capture the streams.
+    for (path, stream) in [
+        ("/dev/stdout", "standard output, where the summary goes"),
+        ("/proc/self/fd/1", "standard output, where the summary goes"),
+        ("/dev/stderr", "standard error, where the notes go"),
+    ] {
+        let out = cachealloc(&["synth", "transformer:steps=1", "--save", path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{path}: {err}");
+        assert_eq!(
+            err.trim_end(),
+            format!(
+                "cachealloc: error: --save {path}: that is {stream}; name a file for the trace"
+            )
+        );
+        assert!(out.stdout.is_empty(), "{path}");
+    }
+    // Standard output redirected to a file, named by its own path: the trace would replace the
+    // file the summary is written to.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("summary.txt");
+    fs::write(&path, "kept\n").unwrap();
+    let out = support::cli::command()
+        .args(["synth", "transformer:steps=1", "--save"])
+        .arg(&path)
+        .stdout(fs::OpenOptions::new().append(true).open(&path).unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("that is standard output"), "{err}");
+    assert_eq!(fs::read_to_string(&path).unwrap(), "kept\n");
+}

@@ -2,8 +2,8 @@
 //!
 //! Its first bytes are read to tell a trace cachealloc recorded (a header line) from a PyTorch
 //! memory snapshot (a pickle), and the reader of that kind goes on from there. So a trace can
-//! come through a pipe (`cachealloc replay <(zcat snapshot.pickle.gz)`), which gives its bytes
-//! once. A stream that is not a regular file has no end to wait for: a snapshot is judged by its
+//! come through a pipe (`cachealloc replay <(zcat snapshot.pickle.gz)`, or `-` for standard
+//! input), which gives its bytes once. A stream that is not a regular file has no end to wait for: a snapshot is judged by its
 //! first bytes before the rest is read, so `/dev/zero` or `/dev/urandom` is refused at once
 //! rather than read until memory runs out.
 
@@ -20,6 +20,12 @@ use super::snapshot::{check_snapshot_start, parse_snapshot};
 /// Bytes read before the kind is decided: a recorded trace's header line fits in them.
 const HEAD_BYTES: u64 = 4096;
 
+/// The process's standard input, as a file of its own.
+fn standard_input() -> std::io::Result<File> {
+    use std::os::fd::AsFd;
+    Ok(File::from(std::io::stdin().as_fd().try_clone_to_owned()?))
+}
+
 /// An opened trace: its first bytes, read, and the rest, not yet read.
 #[derive(Debug)]
 pub struct TraceFile {
@@ -32,7 +38,7 @@ pub struct TraceFile {
 }
 
 impl TraceFile {
-    /// Open `path` and read its first bytes.
+    /// Open `path` (`-`: standard input) and read its first bytes.
     pub fn open(path: &Path) -> Result<Self, TraceError> {
         let name = path.display().to_string();
         let io = |source| TraceError::Io {
@@ -45,7 +51,11 @@ impl TraceFile {
                  torch.cuda.memory._dump_snapshot wrote (or a trace cachealloc recorded)",
             )));
         }
-        let mut file = File::open(path).map_err(io)?;
+        let mut file = if path.as_os_str() == "-" {
+            standard_input().map_err(io)?
+        } else {
+            File::open(path).map_err(io)?
+        };
         let regular = file.metadata().is_ok_and(|m| m.is_file());
         let mut head = Vec::new();
         (&mut file)

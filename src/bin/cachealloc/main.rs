@@ -101,7 +101,8 @@ impl Common {
 
 #[derive(clap::Args)]
 struct ReplayArgs {
-    /// The trace: a PyTorch snapshot (a pickle; some are named .json) or a cachealloc trace.
+    /// The trace: a PyTorch snapshot (a pickle; some are named .json) or a cachealloc trace;
+    /// - reads standard input.
     trace: PathBuf,
     /// Which device's trace to replay (default: the first device whose trace allocates or
     /// frees).
@@ -447,6 +448,12 @@ fn save_replay(
         return Err(
             "--save -: the summary goes to standard output; name a file for the trace".into(),
         );
+    }
+    if let Some(stream) = save_file::standard_stream(path) {
+        return Err(format!(
+            "--save {}: that is {stream}; name a file for the trace",
+            path.display()
+        ));
     }
     let failed = |e: &dyn std::fmt::Display| format!("--save {}: {e}", path.display());
     // Opened before the replay, so that a bad path is named at once.

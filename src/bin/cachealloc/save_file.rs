@@ -115,3 +115,26 @@ fn temp_beside(path: &Path, permissions: Permissions) -> io::Result<NamedTempFil
 fn is_link(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
+
+/// Which of the process's standard streams `path` names, however it is spelled (`/dev/stdout`,
+/// `/proc/self/fd/1`, the file standard output is redirected to), said as a refusal's reason.
+/// A device other than a terminal (`/dev/null`) may be both: nothing there is read.
+pub fn standard_stream(path: &Path) -> Option<&'static str> {
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let target = fs::metadata(path).ok()?;
+    let same = |fd: std::os::fd::BorrowedFd<'_>, terminal: bool| {
+        let stream = File::from(fd.try_clone_to_owned().ok()?).metadata().ok()?;
+        let shared = stream.dev() == target.dev() && stream.ino() == target.ino();
+        Some(shared && (terminal || !target.file_type().is_char_device()))
+    };
+    let (out, err) = (std::io::stdout(), std::io::stderr());
+    if same(out.as_fd(), out.is_terminal()) == Some(true) {
+        Some("standard output, where the summary goes")
+    } else if same(err.as_fd(), err.is_terminal()) == Some(true) {
+        Some("standard error, where the notes go")
+    } else {
+        None
+    }
+}
