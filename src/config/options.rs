@@ -293,8 +293,10 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Where `stats` writes; stderr when unset, or when the file cannot be written. Not \
-              the `trace` file. Held from the first CUDA call and written at exit; a path \
-              another running process holds is left to it: this process writes beside it, with \
+              the `trace` file. Held from the first CUDA call, emptied then, and written at exit \
+              (a process killed before its exit leaves it empty; one that cannot open it says so \
+              at the first call); a path another running process holds is left to it: this \
+              process writes beside it, with \
               its process id before the extension. A path cannot contain `,`, `:`, `[`, `]` or \
               whitespace, and must be valid UTF-8.",
         apply: |c, v, _| {
@@ -327,7 +329,10 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "`True` or `False`",
         unit: "",
         carrier: Carrier::Cachealloc,
-        doc: "`cudaMemGetInfo` reports cached, unused bytes as free.",
+        doc: "`cudaMemGetInfo` reports cached, unused bytes as free. A block whose free is \
+              still pending is not counted until it completes (under `free_sync:device`, at a \
+              device synchronization that began after the free, such as \
+              `cudaDeviceSynchronize()`).",
         apply: |c, v, _| {
             c.count_cached_as_free = values::boolean(v)?;
             Ok(())

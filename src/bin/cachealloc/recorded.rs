@@ -32,7 +32,8 @@ pub fn load(
     if let Some(line) = trace.cut_off_line {
         say!(
             "cachealloc: warning: {}: line {line} is cut off (the recording stopped in the \
-             middle of it: the program was killed, or is still running); replaying the lines \
+             middle of it: the program was killed, is still running, or could not write more, \
+             as on a full disk, which it said on its stderr); replaying the lines \
              before it, and what the program did after them, up to 64 KiB of events, may be \
              missing",
             path.display()
