@@ -720,3 +720,44 @@ fn a_trace_path_another_process_is_recording_to_is_left_to_it() {
     );
     assert!(replay_json(&asked, &[])["recorded_oom"].is_object());
 }
+
+#[test]
+fn a_stats_file_named_another_way_as_the_trace_is_not_taken_for_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("same.jsonl");
+    // The same file, spelled so that the settings' own check (equal paths) does not see it.
+    let stats = dir.path().join(".").join("same.jsonl");
+    let (pid, out) = run_with_pid(
+        preloaded(program())
+            .arg("mix")
+            .env(
+                "CACHEALLOC_CONF",
+                format!(
+                    "trace:{},stats:json,stats_file:{}",
+                    trace.display(),
+                    stats.display()
+                ),
+            )
+            .env("FAKECUDART_CAPACITY", "1GiB"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let message = stderr(&out);
+    assert!(!message.contains("another process"), "{message}");
+    // The statistics file is claimed at the first call, the trace when its first events are
+    // written: the trace goes beside it, and says why.
+    let beside = dir.path().join(format!("same.{pid}.jsonl"));
+    assert!(
+        message.contains(&format!(
+            "{} is this process's statistics file (stats_file names it another way); the trace \
+             goes to {} instead: give them different files",
+            trace.display(),
+            beside.display()
+        )),
+        "{message}"
+    );
+    // Nothing is lost: the statistics in the one, the trace in the other.
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    assert!(stats["devices"].is_array(), "{stats}");
+    let replayed = replay_json(&beside, &[]);
+    assert!(replayed["recorded_oom"].is_object(), "{replayed}");
+}

@@ -52,14 +52,27 @@ extern "C" fn at_exit() {
 }
 
 /// Claim the `stats_file`, if the report goes to one. A file that cannot be claimed now is
-/// claimed again at exit, where a failure sends the report to stderr.
+/// said so at once and claimed again at exit, where a failure sends the report to stderr.
 fn claim_stats_file(config: &Config) {
     if config.stats == StatsOutput::Off {
         return;
     }
     let pid = std::process::id();
-    if let Some(Ok((file, path))) = config.stats_path(pid).map(|path| claim(&path, pid)) {
-        *STATS_FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, file, path));
+    let Some(path) = config.stats_path(pid) else {
+        return;
+    };
+    match claim(&path, pid) {
+        Ok((file, path)) => {
+            *STATS_FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, file, path));
+        }
+        // Said now rather than only at exit, which may be hours away.
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "cachealloc: cannot open the statistics file {path}: {e}; it is tried again at \
+                 exit, and if it still fails the statistics go to stderr"
+            );
+        }
     }
 }
 
@@ -70,8 +83,15 @@ fn claim(path: &str, pid: u32) -> std::io::Result<(HeldFile, String)> {
         file,
         path,
         diverted_from,
+        held_here,
     } = file_claim::claim(path, pid)?;
-    if let Some(asked) = diverted_from {
+    if let (Some(asked), true) = (&diverted_from, held_here) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "cachealloc: {asked} is this process's trace file (the trace path names it another \
+             way); the statistics go to {path} instead: give them different files"
+        );
+    } else if let Some(asked) = diverted_from {
         let _ = writeln!(
             std::io::stderr(),
             "cachealloc: another process holds the statistics file {asked}; this one writes its \

@@ -97,6 +97,9 @@ pub struct Claimed {
     pub path: String,
     /// The name asked for, when another process held it.
     pub diverted_from: Option<String>,
+    /// Whether the holder of the name asked for is this process: it holds the same file under
+    /// another name (`./run.jsonl`, a link), as its other file.
+    pub held_here: bool,
 }
 
 /// Create (or empty) the file `path` for this process, or, when another process holds it, the
@@ -107,14 +110,17 @@ pub fn claim(path: &str, pid: u32) -> io::Result<Claimed> {
             file: HeldFile::new(file),
             path: path.to_owned(),
             diverted_from: None,
+            held_here: false,
         });
     }
+    let held_here = held_by_this_process(path);
     let beside = with_pid(path, pid);
     match claim_exactly(&beside)? {
         Some(file) => Ok(Claimed {
             file: HeldFile::new(file),
             path: beside,
             diverted_from: Some(path.to_owned()),
+            held_here,
         }),
         None => Err(io::Error::new(
             io::ErrorKind::WouldBlock,
@@ -143,6 +149,20 @@ fn claim_exactly(path: &str) -> io::Result<Option<File>> {
     }
     file.set_len(0)?;
     Ok(Some(file))
+}
+
+/// Whether `path` is a file this process holds (the same device and inode as one of `HELD`).
+fn held_by_this_process(path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(asked) = std::fs::metadata(path) else {
+        return false;
+    };
+    HELD.iter().any(|place| {
+        let fd = place.load(Ordering::SeqCst);
+        fd != NONE
+            && std::fs::metadata(format!("/proc/self/fd/{fd}"))
+                .is_ok_and(|held| held.dev() == asked.dev() && held.ino() == asked.ino())
+    })
 }
 
 /// `path` with `pid` before its extension (after the whole name when it has none).
@@ -201,5 +221,26 @@ mod tests {
         assert_eq!(again.path, path);
         assert_eq!(again.diverted_from, None);
         assert_eq!(std::fs::read_to_string(path).unwrap(), "");
+    }
+
+    #[test]
+    fn a_file_this_process_holds_under_another_name_is_told_apart_from_another_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.jsonl");
+        let ours = claim(path.to_str().unwrap(), 42).unwrap();
+        assert!(!ours.held_here);
+        let spelled = dir.path().join(".").join("run.jsonl");
+        let again = claim(spelled.to_str().unwrap(), 42).unwrap();
+        assert_eq!(again.diverted_from.as_deref(), spelled.to_str());
+        assert!(again.held_here);
+
+        // Held by another open file of this process that is not one of its claims: not "here"
+        // in the sense of a clash between its own two files, but still locked.
+        let other = dir.path().join("other.jsonl");
+        std::fs::write(&other, "").unwrap();
+        let theirs = File::open(&other).unwrap();
+        theirs.lock().unwrap();
+        let beside = claim(other.to_str().unwrap(), 42).unwrap();
+        assert!(beside.diverted_from.is_some() && !beside.held_here);
     }
 }

@@ -248,13 +248,26 @@ impl Recorder {
             };
             match file_claim::claim(path, std::process::id()) {
                 Ok(claimed) => {
-                    if let Some(asked) = &claimed.diverted_from {
-                        let _ = writeln!(
-                            std::io::stderr(),
-                            "cachealloc: another process is recording to {asked}; this one \
-                             records to {} (put %p in the trace path for one file per process)",
-                            claimed.path
-                        );
+                    match &claimed.diverted_from {
+                        Some(asked) if claimed.held_here => {
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "cachealloc: {asked} is this process's statistics file \
+                                 (stats_file names it another way); the trace goes to {} \
+                                 instead: give them different files",
+                                claimed.path
+                            );
+                        }
+                        Some(asked) => {
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "cachealloc: another process is recording to {asked}; this one \
+                                 records to {} (put %p in the trace path for one file per \
+                                 process)",
+                                claimed.path
+                            );
+                        }
+                        None => {}
                     }
                     let _ = self.written_to.set(claimed.path);
                     *file = FileState::Open(BufWriter::with_capacity(WRITE_BUFFER, claimed.file));
