@@ -1642,4 +1642,25 @@ fn output_that_cannot_be_written_is_not_a_panic() {
         stderr.contains("could not write the output to stdout") && !stderr.contains("panicked"),
         "{stderr}"
     );
+    // Help and version too (clap's own printing would ignore the failure and exit 0).
+    for args in [&["--help"][..], &["replay", "--help"], &["--version"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cachealloc"))
+            .args(args)
+            .stdout(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open("/dev/full")
+                    .unwrap(),
+            )
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            "cachealloc: error: could not write the output to stdout: No space left on device \
+             (os error 28)",
+            "{args:?}"
+        );
+    }
 }

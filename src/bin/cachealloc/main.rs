@@ -199,12 +199,18 @@ fn main() -> ExitCode {
 /// "cachealloc: error: …", with exit code 2; help and version printed as clap prints them.
 fn exit_on_usage(e: clap::Error) -> ! {
     use clap::error::ErrorKind;
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
+    use std::io::IsTerminal;
+    let to_stdout = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+    // Not to a terminal: written as any output is, so that a failed write (a full disk) is
+    // said and fails, where clap's own printing would ignore it.
+    if to_stdout && !std::io::stdout().is_terminal() {
+        if let Err(message) = console::write_output(&e.render().to_string()) {
+            say!("cachealloc: error: {message}");
+            std::process::exit(2);
+        }
+        std::process::exit(0);
+    }
+    if to_stdout || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         e.exit();
     }
     let text = e.render().to_string();
