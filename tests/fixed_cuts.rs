@@ -352,3 +352,45 @@ fn recordings_with_frees_waiting_for_streams_cut_mid_run_replay_exactly_under_a_
 fn recordings_with_frees_waiting_for_streams_cut_mid_run_replay_under_max_split_size() {
     cuts_with_waiting_frees("max_split_size_mb:40").check_retries_only(400);
 }
+
+/// A free that waited for another stream, completed at the start of a request (PyTorch's
+/// `process_events`) whose garbage collection then releases its segment and one cached before,
+/// after which the new segment fits: the trace shows the completion before the collection's
+/// releases, as it would show a retry's synchronization before the retry's releases. But a
+/// collection runs before a retry's synchronization, and with reserved memory above its
+/// threshold and a segment cached it releases one: a retry's synchronization would have come
+/// after that release. So the completion was made before the request, and the replay
+/// releases both segments without a retry, as recorded (holding the block for a retry, it
+/// released the one cached only and made no retry either, its block left cached).
+#[test]
+fn a_free_completed_before_a_collection_is_no_retry_s() {
+    let conf = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5";
+    // 512 MiB allowed, collected above 307 MiB reserved.
+    let mut recorder = Recorder::new(GIB, conf);
+    let cached = recorder.malloc(120 * MIB, 0).unwrap();
+    let waiting = recorder.malloc(120 * MIB, 0).unwrap();
+    let _kept = recorder.malloc(120 * MIB, 0).unwrap();
+    let cut_at = recorder.entries();
+    recorder.free(cached);
+    recorder.free_after(waiting, &[1]);
+    recorder.complete_work();
+    // 360 MiB reserved: 160 MiB more do not fit under the limit before the collection.
+    let fresh = recorder.malloc(160 * MIB, 0).unwrap();
+    recorder.free(fresh);
+    let rec = recorder.recording("a collection after a completed free".into());
+    let actions: Vec<_> = rec.rec.entries[cut_at + 3..]
+        .iter()
+        .map(|e| (e.action, e.addr))
+        .collect();
+    assert_eq!(
+        actions[..4],
+        [
+            (Action::FreeCompleted, waiting.addr()),
+            (Action::SegmentFree, waiting.addr()),
+            (Action::SegmentFree, cached.addr()),
+            (Action::SegmentAlloc, fresh.addr()),
+        ]
+    );
+    assert_eq!((rec.retries(), rec.releases_without_retry()), (0, 2));
+    assert_replays_exactly(&rec, &rec.cut(cut_at), GIB);
+}

@@ -112,7 +112,7 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Whether free block `id` is a whole segment to give back with `release_block` (the
     /// blocks of expandable segments are unmapped instead).
-    fn releasable(&self, id: BlockId) -> bool {
+    pub(super) fn releasable(&self, id: BlockId) -> bool {
         let b = self.blocks.get(id);
         !b.is_split() && !b.expandable
     }

@@ -90,12 +90,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// before it. (Segments of fixed size; the limit is read, not resolved.)
     pub fn new_segment_fits(&mut self, size: u64) -> bool {
         let alloc_size = segment_size(round_size(&self.settings, size));
-        let limit = if self.allowed_maximum_resolved {
-            self.allowed_maximum
-        } else {
-            let total = self.backend.mem_info().map(|info| info.total);
-            total.ok().and_then(|t| self.settings.allowed_maximum(t))
-        };
+        let limit = self.limit_read();
         let within_limit =
             limit.is_none_or(|max| self.total_reserved.saturating_add(alloc_size) <= max);
         within_limit
@@ -103,5 +98,37 @@ impl<B: Backend> DeviceAllocator<B> {
                 .backend
                 .mem_info()
                 .is_ok_and(|info| alloc_size <= info.free)
+    }
+
+    /// Whether a request that no cached block serves would make the pool collect garbage
+    /// (PyTorch's `garbage_collect_cached_blocks`) and release a cached segment, were it made
+    /// now: collection is on, reserved memory is above its threshold and an unsplit free block
+    /// of the large pool is cached (the first round releases at least one). Blocks a replay
+    /// holds are not free. (The limit is read, not resolved.)
+    pub fn collection_would_release(&mut self) -> bool {
+        if !self.settings.collects_garbage() {
+            return false;
+        }
+        let Some(max) = self.limit_read() else {
+            return false;
+        };
+        let threshold = (self.settings.garbage_collection_threshold * max as f64) as u64;
+        self.total_reserved > threshold
+            && self
+                .large
+                .entries()
+                .into_iter()
+                .any(|e| self.releasable(e.id))
+    }
+
+    /// The limit of the memory fraction, read from the device where the pool has not yet
+    /// resolved it.
+    fn limit_read(&mut self) -> Option<u64> {
+        if self.allowed_maximum_resolved {
+            self.allowed_maximum
+        } else {
+            let total = self.backend.mem_info().map(|info| info.total);
+            total.ok().and_then(|t| self.settings.allowed_maximum(t))
+        }
     }
 }

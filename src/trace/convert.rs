@@ -26,7 +26,7 @@ use super::bursts::{BurstKind, release_bursts};
 use super::error::TraceError;
 use super::ranges::RangeChange;
 use super::recording::{Action, CallSite, DeviceRecording, TraceEntry};
-use super::retry_sync::completed_at_retries;
+use super::retry_sync::{AtRetry, completed_at_retries};
 use super::start_state::{StartState, reconstruct_start};
 use super::workload::{AllocId, Op, Workload};
 
@@ -104,7 +104,7 @@ fn build(
     let at_retry = if free_action == Action::FreeCompleted {
         completed_at_retries(&rec.entries, &all_bursts, start.map(|s| &s.segments[..]))
     } else {
-        vec![false; rec.entries.len()]
+        vec![None; rec.entries.len()]
     };
     for (index, entry) in rec.entries.iter().enumerate() {
         match entry.action {
@@ -134,8 +134,17 @@ fn build(
                 );
             }
             a if a == free_action => match live.remove(&entry.addr) {
-                Some(Some(id)) if at_retry[index] => workload.push(Op::FreeAtSync { id }, index),
-                Some(Some(id)) => workload.push(Op::Free { id }, index),
+                Some(Some(id)) => match at_retry[index] {
+                    Some(at) => {
+                        let first_in_request = at == AtRetry::FirstInRequest;
+                        let op = Op::FreeAtSync {
+                            id,
+                            first_in_request,
+                        };
+                        workload.push(op, index);
+                    }
+                    None => workload.push(Op::Free { id }, index),
+                },
                 Some(None) if strict => {
                     return Err(fail(
                         index,
@@ -342,8 +351,14 @@ mod tests {
             [
                 Op::FreeRequested { id: 1 },
                 Op::FreeRequested { id: 0 },
-                Op::FreeAtSync { id: 1 },
-                Op::FreeAtSync { id: 0 },
+                Op::FreeAtSync {
+                    id: 1,
+                    first_in_request: true
+                },
+                Op::FreeAtSync {
+                    id: 0,
+                    first_in_request: true
+                },
                 Op::Oom {
                     size: 64 * MIB,
                     stream,

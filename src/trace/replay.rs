@@ -195,6 +195,9 @@ fn replay_observed(
     };
     // Segments returned to the device by the recording's device resets (no cudaFree there).
     let mut reset_returns = 0;
+    // Whether the frees held until a synchronization were shown before any release of their
+    // request (`Op::FreeAtSync`'s `first_in_request`).
+    let mut held_first_in_request = false;
     for (i, op) in workload.ops.iter().enumerate() {
         match *op {
             Op::Alloc {
@@ -204,7 +207,7 @@ fn replay_observed(
                 recorded_addr,
             } => {
                 out.allocs += 1;
-                complete_frees_unless_retrying(&mut pool, size);
+                complete_frees_unless_retrying(&mut pool, size, held_first_in_request);
                 match pool.malloc(size, stream) {
                     Ok(ptr) => {
                         if let Some(addr) = recorded_addr {
@@ -227,12 +230,16 @@ fn replay_observed(
                 }
                 None => out.skipped_frees += 1,
             },
-            Op::FreeAtSync { id } => match live.get_mut(id as usize).and_then(Option::take) {
+            Op::FreeAtSync {
+                id,
+                first_in_request,
+            } => match live.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
                     if !requested.remove(&id) {
                         pool.free_requested(ptr)?;
                     }
                     pool.free_completes_at_sync(ptr)?;
+                    held_first_in_request = first_in_request;
                     out.frees += 1;
                 }
                 None => out.skipped_frees += 1,
@@ -265,7 +272,7 @@ fn replay_observed(
                 // The recording's failed request: probe it when the capacity is known.
                 out.recorded_oom_requests += 1;
                 if config.capacity.is_some() {
-                    complete_frees_unless_retrying(&mut pool, size);
+                    complete_frees_unless_retrying(&mut pool, size, held_first_in_request);
                     match pool.malloc(size, stream) {
                         Ok(ptr) => pool.free(ptr)?,
                         Err(e) => note_refusal(&mut out, workload, i, e)?,
@@ -294,12 +301,18 @@ fn replay_observed(
 /// Before a request of `size` bytes after frees the recording completed at its retry's
 /// synchronization (`Op::FreeAtSync`): if a new segment fits without a release, the request
 /// makes no retry, so those frees were completed before it (by PyTorch's `process_events`,
-/// which the trace shows alike) and complete now. (With expandable segments they wait for the
-/// synchronization.)
-fn complete_frees_unless_retrying(pool: &mut DeviceAllocator<SimDevice>, size: u64) {
+/// which the trace shows alike) and complete now. So too where the trace shows them before any
+/// release of the request (`first_in_request`) and the pool would collect garbage, releasing a
+/// segment, without them: a collection runs before a retry's synchronization, so its releases
+/// would have come first. (With expandable segments they wait for the synchronization.)
+fn complete_frees_unless_retrying(
+    pool: &mut DeviceAllocator<SimDevice>,
+    size: u64,
+    first_in_request: bool,
+) {
     if pool.frees_held_until_sync() > 0
         && !pool.settings().expandable_segments
-        && pool.new_segment_fits(size)
+        && (pool.new_segment_fits(size) || first_in_request && pool.collection_would_release())
     {
         pool.complete_frees_held_until_sync();
     }

@@ -31,7 +31,14 @@
 //! completions before it were `process_events'`. The rest are read as the retry's: the trace
 //! cannot tell a collection or an oversize release that happened to give back every free
 //! segment from a retry's release; read the other way, far more of tests/fixed_cuts.rs's
-//! recordings depart (that file gives the figures of what remains).
+//! recordings depart (that file gives the figures of what remains). But a collection runs
+//! before a retry's synchronization: completions the trace shows before any release of their
+//! request (`AtRetry::FirstInRequest`) came after a collection that released nothing, if they
+//! were the retry's. The replay, which knows its reserved memory and the collection's
+//! threshold, completes them before the request where its collection would release a segment
+//! without them (`Op::FreeAtSync`'s `first_in_request`): the recording's would have released
+//! one, ahead of them in the trace. Where only the segments they left free were released, the
+//! trace reads the same either way.
 
 use std::collections::BTreeMap;
 
@@ -99,13 +106,23 @@ impl Segments {
     }
 }
 
-/// For each entry, whether it is a `free_completed` made by a retry's synchronization (see the
-/// module doc). `start`: the segments at trace start, where they are known.
+/// A `free_completed` made by a retry's synchronization, as the trace shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtRetry {
+    /// Before any release of the request's: a garbage collection before the synchronization
+    /// released nothing (`Op::FreeAtSync`'s `first_in_request`).
+    FirstInRequest,
+    /// After a release of the request's (a collection's, or the oversize release).
+    AfterRelease,
+}
+
+/// For each entry, whether it is a `free_completed` made by a retry's synchronization, and
+/// where (see the module doc). `start`: the segments at trace start, where they are known.
 pub fn completed_at_retries(
     entries: &[TraceEntry],
     bursts: &[ReleaseBurst],
     start: Option<&[SeedSegment]>,
-) -> Vec<bool> {
+) -> Vec<Option<AtRetry>> {
     let mut segments = start.map(Segments::new);
     let malloc_release_at = |index: usize| {
         let found = bursts.partition_point(|b| b.end <= index);
@@ -128,7 +145,7 @@ pub fn completed_at_retries(
                 }
             }
     };
-    let mut at_retry = vec![false; entries.len()];
+    let mut at_retry = vec![None; entries.len()];
     let mut index = 0;
     while index < entries.len() {
         let run = index;
@@ -167,7 +184,12 @@ pub fn completed_at_retries(
             Some(a) if is_new_memory(a) => after_release,
             _ => false,
         };
-        at_retry[start..index].fill(retried);
+        let at = if after_release {
+            AtRetry::AfterRelease
+        } else {
+            AtRetry::FirstInRequest
+        };
+        at_retry[start..index].fill(retried.then_some(at));
     }
     at_retry
 }
@@ -180,7 +202,9 @@ mod tests {
 
     fn marked(entries: &[TraceEntry]) -> Vec<usize> {
         let at_retry = completed_at_retries(entries, &release_bursts(entries), None);
-        (0..entries.len()).filter(|&i| at_retry[i]).collect()
+        (0..entries.len())
+            .filter(|&i| at_retry[i].is_some())
+            .collect()
     }
 
     fn malloc(action: Action, addr: u64) -> TraceEntry {
@@ -237,6 +261,41 @@ mod tests {
             malloc(Action::SegmentAlloc, 11 * MIB),
         ];
         assert_eq!(marked(&entries), vec![2, 7]);
+    }
+
+    /// Completions before any release of their request are told from those after one of its
+    /// releases (a collection's, before the synchronization, or the oversize release): the
+    /// replay reads the first kind as `process_events'` where its collection would have
+    /// released a segment.
+    #[test]
+    fn completions_before_the_request_s_releases_are_told_from_those_after() {
+        let entries = vec![
+            malloc(Action::FreeCompleted, MIB),
+            malloc(Action::SegmentFree, 2 * MIB),
+            malloc(Action::SegmentAlloc, 4 * MIB),
+            malloc(Action::Alloc, 4 * MIB),
+            malloc(Action::SegmentFree, 5 * MIB),
+            malloc(Action::FreeCompleted, 6 * MIB),
+            malloc(Action::SegmentFree, 6 * MIB),
+            malloc(Action::SegmentAlloc, 7 * MIB),
+            malloc(Action::Alloc, 7 * MIB),
+            malloc(Action::FreeCompleted, 8 * MIB),
+            oom(64 * MIB, 0),
+        ];
+        let at_retry = completed_at_retries(&entries, &release_bursts(&entries), None);
+        let kinds: Vec<_> = at_retry
+            .iter()
+            .enumerate()
+            .filter_map(|(i, at)| at.map(|at| (i, at)))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (0, AtRetry::FirstInRequest),
+                (5, AtRetry::AfterRelease),
+                (9, AtRetry::FirstInRequest)
+            ]
+        );
     }
 
     /// A completion whose frames name neither `malloc` nor `empty_cache` is the program's own

@@ -33,8 +33,11 @@ pub enum Op {
     /// that request's search for a free block, which did not see its block. The replay holds
     /// the block until its pool synchronizes, or until that request is served without a
     /// synchronization. (Its free was requested before: at an `Op::FreeRequested`, or before
-    /// the recording began.)
-    FreeAtSync { id: AllocId },
+    /// the recording began.) `first_in_request`: the trace shows no release of that request's
+    /// before it, so that a garbage collection, which runs before the synchronization, released
+    /// nothing: where the replay's would release a segment, the free was completed before the
+    /// request (`process_events`, which the trace shows alike) instead.
+    FreeAtSync { id: AllocId, first_in_request: bool },
     /// The program called `empty_cache()`.
     EmptyCache,
     /// The program reset the device (`cudaDeviceReset()`, in a cachealloc trace): the recorded

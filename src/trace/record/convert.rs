@@ -181,7 +181,15 @@ pub fn convert_device(
                 figures.frees += 1;
                 pending.remove(&e.addr);
                 match live.remove(&e.addr) {
-                    Some(id) if at_retry[index] => workload.push(Op::FreeAtSync { id }, index),
+                    // Told by the file's `retry` lines (or, without them, as `retry_sync`
+                    // says): the replay completes them at its synchronization.
+                    Some(id) if at_retry[index] => {
+                        let op = Op::FreeAtSync {
+                            id,
+                            first_in_request: false,
+                        };
+                        workload.push(op, index);
+                    }
                     Some(id) => workload.push(Op::Free { id }, index),
                     None => figures.orphan_frees += 1,
                 }
