@@ -1196,6 +1196,37 @@ fn a_segment_larger_than_the_device_is_named_so() {
     std::fs::remove_file(path).unwrap();
 }
 
+/// 21 requests of 5 MiB on 115 MiB: the 21st needs a sixth 20 MiB segment with 15 MiB free.
+/// Nothing is fragmented: the report names the segment, not fragmentation (expandable
+/// segments, which map 20 MiB pages, fail at the same entry).
+#[test]
+fn a_segment_larger_than_the_memory_left_is_named_so() {
+    let events: Vec<(&str, u64, u64, u32)> = (0..21u64)
+        .map(|i| ("alloc", 0x7f00_0000_0000 + i * (8 << 20), 5 << 20, 0))
+        .collect();
+    let path = write_trace("segment-left", &events);
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&[
+        "replay",
+        p,
+        "--capacity",
+        "115MiB",
+        "--json",
+    ]));
+    let report = &v["first_oom_report"];
+    assert_eq!(report["kind"], "segment_too_large", "{v}");
+    let text = report["text"].as_str().unwrap();
+    assert!(
+        text.contains(
+            "more than the memory left: 15.00 MiB free on the device plus 0 bytes reserved but \
+             unallocated in its pool."
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("Fragmentation"), "{text}");
+    std::fs::remove_file(path).unwrap();
+}
+
 /// A bounded run of `scripts/oom-hint-study.py` (one workload, one device size): it reads the
 /// JSON report and the fit search, and counts the report's own value as fitting.
 #[test]

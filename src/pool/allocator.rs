@@ -945,7 +945,12 @@ impl<B: Backend> DeviceAllocator<B> {
         // or a remainder left unsplit).
         let (mut live_requested, mut live_divisions_padding, mut block_padding) =
             (0u64, 0u64, 0u64);
+        // The request's pool's free cached bytes: its share of what is reserved but unallocated.
+        let mut pool_unallocated = 0u64;
         for (_, b) in self.blocks.iter() {
+            if b.state == BlockState::Free && b.pool == pool_for(rounded) {
+                pool_unallocated += b.size;
+            }
             if matches!(b.state, BlockState::Allocated | BlockState::Pending) {
                 let (asked, divided) = (
                     round_to_block(b.requested),
@@ -974,6 +979,7 @@ impl<B: Backend> DeviceAllocator<B> {
             largest_free_blocks: free_sizes,
             free_blocks,
             pool_largest_free_block: own_largest.max(other_streams_largest_free_block),
+            pool_unallocated,
             large_pool_largest_free_block: self
                 .large
                 .streams

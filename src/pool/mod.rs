@@ -47,7 +47,7 @@ pub use expandable::{page_size, pool_with_page, range_size};
 pub use expandable_seed::{MappedRunSeed, RangeSeed};
 pub use format::format_size;
 pub use layout::{BlockSeed, BlockView, SegmentSeed, SegmentSpan, SegmentView};
-pub use oom::{OomHint, OomReport};
+pub use oom::{MemoryLeft, OomHint, OomReport};
 pub use settings::{
     Settings, allowed_maximum, check_fraction, collects_garbage, max_split_size_from_bytes,
 };

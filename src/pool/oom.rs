@@ -11,16 +11,23 @@
 //!   reported as untracked memory, naming the limit too.
 //! - Other stream: it fits in reserved-but-unallocated + free, and a free cached block is large
 //!   enough, but it belongs to another stream. PyTorch's pools reuse a block only on the stream
-//!   it was allocated on, and a split segment cannot be released while part of it is live, so
-//!   the remedy is to allocate on one stream, not an allocator setting.
+//!   it was allocated on, and a split segment cannot be released while part of it is live. The
+//!   remedy is to allocate on one stream, and settings may help too: under `max_split_size_mb`
+//!   a block that large is never split, so it stays a whole segment that the pool returns to
+//!   the device when it needs a new one, and expandable segments return free pages (1100 MiB
+//!   freed on one stream, 100 MiB then taken there and 1000 MiB asked for on another fit under
+//!   every standard value and under expandable segments). The hint names both.
 //! - Freed during the request: a free block of the request's own stream serves it now. It
 //!   became free only while the request failed (frees waiting for other streams' work complete
 //!   when the pool synchronizes before returning memory), after the search, which PyTorch does
 //!   not repeat (pytorch#189504): the same request made again is served.
 //! - Segment too large: the request fits next to what is allocated, but no free block of any
 //!   stream can hold it and the segment a new block needs (20 MiB for a 1–10 MiB request) is
-//!   larger than all the memory this process may use. No setting changes segment sizes: a
-//!   larger device is needed.
+//!   larger than all the memory this process may use, or than the memory left (free plus the
+//!   request's pool's unallocated) when nothing fragmented stands in the way: the pages
+//!   expandable segments would map past all that unallocated memory do not fit either (21
+//!   requests of 5 MiB on 115 MiB: the 21st needs a sixth 20 MiB segment with 15 MiB free). No
+//!   setting changes segment sizes.
 //! - Untracked: it would fit in the capacity, but not in reserved + free, because memory outside
 //!   cachealloc (other processes, CUDA contexts, other allocators) holds the difference.
 //! - Fragmentation: it fits in reserved-but-unallocated + free, yet no free block (and no new
@@ -50,7 +57,11 @@
 //!   expandable segments, whose free pages go back. Without such a block, the settings to try
 //!   are finer `roundup_power2_divisions` or none (they pad small blocks too, so fewer fit in a
 //!   segment), and under expandable segments native ones (whose large segments are rounded to
-//!   2 MiB, not to 20 MiB pages); else no setting helps.
+//!   2 MiB, not to 20 MiB pages); else expandable segments, under which the small pool's free
+//!   blocks merge across its 2 MiB pages (a run of 512-byte to 1 MiB requests on 1100 MiB that
+//!   fails natively fits so). A large request counts only its own pool's unallocated memory:
+//!   the small pool's lies in 2 MiB segments (pages) that each hold a live block, so when only
+//!   it makes the request fit, the hint says so and names no setting.
 //!   With expandable segments memory grows by whole pages (20 MiB in the large pool): when the
 //!   device refused the pages a request needed (`OomReport::refused_map`), the hint says so,
 //!   and names native segments (the request rounded to 2 MiB) when one might fit.
@@ -120,6 +131,9 @@ pub struct OomReport {
     /// The largest free cached block of the request's pool (any stream; 0 when none): blocks
     /// of the other pool can serve no request of this one, whatever the settings.
     pub pool_largest_free_block: u64,
+    /// Reserved but unallocated bytes of the request's pool (its free cached blocks, any
+    /// stream): of `reserved - allocated`, what a block of this pool could be cut from.
+    pub pool_unallocated: u64,
     /// Free cached bytes of the request's pool held for streams other than the request's (a
     /// block is reused only on the stream it was allocated on), and the largest such block (0
     /// when none).
@@ -186,7 +200,8 @@ pub enum OomHint {
         expandable_segments: bool,
     },
     /// The segment a new block for the request needs is larger than all the memory this
-    /// process may use (the device, or the fraction limit): not fragmentation.
+    /// process may use (the device, or the fraction limit), or than the memory left to it
+    /// (`left`): not fragmentation.
     SegmentTooLarge {
         /// Rounded size of the request.
         request: u64,
@@ -195,6 +210,8 @@ pub enum OomHint {
         /// What this process may use at most.
         limit: u64,
         by_fraction_limit: bool,
+        /// When the segment fits in `limit`: the memory left, which it does not fit in.
+        left: Option<MemoryLeft>,
     },
     /// The request would fit in the capacity, but memory not tracked by cachealloc (other
     /// processes or contexts on the device) holds what is missing; `fraction_limit`, when the
@@ -235,6 +252,10 @@ pub enum OomHint {
         refused_map: Option<u64>,
         /// As in `OomReport`: what `roundup_power2_divisions` add to the blocks.
         divisions_padding: u64,
+        /// For a request of the large pool, the small pool's reserved but unallocated bytes
+        /// (left out of `unallocated`: they serve only requests of 1 MiB or less); 0 for a
+        /// small request, whose `unallocated` counts both pools.
+        other_pool_unallocated: u64,
     },
     /// A free block of the request's stream would serve it now: it became free only while the
     /// request failed (pending frees completed when the pool synchronized), and PyTorch does
@@ -257,7 +278,20 @@ pub enum OomHint {
         /// The block of another stream that would have served it, and that stream.
         other_stream_block: u64,
         other_stream: StreamId,
+        /// Expandable segments were on (then only `max_split_size_mb` is named to try).
+        expandable_segments: bool,
     },
+}
+
+/// The memory left to a request whose new segment does not fit in it: what the device has free
+/// (as far as the fraction limit lets this process use it), and what is reserved but
+/// unallocated where a block of the request's pool could be cut from (for a small request,
+/// both pools: the large pool's free memory may go back to the device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryLeft {
+    pub device_free: u64,
+    pub fraction_capped: bool,
+    pub unallocated: u64,
 }
 
 impl OomReport {
@@ -331,6 +365,7 @@ impl OomReport {
                 fraction_capped,
                 other_stream_block: block,
                 other_stream,
+                expandable_segments: self.expandable_segments,
             };
         }
         // (A block cached for another stream is reserved memory at least the request's size, so
@@ -341,6 +376,7 @@ impl OomReport {
                 segment: self.alloc_size,
                 limit,
                 by_fraction_limit: fraction_limited && self.alloc_size <= self.device_total,
+                left: None,
             };
         }
         if needed > obtainable {
@@ -355,11 +391,50 @@ impl OomReport {
                 fraction_limit: None,
             };
         }
+        // A small request cannot use the large pool's free memory, but that memory goes back
+        // to the device when it is a whole segment, which max_split_size_mb keeps it. A large
+        // request can use none of the small pool's: its 2 MiB segments (pages, under expandable
+        // segments) still hold live blocks, or the ladder would have released them.
+        let small_pool = pool_for(self.rounded) == PoolKind::Small;
+        let unallocated = if small_pool {
+            self.unallocated()
+        } else {
+            self.pool_unallocated.min(self.unallocated())
+        };
+        let other_pool_unallocated = self.unallocated() - unallocated;
+        let room = unallocated.saturating_add(usable_free);
+        // The segment is the cause when neither it nor the pages expandable segments would map
+        // (whole pages past what is unallocated, were all of it at the range's end) fit in
+        // what is left: nothing fragmented stands in the way.
+        let page = if small_pool {
+            SMALL_BUFFER
+        } else {
+            LARGE_BUFFER
+        };
+        let pages = self
+            .rounded
+            .saturating_sub(unallocated)
+            .div_ceil(page)
+            .saturating_mul(page);
+        if !self.expandable_segments
+            && self.rounded <= room
+            && self.alloc_size > room
+            && pages > usable_free
+        {
+            return OomHint::SegmentTooLarge {
+                request: self.rounded,
+                segment: self.alloc_size,
+                limit,
+                by_fraction_limit: false,
+                left: Some(MemoryLeft {
+                    device_free: usable_free,
+                    fraction_capped,
+                    unallocated,
+                }),
+            };
+        }
         let current_mb = self.max_split_size_mb();
         let largest_free_block = self.pool_largest_free_block;
-        // A small request cannot use the large pool's free memory, but that memory goes back
-        // to the device when it is a whole segment, which max_split_size_mb keeps it.
-        let small_pool = pool_for(self.rounded) == PoolKind::Small;
         let large_pool_free_block = if small_pool {
             self.large_pool_largest_free_block
         } else {
@@ -378,7 +453,7 @@ impl OomReport {
             .find(|&mb| mb * MIB <= basis);
         OomHint::Fragmentation {
             request: self.rounded,
-            unallocated: self.unallocated(),
+            unallocated,
             device_free: usable_free,
             fraction_capped,
             segment: self.alloc_size,
@@ -390,6 +465,7 @@ impl OomReport {
             expandable_segments: self.expandable_segments,
             refused_map: self.refused_map,
             divisions_padding: self.divisions_padding,
+            other_pool_unallocated,
         }
     }
 
@@ -467,19 +543,24 @@ impl OomHint {
         match self {
             OomHint::OtherStream { .. } => true,
             OomHint::Padding { .. } => !self.padding_settings().is_empty(),
-            // (A small request without a setting to try is told that none helps.)
+            // Each names a setting to try, but when the room lies in the small pool, which no
+            // setting gives to a large request.
+            OomHint::Fragmentation { .. } => !self.small_pool_holds_the_room(),
+            _ => false,
+        }
+    }
+
+    /// For a fragmentation hint of a large request: the room it counted on is the small pool's
+    /// unallocated memory, without which the large pool's and the device's is too little.
+    fn small_pool_holds_the_room(&self) -> bool {
+        match *self {
             OomHint::Fragmentation {
-                segment,
-                suggested_max_split_size_mb,
-                expandable_segments,
-                divisions_padding,
+                request,
+                unallocated,
+                device_free,
+                other_pool_unallocated,
                 ..
-            } => {
-                *segment != SMALL_BUFFER
-                    || suggested_max_split_size_mb.is_some()
-                    || *expandable_segments
-                    || *divisions_padding > 0
-            }
+            } => other_pool_unallocated > 0 && request > unallocated.saturating_add(device_free),
             _ => false,
         }
     }
@@ -569,14 +650,42 @@ impl fmt::Display for OomHint {
                 segment,
                 limit,
                 by_fraction_limit,
+                left,
             } => {
                 write!(
                     f,
                     "Not fragmentation: no free block can hold this {} block, and a new segment \
-                     for it takes {} ({}), more than this process can use at all ({}). ",
+                     for it takes {} ({}), ",
                     format_size(request),
                     format_size(segment),
                     segment_rule(segment),
+                )?;
+                if let Some(left) = left {
+                    let page = if segment == SMALL_BUFFER {
+                        SMALL_BUFFER
+                    } else {
+                        LARGE_BUFFER
+                    };
+                    return write!(
+                        f,
+                        "more than the memory left: {} free on the device{} plus {} reserved but \
+                         unallocated {}. No allocator setting changes segment sizes, and \
+                         expandable segments map whole pages of {}: keep less memory alive or \
+                         use a larger GPU.",
+                        format_size(left.device_free),
+                        within_limit(left.fraction_capped),
+                        format_size(left.unallocated),
+                        if segment == SMALL_BUFFER {
+                            "(in either pool)"
+                        } else {
+                            "in its pool"
+                        },
+                        format_size(page)
+                    );
+                }
+                write!(
+                    f,
+                    "more than this process can use at all ({}). ",
                     format_size(limit)
                 )?;
                 f.write_str(if by_fraction_limit {
@@ -708,19 +817,28 @@ impl fmt::Display for OomHint {
                 fraction_capped,
                 other_stream_block,
                 other_stream,
+                expandable_segments,
             } => write!(
                 f,
                 "Cached for another stream: {} reserved but unallocated plus {} free on the \
                  device{} would hold this {} block, and a free cached block of {} would too, but \
                  it belongs to stream {:#x}: a block is reused only on the stream it was \
                  allocated on. Allocating these tensors on the stream that freed that memory, \
-                 or all of them on one stream, lets it be reused{}.",
+                 or all of them on one stream, lets it be reused. Settings to try too: \
+                 max_split_size_mb (blocks at or above it are never split, so free memory that \
+                 large stays in whole segments, which the pool returns to the device when it \
+                 needs a new one){}{}.",
                 format_size(unallocated),
                 format_size(device_free),
                 within_limit(fraction_capped),
                 format_size(request),
                 format_size(other_stream_block),
                 other_stream.0,
+                if expandable_segments {
+                    ""
+                } else {
+                    ", and expandable_segments:True (free pages go back to the device)"
+                },
                 replay_pointer(f, SHOWS_SETTINGS)
             ),
             OomHint::Fragmentation {
@@ -736,12 +854,41 @@ impl fmt::Display for OomHint {
                 expandable_segments,
                 refused_map,
                 divisions_padding,
+                other_pool_unallocated,
             } => {
+                if self.small_pool_holds_the_room() {
+                    return write!(
+                        f,
+                        "Fragmentation of the small pool: {} reserved but unallocated in the \
+                         large pool plus {} free on the device{} would not hold this {} block, \
+                         and the {} reserved but unallocated in the small pool serves only \
+                         requests of 1 MiB or less: it lies in 2 MiB segments (pages, under \
+                         expandable segments) that each still hold a live block, and goes back \
+                         to the device only when they are wholly free. No allocator setting \
+                         gives it to this request: keep fewer small tensors alive here.",
+                        format_size(unallocated),
+                        format_size(device_free),
+                        within_limit(fraction_capped),
+                        format_size(request),
+                        format_size(other_pool_unallocated),
+                    );
+                }
                 write!(
                     f,
-                    "Fragmentation: {} reserved but unallocated plus {} free on the device{} \
-                     would hold this {} block, but ",
-                    format_size(unallocated),
+                    "Fragmentation: {} reserved but unallocated ",
+                    format_size(unallocated)
+                )?;
+                if other_pool_unallocated > 0 {
+                    write!(
+                        f,
+                        "in the large pool (the {} of the small pool serves only requests of 1 \
+                         MiB or less) ",
+                        format_size(other_pool_unallocated)
+                    )?;
+                }
+                write!(
+                    f,
+                    "plus {} free on the device{} would hold this {} block, but ",
                     format_size(device_free),
                     within_limit(fraction_capped),
                     format_size(request),
@@ -826,13 +973,16 @@ impl fmt::Display for OomHint {
                         } else {
                             write!(
                                 f,
-                                ", and no setting changes that{}. Keep less memory alive.",
+                                "{}. A setting to try: expandable_segments:True, under which the \
+                                 small pool's blocks lie in one address range and free blocks \
+                                 merge across its 2 MiB pages{}. Else keep less memory alive.",
                                 if large_pool_free_block > 0 {
                                     "; memory reserved in the large pool serves only larger \
                                      requests"
                                 } else {
                                     ""
-                                }
+                                },
+                                replay_pointer(f, SHOWS_SETTINGS)
                             )
                         }
                     }
@@ -1027,6 +1177,7 @@ mod tests {
             largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
             free_blocks: 5,
             pool_largest_free_block: 600 * MIB,
+            pool_unallocated: 18 * GIB,
             other_streams_free: 0,
             other_streams_largest_free_block: 0,
             other_stream_fit: None,
@@ -1065,6 +1216,7 @@ mod tests {
                 segment: 20 * MIB,
                 limit: 10 * MIB,
                 by_fraction_limit: false,
+                left: None,
             }
         );
         assert!(
@@ -1334,24 +1486,28 @@ mod tests {
             large_pool_largest_free_block: 16 * MIB,
             ..fragmented()
         };
-        // So no setting helps, and the report does not point to a search for one.
-        assert!(!report.hint().settings_may_help());
+        // Expandable segments are the setting to try: the small pool's blocks then lie in one
+        // address range, and free blocks merge across its 2 MiB pages (a run of requests of
+        // 512 bytes to 1 MiB on 1100 MiB that fails natively fits so).
+        assert!(report.hint().settings_may_help());
         let text = report.to_string();
         assert!(
             text.contains("no block of its pool is cached free."),
             "{text}"
         );
         assert!(
-            text.contains(
-                "Requests of 1 MiB or less are served only from the small pool's 2 MiB segments, \
-                 and no setting changes that; memory reserved in the large pool serves only \
-                 larger requests."
+            text.ends_with(
+                "Requests of 1 MiB or less are served only from the small pool's 2 MiB \
+                 segments; memory reserved in the large pool serves only larger requests. A \
+                 setting to try: expandable_segments:True, under which the small pool's blocks \
+                 lie in one address range and free blocks merge across its 2 MiB pages; \
+                 `cachealloc replay` of a recorded trace shows whether any setting helps. Else \
+                 keep less memory alive."
             ),
             "{text}"
         );
+        assert!(!text.contains("no setting changes that"), "{text}");
         assert!(!text.contains("allocate the large tensors first"), "{text}");
-        assert!(!text.contains("expandable_segments"), "{text}");
-        assert!(!text.contains("cachealloc replay"), "{text}");
         // Under roundup_power2_divisions, which pad small blocks too, they are the setting to
         // try (680 KiB requests take 704 KiB blocks under 8 divisions: two to a segment, not
         // three).
@@ -1798,6 +1954,7 @@ mod tests {
                 expandable_segments: false,
                 refused_map: None,
                 divisions_padding: 0,
+                other_pool_unallocated: 0,
             }
         );
         let expected = [
@@ -1915,6 +2072,198 @@ mod tests {
                 .to_string()
                 .contains("max_split_size_mb is already 512")
         );
+    }
+
+    /// 21 requests of 5 MiB on a 115 MiB device: five 20 MiB segments hold 20 of them, and the
+    /// 21st needs a sixth while 15 MiB is free. Nothing is fragmented (expandable segments map
+    /// 20 MiB pages and fail there too): the segment is larger than the memory left. So also
+    /// with a little reserved but unallocated, when that and the free memory are still less.
+    #[test]
+    fn a_segment_larger_than_the_memory_left_is_not_fragmentation() {
+        let report = OomReport {
+            requested: 5 * MIB,
+            rounded: 5 * MIB,
+            alloc_size: 20 * MIB,
+            device_total: 115 * MIB,
+            device_free: 15 * MIB,
+            allocated: 100 * MIB,
+            live_requested: 100 * MIB,
+            reserved: 100 * MIB,
+            largest_free_blocks: vec![],
+            free_blocks: 0,
+            pool_largest_free_block: 0,
+            pool_unallocated: 0,
+            large_pool_largest_free_block: 0,
+            ..fragmented()
+        };
+        assert_eq!(
+            report.hint(),
+            OomHint::SegmentTooLarge {
+                request: 5 * MIB,
+                segment: 20 * MIB,
+                limit: 115 * MIB,
+                by_fraction_limit: false,
+                left: Some(MemoryLeft {
+                    device_free: 15 * MIB,
+                    fraction_capped: false,
+                    unallocated: 0,
+                }),
+            }
+        );
+        assert!(!report.hint().settings_may_help());
+        let text = report.to_string();
+        assert!(
+            text.ends_with(
+                "Hint: Not fragmentation: no free block can hold this 5.00 MiB block, and a new \
+                 segment for it takes 20.00 MiB (requests of 1-10 MiB get 20 MiB segments), \
+                 more than the memory left: 15.00 MiB free on the device plus 0 bytes reserved \
+                 but unallocated in its pool. No allocator setting changes segment sizes, and \
+                 expandable segments map whole pages of 20.00 MiB: keep less memory alive or \
+                 use a larger GPU."
+            ),
+            "{text}"
+        );
+        // 3.25 MiB in pieces plus 15 MiB free is still less than the segment.
+        let pieces = OomReport {
+            allocated: 100 * MIB - 13 * MIB / 4,
+            live_requested: 100 * MIB - 13 * MIB / 4,
+            largest_free_blocks: vec![2 * MIB, 5 * MIB / 4],
+            free_blocks: 2,
+            pool_largest_free_block: 2 * MIB,
+            pool_unallocated: 13 * MIB / 4,
+            large_pool_largest_free_block: 2 * MIB,
+            ..report.clone()
+        };
+        assert!(
+            pieces.to_string().contains(
+                "more than the memory left: 15.00 MiB free on the device plus 3.25 MiB reserved \
+                 but unallocated in its pool."
+            ),
+            "{pieces}"
+        );
+        // With enough in pieces for a page past them, it is fragmentation again.
+        let more = OomReport {
+            allocated: 90 * MIB,
+            live_requested: 90 * MIB,
+            pool_unallocated: 10 * MIB,
+            ..pieces
+        };
+        assert!(
+            matches!(more.hint(), OomHint::Fragmentation { .. }),
+            "{more}"
+        );
+    }
+
+    /// 2000 requests of 512 KiB, every fourth kept, leave 750 MiB of the small pool unallocated
+    /// in segments that each hold a live block; a 1 GiB request then fails with 536 MiB free.
+    /// That memory is no room for it, under any setting: the hint says so, and names none.
+    #[test]
+    fn the_small_pools_unallocated_memory_is_no_room_for_a_large_request() {
+        let report = OomReport {
+            requested: GIB,
+            rounded: GIB,
+            alloc_size: GIB,
+            device_total: 1536 * MIB,
+            device_free: 536 * MIB,
+            allocated: 250 * MIB,
+            live_requested: 250 * MIB,
+            reserved: 1000 * MIB,
+            largest_free_blocks: vec![3 * MIB / 2; 16],
+            free_blocks: 500,
+            pool_largest_free_block: 0,
+            pool_unallocated: 0,
+            large_pool_largest_free_block: 0,
+            ..fragmented()
+        };
+        let hint = report.hint();
+        assert!(
+            matches!(
+                hint,
+                OomHint::Fragmentation {
+                    unallocated: 0,
+                    other_pool_unallocated,
+                    ..
+                } if other_pool_unallocated == 750 * MIB
+            ),
+            "{hint:?}"
+        );
+        assert!(!hint.settings_may_help());
+        let text = report.to_string();
+        assert!(
+            text.ends_with(
+                "Hint: Fragmentation of the small pool: 0 bytes reserved but unallocated in the \
+                 large pool plus 536.00 MiB free on the device would not hold this 1024.00 MiB \
+                 block, and the 750.00 MiB reserved but unallocated in the small pool serves \
+                 only requests of 1 MiB or less: it lies in 2 MiB segments (pages, under \
+                 expandable segments) that each still hold a live block, and goes back to the \
+                 device only when they are wholly free. No allocator setting gives it to this \
+                 request: keep fewer small tensors alive here."
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("expandable_segments:True"), "{text}");
+        // When the large pool's memory and the free memory would hold it, the small pool's is
+        // named apart, not counted.
+        let large_room = OomReport {
+            device_total: 2 * GIB,
+            reserved: 1900 * MIB,
+            device_free: 136 * MIB,
+            largest_free_blocks: vec![450 * MIB, 450 * MIB],
+            free_blocks: 502,
+            pool_largest_free_block: 450 * MIB,
+            pool_unallocated: 900 * MIB,
+            large_pool_largest_free_block: 450 * MIB,
+            ..report
+        };
+        assert!(large_room.hint().settings_may_help());
+        assert!(
+            large_room.to_string().contains(
+                "Hint: Fragmentation: 900.00 MiB reserved but unallocated in the large pool (the \
+                 750.00 MiB of the small pool serves only requests of 1 MiB or less) plus \
+                 136.00 MiB free on the device would hold this 1024.00 MiB block"
+            ),
+            "{large_room}"
+        );
+    }
+
+    /// A block cached for another stream goes back to the device when it is a whole segment:
+    /// max_split_size_mb keeps it whole and expandable segments return its pages, so both are
+    /// named to try (1100 MiB freed on stream 1, 100 MiB taken there, 1000 MiB asked for on
+    /// stream 0 on 1.5 GiB fit under either).
+    #[test]
+    fn a_block_of_another_stream_names_the_settings_that_return_it() {
+        let report = OomReport {
+            requested: 1000 * MIB,
+            rounded: 1000 * MIB,
+            alloc_size: 1000 * MIB,
+            device_total: 1536 * MIB,
+            device_free: 436 * MIB,
+            allocated: 100 * MIB,
+            live_requested: 100 * MIB,
+            reserved: 1100 * MIB,
+            largest_free_blocks: vec![1000 * MIB],
+            free_blocks: 1,
+            pool_largest_free_block: 1000 * MIB,
+            pool_unallocated: 1000 * MIB,
+            other_stream_fit: Some((StreamId(1), 1000 * MIB)),
+            ..fragmented()
+        };
+        let text = format!("{report:#}");
+        assert!(
+            text.ends_with(
+                "or all of them on one stream, lets it be reused. Settings to try too: \
+                 max_split_size_mb (blocks at or above it are never split, so free memory that \
+                 large stays in whole segments, which the pool returns to the device when it \
+                 needs a new one), and expandable_segments:True (free pages go back to the \
+                 device)."
+            ),
+            "{text}"
+        );
+        let expandable = OomReport {
+            expandable_segments: true,
+            ..report
+        };
+        assert!(!expandable.to_string().contains("expandable_segments:True"));
     }
 
     #[test]

@@ -351,27 +351,29 @@ fn out_of_memory_ignores_other_streams_blocks_of_the_other_pool() {
     };
     assert_eq!(report.largest_free_blocks, vec![2 * MIB - 512]);
     assert_eq!(report.other_streams_free, 0);
-    // The hint speaks of the large pool only, where nothing is free.
-    assert!(
-        matches!(
-            report.hint(),
-            OomHint::Fragmentation {
-                largest_free_block: 0,
-                ..
-            }
-        ),
-        "{:?}",
-        report.hint()
+    // The hint speaks of the large pool only, where nothing is free: with nothing fragmented
+    // there, the 20 MiB segment is what does not fit in the 19 MiB left.
+    assert_eq!(
+        report.hint(),
+        OomHint::SegmentTooLarge {
+            request: 3 * MIB / 2,
+            segment: 20 * MIB,
+            limit: 21 * MIB,
+            by_fraction_limit: false,
+            left: Some(MemoryLeft {
+                device_free: 19 * MIB,
+                fraction_capped: false,
+                unallocated: 0,
+            }),
+        }
     );
     let text = report.to_string();
     assert!(
-        text.contains("but no block of its pool is cached free."),
-        "{text}"
-    );
-    assert!(
         text.contains(
-            "The device's free memory would hold the block itself, but a new segment for it \
-             takes 20.00 MiB (requests of 1-10 MiB get 20 MiB segments)."
+            "Hint: Not fragmentation: no free block can hold this 1.50 MiB block, and a new \
+             segment for it takes 20.00 MiB (requests of 1-10 MiB get 20 MiB segments), more \
+             than the memory left: 19.00 MiB free on the device plus 0 bytes reserved but \
+             unallocated in its pool."
         ),
         "{text}"
     );
