@@ -81,8 +81,12 @@ def study(name, source):
             continue
         req_mib = report["rounded_bytes"] / MIB
         lf_mib = max(report["largest_free_blocks_bytes"], default=0) / MIB
-        fitting = {f["max_split_size_mb"]: f["num_device_alloc"]
-                   for f in out["fitting_settings"]}
+        # The values that fit with the run's settings: each listed, and those folded into it
+        # for the same figures.
+        fitting = {mb: f["num_device_alloc"]
+                   for f in out["fitting_settings"]
+                   if not f.get("dropped_settings") and f["max_split_size_mb"] is not None
+                   for mb in [f["max_split_size_mb"], *f.get("same_figures_max_split_size_mb", [])]}
         named = {rule: f(req_mib, lf_mib) for rule, f in RULES.items()}
         # cudaMalloc calls under each rule's value when it fits, else None.
         allocs = {rule: None if mb is None

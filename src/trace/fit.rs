@@ -3,7 +3,10 @@
 //! one that gets furthest past the first. The suggestion is then a measured fact about this
 //! workload on this device, not a rule of thumb. The values tried are
 //! the standard ones the OOM report picks its suggestion from, so the report's value is always
-//! among them.
+//! among them. Where none fits with the replay's other settings, the search also goes without
+//! the replay's own padding settings (`roundup_power2_divisions`, a `max_split_size_mb` it set)
+//! and, failing that, without its memory fraction: a workload is said to need more memory only
+//! when none of that fits.
 
 use super::record::settings_text;
 use super::replay::{OomAt, ReplayConfig, StartLayout, replay};
@@ -12,10 +15,20 @@ pub use crate::pool::oom::MAX_SPLIT_LADDER_MB;
 use crate::pool::rounding::ROUNDUP_INTERVALS;
 use crate::pool::{Error, OomHint, Settings};
 
+/// The replay's own `roundup_power2_divisions`, as a setting a trial goes without.
+pub const DIVISIONS: &str = "roundup_power2_divisions";
+/// The replay's own `max_split_size_mb`, as a setting a trial goes without.
+pub const MAX_SPLIT: &str = "max_split_size_mb";
+
 /// One setting that replays without an OOM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FittingSetting {
-    pub max_split_size_mb: u64,
+    /// The standard value tried; `None`: the replay's settings without `dropped`, no value set
+    /// in their place.
+    pub max_split_size_mb: Option<u64>,
+    /// The replay's own settings this one goes without (`DIVISIONS`, `MAX_SPLIT`), in that
+    /// order; empty when it keeps them all.
+    pub dropped: Vec<&'static str>,
     /// Every setting of the replay that found it, in `CACHEALLOC_CONF` syntax (the keys that
     /// differ from the defaults), e.g. `max_split_size_mb:128,roundup_power2_divisions:4`:
     /// what `--conf` or `CACHEALLOC_CONF` must say to reproduce it.
@@ -23,6 +36,20 @@ pub struct FittingSetting {
     pub peak_reserved_bytes: u64,
     pub num_device_alloc: u64,
     pub num_alloc_retries: u64,
+    /// Standard `max_split_size_mb` values that fit with the same other settings (`dropped`)
+    /// and the same figures (peak reserved memory, device calls, retries), folded into this
+    /// one: the value set makes no difference the figures show.
+    pub same_figures_mb: Vec<u64>,
+}
+
+impl FittingSetting {
+    fn figures(&self) -> (u64, u64, u64) {
+        (
+            self.peak_reserved_bytes,
+            self.num_device_alloc,
+            self.num_alloc_retries,
+        )
+    }
 }
 
 /// `settings` with `max_split_size_mb` set to `mb`.
@@ -39,12 +66,35 @@ pub fn max_split_conf(settings: &Settings, mb: u64) -> String {
     settings_text(&with_max_split(settings, mb))
 }
 
+/// The setting `key` of `settings` as `CACHEALLOC_CONF` says it (`roundup_power2_divisions:4`),
+/// or `None` when it is the default.
+pub fn own_setting_text(settings: &Settings, key: &str) -> Option<String> {
+    settings_text(settings)
+        .split(',')
+        .find(|item| item.split(':').next() == Some(key))
+        .map(str::to_string)
+}
+
+/// `settings` without the replay's own settings `dropped` (`DIVISIONS`, `MAX_SPLIT`).
+fn without(settings: &Settings, dropped: &[&'static str]) -> Settings {
+    let mut s = settings.clone();
+    for &key in dropped {
+        match key {
+            DIVISIONS => s.roundup_power2_divisions = [0; ROUNDUP_INTERVALS],
+            MAX_SPLIT => s.max_split_size = Settings::default().max_split_size,
+            _ => unreachable!("no setting {key} is dropped"),
+        }
+    }
+    s
+}
+
 /// A setting that gets past the first OOM of the replay it was tried for, but runs out of
 /// memory later.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GetsFurther {
-    pub max_split_size_mb: u64,
-    /// As in `FittingSetting::conf`.
+    /// As in `FittingSetting`.
+    pub max_split_size_mb: Option<u64>,
+    pub dropped: Vec<&'static str>,
     pub conf: String,
     /// Its own first OOM: the workload's op index.
     pub first_oom_op: usize,
@@ -52,14 +102,31 @@ pub struct GetsFurther {
     pub first_oom_event_index: usize,
 }
 
+/// The replay without its `per_process_memory_fraction` (its other settings kept), tried when
+/// no `max_split_size_mb` value fits within the fraction's limit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FractionTrial {
+    /// The replay's fraction.
+    pub fraction: f64,
+    /// The replay's settings without it, in `CACHEALLOC_CONF` syntax.
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    /// Without the limit it runs without any OOM.
+    pub fits: bool,
+    /// When it fits: a fraction in hundredths below 1 that fits too (replayed), found by
+    /// halving, and the replay's settings with it in `CACHEALLOC_CONF` syntax.
+    pub enough: Option<(f64, String)>,
+}
+
 /// What replaying under the standard `max_split_size_mb` values found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaxSplitSearch {
-    /// The values that replay without any OOM, by peak reserved memory.
+    /// The values that replay without any OOM, by peak reserved memory; of those with the
+    /// same other settings and figures only one is listed (`same_figures_mb`).
     pub fits: Vec<FittingSetting>,
     /// Of the others, the one whose first OOM comes latest, if later than the replay's own;
     /// of values whose first OOMs come equally late, the first in `MAX_SPLIT_LADDER_MB`'s
-    /// order (and the search with the replay's divisions before the one without them).
+    /// order (and the search with the replay's own settings before the ones without them).
     pub gets_furthest: Option<GetsFurther>,
     /// The values that run out of memory, but later than the replay itself.
     pub get_further: Vec<u64>,
@@ -71,6 +138,11 @@ pub struct MaxSplitSearch {
     /// Every value was also tried without the replay's `roundup_power2_divisions`, and `fits`
     /// and `gets_furthest` include those replays (`search_after_oom`).
     pub also_without_divisions: bool,
+    /// The replay was also tried without the `max_split_size_mb` it set (and without its
+    /// divisions too, when `also_without_divisions`).
+    pub also_without_max_split: bool,
+    /// When nothing fits within the replay's memory fraction: the replay without it.
+    pub fraction: Option<FractionTrial>,
 }
 
 impl MaxSplitSearch {
@@ -90,87 +162,201 @@ pub fn search_max_split_sizes(
     start: Option<&StartLayout>,
     first_oom_op: usize,
 ) -> MaxSplitSearch {
-    let mut fits = Vec::new();
-    let mut gets_furthest: Option<GetsFurther> = None;
-    let mut get_further = Vec::new();
-    let mut cannot_start = Vec::new();
-    for mb in MAX_SPLIT_LADDER_MB {
-        let mut trial = config.clone();
-        trial.settings = with_max_split(&config.settings, mb);
-        let out = match replay(workload, &trial, start) {
-            Ok(out) => out,
-            Err(Error::SeedForbiddenBySettings(_)) => {
-                cannot_start.push(mb);
-                continue;
-            }
-            // Any other failure is the workload's or the pool's, not this value's: the
-            // baseline replay meets it too.
-            Err(_) => continue,
-        };
-        let conf = settings_text(&trial.settings);
-        match &out.first_oom {
-            None => fits.push(FittingSetting {
-                max_split_size_mb: mb,
-                conf,
-                peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
-                num_device_alloc: out.stats.counts.num_device_alloc,
-                num_alloc_retries: out.stats.counts.num_alloc_retries,
-            }),
-            Some(oom) => {
-                if oom.op_index > first_oom_op {
-                    get_further.push(mb);
-                }
-                let best = gets_furthest
-                    .as_ref()
-                    .map_or(first_oom_op, |g| g.first_oom_op);
-                if oom.op_index > best {
-                    gets_furthest = Some(GetsFurther {
-                        max_split_size_mb: mb,
-                        conf,
-                        first_oom_op: oom.op_index,
-                        first_oom_event_index: oom.event_index(),
-                    });
-                }
-            }
-        }
-    }
-    fits.sort_by_key(|f| f.peak_reserved_bytes);
-    MaxSplitSearch {
-        fits,
-        gets_furthest,
-        get_further,
-        cannot_start,
+    let mut search = MaxSplitSearch {
+        fits: Vec::new(),
+        gets_furthest: None,
+        get_further: Vec::new(),
+        cannot_start: Vec::new(),
         settings: config.settings.clone(),
         also_without_divisions: false,
+        also_without_max_split: false,
+        fraction: None,
+    };
+    search.try_without((workload, config, start, first_oom_op), &[], false, true);
+    search
+}
+
+/// What `MaxSplitSearch::try_without` replays: the workload, the replay's configuration, its
+/// start state and the op of its first OOM.
+type Searched<'a> = (
+    &'a Workload,
+    &'a ReplayConfig,
+    Option<&'a StartLayout>,
+    usize,
+);
+
+impl MaxSplitSearch {
+    /// Replay without the replay's own settings `dropped`: under those settings alone (`own`)
+    /// and under each standard value (`ladder`), adding what fits (one of each figures) and
+    /// what gets furthest. Of the replay's own settings (nothing dropped), values that cannot
+    /// start or get further are noted too.
+    fn try_without(
+        &mut self,
+        (workload, config, start, first_oom_op): Searched<'_>,
+        dropped: &[&'static str],
+        own: bool,
+        ladder: bool,
+    ) {
+        let base = without(&config.settings, dropped);
+        let mut runs: Vec<(Option<u64>, Settings)> = Vec::new();
+        if own {
+            runs.push((None, base.clone()));
+        }
+        if ladder {
+            runs.extend(MAX_SPLIT_LADDER_MB.map(|mb| (Some(mb), with_max_split(&base, mb))));
+        }
+        let mut found: Vec<FittingSetting> = Vec::new();
+        for (mb, settings) in runs {
+            let conf = settings_text(&settings);
+            let trial = ReplayConfig {
+                settings,
+                ..config.clone()
+            };
+            let out = match replay(workload, &trial, start) {
+                Ok(out) => out,
+                Err(Error::SeedForbiddenBySettings(_)) => {
+                    if let (Some(mb), true) = (mb, dropped.is_empty()) {
+                        self.cannot_start.push(mb);
+                    }
+                    continue;
+                }
+                // Any other failure is the workload's or the pool's, not this value's: the
+                // baseline replay meets it too.
+                Err(_) => continue,
+            };
+            let Some(oom) = &out.first_oom else {
+                let fit = FittingSetting {
+                    max_split_size_mb: mb,
+                    dropped: dropped.to_vec(),
+                    conf,
+                    peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+                    num_device_alloc: out.stats.counts.num_device_alloc,
+                    num_alloc_retries: out.stats.counts.num_alloc_retries,
+                    same_figures_mb: Vec::new(),
+                };
+                // The first of the same figures stands for the others (the settings alone,
+                // else the largest value).
+                match found.iter_mut().find(|f| f.figures() == fit.figures()) {
+                    Some(alike) => alike.same_figures_mb.extend(mb),
+                    None => found.push(fit),
+                }
+                continue;
+            };
+            if let (Some(mb), true) = (mb, dropped.is_empty())
+                && oom.op_index > first_oom_op
+            {
+                self.get_further.push(mb);
+            }
+            let best = self
+                .gets_furthest
+                .as_ref()
+                .map_or(first_oom_op, |g| g.first_oom_op);
+            if oom.op_index > best {
+                self.gets_furthest = Some(GetsFurther {
+                    max_split_size_mb: mb,
+                    dropped: dropped.to_vec(),
+                    conf,
+                    first_oom_op: oom.op_index,
+                    first_oom_event_index: oom.event_index(),
+                });
+            }
+        }
+        self.fits.extend(found);
+        self.fits.sort_by_key(|f| f.peak_reserved_bytes);
+    }
+
+    /// Whether standard value `mb` fits with the replay's own settings (listed, or folded into
+    /// one listed).
+    pub fn value_fits(&self, mb: u64) -> bool {
+        self.fits.iter().any(|f| {
+            f.dropped.is_empty()
+                && (f.max_split_size_mb == Some(mb) || f.same_figures_mb.contains(&mb))
+        })
     }
 }
 
-/// The search after the replay's first OOM, `first_oom`: `search_max_split_sizes`, and when
-/// that OOM was a padding one (the requests fit, their blocks did not) under
-/// `roundup_power2_divisions`, the same search without them, whose fits and furthest value join
-/// the first's (each `conf` says which settings it has).
+/// The search after the replay's first OOM, `first_oom`: `search_max_split_sizes`; then, when
+/// no value fits or that OOM was a padding one (the requests fit, their blocks did not) under
+/// `roundup_power2_divisions`, the same search without them, and the replay's settings without
+/// them alone; when still none fits and the replay set `max_split_size_mb`, its settings
+/// without that (and without both); and when still none fits under a memory fraction, the
+/// replay without the fraction (`FractionTrial`). Each `conf` found says which settings it has.
 pub fn search_after_oom(
     workload: &Workload,
     config: &ReplayConfig,
     start: Option<&StartLayout>,
     first_oom: &OomAt,
 ) -> MaxSplitSearch {
+    let searched = (workload, config, start, first_oom.op_index);
     let mut search = search_max_split_sizes(workload, config, start, first_oom.op_index);
     let padded = matches!(first_oom.report.hint(), OomHint::Padding { .. });
-    if !(padded && config.settings.rounds_by_divisions()) {
-        return search;
+    let divided = config.settings.rounds_by_divisions();
+    if divided && (padded || search.fits.is_empty()) {
+        search.try_without(searched, &[DIVISIONS], true, true);
+        search.also_without_divisions = true;
     }
-    let mut undivided = config.clone();
-    undivided.settings.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
-    let other = search_max_split_sizes(workload, &undivided, start, first_oom.op_index);
-    search.fits.extend(other.fits);
-    search.fits.sort_by_key(|f| f.peak_reserved_bytes);
-    let further = |g: &Option<GetsFurther>| g.as_ref().map_or(0, |g| g.first_oom_op);
-    if further(&other.gets_furthest) > further(&search.gets_furthest) {
-        search.gets_furthest = other.gets_furthest;
+    if config.settings.has_max_split_size() && search.fits.is_empty() {
+        search.try_without(searched, &[MAX_SPLIT], true, false);
+        if divided {
+            search.try_without(searched, &[DIVISIONS, MAX_SPLIT], true, false);
+        }
+        search.also_without_max_split = true;
     }
-    search.also_without_divisions = true;
+    if search.fits.is_empty() {
+        search.fraction = try_without_fraction(workload, config, start);
+    }
     search
+}
+
+/// The replay without its `per_process_memory_fraction` below 1 (`None` when it has none, or
+/// the device's total is not known, or the replay fails), and when that fits, a fraction in
+/// hundredths that fits too: halving the range between the replay's fraction and 1 while the
+/// upper end fits (fitting need not grow with the fraction, so a smaller one may fit too).
+fn try_without_fraction(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Option<FractionTrial> {
+    let fraction = config.settings.per_process_memory_fraction;
+    config.total()?;
+    if fraction >= 1.0 {
+        return None;
+    }
+    let with_fraction = |fraction: f64| ReplayConfig {
+        settings: Settings {
+            per_process_memory_fraction: fraction,
+            ..config.settings.clone()
+        },
+        ..config.clone()
+    };
+    let unlimited = with_fraction(1.0);
+    let out = replay(workload, &unlimited, start).ok()?;
+    let fits = out.first_oom.is_none();
+    let fits_at = |hundredths: u64| {
+        replay(workload, &with_fraction(hundredths as f64 / 100.0), start)
+            .is_ok_and(|out| out.first_oom.is_none())
+    };
+    // The replay's fraction ran out of memory; 100 hundredths is no limit, which fits.
+    let (mut low, mut high) = ((fraction * 100.0).floor() as u64, 100);
+    while fits && high - low > 1 {
+        let mid = (low + high) / 2;
+        if fits_at(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    let enough = (fits && high < 100).then(|| {
+        let f = high as f64 / 100.0;
+        (f, settings_text(&with_fraction(f).settings))
+    });
+    Some(FractionTrial {
+        fraction,
+        conf: settings_text(&unlimited.settings),
+        peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+        fits,
+        enough,
+    })
 }
 
 /// What replaying with expandable segments switched found, for a replay that ran out of memory:
@@ -252,7 +438,10 @@ mod tests {
             // The setting as printed, read back as `--conf` reads it, reproduces the fit.
             let mut trial = config.clone();
             trial.settings = Config::parse_conf_str(&fit.conf).unwrap().settings;
-            assert_eq!(trial.settings.max_split_size, fit.max_split_size_mb << 20);
+            assert_eq!(
+                Some(trial.settings.max_split_size),
+                fit.max_split_size_mb.map(|mb| mb << 20)
+            );
             let again = replay(&workload, &trial, None).unwrap();
             assert_eq!(
                 again.stats.counts.num_ooms, 0,
@@ -321,7 +510,7 @@ mod tests {
             let mut trial = config.clone();
             trial.settings.max_split_size = mb << 20;
             let oom = replay(&workload, &trial, None).unwrap().first_oom.unwrap();
-            if mb == furthest.max_split_size_mb {
+            if Some(mb) == furthest.max_split_size_mb {
                 assert_eq!(furthest.conf, format!("max_split_size_mb:{mb}"));
                 assert_eq!(oom.op_index, furthest.first_oom_op);
                 assert_eq!(oom.event_index(), furthest.first_oom_event_index);
@@ -351,11 +540,12 @@ mod tests {
         workload
     }
 
-    /// Every standard value is tried and each that fits is listed with its own figures: here
-    /// any value keeps a cached 1200 MiB block whole for the 1200 MiB request that needs it,
-    /// where the default settings cut a 100 MiB request from it (two segments, 1300 MiB).
+    /// Every standard value is tried, and those that fit with the same figures are listed
+    /// once, the largest standing for the others: here any value keeps a cached 1200 MiB block
+    /// whole for the 1200 MiB request that needs it, where the default settings cut a 100 MiB
+    /// request from it (two segments, 1300 MiB).
     #[test]
-    fn every_standard_value_that_fits_is_listed_with_its_figures() {
+    fn standard_values_that_fit_with_the_same_figures_are_listed_once() {
         let workload = ops(&[
             (Some(1200 * MIB), 0),
             (None, 0),
@@ -367,24 +557,28 @@ mod tests {
             ..ReplayConfig::default()
         };
         let found = search(&workload, &config);
-        let mut listed: Vec<u64> = found.fits.iter().map(|f| f.max_split_size_mb).collect();
-        listed.sort_unstable();
-        let mut ladder = MAX_SPLIT_LADDER_MB;
-        ladder.sort_unstable();
-        assert_eq!(listed, ladder);
-        for fit in &found.fits {
-            assert_eq!(
-                fit.conf,
-                format!("max_split_size_mb:{}", fit.max_split_size_mb)
-            );
+        let [fit] = &found.fits[..] else {
+            panic!("one fit listed: {:?}", found.fits);
+        };
+        assert_eq!(fit.max_split_size_mb, Some(1024));
+        assert_eq!(fit.conf, "max_split_size_mb:1024");
+        assert_eq!(fit.same_figures_mb, MAX_SPLIT_LADDER_MB[1..].to_vec());
+        assert_eq!(fit.figures(), (1300 * MIB, 2, 0), "{fit:?}");
+        for mb in MAX_SPLIT_LADDER_MB {
+            assert!(found.value_fits(mb), "{mb}");
+            let trial = ReplayConfig {
+                settings: with_max_split(&config.settings, mb),
+                ..config.clone()
+            };
+            let stats = replay(&workload, &trial, None).unwrap().stats;
             assert_eq!(
                 (
-                    fit.peak_reserved_bytes,
-                    fit.num_device_alloc,
-                    fit.num_alloc_retries
+                    stats.reserved_bytes.all.peak as u64,
+                    stats.counts.num_device_alloc,
+                    stats.counts.num_alloc_retries
                 ),
-                (1300 * MIB, 2, 0),
-                "{fit:?}"
+                fit.figures(),
+                "max_split_size_mb:{mb}"
             );
         }
     }
@@ -460,7 +654,7 @@ mod tests {
         let furthest = found.gets_furthest.unwrap();
         assert_eq!(
             (furthest.max_split_size_mb, furthest.first_oom_op),
-            (1024, 4)
+            (Some(1024), 4)
         );
         assert_eq!(furthest.first_oom_event_index, 8);
     }
@@ -542,7 +736,7 @@ mod tests {
         );
         let fits = search(&workload, &config).fits;
         assert!(
-            fits.iter().any(|f| f.max_split_size_mb == mb),
+            search(&workload, &config).value_fits(mb),
             "max_split_size_mb:{mb} does not fit: {fits:?}"
         );
         let mut at_request = config.clone();
@@ -587,12 +781,143 @@ mod tests {
                 again.stats.reserved_bytes.all.peak as u64,
                 fit.peak_reserved_bytes
             );
-            assert_eq!(
-                max_split_conf(&config.settings, fit.max_split_size_mb),
-                fit.conf
-            );
+            let mb = fit.max_split_size_mb.unwrap();
+            assert_eq!(max_split_conf(&config.settings, mb), fit.conf);
             // What the report's suggestion is given as, were it this value.
-            assert_eq!(found.conf_for(fit.max_split_size_mb), fit.conf);
+            assert_eq!(found.conf_for(mb), fit.conf);
         }
+    }
+
+    /// `config` with the settings `conf` says.
+    fn with_conf(config: &ReplayConfig, conf: &str) -> ReplayConfig {
+        ReplayConfig {
+            settings: Config::parse_conf_str(conf).unwrap().settings,
+            ..config.clone()
+        }
+    }
+
+    /// Whether `workload` replays without an OOM under `config` with the settings `conf`.
+    fn fits_under(workload: &Workload, config: &ReplayConfig, conf: &str) -> bool {
+        let out = replay(workload, &with_conf(config, conf), None).unwrap();
+        out.stats.counts.num_ooms == 0
+    }
+
+    /// The search after the first OOM, as the CLI makes it.
+    fn after_oom(workload: &Workload, config: &ReplayConfig) -> MaxSplitSearch {
+        let first = replay(workload, config, None).unwrap().first_oom.unwrap();
+        search_after_oom(workload, config, None, &first)
+    }
+
+    /// A fragmentation OOM under `roundup_power2_divisions:4` that no value fixes with them:
+    /// without them values fit, and the search finds those (each saying it drops them), not
+    /// only after a padding OOM.
+    #[test]
+    fn without_a_fit_the_search_drops_the_replays_divisions() {
+        let (workload, config) = transformer_on(5734 << 20);
+        let config = with_conf(&config, "roundup_power2_divisions:4");
+        let first = replay(&workload, &config, None).unwrap().first_oom.unwrap();
+        assert!(
+            matches!(first.report.hint(), OomHint::Fragmentation { .. }),
+            "{}",
+            first.report
+        );
+        assert!(search(&workload, &config).fits.is_empty(), "none with them");
+        let found = search_after_oom(&workload, &config, None, &first);
+        assert!(found.also_without_divisions);
+        assert!(!found.fits.is_empty());
+        for fit in &found.fits {
+            assert_eq!(fit.dropped, vec![DIVISIONS], "{fit:?}");
+            assert!(!fit.conf.contains(DIVISIONS), "{}", fit.conf);
+            assert!(fits_under(&workload, &config, &fit.conf), "{}", fit.conf);
+        }
+    }
+
+    /// The replay's own `max_split_size_mb` stands in the way: under it and under every
+    /// standard value a 2000 MiB request takes a cached 2010 MiB block whole, and a 5 MiB one
+    /// then needs a segment the device does not have; without any, the 2000 MiB request is cut
+    /// from the block and the 5 MiB one served from its rest. The search says to drop it.
+    #[test]
+    fn without_a_fit_the_search_drops_the_replays_max_split_size() {
+        let workload = ops(&[
+            (Some(2010 * MIB), 0),
+            (None, 0),
+            (Some(2000 * MIB), 1),
+            (Some(5 * MIB), 2),
+        ]);
+        let config = ReplayConfig {
+            capacity: Some(2012 * MIB),
+            ..ReplayConfig::default()
+        };
+        assert!(fits_under(&workload, &config, ""));
+        let config = with_conf(&config, "max_split_size_mb:2000");
+        let found = after_oom(&workload, &config);
+        assert!(found.also_without_max_split && !found.also_without_divisions);
+        let [fit] = &found.fits[..] else {
+            panic!("one fit: {:?}", found.fits);
+        };
+        assert_eq!(
+            (fit.max_split_size_mb, &fit.dropped[..], &fit.conf[..]),
+            (None, &[MAX_SPLIT][..], "")
+        );
+        assert_eq!(found.fraction, None);
+        assert_eq!(
+            own_setting_text(&config.settings, MAX_SPLIT).as_deref(),
+            Some("max_split_size_mb:2000")
+        );
+    }
+
+    /// Where every value fits only without the replay's divisions, and just as the settings
+    /// without them do alone, the one fit listed is those settings: the values are folded in.
+    #[test]
+    fn values_that_change_nothing_fold_into_the_settings_without_divisions() {
+        let workload = "loguniform:ops=50000,min=512,max=1048576,budget_gib=1"
+            .parse::<SynthSpec>()
+            .unwrap()
+            .generate(0)
+            .unwrap();
+        let config = ReplayConfig {
+            capacity: Some(1150 * MIB),
+            ..ReplayConfig::default()
+        };
+        assert!(fits_under(&workload, &config, ""), "the defaults fit");
+        let config = with_conf(&config, "roundup_power2_divisions:2");
+        let found = after_oom(&workload, &config);
+        let [fit] = &found.fits[..] else {
+            panic!("one fit: {:?}", found.fits);
+        };
+        assert_eq!(
+            (fit.max_split_size_mb, &fit.dropped[..], &fit.conf[..]),
+            (None, &[DIVISIONS][..], "")
+        );
+        assert_eq!(fit.same_figures_mb, MAX_SPLIT_LADDER_MB.to_vec());
+        assert!(!found.value_fits(1024), "no value fits with the divisions");
+    }
+
+    /// Under a memory fraction that binds, where the device would hold the run: the search
+    /// tries the replay without it, and names a fraction that fits, both replayed.
+    #[test]
+    fn without_a_fit_the_search_tries_without_the_memory_fraction() {
+        let (workload, mut config) = transformer_on(8 << 30);
+        config.device_total = Some(8 << 30);
+        let config = with_conf(&config, "per_process_memory_fraction:0.6");
+        let found = after_oom(&workload, &config);
+        assert!(found.fits.is_empty());
+        let trial = found.fraction.expect("tried without the fraction");
+        assert_eq!(
+            (trial.fraction, trial.fits, &trial.conf[..]),
+            (0.6, true, "")
+        );
+        assert!(fits_under(&workload, &config, ""));
+        let (fraction, conf) = trial.enough.expect("a fraction that fits");
+        assert!(fraction > 0.6 && fraction < 1.0, "{fraction}");
+        assert_eq!(conf, format!("per_process_memory_fraction:{fraction}"));
+        assert!(fits_under(&workload, &config, &conf));
+        // Without a fraction there is none to drop.
+        let workload = ops(&[(Some(60 * MIB), 0), (Some(60 * MIB), 1)]);
+        let config = ReplayConfig {
+            capacity: Some(100 * MIB),
+            ..ReplayConfig::default()
+        };
+        assert_eq!(after_oom(&workload, &config).fraction, None);
     }
 }

@@ -5,6 +5,7 @@
 mod console;
 mod device_arg;
 mod device_size;
+mod fits_text;
 mod outcome;
 mod recorded;
 mod request_report;

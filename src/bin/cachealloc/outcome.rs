@@ -3,11 +3,11 @@
 use cachealloc::backend::sim::Placement;
 use cachealloc::config::shell_word;
 use cachealloc::pool::rounding::LARGE_BUFFER;
-use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, format_size};
+use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, Settings, format_size};
 use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
 use cachealloc::trace::fit::{
-    ExpandableTrial, FittingSetting, MAX_SPLIT_LADDER_MB, MaxSplitSearch,
+    ExpandableTrial, FittingSetting, FractionTrial, MaxSplitSearch, own_setting_text,
 };
 use serde::Serialize;
 
@@ -133,6 +133,9 @@ pub struct ReplayJson {
     /// When no setting fits: the `max_split_size_mb` value that gets furthest past this
     /// replay's first OOM before running out of memory itself (null when none gets past it).
     pub gets_furthest: Option<GetsFurtherJson>,
+    /// When no setting fits within the replay's `per_process_memory_fraction` below 1: the
+    /// replay without it (null otherwise).
+    pub fraction_trial: Option<FractionTrialJson>,
     /// The `max_split_size_mb` the out-of-memory report suggests, replayed like the others
     /// (null when there was no OOM or the report suggests no value).
     pub report_suggestion: Option<SuggestionJson>,
@@ -164,6 +167,9 @@ pub struct ReplayJson {
     /// a padding out-of-memory); the settings found say which they have.
     #[serde(skip)]
     pub searched_without_divisions: bool,
+    /// The search also tried the replay without the `max_split_size_mb` it set.
+    #[serde(skip)]
+    pub searched_without_max_split: bool,
 }
 
 /// The replay with expandable segments on.
@@ -198,7 +204,12 @@ impl From<ExpandableTrial> for ExpandableTrialJson {
 /// A setting verified to replay without an OOM.
 #[derive(Clone, Debug, Serialize)]
 pub struct FittingJson {
-    pub max_split_size_mb: u64,
+    /// The standard value tried; null: the replay's settings without `dropped_settings`, no
+    /// value in their place.
+    pub max_split_size_mb: Option<u64>,
+    /// The replay's own settings it goes without, as they were set
+    /// (`roundup_power2_divisions:4`, `max_split_size_mb:300`); empty when it keeps them all.
+    pub dropped_settings: Vec<String>,
     /// Every setting of the replay with this value: a complete `--conf` value.
     pub conf: String,
     pub peak_reserved_bytes: u64,
@@ -207,17 +218,60 @@ pub struct FittingJson {
     /// Its peak reserved memory fills the device, or the limit of a memory fraction below 1
     /// (within a 20 MiB segment): it fits by releasing cached blocks, its retries.
     pub fills_memory_limit: bool,
+    /// Other standard values that fit with the same other settings and the same figures: the
+    /// value set makes no difference the figures show.
+    pub same_figures_max_split_size_mb: Vec<u64>,
 }
 
 impl FittingJson {
-    fn new(f: FittingSetting, memory_limit: Option<u64>) -> Self {
+    fn new(f: FittingSetting, memory_limit: Option<u64>, settings: &Settings) -> Self {
         FittingJson {
             max_split_size_mb: f.max_split_size_mb,
+            dropped_settings: dropped_texts(&f.dropped, settings),
             conf: f.conf,
             peak_reserved_bytes: f.peak_reserved_bytes,
             num_device_alloc: f.num_device_alloc,
             num_alloc_retries: f.num_alloc_retries,
             fills_memory_limit: memory_limit.is_some_and(|l| fills(l, f.peak_reserved_bytes)),
+            same_figures_max_split_size_mb: f.same_figures_mb,
+        }
+    }
+}
+
+/// The replay's own settings `dropped` (keys), as `settings` set them.
+fn dropped_texts(dropped: &[&'static str], settings: &Settings) -> Vec<String> {
+    dropped
+        .iter()
+        .map(|key| own_setting_text(settings, key).unwrap_or_else(|| key.to_string()))
+        .collect()
+}
+
+/// The replay without its memory fraction, tried when no value fits within its limit.
+#[derive(Clone, Debug, Serialize)]
+pub struct FractionTrialJson {
+    /// The replay's `per_process_memory_fraction`.
+    pub fraction: f64,
+    /// The replay's settings without it: a complete `--conf` value.
+    pub conf: String,
+    pub fits: bool,
+    pub peak_reserved_bytes: u64,
+    /// When it fits: a fraction in hundredths below 1 that fits too, replayed (found by halving
+    /// the range between the replay's fraction and 1: a smaller one may fit too), and its
+    /// `--conf` value (null otherwise).
+    pub enough_fraction: Option<f64>,
+    pub enough_conf: Option<String>,
+}
+
+impl From<FractionTrial> for FractionTrialJson {
+    fn from(t: FractionTrial) -> Self {
+        let (enough_fraction, enough_conf) = t.enough.unzip();
+        FractionTrialJson {
+            fraction: t.fraction,
+            conf: t.conf,
+            fits: t.fits,
+            peak_reserved_bytes: t.peak_reserved_bytes,
+            enough_fraction,
+            enough_conf,
         }
     }
 }
@@ -295,7 +349,9 @@ impl From<&OomReport> for OomReportJson {
 /// A setting that gets past the replay's first OOM, and where it runs out of memory itself.
 #[derive(Clone, Debug, Serialize)]
 pub struct GetsFurtherJson {
-    pub max_split_size_mb: u64,
+    /// As in `FittingJson`.
+    pub max_split_size_mb: Option<u64>,
+    pub dropped_settings: Vec<String>,
     /// A complete `--conf` value, as in `FittingJson`.
     pub conf: String,
     /// Counted like `first_oom_event_index`.
@@ -387,6 +443,7 @@ impl ReplayJson {
             recorded_oom: ctx.recorded.oom,
             fitting_settings: None,
             gets_furthest: None,
+            fraction_trial: None,
             report_suggestion: None,
             max_split_sizes_not_replayable: None,
             expandable_segments_trial: None,
@@ -397,6 +454,7 @@ impl ReplayJson {
             start_rebuildable: ctx.start_rebuildable,
             memory_limit: ctx.memory_limit,
             searched_without_divisions: false,
+            searched_without_max_split: false,
             expandable_segments: ctx.expandable_segments,
         }
     }
@@ -410,6 +468,7 @@ impl ReplayJson {
         if search.fits.is_empty() {
             self.gets_furthest = search.gets_furthest.as_ref().map(|g| GetsFurtherJson {
                 max_split_size_mb: g.max_split_size_mb,
+                dropped_settings: dropped_texts(&g.dropped, &search.settings),
                 conf: g.conf.clone(),
                 first_oom_event_index: g.first_oom_event_index,
             });
@@ -421,19 +480,22 @@ impl ReplayJson {
         if let Some(mb) = suggested {
             self.report_suggestion = Some(SuggestionJson {
                 conf: search.conf_for(mb),
-                fits: search.fits.iter().any(|f| f.max_split_size_mb == mb),
+                fits: search.value_fits(mb),
                 gets_further: search.get_further.contains(&mb),
                 tried: !search.cannot_start.contains(&mb),
             });
         }
         self.max_split_sizes_not_replayable = Some(search.cannot_start.clone());
         self.searched_without_divisions = search.also_without_divisions;
+        self.searched_without_max_split = search.also_without_max_split;
+        self.fraction_trial = search.fraction.map(FractionTrialJson::from);
         let limit = self.memory_limit;
+        let settings = &search.settings;
         self.fitting_settings = Some(
             search
                 .fits
                 .into_iter()
-                .map(|f| FittingJson::new(f, limit))
+                .map(|f| FittingJson::new(f, limit, settings))
                 .collect(),
         );
         self
@@ -686,141 +748,6 @@ impl ReplayJson {
         }
         t
     }
-
-    /// The settings search, in words: the values that fit, or how far the best one gets.
-    fn fits_text(&self, fits: &[FittingJson], expandable_fits: bool) -> String {
-        let not_replayable = self
-            .max_split_sizes_not_replayable
-            .as_deref()
-            .unwrap_or(&[]);
-        let listed = |values: &[u64]| {
-            values
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let tried: Vec<u64> = MAX_SPLIT_LADDER_MB
-            .into_iter()
-            .filter(|mb| !not_replayable.contains(mb))
-            .collect();
-        let (tried, skipped) = (listed(&tried), listed(not_replayable));
-        if tried.is_empty() {
-            return format!(
-                "\nNo max_split_size_mb value could be tried: the start state rebuilt from the \
-                 snapshot holds blocks that could not exist under any of them ({skipped}).\n"
-            );
-        }
-        // Values the recorded start state rules out were not replayed: say so, and which.
-        let untried = if not_replayable.is_empty() {
-            String::new()
-        } else {
-            let (values, were, them) = if not_replayable.len() == 1 {
-                ("value", "was", "it")
-            } else {
-                ("values", "were", "them")
-            };
-            format!(
-                "  (max_split_size_mb {values} {skipped} {were} not tried: the start state \
-                 rebuilt from the snapshot holds blocks that could not exist under {them}.)\n"
-            )
-        };
-        // What became of the value the report's hint named.
-        let suggestion = match &self.report_suggestion {
-            Some(s) if !s.tried => format!(
-                "  ({}, the report's suggestion, cannot be replayed from this recording's start \
-                 state.)\n",
-                s.conf
-            ),
-            Some(s) if s.gets_further => format!(
-                "  ({}, the report's suggestion, was tried: it gets past this out-of-memory too, \
-                 and runs out of memory later.)\n",
-                s.conf
-            ),
-            Some(s) if !s.fits => format!(
-                "  ({}, the report's suggestion, was tried and does not get past this \
-                 out-of-memory.)\n",
-                s.conf
-            ),
-            _ => String::new(),
-        };
-        let also = if self.searched_without_divisions {
-            ", and also without its roundup_power2_divisions"
-        } else {
-            ""
-        };
-        if fits.is_empty() {
-            let mut t = format!(
-                "\nNo max_split_size_mb value tried ({tried}; other settings as in this \
-                 replay{also}) lets this workload run without an out-of-memory on this device{}",
-                if expandable_fits {
-                    "."
-                } else if let Some(r) = self
-                    .first_oom_report
-                    .as_ref()
-                    .filter(|r| r.kind == "padding")
-                {
-                    // The requests fit; their blocks do not (the hint says why).
-                    if r.padding_held_outside_bytes > 0 {
-                        ": its blocks need more memory, though the requests alone would fit \
-                         without the memory held outside cachealloc."
-                    } else {
-                        ": its blocks need more memory, though the requests alone would fit."
-                    }
-                } else {
-                    ": it needs more memory."
-                }
-            );
-            match &self.gets_furthest {
-                Some(g) => {
-                    t += &format!(
-                        " With --conf {} it gets past this out-of-memory and first runs out at \
-                         {}.\n",
-                        shell_word(&g.conf),
-                        event_at(self.mode, g.first_oom_event_index)
-                    );
-                }
-                None => t += " No value gets past this out-of-memory.\n",
-            }
-            return t + &suggestion + &untried;
-        }
-        let mut t = format!(
-            "\nSettings that avoid every out-of-memory here, each verified by replaying \
-             (max_split_size_mb values with this replay's other settings{also}):\n"
-        );
-        let width = fits
-            .iter()
-            .map(|f| shell_word(&f.conf).len())
-            .max()
-            .unwrap_or(0);
-        for f in fits {
-            let note = if self
-                .report_suggestion
-                .as_ref()
-                .is_some_and(|s| s.conf == f.conf)
-            {
-                " (the report's suggestion)"
-            } else {
-                ""
-            };
-            let whole = match f.fills_memory_limit {
-                true if self.memory_limit == self.capacity_bytes => " (fills the device)",
-                true => " (fills its memory fraction)",
-                false => "",
-            };
-            t += &format!(
-                "  --conf {:<width$}  peak reserved {}{whole}, {}, {}{note}\n",
-                shell_word(&f.conf),
-                format_size(f.peak_reserved_bytes),
-                device_allocs(self.expandable_segments, f.num_device_alloc),
-                match f.num_alloc_retries {
-                    1 => "1 retry".to_string(),
-                    n => format!("{n} retries"),
-                }
-            );
-        }
-        t + &suggestion + &untried
-    }
 }
 
 /// Whether a replay that reserved at most `peak` bytes filled the `limit` it could reserve:
@@ -854,7 +781,7 @@ fn expandable_text(e: &ExpandableTrialJson, mode: &str) -> String {
 }
 
 /// Where an event is, in words: "trace entry N" or, for a synthetic workload, "operation N".
-fn event_at(mode: &str, index: usize) -> String {
+pub(crate) fn event_at(mode: &str, index: usize) -> String {
     match mode {
         // A trace's index counts all of its entries (segment calls included).
         "synthetic" => format!("operation {index}"),
@@ -883,7 +810,7 @@ fn device_calls(expandable_segments: bool, allocs: u64, frees: u64) -> String {
 }
 
 /// The device allocations a replay made: "3 cudaMalloc", or "1 segment map".
-fn device_allocs(expandable_segments: bool, n: u64) -> String {
+pub(crate) fn device_allocs(expandable_segments: bool, n: u64) -> String {
     if expandable_segments {
         counted(n, "segment map")
     } else {
