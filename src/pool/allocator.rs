@@ -548,13 +548,15 @@ impl<B: Backend> DeviceAllocator<B> {
             return Ok(self.entry_of(id));
         }
         // Frees still pending complete when `release_cached_blocks` synchronizes: a block they
-        // free is not searched for again (as in PyTorch), which the report tells.
-        let pending = self.pending_frees();
+        // free is not searched for again (as in PyTorch), which the report tells. So do the
+        // frees a replay holds until that synchronization (`free_completes_at_sync`).
+        let waiting = |pool: &Self| pool.pending_frees() + pool.frees_held_until_sync();
+        let pending = waiting(self);
         self.release_cached_blocks()?;
         if let Some(id) = self.alloc_block(pool, stream, rounded, true)? {
             return Ok(self.entry_of(id));
         }
-        let freed_during = self.pending_frees() < pending;
+        let freed_during = waiting(self) < pending;
         Err(self.out_of_memory(stream, (size, rounded, alloc_size), freed_during))
     }
 

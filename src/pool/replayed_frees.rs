@@ -132,3 +132,38 @@ impl<B: Backend> DeviceAllocator<B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::pool::OomHint;
+    use crate::pool::Settings;
+    use crate::pool::error::Error;
+    use crate::pool::tests::{MIB, S0, alloc, cache, pool_with};
+
+    /// A free a replay holds until the retry's synchronization (`free_completes_at_sync`)
+    /// completes while the request fails, as a pending free does: its block, which would
+    /// serve the request, is reported as freed during it, not as fragmentation (the README's
+    /// "Freed too late", pytorch#189504).
+    #[test]
+    fn a_free_completed_at_the_retry_is_freed_during_the_request() {
+        let mut pool = pool_with(800 * MIB, Settings::default());
+        cache(&mut pool, &[600 * MIB]);
+        let held = alloc(&mut pool, 500 * MIB);
+        let _rest = alloc(&mut pool, 100 * MIB);
+        pool.free_requested(held).unwrap();
+        pool.free_completes_at_sync(held).unwrap();
+        let Err(Error::OutOfMemory(report)) = pool.malloc(500 * MIB, S0) else {
+            panic!("PyTorch does not search the cache again after the retry");
+        };
+        assert_eq!(pool.frees_held_until_sync(), 0, "completed at the retry");
+        assert_eq!(
+            report.hint(),
+            OomHint::FreedDuringRequest {
+                request: 500 * MIB,
+                block: 500 * MIB
+            },
+            "{report}"
+        );
+        pool.validate().unwrap();
+    }
+}
