@@ -58,6 +58,14 @@ fn a_block_freed_at_the_retry_is_reported_as_freed_too_late() {
                 && !text.contains("Fragmentation"),
             "{mode:?}: {text}"
         );
+        // The settings that avoid it too are not presented as the remedy.
+        assert!(
+            text.contains(
+                "the hint above needs none of them (freeing the block before the request avoids \
+                 it), but they avoid it too:"
+            ),
+            "{mode:?}: {text}"
+        );
     }
     std::fs::remove_file(&path).unwrap();
 }

@@ -93,6 +93,15 @@ impl ReplayJson {
             "\nSettings that avoid every out-of-memory here, each verified by replaying \
              (max_split_size_mb values with this replay's other settings{also})"
         );
+        // The hint's remedy is the program's: these are a way round it, not the cure.
+        if self
+            .first_oom_report
+            .as_ref()
+            .is_some_and(|r| r.kind == "freed_during_request")
+        {
+            t += "; the hint above needs none of them (freeing the block before the request \
+                  avoids it), but they avoid it too";
+        }
         // When every one goes without some of the replay's own settings, that is the remedy.
         if fits.iter().all(|f| !f.dropped_settings.is_empty()) {
             let mut own: Vec<String> = Vec::new();
