@@ -1,6 +1,6 @@
 //! PyTorch's `format_size`, the size text of every OOM message.
 //!
-//! It lives in the core (not in `crate::report`) because the OOM report in `oom.rs` renders
+//! It lives in the core (not in `crate::report`) because the OOM report in `oom/` renders
 //! itself and the core may not depend on the layers above it; `crate::report::format`
 //! re-exports it next to the `memory_summary` formatters.
 
