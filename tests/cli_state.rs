@@ -308,6 +308,46 @@ fn a_request_is_served_from_a_cached_block_a_new_segment_or_runs_out_of_memory()
     std::fs::remove_file(path).unwrap();
 }
 
+/// 100 small segments of 2 MiB, each holding a live 512 KiB block: 150 MiB of the small pool
+/// is unallocated, and a 100 MiB request with 60 MiB free on the device would fit only in it.
+/// No setting gives it to a large request: its own kind, with no advice on finding a setting.
+#[test]
+fn the_small_pools_memory_is_no_room_for_a_large_request() {
+    let segments: Vec<Segment> = (0..100)
+        .map(|k| Segment {
+            address: SEG + k * 2 * MIB,
+            stream: 0,
+            expandable: false,
+            pool_id: (0, 0),
+            blocks: vec![
+                (MIB / 2, MIB / 2, "active_allocated"),
+                (3 * MIB / 2, 0, "inactive"),
+            ],
+        })
+        .collect();
+    let path = write_state_snapshot("small_pool_held.pickle", &segments, None);
+    let args = ["--request", "100MiB", "--device-free", "60MiB"];
+    let j = state_json(&path, &args);
+    let r = &j["request"];
+    assert_eq!(r["outcome"], "out_of_memory", "{j}");
+    assert_eq!(r["oom"]["kind"], "small_pool_held", "{j}");
+    assert_eq!(
+        r["oom"]["suggested_max_split_size_mb"],
+        serde_json::Value::Null
+    );
+    assert_eq!(r["settings_may_help"], false);
+    let out = state(&path, &args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Fragmentation of the small pool: ")
+            && text.contains("No allocator setting gives it to this request"),
+        "{text}"
+    );
+    assert!(!text.contains("Which setting avoids this"), "{text}");
+    assert!(!text.contains("_record_memory_history()"), "{text}");
+    std::fs::remove_file(path).unwrap();
+}
+
 /// The device's total memory beyond what is reserved and free is reported as memory held
 /// outside the allocator, and the snapshot's settings are used unless --conf replaces them
 /// (with settings under which the state could not exist refused).

@@ -320,6 +320,7 @@ impl From<&OomReport> for OomReportJson {
                 OomHint::Padding { .. } => "padding",
                 OomHint::Untracked { .. } => "untracked",
                 OomHint::Fragmentation { .. } => "fragmentation",
+                OomHint::SmallPoolHeld { .. } => "small_pool_held",
                 OomHint::OtherStream { .. } => "other_stream",
                 OomHint::FreedDuringRequest { .. } => "freed_during_request",
             },

@@ -60,7 +60,7 @@
 //!   blocks merge across its 2 MiB pages (a run of 512-byte to 1 MiB requests on 1100 MiB that
 //!   fails natively fits so). A large request counts only its own pool's unallocated memory:
 //!   the small pool's lies in 2 MiB segments (pages) that each hold a live block, so when only
-//!   it makes the request fit, the hint says so and names no setting.
+//!   it makes the request fit, that is a kind of its own (small pool held), naming no setting.
 //!   With expandable segments memory grows by whole pages (20 MiB in the large pool): when the
 //!   device refused the pages a request needed (`OomReport::refused_map`), the hint says so,
 //!   and names native segments (the request rounded to 2 MiB) when one might fit.
@@ -171,6 +171,15 @@ impl OomReport {
         };
         let other_pool_unallocated = self.unallocated() - unallocated;
         let room = unallocated.saturating_add(usable_free);
+        if other_pool_unallocated > 0 && self.rounded > room {
+            return OomHint::SmallPoolHeld {
+                request: self.rounded,
+                unallocated,
+                device_free: usable_free,
+                fraction_capped,
+                small_pool_unallocated: other_pool_unallocated,
+            };
+        }
         // The segment is the cause when neither it nor the pages expandable segments would map
         // (whole pages past what is unallocated, were all of it at the range's end) fit in
         // what is left: nothing fragmented stands in the way.

@@ -45,30 +45,13 @@ impl OomHint {
 
     /// Whether an allocator setting may avoid this out-of-memory (the hints that point to a
     /// replay of a recording to find one). The others name what no setting changes: live
-    /// memory, a segment's size, memory held outside the allocator, or the fraction limit,
-    /// which the hint itself names.
+    /// memory, a segment's size, memory held outside the allocator, the small pool's memory
+    /// (which no setting gives to a large request), or the fraction limit, which the hint
+    /// itself names.
     pub fn settings_may_help(&self) -> bool {
         match self {
-            OomHint::OtherStream { .. } => true,
+            OomHint::OtherStream { .. } | OomHint::Fragmentation { .. } => true,
             OomHint::Padding { .. } => !self.padding_settings().is_empty(),
-            // Each names a setting to try, but when the room lies in the small pool, which no
-            // setting gives to a large request.
-            OomHint::Fragmentation { .. } => !self.small_pool_holds_the_room(),
-            _ => false,
-        }
-    }
-
-    /// For a fragmentation hint of a large request: the room it counted on is the small pool's
-    /// unallocated memory, without which the large pool's and the device's is too little.
-    fn small_pool_holds_the_room(&self) -> bool {
-        match *self {
-            OomHint::Fragmentation {
-                request,
-                unallocated,
-                device_free,
-                other_pool_unallocated,
-                ..
-            } => other_pool_unallocated > 0 && request > unallocated.saturating_add(device_free),
             _ => false,
         }
     }
@@ -349,6 +332,27 @@ impl fmt::Display for OomHint {
                 },
                 replay_pointer(f, SHOWS_SETTINGS)
             ),
+            OomHint::SmallPoolHeld {
+                request,
+                unallocated,
+                device_free,
+                fraction_capped,
+                small_pool_unallocated,
+            } => write!(
+                f,
+                "Fragmentation of the small pool: {} reserved but unallocated in the large pool \
+                 plus {} free on the device{} would not hold this {} block, and the {} reserved \
+                 but unallocated in the small pool serves only requests of 1 MiB or less: it \
+                 lies in 2 MiB segments (pages, under expandable segments) that each still hold \
+                 a live block, and goes back to the device only when they are wholly free. No \
+                 allocator setting gives it to this request: keep fewer small tensors alive \
+                 here.",
+                format_size(unallocated),
+                format_size(device_free),
+                within_limit(fraction_capped),
+                format_size(request),
+                format_size(small_pool_unallocated),
+            ),
             OomHint::Fragmentation {
                 request,
                 unallocated,
@@ -364,23 +368,6 @@ impl fmt::Display for OomHint {
                 divisions_padding,
                 other_pool_unallocated,
             } => {
-                if self.small_pool_holds_the_room() {
-                    return write!(
-                        f,
-                        "Fragmentation of the small pool: {} reserved but unallocated in the \
-                         large pool plus {} free on the device{} would not hold this {} block, \
-                         and the {} reserved but unallocated in the small pool serves only \
-                         requests of 1 MiB or less: it lies in 2 MiB segments (pages, under \
-                         expandable segments) that each still hold a live block, and goes back \
-                         to the device only when they are wholly free. No allocator setting \
-                         gives it to this request: keep fewer small tensors alive here.",
-                        format_size(unallocated),
-                        format_size(device_free),
-                        within_limit(fraction_capped),
-                        format_size(request),
-                        format_size(other_pool_unallocated),
-                    );
-                }
                 write!(
                     f,
                     "Fragmentation: {} reserved but unallocated ",

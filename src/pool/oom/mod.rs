@@ -181,6 +181,21 @@ pub enum OomHint {
         /// small request, whose `unallocated` counts both pools.
         other_pool_unallocated: u64,
     },
+    /// A large request would fit only in the small pool's reserved but unallocated memory as
+    /// well: that serves only requests of 1 MiB or less, and lies in 2 MiB segments (pages,
+    /// under expandable segments) that each still hold a live block. No setting gives it to
+    /// the request.
+    SmallPoolHeld {
+        /// Rounded size of the request.
+        request: u64,
+        /// The large pool's reserved but unallocated bytes.
+        unallocated: u64,
+        /// As in `Fragmentation`.
+        device_free: u64,
+        fraction_capped: bool,
+        /// The small pool's reserved but unallocated bytes.
+        small_pool_unallocated: u64,
+    },
     /// A free block of the request's stream would serve it now: it became free only while the
     /// request failed (pending frees completed when the pool synchronized), and PyTorch does
     /// not search its cache again after that (pytorch#189504). The same request made again is

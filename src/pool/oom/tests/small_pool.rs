@@ -161,7 +161,8 @@ fn a_small_request_gets_a_value_that_keeps_the_large_pools_free_memory_whole() {
 
 /// 2000 requests of 512 KiB, every fourth kept, leave 750 MiB of the small pool unallocated
 /// in segments that each hold a live block; a 1 GiB request then fails with 536 MiB free.
-/// That memory is no room for it, under any setting: the hint says so, and names none.
+/// That memory is no room for it, under any setting: a kind of its own, not fragmentation,
+/// whose hint says so and names none.
 #[test]
 fn the_small_pools_unallocated_memory_is_no_room_for_a_large_request() {
     let report = OomReport {
@@ -184,11 +185,11 @@ fn the_small_pools_unallocated_memory_is_no_room_for_a_large_request() {
     assert!(
         matches!(
             hint,
-            OomHint::Fragmentation {
+            OomHint::SmallPoolHeld {
                 unallocated: 0,
-                other_pool_unallocated,
+                small_pool_unallocated,
                 ..
-            } if other_pool_unallocated == 750 * MIB
+            } if small_pool_unallocated == 750 * MIB
         ),
         "{hint:?}"
     );
@@ -220,6 +221,16 @@ fn the_small_pools_unallocated_memory_is_no_room_for_a_large_request() {
         large_pool_largest_free_block: 450 * MIB,
         ..report
     };
+    assert!(
+        matches!(
+            large_room.hint(),
+            OomHint::Fragmentation {
+                other_pool_unallocated,
+                ..
+            } if other_pool_unallocated == 750 * MIB
+        ),
+        "{large_room:?}"
+    );
     assert!(large_room.hint().settings_may_help());
     assert!(
         large_room.to_string().contains(
