@@ -279,9 +279,13 @@ impl From<FractionTrial> for FractionTrialJson {
 /// An out-of-memory report: its figures, what it concludes, and its text.
 #[derive(Clone, Debug, Serialize)]
 pub struct OomReportJson {
-    /// `exhausted` (live memory alone exceeds what the device offers), `untracked` (memory
-    /// outside the allocator holds what is missing), `other_stream` (a free block large enough
-    /// is cached for another stream) or `fragmentation`.
+    /// `exhausted` (live memory alone exceeds what the device offers), `segment_too_large` (the
+    /// request's new segment is larger than the memory left), `padding` (the requests fit, their
+    /// rounded blocks do not), `untracked` (memory outside the allocator holds what is
+    /// missing), `fragmentation`, `small_pool_held` (only the small pool's memory, which serves
+    /// requests of 1 MiB or less, would make room), `other_stream` (a free block large enough
+    /// is cached for another stream) or `freed_during_request` (a block freed while the
+    /// request failed now holds it).
     pub kind: &'static str,
     pub requested_bytes: u64,
     pub rounded_bytes: u64,
