@@ -66,15 +66,6 @@ pub fn max_split_conf(settings: &Settings, mb: u64) -> String {
     settings_text(&with_max_split(settings, mb))
 }
 
-/// The setting `key` of `settings` as `CACHEALLOC_CONF` says it (`roundup_power2_divisions:4`),
-/// or `None` when it is the default.
-pub fn own_setting_text(settings: &Settings, key: &str) -> Option<String> {
-    settings_text(settings)
-        .split(',')
-        .find(|item| item.split(':').next() == Some(key))
-        .map(str::to_string)
-}
-
 /// `settings` without the replay's own settings `dropped` (`DIVISIONS`, `MAX_SPLIT`).
 fn without(settings: &Settings, dropped: &[&'static str]) -> Settings {
     let mut s = settings.clone();
@@ -400,6 +391,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::pool::StreamId;
+    use crate::trace::record::setting_text;
     use crate::trace::synth::{SynthKind, SynthSpec};
     use crate::trace::workload::{AllocId, Op};
 
@@ -861,7 +853,7 @@ mod tests {
         );
         assert_eq!(found.fraction, None);
         assert_eq!(
-            own_setting_text(&config.settings, MAX_SPLIT).as_deref(),
+            setting_text(&config.settings, MAX_SPLIT).as_deref(),
             Some("max_split_size_mb:2000")
         );
     }

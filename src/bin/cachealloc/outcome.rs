@@ -6,9 +6,8 @@ use cachealloc::pool::rounding::LARGE_BUFFER;
 use cachealloc::pool::{DeviceId, DeviceStats, OomHint, OomReport, Settings, format_size};
 use cachealloc::report::{memory_summary, stats_json};
 use cachealloc::trace::ReplayOutcome;
-use cachealloc::trace::fit::{
-    ExpandableTrial, FittingSetting, FractionTrial, MaxSplitSearch, own_setting_text,
-};
+use cachealloc::trace::fit::{ExpandableTrial, FittingSetting, FractionTrial, MaxSplitSearch};
+use cachealloc::trace::record::setting_text;
 use serde::Serialize;
 
 /// The recorded figures a trace carries, to compare a replay against.
@@ -242,7 +241,7 @@ impl FittingJson {
 fn dropped_texts(dropped: &[&'static str], settings: &Settings) -> Vec<String> {
     dropped
         .iter()
-        .map(|key| own_setting_text(settings, key).unwrap_or_else(|| key.to_string()))
+        .map(|key| setting_text(settings, key).unwrap_or_else(|| key.to_string()))
         .collect()
 }
 

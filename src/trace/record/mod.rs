@@ -63,7 +63,7 @@ mod sync_tests;
 mod tests;
 
 use crate::config::Config;
-use crate::config::options::{Carrier, OPTIONS};
+use crate::config::options::{Carrier, OPTIONS, OptionSpec};
 use crate::pool::{PoolEvent, Settings, StreamId};
 use serde::{Deserialize, Serialize};
 
@@ -304,19 +304,34 @@ impl Event {
 /// `settings` in `CACHEALLOC_CONF` syntax, naming only the pool keys that differ from the
 /// defaults (`""` for all defaults); parses back to the same settings.
 pub fn settings_text(settings: &Settings) -> String {
+    shared_settings_text(settings, |_| true)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The pool key `name` of `settings` as `CACHEALLOC_CONF` says it
+/// (`roundup_power2_divisions:[64:2,256:1,>:4]`), or `None` when it is the default.
+pub fn setting_text(settings: &Settings, name: &str) -> Option<String> {
+    shared_settings_text(settings, |o| o.name == name).next()
+}
+
+/// `key:value` for each pool key of `settings` that `chosen` takes and that differs from its
+/// default, in the options table's order.
+fn shared_settings_text(
+    settings: &Settings,
+    chosen: impl Fn(&OptionSpec) -> bool,
+) -> impl Iterator<Item = String> {
     let config = Config {
         settings: settings.clone(),
         ..Config::default()
     };
     OPTIONS
         .iter()
-        .filter(|o| o.carrier == Carrier::Shared)
-        .filter_map(|o| {
+        .filter(move |o| o.carrier == Carrier::Shared && chosen(o))
+        .filter_map(move |o| {
             let value = o.current(&config);
             (value != o.default_text()).then(|| format!("{}:{value}", o.name))
         })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Append the header line to `out`.

@@ -4,7 +4,7 @@
 use super::buffer::EventBuffer;
 use super::convert::{RecordedDevice, convert_device};
 use super::read::{RecordedTrace, parse_recorded_trace};
-use super::{Action, Event, Header, settings_text, write_events, write_header};
+use super::{Action, Event, Header, setting_text, settings_text, write_events, write_header};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::config::Config;
 use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
@@ -372,6 +372,16 @@ fn settings_text_names_only_changed_keys_and_parses_back() {
     let text = settings_text(&settings);
     assert!(text.contains("max_split_size_mb:128"), "{text}");
     assert_eq!(Config::parse_conf_str(&text).unwrap().settings, settings);
+    // One key alone, a list value whole (its commas and colons included).
+    let divisions = setting_text(&settings, "roundup_power2_divisions").unwrap();
+    assert!(divisions.starts_with("roundup_power2_divisions:[") && divisions.ends_with(":4]"));
+    assert!(text.contains(&divisions), "{text}");
+    let alone = Config::parse_conf_str(&divisions).unwrap().settings;
+    assert_eq!(
+        alone.roundup_power2_divisions,
+        settings.roundup_power2_divisions
+    );
+    assert_eq!(setting_text(&settings, "expandable_segments"), None);
 }
 
 #[test]
