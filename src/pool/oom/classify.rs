@@ -77,7 +77,8 @@
 //!   recording tells, and it is not called exhaustion.
 
 use super::{MAX_SPLIT_LADDER_MB, MIB, MemoryLeft, OomHint, OomReport};
-use crate::pool::rounding::{LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_BUFFER, pool_for};
+use crate::pool::expandable;
+use crate::pool::rounding::{MIN_BLOCK_SIZE, pool_for};
 use crate::pool::types::PoolKind;
 
 impl OomReport {
@@ -163,7 +164,8 @@ impl OomReport {
         // to the device when it is a whole segment, which max_split_size_mb keeps it. A large
         // request can use none of the small pool's: its 2 MiB segments (pages, under expandable
         // segments) still hold live blocks, or the ladder would have released them.
-        let small_pool = pool_for(self.rounded) == PoolKind::Small;
+        let pool = pool_for(self.rounded);
+        let small_pool = pool == PoolKind::Small;
         let unallocated = if small_pool {
             self.unallocated()
         } else {
@@ -183,11 +185,7 @@ impl OomReport {
         // The segment is the cause when neither it nor the pages expandable segments would map
         // (whole pages past what is unallocated, were all of it at the range's end) fit in
         // what is left: nothing fragmented stands in the way.
-        let page = if small_pool {
-            SMALL_BUFFER
-        } else {
-            LARGE_BUFFER
-        };
+        let page = expandable::page_size(pool);
         let pages = self
             .rounded
             .saturating_sub(unallocated)
