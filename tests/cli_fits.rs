@@ -60,6 +60,39 @@ fn the_replays_divisions_are_named_as_what_to_drop() {
     }
 }
 
+/// The same replay's expandable-segments trial: with the divisions it runs out of memory too,
+/// without them it fits, and the summary gives the settings that do.
+#[test]
+fn the_expandable_trial_names_the_divisions_to_drop() {
+    let synth = ["transformer", "--capacity", "5.6GiB"];
+    let args = [
+        &["synth"],
+        &synth[..],
+        &["--conf", "roundup_power2_divisions:4"],
+    ]
+    .concat();
+    let (text, v) = run(&args);
+    let trial = &v["expandable_segments_trial"];
+    assert_eq!(trial["fits"], false, "{trial}");
+    let without = &trial["fits_without"];
+    assert_eq!(
+        without["dropped_settings"],
+        serde_json::json!(["roundup_power2_divisions:4"])
+    );
+    let conf = without["conf"].as_str().unwrap();
+    assert_eq!(conf, "expandable_segments:True");
+    assert!(fits(&synth, conf));
+    assert!(!fits(&synth, trial["conf"].as_str().unwrap()));
+    assert!(
+        text.contains(
+            "it runs out of memory too, first at operation 46791; without this replay's \
+             roundup_power2_divisions:4 as well (--conf expandable_segments:True) it runs \
+             without an out-of-memory: peak reserved "
+        ),
+        "{text}"
+    );
+}
+
 /// Under `per_process_memory_fraction:0.6` of an 8 GiB device the limit binds, not the device:
 /// the summary says so, and names a fraction that fits.
 #[test]

@@ -354,7 +354,7 @@ fn try_without_fraction(
 /// on, for one without them (PyTorch's own out-of-memory message suggests them against
 /// fragmentation); off, for one with them (they grow by whole pages of 20 MiB, where a native
 /// segment is the request rounded to 2 MiB).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExpandableTrial {
     /// Whether the trial had expandable segments (the opposite of the replay's setting).
     pub expandable_segments: bool,
@@ -365,10 +365,31 @@ pub struct ExpandableTrial {
     pub num_device_alloc: u64,
     /// Its first OOM, counted like `OomAt::event_index`; `None`: it fits.
     pub first_oom_event_index: Option<usize>,
+    /// When it runs out of memory too: the same trial without the replay's own padding
+    /// settings that fits — without its `roundup_power2_divisions`, else without the
+    /// `max_split_size_mb` it set, else without both (`None` when none of those fits, or the
+    /// replay set neither).
+    pub fits_without: Option<ExpandableFit>,
+    /// The settings of the replay the trial switched (what `fits_without` drops from).
+    pub settings: Settings,
+}
+
+/// The expandable-segments trial without some of the replay's own settings, when it fits so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpandableFit {
+    /// The replay's own settings it goes without (`DIVISIONS`, `MAX_SPLIT`), in that order.
+    pub dropped: Vec<&'static str>,
+    /// Its settings, as in `FittingSetting::conf`.
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    /// Page maps, or cudaMalloc calls without expandable segments.
+    pub num_device_alloc: u64,
 }
 
 /// Replay `workload` with expandable segments switched (other settings as in `config`); `None`
 /// when the replay cannot start so (a start state rebuilt from a snapshot of the other kind).
+/// When that runs out of memory too, it is tried without the replay's own padding settings
+/// (`ExpandableTrial::fits_without`), as the `max_split_size_mb` search is.
 pub fn try_expandable_segments(
     workload: &Workload,
     config: &ReplayConfig,
@@ -377,13 +398,55 @@ pub fn try_expandable_segments(
     let mut trial = config.clone();
     trial.settings.expandable_segments = !config.settings.expandable_segments;
     let out = replay(workload, &trial, start).ok()?;
+    let first_oom_event_index = out.first_oom.as_ref().map(|o| o.event_index());
+    let fits_without = if first_oom_event_index.is_some() {
+        fit_without_own_settings(workload, &trial, start)
+    } else {
+        None
+    };
     Some(ExpandableTrial {
         expandable_segments: trial.settings.expandable_segments,
         conf: settings_text(&trial.settings),
         peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
         num_device_alloc: out.stats.counts.num_device_alloc,
-        first_oom_event_index: out.first_oom.as_ref().map(|o| o.event_index()),
+        first_oom_event_index,
+        fits_without,
+        settings: config.settings.clone(),
     })
+}
+
+/// The first of `config` without its `roundup_power2_divisions`, without its own
+/// `max_split_size_mb`, without both, that replays without an OOM.
+fn fit_without_own_settings(
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Option<ExpandableFit> {
+    let divided = config.settings.rounds_by_divisions();
+    let split = config.settings.has_max_split_size();
+    let drops: [(bool, &[&'static str]); 3] = [
+        (divided, &[DIVISIONS]),
+        (split, &[MAX_SPLIT]),
+        (divided && split, &[DIVISIONS, MAX_SPLIT]),
+    ];
+    drops
+        .into_iter()
+        .filter(|(applies, _)| *applies)
+        .find_map(|(_, dropped)| {
+            let settings = without(&config.settings, dropped);
+            let conf = settings_text(&settings);
+            let trial = ReplayConfig {
+                settings,
+                ..config.clone()
+            };
+            let out = replay(workload, &trial, start).ok()?;
+            out.first_oom.is_none().then(|| ExpandableFit {
+                dropped: dropped.to_vec(),
+                conf,
+                peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+                num_device_alloc: out.stats.counts.num_device_alloc,
+            })
+        })
 }
 
 #[cfg(test)]
@@ -822,6 +885,32 @@ mod tests {
             assert!(!fit.conf.contains(DIVISIONS), "{}", fit.conf);
             assert!(fits_under(&workload, &config, &fit.conf), "{}", fit.conf);
         }
+    }
+
+    /// The expandable-segments trial under `roundup_power2_divisions:4` runs out of memory;
+    /// without the divisions it fits, and the trial says so (a replay that set neither finds
+    /// nothing to drop).
+    #[test]
+    fn the_expandable_trial_drops_the_replays_divisions_when_they_stand_in_the_way() {
+        let (workload, plain) = transformer_on(5734 << 20);
+        let config = with_conf(&plain, "roundup_power2_divisions:4");
+        let trial = try_expandable_segments(&workload, &config, None).unwrap();
+        assert!(trial.first_oom_event_index.is_some(), "{trial:?}");
+        let fit = trial.fits_without.expect("a fit without the divisions");
+        assert_eq!(fit.dropped, vec![DIVISIONS]);
+        assert_eq!(fit.conf, "expandable_segments:True");
+        assert!(fits_under(&workload, &config, &fit.conf));
+        assert!(
+            !fits_under(&workload, &config, &trial.conf),
+            "{}",
+            trial.conf
+        );
+
+        // Without settings of its own to drop, an OOM under expandable segments stays one.
+        let (workload, small) = transformer_on(4 << 30);
+        let trial = try_expandable_segments(&workload, &small, None).unwrap();
+        assert!(trial.first_oom_event_index.is_some(), "{trial:?}");
+        assert_eq!(trial.fits_without, None);
     }
 
     /// The replay's own `max_split_size_mb` stands in the way: under it and under every

@@ -185,6 +185,22 @@ pub struct ExpandableTrialJson {
     pub num_device_alloc: u64,
     /// Its first out-of-memory, counted like `first_oom_event_index` (null when it fits).
     pub first_oom_event_index: Option<usize>,
+    /// When it runs out of memory too: the same trial without some of the replay's own
+    /// settings (`roundup_power2_divisions`, the `max_split_size_mb` it set) that fits (null
+    /// when none does, or the replay set neither).
+    pub fits_without: Option<ExpandableFitJson>,
+}
+
+/// The expandable-segments trial without some of the replay's own settings, which fits.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExpandableFitJson {
+    /// The replay's own settings it goes without, as they were set, as in `FittingJson`.
+    pub dropped_settings: Vec<String>,
+    /// A complete `--conf` value.
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    /// Page maps, or cudaMalloc calls without expandable segments.
+    pub num_device_alloc: u64,
 }
 
 impl From<ExpandableTrial> for ExpandableTrialJson {
@@ -196,6 +212,12 @@ impl From<ExpandableTrial> for ExpandableTrialJson {
             peak_reserved_bytes: t.peak_reserved_bytes,
             num_device_alloc: t.num_device_alloc,
             first_oom_event_index: t.first_oom_event_index,
+            fits_without: t.fits_without.map(|f| ExpandableFitJson {
+                dropped_settings: dropped_texts(&f.dropped, &t.settings),
+                conf: f.conf,
+                peak_reserved_bytes: f.peak_reserved_bytes,
+                num_device_alloc: f.num_device_alloc,
+            }),
         }
     }
 }
@@ -743,7 +765,7 @@ impl ReplayJson {
         let expandable_fits = self
             .expandable_segments_trial
             .as_ref()
-            .is_some_and(|e| e.fits);
+            .is_some_and(|e| e.fits || e.fits_without.is_some());
         if let Some(fits) = &self.fitting_settings {
             t += &self.fits_text(fits, expandable_fits);
         }
@@ -776,11 +798,24 @@ fn expandable_text(e: &ExpandableTrialJson, mode: &str) -> String {
             format_size(e.peak_reserved_bytes),
             device_allocs(e.expandable_segments, e.num_device_alloc)
         ),
-        Some(at) => format!(
-            "{with} expandable segments (--conf {}) it runs out of memory too, first at {}.\n",
-            shell_word(&e.conf),
-            event_at(mode, at)
-        ),
+        Some(at) => {
+            let mut t = format!(
+                "{with} expandable segments (--conf {}) it runs out of memory too, first at {}",
+                shell_word(&e.conf),
+                event_at(mode, at)
+            );
+            if let Some(f) = &e.fits_without {
+                t += &format!(
+                    "; without this replay's {} as well (--conf {}) it runs without an \
+                     out-of-memory: peak reserved {}, {}",
+                    f.dropped_settings.join(" and "),
+                    shell_word(&f.conf),
+                    format_size(f.peak_reserved_bytes),
+                    device_allocs(e.expandable_segments, f.num_device_alloc)
+                );
+            }
+            t + ".\n"
+        }
     }
 }
 
