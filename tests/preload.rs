@@ -940,6 +940,23 @@ fn stats_text_at_exit_go_to_stderr_by_default() {
         "{}",
         stderr(&out)
     );
+    // The 1000-byte block freed last, with no synchronization after it, is active, not leaked.
+    assert!(
+        stderr(&out).contains(
+            "Frees still waiting for the device at exit hold 1024 bytes of the active memory"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Frees the program synchronized are complete at exit: no pending line under the summary.
+#[test]
+fn synchronized_frees_leave_no_pending_line_at_exit() {
+    let out = check("sync_then_exit", &[("CACHEALLOC_CONF", "stats:text")]);
+    let err = stderr(&out);
+    assert!(err.contains("cachealloc memory summary"), "{err}");
+    assert!(!err.contains("Frees still waiting"), "{err}");
 }
 
 #[test]

@@ -280,7 +280,9 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "`off`, `text` or `json`",
         unit: "",
         carrier: Carrier::Cachealloc,
-        doc: "Print allocator statistics at exit in this format.",
+        doc: "Print allocator statistics at exit in this format. Frees still waiting for the \
+              device at exit (`free_sync`) count as active memory, not allocated, as a free \
+              waiting for a stream does in PyTorch; the text report says how much.",
         apply: |c, v, _| {
             c.stats = values::choice(v, &StatsOutput::CHOICES)?;
             Ok(())

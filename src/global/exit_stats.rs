@@ -18,7 +18,7 @@ use super::init::active_config;
 use super::pools;
 use super::trace_file;
 use crate::config::{Config, StatsOutput};
-use crate::pool::{DeviceId, DeviceStats};
+use crate::pool::{DeviceId, DeviceStats, format_size};
 use crate::report::{memory_summary, stats_json};
 use std::io::Write;
 use std::sync::{Mutex, Once, TryLockError};
@@ -151,9 +151,24 @@ pub fn render_text(stats: &[(DeviceId, DeviceStats)]) -> String {
     }
     stats
         .iter()
-        .map(|(device, s)| memory_summary(s, *device, false))
+        .map(|(device, s)| memory_summary(s, *device, false) + &pending_at_exit(s))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A line under the summary when frees were still waiting at exit: their blocks count as active
+/// memory (as in PyTorch, for a free waiting on a stream's events), not as allocated, and a
+/// reader would otherwise take them for a leak.
+fn pending_at_exit(s: &DeviceStats) -> String {
+    let pending = s.active_bytes.all.current - s.allocated_bytes.all.current;
+    if pending <= 0 {
+        return String::new();
+    }
+    format!(
+        "Frees still waiting for the device at exit hold {} of the active memory (free_sync: \
+         no device synchronization after them): not a leak.\n",
+        format_size(pending as u64)
+    )
 }
 
 /// `{"pid": …, "devices": [{"device": 0, "stats": {…memory_stats keys…}}, …]}` on one line.
