@@ -48,7 +48,9 @@ pub fn round_size(settings: &Settings, size: u64) -> u64 {
         return MIN_BLOCK_SIZE;
     }
     let divisions = roundup_divisions(settings, size);
-    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+    // Note: PyTorch multiplies in `size_t`, which wraps for divisions of 2^55 or more (powers of
+    // two its parser accepts, as `config` does); the wrapped product decides as it does there.
+    if divisions > 1 && size > MIN_BLOCK_SIZE.wrapping_mul(divisions) {
         return next_division(size, divisions);
     }
     round_to_block(size)
@@ -122,6 +124,31 @@ mod tests {
         assert_eq!(segment_size(10 * MIB - 512), 20 * MIB);
         assert_eq!(segment_size(10 * MIB), 10 * MIB);
         assert_eq!(segment_size(10 * MIB + 512), 12 * MIB);
+    }
+
+    /// Divisions of 2^55 or more are powers of two the options accept, as PyTorch does; its
+    /// `kMinBlockSize * divisions` then wraps around 2^64, so whether a size is rounded to
+    /// divisions depends on the wrapped product. Each row: divisions, request, PyTorch's size.
+    #[test]
+    fn huge_divisions_round_as_pytorch_with_its_wrapped_product() {
+        let cases = [
+            // 512 * 2^54 = 2^63: no size reaches it, so 512-byte rounding.
+            (1 << 54, 3 * MIB + 1, 3 * MIB + 512),
+            // 512 * 2^55 wraps to 0: every size is above it, and a step of
+            // floor >> 55 = 0 sends it to the next power of two.
+            (1 << 55, 3 * MIB + 1, 4 * MIB),
+            (1 << 63, 3 * MIB + 1, 4 * MIB),
+            (1 << 63, 513, 1024),
+            // A power of two stays as it is.
+            (1 << 63, 2 * MIB, 2 * MIB),
+        ];
+        for (divisions, size, want) in cases {
+            assert_eq!(
+                round_size(&with_divisions(divisions), size),
+                want,
+                "divisions {divisions}, size {size}"
+            );
+        }
     }
 
     #[test]
