@@ -190,7 +190,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "integer >= 20",
         unit: "MiB",
         carrier: Carrier::Shared,
-        doc: "Cached blocks this large or larger are never split; limits fragmentation. (PyTorch 2.1 and 2.2 refuse 20 itself: write 21 or more for them.)",
+        doc: "Cached blocks this large or larger are never split; limits fragmentation. (PyTorch 2.9 and older refuse 20 itself, their parser wanting more than 20: write 21 or more for them.)",
         apply: |c, v, notes| {
             c.settings.max_split_size =
                 max_split_size_from_bytes(values::size_mb_at_least_20(v, notes)?);
@@ -206,7 +206,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "integer >= 20",
         unit: "MiB",
         carrier: Carrier::Shared,
-        doc: "An unsplittable cached block serves a smaller request only if it is less than this much larger.",
+        doc: "An unsplittable cached block serves a smaller request only if it is less than this much larger. (PyTorch 2.9 and older refuse 20 here too: write 21 or more for them.)",
         apply: |c, v, notes| {
             c.settings.max_non_split_rounding = values::size_mb_at_least_20(v, notes)?;
             Ok(())
