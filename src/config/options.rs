@@ -218,7 +218,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "power of 2, or list `[MB:div,...,>:div]` (div 0 or a power of 2)",
         unit: "MiB (intervals)",
         carrier: Carrier::Shared,
-        doc: "Round request sizes up to one of `div` steps between powers of two; a list sets `div` per size interval, entry `B` covering `[B MiB, 2B MiB)`.",
+        doc: "Round request sizes up to one of `div` steps between powers of two; a list sets `div` per size interval, entry `B` covering `[B MiB, 2B MiB)`, and `>:div` every interval after the last one listed. (PyTorch 2.9 and older let `>` overwrite that last interval too: there `[256:1,1024:4,>:8]` gives 8 from 1 GiB up, here 4 in `[1 GiB, 2 GiB)`.)",
         apply: |c, v, notes| {
             values::apply_roundup_divisions(&mut c.settings.roundup_power2_divisions, v, notes)
         },

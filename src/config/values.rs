@@ -160,7 +160,10 @@ pub fn path(value: &Value) -> Result<String, String> {
 /// - list `[B:V,...,>:V]`: `B` a power-of-2 size in MB whose index is `log2(B)` clamped to 0..=15
 ///   (entry `B` covers sizes `[B MB, 2B MB)`); `V` is 0 (off) or a power of 2; the first numeric
 ///   entry also fills every lower index; `>` fills `last_index + 1 ..= 15`, where `last_index` is
-///   the index of the latest numeric entry (0 before any).
+///   the index of the latest numeric entry (0 before any). This is the newest PyTorch's
+///   `c10/core/AllocatorConfig.cpp`; 2.9 and older (`c10/cuda/CUDAAllocatorConfig.cpp`) filled
+///   from `last_index` itself, so their `>` overwrote the latest numeric entry (the options
+///   table says so).
 pub fn apply_roundup_divisions(
     table: &mut [u64; ROUNDUP_INTERVALS],
     value: &Value,
