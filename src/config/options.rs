@@ -256,7 +256,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "number, 0 <= v <= 1",
         unit: "fraction",
         carrier: Carrier::Shared,
-        doc: "Share of each device's memory the pool may reserve (1 = no limit).",
+        doc: "Share of each device's memory the pool may reserve (1 = no limit). PyTorch 2.9 and older do not know this key and refuse a `PYTORCH_CUDA_ALLOC_CONF` that holds it: with them, give it in `CACHEALLOC_CONF`.",
         apply: |c, v, notes| {
             c.settings.per_process_memory_fraction = values::closed_fraction(v, notes)?;
             Ok(())
