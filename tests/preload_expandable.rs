@@ -153,6 +153,12 @@ fn a_driver_without_virtual_memory_management_gets_fixed_segments_with_a_warning
             && log.contains("using fixed segments"),
         "{log}"
     );
+    // Said once for the device, not again for the pool made after its reset.
+    assert_eq!(
+        log.matches("is not supported on device 0").count(),
+        1,
+        "{log}"
+    );
 }
 
 /// The same program with expandable segments off: every segment is a cudaMalloc, and the driver

@@ -84,8 +84,9 @@ fn with_new_device_pool<R>(
         },
         f,
     );
-    // (When another thread made the pool first, that thread reports about it.)
-    if let Some(why) = why.as_ref().filter(|_| used) {
+    // (When another thread made the pool first, that thread reports about it; a pool made
+    // again after a device reset does not repeat it.)
+    if let Some(why) = why.as_ref().filter(|_| used && first_unsupported(device)) {
         log_event!(
             warn,
             "{}: expandable_segments:True is not supported on device {}: {why}; using fixed \
@@ -97,6 +98,20 @@ fn with_new_device_pool<R>(
         peer_notice::warn_once_if_unseen(rt, device, config.source.name());
     }
     served
+}
+
+/// The devices whose lack of expandable segments was said (once per device and process, as
+/// PyTorch's `TORCH_WARN_ONCE` says it).
+static UNSUPPORTED_SAID: std::sync::Mutex<Vec<DeviceId>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether `device`'s lack of expandable segments is said now for the first time.
+fn first_unsupported(device: DeviceId) -> bool {
+    let mut said = UNSUPPORTED_SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if said.contains(&device) {
+        return false;
+    }
+    said.push(device);
+    true
 }
 
 /// A pool made for a device, not yet its device's.

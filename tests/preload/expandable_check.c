@@ -327,6 +327,12 @@ static void scenario_unsupported(void) {
     CHECK(counter("mallocs") == 1);
     CHECK(counter("vmm_reserves") == 0 && counter("vmm_creates") == 0);
     CHECK_CODE(cudaFree(p), cudaSuccess);
+    /* The pool made after a reset has fixed segments too (the warning is not repeated). */
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK(counter("mallocs") == 2);
+    CHECK(counter("vmm_reserves") == 0);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
     print_counters();
 }
 
