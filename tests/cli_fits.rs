@@ -23,10 +23,9 @@ fn fits(synth: &[&str], conf: &str) -> bool {
     v["num_ooms"] == 0
 }
 
-/// A fragmentation out-of-memory under `roundup_power2_divisions:4` on a 5.6 GiB device, which
-/// no value fixes with them: without them values fit, and the summary says to drop them.
-#[test]
-fn the_replays_divisions_are_named_as_what_to_drop() {
+/// The transformer workload on a 5.6 GiB device under `roundup_power2_divisions:4`: its
+/// `synth` arguments, and the text and JSON of its replay.
+fn divided_transformer() -> ([&'static str; 3], (String, Value)) {
     let synth = ["transformer", "--capacity", "5.6GiB"];
     let args = [
         &["synth"],
@@ -34,7 +33,14 @@ fn the_replays_divisions_are_named_as_what_to_drop() {
         &["--conf", "roundup_power2_divisions:4"],
     ]
     .concat();
-    let (text, v) = run(&args);
+    (synth, run(&args))
+}
+
+/// A fragmentation out-of-memory under `roundup_power2_divisions:4` on a 5.6 GiB device, which
+/// no value fixes with them: without them values fit, and the summary says to drop them.
+#[test]
+fn the_replays_divisions_are_named_as_what_to_drop() {
+    let (synth, (text, v)) = divided_transformer();
     assert!(!text.contains("needs more memory"), "{text}");
     assert!(
         text.contains(
@@ -64,14 +70,7 @@ fn the_replays_divisions_are_named_as_what_to_drop() {
 /// without them it fits, and the summary gives the settings that do.
 #[test]
 fn the_expandable_trial_names_the_divisions_to_drop() {
-    let synth = ["transformer", "--capacity", "5.6GiB"];
-    let args = [
-        &["synth"],
-        &synth[..],
-        &["--conf", "roundup_power2_divisions:4"],
-    ]
-    .concat();
-    let (text, v) = run(&args);
+    let (synth, (text, v)) = divided_transformer();
     let trial = &v["expandable_segments_trial"];
     assert_eq!(trial["fits"], false, "{trial}");
     let without = &trial["fits_without"];
