@@ -226,6 +226,24 @@ void cachealloc_torch_free(void *ptr, size_t size, int device, void *stream);
 void cachealloc_torch_record_stream(void *ptr, void *stream);
 
 /**
+ * The hook for `set_base_alloc_fn`, `void* (void* ptr, size_t* size)`, which PyTorch's
+ * `getBaseAllocation` calls when PyTorch 2.1 to 2.4 share a CUDA tensor with another process
+ * (`torch.multiprocessing`): the start of the cachealloc segment that holds `ptr`, its size in
+ * `*size`. PyTorch exports that start with `cudaIpcGetMemHandle` and sends the tensor's offset
+ * from it, so the other process opens the tensor's own memory. Without the hook PyTorch exports
+ * `ptr` itself with offset 0: a preloaded cachealloc refuses that handle, and the runtime's own
+ * opens at the segment's start, another allocation's memory, read without an error. A pointer in no segment of cachealloc's (NULL
+ * included) is answered with itself and `*size` left as it was, as PyTorch does without the
+ * hook; so is memory of an expandable segment, which no IPC handle can name (logged; PyTorch's
+ * `cudaIpcGetMemHandle` then fails, and it raises).
+ *
+ * # Safety
+ * `size` is NULL or valid for writing one `size_t`.
+ */
+void *cachealloc_torch_base_alloc(void *ptr,
+                                  size_t *size);
+
+/**
  * The hook for `set_memory_fraction_fn`, `void (double fraction, int device)`, which
  * `torch.cuda.set_per_process_memory_fraction(fraction, device)` calls: `device`'s pool may
  * reserve `fraction` of the device's memory from its next request that needs more (as

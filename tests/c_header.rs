@@ -67,6 +67,8 @@ fn header_declares_the_whole_c_api() {
         "cachealloc_torch_record_stream",
         "cachealloc_torch_mempool_malloc",
         "cachealloc_torch_empty_cache",
+        "cachealloc_torch_set_memory_fraction",
+        "cachealloc_torch_base_alloc",
         "CacheallocStats",
         "CACHEALLOC_STATS_VERSION",
     ] {

@@ -158,6 +158,48 @@ fn malloc_and_free_keep_the_pluggable_allocators_contract() {
     }
 }
 
+/// `cachealloc_torch_base_alloc`, the `set_base_alloc_fn` hook that PyTorch 2.1 to 2.4 call to
+/// share a CUDA tensor with another process: the tensor's segment's start and size, whose IPC
+/// handle opens where the tensor's offset finds it; a pointer of no segment answered with itself.
+/// Nothing is logged.
+#[test]
+fn the_base_allocation_hook_names_the_segment_an_ipc_handle_opens() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("base_alloc")
+            .env_remove("CACHEALLOC_CONF")
+            .env_remove("CACHEALLOC_DISABLE")
+            .env_remove("CACHEALLOC_LOG"),
+    );
+    let (stdout, log) = (stdout(&out), stderr(&out));
+    assert!(stdout.contains("ok base alloc"), "{stdout}\n{log}");
+    assert!(!log.contains("cachealloc_torch_base_alloc"), "{log}");
+}
+
+/// Memory of an expandable segment cannot be named by an IPC handle: the hook answers the
+/// tensor's own address, and the log says why the handle PyTorch then asks for fails.
+#[test]
+fn the_base_allocation_hook_leaves_expandable_memory_as_it_is_and_says_why() {
+    let out = run_ok(
+        fake_cudart::command(&program())
+            .arg("base_alloc_expandable")
+            .env("CACHEALLOC_CONF", "expandable_segments:True")
+            .env_remove("CACHEALLOC_DISABLE")
+            .env_remove("CACHEALLOC_LOG"),
+    );
+    let (stdout, log) = (stdout(&out), stderr(&out));
+    assert!(
+        stdout.contains("ok base alloc expandable"),
+        "{stdout}\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|line| line.contains("cachealloc_torch_base_alloc: 0x")
+                && line.contains("is memory of an expandable segment")),
+        "{log}"
+    );
+}
+
 /// The free and empty-cache hooks return nothing, so the log is the only word of a failure
 /// inside them, and it is at the default level: a recorded free whose event cannot be made
 /// (the tensor's memory stays allocated), pages that cannot be unmapped (they stay cached).

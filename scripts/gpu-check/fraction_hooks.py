@@ -3,7 +3,7 @@ scripts/gpu-check.sh row (j).
 
     fraction_hooks.py LIB CHUNK_BYTES FRACTION
 
-Installs LIB as PyTorch's allocator with the README's snippet (all three hooks), calls
+Installs LIB as PyTorch's allocator with the README's snippet (all four hooks), calls
 torch.cuda.set_per_process_memory_fraction(FRACTION, 0), allocates CHUNK_BYTES tensors on device 0
 until PyTorch raises, frees them, and reads torch.cuda.mem_get_info() before and after
 torch.cuda.empty_cache().
@@ -37,6 +37,9 @@ def install(torch, path):
         hooks.set_reset_fn(ctypes.cast(lib.cachealloc_torch_empty_cache, ctypes.c_void_p).value)
         hooks.set_memory_fraction_fn(
             ctypes.cast(lib.cachealloc_torch_set_memory_fraction, ctypes.c_void_p).value
+        )
+        hooks.set_base_alloc_fn(
+            ctypes.cast(lib.cachealloc_torch_base_alloc, ctypes.c_void_p).value
         )
     except AttributeError as e:  # an older torch without the hook, or a library without it
         not_run(f"a hook cannot be set: {e}")

@@ -12,14 +12,16 @@
 //! set with `set_record_stream_fn`). `cachealloc_torch_empty_cache` is the hook for
 //! `set_reset_fn`, which `torch.cuda.empty_cache()` calls, and
 //! `cachealloc_torch_set_memory_fraction` the one for `set_memory_fraction_fn`, which
-//! `torch.cuda.set_per_process_memory_fraction` calls.
+//! `torch.cuda.set_per_process_memory_fraction` calls. `cachealloc_torch_base_alloc`, the hook
+//! for `set_base_alloc_fn`, gives the segment that PyTorch 2.1 to 2.4 export with an IPC handle
+//! when they share a tensor with another process.
 //!
 //! A failed allocation reaches PyTorch in the form its calling path checks: installed with
 //! `change_current_allocator`, PyTorch uses the pointer unchecked, so `cachealloc_torch_malloc`
 //! throws (`cxx_exception`); as the allocator of a `torch.cuda.MemPool`, PyTorch's own caching
 //! allocator calls it and checks for NULL (raising its `OutOfMemoryError`, in some versions after
 //! freeing what it caches and retrying: pytorch#159674), so `cachealloc_torch_mempool_malloc`
-//! answers NULL. The other hooks return nothing: they log their failures, a runtime error
+//! answers NULL. The other hooks return no code: they log their failures, a runtime error
 //! included, at warn (`log_unreturned`), since PyTorch has no code to read.
 
 use super::cxx_exception;
@@ -145,6 +147,54 @@ pub extern "C" fn cachealloc_torch_record_stream(ptr: *mut c_void, stream: *mut 
             log_unreturned("cachealloc_torch_record_stream", e);
         }
     })
+}
+
+/// The hook for `set_base_alloc_fn`, `void* (void* ptr, size_t* size)`, which PyTorch's
+/// `getBaseAllocation` calls when PyTorch 2.1 to 2.4 share a CUDA tensor with another process
+/// (`torch.multiprocessing`): the start of the cachealloc segment that holds `ptr`, its size in
+/// `*size`. PyTorch exports that start with `cudaIpcGetMemHandle` and sends the tensor's offset
+/// from it, so the other process opens the tensor's own memory. Without the hook PyTorch exports
+/// `ptr` itself with offset 0: a preloaded cachealloc refuses that handle, and the runtime's own
+/// opens at the segment's start, another allocation's memory, read without an error. A pointer in no segment of cachealloc's (NULL
+/// included) is answered with itself and `*size` left as it was, as PyTorch does without the
+/// hook; so is memory of an expandable segment, which no IPC handle can name (logged; PyTorch's
+/// `cudaIpcGetMemHandle` then fails, and it raises).
+///
+/// # Safety
+/// `size` is NULL or valid for writing one `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachealloc_torch_base_alloc(
+    ptr: *mut c_void,
+    size: *mut usize,
+) -> *mut c_void {
+    let addr = ptr as u64;
+    let segment = boundary(
+        "cachealloc_torch_base_alloc",
+        None,
+        || match api::segment_of(addr) {
+            Ok(Some(segment)) if segment.expandable => {
+                log_unreturned(
+                    "cachealloc_torch_base_alloc",
+                    ShimError::NotExportable { addr, segment },
+                );
+                None
+            }
+            Ok(segment) => segment,
+            Err(e) => {
+                log_unreturned("cachealloc_torch_base_alloc", e);
+                None
+            }
+        },
+    );
+    let Some(segment) = segment else {
+        return ptr;
+    };
+    if !size.is_null() {
+        // SAFETY: the caller passes NULL or a pointer valid for writing one size_t (PyTorch
+        // passes its own local); NULL was excluded above.
+        unsafe { *size = segment.size as usize };
+    }
+    segment.start as *mut c_void
 }
 
 /// The hook for `set_memory_fraction_fn`, `void (double fraction, int device)`, which

@@ -14,6 +14,7 @@ use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{self, CudaError, Runtime, codes, runtime};
 use crate::backend::cuda::unread_error;
+use crate::pool::layout::SegmentSpan;
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, Settings, StreamId, check_fraction};
 use std::ffi::c_void;
 
@@ -111,6 +112,18 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
         stream_uses::record(addr, stream);
     }
     Ok(())
+}
+
+/// The segment that holds `addr`, for PyTorch's `getBaseAllocation`: an IPC handle names a whole
+/// device allocation, so a tensor is shared as its segment's start and an offset. `None` for
+/// NULL, a pointer no pool owns, and with the library disabled (where the runtime made each
+/// allocation itself).
+pub fn segment_of(addr: u64) -> Result<Option<SegmentSpan>, ShimError> {
+    let _inside = inside()?;
+    if addr == 0 || active()?.is_none() {
+        return Ok(None);
+    }
+    Ok(pools::with_owner(addr, |pool| pool.segment_of(addr))?.flatten())
 }
 
 /// Release every fully free cached segment of every device that has a pool.

@@ -10,7 +10,8 @@
  * "ok third device reset"; with "contract" it checks what PyTorch's CUDAPluggableAllocator relies
  * on from malloc and free (streams, devices, size 0, the arguments free does not need), printing
  * "ok contract"; with "hook_failures" it makes the free and empty-cache hooks fail, printing
- * "ok hook failures" (the log says what failed).
+ * "ok hook failures" (the log says what failed); with "base_alloc" (or "base_alloc_expandable",
+ * under expandable segments) it checks the set_base_alloc_fn hook, printing "ok base alloc".
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -447,9 +448,55 @@ static void memory_fraction(void) {
     printf("ok memory fraction\n");
 }
 
+/* torch.multiprocessing in PyTorch 2.1 to 2.4 shares a CUDA tensor as getBaseAllocation's start
+ * and the tensor's offset from it, the start exported with cudaIpcGetMemHandle; the other process
+ * opens the handle and adds the offset. With cachealloc_torch_base_alloc (set_base_alloc_fn) the
+ * start is the tensor's segment's, where the handle opens. Under expandable segments ("expandable"
+ * argument) there is no handle to make: the tensor's own address comes back, logged. */
+static void base_alloc(int expandable) {
+    void *a = cachealloc_torch_malloc(4096, 0, NULL);
+    void *b = cachealloc_torch_malloc(4096, 0, NULL);
+    CHECK(a != NULL && b != NULL && a != b);
+    if (expandable) {
+        size_t kept = 12345;
+        CHECK(cachealloc_torch_base_alloc(b, &kept) == b && kept == 12345);
+        cachealloc_torch_free(a, 4096, 0, NULL);
+        cachealloc_torch_free(b, 4096, 0, NULL);
+        printf("ok base alloc expandable\n");
+        return;
+    }
+    /* Two small tensors share one 2 MiB segment of the small pool. */
+    void *first = (uintptr_t)a < (uintptr_t)b ? a : b;
+    void *second = first == a ? b : a;
+    size_t size = 0;
+    void *base = cachealloc_torch_base_alloc(second, &size);
+    CHECK(base == first && size == 2 * MIB);
+    size = 0;
+    CHECK(cachealloc_torch_base_alloc(first, &size) == first && size == 2 * MIB);
+    CHECK(cachealloc_torch_base_alloc(second, NULL) == first);
+    /* The handle of the start opens where the offset PyTorch sends finds the tensor. */
+    cudaIpcMemHandle_t handle;
+    CHECK(cudaIpcGetMemHandle(&handle, base) == 0);
+    uintptr_t offset = (uintptr_t)second - (uintptr_t)base;
+    CHECK(fakecudart_ipc_handle_base(&handle) + offset == (uintptr_t)second);
+    /* Memory of no cachealloc segment, NULL included: itself, the size left as it was. */
+    int local;
+    size = 12345;
+    CHECK(cachealloc_torch_base_alloc(&local, &size) == (void *)&local && size == 12345);
+    CHECK(cachealloc_torch_base_alloc(NULL, &size) == NULL && size == 12345);
+    cachealloc_torch_free(a, 4096, 0, NULL);
+    cachealloc_torch_free(b, 4096, 0, NULL);
+    CHECK(cudaGetLastError() == 0);
+    printf("ok base alloc\n");
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "contract") == 0)
         contract();
+    else if (argc == 2 && strcmp(argv[1], "base_alloc") == 0)
+        base_alloc(0);
+    else if (argc == 2 && strcmp(argv[1], "base_alloc_expandable") == 0)
+        base_alloc(1);
     else if (argc == 2 && strcmp(argv[1], "hook_failures") == 0)
         hook_failures();
     else if (argc == 2 && strcmp(argv[1], "memory_fraction") == 0)
