@@ -155,10 +155,10 @@ pub extern "C" fn cachealloc_torch_record_stream(ptr: *mut c_void, stream: *mut 
 /// `*size`. PyTorch exports that start with `cudaIpcGetMemHandle` and sends the tensor's offset
 /// from it, so the other process opens the tensor's own memory. Without the hook PyTorch exports
 /// `ptr` itself with offset 0: a preloaded cachealloc refuses that handle, and the runtime's own
-/// opens at the segment's start, another allocation's memory, read without an error. A pointer in no segment of cachealloc's (NULL
-/// included) is answered with itself and `*size` left as it was, as PyTorch does without the
-/// hook; so is memory of an expandable segment, which no IPC handle can name (logged; PyTorch's
-/// `cudaIpcGetMemHandle` then fails, and it raises).
+/// opens at the segment's start, another allocation's memory, read without an error. A pointer
+/// in no segment of cachealloc's (NULL included) is answered with itself and `*size` left as it
+/// was, as PyTorch does without the hook; so is memory of an expandable segment, which no IPC
+/// handle can name (logged; PyTorch's `cudaIpcGetMemHandle` then fails, and it raises).
 ///
 /// # Safety
 /// `size` is NULL or valid for writing one `size_t`.
