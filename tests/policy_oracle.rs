@@ -1,8 +1,9 @@
 //! Differential test of the pool's policy: random malloc / free / free after another stream /
 //! deferred free (`free_sync:device`, whose rule the reference states as cachealloc's) /
-//! empty_cache / statistics-reset sequences under random settings (max_split_size,
-//! max_non_split_rounding, per-interval roundup divisions, garbage collection under a memory
-//! fraction, expandable segments, device capacity), run through `DeviceAllocator` and through
+//! empty_cache / memory-fraction change / statistics-reset sequences under random settings
+//! (max_split_size from the 20 MiB that PyTorch's parser takes up, max_non_split_rounding,
+//! per-interval roundup divisions, garbage collection under a memory fraction, expandable
+//! segments, device capacity), run through `DeviceAllocator` and through
 //! `support::reference_pool` — a plain, literal implementation of PyTorch's policy from the
 //! reference text and PyTorch's source — each on its own simulated device. After every step
 //! both must have answered alike (the same address, or both out of memory), asked their
@@ -45,6 +46,8 @@ enum Step {
     /// live ones (a long class of the free index).
     FreeAlternate,
     EmptyCache,
+    /// `torch.cuda.set_per_process_memory_fraction` while the program runs.
+    SetFraction(f64),
     ResetPeak,
     ResetAccumulated,
 }
@@ -107,6 +110,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
             .prop_map(|(size, stream, count)| Step::Burst { size, stream, count }),
         1 => Just(Step::FreeAlternate),
         1 => Just(Step::EmptyCache),
+        1 => prop_oneof![Just(0.3), Just(0.5), Just(0.8), Just(1.0)].prop_map(Step::SetFraction),
         1 => Just(Step::ResetPeak),
         1 => Just(Step::ResetAccumulated),
     ]
@@ -120,6 +124,7 @@ fn settings_strategy() -> impl Strategy<Value = (Settings, u64)> {
     (
         prop_oneof![
             Just(u64::MAX),
+            Just(20 * MIB),
             Just(21 * MIB),
             Just(64 * MIB),
             Just(200 * MIB)
@@ -317,6 +322,11 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
             Step::EmptyCache => {
                 pool.empty_cache().expect("empty_cache");
                 reference.release_cached_blocks();
+            }
+            Step::SetFraction(fraction) => {
+                pool.set_memory_fraction(fraction)
+                    .expect("a fraction in [0, 1]");
+                reference.set_memory_fraction(fraction);
             }
             Step::ResetPeak => {
                 pool.reset_peak_stats();

@@ -180,15 +180,7 @@ pub struct ReferencePool {
 
 impl ReferencePool {
     pub fn new(device: SimDevice, settings: Settings) -> Self {
-        let mut device = device;
-        // §6.5: the limit is fraction × total, set only for a fraction below 1.
-        let allowed_memory_maximum = (settings.per_process_memory_fraction < 1.0).then(|| {
-            let total = device
-                .mem_info()
-                .expect("the simulated device answers")
-                .total;
-            (settings.per_process_memory_fraction * total as f64) as u64
-        });
+        let fraction = settings.per_process_memory_fraction;
         let stats = DeviceStats {
             max_split_size: if settings.has_max_split_size() {
                 settings.max_split_size as i64
@@ -197,7 +189,7 @@ impl ReferencePool {
             },
             ..DeviceStats::default()
         };
-        Self {
+        let mut pool = Self {
             device,
             settings,
             blocks: BTreeMap::new(),
@@ -206,12 +198,28 @@ impl ReferencePool {
             ranges: BTreeMap::new(),
             free_block_calls: [0; 2],
             total_allocated_memory: 0,
-            allowed_memory_maximum,
+            allowed_memory_maximum: None,
             events_pending: Vec::new(),
             events_completed: Vec::new(),
             deferred_pending: Vec::new(),
             deferred_completed: Vec::new(),
             stats,
+        };
+        pool.set_memory_fraction(fraction);
+        pool
+    }
+
+    /// §6.5 `setMemoryFraction`: the limit is fraction × the device's total memory, set only
+    /// for a fraction below 1 (`allowed_memory_maximum` is reset first).
+    pub fn set_memory_fraction(&mut self, fraction: f64) {
+        self.allowed_memory_maximum = None;
+        if fraction < 1.0 {
+            let total = self
+                .device
+                .mem_info()
+                .expect("the simulated device answers")
+                .total;
+            self.allowed_memory_maximum = Some((fraction * total as f64) as u64);
         }
     }
 
