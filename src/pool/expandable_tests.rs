@@ -191,6 +191,29 @@ fn the_oversize_release_leaves_expandable_blocks_alone() {
     assert_eq!(a, x, "mapped again at the start of the range");
 }
 
+/// The oversize rule keeps a small request off a large cached block only in the search: an
+/// oversize free block right before the unmapped end of its range is room that
+/// `find_expandable_block` offers to the request that the search turned away, so PyTorch's
+/// `alloc_block` hands it out and splits it (by the small pool's rule), mapping nothing.
+#[test]
+fn an_oversize_block_at_the_growing_end_serves_a_request_the_search_refused() {
+    let mut p = DeviceAllocator::new(SimDevice::new(GIB), expandable_split_at_40_mib());
+    let x = alloc(&mut p, 100 * MIB);
+    free(&mut p, x); // 100 MiB free, oversize, followed by the unmapped rest of the range
+    let a = alloc(&mut p, 30 * MIB);
+    assert_eq!(a, x, "the front of the oversize block");
+    assert_eq!(
+        p.allocation_size(a),
+        Some(30 * MIB),
+        "split off, not taken whole"
+    );
+    let s = p.stats();
+    assert_eq!(s.counts.num_device_alloc, 1, "no page mapped for it");
+    assert_eq!(s.counts.num_alloc_retries, 0);
+    assert_eq!(s.reserved_bytes.all.current, 100 * MIB as i64);
+    assert_eq!(s.oversize_allocations.current, 0);
+}
+
 /// A request larger than the range the device's reported memory calls for still gets a range
 /// that holds it (a simulated device may report less memory than it lets be mapped); and an
 /// unlimited device has address space for the ranges of many streams.
