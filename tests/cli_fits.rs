@@ -200,3 +200,37 @@ fn values_that_change_nothing_are_not_listed_as_remedies() {
     );
     assert!(!text.contains("--conf max_split_size_mb:"), "{text}");
 }
+
+/// A listed `max_split_size_mb:20` is replayed as 21 too, the smallest value PyTorch 2.9 and
+/// older accept: on the transformer workload at 5.6 GiB, 20 fits and 21 does not, which a user
+/// who copies the setting to such a PyTorch must learn here, not on the GPU.
+#[test]
+fn a_fitting_20_is_replayed_as_21_for_older_pytorch() {
+    let synth = ["transformer", "--capacity", "5.6GiB"];
+    let (text, v) = run(&[&["synth"], &synth[..]].concat());
+    let fitting = v["fitting_settings"].as_array().unwrap();
+    assert!(
+        fitting.iter().any(|f| f["conf"] == "max_split_size_mb:20"),
+        "{v}"
+    );
+    let older = &v["older_pytorch_trial"];
+    assert_eq!(older["conf"], "max_split_size_mb:21");
+    assert_eq!(older["fits"], false);
+    assert!(fits(&synth, "max_split_size_mb:20"));
+    assert!(!fits(&synth, "max_split_size_mb:21"));
+    let at = older["first_oom_event_index"].as_u64().unwrap();
+    assert!(
+        text.contains(&format!(
+            "  (PyTorch 2.9 and older refuse max_split_size_mb:20, wanting more than 20: with \
+             them --conf max_split_size_mb:21 runs out of memory, first at operation {at}.)\n"
+        )),
+        "{text}"
+    );
+    // Where 20 is not listed (at 5.5 GiB only 128 fits), nothing is said of it.
+    let (text, v) = run(&["synth", "transformer", "--capacity", "5.5GiB"]);
+    let fitting = v["fitting_settings"].as_array().unwrap();
+    assert!(!fitting.is_empty(), "{v}");
+    assert!(fitting.iter().all(|f| f["max_split_size_mb"] != 20), "{v}");
+    assert!(v["older_pytorch_trial"].is_null(), "{v}");
+    assert!(!text.contains("PyTorch 2.9 and older refuse"), "{text}");
+}

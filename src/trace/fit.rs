@@ -12,6 +12,7 @@ use super::record::settings_text;
 use super::replay::{OomAt, ReplayConfig, StartLayout, replay};
 use super::workload::Workload;
 pub use crate::pool::oom::MAX_SPLIT_LADDER_MB;
+use crate::pool::oom::OLDER_PYTORCH_REFUSES_MB;
 use crate::pool::rounding::ROUNDUP_INTERVALS;
 use crate::pool::{Error, OomHint, Settings};
 
@@ -134,7 +135,25 @@ pub struct MaxSplitSearch {
     pub also_without_max_split: bool,
     /// When nothing fits within the replay's memory fraction: the replay without it.
     pub fraction: Option<FractionTrial>,
+    /// When `max_split_size_mb:20` is listed as fitting: the same settings with 21, the
+    /// smallest value PyTorch 2.9 and older accept (`older_pytorch_trial`).
+    pub older_pytorch: Option<OlderPytorchTrial>,
 }
+
+/// A listed `max_split_size_mb:20` replayed as 21, which PyTorch 2.9 and older take where they
+/// refuse 20 (their parser wants more than 20).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OlderPytorchTrial {
+    /// The fitting setting's other settings with `max_split_size_mb:21`, as in
+    /// `FittingSetting::conf`.
+    pub conf: String,
+    pub peak_reserved_bytes: u64,
+    /// Its first OOM, counted like `OomAt::event_index`; `None`: it fits.
+    pub first_oom_event_index: Option<usize>,
+}
+
+/// The smallest `max_split_size_mb` PyTorch 2.9 and older accept.
+pub const OLDER_PYTORCH_SMALLEST_MB: u64 = OLDER_PYTORCH_REFUSES_MB + 1;
 
 impl MaxSplitSearch {
     /// The replay's settings with `max_split_size_mb:MB`, in `CACHEALLOC_CONF` syntax.
@@ -162,6 +181,7 @@ pub fn search_max_split_sizes(
         also_without_divisions: false,
         also_without_max_split: false,
         fraction: None,
+        older_pytorch: None,
     };
     search.try_without((workload, config, start, first_oom_op), &[], false, true);
     search
@@ -296,7 +316,37 @@ pub fn search_after_oom(
     if search.fits.is_empty() {
         search.fraction = try_without_fraction(workload, config, start);
     }
+    search.older_pytorch = try_for_older_pytorch(&search, workload, config, start);
     search
+}
+
+/// When `max_split_size_mb:20` is listed as fitting, the same settings with 21 replayed: a
+/// user who copies the setting to an older PyTorch's `PYTORCH_CUDA_ALLOC_CONF` must write 21.
+fn try_for_older_pytorch(
+    search: &MaxSplitSearch,
+    workload: &Workload,
+    config: &ReplayConfig,
+    start: Option<&StartLayout>,
+) -> Option<OlderPytorchTrial> {
+    let twenty = search
+        .fits
+        .iter()
+        .find(|f| f.max_split_size_mb == Some(OLDER_PYTORCH_REFUSES_MB))?;
+    let settings = with_max_split(
+        &without(&config.settings, &twenty.dropped),
+        OLDER_PYTORCH_SMALLEST_MB,
+    );
+    let conf = settings_text(&settings);
+    let trial = ReplayConfig {
+        settings,
+        ..config.clone()
+    };
+    let out = replay(workload, &trial, start).ok()?;
+    Some(OlderPytorchTrial {
+        conf,
+        peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+        first_oom_event_index: out.first_oom.as_ref().map(|o| o.event_index()),
+    })
 }
 
 /// The replay without its `per_process_memory_fraction` below 1 (`None` when it has none, or

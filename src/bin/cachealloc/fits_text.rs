@@ -142,7 +142,26 @@ impl ReplayJson {
                 self.fit_notes(f)
             );
         }
-        t + &suggestion + &untried
+        t + &self.older_pytorch_text() + &suggestion + &untried
+    }
+
+    /// A listed `max_split_size_mb:20` as PyTorch 2.9 and older must have it: 21, replayed.
+    fn older_pytorch_text(&self) -> String {
+        let Some(o) = &self.older_pytorch_trial else {
+            return String::new();
+        };
+        let outcome = match o.first_oom_event_index {
+            None => format!(
+                "runs without an out-of-memory too: peak reserved {}",
+                format_size(o.peak_reserved_bytes)
+            ),
+            Some(at) => format!("runs out of memory, first at {}", event_at(self.mode, at)),
+        };
+        format!(
+            "  (PyTorch 2.9 and older refuse max_split_size_mb:20, wanting more than 20: with \
+             them --conf {} {outcome}.)\n",
+            shell_word(&o.conf)
+        )
     }
 
     /// Why no value fits, after "lets this workload run without an out-of-memory ": where, and

@@ -135,6 +135,9 @@ pub struct ReplayJson {
     /// When no setting fits within the replay's `per_process_memory_fraction` below 1: the
     /// replay without it (null otherwise).
     pub fraction_trial: Option<FractionTrialJson>,
+    /// When `max_split_size_mb:20` is among `fitting_settings`: its settings with 21, which
+    /// PyTorch 2.9 and older take where they refuse 20, replayed (null otherwise).
+    pub older_pytorch_trial: Option<OlderPytorchJson>,
     /// The `max_split_size_mb` the out-of-memory report suggests, replayed like the others
     /// (null when there was no OOM or the report suggests no value).
     pub report_suggestion: Option<SuggestionJson>,
@@ -265,6 +268,17 @@ fn dropped_texts(dropped: &[&'static str], settings: &Settings) -> Vec<String> {
         .iter()
         .map(|key| setting_text(settings, key).unwrap_or_else(|| key.to_string()))
         .collect()
+}
+
+/// A fitting `max_split_size_mb:20` replayed as 21 (PyTorch 2.9 and older refuse 20).
+#[derive(Clone, Debug, Serialize)]
+pub struct OlderPytorchJson {
+    /// A complete `--conf` value.
+    pub conf: String,
+    pub fits: bool,
+    pub peak_reserved_bytes: u64,
+    /// Its first out-of-memory, counted like `first_oom_event_index` (null when it fits).
+    pub first_oom_event_index: Option<usize>,
 }
 
 /// The replay without its memory fraction, tried when no value fits within its limit.
@@ -470,6 +484,7 @@ impl ReplayJson {
             fitting_settings: None,
             gets_furthest: None,
             fraction_trial: None,
+            older_pytorch_trial: None,
             report_suggestion: None,
             max_split_sizes_not_replayable: None,
             expandable_segments_trial: None,
@@ -515,6 +530,12 @@ impl ReplayJson {
         self.searched_without_divisions = search.also_without_divisions;
         self.searched_without_max_split = search.also_without_max_split;
         self.fraction_trial = search.fraction.map(FractionTrialJson::from);
+        self.older_pytorch_trial = search.older_pytorch.map(|t| OlderPytorchJson {
+            conf: t.conf,
+            fits: t.first_oom_event_index.is_none(),
+            peak_reserved_bytes: t.peak_reserved_bytes,
+            first_oom_event_index: t.first_oom_event_index,
+        });
         let limit = self.memory_limit;
         let settings = &search.settings;
         self.fitting_settings = Some(

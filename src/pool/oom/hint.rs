@@ -1,7 +1,7 @@
 //! What each kind of hint says (`OomHint`'s `Display`), and what a hint tells of the
 //! settings: the `max_split_size_mb` value it suggests, whether a setting may help.
 
-use super::{MAX_SPLIT_LADDER_MB, MIB, OomHint};
+use super::{MAX_SPLIT_LADDER_MB, MIB, OLDER_PYTORCH_REFUSES_MB, OomHint};
 use crate::pool::format::format_size;
 use crate::pool::rounding::{LARGE_BUFFER, SMALL_BUFFER};
 use std::fmt;
@@ -92,10 +92,17 @@ impl OomHint {
 }
 
 /// What the `max_split_size_mb` a hint suggests does to the settings in force.
-fn suggested_in(current: Option<u64>) -> String {
-    match current {
+/// For the value `suggested`, 20 (the smallest), also that PyTorch 2.9 and older refuse it in
+/// `PYTORCH_CUDA_ALLOC_CONF` (their parser wants more than 20), where it may be copied to.
+fn suggested_in(current: Option<u64>, suggested: Option<u64>) -> String {
+    let place = match current {
         Some(mb) => format!("in place of max_split_size_mb:{mb}"),
         None => "added to the other settings in force".to_string(),
+    };
+    if suggested == Some(OLDER_PYTORCH_REFUSES_MB) {
+        format!("{place}; PyTorch 2.9 and older refuse 20, wanting more: 21 for them")
+    } else {
+        place
     }
 }
 
@@ -426,7 +433,7 @@ impl fmt::Display for OomHint {
                 let native_may_fit = refused_map.is_some()
                     && !small_pool
                     && segment <= unallocated.saturating_add(device_free);
-                let instead = suggested_in(current_max_split_size_mb);
+                let instead = suggested_in(current_max_split_size_mb, suggested_max_split_size_mb);
                 match (suggested_max_split_size_mb, current_max_split_size_mb) {
                     // The large pool's free memory lies in segments still in use.
                     (Some(mb), _) if small_pool => write!(

@@ -14,6 +14,10 @@ use super::types::{DeviceId, StreamId};
 /// The standard `max_split_size_mb` values, largest first, down to PyTorch's minimum (20): what
 /// a fragmentation hint suggests and what `cachealloc replay` tries after an OOM.
 pub const MAX_SPLIT_LADDER_MB: [u64; 8] = [1024, 512, 256, 128, 64, 48, 32, 20];
+
+/// The smallest standard `max_split_size_mb`, which the parser of PyTorch 2.9 and older
+/// refuses (it wants more than 20; newer PyTorch and cachealloc take 20 or more).
+pub const OLDER_PYTORCH_REFUSES_MB: u64 = 20;
 /// One mebibyte (`max_split_size_mb` counts these).
 const MIB: u64 = 1 << 20; // bytes
 

@@ -139,3 +139,31 @@ fn suggestion_depends_on_the_current_setting() {
             .contains("max_split_size_mb is already 512")
     );
 }
+
+/// The smallest value, 20, is one PyTorch 2.9 and older refuse in `PYTORCH_CUDA_ALLOC_CONF`
+/// (their parser wants more than 20): the hint says so and names 21 for them; other values
+/// carry no such note.
+#[test]
+fn a_suggestion_of_20_names_21_for_older_pytorch() {
+    let hint_for = |largest: u64| {
+        OomReport {
+            largest_free_blocks: vec![largest, largest / 2],
+            pool_largest_free_block: largest,
+            free_blocks: 2,
+            ..fragmented()
+        }
+        .hint()
+        .to_string()
+    };
+    let twenty = hint_for(25 * MIB);
+    assert!(
+        twenty.contains(
+            "A value to try: max_split_size_mb:20 (added to the other settings in force; \
+             PyTorch 2.9 and older refuse 20, wanting more: 21 for them): "
+        ),
+        "{twenty}"
+    );
+    let more = hint_for(40 * MIB);
+    assert!(more.contains("max_split_size_mb:32 (added to the other settings in force): "));
+    assert!(!more.contains("PyTorch 2.9"), "{more}");
+}
