@@ -15,16 +15,21 @@
 //! context of cachealloc's making: its children keep cachealloc, with their own statistics and
 //! their own trace file (`%p` is expanded by the process that creates the file). A child forked
 //! while another thread of the parent was deciding the mode steps aside too: the decision
-//! would never finish in it.
+//! would never finish in it. So does one forked while another thread held a pool slot's lock
+//! or the trace file's (a parent with no pool yet takes them too: a `cudaMemGetInfo` that counts
+//! cached memory as free looks at its device's slot, the statistics calls, a memory fraction,
+//! the making of the first pool, and every flush of a recording): the lock would stay held in
+//! the child for ever, and its first `cudaMalloc` would wait on it.
 //!
 //! The handler is registered when the library is loaded (a constructor), before any thread of
-//! the program can call it, and only reads atomics and repoints descriptors (it is
-//! async-signal-safe). Registered at the first call instead, it could miss a fork another
-//! thread made at that moment: glibc runs after a fork only the handlers registered before the
-//! fork's prepare phase began, so a child forked just as the first decision started waited
-//! forever on it (3 of 300 runs of the race test in a debug build).
+//! the program can call it, and only reads atomics, try-locks and releases uncontended locks,
+//! and repoints descriptors (it is async-signal-safe). Registered at the first call instead, it
+//! could miss a fork another thread made at that moment: glibc runs after a fork only the
+//! handlers registered before the fork's prepare phase began, so a child forked just as the
+//! first decision started waited forever on it (3 of 300 runs of the race test in a debug
+//! build).
 
-use super::{file_claim, pools};
+use super::{file_claim, pools, trace_file};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static IN_FORKED_CHILD: AtomicBool = AtomicBool::new(false);
@@ -35,7 +40,11 @@ static UNWATCHED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn child_after_fork() {
     file_claim::let_go_in_forked_child();
-    if pools::any_used() || DECIDING.load(Ordering::Relaxed) > 0 {
+    if pools::any_used()
+        || DECIDING.load(Ordering::Relaxed) > 0
+        || pools::any_lock_held_at_fork()
+        || trace_file::lock_held_at_fork()
+    {
         IN_FORKED_CHILD.store(true, Ordering::Relaxed);
     }
 }

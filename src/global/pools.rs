@@ -15,7 +15,7 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::pool::{DeviceAllocator, DeviceId, DeviceStats};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Devices with an ordinal below this get a pool; calls on others are forwarded.
 pub const MAX_DEVICES: usize = 64;
@@ -57,6 +57,17 @@ fn index(device: DeviceId) -> Option<usize> {
 /// Whether any device has had a pool made (read by the fork handler: one atomic load).
 pub fn any_used() -> bool {
     USED.load(Ordering::Relaxed) != 0
+}
+
+/// In a child just forked: whether a thread of the parent held a pool slot's lock at the fork
+/// (before any pool was made: a device's statistics, `cudaMemGetInfo`, a memory fraction, or the
+/// first pool being made). No thread of the child will ever release it. Only try-locks, each
+/// released at once: atomic operations on the lock word (async-signal-safe; no thread of the
+/// child contends for them).
+pub fn any_lock_held_at_fork() -> bool {
+    POOLS
+        .iter()
+        .any(|slot| matches!(slot.try_lock(), Err(TryLockError::WouldBlock)))
 }
 
 /// Whether `device` has had a pool made (its slot is never emptied again).

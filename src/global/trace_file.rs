@@ -37,7 +37,7 @@ use crate::trace::record::buffer::{DeviceSink, EventBuffer};
 use crate::trace::record::{Action, Event, Header, settings_text, write_events, write_header};
 use std::io::{BufWriter, Write};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 /// Bytes the file writer gathers before a write system call.
 const WRITE_BUFFER: usize = 64 << 10; // 64 KiB
@@ -116,6 +116,15 @@ pub fn recording_path() -> Option<&'static str> {
     let path = r.file_name()?;
     let file = r.file.lock().unwrap_or_else(|p| p.into_inner());
     (!matches!(*file, FileState::Failed)).then_some(path)
+}
+
+/// In a child just forked: whether a thread of the parent held the trace file's lock at the fork
+/// (every flush takes it, with or without events). No thread of the child will ever release it.
+/// A try-lock released at once (async-signal-safe, as `pools::any_lock_held_at_fork`).
+pub fn lock_held_at_fork() -> bool {
+    RECORDER
+        .get()
+        .is_some_and(|r| matches!(r.file.try_lock(), Err(TryLockError::WouldBlock)))
 }
 
 /// A sink for the pool of `device` when recording is on.
