@@ -30,7 +30,10 @@ pub enum Action {
     Snapshot,
     /// A request failed with out-of-memory; `size` = rounded request, `device_free` set.
     Oom,
-    /// A user annotation (newer PyTorch); no effect on memory.
+    /// A user annotation; no effect on memory. `annotate` (newest PyTorch: metadata attached to
+    /// a live allocation) or `user_defined` (PyTorch nightlies of mid-2024: a `record_function`
+    /// range's start or end, written into every device's trace before they moved to the
+    /// snapshot's `external_annotations`).
     Annotate,
 }
 
@@ -47,14 +50,14 @@ impl Action {
             "segment_unmap" => Action::SegmentUnmap,
             "snapshot" => Action::Snapshot,
             "oom" => Action::Oom,
-            "annotate" => Action::Annotate,
+            "annotate" | "user_defined" => Action::Annotate,
             _ => return None,
         })
     }
 
     /// The action strings this reader understands (for error messages).
     pub const KNOWN: &'static str = "alloc, free_requested, free_completed, segment_alloc, \
-         segment_free, segment_map, segment_unmap, snapshot, oom, annotate";
+         segment_free, segment_map, segment_unmap, snapshot, oom, annotate, user_defined";
 }
 
 /// Where in the allocator an entry was recorded, read from its stack frames.

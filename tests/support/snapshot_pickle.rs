@@ -25,7 +25,8 @@ pub struct Segment {
     pub blocks: Vec<Block>,
 }
 
-fn dict(items: Vec<(&str, V)>) -> V {
+/// A dict of string keys, as Python writes a snapshot's dicts.
+pub fn dict(items: Vec<(&str, V)>) -> V {
     V::Dict(
         items
             .into_iter()
@@ -34,7 +35,8 @@ fn dict(items: Vec<(&str, V)>) -> V {
     )
 }
 
-fn int(n: u64) -> V {
+/// A Python int.
+pub fn int(n: u64) -> V {
     V::I64(i64::try_from(n).expect("fits a Python int here"))
 }
 
@@ -250,8 +252,9 @@ fn recorded_settings(settings: &RecordedSettings) -> V {
     ])
 }
 
-/// Pickle `value` to `name` in the temporary folder (the name is made this process's own).
-fn write(name: &str, value: &V) -> PathBuf {
+/// Pickle `value` to `name` in the temporary folder (the name is made this process's own): a
+/// snapshot of whatever shape a test needs.
+pub fn write(name: &str, value: &V) -> PathBuf {
     let bytes = serde_pickle::value_to_vec(value, SerOptions::new()).expect("pickles");
     let path = std::env::temp_dir().join(format!("cachealloc-{}-{name}", std::process::id()));
     std::fs::write(&path, bytes).expect("temporary file written");
