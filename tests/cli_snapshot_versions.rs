@@ -122,3 +122,68 @@ fn user_defined_annotations_of_2024_nightlies_are_read_as_annotations() {
     assert_eq!(state["trace_entries"], 7, "{state}");
     std::fs::remove_file(path).unwrap();
 }
+
+/// A snapshot as PyTorch 1.13 wrote it (`THCPModule_memorySnapshot` in
+/// torch/csrc/cuda/Module.cpp): no `requested_size` in segments or blocks, no block address, no
+/// pool id; each block's allocations in `history` (latest first, `real_size` the request), the
+/// trace entries' C++ stacks as one string. The kept block's request is its history's, so the
+/// trace's allocation of it matches the end state: the replay rebuilds the start and the state
+/// reports what was requested.
+#[test]
+fn pytorch_1_13_blocks_take_their_request_from_their_history() {
+    let frames = |name: &str| {
+        V::List(vec![dict(vec![
+            ("filename", s("train.py")),
+            ("name", s(name)),
+            ("line", int(7)),
+        ])])
+    };
+    let history = |addr: u64, real_size: u64| {
+        V::List(vec![dict(vec![
+            ("addr", int(addr)),
+            ("real_size", int(real_size)),
+            ("frames", frames("forward")),
+            ("cpp_frames", s("c10::cuda::CUDACachingAllocator::malloc\n")),
+        ])])
+    };
+    let blocks = vec![
+        dict(vec![
+            ("size", int(KEPT.1)),
+            ("state", s("active_allocated")),
+            ("history", history(SEG, KEPT.0)),
+        ]),
+        // Free, its history the allocation freed in the trace.
+        dict(vec![
+            ("size", int(20 * MIB - KEPT.1)),
+            ("state", s("inactive")),
+            ("history", history(SEG + KEPT.1, FREED.0)),
+        ]),
+    ];
+    let trace: Vec<V> = trace()
+        .into_iter()
+        .map(|mut e| {
+            if let V::Dict(d) = &mut e {
+                d.insert(
+                    serde_pickle::HashableValue::String("frames".into()),
+                    frames("step"),
+                );
+            }
+            e
+        })
+        .collect();
+    let path = write(
+        "pytorch-1.13.pickle",
+        &dict(vec![
+            ("segments", V::List(vec![segment(0, blocks)])),
+            ("device_traces", V::List(vec![V::List(trace)])),
+        ]),
+    );
+    let file = path.to_str().unwrap();
+    let replay = json(&cachealloc(&["replay", "--faithful", file, "--json"]));
+    assert_eq!(replay["allocs_at_recorded_addr"], 2, "{replay}");
+    assert_eq!(replay["peak_requested_bytes"], KEPT.0 + FREED.0, "{replay}");
+    let state = json(&cachealloc(&["state", file, "--json"]));
+    assert_eq!(state["pools"]["all"]["requested_bytes"], KEPT.0, "{state}");
+    assert_eq!(state["pools"]["all"]["allocated_bytes"], KEPT.1, "{state}");
+    std::fs::remove_file(path).unwrap();
+}

@@ -12,7 +12,8 @@
 //! - entries: `action`, `addr` (absent on `oom`, which carries `device_free`), `size`, `stream`,
 //!   optional `frames` (list of `{name, filename, line}`).
 //! - blocks: `size`, `requested_size`, `state`; `address` is absent in PyTorch 2.0 files and is
-//!   then the running sum of block sizes from the segment start.
+//!   then the running sum of block sizes from the segment start; `requested_size` is absent in
+//!   PyTorch 1.13 files, whose blocks carry it as `history[0].real_size` instead.
 //! - segments: `segment_pool_id`, a pair of integers, (0, 0) for the default pools and another
 //!   pair for a private pool (a CUDA graph's or a MemPool's); absent in older files.
 //! - `allocator_settings`: fields for four settings (`max_split_size`, an int of bytes, -1 for
@@ -431,7 +432,9 @@ impl<'a> Reader<'a> {
             };
             let requested_size = match self.get(bd, "requested_size") {
                 Some(_) => self.u64_field(bd, "requested_size", &bat)?,
-                None => size,
+                None => self
+                    .history_request(bd, block_address, size)
+                    .unwrap_or(size),
             };
             let state = match self.str_field(bd, "state", &bat)? {
                 "active_allocated" => BlockState::Allocated,
@@ -462,6 +465,20 @@ impl<'a> Reader<'a> {
             is_expandable,
             blocks,
         })
+    }
+
+    /// The request a block of a PyTorch 1.13 file holds, which names no `requested_size`: the
+    /// `real_size` of the first (latest) entry of its `history`, the allocations recorded in
+    /// the block, as PyTorch's own viewers read it (`_memory_viz._block_extra_legacy`,
+    /// MemoryViz.js). `None` (the block's size is taken) when the block has no history (it was
+    /// allocated while no stack was recorded), or when that entry does not describe an
+    /// allocation at the block's start that fits it.
+    fn history_request(&self, block: &Dict, address: u64, size: u64) -> Option<u64> {
+        let history = self.p.as_list(self.get(block, "history")?)?;
+        let latest = self.p.as_dict(*history.first()?)?;
+        let at = as_u64(self.get(latest, "addr")?)?;
+        let real_size = as_u64(self.get(latest, "real_size")?)?;
+        (at == address && real_size <= size).then_some(real_size)
     }
 
     /// A segment's `segment_pool_id`: `None` for the default pools ((0, 0), or no such field
@@ -1460,6 +1477,34 @@ mod tests {
             actions[1..],
             [(Action::Snapshot, 0, 512), (Action::Annotate, 0, 0)]
         );
+    }
+
+    /// A PyTorch 1.13 block's request is its latest `history` entry's `real_size` only when
+    /// that entry is an allocation at the block's start that fits it; otherwise (and without a
+    /// history) the block's size.
+    #[test]
+    fn a_history_that_does_not_describe_the_block_is_not_its_request() {
+        let block = |addr: i64, real_size: i64| {
+            let latest = dict(vec![
+                ("addr", V::I64(addr)),
+                ("real_size", V::I64(real_size)),
+            ]);
+            dict(vec![
+                ("size", V::I64(2 << 20)),
+                ("state", s("active_allocated")),
+                ("history", V::List(vec![latest])),
+            ])
+        };
+        for (addr, real_size, request) in [
+            (SEG, 1000, 1000),
+            (SEG + 512, 1000, 2 << 20),
+            (SEG, (2 << 20) + 1, 2 << 20),
+        ] {
+            let blocks = V::List(vec![block(addr, real_size)]);
+            let snap = parse_snapshot(&with_segment_field("blocks", blocks), "s.pickle").unwrap();
+            let b = &snap.devices[0].segments[0].blocks[0];
+            assert_eq!(b.requested_size, request, "history {addr:#x} {real_size}");
+        }
     }
 
     /// An `oom` entry with both keys is read by `device_free`, the key Python snapshots use.
