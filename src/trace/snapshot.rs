@@ -115,8 +115,8 @@ fn run_decoder<T>(
 }
 
 /// What a file that did not decode as a pickle is, when it is a kind people mistake for a
-/// snapshot: compressed, a `torch.save` archive, JSON (a snapshot named `.json` is still a
-/// pickle), or other text. `None` for anything else.
+/// snapshot: compressed (gzip, bzip2, xz, zstd, lz4), a `torch.save` archive, JSON (a snapshot
+/// named `.json` is still a pickle), or other text. `None` for anything else.
 fn foreign_kind(bytes: &[u8]) -> Option<String> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         return Some(
@@ -124,6 +124,12 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
              snapshot; a compressed snapshot must be decompressed first (gunzip)"
                 .into(),
         );
+    }
+    if let Some((format, tool)) = compressed(bytes) {
+        return Some(format!(
+            "it is {format}-compressed; a compressed snapshot must be decompressed first \
+             ({tool})"
+        ));
     }
     if bytes.starts_with(b"PK\x03\x04") {
         return Some(
@@ -159,6 +165,23 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
         .take(60)
         .collect();
     Some(format!("it is text, starting {first_line:?}"))
+}
+
+/// The compression format `bytes` begin with, by its magic number, and the command that
+/// undoes it (gzip, told apart above for profiler traces, aside).
+fn compressed(bytes: &[u8]) -> Option<(&'static str, &'static str)> {
+    const FORMATS: [(&[u8], &str, &str); 4] = [
+        (b"\xfd7zXZ\x00", "xz", "unxz"),
+        (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+        (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
+        (b"BZh", "bzip2", "bunzip2"),
+    ];
+    FORMATS
+        .iter()
+        .find(|(magic, _, _)| bytes.starts_with(magic))
+        // bzip2's magic ends with the block size, a digit 1 to 9.
+        .filter(|(magic, _, _)| *magic != b"BZh" || matches!(bytes.get(3), Some(b'1'..=b'9')))
+        .map(|&(_, format, tool)| (format, tool))
 }
 
 /// A non-negative integer that fits in 64 bits.
@@ -1218,7 +1241,7 @@ mod tests {
     /// Files people mistake for snapshots are named for what they are.
     #[test]
     fn foreign_files_are_named_for_what_they_are() {
-        let cases: [(&[u8], &str); 7] = [
+        let cases: [(&[u8], &str); 12] = [
             (b"\x80\x04", "truncated"),
             (b"\xff", "unknown opcode 0xff"),
             (
@@ -1226,6 +1249,28 @@ mod tests {
                 "gzip-compressed: a profiler trace (.json.gz) perhaps",
             ),
             (b"PK\x03\x04\x14\x00", "zip archive, as torch.save writes"),
+            (
+                b"BZh91AY&SY\x00\x01",
+                "bzip2-compressed; a compressed snapshot must be \
+             decompressed first (bunzip2)",
+            ),
+            (
+                b"\xfd7zXZ\x00\x00\x04",
+                "xz-compressed; a compressed snapshot must be \
+             decompressed first (unxz)",
+            ),
+            (
+                b"\x28\xb5\x2f\xfd\x24\x00",
+                "zstd-compressed; a compressed snapshot must be \
+             decompressed first (unzstd)",
+            ),
+            (
+                b"\x04\x22\x4d\x18\x64\x40",
+                "lz4-compressed; a compressed snapshot must be \
+             decompressed first (unlz4)",
+            ),
+            // Not bzip2 without the block size's digit.
+            (b"BZhx\x00\x00", "truncated"),
             (b"  {\"traceEvents\": []}", "JSON text"),
             (
                 b"id,lower,upper,size\n0,1,2,3\n",
