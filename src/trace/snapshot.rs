@@ -150,6 +150,15 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
         return None;
     }
     let trimmed = text.trim_start();
+    if json_snapshot(trimmed) {
+        return Some(
+            "it is a memory snapshot written as JSON; cachealloc reads the pickle \
+             torch.cuda.memory._dump_snapshot writes: convert it with python3 -c \"import json, \
+             pickle, sys; pickle.dump(json.load(open(sys.argv[1])), open(sys.argv[2], 'wb'))\" \
+             IN.json OUT.pickle"
+                .into(),
+        );
+    }
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
         return Some(
             "it is JSON text, a profiler trace perhaps (PyTorch's memory snapshots are \
@@ -165,6 +174,23 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
         .take(60)
         .collect();
     Some(format!("it is text, starting {first_line:?}"))
+}
+
+/// Whether `text`, the start of a JSON file, is a memory snapshot's dict (its first key
+/// `segments` or `device_traces`, as `json.dump` writes `torch.cuda.memory._snapshot()`) or
+/// `torch.cuda.memory_snapshot()`'s list of segments (of dicts whose first key is `device`).
+fn json_snapshot(text: &str) -> bool {
+    fn after(text: &str, prefix: char) -> Option<&str> {
+        text.strip_prefix(prefix).map(str::trim_start)
+    }
+    if let Some(first_key) = after(text, '{') {
+        return first_key.starts_with("\"segments\"") || first_key.starts_with("\"device_traces\"");
+    }
+    after(text, '[')
+        .and_then(|list| after(list, '{'))
+        .is_some_and(|segment| {
+            segment.starts_with("\"device\"") && segment.contains("\"total_size\"")
+        })
 }
 
 /// The compression format `bytes` begin with, by its magic number, and the command that
@@ -1241,7 +1267,7 @@ mod tests {
     /// Files people mistake for snapshots are named for what they are.
     #[test]
     fn foreign_files_are_named_for_what_they_are() {
-        let cases: [(&[u8], &str); 12] = [
+        let cases: [(&[u8], &str); 15] = [
             (b"\x80\x04", "truncated"),
             (b"\xff", "unknown opcode 0xff"),
             (
@@ -1271,7 +1297,22 @@ mod tests {
             ),
             // Not bzip2 without the block size's digit.
             (b"BZhx\x00\x00", "truncated"),
-            (b"  {\"traceEvents\": []}", "JSON text"),
+            (
+                b"  {\"traceEvents\": []}",
+                "JSON text, a profiler trace perhaps",
+            ),
+            (
+                b"{\"segments\": [], \"device_traces\": [[]]}",
+                "it is a memory snapshot written as JSON; cachealloc reads the pickle",
+            ),
+            (
+                b"{\n  \"device_traces\": [\n    []\n  ],\n  \"segments\": []\n}",
+                "memory snapshot written as JSON",
+            ),
+            (
+                b"[{\"device\": 0, \"address\": 1, \"total_size\": 2097152, \"blocks\": []}]",
+                "memory snapshot written as JSON",
+            ),
             (
                 b"id,lower,upper,size\n0,1,2,3\n",
                 "text, starting \"id,lower,upper,size\"",
