@@ -85,6 +85,10 @@ pub(super) fn check_snapshot_start(head: &[u8], source: &str) -> Result<(), Trac
     run_decoder(head, source, || check_start(head))
 }
 
+/// The number the legacy (non-zip) `torch.save` format pickles first (`MAGIC_NUMBER` in
+/// torch/serialization.py).
+const TORCH_SAVE_MAGIC: i128 = 0x1950_a86a_20f9_469c_fc6c;
+
 /// The opcode that begins a pickle of protocol 2 or later, with the protocol's number.
 const PROTO: u8 = 0x80;
 
@@ -291,10 +295,15 @@ impl<'a> Reader<'a> {
             return self.segments_only(items);
         }
         let Some(top) = self.p.as_dict(value) else {
-            return Err(TraceError::not_snapshot(
-                self.source,
-                format!("the top level is a {}", self.p.type_name(value)),
-            ));
+            let detail = if value == PyValue::Int(TORCH_SAVE_MAGIC) {
+                "it is a file of torch.save's legacy format (_use_new_zipfile_serialization=False), \
+                 whose first pickle is its magic number; a memory snapshot is the one pickle \
+                 torch.cuda.memory._dump_snapshot writes"
+                    .to_owned()
+            } else {
+                format!("the top level is a {}", self.p.type_name(value))
+            };
+            return Err(TraceError::not_snapshot(self.source, detail));
         };
         for required in ["segments", "device_traces"] {
             if self.get(top, required).is_none() {
@@ -1356,6 +1365,14 @@ mod tests {
         assert!(err.contains("'device_traces'"), "{err}");
         let err = error_of(&bytes(&s("just a string"))).to_string();
         assert!(err.contains("top level is a str"), "{err}");
+        // torch.save(..., _use_new_zipfile_serialization=False): LONG1 of its magic number,
+        // then the protocol version, system information and the object, each a pickle.
+        let legacy = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03.";
+        let err = error_of(legacy).to_string();
+        assert!(
+            err.contains("it is a file of torch.save's legacy format"),
+            "{err}"
+        );
     }
 
     #[test]
