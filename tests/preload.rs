@@ -369,17 +369,19 @@ fn a_held_statistics_file_is_left_alone() {
     assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
 }
 
+/// The test program `tests/preload/NAME.c`, built with threads (and the `extra` flags).
+fn threaded_program(name: &str, extra: &[&str]) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let flags: Vec<&str> = ["-pthread"].iter().chain(extra).copied().collect();
+    fake_cudart::compile_c_program(&root.join(format!("tests/preload/{name}.c")), name, &flags)
+}
+
 /// A child forked while another thread makes the process's first CUDA call (the mode being
 /// decided, the panic hook installed) does not hang on the parent's unfinished initialisation.
 /// Each run is a fresh process; before the fix about one run in fifty hung.
 #[test]
 fn a_child_forked_during_the_first_call_does_not_hang() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let race = fake_cudart::compile_c_program(
-        &root.join("tests/preload/fork_race.c"),
-        "fork_race",
-        &["-pthread"],
-    );
+    let race = threaded_program("fork_race", &[]);
     let mut hung = 0;
     for _ in 0..300 {
         let out = preloaded(&race)
@@ -402,12 +404,7 @@ fn a_child_forked_during_the_first_call_does_not_hang() {
 /// within a few with `trace:`.
 #[test]
 fn a_child_forked_while_a_lock_is_held_does_not_hang() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let program = fake_cudart::compile_c_program(
-        &root.join("tests/preload/fork_locks.c"),
-        "fork_locks",
-        &["-pthread"],
-    );
+    let program = threaded_program("fork_locks", &[]);
     let dir = tempfile::tempdir().expect("temporary directory");
     let trace = format!(
         "count_cached_as_free:True,trace:{}",
@@ -436,12 +433,7 @@ fn a_child_forked_while_a_lock_is_held_does_not_hang() {
 /// first few hundred forks in every run.
 #[test]
 fn a_child_forked_while_a_line_is_logged_does_not_hang() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let program = fake_cudart::compile_c_program(
-        &root.join("tests/preload/fork_log.c"),
-        "fork_log",
-        &["-pthread", "-ldl"],
-    );
+    let program = threaded_program("fork_log", &["-ldl"]);
     let out = preloaded(&program)
         .arg("1000")
         .env("CACHEALLOC_LOG", "debug")

@@ -21,7 +21,7 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 use support::fake_cudart;
 use support::shim::{library, run_ok, stderr, stdout};
 
@@ -124,6 +124,20 @@ fn a_recorded_free_that_failed_still_waits_for_its_streams_when_made_again() {
     }
 }
 
+/// The test program's `mode`, with `CACHEALLOC_CONF` set to `conf` (unset for `None`) and the
+/// library enabled at its default log level; it must succeed.
+fn run_mode(mode: &str, conf: Option<&str>) -> Output {
+    let mut cmd = fake_cudart::command(&program());
+    cmd.arg(mode)
+        .env_remove("CACHEALLOC_DISABLE")
+        .env_remove("CACHEALLOC_LOG");
+    match conf {
+        Some(conf) => cmd.env("CACHEALLOC_CONF", conf),
+        None => cmd.env_remove("CACHEALLOC_CONF"),
+    };
+    run_ok(&mut cmd)
+}
+
 /// What PyTorch's `CUDAPluggableAllocator` relies on from the malloc and free it is given
 /// (`contract` in `torch_hooks_check.c`): a freed block goes at once to the next tensor of its
 /// own stream and to no other stream's; free reads the pointer only; size 0 (an empty tensor) is
@@ -131,13 +145,7 @@ fn a_recorded_free_that_failed_still_waits_for_its_streams_when_made_again() {
 /// of no allocation and a device the process does not have are logged.
 #[test]
 fn malloc_and_free_keep_the_pluggable_allocators_contract() {
-    let out = run_ok(
-        fake_cudart::command(&program())
-            .arg("contract")
-            .env_remove("CACHEALLOC_CONF")
-            .env_remove("CACHEALLOC_DISABLE")
-            .env_remove("CACHEALLOC_LOG"),
-    );
+    let out = run_mode("contract", None);
     let (stdout, log) = (stdout(&out), stderr(&out));
     assert!(stdout.contains("ok contract"), "{stdout}\n{log}");
     let frees: Vec<&str> = log
@@ -164,13 +172,7 @@ fn malloc_and_free_keep_the_pluggable_allocators_contract() {
 /// Nothing is logged.
 #[test]
 fn the_base_allocation_hook_names_the_segment_an_ipc_handle_opens() {
-    let out = run_ok(
-        fake_cudart::command(&program())
-            .arg("base_alloc")
-            .env_remove("CACHEALLOC_CONF")
-            .env_remove("CACHEALLOC_DISABLE")
-            .env_remove("CACHEALLOC_LOG"),
-    );
+    let out = run_mode("base_alloc", None);
     let (stdout, log) = (stdout(&out), stderr(&out));
     assert!(stdout.contains("ok base alloc"), "{stdout}\n{log}");
     assert!(!log.contains("cachealloc_torch_base_alloc"), "{log}");
@@ -180,13 +182,7 @@ fn the_base_allocation_hook_names_the_segment_an_ipc_handle_opens() {
 /// tensor's own address, and the log says why the handle PyTorch then asks for fails.
 #[test]
 fn the_base_allocation_hook_leaves_expandable_memory_as_it_is_and_says_why() {
-    let out = run_ok(
-        fake_cudart::command(&program())
-            .arg("base_alloc_expandable")
-            .env("CACHEALLOC_CONF", "expandable_segments:True")
-            .env_remove("CACHEALLOC_DISABLE")
-            .env_remove("CACHEALLOC_LOG"),
-    );
+    let out = run_mode("base_alloc_expandable", Some("expandable_segments:True"));
     let (stdout, log) = (stdout(&out), stderr(&out));
     assert!(
         stdout.contains("ok base alloc expandable"),
@@ -205,13 +201,7 @@ fn the_base_allocation_hook_leaves_expandable_memory_as_it_is_and_says_why() {
 /// (the tensor's memory stays allocated), pages that cannot be unmapped (they stay cached).
 #[test]
 fn a_failure_inside_a_hook_that_returns_nothing_is_logged_at_the_default_level() {
-    let out = run_ok(
-        fake_cudart::command(&program())
-            .arg("hook_failures")
-            .env("CACHEALLOC_CONF", "expandable_segments:True")
-            .env_remove("CACHEALLOC_DISABLE")
-            .env_remove("CACHEALLOC_LOG"),
-    );
+    let out = run_mode("hook_failures", Some("expandable_segments:True"));
     let (stdout, log) = (stdout(&out), stderr(&out));
     assert!(stdout.contains("ok hook failures"), "{stdout}\n{log}");
     for line in [
@@ -230,13 +220,7 @@ fn a_failure_inside_a_hook_that_returns_nothing_is_logged_at_the_default_level()
 /// and a fraction outside [0, 1] is logged and changes nothing.
 #[test]
 fn the_memory_fraction_hook_limits_the_device_it_names() {
-    let out = run_ok(
-        fake_cudart::command(&program())
-            .arg("memory_fraction")
-            .env_remove("CACHEALLOC_CONF")
-            .env_remove("CACHEALLOC_DISABLE")
-            .env_remove("CACHEALLOC_LOG"),
-    );
+    let out = run_mode("memory_fraction", None);
     let (stdout, log) = (stdout(&out), stderr(&out));
     assert!(stdout.contains("ok memory fraction"), "{stdout}\n{log}");
     assert!(
