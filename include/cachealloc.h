@@ -232,16 +232,15 @@ void cachealloc_torch_record_stream(void *ptr, void *stream);
  * `*size`. PyTorch exports that start with `cudaIpcGetMemHandle` and sends the tensor's offset
  * from it, so the other process opens the tensor's own memory. Without the hook PyTorch exports
  * `ptr` itself with offset 0: a preloaded cachealloc refuses that handle, and the runtime's own
- * opens at the segment's start, another allocation's memory, read without an error. A pointer in no segment of cachealloc's (NULL
- * included) is answered with itself and `*size` left as it was, as PyTorch does without the
- * hook; so is memory of an expandable segment, which no IPC handle can name (logged; PyTorch's
- * `cudaIpcGetMemHandle` then fails, and it raises).
+ * opens at the segment's start, another allocation's memory, read without an error. A pointer
+ * in no segment of cachealloc's (NULL included) is answered with itself and `*size` left as it
+ * was, as PyTorch does without the hook; so is memory of an expandable segment, which no IPC
+ * handle can name (logged; PyTorch's `cudaIpcGetMemHandle` then fails, and it raises).
  *
  * # Safety
  * `size` is NULL or valid for writing one `size_t`.
  */
-void *cachealloc_torch_base_alloc(void *ptr,
-                                  size_t *size);
+void *cachealloc_torch_base_alloc(void *ptr, size_t *size);
 
 /**
  * The hook for `set_memory_fraction_fn`, `void (double fraction, int device)`, which
