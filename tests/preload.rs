@@ -446,6 +446,22 @@ fn a_child_forked_while_a_line_is_logged_does_not_hang() {
     );
 }
 
+/// A child forked while another thread of the parent was inside one of the library's own writes
+/// to stderr (here the configuration error, to a pipe nobody reads) does not wait for ever when
+/// it writes there itself (here the warning that no runtime was found: the program links none).
+/// Before every such write went to fd 2 directly, the first child hung on Rust's stderr lock.
+#[test]
+fn a_child_forked_while_stderr_is_written_does_not_hang() {
+    let program = threaded_program("fork_stderr", &["-ldl", "-Wl,--as-needed"]);
+    let out = preloaded(&program)
+        .arg("3")
+        .env("CACHEALLOC_CONF", "stats:bogus")
+        .output()
+        .expect("fork_stderr runs");
+    assert!(out.status.success(), "{:?}: {}", out.status, stdout(&out));
+    assert_eq!(stdout(&out).trim(), "forks 3 hung 0");
+}
+
 /// A tuning PyTorch accepts with a number not written plainly keeps the program running: the
 /// number is read as PyTorch reads it, and a warning says so.
 #[test]

@@ -16,6 +16,7 @@
 use super::file_claim::{self, Claimed, HeldFile};
 use super::init::active_config;
 use super::pools;
+use super::raw_stderr;
 use super::trace_file;
 use crate::config::{Config, StatsOutput};
 use crate::pool::{DeviceId, DeviceStats, format_size};
@@ -67,11 +68,10 @@ fn claim_stats_file(config: &Config) {
         }
         // Said now rather than only at exit, which may be hours away.
         Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
+            raw_stderr::write(&format!(
                 "cachealloc: cannot open the statistics file {path}: {e}; it is tried again at \
-                 exit, and if it still fails the statistics go to stderr"
-            );
+                 exit, and if it still fails the statistics go to stderr\n"
+            ));
         }
     }
 }
@@ -86,17 +86,15 @@ fn claim(path: &str, pid: u32) -> std::io::Result<(HeldFile, String)> {
         held_here,
     } = file_claim::claim(path, pid)?;
     if let (Some(asked), true) = (&diverted_from, held_here) {
-        let _ = writeln!(
-            std::io::stderr(),
+        raw_stderr::write(&format!(
             "cachealloc: {asked} is this process's trace file (the trace path names it another \
-             way); the statistics go to {path} instead: give them different files"
-        );
+             way); the statistics go to {path} instead: give them different files\n"
+        ));
     } else if let Some(asked) = diverted_from {
-        let _ = writeln!(
-            std::io::stderr(),
+        raw_stderr::write(&format!(
             "cachealloc: another process holds the statistics file {asked}; this one writes its \
-             statistics to {path} (put %p in the stats_file path for one file per process)"
-        );
+             statistics to {path} (put %p in the stats_file path for one file per process)\n"
+        ));
     }
     Ok((file, path))
 }
@@ -113,7 +111,7 @@ fn write_report() {
     };
     let pid = std::process::id();
     let Some(asked) = config.stats_path(pid) else {
-        let _ = std::io::stderr().write_all(text.as_bytes());
+        raw_stderr::write(&text);
         return;
     };
     let mut claimed = match STATS_FILE.try_lock() {
@@ -136,11 +134,9 @@ fn write_report() {
     };
     if let Err((path, e)) = written {
         // Not lost: the report goes to stderr instead, as without `stats_file`.
-        let _ = writeln!(
-            std::io::stderr(),
-            "cachealloc: cannot write statistics to {path}: {e}; here they are instead:"
-        );
-        let _ = std::io::stderr().write_all(text.as_bytes());
+        raw_stderr::write(&format!(
+            "cachealloc: cannot write statistics to {path}: {e}; here they are instead:\n{text}"
+        ));
     }
 }
 

@@ -15,9 +15,9 @@
 use super::exit_stats;
 use super::fork;
 use super::logging;
+use super::raw_stderr;
 use super::trace_file;
 use crate::config::{Config, StatsOutput};
-use std::io::Write;
 use std::sync::OnceLock;
 
 /// What the library does with the calls it receives.
@@ -101,12 +101,11 @@ fn decide() -> Mode {
             Mode::Active(Box::new(config))
         }
         Err(error) => {
-            let _ = writeln!(
-                std::io::stderr(),
+            raw_stderr::write(&format!(
                 "cachealloc: configuration error: {error}. Every cudaMalloc fails with \
                  cudaErrorInitializationError (3) until this is fixed; set CACHEALLOC_DISABLE=1 \
-                 to run without cachealloc."
-            );
+                 to run without cachealloc.\n"
+            ));
             Mode::ConfigFailed
         }
     }

@@ -8,39 +8,13 @@
 //! formatter panics on its per-thread buffer. Such an event is dropped instead, so that a CUDA
 //! call made at exit is served as at any other time.
 //!
-//! Lines go to file descriptor 2 directly (`RawStderr`), not through Rust's `Stderr`, whose lock
-//! is held for the whole write: a child forked while another thread of the parent was writing a
-//! line would find it held for ever (no thread of the child releases it), and its own first line
-//! waited on it. The formatter builds each line in a buffer of its own and hands it over whole.
+//! Lines go to file descriptor 2 directly (`raw_stderr`), not through Rust's `Stderr` and its
+//! lock. The formatter builds each line in a buffer of its own and hands it over whole.
 
 use super::panics;
+use super::raw_stderr::RawStderr;
 use crate::config::is_log_level;
-use std::io;
 use tracing_subscriber::EnvFilter;
-
-/// The log's writer: `write(2)` on file descriptor 2, with no lock of its own (see the module
-/// comment).
-struct RawStderr;
-
-impl io::Write for RawStderr {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        // SAFETY: `buf` is valid for reading `buf.len()` bytes for the duration of the call;
-        // `write` only reads it.
-        let written = unsafe { libc::write(libc::STDERR_FILENO, buf.as_ptr().cast(), buf.len()) };
-        match usize::try_from(written) {
-            Ok(n) => Ok(n),
-            // As Rust's `Stderr`: a closed descriptor 2 swallows the line.
-            Err(_) => match io::Error::last_os_error() {
-                e if e.raw_os_error() == Some(libc::EBADF) => Ok(buf.len()),
-                e => Err(e),
-            },
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Run `event` (a `tracing` macro call); a panic inside it drops the event.
 pub fn emit(event: impl FnOnce()) {

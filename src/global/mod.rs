@@ -16,6 +16,7 @@ pub(crate) mod logging;
 pub mod panics;
 mod peer_notice;
 pub mod pools;
+pub(crate) mod raw_stderr;
 pub mod reentry;
 mod stream_uses;
 mod trace_file;

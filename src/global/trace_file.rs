@@ -31,6 +31,7 @@
 
 use super::exit_wait::lock_at_exit;
 use super::file_claim::{self, HeldFile};
+use super::raw_stderr;
 use crate::config::{Config, expand_pid};
 use crate::pool::{DeviceId, format_size};
 use crate::trace::record::buffer::{DeviceSink, EventBuffer};
@@ -259,22 +260,20 @@ impl Recorder {
                 Ok(claimed) => {
                     match &claimed.diverted_from {
                         Some(asked) if claimed.held_here => {
-                            let _ = writeln!(
-                                std::io::stderr(),
+                            raw_stderr::write(&format!(
                                 "cachealloc: {asked} is this process's statistics file \
                                  (stats_file names it another way); the trace goes to {} \
-                                 instead: give them different files",
+                                 instead: give them different files\n",
                                 claimed.path
-                            );
+                            ));
                         }
                         Some(asked) => {
-                            let _ = writeln!(
-                                std::io::stderr(),
+                            raw_stderr::write(&format!(
                                 "cachealloc: another process is recording to {asked}; this one \
                                  records to {} (put %p in the trace path for one file per \
-                                 process)",
+                                 process)\n",
                                 claimed.path
-                            );
+                            ));
                         }
                         None => {}
                     }
@@ -317,11 +316,10 @@ impl Recorder {
 
     fn fail(&self, file: &mut FileState, what: &str, error: &std::io::Error) {
         *file = FileState::Failed;
-        let _ = writeln!(
-            std::io::stderr(),
-            "cachealloc: cannot {what} the trace file {}: {error}; recording is off",
+        raw_stderr::write(&format!(
+            "cachealloc: cannot {what} the trace file {}: {error}; recording is off\n",
             self.file_name().unwrap_or_default()
-        );
+        ));
     }
 }
 

@@ -157,8 +157,7 @@ fn resolve_runtime() -> Option<&'static Runtime> {
                 } else {
                     // With CACHEALLOC_DISABLE=1 no log is set up, yet the program cannot run:
                     // it is told, as of a configuration error.
-                    use std::io::Write;
-                    let _ = writeln!(std::io::stderr(), "cachealloc: {text}");
+                    crate::global::raw_stderr::write(&format!("cachealloc: {text}\n"));
                 }
             }
             None
