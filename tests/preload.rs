@@ -369,6 +369,42 @@ fn a_held_statistics_file_is_left_alone() {
     assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
 }
 
+/// A program that calls `exit` while another thread is still in its first CUDA call, after that
+/// call claimed the statistics file (here beside one another process holds, and then held up in
+/// saying so on a full stderr pipe), leaves that file with its report, not empty: the exit
+/// handler is registered before the claim, and waits for it. Before, the file was claimed first
+/// and the handler not yet registered, and the file stayed empty.
+#[test]
+fn exit_during_the_first_call_leaves_the_claimed_statistics_file_its_report() {
+    let program = threaded_program("exit_first_call", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let asked = dir.path().join("stats.txt");
+    let _theirs = held_file(&asked, "theirs\n");
+    let out = preloaded(&program)
+        .arg(dir.path())
+        .env(
+            "CACHEALLOC_CONF",
+            format!("stats:text,stats_file:{}", asked.display()),
+        )
+        .output()
+        .expect("exit_first_call runs");
+    assert!(out.status.success(), "{:?}", out.status);
+    // The file beside the held one (`stats.PID.txt`): the only other file there.
+    let beside: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| *p != asked)
+        .collect();
+    assert_eq!(beside.len(), 1, "{beside:?}");
+    assert_eq!(
+        std::fs::read_to_string(&beside[0]).unwrap(),
+        "cachealloc: no device memory was allocated through cachealloc\n",
+        "{}",
+        beside[0].display()
+    );
+    assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
+}
+
 /// The test program `tests/preload/NAME.c`, built with threads (and the `extra` flags).
 fn threaded_program(name: &str, extra: &[&str]) -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -12,32 +12,68 @@
 //! writes the rest of the `trace` recording (`trace_file::flush_at_exit`). It makes no CUDA
 //! call (the runtime may already be torn down), waits no more than a while for a lock that
 //! another thread holds (`exit_wait`), and never unwinds into libc.
+//!
+//! The handler is registered before the `stats_file` is claimed, and the claim is made under
+//! the file's lock: another thread may call `exit` while the first call is still being made,
+//! and its handler then waits for the claim and writes the report to the file. Claimed first, a
+//! file could be left empty, with no handler yet to write it. The handler reads the settings
+//! saved at its registration, not the mode, which is only set once that first call has finished.
 
+use super::exit_wait::lock_at_exit;
 use super::file_claim::{self, Claimed, HeldFile};
-use super::init::active_config;
 use super::pools;
 use super::raw_stderr;
 use super::trace_file;
-use crate::config::{Config, StatsOutput};
+use crate::config::{Config, StatsOutput, expand_pid};
 use crate::pool::{DeviceId, DeviceStats, format_size};
 use crate::report::{memory_summary, stats_json};
 use std::io::Write;
-use std::sync::{Mutex, Once, TryLockError};
+use std::sync::{Mutex, Once, OnceLock};
 
 static REGISTERED: Once = Once::new();
 
 /// The `stats_file` claimed at the first call: the process that claimed it, the file, its name.
 static STATS_FILE: Mutex<Option<(u32, HeldFile, String)>> = Mutex::new(None);
 
-/// Register the exit handler and claim the `stats_file` (once per process).
+/// The report's settings, saved before the handler is registered.
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+struct Settings {
+    format: StatsOutput,
+    /// `stats_file`, `%p` unexpanded; `None` = stderr.
+    file: Option<String>,
+}
+
+impl Settings {
+    /// The statistics file of process `pid` (`%p` expanded); `None` = stderr.
+    fn path(&self, pid: u32) -> Option<String> {
+        self.file.as_deref().map(|t| expand_pid(t, pid))
+    }
+}
+
+/// Register the exit handler, then claim the `stats_file` (once per process).
 pub fn register(config: &Config) {
     REGISTERED.call_once(|| {
-        claim_stats_file(config);
+        let settings = SETTINGS.get_or_init(|| Settings {
+            format: config.stats,
+            file: config.stats_file.clone(),
+        });
+        // Held from before the registration to the end of the claim (see the module comment).
+        let mut claimed = STATS_FILE.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `at_exit` is an `extern "C" fn()` that lives as long as the library (a
         // preloaded or linked library is never unloaded before exit handlers run).
         let rc = unsafe { libc::atexit(at_exit) };
         if rc != 0 {
+            drop(claimed);
             log_event!(warn, "could not register the exit-time statistics report");
+            // No file is claimed: nothing would write it.
+            return;
+        }
+        let notice = claim_stats_file(settings, &mut claimed);
+        // Said once the claim is done: a write to stderr may wait (a full pipe).
+        drop(claimed);
+        if let Some(notice) = notice {
+            raw_stderr::write(&notice);
         }
     });
 }
@@ -52,73 +88,71 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(write_report);
 }
 
-/// Claim the `stats_file`, if the report goes to one. A file that cannot be claimed now is
-/// said so at once and claimed again at exit, where a failure sends the report to stderr.
-fn claim_stats_file(config: &Config) {
-    if config.stats == StatsOutput::Off {
-        return;
+/// Claim the `stats_file` into `slot`, if the report goes to one; the notice to print, if any. A
+/// file that cannot be claimed now is said so at once and claimed again at exit, where a
+/// failure sends the report to stderr.
+fn claim_stats_file(
+    settings: &Settings,
+    slot: &mut Option<(u32, HeldFile, String)>,
+) -> Option<String> {
+    if settings.format == StatsOutput::Off {
+        return None;
     }
     let pid = std::process::id();
-    let Some(path) = config.stats_path(pid) else {
-        return;
-    };
+    let path = settings.path(pid)?;
     match claim(&path, pid) {
-        Ok((file, path)) => {
-            *STATS_FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, file, path));
+        Ok((file, path, notice)) => {
+            *slot = Some((pid, file, path));
+            notice
         }
         // Said now rather than only at exit, which may be hours away.
-        Err(e) => {
-            raw_stderr::write(&format!(
-                "cachealloc: cannot open the statistics file {path}: {e}; it is tried again at \
-                 exit, and if it still fails the statistics go to stderr\n"
-            ));
-        }
+        Err(e) => Some(format!(
+            "cachealloc: cannot open the statistics file {path}: {e}; it is tried again at \
+             exit, and if it still fails the statistics go to stderr\n"
+        )),
     }
 }
 
-/// The statistics file `path` for process `pid`, or the one beside it (said on stderr) when
-/// another process holds it.
-fn claim(path: &str, pid: u32) -> std::io::Result<(HeldFile, String)> {
+/// The statistics file `path` for process `pid`, or the one beside it when another process
+/// holds it, with the notice that says so.
+fn claim(path: &str, pid: u32) -> std::io::Result<(HeldFile, String, Option<String>)> {
     let Claimed {
         file,
         path,
         diverted_from,
         held_here,
     } = file_claim::claim(path, pid)?;
-    if let (Some(asked), true) = (&diverted_from, held_here) {
-        raw_stderr::write(&format!(
+    let notice = match (diverted_from, held_here) {
+        (Some(asked), true) => Some(format!(
             "cachealloc: {asked} is this process's trace file (the trace path names it another \
              way); the statistics go to {path} instead: give them different files\n"
-        ));
-    } else if let Some(asked) = diverted_from {
-        raw_stderr::write(&format!(
+        )),
+        (Some(asked), false) => Some(format!(
             "cachealloc: another process holds the statistics file {asked}; this one writes its \
              statistics to {path} (put %p in the stats_file path for one file per process)\n"
-        ));
-    }
-    Ok((file, path))
+        )),
+        (None, _) => None,
+    };
+    Ok((file, path, notice))
 }
 
 fn write_report() {
-    let Some(config) = active_config() else {
+    let Some(settings) = SETTINGS.get() else {
         return;
     };
     let stats = pools::stats_snapshot();
-    let text = match config.stats {
+    let text = match settings.format {
         StatsOutput::Off => return,
         StatsOutput::Text => render_text(&stats),
         StatsOutput::Json => render_json(&stats),
     };
     let pid = std::process::id();
-    let Some(asked) = config.stats_path(pid) else {
+    let Some(asked) = settings.path(pid) else {
         raw_stderr::write(&text);
         return;
     };
-    let mut claimed = match STATS_FILE.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    };
+    // A claim still being made by the first call is waited for, a while.
+    let mut claimed = lock_at_exit(&STATS_FILE);
     // The file claimed at the first call; a forked child's claim is its parent's, so it claims
     // its own now.
     let own = claimed
@@ -128,9 +162,14 @@ fn write_report() {
         .map(|(_, file, path)| (file, path.clone()));
     let written = match own {
         Some((file, path)) => file.write_all(text.as_bytes()).map_err(|e| (path, e)),
-        None => claim(&asked, pid)
-            .map_err(|e| (asked.clone(), e))
-            .and_then(|(mut file, path)| file.write_all(text.as_bytes()).map_err(|e| (path, e))),
+        None => claim(&asked, pid).map_err(|e| (asked.clone(), e)).and_then(
+            |(mut file, path, notice)| {
+                if let Some(notice) = notice {
+                    raw_stderr::write(&notice);
+                }
+                file.write_all(text.as_bytes()).map_err(|e| (path, e))
+            },
+        ),
     };
     if let Err((path, e)) = written {
         // Not lost: the report goes to stderr instead, as without `stats_file`.
