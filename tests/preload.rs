@@ -9,8 +9,8 @@ use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
 use support::shim::{
-    assert_in_order, held_file, number_after, preloaded, run_ok, run_scenario, stderr, stdout,
-    word_after,
+    assert_in_order, held_file, library, number_after, preloaded, run_ok, run_scenario, stderr,
+    stdout, word_after,
 };
 
 fn source() -> PathBuf {
@@ -403,6 +403,66 @@ fn exit_during_the_first_call_leaves_the_claimed_statistics_file_its_report() {
         beside[0].display()
     );
     assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
+}
+
+/// The exit report of a process that exits while another thread holds device 1's pool lock for
+/// longer than the exit handler waits (a cudaMalloc of the pool's taking three seconds), in
+/// `format`: (stderr, the seconds it took).
+fn exit_with_busy_pool(format: &str) -> (String, f64) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let slow = fake_cudart::compile_c_program(
+        &root.join("tests/preload/slow_malloc.c"),
+        "libslow_malloc.so",
+        &["-shared", "-fPIC", "-ldl"],
+    );
+    let program = threaded_program("exit_busy_pool", &["-ldl"]);
+    let slow_bytes = (256u64 << 20).to_string();
+    let start = std::time::Instant::now();
+    let out = preloaded(&program)
+        .arg(&slow_bytes)
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", library().display(), slow.display()),
+        )
+        .env("SLOW_MALLOC_BYTES", &slow_bytes)
+        .env("CACHEALLOC_CONF", format!("stats:{format}"))
+        .output()
+        .expect("exit_busy_pool runs");
+    let took = start.elapsed().as_secs_f64();
+    assert!(out.status.success(), "{:?}: {}", out.status, stderr(&out));
+    (stderr(&out), took)
+}
+
+/// A device whose pool lock another thread holds for longer than the exit handler waits is left
+/// out of the exit report with a line that says so, not silently.
+#[test]
+fn a_device_left_out_of_the_exit_report_is_named_with_why() {
+    let (text, took) = exit_with_busy_pool("text");
+    assert!(took < 2.5, "the exit waited {took:.1} s, not a second");
+    assert!(text.contains("device ID 0"), "{text}");
+    assert!(
+        text.contains(
+            "cachealloc: device 1 is left out of this report: another thread held its pool for \
+             more than 1 s at exit"
+        ),
+        "{text}"
+    );
+    let (json, _) = exit_with_busy_pool("json");
+    let report: serde_json::Value = serde_json::from_str(json.trim()).expect(&json);
+    assert_eq!(
+        report["devices"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert_eq!(report["devices"][0]["device"], 0, "{report}");
+    assert_eq!(
+        report["skipped"],
+        serde_json::json!([{
+            "device": 1,
+            "reason": "another thread held its pool for more than 1 s at exit"
+        }]),
+        "{report}"
+    );
 }
 
 /// The test program `tests/preload/NAME.c`, built with threads (and the `extra` flags).

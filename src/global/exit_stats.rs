@@ -1,6 +1,7 @@
 //! The statistics report at exit (`stats:text` or `stats:json`, to stderr or `stats_file`, where
 //! `%p` becomes the process id; to stderr when that file cannot be written): one entry per
-//! device that had a pool.
+//! device that had a pool, and a line (in JSON an entry of `skipped`) for each device left out
+//! because another thread held its pool's lock for longer than the handler waits.
 //!
 //! The `stats_file` is claimed at the first call (`file_claim`): held by the process until it
 //! ends, so that processes given one path without `%p` each keep their report (one that finds it
@@ -19,7 +20,7 @@
 //! file could be left empty, with no handler yet to write it. The handler reads the settings
 //! saved at its registration, not the mode, which is only set once that first call has finished.
 
-use super::exit_wait::lock_at_exit;
+use super::exit_wait::{EXIT_LOCK_WAIT, lock_at_exit};
 use super::file_claim::{self, Claimed, HeldFile};
 use super::pools;
 use super::raw_stderr;
@@ -140,11 +141,12 @@ fn write_report() {
     let Some(settings) = SETTINGS.get() else {
         return;
     };
-    let stats = pools::stats_snapshot();
+    let snapshot = pools::stats_snapshot();
+    let (stats, busy) = (&snapshot.devices, &snapshot.busy);
     let text = match settings.format {
         StatsOutput::Off => return,
-        StatsOutput::Text => render_text(&stats),
-        StatsOutput::Json => render_json(&stats),
+        StatsOutput::Text => render_text(stats, busy),
+        StatsOutput::Json => render_json(stats, busy),
     };
     let pid = std::process::id();
     let Some(asked) = settings.path(pid) else {
@@ -179,16 +181,36 @@ fn write_report() {
     }
 }
 
-/// `memory_summary` of each device, one after another.
-pub fn render_text(stats: &[(DeviceId, DeviceStats)]) -> String {
-    if stats.is_empty() {
+/// Why a device in `busy` is left out of the report.
+fn busy_reason() -> String {
+    format!(
+        "another thread held its pool for more than {} s at exit",
+        EXIT_LOCK_WAIT.as_secs()
+    )
+}
+
+/// `memory_summary` of each device, one after another, then a line for each device of `busy`
+/// (whose pool lock stayed held at exit: left out).
+pub fn render_text(stats: &[(DeviceId, DeviceStats)], busy: &[DeviceId]) -> String {
+    if stats.is_empty() && busy.is_empty() {
         return "cachealloc: no device memory was allocated through cachealloc\n".to_string();
     }
-    stats
+    let summaries = stats
         .iter()
         .map(|(device, s)| memory_summary(s, *device, false) + &pending_at_exit(s))
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    let left_out: String = busy
+        .iter()
+        .map(|device| {
+            format!(
+                "cachealloc: device {} is left out of this report: {}\n",
+                device.0,
+                busy_reason()
+            )
+        })
+        .collect();
+    summaries + &left_out
 }
 
 /// A line under the summary when frees were still waiting at exit: their blocks count as active
@@ -206,12 +228,40 @@ fn pending_at_exit(s: &DeviceStats) -> String {
     )
 }
 
-/// `{"pid": …, "devices": [{"device": 0, "stats": {…memory_stats keys…}}, …]}` on one line.
-pub fn render_json(stats: &[(DeviceId, DeviceStats)]) -> String {
+/// `{"pid": …, "devices": [{"device": 0, "stats": {…memory_stats keys…}}, …], "skipped":
+/// [{"device": 1, "reason": "…"}, …]}` on one line; `skipped` lists the devices of `busy` (whose
+/// pool lock stayed held at exit: left out), and is empty when none was.
+pub fn render_json(stats: &[(DeviceId, DeviceStats)], busy: &[DeviceId]) -> String {
     let devices: Vec<serde_json::Value> = stats
         .iter()
         .map(|(device, s)| serde_json::json!({ "device": device.0, "stats": stats_json(s) }))
         .collect();
-    let doc = serde_json::json!({ "pid": std::process::id(), "devices": devices });
+    let skipped: Vec<serde_json::Value> = busy
+        .iter()
+        .map(|device| serde_json::json!({ "device": device.0, "reason": busy_reason() }))
+        .collect();
+    let doc = serde_json::json!({
+        "pid": std::process::id(),
+        "devices": devices,
+        "skipped": skipped,
+    });
     format!("{doc}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report whose every device was left out names them, and does not say that no memory was
+    /// allocated; in JSON, `skipped` is there, empty, when no device was left out.
+    #[test]
+    fn a_report_with_every_device_left_out_names_them() {
+        assert_eq!(
+            render_text(&[], &[DeviceId(1)]),
+            "cachealloc: device 1 is left out of this report: another thread held its pool for \
+             more than 1 s at exit\n"
+        );
+        let doc: serde_json::Value = serde_json::from_str(&render_json(&[], &[])).unwrap();
+        assert_eq!(doc["skipped"], serde_json::json!([]), "{doc}");
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 /// How long the exit handler waits for one lock.
-const EXIT_LOCK_WAIT: Duration = Duration::from_secs(1);
+pub const EXIT_LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// `lock` once no other thread holds it (poisoned or not: the handler only reads, and a panic
 /// there is caught), or `None` when it stays held for a second.

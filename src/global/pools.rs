@@ -307,19 +307,38 @@ pub fn with_ended(device: DeviceId, change: fn(&mut DeviceStats)) {
     }
 }
 
-/// Statistics of every device that has had a pool, over the whole run (the pools device resets
-/// ended, then the pool now), for the exit report: a lock another thread holds (one still
-/// allocating) is waited for, a while (`exit_wait`); a device whose lock stays busy is skipped.
-pub fn stats_snapshot() -> Vec<(DeviceId, DeviceStats)> {
-    used_slots()
-        .filter_map(|d| {
-            let now = lock_at_exit(&POOLS[d])?.as_ref().map(Pool::stats);
-            let ended = lock_at_exit(&ENDED[d])?.clone();
-            let stats = match ended {
-                Some(ended) => ended.then(now.as_ref()),
-                None => now?,
-            };
-            Some((DeviceId(d as i32), stats))
-        })
-        .collect()
+/// The exit report's statistics.
+pub struct ExitSnapshot {
+    /// Statistics of every device that has had a pool, over the whole run (the pools device
+    /// resets ended, then the pool now).
+    pub devices: Vec<(DeviceId, DeviceStats)>,
+    /// Devices whose pool lock stayed busy for longer than the exit handler waits.
+    pub busy: Vec<DeviceId>,
+}
+
+/// The statistics for the exit report: a lock another thread holds (one still allocating) is
+/// waited for, a while (`exit_wait`); a device whose lock stays busy is in `busy`.
+pub fn stats_snapshot() -> ExitSnapshot {
+    let mut snapshot = ExitSnapshot {
+        devices: Vec::new(),
+        busy: Vec::new(),
+    };
+    for d in used_slots() {
+        let device = DeviceId(d as i32);
+        let Some(now) = lock_at_exit(&POOLS[d]).map(|pool| pool.as_ref().map(Pool::stats)) else {
+            snapshot.busy.push(device);
+            continue;
+        };
+        let Some(ended) = lock_at_exit(&ENDED[d]).map(|ended| ended.clone()) else {
+            snapshot.busy.push(device);
+            continue;
+        };
+        let stats = match (ended, now) {
+            (Some(ended), now) => ended.then(now.as_ref()),
+            (None, Some(now)) => now,
+            (None, None) => continue,
+        };
+        snapshot.devices.push((device, stats));
+    }
+    snapshot
 }
