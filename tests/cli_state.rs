@@ -4,8 +4,11 @@
 
 mod support;
 
+use serde_pickle::Value as V;
 use support::cli::{cachealloc, json, state};
-use support::snapshot_pickle::{Segment, write_segment_list, write_snapshot, write_state_snapshot};
+use support::snapshot_pickle::{
+    Segment, dict, int, write, write_segment_list, write_snapshot, write_state_snapshot,
+};
 use support::trace_lines::write_trace;
 use support::traces::trace;
 
@@ -718,6 +721,48 @@ fn real_states_after_the_ladder() {
         assert_eq!(oom["kind"], "fragmentation", "{j}");
         assert_eq!(oom["suggested_max_split_size_mb"], 20);
         assert_eq!(j["request"]["settings_may_help"], true);
+    }
+}
+
+/// A snapshot of `_record_memory_history(record_cuda=False)` holds the pinned host memory alone
+/// (`host_segments`, `host_traces`) and no device's trace, with `device_traces` empty or left out:
+/// `replay` says so, not that the history was never recorded.
+#[test]
+fn a_snapshot_of_host_memory_alone_is_refused_as_such() {
+    let host_entry = dict(vec![
+        ("action", V::String("alloc".into())),
+        ("addr", int(0x7f00_0000_0000)),
+        ("size", int(MIB)),
+        ("stream", int(0)),
+    ]);
+    let host_segment = dict(vec![
+        ("address", int(0x7f00_0000_0000)),
+        ("total_size", int(2 * MIB)),
+    ]);
+    for (name, device_traces) in [
+        ("host-only.pickle", Some(V::List(vec![V::List(vec![])]))),
+        ("host-only-no-device-traces.pickle", None),
+    ] {
+        let mut top = vec![
+            ("segments", V::List(vec![])),
+            ("host_segments", V::List(vec![host_segment.clone()])),
+            ("host_traces", V::List(vec![host_entry.clone()])),
+        ];
+        if let Some(traces) = device_traces {
+            top.push(("device_traces", traces));
+        }
+        let path = write(name, &dict(top));
+        let out = cachealloc(&["replay", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(
+                "the snapshot holds host (pinned) memory only and no CUDA device's trace \
+                 (_record_memory_history(record_cuda=False) records the host's alone"
+            ) && !err.contains("saved without"),
+            "{name}: {err}"
+        );
+        std::fs::remove_file(path).unwrap();
     }
 }
 

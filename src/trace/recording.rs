@@ -269,6 +269,8 @@ pub struct RecordedSnapshot {
     /// The file is `torch.cuda.memory_snapshot()`'s list of segments: a state with no trace
     /// and no settings.
     pub segments_only: bool,
+    /// The file holds pinned host memory (`host_segments`, `host_traces`), which is not read.
+    pub host_memory: bool,
 }
 
 impl RecordedSnapshot {

@@ -9,6 +9,9 @@
 //! Format facts relied on (see the snapshot section of the allocator reference):
 //! - top level: a dict with `segments` (list, all devices, each with `device`) and
 //!   `device_traces` (list per device of entry dicts); `allocator_settings` is optional.
+//!   `host_segments` and `host_traces` hold pinned host memory (`_record_memory_history`'s
+//!   `record_pinned_host_memory`), which is not read; only whether they hold anything, since
+//!   with `record_cuda=False` they are all there is: `device_traces` may then be left out.
 //! - entries: `action`, `addr` (absent on `oom`, which carries `device_free`), `size`, `stream`,
 //!   optional `frames` (list of `{name, filename, line}`).
 //! - blocks: `size`, `requested_size`, `state`; `address` is absent in PyTorch 2.0 files and is
@@ -28,6 +31,9 @@ use std::path::Path;
 use super::error::TraceError;
 use super::input::TraceFile;
 use super::pickle::{Pickle, PyValue, check_start, decode};
+
+/// The top-level keys of pinned host memory (see the module comment).
+const HOST_KEYS: [&str; 2] = ["host_segments", "host_traces"];
 use super::recording::{
     Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment,
     RecordedSettings, RecordedSnapshot, TraceEntry,
@@ -305,8 +311,10 @@ impl<'a> Reader<'a> {
             };
             return Err(TraceError::not_snapshot(self.source, detail));
         };
+        let host_keys = HOST_KEYS.map(|key| self.get(top, key));
         for required in ["segments", "device_traces"] {
-            if self.get(top, required).is_none() {
+            let host_only = required == "device_traces" && host_keys.iter().any(Option::is_some);
+            if self.get(top, required).is_none() && !host_only {
                 return Err(TraceError::not_snapshot(
                     self.source,
                     format!("the top-level dict has no '{required}' key"),
@@ -317,10 +325,10 @@ impl<'a> Reader<'a> {
             Some(PyValue::None) | None => None,
             Some(v) => Some(self.settings(v)?),
         };
-        let traces = self.list(
-            self.field(top, "device_traces", "top level")?,
-            "device_traces",
-        )?;
+        let traces = match self.get(top, "device_traces") {
+            Some(traces) => self.list(traces, "device_traces")?,
+            None => &[],
+        };
         let mut entries_per_device = Vec::with_capacity(traces.len());
         for (d, &trace) in traces.iter().enumerate() {
             let at = format!("device_traces[{d}]");
@@ -334,7 +342,19 @@ impl<'a> Reader<'a> {
         }
         let segments =
             self.segments(self.list(self.field(top, "segments", "top level")?, "segments")?)?;
-        Ok(self.recorded(entries_per_device, segments, settings, false))
+        let mut snapshot = self.recorded(entries_per_device, segments, settings, false);
+        snapshot.host_memory = host_keys.iter().flatten().any(|&v| self.holds_anything(v));
+        Ok(snapshot)
+    }
+
+    /// Whether `value` (a host key's) holds an entry: a list with an item other than an empty
+    /// list (a list per host, empty, holds nothing).
+    fn holds_anything(&self, value: PyValue) -> bool {
+        self.p.as_list(value).is_some_and(|items| {
+            items
+                .iter()
+                .any(|&item| self.p.as_list(item).is_none_or(|inner| !inner.is_empty()))
+        })
     }
 
     /// A snapshot of `torch.cuda.memory_snapshot()`: its list of segments.
@@ -395,6 +415,7 @@ impl<'a> Reader<'a> {
             devices,
             settings,
             segments_only,
+            host_memory: false,
         }
     }
 

@@ -88,15 +88,21 @@ pub fn load(
             .or(traced.first())
             .copied()
             .ok_or_else(|| {
-                let how = if snapshot.segments_only {
-                    "torch.cuda.memory_snapshot() writes the segments alone; a trace needs \
-                     torch.cuda.memory._record_memory_history and _dump_snapshot"
+                let what = if snapshot.segments_only {
+                    "no allocation trace (torch.cuda.memory_snapshot() writes the segments \
+                     alone; a trace needs torch.cuda.memory._record_memory_history and \
+                     _dump_snapshot)"
+                } else if snapshot.host_memory {
+                    "host (pinned) memory only and no CUDA device's trace \
+                     (_record_memory_history(record_cuda=False) records the host's alone; \
+                     record_cuda=True, the default, records the devices')"
                 } else {
-                    "it was saved without torch.cuda.memory._record_memory_history"
+                    "no allocation trace (it was saved without \
+                     torch.cuda.memory._record_memory_history)"
                 };
                 format!(
-                    "{}: the snapshot holds no allocation trace ({how}), nothing to replay; {} \
-                     reports the memory state it records",
+                    "{}: the snapshot holds {what}, nothing to replay; {} reports the memory \
+                     state it records",
                     path.display(),
                     state_command(path)
                 )
