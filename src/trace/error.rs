@@ -15,7 +15,10 @@ pub enum TraceError {
     },
     /// The bytes are not a pickle (or a truncated / corrupt one).
     NotPickle { path: String, detail: String },
-    /// A pickle, but not a `torch.cuda.memory._dump_snapshot` dictionary.
+    /// The text begins as a memory snapshot written as JSON, but is not valid JSON (or a
+    /// truncated one).
+    NotJson { path: String, detail: String },
+    /// A pickle or JSON, but not a `torch.cuda.memory._dump_snapshot` dictionary.
     NotSnapshot { path: String, detail: String },
     /// A memory snapshot, but one entry or field is malformed or of a kind not supported.
     Unsupported { path: String, detail: String },
@@ -32,6 +35,13 @@ pub enum TraceError {
 impl TraceError {
     pub(crate) fn not_snapshot(path: &str, detail: impl Into<String>) -> Self {
         TraceError::NotSnapshot {
+            path: path.to_owned(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn not_json(path: &str, detail: impl Into<String>) -> Self {
+        TraceError::NotJson {
             path: path.to_owned(),
             detail: detail.into(),
         }
@@ -67,14 +77,19 @@ impl fmt::Display for TraceError {
             TraceError::NotPickle { path, detail } => write!(
                 f,
                 "{path}: not a readable Python pickle: {detail}; expected a memory snapshot written by \
-                 torch.cuda.memory._dump_snapshot, or a trace cachealloc recorded \
+                 torch.cuda.memory._dump_snapshot (or as JSON), or a trace cachealloc recorded \
                  (CACHEALLOC_CONF=trace:PATH), whose first line names its format"
+            ),
+            TraceError::NotJson { path, detail } => write!(
+                f,
+                "{path}: begins as a memory snapshot written as JSON, but is not readable JSON: \
+                 {detail}"
             ),
             TraceError::NotSnapshot { path, detail } => write!(
                 f,
-                "{path}: a pickle, but not a PyTorch memory snapshot: {detail}; expected a dict \
-                 with 'segments' and 'device_traces' as written by \
-                 torch.cuda.memory._dump_snapshot"
+                "{path}: not a PyTorch memory snapshot: {detail}; expected a dict with \
+                 'segments' and 'device_traces' as written by torch.cuda.memory._dump_snapshot \
+                 (or by json.dump of torch.cuda.memory._snapshot())"
             ),
             TraceError::Unsupported { path, detail } => {
                 write!(f, "{path}: unsupported memory snapshot content: {detail}")

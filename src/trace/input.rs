@@ -1,21 +1,25 @@
 //! `TraceFile`: a trace path opened once.
 //!
 //! Its first bytes are read to tell a trace cachealloc recorded (a header line) from a PyTorch
-//! memory snapshot (a pickle), and the reader of that kind goes on from there. So a trace can
-//! come through a pipe (`cachealloc replay <(zcat snapshot.pickle.gz)`, or `-` for standard
-//! input), which gives its bytes once. A stream that is not a regular file has no end to wait for: a snapshot is judged by its
-//! first bytes before the rest is read, so `/dev/zero` or `/dev/urandom` is refused at once
-//! rather than read until memory runs out.
+//! memory snapshot (a pickle, or the same snapshot written as JSON), and the reader of that kind
+//! goes on from there. So a trace can come through a pipe (`cachealloc replay <(zcat
+//! snapshot.pickle.gz)`, or `-` for standard input), which gives its bytes once. A stream that
+//! is not a regular file has no end to wait for: a snapshot is judged by its first bytes before
+//! the rest is read, so `/dev/zero` or `/dev/urandom` is refused at once rather than read until
+//! memory runs out. JSON that does not begin as a snapshot (a profiler trace, which can be
+//! large) is refused from its first bytes as well, file or stream; a snapshot written as JSON
+//! is decoded as it is read, never held whole as text.
 
 use std::fs::File;
 use std::io::{BufReader, Cursor, Read};
 use std::path::Path;
 
 use super::error::TraceError;
+use super::json_snapshot::{JsonStart, json_start};
 use super::record::looks_like_header;
 use super::record::read::{RecordedTrace, parse_recorded_trace};
 use super::recording::RecordedSnapshot;
-use super::snapshot::{check_snapshot_start, parse_snapshot};
+use super::snapshot::{check_snapshot_start, parse_json_snapshot, parse_snapshot};
 
 /// Bytes read before the kind is decided: a recorded trace's header line fits in them.
 const HEAD_BYTES: u64 = 4096;
@@ -82,7 +86,7 @@ impl TraceFile {
         parse_recorded_trace(reader, &self.name)
     }
 
-    /// Read it as a PyTorch memory snapshot.
+    /// Read it as a PyTorch memory snapshot: a pickle, or JSON.
     pub fn read_snapshot(self) -> Result<RecordedSnapshot, TraceError> {
         let Self {
             name,
@@ -90,8 +94,14 @@ impl TraceFile {
             mut rest,
             regular,
         } = self;
-        if !regular {
-            check_snapshot_start(&head, &name)?;
+        match json_start(&head) {
+            Some(JsonStart::Snapshot) => {
+                let text = BufReader::new(Cursor::new(head).chain(rest));
+                return parse_json_snapshot(text, &name);
+            }
+            Some(JsonStart::Other) => check_snapshot_start(&head, &name)?,
+            None if !regular => check_snapshot_start(&head, &name)?,
+            None => {}
         }
         rest.read_to_end(&mut head)
             .map_err(|source| TraceError::Io {
@@ -146,6 +156,60 @@ mod tests {
         assert!(!json.is_recorded_trace());
         let err = json.read_snapshot().unwrap_err().to_string();
         assert!(err.contains("it is JSON text"), "{err}");
+    }
+
+    /// A snapshot written as JSON is read through a pipe; other JSON is refused from its first
+    /// bytes, file or pipe, without reading the rest.
+    #[test]
+    fn json_is_told_from_its_first_bytes_through_a_pipe_or_in_a_file() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        // What `text` reads as through a pipe, and how many of its bytes were written to the
+        // pipe before the reader closed it.
+        let pipe_through = |text: Vec<u8>| {
+            let (reader, mut writer) = std::io::pipe().unwrap();
+            let feeder = std::thread::spawn(move || {
+                let mut written = 0;
+                for chunk in text.chunks(4096) {
+                    if writer.write_all(chunk).is_err() {
+                        break;
+                    }
+                    written += chunk.len();
+                }
+                written
+            });
+            let path = format!("/dev/fd/{}", reader.as_raw_fd());
+            let result = read_trace_snapshot(Path::new(&path));
+            drop(reader);
+            (result, feeder.join().unwrap())
+        };
+        let snapshot = br#"{"segments": [{"device": 0, "address": 2097152, "total_size": 2097152,
+            "blocks": [{"size": 2097152, "state": "inactive"}]}], "device_traces": [[]]}"#;
+        let snap = pipe_through(snapshot.to_vec()).0.unwrap();
+        assert_eq!(snap.devices[0].segments[0].total_size, 2 << 20);
+        // A profiler trace far longer than the bytes read to decide.
+        let mut profile = b"{\"traceEvents\": [".to_vec();
+        profile.resize(64 << 20, b' ');
+        let (result, written) = pipe_through(profile.clone());
+        let err = result.unwrap_err().to_string();
+        assert!(
+            err.contains("it is JSON text, but not a memory snapshot"),
+            "{err}"
+        );
+        // What a pipe buffers beyond the bytes read is at most 1 MiB on Linux.
+        assert!(written <= 4 << 20, "{written} bytes read before refusing");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("profile.json");
+        std::fs::write(&path, &profile).unwrap();
+        let err = read_trace_snapshot(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("it is JSON text, but not a memory snapshot"),
+            "{err}"
+        );
+    }
+
+    fn read_trace_snapshot(path: &Path) -> Result<RecordedSnapshot, TraceError> {
+        TraceFile::open(path)?.read_snapshot()
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! workload per device with its recorded figures.
 //!
 //! PyTorch memory snapshots: `snapshot` reads the file (through `pickle`, a plain-data decoder
-//! that keeps Python's object sharing) into a [`RecordedSnapshot`] (model in `recording`);
+//! that keeps Python's object sharing, or `json_snapshot`, which decodes a snapshot written as
+//! JSON into the same values) into a [`RecordedSnapshot`] (model in `recording`);
 //! `figures` gives what the recorded run did; `bursts` tells `empty_cache()` calls from the OOM
 //! ladder's releases; `capacity` infers the device size; `start_state` rebuilds the pool at
 //! trace start (`expandable_start` its expandable segments' runs of mapped pages); `convert`
@@ -45,6 +46,7 @@ pub mod fit;
 #[cfg(test)]
 mod fixtures;
 pub mod input;
+mod json_snapshot;
 pub mod memory_state;
 pub mod pickle;
 pub mod ranges;

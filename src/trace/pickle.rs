@@ -50,6 +50,15 @@ pub struct Pickle {
 }
 
 impl Pickle {
+    /// Values another decoder built (`json_snapshot`): `root` and the values inside `objs`
+    /// refer to `objs` by index, as the pickle decoder's do.
+    pub(super) fn from_parts(objs: Vec<PyObj>, root: PyValue) -> Self {
+        Self {
+            objs,
+            root: Some(root),
+        }
+    }
+
     pub fn root(&self) -> PyValue {
         self.root.unwrap_or(PyValue::None)
     }

@@ -1,10 +1,13 @@
 //! Reader for `torch.cuda.memory._dump_snapshot` pickles (whatever the file is named: some are
-//! `.json` but pickled).
+//! `.json` but pickled), and for the same snapshot written as JSON
+//! (`json.dump(torch.cuda.memory._snapshot(), f)`).
 //!
 //! The pickle is decoded to generic values (`pickle`, which keeps Python's sharing of objects
-//! intact, unlike `serde-pickle`; see there) and walked by hand rather than decoded into typed
-//! structs, so integers of any width are fine and every error names the exact place that was
-//! wrong (`device_traces[0][17]: 'size' is missing`).
+//! intact, unlike `serde-pickle`; see there), JSON to the same values (`json_snapshot`), and
+//! they are walked by hand rather than decoded into typed structs, so a pickle's integers of
+//! any width are fine (JSON's beyond 64 bits arrive as floats, named as too large), both formats
+//! meet the same checks, and every error names the exact place that was wrong
+//! (`device_traces[0][17]: 'size' is missing`).
 //!
 //! Format facts relied on (see the snapshot section of the allocator reference):
 //! - top level: a dict with `segments` (list, all devices, each with `device`) and
@@ -25,11 +28,13 @@
 //!   in MiB) and `PYTORCH_CUDA_ALLOC_CONF`, the string PyTorch last read, which alone names the
 //!   others (`per_process_memory_fraction`, `max_non_split_rounding_mb`).
 
+use std::io::BufRead;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use super::error::TraceError;
 use super::input::TraceFile;
+use super::json_snapshot::{self, JsonError, JsonStart, json_start};
 use super::pickle::{Pickle, PyValue, check_start, decode};
 
 /// The top-level keys of pinned host memory (see the module comment).
@@ -54,10 +59,50 @@ pub fn read_snapshot(path: impl AsRef<Path>) -> Result<RecordedSnapshot, TraceEr
     TraceFile::open(path.as_ref())?.read_snapshot()
 }
 
-/// Parse snapshot bytes; `source` names them in errors.
+/// Parse snapshot bytes, a pickle or JSON; `source` names them in errors.
 pub fn parse_snapshot(bytes: &[u8], source: &str) -> Result<RecordedSnapshot, TraceError> {
+    if json_start(bytes) == Some(JsonStart::Snapshot) {
+        return parse_json_snapshot(bytes, source);
+    }
     let pickle = decode_pickle(bytes, source)?;
-    Reader { source, p: &pickle }.snapshot(pickle.root())
+    Reader {
+        source,
+        p: &pickle,
+        json: false,
+    }
+    .snapshot(pickle.root())
+}
+
+/// Parse a snapshot written as JSON, read from `text` to its end (its first bytes said it is
+/// one: [`json_start`]); `source` names it in errors.
+pub(super) fn parse_json_snapshot(
+    text: impl BufRead,
+    source: &str,
+) -> Result<RecordedSnapshot, TraceError> {
+    // A panic in the decoder, which would be a bug, is an error too: user input must never
+    // abort the program.
+    let values = match catch_unwind(AssertUnwindSafe(|| json_snapshot::decode(text))) {
+        Ok(Ok(values)) => values,
+        Ok(Err(JsonError::Io(e))) => {
+            return Err(TraceError::Io {
+                path: source.to_owned(),
+                source: e,
+            });
+        }
+        Ok(Err(JsonError::Syntax(detail))) => return Err(TraceError::not_json(source, detail)),
+        Err(_) => {
+            return Err(TraceError::not_json(
+                source,
+                "the decoder failed on this text",
+            ));
+        }
+    };
+    Reader {
+        source,
+        p: &values,
+        json: true,
+    }
+    .snapshot(values.root())
 }
 
 fn not_pickle(source: &str, detail: String) -> TraceError {
@@ -125,8 +170,8 @@ fn run_decoder<T>(
 }
 
 /// What a file that did not decode as a pickle is, when it is a kind people mistake for a
-/// snapshot: compressed (gzip, bzip2, xz, zstd, lz4), a `torch.save` archive, JSON (a snapshot
-/// named `.json` is still a pickle), or other text. `None` for anything else.
+/// snapshot: compressed (gzip, bzip2, xz, zstd, lz4), a `torch.save` archive, JSON that is not a
+/// snapshot, or other text. `None` for anything else.
 fn foreign_kind(bytes: &[u8]) -> Option<String> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         return Some(
@@ -160,19 +205,13 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
         return None;
     }
     let trimmed = text.trim_start();
-    if json_snapshot(trimmed) {
+    if json_start(bytes).is_some() {
+        // A memory snapshot as JSON is read before it comes here.
         return Some(
-            "it is a memory snapshot written as JSON; cachealloc reads the pickle \
-             torch.cuda.memory._dump_snapshot writes: convert it with python3 -c \"import json, \
-             pickle, sys; pickle.dump(json.load(open(sys.argv[1])), open(sys.argv[2], 'wb'))\" \
-             IN.json OUT.pickle"
-                .into(),
-        );
-    }
-    if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        return Some(
-            "it is JSON text, a profiler trace perhaps (PyTorch's memory snapshots are \
-             pickles, even when named .json)"
+            "it is JSON text, but not a memory snapshot (a profiler trace perhaps): a snapshot \
+             written as JSON is the dict json.dump writes of torch.cuda.memory._snapshot(), \
+             beginning with its 'segments' key (or 'allocator_settings' or 'device_traces' with \
+             sort_keys), or the list of segment dicts of torch.cuda.memory_snapshot()"
                 .into(),
         );
     }
@@ -184,23 +223,6 @@ fn foreign_kind(bytes: &[u8]) -> Option<String> {
         .take(60)
         .collect();
     Some(format!("it is text, starting {first_line:?}"))
-}
-
-/// Whether `text`, the start of a JSON file, is a memory snapshot's dict (its first key
-/// `segments` or `device_traces`, as `json.dump` writes `torch.cuda.memory._snapshot()`) or
-/// `torch.cuda.memory_snapshot()`'s list of segments (of dicts whose first key is `device`).
-fn json_snapshot(text: &str) -> bool {
-    fn after(text: &str, prefix: char) -> Option<&str> {
-        text.strip_prefix(prefix).map(str::trim_start)
-    }
-    if let Some(first_key) = after(text, '{') {
-        return first_key.starts_with("\"segments\"") || first_key.starts_with("\"device_traces\"");
-    }
-    after(text, '[')
-        .and_then(|list| after(list, '{'))
-        .is_some_and(|segment| {
-            segment.starts_with("\"device\"") && segment.contains("\"total_size\"")
-        })
 }
 
 /// The compression format `bytes` begin with, by its magic number, and the command that
@@ -240,11 +262,26 @@ fn as_f64(value: PyValue) -> Option<f64> {
 struct Reader<'a> {
     source: &'a str,
     p: &'a Pickle,
+    /// The values were read from JSON, whose integers beyond 64 bits arrive as floats.
+    json: bool,
 }
 
 impl<'a> Reader<'a> {
     fn bad(&self, detail: String) -> TraceError {
         TraceError::unsupported(self.source, detail)
+    }
+
+    /// The value as an error message shows it ([`Pickle::describe`]); in JSON, a number
+    /// outside the 64-bit integers' range as too large for a field, as it may have been
+    /// written as an integer (`serde_json` reads an integer that wide as a float).
+    fn describe(&self, value: PyValue) -> String {
+        match value {
+            // -2^63 too: an integer just below it is rounded to it.
+            PyValue::Float(v) if self.json && (v <= -(2f64.powi(63)) || v >= 2f64.powi(64)) => {
+                format!("a number too large for a 64-bit field (about {v:e})")
+            }
+            _ => self.p.describe(value),
+        }
     }
 
     fn dict(&self, value: PyValue, at: &str) -> Result<&'a Dict, TraceError> {
@@ -279,7 +316,7 @@ impl<'a> Reader<'a> {
         as_u64(value).ok_or_else(|| {
             self.bad(format!(
                 "{at}: '{name}' must be a non-negative integer below 2^64, found {}",
-                self.p.describe(value)
+                self.describe(value)
             ))
         })
     }
@@ -491,7 +528,7 @@ impl<'a> Reader<'a> {
                 _ => {
                     return Err(self.bad(format!(
                         "{at}: 'segment_type' must be \"small\" or \"large\", found {}",
-                        self.p.describe(v)
+                        self.describe(v)
                     )));
                 }
             },
@@ -581,7 +618,7 @@ impl<'a> Reader<'a> {
             None => Err(self.bad(format!(
                 "{at}: 'segment_pool_id' must be a pair of non-negative integers ((0, 0) for the \
                  default pools), found {}",
-                self.p.describe(value)
+                self.describe(value)
             ))),
         }
     }
@@ -677,7 +714,7 @@ impl<'a> Reader<'a> {
     fn bad_setting(&self, name: &str, value: PyValue, allowed: &str) -> TraceError {
         self.bad(format!(
             "allocator_settings.{name}: found {}; allowed: {allowed}",
-            self.p.describe(value)
+            self.describe(value)
         ))
     }
 
@@ -742,7 +779,7 @@ impl<'a> Reader<'a> {
                 return Err(self.bad(format!(
                     "allocator_settings.{name}: found key {}; allowed: each interval's start \
                      in MiB, a power of 2 from \"1\" to \"{last_start}\"",
-                    self.p.describe(k)
+                    self.describe(k)
                 )));
             };
             let divisions = match v {
@@ -891,7 +928,11 @@ mod tests {
     }
 
     fn sample_bytes() -> Vec<u8> {
-        bytes(&snapshot(vec![
+        bytes(&sample())
+    }
+
+    fn sample() -> V {
+        snapshot(vec![
             entry("segment_alloc", SEG, 2 << 20, vec![]),
             entry(
                 "alloc",
@@ -912,7 +953,55 @@ mod tests {
                 vec![("frames", frames(&["NativeCachingAllocator::emptyCache()"]))],
             ),
             entry("snapshot", 0, 100, vec![("frames", V::List(vec![]))]),
-        ]))
+        ])
+    }
+
+    /// `v` as `json.dump` writes it: tuples as lists, None as null, keys as strings; `device`
+    /// first, as PyTorch orders a segment's keys, the others sorted (as with `sort_keys=True`,
+    /// which puts `allocator_settings` first at the top level).
+    fn json_text(v: &V) -> Vec<u8> {
+        fn key(k: &H) -> String {
+            match k {
+                H::String(key) => key.clone(),
+                H::I64(key) => key.to_string(),
+                other => panic!("no such key in a snapshot: {other:?}"),
+            }
+        }
+        fn write(v: &V, out: &mut String) {
+            let items = |out: &mut String, open, close, items: Vec<(Option<String>, &V)>| {
+                out.push(open);
+                for (i, (k, v)) in items.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    if let Some(k) = k {
+                        out.push_str(&serde_json::to_string(&k).unwrap());
+                        out.push_str(": ");
+                    }
+                    write(v, out);
+                }
+                out.push(close);
+            };
+            match v {
+                V::None => out.push_str("null"),
+                V::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                V::I64(i) => out.push_str(&i.to_string()),
+                V::F64(f) => out.push_str(&format!("{f:?}")),
+                V::String(text) => out.push_str(&serde_json::to_string(text).unwrap()),
+                V::List(list) | V::Tuple(list) => {
+                    items(out, '[', ']', list.iter().map(|v| (None, v)).collect());
+                }
+                V::Dict(dict) => {
+                    let mut pairs: Vec<_> = dict.iter().map(|(k, v)| (Some(key(k)), v)).collect();
+                    pairs.sort_by_key(|(k, _)| (k.as_deref() != Some("device"), k.clone()));
+                    items(out, '{', '}', pairs);
+                }
+                other => panic!("no such value in a snapshot: {other:?}"),
+            }
+        }
+        let mut out = String::new();
+        write(v, &mut out);
+        out.into_bytes()
     }
 
     #[test]
@@ -1297,7 +1386,7 @@ mod tests {
     /// Files people mistake for snapshots are named for what they are.
     #[test]
     fn foreign_files_are_named_for_what_they_are() {
-        let cases: [(&[u8], &str); 15] = [
+        let cases: [(&[u8], &str); 13] = [
             (b"\x80\x04", "truncated"),
             (b"\xff", "unknown opcode 0xff"),
             (
@@ -1329,19 +1418,11 @@ mod tests {
             (b"BZhx\x00\x00", "truncated"),
             (
                 b"  {\"traceEvents\": []}",
-                "JSON text, a profiler trace perhaps",
+                "JSON text, but not a memory snapshot (a profiler trace perhaps)",
             ),
             (
-                b"{\"segments\": [], \"device_traces\": [[]]}",
-                "it is a memory snapshot written as JSON; cachealloc reads the pickle",
-            ),
-            (
-                b"{\n  \"device_traces\": [\n    []\n  ],\n  \"segments\": []\n}",
-                "memory snapshot written as JSON",
-            ),
-            (
-                b"[{\"device\": 0, \"address\": 1, \"total_size\": 2097152, \"blocks\": []}]",
-                "memory snapshot written as JSON",
+                b"[{\"device\": 0, \"address\": 1}]",
+                "it is JSON text, but not a memory snapshot (a profiler trace perhaps)",
             ),
             (
                 b"id,lower,upper,size\n0,1,2,3\n",
@@ -1362,6 +1443,94 @@ mod tests {
             error_of(b"(dp0\nVsegments\np1\n(lp2\ns."),
             TraceError::NotPickle { .. }
         ));
+    }
+
+    /// A snapshot written as JSON reads as the pickle it came from: the dict (its tuples as
+    /// lists) and `torch.cuda.memory_snapshot()`'s list of segments.
+    #[test]
+    fn a_snapshot_written_as_json_reads_as_its_pickle() {
+        let mut pool_id = sample();
+        if let V::Dict(top) = &mut pool_id
+            && let Some(V::List(segments)) = top.get_mut(&H::String("segments".into()))
+            && let Some(V::Dict(segment)) = segments.first_mut()
+        {
+            segment.insert(
+                H::String("segment_pool_id".into()),
+                V::Tuple(vec![V::I64(1), V::I64(3)]),
+            );
+        }
+        let V::Dict(top) = sample() else {
+            unreachable!("a dict")
+        };
+        let segments = top[&H::String("segments".into())].clone();
+        for v in [sample(), pool_id, segments] {
+            let from_pickle = parse_snapshot(&bytes(&v), "s").unwrap();
+            let text = json_text(&v);
+            let from_json = parse_snapshot(&text, "s").unwrap();
+            assert_eq!(from_json, from_pickle, "{}", String::from_utf8_lossy(&text));
+        }
+    }
+
+    /// A JSON snapshot meets the pickle's checks with the pickle's messages, integers beyond 64
+    /// bits included; text that is not JSON says where it breaks.
+    #[test]
+    fn a_malformed_json_snapshot_is_refused_naming_what_is_wrong() {
+        let json_error = |text: &str| parse_snapshot(text.as_bytes(), "s.json").unwrap_err();
+        let with_entry =
+            |entry: &str| format!("{{\"segments\": [], \"device_traces\": [[{entry}]]}}");
+        // serde_json reads an integer beyond 64 bits as a float: it is named as too large.
+        for (addr, found) in [
+            ("18446744073709551616", "1.8446744073709552e19"),
+            ("-9223372036854775809", "-9.223372036854776e18"),
+            ("1e300", "1e300"),
+        ] {
+            let err = json_error(&with_entry(&format!(
+                r#"{{"action": "alloc", "addr": {addr}, "size": 1, "stream": 0}}"#
+            )));
+            assert!(matches!(err, TraceError::Unsupported { .. }), "{err}");
+            assert!(
+                err.to_string().ends_with(&format!(
+                    "device_traces[0][0]: 'addr' must be a non-negative integer below 2^64, \
+                     found a number too large for a 64-bit field (about {found})"
+                )),
+                "{err}"
+            );
+        }
+        // A float within the 64-bit range is a float; so is a wide one in a pickle.
+        let err = json_error(&with_entry(
+            r#"{"action": "alloc", "addr": 1, "size": 512.0, "stream": 0}"#,
+        ));
+        assert!(err.to_string().ends_with("found float 512.0"), "{err}");
+        let wide = entry("alloc", SEG, 1, vec![("addr", V::F64(1e20))]);
+        let err = error_of(&bytes(&snapshot(vec![wide]))).to_string();
+        assert!(
+            err.ends_with("found float 100000000000000000000.0"),
+            "{err}"
+        );
+        let err = json_error(&with_entry(
+            r#"{"action": "alloc", "addr": 1, "size": null}"#,
+        ));
+        assert!(
+            err.to_string().ends_with(
+                "device_traces[0][0]: 'size' must be a non-negative integer below 2^64, found None"
+            ),
+            "{err}"
+        );
+        let err = json_error(r#"{"segments": []}"#);
+        assert!(matches!(err, TraceError::NotSnapshot { .. }), "{err}");
+        assert!(
+            err.to_string().contains(
+                "not a PyTorch memory snapshot: the top-level dict has no 'device_traces' key"
+            ),
+            "{err}"
+        );
+        let err = json_error(&with_entry(r#"{"action": "alloc", "addr": 1,}"#));
+        assert!(matches!(err, TraceError::NotJson { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "s.json: begins as a memory snapshot written as JSON, but is not readable JSON: \
+             trailing comma at line 1 column 67"
+        );
     }
 
     /// A malformed field is shown as Python writes it, not as the decoder stores it.

@@ -6,6 +6,7 @@ pub mod ci;
 pub mod cli;
 pub mod cut_replay;
 pub mod fake_cudart;
+pub mod json_copy;
 pub mod pool_recorder;
 pub mod real_cudart;
 pub mod reference_pool;

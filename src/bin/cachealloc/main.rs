@@ -102,8 +102,8 @@ impl Common {
 
 #[derive(clap::Args)]
 struct ReplayArgs {
-    /// The trace: a PyTorch snapshot (a pickle; some are named .json) or a cachealloc trace;
-    /// - reads standard input.
+    /// The trace: a PyTorch snapshot (the pickle torch.cuda.memory._dump_snapshot writes, or
+    /// the same snapshot written as JSON) or a cachealloc trace; - reads standard input.
     trace: PathBuf,
     /// Which device's trace to replay (default: the first device whose trace allocates or
     /// frees).

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct StateArgs {
-    /// The snapshot: a pickle written by torch.cuda.memory._dump_snapshot (some are named
-    /// .json), with or without an allocation trace; - reads standard input.
+    /// The snapshot: a pickle written by torch.cuda.memory._dump_snapshot, or the same
+    /// snapshot written as JSON, with or without an allocation trace; - reads standard input.
     snapshot: PathBuf,
     /// Which device's state to report (default: the first device with memory reserved).
     #[arg(long, value_parser = crate::device_arg::parse_device, allow_hyphen_values = true)]
