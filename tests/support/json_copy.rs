@@ -2,6 +2,7 @@
 //! `json.dump(pickle.load(f), out)` with Python's own `json` (tuples become lists, `None`
 //! `null`, non-ASCII characters `\uXXXX` escapes).
 
+use super::ci::running_under_ci;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -17,7 +18,7 @@ for source, target in zip(args[0::2], args[1::2]):
 ";
 
 /// A JSON copy of each of `pickles` in `dir` (same order), or `None` after saying the caller
-/// skips because `python3` is not installed.
+/// skips because `python3` is not installed (under CI, which installs it, that fails instead).
 pub fn json_copies(pickles: &[PathBuf], dir: &Path) -> Option<Vec<PathBuf>> {
     let copies: Vec<PathBuf> = (0..pickles.len())
         .map(|i| dir.join(format!("snapshot-{i}.json")))
@@ -37,6 +38,8 @@ pub fn json_copies(pickles: &[PathBuf], dir: &Path) -> Option<Vec<PathBuf>> {
             Some(copies)
         }
         Err(e) => {
+            // CI installs python3 (scripts/setup-test-deps.sh): there a missing one fails.
+            assert!(!running_under_ci(), "python3 is required under CI: {e}");
             eprintln!("skipping: python3 not found ({e})");
             None
         }
