@@ -406,7 +406,7 @@ fn exit_during_the_first_call_leaves_the_claimed_statistics_file_its_report() {
 }
 
 /// The exit report of a process that exits while another thread holds device 1's pool lock for
-/// longer than the exit handler waits (a cudaMalloc of the pool's taking three seconds), in
+/// longer than the exit handler waits (a cudaMalloc of the pool's taking thirty seconds), in
 /// `format`: (stderr, the seconds it took).
 fn exit_with_busy_pool(format: &str) -> (String, f64) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -438,7 +438,9 @@ fn exit_with_busy_pool(format: &str) -> (String, f64) {
 #[test]
 fn a_device_left_out_of_the_exit_report_is_named_with_why() {
     let (text, took) = exit_with_busy_pool("text");
-    assert!(took < 2.5, "the exit waited {took:.1} s, not a second");
+    // About a second; far below the slow cudaMalloc's thirty, which a handler that waited for
+    // the lock would take, so that a loaded machine's slow start cannot fail it.
+    assert!(took < 15.0, "the exit waited {took:.1} s, not a second");
     assert!(text.contains("device ID 0"), "{text}");
     assert!(
         text.contains(

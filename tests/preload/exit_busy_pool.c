@@ -1,6 +1,6 @@
 /*
  * exit_busy_pool.c — devices 0 and 1 each have a pool when the main thread calls exit() while
- * another thread is inside a cudaMalloc on device 1 that takes three seconds (slow_malloc.c,
+ * another thread is inside a cudaMalloc on device 1 that takes thirty seconds (slow_malloc.c,
  * preloaded after the library), its pool's lock held all along: the exit report cannot read
  * device 1.
  * Usage: exit_busy_pool BYTES (BYTES: the slow allocation, SLOW_MALLOC_BYTES or more)

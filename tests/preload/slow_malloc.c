@@ -1,7 +1,7 @@
 /*
  * slow_malloc.c — a library preloaded after libcachealloc.so, so that its cudaMalloc is the one
  * the pool calls (the next in the search order), with the device's pool lock held: a request of
- * at least SLOW_MALLOC_BYTES sleeps three seconds before it goes on to the runtime. The program
+ * at least SLOW_MALLOC_BYTES sleeps thirty seconds before it goes on to the runtime. The program
  * sees `slow_malloc_sleeping` (found with dlsym) set while it sleeps.
  */
 #define _GNU_SOURCE
@@ -20,7 +20,7 @@ cudaError_t cudaMalloc(void **p, size_t size) {
     const char *slow = getenv("SLOW_MALLOC_BYTES");
     if (slow != NULL && size >= strtoull(slow, NULL, 10)) {
         slow_malloc_sleeping = 1;
-        sleep(3);
+        sleep(30);
         slow_malloc_sleeping = 0;
     }
     return next(p, size);
