@@ -1108,7 +1108,8 @@ fn stats_text_at_exit_go_to_stderr_by_default() {
     // The 1000-byte block freed last, with no synchronization after it, is active, not leaked.
     assert!(
         stderr(&out).contains(
-            "Frees still waiting for the device at exit hold 1024 bytes of the active memory"
+            "Frees still waiting at exit for the work that may use their blocks hold 1024 bytes of \
+             the active memory"
         ),
         "{}",
         stderr(&out)
@@ -1121,7 +1122,7 @@ fn synchronized_frees_leave_no_pending_line_at_exit() {
     let out = check("sync_then_exit", &[("CACHEALLOC_CONF", "stats:text")]);
     let err = stderr(&out);
     assert!(err.contains("cachealloc memory summary"), "{err}");
-    assert!(!err.contains("Frees still waiting"), "{err}");
+    assert!(!err.contains("Frees still waiting at exit"), "{err}");
 }
 
 #[test]

@@ -141,6 +141,10 @@ fn write_report() {
     let Some(settings) = SETTINGS.get() else {
         return;
     };
+    // Checked first: the snapshot may wait for busy pools, for nothing when no report is asked.
+    if settings.format == StatsOutput::Off {
+        return;
+    }
     let snapshot = pools::stats_snapshot();
     let (stats, busy) = (&snapshot.devices, &snapshot.busy);
     let text = match settings.format {
@@ -222,8 +226,9 @@ fn pending_at_exit(s: &DeviceStats) -> String {
         return String::new();
     }
     format!(
-        "Frees still waiting for the device at exit hold {} of the active memory (free_sync: \
-         no device synchronization after them): not a leak.\n",
+        "Frees still waiting at exit for the work that may use their blocks hold {} of the \
+         active memory (no device synchronization after them, under free_sync, or streams of \
+         record_stream not done): not a leak.\n",
         format_size(pending as u64)
     )
 }

@@ -86,16 +86,20 @@ fn with_new_device_pool<R>(
     );
     // (When another thread made the pool first, that thread reports about it; a pool made
     // again after a device reset does not repeat it.)
-    if let Some(why) = why.as_ref().filter(|_| used && first_unsupported(device)) {
-        log_event!(
+    match (why, used) {
+        (Some(why), true) if first_unsupported(device) => log_event!(
             warn,
             "{}: expandable_segments:True is not supported on device {}: {why}; using fixed \
              segments there (PyTorch's native policy: one cudaMalloc per segment)",
             config.source.name(),
             device.0
-        );
-    } else if used && config.settings.expandable_segments {
-        peer_notice::warn_once_if_unseen(rt, device, config.source.name());
+        ),
+        // Fixed segments: no pages for another device to be granted.
+        (Some(_), _) | (None, false) => {}
+        (None, true) if config.settings.expandable_segments => {
+            peer_notice::warn_once_if_unseen(rt, device, config.source.name())
+        }
+        (None, true) => {}
     }
     served
 }

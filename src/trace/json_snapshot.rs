@@ -40,11 +40,13 @@ use super::pickle::{Pickle, PyObj, PyValue};
 /// The keys of `torch.cuda.memory._snapshot()`'s dict: `json.dump` writes one of them first
 /// (`segments` in the dict's order, `allocator_settings` or `device_traces` with
 /// `sort_keys=True`).
-const SNAPSHOT_KEYS: [&[u8]; 4] = [
+const SNAPSHOT_KEYS: [&[u8]; 6] = [
     b"\"segments\"",
     b"\"device_traces\"",
     b"\"allocator_settings\"",
     b"\"external_annotations\"",
+    b"\"host_segments\"",
+    b"\"host_traces\"",
 ];
 
 /// What JSON text a file's first bytes begin.
@@ -402,11 +404,13 @@ mod tests {
     /// JSON.
     #[test]
     fn snapshots_are_told_by_their_first_bytes() {
-        let cases: [(&[u8], Option<JsonStart>); 10] = [
+        let cases: [(&[u8], Option<JsonStart>); 11] = [
             (
                 b"{\"segments\": [], \"device_traces\": []}",
                 Some(JsonStart::Snapshot),
             ),
+            // A snapshot of host memory alone, its keys sorted (refused later as such).
+            (b"{\"host_segments\": [],", Some(JsonStart::Snapshot)),
             (b" \n{\n  \"device_traces\": [", Some(JsonStart::Snapshot)),
             (b"{\"allocator_settings\": {", Some(JsonStart::Snapshot)),
             (

@@ -36,9 +36,6 @@ use super::error::TraceError;
 use super::input::TraceFile;
 use super::json_snapshot::{self, JsonError, JsonStart, json_start};
 use super::pickle::{Pickle, PyValue, check_start, decode};
-
-/// The top-level keys of pinned host memory (see the module comment).
-const HOST_KEYS: [&str; 2] = ["host_segments", "host_traces"];
 use super::recording::{
     Action, BlockState, CallSite, DeviceRecording, RecordedBlock, RecordedSegment,
     RecordedSettings, RecordedSnapshot, TraceEntry,
@@ -46,6 +43,9 @@ use super::recording::{
 use crate::config::Config;
 use crate::pool::rounding::{ROUNDUP_INTERVALS, SMALL_BUFFER};
 use crate::pool::{DeviceId, PoolKind, Settings, StreamId};
+
+/// The top-level keys of pinned host memory (see the module comment).
+const HOST_KEYS: [&str; 2] = ["host_segments", "host_traces"];
 
 type Dict = [(PyValue, PyValue)];
 
