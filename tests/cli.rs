@@ -1237,7 +1237,10 @@ fn the_oom_hint_study_runs_on_one_workload() {
         .is_ok_and(|o| o.status.success());
     if !has_python {
         // CI installs python3 (scripts/setup-test-deps.sh): there a missing one fails.
-        assert!(!support::ci::running_under_ci(), "python3 is required under CI");
+        assert!(
+            !support::ci::running_under_ci(),
+            "python3 is required under CI"
+        );
         eprintln!("skipping: python3 not found");
         return;
     }
