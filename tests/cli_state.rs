@@ -726,7 +726,8 @@ fn real_states_after_the_ladder() {
 
 /// A snapshot of `_record_memory_history(record_cuda=False)` holds the pinned host memory alone
 /// (`host_segments`, `host_traces`) and no device's trace, with `device_traces` empty or left out:
-/// `replay` says so, not that the history was never recorded.
+/// `replay` says so, not that the history was never recorded, and does not point to `state`,
+/// which says it holds host memory alone.
 #[test]
 fn a_snapshot_of_host_memory_alone_is_refused_as_such() {
     let host_entry = dict(vec![
@@ -760,6 +761,23 @@ fn a_snapshot_of_host_memory_alone_is_refused_as_such() {
                 "the snapshot holds host (pinned) memory only and no CUDA device's trace \
                  (_record_memory_history(record_cuda=False) records the host's alone"
             ) && !err.contains("saved without"),
+            "{name}: {err}"
+        );
+        // With no device's segments, `state` has nothing to report either: replay does not
+        // point to it, and state says why it has nothing.
+        assert!(
+            err.contains("nothing to replay, nor a device's memory state")
+                && !err.contains("cachealloc state"),
+            "{name}: {err}"
+        );
+        let out = cachealloc(&["state", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(
+                "; it holds host (pinned) memory only, which cachealloc does not read \
+                 (_record_memory_history(record_cuda=False) records the host's alone)"
+            ),
             "{name}: {err}"
         );
         std::fs::remove_file(path).unwrap();

@@ -100,11 +100,18 @@ pub fn load(
                     "no allocation trace (it was saved without \
                      torch.cuda.memory._record_memory_history)"
                 };
+                // `state` reads the devices' segments: pointed to only where there are some.
+                let state = if snapshot.devices.iter().any(|d| !d.segments.is_empty()) {
+                    format!(
+                        "; {} reports the memory state it records",
+                        state_command(path)
+                    )
+                } else {
+                    ", nor a device's memory state".to_string()
+                };
                 format!(
-                    "{}: the snapshot holds {what}, nothing to replay; {} reports the memory \
-                     state it records",
-                    path.display(),
-                    state_command(path)
+                    "{}: the snapshot holds {what}, nothing to replay{state}",
+                    path.display()
                 )
             })?,
     };

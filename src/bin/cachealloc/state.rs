@@ -149,7 +149,16 @@ pub fn run(mut args: StateArgs) -> Result<String, String> {
         ));
     }
     let snapshot = file.read_snapshot().map_err(|e| e.to_string())?;
-    let rec = pick_device(&snapshot.devices, args.device, &path)?;
+    let rec = pick_device(&snapshot.devices, args.device, &path).map_err(|e| {
+        if snapshot.host_memory && snapshot.devices.iter().all(|d| d.segments.is_empty()) {
+            format!(
+                "{e}; it holds host (pinned) memory only, which cachealloc does not read \
+                 (_record_memory_history(record_cuda=False) records the host's alone)"
+            )
+        } else {
+            e
+        }
+    })?;
     let (settings, settings_text) = settings(rec, args.conf.as_deref())?;
     let memory = MemoryState::of(rec);
     if let Some(request) = args.request {
