@@ -9,7 +9,7 @@
 //! when none of that fits.
 
 use super::record::settings_text;
-use super::replay::{OomAt, ReplayConfig, StartLayout, replay};
+use super::replay::{OomAt, ReplayConfig, ReplayOutcome, StartLayout, replay};
 use super::workload::Workload;
 pub use crate::pool::oom::MAX_SPLIT_LADDER_MB;
 use crate::pool::oom::OLDER_PYTORCH_REFUSES_MB;
@@ -78,6 +78,25 @@ fn without(settings: &Settings, dropped: &[&'static str]) -> Settings {
         }
     }
     s
+}
+
+/// `workload` replayed as `config` says, but under `settings`.
+fn replay_under(
+    workload: &Workload,
+    config: &ReplayConfig,
+    settings: Settings,
+    start: Option<&StartLayout>,
+) -> Result<ReplayOutcome, Error> {
+    let trial = ReplayConfig {
+        settings,
+        ..config.clone()
+    };
+    replay(workload, &trial, start)
+}
+
+/// A replay's peak reserved memory, in bytes.
+fn peak_reserved(out: &ReplayOutcome) -> u64 {
+    out.stats.reserved_bytes.all.peak.max(0) as u64
 }
 
 /// A setting that gets past the first OOM of the replay it was tried for, but runs out of
@@ -219,11 +238,7 @@ impl MaxSplitSearch {
         let mut found: Vec<FittingSetting> = Vec::new();
         for (mb, settings) in runs {
             let conf = settings_text(&settings);
-            let trial = ReplayConfig {
-                settings,
-                ..config.clone()
-            };
-            let out = match replay(workload, &trial, start) {
+            let out = match replay_under(workload, config, settings, start) {
                 Ok(out) => out,
                 Err(Error::SeedForbiddenBySettings(_)) => {
                     if let (Some(mb), true) = (mb, dropped.is_empty()) {
@@ -240,7 +255,7 @@ impl MaxSplitSearch {
                     max_split_size_mb: mb,
                     dropped: dropped.to_vec(),
                     conf,
-                    peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+                    peak_reserved_bytes: peak_reserved(&out),
                     num_device_alloc: out.stats.counts.num_device_alloc,
                     num_alloc_retries: out.stats.counts.num_alloc_retries,
                     same_figures_mb: Vec::new(),
@@ -337,14 +352,10 @@ fn try_for_older_pytorch(
         OLDER_PYTORCH_SMALLEST_MB,
     );
     let conf = settings_text(&settings);
-    let trial = ReplayConfig {
-        settings,
-        ..config.clone()
-    };
-    let out = replay(workload, &trial, start).ok()?;
+    let out = replay_under(workload, config, settings, start).ok()?;
     Some(OlderPytorchTrial {
         conf,
-        peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+        peak_reserved_bytes: peak_reserved(&out),
         first_oom_event_index: out.first_oom.as_ref().map(|o| o.event_index()),
     })
 }
@@ -394,7 +405,7 @@ fn try_without_fraction(
     Some(FractionTrial {
         fraction,
         conf: settings_text(&unlimited.settings),
-        peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+        peak_reserved_bytes: peak_reserved(&out),
         fits,
         enough,
     })
@@ -457,7 +468,7 @@ pub fn try_expandable_segments(
     Some(ExpandableTrial {
         expandable_segments: trial.settings.expandable_segments,
         conf: settings_text(&trial.settings),
-        peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+        peak_reserved_bytes: peak_reserved(&out),
         num_device_alloc: out.stats.counts.num_device_alloc,
         first_oom_event_index,
         fits_without,
@@ -485,15 +496,11 @@ fn fit_without_own_settings(
         .find_map(|(_, dropped)| {
             let settings = without(&config.settings, dropped);
             let conf = settings_text(&settings);
-            let trial = ReplayConfig {
-                settings,
-                ..config.clone()
-            };
-            let out = replay(workload, &trial, start).ok()?;
+            let out = replay_under(workload, config, settings, start).ok()?;
             out.first_oom.is_none().then(|| ExpandableFit {
                 dropped: dropped.to_vec(),
                 conf,
-                peak_reserved_bytes: out.stats.reserved_bytes.all.peak.max(0) as u64,
+                peak_reserved_bytes: peak_reserved(&out),
                 num_device_alloc: out.stats.counts.num_device_alloc,
             })
         })
