@@ -141,17 +141,15 @@ fn write_report() {
     let Some(settings) = SETTINGS.get() else {
         return;
     };
-    // Checked first: the snapshot may wait for busy pools, for nothing when no report is asked.
-    if settings.format == StatsOutput::Off {
-        return;
-    }
-    let snapshot = pools::stats_snapshot();
-    let (stats, busy) = (&snapshot.devices, &snapshot.busy);
-    let text = match settings.format {
+    // Chosen before the snapshot, which may wait for busy pools: for nothing when no report is
+    // asked.
+    let render = match settings.format {
         StatsOutput::Off => return,
-        StatsOutput::Text => render_text(stats, busy),
-        StatsOutput::Json => render_json(stats, busy),
+        StatsOutput::Text => render_text,
+        StatsOutput::Json => render_json,
     };
+    let snapshot = pools::stats_snapshot();
+    let text = render(&snapshot.devices, &snapshot.busy);
     let pid = std::process::id();
     let Some(asked) = settings.path(pid) else {
         raw_stderr::write(&text);
