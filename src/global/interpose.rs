@@ -94,12 +94,11 @@ fn with_new_device_pool<R>(
             config.source.name(),
             device.0
         ),
-        // Fixed segments: no pages for another device to be granted.
-        (Some(_), _) | (None, false) => {}
+        // Only a pool with expandable segments maps pages another device must be granted.
         (None, true) if config.settings.expandable_segments => {
             peer_notice::warn_once_if_unseen(rt, device, config.source.name())
         }
-        (None, true) => {}
+        _ => {}
     }
     served
 }
