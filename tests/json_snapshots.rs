@@ -14,7 +14,7 @@ use std::process::{Output, Stdio};
 use cachealloc::global::panics::catch;
 use cachealloc::trace::{RecordedSnapshot, parse_snapshot, read_snapshot};
 use support::cli::{cachealloc, command};
-use support::json_copy::json_copies;
+use support::json_copy::{Layout, json_copies, json_copies_as};
 use support::traces::{snapshot_files, trace, traces_dir_or_skip};
 
 /// The snapshots small enough to write again as JSON in a test (some JSON copies are 50 times
@@ -32,7 +32,8 @@ fn named(mut snapshot: RecordedSnapshot, source: &str) -> RecordedSnapshot {
 
 /// Every real snapshot up to `MAX_PICKLE_BYTES` (recordings of several PyTorch versions, one
 /// of them `torch.cuda.memory_snapshot()`'s list of segments) reads from its JSON copy as
-/// from the pickle: the same entries, segments, blocks and settings.
+/// from the pickle: the same entries, segments, blocks and settings; written in the dict's
+/// own key order and with `sort_keys=True, indent=1`.
 #[test]
 fn real_snapshots_read_from_json_as_from_their_pickles() {
     let Some(dir) = traces_dir_or_skip() else {
@@ -44,21 +45,24 @@ fn real_snapshots_read_from_json_as_from_their_pickles() {
         .collect();
     assert!(pickles.len() >= 10, "{pickles:?}");
     let tmp = tempfile::tempdir().unwrap();
-    let Some(copies) = json_copies(&pickles, tmp.path()) else {
-        return;
-    };
-    let mut segments_only = 0;
-    for (pickle, copy) in pickles.iter().zip(&copies) {
-        let name = pickle.display().to_string();
-        let from_pickle = read_snapshot(pickle).unwrap_or_else(|e| panic!("{e}"));
-        let from_json = read_snapshot(copy).unwrap_or_else(|e| panic!("{name} as JSON: {e}"));
-        assert!(
-            from_json == named(from_pickle.clone(), &copy.display().to_string()),
-            "{name}: its JSON copy reads differently"
-        );
-        segments_only += usize::from(from_pickle.segments_only);
+    for layout in [Layout::Plain, Layout::SortedIndented] {
+        let Some(copies) = json_copies_as(&pickles, tmp.path(), layout) else {
+            return;
+        };
+        let mut segments_only = 0;
+        for (pickle, copy) in pickles.iter().zip(&copies) {
+            let name = pickle.display().to_string();
+            let from_pickle = read_snapshot(pickle).unwrap_or_else(|e| panic!("{e}"));
+            let from_json =
+                read_snapshot(copy).unwrap_or_else(|e| panic!("{name} as JSON ({layout:?}): {e}"));
+            assert!(
+                from_json == named(from_pickle.clone(), &copy.display().to_string()),
+                "{name}: its JSON copy ({layout:?}) reads differently"
+            );
+            segments_only += usize::from(from_pickle.segments_only);
+        }
+        assert_eq!(segments_only, 1, "the list of segments is among them");
     }
-    assert_eq!(segments_only, 1, "the list of segments is among them");
 }
 
 /// Run the binary with `args`, `-` standing for `path` given on standard input when `stdin`.

@@ -53,7 +53,8 @@ const SNAPSHOT_KEYS: [&[u8]; 6] = [
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum JsonStart {
     /// A memory snapshot: a dict whose first key is one of a snapshot's, or a list whose first
-    /// item is a segment dict (`device` first, `total_size` among its keys).
+    /// item is a segment dict (`device` first, `total_size` among its keys; or, its keys
+    /// sorted, `active_size` first).
     Snapshot,
     /// Other JSON: an object or a list that does not begin as a snapshot does.
     Other,
@@ -71,10 +72,12 @@ pub(super) fn json_start(head: &[u8]) -> Option<JsonStart> {
     } else {
         let list = after(text, b'[')?;
         after(list, b'{').is_some_and(|segment| {
-            segment.starts_with(b"\"device\"")
-                && segment
-                    .windows(b"\"total_size\"".len())
-                    .any(|w| w == b"\"total_size\"")
+            // `sort_keys` puts `active_size` first; PyTorch's own order, `device`.
+            segment.starts_with(b"\"active_size\"")
+                || segment.starts_with(b"\"device\"")
+                    && segment
+                        .windows(b"\"total_size\"".len())
+                        .any(|w| w == b"\"total_size\"")
         })
     };
     Some(if snapshot {
@@ -404,7 +407,7 @@ mod tests {
     /// JSON.
     #[test]
     fn snapshots_are_told_by_their_first_bytes() {
-        let cases: [(&[u8], Option<JsonStart>); 11] = [
+        let cases: [(&[u8], Option<JsonStart>); 12] = [
             (
                 b"{\"segments\": [], \"device_traces\": []}",
                 Some(JsonStart::Snapshot),
@@ -417,6 +420,8 @@ mod tests {
                 b"[{\"device\": 0, \"address\": 1, \"total_size\": 2097152",
                 Some(JsonStart::Snapshot),
             ),
+            // The same, its keys sorted (`json.dump(…, sort_keys=True, indent=1)`).
+            (b"[\n {\n  \"active_size\": 0,", Some(JsonStart::Snapshot)),
             (b"{\"traceEvents\": []}", Some(JsonStart::Other)),
             (b"[{\"device\": 0}]", Some(JsonStart::Other)),
             (b"[]", Some(JsonStart::Other)),

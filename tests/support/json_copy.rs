@@ -6,25 +6,45 @@ use super::ci::running_under_ci;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Python's script: each pair of arguments is a pickle and the JSON file to write.
+/// How `json.dump` lays a copy out.
+#[derive(Clone, Copy, Debug)]
+pub enum Layout {
+    /// `json.dump(value, out)`: the dict's own key order, on one line.
+    Plain,
+    /// `json.dump(value, out, sort_keys=True, indent=1)`: keys sorted, one per line.
+    SortedIndented,
+}
+
+/// Python's script: its first argument is `json.dump`'s keyword arguments, then each pair of
+/// arguments is a pickle and the JSON file to write.
 const TO_JSON: &str = "\
 import json, pickle, sys
-args = sys.argv[1:]
+options = json.loads(sys.argv[1])
+args = sys.argv[2:]
 for source, target in zip(args[0::2], args[1::2]):
     with open(source, 'rb') as f:
         value = pickle.load(f)
     with open(target, 'w') as f:
-        json.dump(value, f)
+        json.dump(value, f, **options)
 ";
 
 /// A JSON copy of each of `pickles` in `dir` (same order), or `None` after saying the caller
 /// skips because `python3` is not installed (under CI, which installs it, that fails instead).
 pub fn json_copies(pickles: &[PathBuf], dir: &Path) -> Option<Vec<PathBuf>> {
+    json_copies_as(pickles, dir, Layout::Plain)
+}
+
+/// [`json_copies`], laid out as `layout` says.
+pub fn json_copies_as(pickles: &[PathBuf], dir: &Path, layout: Layout) -> Option<Vec<PathBuf>> {
+    let (options, tag) = match layout {
+        Layout::Plain => ("{}", "plain"),
+        Layout::SortedIndented => (r#"{"sort_keys": true, "indent": 1}"#, "sorted"),
+    };
     let copies: Vec<PathBuf> = (0..pickles.len())
-        .map(|i| dir.join(format!("snapshot-{i}.json")))
+        .map(|i| dir.join(format!("snapshot-{i}-{tag}.json")))
         .collect();
     let mut command = Command::new("python3");
-    command.arg("-c").arg(TO_JSON);
+    command.arg("-c").arg(TO_JSON).arg(options);
     for (pickle, copy) in pickles.iter().zip(&copies) {
         command.arg(pickle).arg(copy);
     }
