@@ -625,3 +625,37 @@ fn fits_are_judged_against_the_device_when_the_program_sets_its_fraction() {
         "{summary}"
     );
 }
+
+/// A trace saved under a name that is not UTF-8: the note's replay command, pasted into bash,
+/// replays that very file (a lossy name would be another, missing file).
+#[test]
+fn the_saved_note_names_a_non_utf8_file_exactly() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut name = b"caf\xe9 run's ".to_vec();
+    name.extend_from_slice(b"trace");
+    let path = dir.path().join(std::ffi::OsStr::from_bytes(&name));
+    let out = support::cli::command()
+        .args(["synth", "transformer:steps=2", "--save"])
+        .arg(&path)
+        .output()
+        .expect("binary runs");
+    assert!(out.status.success(), "{out:?}");
+    let note = String::from_utf8_lossy(&out.stderr);
+    let word = note
+        .split_once("; cachealloc replay ")
+        .and_then(|(_, rest)| rest.split_once(" --faithful"))
+        .map(|(word, _)| word)
+        .unwrap_or_else(|| panic!("no replay command in {note:?}"));
+    let replay = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("\"$0\" replay {word} --faithful --json"))
+        .arg(env!("CARGO_BIN_EXE_cachealloc"))
+        .env_remove("CACHEALLOC_CONF")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .output()
+        .expect("bash runs");
+    assert!(replay.status.success(), "{word}: {replay:?}");
+    assert!(json(&replay)["events"].as_u64().unwrap() > 0);
+}

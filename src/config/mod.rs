@@ -47,7 +47,7 @@ pub use options::{
     OPTIONS, OptionSpec, render_conf, render_help, render_markdown_table, render_values,
 };
 pub use path::expand_pid;
-pub use shell::shell_word;
+pub use shell::{shell_path, shell_word};
 
 use crate::pool::Settings;
 

@@ -12,9 +12,32 @@ pub fn shell_word(text: &str) -> String {
     }
 }
 
+/// `path` as one shell word: [`shell_word`] of its text, or, where it is not UTF-8, bash's
+/// `$'…'` quoting with each byte that is not printable ASCII written as `\xNN`, so that the
+/// command names the very file (a lossy `\u{FFFD}` would name another).
+pub fn shell_path(path: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    if let Some(text) = path.to_str() {
+        return shell_word(text);
+    }
+    let mut word = String::from("$'");
+    for &byte in path.as_os_str().as_bytes() {
+        match byte {
+            b'\'' | b'\\' => {
+                word.push('\\');
+                word.push(char::from(byte));
+            }
+            b' '..=b'~' => word.push(char::from(byte)),
+            _ => word.push_str(&format!("\\x{byte:02x}")),
+        }
+    }
+    word.push('\'');
+    word
+}
+
 #[cfg(test)]
 mod tests {
-    use super::shell_word;
+    use super::{shell_path, shell_word};
 
     /// Each word, pasted into `sh`, reads back as one word holding the text it was made from
     /// (an empty text too: an empty value must not vanish from a command line).
@@ -48,6 +71,32 @@ mod tests {
         assert_eq!(
             shell_word("roundup_power2_divisions:[256:1,>:4]"),
             "'roundup_power2_divisions:[256:1,>:4]'"
+        );
+    }
+
+    /// A path that is not UTF-8, pasted into bash, names the very bytes of the path; a UTF-8
+    /// one is quoted as any word.
+    #[test]
+    fn bash_reads_a_path_back_as_its_bytes() {
+        use std::os::unix::ffi::OsStrExt;
+        let paths: [&[u8]; 3] = [
+            b"/tmp/caf\xe9 it's a \\ trace.pickle",
+            b"\x01\xff\n$HOME`x`",
+            b"/tmp/snap shot.pickle",
+        ];
+        for bytes in paths {
+            let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
+            let word = shell_path(path);
+            let out = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!("printf '%s' {word}"))
+                .output()
+                .unwrap();
+            assert_eq!(out.stdout, bytes, "{word}");
+        }
+        assert_eq!(
+            shell_path(std::path::Path::new("/tmp/snap shot.pickle")),
+            "'/tmp/snap shot.pickle'"
         );
     }
 }

@@ -480,7 +480,7 @@ fn save_replay(
         SaveError::Replay(e) => e.to_string(),
         e @ SaveError::Write(_) => format!("{}{kept}", failed(&e)),
     })?;
-    let file = cachealloc::config::shell_word(&path.display().to_string());
+    let file = cachealloc::config::shell_path(path);
     if saved.events == 0 {
         say!("cachealloc: note: the run allocated nothing: {file} holds no event of the pool");
     } else if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {

@@ -145,7 +145,7 @@ pub fn run(mut args: StateArgs) -> Result<String, String> {
         return Err(format!(
             "{path}: a trace cachealloc recorded, which begins with the process: replay it \
              (cachealloc replay {}); state reads PyTorch memory snapshots",
-            cachealloc::config::shell_word(&path)
+            cachealloc::config::shell_path(&args.snapshot)
         ));
     }
     let snapshot = file.read_snapshot().map_err(|e| e.to_string())?;
@@ -189,7 +189,7 @@ pub fn run(mut args: StateArgs) -> Result<String, String> {
         .entries
         .iter()
         .any(|e| matches!(e.action, Action::Alloc | Action::Oom));
-    let command = allocates.then(|| replay_command(&snapshot, rec, &path));
+    let command = allocates.then(|| replay_command(&snapshot, rec, &args.snapshot));
     let report = StateJson::new(&path, rec, &memory, settings_text, request, command);
     Ok(if args.json {
         serde_json::to_string(&report).expect("plain data serializes") + "\n"
@@ -501,7 +501,7 @@ fn request_stream(
 
 /// The command that replays `rec`'s trace: with `--device` unless replay picks that device
 /// itself (the first whose trace allocates or frees).
-fn replay_command(snapshot: &RecordedSnapshot, rec: &DeviceRecording, path: &str) -> String {
+fn replay_command(snapshot: &RecordedSnapshot, rec: &DeviceRecording, path: &Path) -> String {
     let default = snapshot
         .traced_devices()
         .find(|r| r.has_block_events())
@@ -513,16 +513,13 @@ fn replay_command(snapshot: &RecordedSnapshot, rec: &DeviceRecording, path: &str
     };
     format!(
         "cachealloc replay {}{device}",
-        cachealloc::config::shell_word(path)
+        cachealloc::config::shell_path(path)
     )
 }
 
 /// Where `cachealloc state` is the command to use: the path, quoted for a shell.
 pub fn state_command(path: &Path) -> String {
-    format!(
-        "cachealloc state {}",
-        cachealloc::config::shell_word(&path.display().to_string())
-    )
+    format!("cachealloc state {}", cachealloc::config::shell_path(path))
 }
 
 /// The command that reports `rec`'s memory state, one of the snapshot's `devices`: with
