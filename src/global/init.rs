@@ -1,7 +1,8 @@
 //! The library's mode, decided once at the first interposed (or C API) call.
 //!
 //! Nothing runs at load time: no constructor parses or prints, so a process that never calls
-//! CUDA only pays for reading the variables if it ever calls in. At the first call:
+//! CUDA only pays for reading the variables if it ever calls in (two constructors only register
+//! handlers: `fork`'s, and `unreached`'s at exit for a process no call ever reached). At the first call:
 //! - `CACHEALLOC_DISABLE=1` → `PassThrough`: every call goes to the real runtime.
 //! - a configuration error → `ConfigFailed`: the error is printed once on stderr, naming the
 //!   variable, the key and what is allowed. The program must not silently run with other
@@ -53,6 +54,11 @@ pub fn mode() -> &'static Mode {
 fn first_mode() -> &'static Mode {
     let _deciding = fork::Deciding::begin();
     MODE.get_or_init(decide)
+}
+
+/// Whether a call has reached the library and decided its mode.
+pub fn decided() -> bool {
+    MODE.get().is_some()
 }
 
 /// The configuration when active.

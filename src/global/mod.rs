@@ -20,6 +20,7 @@ pub(crate) mod raw_stderr;
 pub mod reentry;
 mod stream_uses;
 mod trace_file;
+mod unreached;
 
 pub use error::ShimError;
 pub use exit_stats::{render_json, render_text};

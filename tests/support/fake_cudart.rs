@@ -273,6 +273,17 @@ fn publish(tmp: &Path, dir: &Path) -> Result<(), String> {
 /// `extra_args` go after the source (for example `["-ldl"]`). Panics with the compiler's output
 /// on failure.
 pub fn compile_c_program(source: &Path, name: &str, extra_args: &[&str]) -> PathBuf {
+    compile(source, name, extra_args, true)
+}
+
+/// [`compile_c_program`] without the fake runtime: nothing linked but libc (and `extra_args`),
+/// as a program whose CUDA runtime is linked statically, or a stand-in library
+/// (`extra_args` `-shared -fPIC`).
+pub fn compile_c_without_runtime(source: &Path, name: &str, extra_args: &[&str]) -> PathBuf {
+    compile(source, name, extra_args, false)
+}
+
+fn compile(source: &Path, name: &str, extra_args: &[&str], with_runtime: bool) -> PathBuf {
     let fake = fake_cudart();
     let dir = build_root().join("programs");
     std::fs::create_dir_all(&dir)
@@ -285,11 +296,13 @@ pub fn compile_c_program(source: &Path, name: &str, extra_args: &[&str]) -> Path
         .arg("-o")
         .arg(&tmp)
         .arg(source)
-        .args(extra_args)
-        .arg("-L")
-        .arg(&fake.lib_dir)
-        .arg("-lcudart")
-        .arg(format!("-Wl,-rpath,{}", fake.lib_dir.display()));
+        .args(extra_args);
+    if with_runtime {
+        cmd.arg("-L")
+            .arg(&fake.lib_dir)
+            .arg("-lcudart")
+            .arg(format!("-Wl,-rpath,{}", fake.lib_dir.display()));
+    }
     if let Err(e) = run_compiler(&mut cmd) {
         let _ = std::fs::remove_file(&tmp);
         panic!("compiling {} failed: {e}", source.display());
