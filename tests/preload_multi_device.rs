@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, run_scenario, stderr, stdout};
+use support::shim::{library, preloaded, run_scenario, stderr, stdout};
 
 fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
     PROGRAM.get_or_init(|| {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/multi_device.c");
-        fake_cudart::compile_c_program(&source, "multi_device", &["-pthread"])
+        fake_cudart::compile_c_program(&source, "multi_device", &["-pthread", "-ldl"])
     })
 }
 
@@ -173,6 +173,40 @@ fn a_recording_and_report_of_two_devices_keep_them_apart() {
     assert_eq!(replayed["frees"], 1, "{replayed}");
     assert_eq!(replayed["pending_frees"], 1, "{replayed}");
     assert_eq!(replayed["num_device_alloc"], 1, "{replayed}");
+}
+
+/// A thread freeing and allocating device 1's memory does not wait for device 0's pool while
+/// another thread is inside a long call of it (a segment's cudaMalloc that takes thirty seconds,
+/// `slow_malloc.c` preloaded after the library). Before the fix, every free first waited for
+/// the lock of each lower device's pool, to ask it whether it owned the pointer.
+#[test]
+fn a_free_does_not_wait_for_another_devices_busy_pool() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let slow = fake_cudart::compile_c_program(
+        &root.join("tests/preload/slow_malloc.c"),
+        "libslow_malloc.so",
+        &["-shared", "-fPIC", "-ldl"],
+    );
+    let slow_bytes = (256u64 << 20).to_string();
+    let start = std::time::Instant::now();
+    let out = check(
+        "free_while_other_device_busy",
+        &[
+            (
+                "LD_PRELOAD",
+                &format!("{} {}", library().display(), slow.display()),
+            ),
+            ("SLOW_MALLOC_BYTES", &slow_bytes),
+        ],
+    );
+    let took = start.elapsed().as_secs_f64();
+    // Far below the slow cudaMalloc's thirty seconds, so that a loaded machine cannot fail it.
+    assert!(
+        took < 15.0,
+        "took {took:.1} s: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
 }
 
 fn read_json(path: &Path) -> Value {

@@ -215,15 +215,45 @@ pub fn try_with_pool<R>(device: DeviceId, f: impl FnOnce(&mut Pool) -> R) -> Opt
 }
 
 /// Run `f` on the pool whose segments contain `addr`, whatever device is current.
+///
+/// Each device's pool is asked without waiting first; only the pools that were busy (another
+/// thread inside a call of theirs, which may take long: a segment's `cudaMalloc`, a device
+/// synchronization, an out-of-memory retry) are then waited for, one by one, when none of the
+/// others owns `addr`. So a thread freeing its device's memory never waits for another
+/// device's pool, as the runtime's own `cudaFree` does not.
 pub fn with_owner<R>(addr: u64, f: impl FnOnce(&mut Pool) -> R) -> Result<Option<R>, ShimError> {
+    let mut busy = 0u64;
     for d in used_slots() {
         let device = DeviceId(d as i32);
-        let mut guard = lock(device, d)?;
-        if let Some(pool) = guard.as_mut().filter(|pool| pool.contains(addr)) {
-            return Ok(Some(f(pool)));
+        let guard = match POOLS[d].try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => {
+                busy |= 1u64 << d;
+                continue;
+            }
+            Err(TryLockError::Poisoned(poisoned)) => recover(device, d, poisoned.into_inner())?,
+        };
+        if let Some(mut guard) = owning(guard, addr) {
+            return Ok(guard.as_mut().map(f));
+        }
+    }
+    for d in (0..MAX_DEVICES).filter(|d| busy & (1u64 << d) != 0) {
+        if let Some(mut guard) = owning(lock(DeviceId(d as i32), d)?, addr) {
+            return Ok(guard.as_mut().map(f));
         }
     }
     Ok(None)
+}
+
+/// A pool's lock, kept when its pool contains `addr`.
+fn owning(
+    guard: MutexGuard<'static, Option<Pool>>,
+    addr: u64,
+) -> Option<MutexGuard<'static, Option<Pool>>> {
+    guard
+        .as_ref()
+        .is_some_and(|pool| pool.contains(addr))
+        .then_some(guard)
 }
 
 /// Remove the pool of `device` (its memory is gone with a device reset). The caller drops it

@@ -5,11 +5,14 @@
  * tests/preload_multi_device.rs as `multi_device SCENARIO`; prints "ok SCENARIO" when every check
  * held, "FAIL <file>:<line>: <condition>" for one that did not.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cuda_runtime_api.h"
 #include "fakecudart.h"
@@ -192,6 +195,51 @@ static void scenario_two_devices(void) {
     CHECK_CODE(cudaFree(b), cudaSuccess);
 }
 
+static size_t slow_bytes;
+
+/* Device 0's allocation that takes thirty seconds (slow_malloc.c), its pool's lock held. */
+static void *slow_alloc(void *arg) {
+    (void)arg;
+    void *p = NULL;
+    cudaSetDevice(0);
+    cudaMalloc(&p, slow_bytes);
+    return NULL;
+}
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* While another thread is inside a slow allocation of device 0's pool, this thread frees and
+ * allocates device 1's memory (as a thread per device does): it does not wait for device 0's
+ * pool, which has nothing to do with it. Prints how long the calls took. (The process then
+ * exits with the slow thread still inside its allocation.) */
+static void scenario_free_while_other_device_busy(void) {
+    const char *bytes = getenv("SLOW_MALLOC_BYTES");
+    CHECK(bytes != NULL);
+    slow_bytes = strtoull(bytes, NULL, 10);
+    volatile int *sleeping = (volatile int *)dlsym(RTLD_DEFAULT, "slow_malloc_sleeping");
+    CHECK(sleeping != NULL);
+    void *a = NULL, *b = NULL;
+    CHECK_CODE(cudaMalloc(&a, MIB), cudaSuccess); /* device 0 has a pool */
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, MIB), cudaSuccess);
+    pthread_t slow;
+    CHECK(pthread_create(&slow, NULL, slow_alloc, NULL) == 0);
+    for (int waited = 0; !*sleeping; waited++) {
+        CHECK(waited < 10000);
+        usleep(1000);
+    }
+    double start = seconds();
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    printf("device 1 calls took %.3f s\n", seconds() - start);
+    CHECK(*sleeping); /* device 0's pool was busy all along */
+}
+
 struct scenario {
     const char *name;
     void (*run)(void);
@@ -204,6 +252,7 @@ static const struct scenario scenarios[] = {
     {"reset_keeps_other_device", scenario_reset_keeps_other_device},
     {"oom_other_device", scenario_oom_other_device},
     {"two_devices", scenario_two_devices},
+    {"free_while_other_device_busy", scenario_free_while_other_device_busy},
 };
 
 int main(int argc, char **argv) {
