@@ -8,6 +8,7 @@
  * Usage: fork_locks FORKS
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -17,11 +18,11 @@
 
 #define POLLERS 2
 
-static volatile int stop = 0;
+static atomic_int stop = 0;
 
 static void *poll_mem_info(void *arg) {
     cudaSetDevice((int)(long)arg);
-    while (!stop) {
+    while (!atomic_load(&stop)) {
         size_t free_bytes = 0, total = 0;
         cudaMemGetInfo(&free_bytes, &total);
     }
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
             failed++;
         }
     }
-    stop = 1;
+    atomic_store(&stop, 1);
     for (int i = 0; i < POLLERS; i++) pthread_join(pollers[i], NULL);
     printf("forks %d hung %d failed %d\n", done, hung, failed);
     return hung ? 2 : failed ? 1 : 0;

@@ -9,6 +9,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -19,11 +20,11 @@
 typedef int (*free_fn)(void *);
 
 static free_fn cachealloc_free_ptr;
-static volatile int stop = 0;
+static atomic_int stop = 0;
 
 static void *log_refusals(void *arg) {
     (void)arg;
-    while (!stop) cachealloc_free_ptr((void *)0x20);
+    while (!atomic_load(&stop)) cachealloc_free_ptr((void *)0x20);
     return NULL;
 }
 
@@ -47,7 +48,7 @@ int main(int argc, char **argv) {
         if (child < 0 || waitpid(child, &status, 0) != child) return 1;
         if (WIFSIGNALED(status)) hung++;
     }
-    stop = 1;
+    atomic_store(&stop, 1);
     pthread_join(logger, NULL);
     printf("forks %d hung %d\n", done, hung);
     return hung ? 2 : 0;

@@ -6,6 +6,7 @@
  * answered, 2 when it hung. The test runs it many times, each a fresh process.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -13,11 +14,11 @@
 
 #include "cuda_runtime_api.h"
 
-static volatile int go = 0;
+static atomic_int go = 0;
 
 static void *first_call(void *arg) {
     (void)arg;
-    while (!go) {
+    while (!atomic_load(&go)) {
     }
     cudaGetLastError();
     return NULL;
@@ -26,7 +27,7 @@ static void *first_call(void *arg) {
 int main(void) {
     pthread_t thread;
     if (pthread_create(&thread, NULL, first_call, NULL) != 0) return 1;
-    go = 1;
+    atomic_store(&go, 1);
     /* A varying head start, so that over many runs the fork lands all through the first call. */
     for (volatile int i = 0; i < (getpid() % 200) * 50; i++) {
     }
