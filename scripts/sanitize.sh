@@ -9,11 +9,11 @@
 # whole and exported (-rdynamic): gcc's libtsan lacks `__tsan_memcpy` and its kin, which rustc's
 # instrumentation calls. They link the library ahead of the runtime instead of preloading it,
 # which resolves the CUDA calls the same way (each library kept, --no-as-needed, as a preloaded
-# one would be, though the program calls nothing of the runtime's directly): a preloaded library would be loaded into the
-# sanitizer's symbolizer too, which has no runtime for it. Each run's output is kept in
-# target/sanitize/KIND/run/NAME.out. Prints each run and exits 1 when a sanitizer reported
-# anything or a program failed. Takes a few minutes (the first build of the standard library
-# most of it).
+# one would be, though the program calls nothing of the runtime's directly): a preloaded
+# library would be loaded into the sanitizer's symbolizer too, which has no runtime for it.
+# Each run's output is kept in target/sanitize/KIND/run/NAME.out. Prints each run and exits 1
+# when a sanitizer reported anything or a program failed. Takes a few minutes (the first build
+# of the standard library most of it).
 # Usage: scripts/sanitize.sh thread|address
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
