@@ -170,9 +170,6 @@ impl PoolRecording {
         self.releases_without_retry_at.len()
     }
 
-    pub fn tmp_retries_at(&self) -> Vec<usize> {
-        self.retries_at.clone()
-    }
     /// The retries the pool made in the recording.
     pub fn retries(&self) -> usize {
         self.retries_at.len()
