@@ -315,6 +315,9 @@ fn malformed_environment_is_reported_and_fails_every_call() {
         ("FAKECUDART_CONTEXT", "lots"),
         ("FAKECUDART_DEVICES", "65"),
         ("FAKECUDART_FAIL", "x"),
+        ("FAKECUDART_VMM_GRANULARITY", "3MiB"),
+        ("FAKECUDART_VMM_GRANULARITY", "2KiB"),
+        ("FAKECUDART_VMM_RDMA_GRANULARITY", "2GiB"),
     ] {
         let out = run_scenario("total", &[(var, value)]);
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -445,6 +448,17 @@ fn driver_memory_is_usable_only_by_devices_given_access() {
 fn the_gpudirect_rdma_flag_is_taken_only_where_the_device_reports_it() {
     assert_vmm_scenario_passes("rdma", &[]);
     assert_vmm_scenario_passes("rdma", &[("FAKECUDART_VMM_RDMA", "0")]);
+}
+
+#[test]
+fn the_granularity_is_the_answer_for_the_properties_asked_about() {
+    assert_vmm_scenario_passes(
+        "granularity",
+        &[
+            ("FAKECUDART_VMM_GRANULARITY", "64KiB"),
+            ("FAKECUDART_VMM_RDMA_GRANULARITY", "4MiB"),
+        ],
+    );
 }
 
 #[test]

@@ -537,6 +537,50 @@ static void rdma(void) {
     CHECK(fakecudart_counter("vmm_rdma_creates") == (uint64_t)expected);
 }
 
+/* Run with FAKECUDART_VMM_GRANULARITY=64KiB and FAKECUDART_VMM_RDMA_GRANULARITY=4MiB: the
+ * granularity is the answer for the properties asked about, and each handle's size and mapping
+ * address must be multiples of the granularity of the properties it was made with. */
+static void granularity(void) {
+    CHECK_CU(cuInit(0), CUDA_SUCCESS);
+    const size_t fine = 64 << 10, coarse = 4 * MiB;
+    CUmemAllocationProp prop = prop_on(0), rdma_prop = prop_on(0);
+    rdma_prop.allocFlags.gpuDirectRDMACapable = 1;
+    size_t g = 0;
+    CHECK_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+             CUDA_SUCCESS);
+    CHECK(g == fine);
+    CHECK_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+             CUDA_SUCCESS);
+    CHECK(g == fine);
+    CHECK_CU(cuMemGetAllocationGranularity(&g, &rdma_prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+             CUDA_SUCCESS);
+    CHECK(g == coarse);
+
+    /* The default alignment of a reservation is the coarsest granularity. */
+    CUdeviceptr base = 0;
+    CHECK_CU(cuMemAddressReserve(&base, 16 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    CHECK(base % coarse == 0);
+    CUmemGenericAllocationHandle h = 0, r = 0;
+    CHECK_CU(cuMemCreate(&h, fine, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemCreate(&r, 2 * MiB, &rdma_prop, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuMemCreate(&r, coarse, &rdma_prop, 0), CUDA_SUCCESS);
+    /* The fine handle maps at any multiple of 64 KiB, the RDMA one only at multiples of 4 MiB. */
+    CHECK_CU(cuMemMap(base + fine, fine, 0, h, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(base + 2 * MiB, coarse, 0, r, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_CU(cuMemMap(base + coarse, coarse, 0, r, 0), CUDA_SUCCESS);
+    CUmemAccessDesc access = read_write_on(0);
+    CHECK_CU(cuMemSetAccess(base + fine, fine, &access, 1), CUDA_SUCCESS);
+    CHECK_CU(cuMemSetAccess(base + coarse, coarse, &access, 1), CUDA_SUCCESS);
+    memset((void *)(uintptr_t)(base + fine), 1, fine);
+    CHECK_CU(cuMemUnmap(base + fine, fine), CUDA_SUCCESS);
+    CHECK_CU(cuMemUnmap(base + coarse, coarse), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(r), CUDA_SUCCESS);
+    CHECK_CU(cuMemAddressFree(base, 16 * MiB), CUDA_SUCCESS);
+    CHECK(fakecudart_counter("bytes_in_use") == 0);
+    CHECK(fakecudart_counter("driver_errors") == 2);
+}
+
 /* Run with FAKECUDART_VMM=0: a device without virtual memory management. */
 static void vmm_off(void) {
     CHECK_CU(cuInit(0), CUDA_SUCCESS);
@@ -681,7 +725,7 @@ static const struct {
     {"oom", oom},         {"devices", devices}, {"vmm-off", vmm_off},
     {"fail", fail},       {"no-device", no_device}, {"threads", threads},
     {"many-pages", many_pages}, {"fork", fork_child}, {"access", per_device_access},
-    {"rdma", rdma},
+    {"rdma", rdma},       {"granularity", granularity},
 };
 
 int main(int argc, char **argv) {

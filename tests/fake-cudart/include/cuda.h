@@ -15,12 +15,14 @@
  *    run (the real runtime initializes the driver at its first call, and loads libcuda.so.1 then
  *    with dlopen, through its own RUNPATH). FAKECUDART_FAIL set: every driver call answers
  *    CUDA_ERROR_NOT_INITIALIZED; FAKECUDART_DEVICES=0: CUDA_ERROR_NO_DEVICE.
- *  - Granularity: 2 MiB (minimum and recommended). Sizes, offsets and addresses passed to the VMM
- *    calls must be multiples of it, else CUDA_ERROR_INVALID_VALUE. Every `flags` argument must be
- *    0.
+ *  - Granularity: 2 MiB (minimum and recommended; FAKECUDART_VMM_GRANULARITY), or
+ *    FAKECUDART_VMM_RDMA_GRANULARITY for properties with allocFlags.gpuDirectRDMACapable. A
+ *    handle's size and the addresses it is mapped at must be multiples of the granularity of its
+ *    properties, and reservation sizes multiples of 2 MiB, else CUDA_ERROR_INVALID_VALUE. Every
+ *    `flags` argument must be 0.
  *  - cuMemAddressReserve reserves host address space (PROT_NONE, no memory behind it, not charged
- *    to any device), aligned to 2 MiB or the requested power-of-two alignment; the address hint is
- *    ignored. cuMemAddressFree takes back exactly one whole reservation with nothing mapped in it.
+ *    to any device), aligned to 2 MiB, the coarsest granularity or the requested power-of-two
+ *    alignment; the address hint is ignored. cuMemAddressFree takes back exactly one whole reservation with nothing mapped in it.
  *  - cuMemCreate makes physical memory of one device (CU_MEM_ALLOCATION_TYPE_PINNED,
  *    CU_MEM_LOCATION_TYPE_DEVICE): charged to that device's capacity exactly like cudaMalloc
  *    (over capacity: CUDA_ERROR_OUT_OF_MEMORY, *handle untouched), so cudaMemGetInfo's free bytes

@@ -14,6 +14,11 @@
  *                        management (cuMemCreate answers CUDA_ERROR_NOT_SUPPORTED with 0)
  *   FAKECUDART_VMM_RDMA  1 (default) or 0: whether cuMemCreate takes the GPUDirect RDMA flag
  *                        (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)
+ *   FAKECUDART_VMM_GRANULARITY       the driver's allocation granularity, minimum and recommended:
+ *                        a power of two from 4KiB to 1GiB (same syntax as the capacity; default
+ *                        2MiB)
+ *   FAKECUDART_VMM_RDMA_GRANULARITY  the granularity of memory made with the GPUDirect RDMA flag
+ *                        (default: FAKECUDART_VMM_GRANULARITY)
  * A malformed value is reported once on stderr and every call then answers
  * cudaErrorInitializationError (3).
  *
@@ -126,6 +131,20 @@ static int parse_int(const char *text, long min, long max, long *out) {
 /* What a size variable takes. */
 #define SIZE_SYNTAX "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
 
+/* What a granularity variable takes. */
+#define GRANULARITY_SYNTAX "a power of two from 4KiB to 1GiB, with the suffixes of a size"
+
+/* A granularity: a size that is a power of two from 4 KiB (the host page) to 1 GiB; 0 on
+ * success. */
+static int parse_granularity(const char *text, uint64_t *out) {
+    uint64_t n = 0;
+    if (parse_size(text, &n) != 0 || n < ((uint64_t)4 << 10) || n > ((uint64_t)1 << 30) ||
+        (n & (n - 1)) != 0)
+        return -1;
+    *out = n;
+    return 0;
+}
+
 static void config_error(const char *name, const char *value, const char *allowed) {
     fprintf(stderr, "fakecudart: %s='%s' is not valid (%s); every CUDA call now answers 3 "
                     "cudaErrorInitializationError\n", name, value, allowed);
@@ -162,6 +181,18 @@ static void init(void) {
         config_error("FAKECUDART_VMM_RDMA", v, "0 or 1");
         rdma = 1;
     }
+    uint64_t granularity = FAKE_DEFAULT_GRANULARITY;
+    if ((v = getenv("FAKECUDART_VMM_GRANULARITY")) != NULL && *v != '\0' &&
+        parse_granularity(v, &granularity) != 0) {
+        config_error("FAKECUDART_VMM_GRANULARITY", v, GRANULARITY_SYNTAX);
+        granularity = FAKE_DEFAULT_GRANULARITY;
+    }
+    uint64_t rdma_granularity = granularity;
+    if ((v = getenv("FAKECUDART_VMM_RDMA_GRANULARITY")) != NULL && *v != '\0' &&
+        parse_granularity(v, &rdma_granularity) != 0) {
+        config_error("FAKECUDART_VMM_RDMA_GRANULARITY", v, GRANULARITY_SYNTAX);
+        rdma_granularity = granularity;
+    }
     long fail = 0;
     if ((v = getenv("FAKECUDART_FAIL")) != NULL && *v != '\0' &&
         parse_int(v, 0, 100000, &fail) != 0) {
@@ -172,6 +203,8 @@ static void init(void) {
     fake.device_count = (int)devices;
     fake.vmm_supported = (int)vmm;
     fake.vmm_rdma_supported = (int)(vmm && rdma);
+    fake.vmm_granularity = (size_t)granularity;
+    fake.vmm_rdma_granularity = (size_t)rdma_granularity;
     fake.vmm_fd = -1;
     for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
         fake.devices[d].capacity = capacity;

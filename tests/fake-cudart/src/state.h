@@ -23,6 +23,7 @@
 #define FAKE_MAX_DEVICES 64
 #define FAKE_DEFAULT_DEVICES 2
 #define FAKE_DEFAULT_CAPACITY (16ull << 30) /* bytes: 16 GiB per device */
+#define FAKE_DEFAULT_GRANULARITY (2ull << 20) /* bytes: the driver's, minimum and recommended */
 #define FAKE_RUNTIME_VERSION 12090          /* CUDA 12.9, like the nvidia-cuda-runtime-cu12 wheel */
 #define FAKE_DRIVER_VERSION 12080          /* CUDA 12.8: cudaDriverGetVersion, cuDriverGetVersion */
 #define FAKE_PITCH_ALIGNMENT 512            /* bytes */
@@ -82,6 +83,7 @@ struct fake_vmm_handle {
     int fd;
     uint64_t offset;
     size_t size;
+    size_t granularity;       /* of its properties: its mappings' addresses are multiples of it */
     int device;
     unsigned map_count;       /* live cuMemMap mappings of it */
     int released;             /* cuMemRelease done; freed once map_count is 0 */
@@ -142,6 +144,8 @@ struct fake_state {
     /* Driver (vmm.c). */
     int vmm_supported;        /* FAKECUDART_VMM: 1 (default) or 0 */
     int vmm_rdma_supported;   /* FAKECUDART_VMM_RDMA (and VMM itself): 1 (default) or 0 */
+    size_t vmm_granularity;   /* FAKECUDART_VMM_GRANULARITY: bytes, default 2 MiB */
+    size_t vmm_rdma_granularity; /* FAKECUDART_VMM_RDMA_GRANULARITY: default the one above */
     int driver_initialized;   /* cuInit or a runtime call has run (atomic) */
     int vmm_fd;               /* memfd behind this process's handles; -1 before the first */
     uint64_t vmm_file_end;    /* next unused offset of vmm_fd (offsets are never reused) */

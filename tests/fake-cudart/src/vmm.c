@@ -21,6 +21,13 @@
  * readable and writable with the first device's. The runtime checks the accessing device
  * (check_device_range_locked in memory.c).
  *
+ * The allocation granularity (FAKECUDART_VMM_GRANULARITY, 2 MiB by default) is the driver's
+ * answer for a set of allocation properties: memory made with the GPUDirect RDMA flag has its own
+ * (FAKECUDART_VMM_RDMA_GRANULARITY, by default the same), so a caller that sizes its pages by the
+ * granularity of other properties than it creates them with is caught. A handle's size and the
+ * addresses it is mapped at are multiples of its granularity. Reservations are made and aligned
+ * in 2 MiB units (RESERVE_UNIT) whatever the granularity, or a coarser one.
+ *
  * The physical memory is charged to its device's capacity like cudaMalloc's, from cuMemCreate
  * until the handle is both released and unmapped everywhere. cudaDeviceReset does not touch any
  * of this (the driver's VMM objects are not owned by the runtime's context).
@@ -34,9 +41,9 @@
 #include "driver.h"
 #include "state.h"
 
-#define GRANULARITY ((size_t)2 << 20) /* bytes: the minimum and recommended granularity */
+#define RESERVE_UNIT ((size_t)2 << 20) /* bytes: reservation sizes and their least alignment */
 
-static int aligned(uintptr_t n) { return n % GRANULARITY == 0; }
+static int reserve_aligned(uintptr_t n) { return n % RESERVE_UNIT == 0; }
 
 /* Makes room for one more element in a growable array; 0 on success. */
 static int reserve_one(void **items, size_t *cap, size_t count, size_t item_size) {
@@ -160,6 +167,12 @@ static CUresult check_prop(const CUmemAllocationProp *prop) {
     return valid_device(prop->location.id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* The minimum (and recommended) granularity of memory with valid properties `prop`. */
+static size_t granularity_of(const CUmemAllocationProp *prop) {
+    return prop->allocFlags.gpuDirectRDMACapable != 0 ? fake.vmm_rdma_granularity
+                                                     : fake.vmm_granularity;
+}
+
 CUresult fakecudart_driver_cuMemGetAllocationGranularity(size_t *granularity,
                                                          const CUmemAllocationProp *prop,
                                                          CUmemAllocationGranularity_flags option) {
@@ -172,7 +185,7 @@ CUresult fakecudart_driver_cuMemGetAllocationGranularity(size_t *granularity,
     if (rc == CUDA_SUCCESS)
         rc = check_prop(prop);
     if (rc == CUDA_SUCCESS)
-        *granularity = GRANULARITY;
+        *granularity = granularity_of(prop);
     return driver_leave_locked(rc);
 }
 
@@ -203,11 +216,17 @@ CUresult fakecudart_driver_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, si
     (void)addr;
     CUresult rc = driver_enter(1);
     lock();
-    if (rc == CUDA_SUCCESS && (ptr == NULL || size == 0 || !aligned(size) || flags != 0 ||
+    if (rc == CUDA_SUCCESS && (ptr == NULL || size == 0 || !reserve_aligned(size) || flags != 0 ||
                                (alignment & (alignment - 1)) != 0))
         rc = CUDA_ERROR_INVALID_VALUE;
+    /* The default alignment is the coarsest granularity, and never under 2 MiB. */
+    size_t least = RESERVE_UNIT;
+    if (fake.vmm_granularity > least)
+        least = fake.vmm_granularity;
+    if (fake.vmm_rdma_granularity > least)
+        least = fake.vmm_rdma_granularity;
     if (rc == CUDA_SUCCESS)
-        rc = reserve_locked(ptr, size, alignment > GRANULARITY ? alignment : GRANULARITY);
+        rc = reserve_locked(ptr, size, alignment > least ? alignment : least);
     if (rc == CUDA_SUCCESS)
         fake.counters.vmm_reserves++;
     return driver_leave_locked(rc);
@@ -256,7 +275,8 @@ static CUresult create_locked(CUmemGenericAllocationHandle *handle, size_t size,
     fake.vmm_file_end = offset + size;
     uint64_t id = ++fake.vmm_next_handle;
     fake.handles[fake.handle_count++] =
-        (struct fake_vmm_handle){id, fake.vmm_fd, offset, size, device, 0, 0, 0};
+        (struct fake_vmm_handle){id, fake.vmm_fd, offset, size, granularity_of(prop), device,
+                                 0, 0, 0};
     charge_locked(device, (int64_t)size);
     *handle = id;
     return CUDA_SUCCESS;
@@ -266,10 +286,13 @@ CUresult fakecudart_driver_cuMemCreate(CUmemGenericAllocationHandle *handle, siz
                                        const CUmemAllocationProp *prop, unsigned long long flags) {
     CUresult rc = driver_enter(1);
     lock();
-    if (rc == CUDA_SUCCESS && (handle == NULL || size == 0 || !aligned(size) || flags != 0))
+    if (rc == CUDA_SUCCESS && (handle == NULL || size == 0 || flags != 0))
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
         rc = check_prop(prop);
+    /* A multiple of the granularity of these very properties. */
+    if (rc == CUDA_SUCCESS && size % granularity_of(prop) != 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
     int rdma = rc == CUDA_SUCCESS && prop->allocFlags.gpuDirectRDMACapable != 0;
     if (rdma && fake.vmm_supported && !fake.vmm_rdma_supported)
         rc = CUDA_ERROR_INVALID_VALUE;
@@ -300,10 +323,12 @@ CUresult fakecudart_driver_cuMemRelease(CUmemGenericAllocationHandle handle) {
     return driver_leave_locked(rc);
 }
 
-/* Maps all of handle `id` at [ptr, ptr + size), inside one reservation, over no other mapping. */
+/* Maps all of handle `id` at [ptr, ptr + size), a multiple of its granularity, inside one
+ * reservation, over no other mapping. */
 static CUresult map_locked(uintptr_t ptr, size_t size, uint64_t id) {
     struct fake_vmm_handle *h = find_handle_locked(id, 0);
-    if (h == NULL || size != h->size || find_reservation_locked(ptr, size) == NULL)
+    if (h == NULL || size != h->size || ptr % h->granularity != 0 ||
+        find_reservation_locked(ptr, size) == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     size_t i = mapping_lower_bound_locked(ptr);
     if ((i < fake.mapping_count && fake.mappings[i].base < ptr + size) ||
@@ -327,8 +352,7 @@ CUresult fakecudart_driver_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
     CUresult rc = driver_enter(1);
     lock();
-    if (rc == CUDA_SUCCESS && (offset != 0 || flags != 0 || size == 0 || !aligned(ptr) ||
-                               ptr + size < ptr))
+    if (rc == CUDA_SUCCESS && (offset != 0 || flags != 0 || size == 0 || ptr + size < ptr))
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
         rc = take_injection_locked(&fake.injected_map);
