@@ -161,6 +161,54 @@ fn a_driver_without_virtual_memory_management_gets_fixed_segments_with_a_warning
     );
 }
 
+/// A device whose allocation granularity does not divide the pools' 2 MiB pages gets fixed
+/// segments, with a warning that gives the granularity.
+#[test]
+fn a_granularity_coarser_than_2_mib_gets_fixed_segments_with_a_warning() {
+    let out = check("unsupported", "", &[("FAKECUDART_VMM_GRANULARITY", "4MiB")]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("expandable_segments:True is not supported on device 0")
+            && log.contains("allocation granularity (4194304 bytes")
+            && log.contains("using fixed segments"),
+        "{log}"
+    );
+}
+
+/// Pages are made for GPUDirect RDMA, and sized by the granularity the driver gives for those
+/// very properties: where it is coarser than for plain memory and does not divide 2 MiB pages,
+/// the device gets fixed segments (rather than pages the driver refuses to make).
+#[test]
+fn the_granularity_is_asked_for_the_properties_pages_are_made_with() {
+    let out = check(
+        "unsupported",
+        "",
+        &[("FAKECUDART_VMM_RDMA_GRANULARITY", "4MiB")],
+    );
+    let log = stderr(&out);
+    assert!(
+        log.contains("allocation granularity (4194304 bytes")
+            && log.contains("using fixed segments"),
+        "{log}"
+    );
+    // Where the device takes no RDMA flag, plain memory's granularity is the one that counts.
+    check(
+        "grow",
+        "",
+        &[
+            ("FAKECUDART_VMM_RDMA_GRANULARITY", "4MiB"),
+            ("FAKECUDART_VMM_RDMA", "0"),
+        ],
+    );
+}
+
+/// A finer granularity changes nothing: the pages stay 2 and 20 MiB.
+#[test]
+fn a_granularity_finer_than_2_mib_maps_the_same_pages() {
+    let out = check("grow", "", &[("FAKECUDART_VMM_GRANULARITY", "64KiB")]);
+    assert!(stderr(&out).is_empty(), "unexpected log: {}", stderr(&out));
+}
+
 /// The same program with expandable segments off: every segment is a cudaMalloc, and the driver
 /// is never asked for memory (the scenarios above measure the expandable path).
 #[test]

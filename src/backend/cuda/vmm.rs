@@ -91,7 +91,9 @@ impl Vmm {
             (driver.device_get_attribute)(&mut rdma, ATTRIBUTE_RDMA_WITH_VMM_SUPPORTED, cu)
         };
         let rdma = code == results::SUCCESS && rdma != 0;
-        let prop = MemAllocationProp::pinned_on(device.0, false);
+        // The granularity is the driver's answer for a set of properties: those every page is
+        // created with (`map`), RDMA flag included.
+        let prop = MemAllocationProp::pinned_on(device.0, rdma);
         let mut granularity = 0usize;
         // SAFETY: both pointers are valid for the call; `prop` describes device memory of `cu`.
         let code = unsafe {
