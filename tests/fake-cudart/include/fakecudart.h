@@ -110,9 +110,10 @@ void fakecudart_inject_malloc_failures(unsigned count, cudaError_t code);
  * injection. */
 cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cudaError_t code);
 
-/* The driver call `call` ("cuMemUnmap", "cuMemSetAccess" or "cuMemMap") succeeds `after` more
- * times (calls that fail their own checks do not count), then fails once with the CUresult
- * `code` (nonzero) and does nothing. Returns cudaErrorInvalidValue for another name or code 0. */
+/* The driver call `call` ("cuMemUnmap", "cuMemSetAccess", "cuMemMap", "cuMemCreate" or
+ * "cuMemAddressReserve") succeeds `after` more times (calls that fail their own checks do not
+ * count), then fails once with the CUresult `code` (nonzero) and does nothing. Returns
+ * cudaErrorInvalidValue for another name or code 0. */
 int fakecudart_inject_driver_failure(const char *call, unsigned after, int code);
 
 /* Enqueues simulated work on `stream` (0, cudaStreamLegacy, cudaStreamPerThread or a created

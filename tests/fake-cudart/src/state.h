@@ -138,8 +138,9 @@ struct fake_state {
     cudaError_t injected_code;
     /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags) */
     struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create;
-    struct fake_driver_injection injected_unmap, injected_set_access,
-        injected_map; /* cuMemUnmap, cuMemSetAccess, cuMemMap */
+    struct fake_driver_injection injected_unmap, injected_set_access, injected_map,
+        injected_create, injected_reserve; /* cuMemUnmap, cuMemSetAccess, cuMemMap, cuMemCreate,
+                                            * cuMemAddressReserve */
     fakecudart_counters counters;
     /* Driver (vmm.c). */
     int vmm_supported;        /* FAKECUDART_VMM: 1 (default) or 0 */

@@ -98,6 +98,10 @@ int fakecudart_inject_driver_failure(const char *call, unsigned after, int code)
         inj = &fake.injected_set_access;
     else if (call != NULL && strcmp(call, "cuMemMap") == 0)
         inj = &fake.injected_map;
+    else if (call != NULL && strcmp(call, "cuMemCreate") == 0)
+        inj = &fake.injected_create;
+    else if (call != NULL && strcmp(call, "cuMemAddressReserve") == 0)
+        inj = &fake.injected_reserve;
     if (inj == NULL || code == 0)
         return cudaErrorInvalidValue;
     lock();

@@ -226,6 +226,8 @@ CUresult fakecudart_driver_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, si
     if (fake.vmm_rdma_granularity > least)
         least = fake.vmm_rdma_granularity;
     if (rc == CUDA_SUCCESS)
+        rc = take_injection_locked(&fake.injected_reserve);
+    if (rc == CUDA_SUCCESS)
         rc = reserve_locked(ptr, size, alignment > least ? alignment : least);
     if (rc == CUDA_SUCCESS)
         fake.counters.vmm_reserves++;
@@ -297,6 +299,8 @@ CUresult fakecudart_driver_cuMemCreate(CUmemGenericAllocationHandle *handle, siz
     if (rdma && fake.vmm_supported && !fake.vmm_rdma_supported)
         rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS)
+        rc = take_injection_locked(&fake.injected_create);
+    if (rc == CUDA_SUCCESS)
         rc = create_locked(handle, size, prop);
     if (rc == CUDA_SUCCESS) {
         fake.counters.vmm_creates++;
@@ -323,9 +327,10 @@ CUresult fakecudart_driver_cuMemRelease(CUmemGenericAllocationHandle handle) {
     return driver_leave_locked(rc);
 }
 
-/* Maps all of handle `id` at [ptr, ptr + size), a multiple of its granularity, inside one
- * reservation, over no other mapping. */
-static CUresult map_locked(uintptr_t ptr, size_t size, uint64_t id) {
+/* CUDA_SUCCESS when all of handle `id` may be mapped at [ptr, ptr + size): a multiple of its
+ * granularity, inside one reservation, over no other mapping; *at is then the index the new
+ * mapping takes. */
+static CUresult check_map_locked(uintptr_t ptr, size_t size, uint64_t id, size_t *at) {
     struct fake_vmm_handle *h = find_handle_locked(id, 0);
     if (h == NULL || size != h->size || ptr % h->granularity != 0 ||
         find_reservation_locked(ptr, size) == NULL)
@@ -334,6 +339,13 @@ static CUresult map_locked(uintptr_t ptr, size_t size, uint64_t id) {
     if ((i < fake.mapping_count && fake.mappings[i].base < ptr + size) ||
         (i > 0 && fake.mappings[i - 1].base + fake.mappings[i - 1].size > ptr))
         return CUDA_ERROR_INVALID_VALUE; /* overlaps a mapping */
+    *at = i;
+    return CUDA_SUCCESS;
+}
+
+/* Maps all of handle `id` at [ptr, ptr + size) as mapping number `i` (check_map_locked). */
+static CUresult map_locked(uintptr_t ptr, size_t size, uint64_t id, size_t i) {
+    struct fake_vmm_handle *h = find_handle_locked(id, 0);
     if (reserve_one((void **)&fake.mappings, &fake.mapping_cap, fake.mapping_count,
                     sizeof *fake.mappings))
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -354,10 +366,13 @@ CUresult fakecudart_driver_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     lock();
     if (rc == CUDA_SUCCESS && (offset != 0 || flags != 0 || size == 0 || ptr + size < ptr))
         rc = CUDA_ERROR_INVALID_VALUE;
+    size_t at = 0;
+    if (rc == CUDA_SUCCESS)
+        rc = check_map_locked((uintptr_t)ptr, size, handle, &at);
     if (rc == CUDA_SUCCESS)
         rc = take_injection_locked(&fake.injected_map);
     if (rc == CUDA_SUCCESS)
-        rc = map_locked((uintptr_t)ptr, size, handle);
+        rc = map_locked((uintptr_t)ptr, size, handle, at);
     if (rc == CUDA_SUCCESS)
         fake.counters.vmm_maps++;
     return driver_leave_locked(rc);
@@ -389,11 +404,11 @@ CUresult fakecudart_driver_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CU
     uint64_t devices = 0;
     if (rc == CUDA_SUCCESS)
         rc = check_access(desc, count, &devices);
-    if (rc == CUDA_SUCCESS)
-        rc = take_injection_locked(&fake.injected_set_access);
     size_t first = 0, n = 0;
     if (rc == CUDA_SUCCESS && whole_mappings_locked((uintptr_t)ptr, size, &first, &n) != 0)
         rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS)
+        rc = take_injection_locked(&fake.injected_set_access);
     if (rc == CUDA_SUCCESS && mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) != 0)
         rc = CUDA_ERROR_UNKNOWN;
     if (rc == CUDA_SUCCESS) {
