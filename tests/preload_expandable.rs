@@ -88,6 +88,16 @@ fn a_failed_page_map_releases_that_page_s_memory_and_passes_the_error_on() {
 }
 
 #[test]
+fn a_failed_page_creation_gives_the_pages_made_before_back_and_passes_the_error_on() {
+    check("create_fails", "", &[]);
+}
+
+#[test]
+fn a_reservation_refused_for_room_is_retried_after_the_cache_and_other_errors_pass_on() {
+    check("reserve_fails", "", &[]);
+}
+
+#[test]
 fn a_request_that_does_not_fit_gives_its_pages_back_and_answers_2() {
     check("oom", "", &[("FAKECUDART_CAPACITY", "30MiB")]);
 }

@@ -160,6 +160,48 @@ static void scenario_set_access_fails(void) { driver_call_fails("cuMemSetAccess"
  * are given back. */
 static void scenario_map_fails(void) { driver_call_fails("cuMemMap", 1); }
 
+/* A cuMemCreate that fails on the second page with another error than out of memory: the page
+ * mapped before is given back and the program gets the driver's error. */
+static void scenario_create_fails(void) {
+    void *p = NULL;
+    CHECK_CODE(fakecudart_inject_driver_failure("cuMemCreate", 1, 999), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(counter("vmm_create_failures") == 1);
+    CHECK(counter("vmm_creates") == 1 && counter("vmm_releases") == 1);
+    CHECK(counter("vmm_maps") == 1 && counter("vmm_unmaps") == 1);
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMemset(p, 1, 30 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    print_counters();
+}
+
+/* A reservation the driver refuses for lack of room (2) is an out-of-memory answer: the pool
+ * frees its cache and tries again, and the second try reserves. Any other error reaches the
+ * program, with nothing left reserved or made. */
+static void scenario_reserve_fails(void) {
+    void *p = NULL;
+    CHECK_CODE(fakecudart_inject_driver_failure("cuMemAddressReserve", 0, 2), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 30 * MIB), cudaSuccess);
+    CHECK(counter("driver_errors") == 1); /* the refusal, then the retry's reservation */
+    CHECK(counter("vmm_reserves") == 1);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    /* The small pool's first request needs a range of its own. */
+    CHECK_CODE(fakecudart_inject_driver_failure("cuMemAddressReserve", 0, 999), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 4096), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(counter("vmm_reserves") == 1 && counter("vmm_creates") == 2);
+    CHECK_CODE(cudaMalloc(&p, 4096), cudaSuccess);
+    CHECK(counter("vmm_reserves") == 2);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cachealloc_empty_cache(0), 0);
+    CHECK(counter("vmm_address_frees") == 2);
+    CHECK(counter("vmm_creates") == counter("vmm_releases"));
+    CHECK(fakecudart_device_bytes_in_use(0) == 0);
+    print_counters();
+}
+
 /* A request whose pages do not all fit: the pages mapped for it are given back, the program
  * gets cudaErrorMemoryAllocation (2) and goes on. */
 static void scenario_oom(void) {
@@ -347,6 +389,8 @@ static const struct scenario scenarios[] = {
     {"unmap_fails", scenario_unmap_fails},
     {"set_access_fails", scenario_set_access_fails},
     {"map_fails", scenario_map_fails},
+    {"create_fails", scenario_create_fails},
+    {"reserve_fails", scenario_reserve_fails},
     {"oom", scenario_oom},
     {"reset", scenario_reset},
     {"reset_fails", scenario_reset_fails},
