@@ -244,7 +244,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         value: "`True` or `False`",
         unit: "",
         carrier: Carrier::Shared,
-        doc: "PyTorch's growable segments: an address range per pool and stream, pages mapped on demand. The preloaded library maps them with the driver's virtual-memory calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`) from the process's `libcuda.so.1`; on a device without them (no driver library, or no virtual memory management) it warns (once per device) and uses fixed segments there. `cachealloc replay` simulates them.",
+        doc: "PyTorch's growable segments: an address range per pool and stream, pages mapped on demand. The preloaded library maps them with the driver's virtual-memory calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`) from the process's `libcuda.so.1`; on a device without them (no driver library, no virtual memory management, or an allocation granularity that does not divide 2 MiB) it warns (once per device) and uses fixed segments there. `cachealloc replay` simulates them.",
         apply: |c, v, _| {
             c.settings.expandable_segments = values::boolean(v)?;
             Ok(())
