@@ -1,13 +1,13 @@
 //! A program that asks for cachealloc's statistics or a trace but whose CUDA calls never reach
-//! it (a statically linked runtime, the driver API) is told why it got nothing, at exit; one
-//! that never used CUDA is left silent.
+//! it (a statically linked runtime, the driver API, a library opened with dlopen rather than
+//! preloaded) is told why it got nothing, at exit; one that never used CUDA is left silent.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use support::fake_cudart::{compile_c_program, compile_c_without_runtime};
-use support::shim::{preloaded, run_ok, stderr, stdout};
+use support::shim::{library, preloaded, run_ok, stderr, stdout};
 
 fn source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/unreached.c")
@@ -76,7 +76,33 @@ fn a_shared_runtime_without_interposed_calls_is_named_too() {
         err.starts_with(
             "cachealloc: CACHEALLOC_CONF asks for statistics at exit, but no CUDA call reached \
              cachealloc in this process: it loaded the CUDA driver and the shared runtime \
-             (libcudart.so) but made none of the calls cachealloc interposes"
+             (libcudart.so) but made none of the calls cachealloc serves (cudaMalloc, cudaFree, \
+             cudaMemGetInfo, …): any device memory it used came from"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// Loaded with dlopen as PyTorch's pluggable allocator is, the library sees none of the
+/// program's CUDA calls: the notice says that none of its own functions was called, not that
+/// the program's memory came from calls cachealloc cannot see.
+#[test]
+fn a_library_opened_rather_than_preloaded_says_its_functions_were_not_called() {
+    let program = compile_c_program(&source(), "unreached_opened", &["-DWITH_RUNTIME", "-ldl"]);
+    let mut cmd = preloaded(&program);
+    cmd.env_remove("LD_PRELOAD")
+        .arg(library())
+        .env("CACHEALLOC_CONF", "stats:text");
+    let out = run_ok(&mut cmd);
+    assert_eq!(stdout(&out), "ok\n");
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(
+            "cachealloc: CACHEALLOC_CONF asks for statistics at exit, but no CUDA call reached \
+             cachealloc in this process: the program's cudaMalloc does not come to cachealloc \
+             (loaded with dlopen, as PyTorch's CUDAPluggableAllocator loads it, rather than \
+             preloaded)"
         ),
         "{err}"
     );

@@ -90,6 +90,11 @@ pub fn report_if_unwatched() {
     }
 }
 
+/// Whether a thread is deciding the mode now.
+pub fn deciding() -> bool {
+    DECIDING.load(Ordering::SeqCst) > 0
+}
+
 /// Whether this process is a child forked from a process where cachealloc held pools (or was
 /// deciding its mode).
 #[inline]

@@ -1,8 +1,8 @@
 //! The library's mode, decided once at the first interposed (or C API) call.
 //!
-//! Nothing runs at load time: no constructor parses or prints, so a process that never calls
-//! CUDA only pays for reading the variables if it ever calls in (two constructors only register
-//! handlers: `fork`'s, and `unreached`'s at exit for a process no call ever reached). At the first call:
+//! Nothing runs at load time: no constructor parses or prints (two only register handlers:
+//! `fork`'s, and `unreached`'s, which reads the variables at exit in a process that no call
+//! reached, and the maps only where they ask for a report or trace). At the first call:
 //! - `CACHEALLOC_DISABLE=1` → `PassThrough`: every call goes to the real runtime.
 //! - a configuration error → `ConfigFailed`: the error is printed once on stderr, naming the
 //!   variable, the key and what is allowed. The program must not silently run with other
@@ -56,9 +56,11 @@ fn first_mode() -> &'static Mode {
     MODE.get_or_init(decide)
 }
 
-/// Whether a call has reached the library and decided its mode.
-pub fn decided() -> bool {
-    MODE.get().is_some()
+/// Whether a call has reached the library: its mode is decided, or being decided now (a thread
+/// may call `exit` while another makes the first call, whose exit handler `exit_stats` has
+/// registered already).
+pub fn reached() -> bool {
+    MODE.get().is_some() || fork::deciding()
 }
 
 /// The configuration when active.

@@ -4,7 +4,9 @@
  * driver library DRIVER and calls its cuInit, as a program with a statically linked runtime
  * (or one using the driver API) does; `unreached` alone touches no CUDA at all.
  * Built against the fake runtime (WITH_RUNTIME): `unreached` asks the shared runtime for the
- * device count, a call cachealloc does not interpose, which loads the driver.
+ * device count, a call cachealloc does not interpose, which loads the driver; `unreached LIB`
+ * first loads the library LIB with dlopen (RTLD_LOCAL), as PyTorch's pluggable allocator does,
+ * and calls none of its functions.
  * Built with STAND_IN_DRIVER (-shared): the stand-in driver, a cuInit that answers 0.
  */
 #ifdef STAND_IN_DRIVER
@@ -21,9 +23,12 @@ int cuInit(unsigned flags) {
 
 int main(int argc, char **argv) {
 #ifdef WITH_RUNTIME
-    (void)argv;
+    if (argc > 1 && dlopen(argv[1], RTLD_NOW | RTLD_LOCAL) == NULL) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 1;
+    }
     int count = 0;
-    if (argc > 1 || cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
         fprintf(stderr, "cudaGetDeviceCount failed\n");
         return 1;
     }
