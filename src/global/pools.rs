@@ -218,9 +218,10 @@ pub fn try_with_pool<R>(device: DeviceId, f: impl FnOnce(&mut Pool) -> R) -> Opt
 ///
 /// Each device's pool is asked without waiting first; only the pools that were busy (another
 /// thread inside a call of theirs, which may take long: a segment's `cudaMalloc`, a device
-/// synchronization, an out-of-memory retry) are then waited for, one by one, when none of the
-/// others owns `addr`. So a thread freeing its device's memory never waits for another
-/// device's pool, as the runtime's own `cudaFree` does not.
+/// synchronization, an out-of-memory retry) are then waited for, one by one in device order,
+/// when none of the others owns `addr`. So a thread freeing its device's memory does not wait
+/// for another device's pool, as the runtime's own `cudaFree` does not, unless the owner was
+/// busy too: then it may wait for a busy pool of a lower device before its own.
 pub fn with_owner<R>(addr: u64, f: impl FnOnce(&mut Pool) -> R) -> Result<Option<R>, ShimError> {
     let mut busy = 0u64;
     for d in used_slots() {
