@@ -12,12 +12,14 @@ pub fn shell_word(text: &str) -> String {
     }
 }
 
-/// `path` as one shell word: [`shell_word`] of its text, or, where it is not UTF-8, bash's
-/// `$'…'` quoting with each byte that is not printable ASCII written as `\xNN`, so that the
-/// command names the very file (a lossy `\u{FFFD}` would name another).
+/// `path` as one shell word: [`shell_word`] of its text, or, where it is not UTF-8 or holds a
+/// control character, bash's `$'…'` quoting with each byte that is not printable ASCII written
+/// as `\xNN`, so that the command names the very file (a lossy `\u{FFFD}` would name another)
+/// and is printed on one line without a character a terminal acts on (a newline, a tab, an
+/// escape sequence, which quotes would keep as they are).
 pub fn shell_path(path: &std::path::Path) -> String {
     use std::os::unix::ffi::OsStrExt;
-    if let Some(text) = path.to_str() {
+    if let Some(text) = path.to_str().filter(|t| !t.chars().any(char::is_control)) {
         return shell_word(text);
     }
     let mut word = String::from("$'");
@@ -74,15 +76,18 @@ mod tests {
         );
     }
 
-    /// A path that is not UTF-8, pasted into bash, names the very bytes of the path; a UTF-8
-    /// one is quoted as any word.
+    /// A path that is not UTF-8, pasted into bash, names the very bytes of the path; so does
+    /// a UTF-8 one with control characters, written without them; any other UTF-8 one is
+    /// quoted as any word.
     #[test]
     fn bash_reads_a_path_back_as_its_bytes() {
         use std::os::unix::ffi::OsStrExt;
-        let paths: [&[u8]; 3] = [
+        let paths: [&[u8]; 5] = [
             b"/tmp/caf\xe9 it's a \\ trace.pickle",
             b"\x01\xff\n$HOME`x`",
             b"/tmp/snap shot.pickle",
+            b"/tmp/a\nb\tc\x1b[31m caf\xc3\xa9.pickle",
+            b"/tmp/\xc2\x85next-line",
         ];
         for bytes in paths {
             let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
@@ -93,6 +98,7 @@ mod tests {
                 .output()
                 .unwrap();
             assert_eq!(out.stdout, bytes, "{word}");
+            assert!(!word.chars().any(char::is_control), "{word:?}");
         }
         assert_eq!(
             shell_path(std::path::Path::new("/tmp/snap shot.pickle")),
