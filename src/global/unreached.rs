@@ -121,8 +121,26 @@ extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(say_if_unreached);
 }
 
+/// The variables the settings are read from (`ConfigSource::PRECEDENCE`), as C strings.
+const SETTINGS_VARIABLES: [&std::ffi::CStr; 3] = [
+    c"CACHEALLOC_CONF",
+    c"PYTORCH_CUDA_ALLOC_CONF",
+    c"PYTORCH_ALLOC_CONF",
+];
+
+/// Whether any variable the settings are read from is set, asked without allocating: in most
+/// processes none is, and the handler then returns before anything allocates (an `exit` made
+/// from a signal handler stays as safe as it is without the library).
+fn any_settings_variable() -> bool {
+    SETTINGS_VARIABLES.iter().any(|name| {
+        // SAFETY: `name` is NUL-terminated; `getenv` only reads it and the environment, and the
+        // pointer it returns is only compared with null.
+        !unsafe { libc::getenv(name.as_ptr()) }.is_null()
+    })
+}
+
 fn say_if_unreached() {
-    if init::reached() || fork::in_forked_child() {
+    if init::reached() || fork::in_forked_child() || !any_settings_variable() {
         return;
     }
     let Ok(config) = Config::from_env() else {
@@ -162,6 +180,17 @@ fn watch_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ConfigSource;
+
+    #[test]
+    fn the_variables_asked_first_are_those_the_settings_are_read_from() {
+        let names: Vec<&str> = SETTINGS_VARIABLES
+            .iter()
+            .map(|name| name.to_str().unwrap())
+            .collect();
+        let sources: Vec<&str> = ConfigSource::PRECEDENCE.iter().map(|s| s.name()).collect();
+        assert_eq!(names, sources);
+    }
 
     const STATIC_MAPS: &str = "\
 55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 123 /home/u/prog

@@ -54,7 +54,7 @@ const SNAPSHOT_KEYS: [&[u8]; 6] = [
 pub(super) enum JsonStart {
     /// A memory snapshot: a dict whose first key is one of a snapshot's, or a list whose first
     /// item is a segment dict (`device` first, `total_size` among its keys; or, its keys
-    /// sorted, `active_size` first).
+    /// sorted, `active_size` first, `address` among them).
     Snapshot,
     /// Other JSON: an object or a list that does not begin as a snapshot does.
     Other,
@@ -71,13 +71,11 @@ pub(super) fn json_start(head: &[u8]) -> Option<JsonStart> {
         SNAPSHOT_KEYS.iter().any(|key| first_key.starts_with(key))
     } else {
         let list = after(text, b'[')?;
+        let holds = |text: &[u8], key: &[u8]| text.windows(key.len()).any(|w| w == key);
         after(list, b'{').is_some_and(|segment| {
-            // `sort_keys` puts `active_size` first; PyTorch's own order, `device`.
-            segment.starts_with(b"\"active_size\"")
-                || segment.starts_with(b"\"device\"")
-                    && segment
-                        .windows(b"\"total_size\"".len())
-                        .any(|w| w == b"\"total_size\"")
+            // PyTorch's own order puts `device` first; `sort_keys`, `active_size` then `address`.
+            segment.starts_with(b"\"device\"") && holds(segment, b"\"total_size\"")
+                || segment.starts_with(b"\"active_size\"") && holds(segment, b"\"address\"")
         })
     };
     Some(if snapshot {
@@ -407,7 +405,7 @@ mod tests {
     /// JSON.
     #[test]
     fn snapshots_are_told_by_their_first_bytes() {
-        let cases: [(&[u8], Option<JsonStart>); 12] = [
+        let cases: [(&[u8], Option<JsonStart>); 13] = [
             (
                 b"{\"segments\": [], \"device_traces\": []}",
                 Some(JsonStart::Snapshot),
@@ -421,7 +419,11 @@ mod tests {
                 Some(JsonStart::Snapshot),
             ),
             // The same, its keys sorted (`json.dump(…, sort_keys=True, indent=1)`).
-            (b"[\n {\n  \"active_size\": 0,", Some(JsonStart::Snapshot)),
+            (
+                b"[\n {\n  \"active_size\": 0,\n  \"address\": 1,",
+                Some(JsonStart::Snapshot),
+            ),
+            (b"[{\"active_size\": 0}]", Some(JsonStart::Other)),
             (b"{\"traceEvents\": []}", Some(JsonStart::Other)),
             (b"[{\"device\": 0}]", Some(JsonStart::Other)),
             (b"[]", Some(JsonStart::Other)),

@@ -7,6 +7,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -28,12 +29,12 @@ int main(int argc, char **argv) {
     void *a = NULL, *b = NULL;
     if (cudaMalloc(&a, 1 << 20) != cudaSuccess) return 1;
     if (cudaSetDevice(1) != cudaSuccess || cudaMalloc(&b, 1 << 20) != cudaSuccess) return 1;
-    volatile int *sleeping = (volatile int *)dlsym(RTLD_DEFAULT, "slow_malloc_sleeping");
+    atomic_int *sleeping = (atomic_int *)dlsym(RTLD_DEFAULT, "slow_malloc_sleeping");
     if (sleeping == NULL) return 1;
     pthread_t slow;
     if (pthread_create(&slow, NULL, slow_alloc, NULL) != 0) return 1;
     /* Once it sleeps, the slow allocation holds device 1's pool lock. */
-    for (int waited = 0; !*sleeping; waited++) {
+    for (int waited = 0; !atomic_load(sleeping); waited++) {
         if (waited == 10000) return 1;
         usleep(1000);
     }

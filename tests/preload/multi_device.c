@@ -7,6 +7,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,7 +221,7 @@ static void scenario_free_while_other_device_busy(void) {
     const char *bytes = getenv("SLOW_MALLOC_BYTES");
     CHECK(bytes != NULL);
     slow_bytes = strtoull(bytes, NULL, 10);
-    volatile int *sleeping = (volatile int *)dlsym(RTLD_DEFAULT, "slow_malloc_sleeping");
+    atomic_int *sleeping = (atomic_int *)dlsym(RTLD_DEFAULT, "slow_malloc_sleeping");
     CHECK(sleeping != NULL);
     void *a = NULL, *b = NULL;
     CHECK_CODE(cudaMalloc(&a, MIB), cudaSuccess); /* device 0 has a pool */
@@ -228,7 +229,7 @@ static void scenario_free_while_other_device_busy(void) {
     CHECK_CODE(cudaMalloc(&b, MIB), cudaSuccess);
     pthread_t slow;
     CHECK(pthread_create(&slow, NULL, slow_alloc, NULL) == 0);
-    for (int waited = 0; !*sleeping; waited++) {
+    for (int waited = 0; !atomic_load(sleeping); waited++) {
         CHECK(waited < 10000);
         usleep(1000);
     }

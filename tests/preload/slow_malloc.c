@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -13,15 +14,15 @@
 
 typedef cudaError_t (*malloc_fn)(void **, size_t);
 
-volatile int slow_malloc_sleeping = 0;
+atomic_int slow_malloc_sleeping = 0;
 
 cudaError_t cudaMalloc(void **p, size_t size) {
     malloc_fn next = (malloc_fn)dlsym(RTLD_NEXT, "cudaMalloc");
     const char *slow = getenv("SLOW_MALLOC_BYTES");
     if (slow != NULL && size >= strtoull(slow, NULL, 10)) {
-        slow_malloc_sleeping = 1;
+        atomic_store(&slow_malloc_sleeping, 1);
         sleep(30);
-        slow_malloc_sleeping = 0;
+        atomic_store(&slow_malloc_sleeping, 0);
     }
     return next(p, size);
 }
