@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the shim's threaded, fork and exit test programs (tests/preload) under ThreadSanitizer
-# (`thread`) or AddressSanitizer with LeakSanitizer (`address`), against the fake runtime.
+# Runs the shim's threaded, fork, exit and two-device test programs (tests/preload) under
+# ThreadSanitizer (`thread`) or AddressSanitizer with LeakSanitizer (`address`), against the
+# fake runtime.
 # Needs the nightly toolchain with rust-src (`rustup +nightly component add rust-src`) and gcc.
 #
 # The library is built with `-Zsanitizer=KIND -Zbuild-std` into target/sanitize/KIND; it leaves
@@ -62,6 +63,7 @@ for name in stress shim_check trace_mix fork_locks fork_race fork_log c_api_chec
 done
 # The slow cudaMalloc between the library and the runtime, as preloaded after the library.
 compile exit_busy_pool "${cachealloc[@]}" -L "$bin" -lslow_malloc "-Wl,-rpath,$bin"
+compile multi_device "${cachealloc[@]}" -L "$bin" -lslow_malloc "-Wl,-rpath,$bin"
 
 run_dir="$dir/run"
 rm -rf "$run_dir"
@@ -95,6 +97,12 @@ check fork-race CACHEALLOC_CONF=stats:json,stats_file:/dev/null "$bin/fork_race"
 check fork-log CACHEALLOC_LOG=debug "$bin/fork_log" 50
 check exit-busy-pool \
     SLOW_MALLOC_BYTES=$((256 << 20)) CACHEALLOC_CONF=stats:text "$bin/exit_busy_pool" $((256 << 20))
+for free_sync in device event none; do
+    check "two-devices-$free_sync" CACHEALLOC_CONF="free_sync:$free_sync" \
+        "$bin/multi_device" threads_own_devices
+done
+check two-devices-busy-free SLOW_MALLOC_BYTES=$((256 << 20)) \
+    "$bin/multi_device" free_while_other_device_busy
 check c-api CACHEALLOC_CONF="stats:json,stats_file:$run_dir/c-api.json" \
     "$bin/c_api_check" "$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)"
 check torch-hooks CACHEALLOC_CONF="$record" "$bin/torch_hooks_check" contract

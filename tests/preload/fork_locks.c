@@ -3,8 +3,8 @@
  * count_cached_as_free:True each call looks at its device's pool slot under the slot's lock; with
  * trace: each call then takes the trace file's lock) while the main thread forks children that
  * call cudaMalloc. A child forked while a poller held one of those locks must not wait forever
- * on it: each child answers within a second or dies of SIGALRM. Prints "forks N hung H" and exits
- * 0 when every child answered, 2 at the first one that hung.
+ * on it: each child answers within HANG_SECONDS or dies of SIGALRM. Prints "forks N hung H"
+ * and exits 0 when every child answered, 2 at the first one that hung.
  * Usage: fork_locks FORKS
  */
 #include <pthread.h>
@@ -15,6 +15,10 @@
 #include <unistd.h>
 
 #include "cuda_runtime_api.h"
+
+/* A hang is for ever; a child on a loaded machine (a niced test run beside builds) can take
+ * well over a second to make its first call: ten seconds tell the two apart. */
+#define HANG_SECONDS 10
 
 #define POLLERS 2
 
@@ -41,7 +45,7 @@ int main(int argc, char **argv) {
     for (; done < forks && hung == 0 && failed == 0; done++) {
         pid_t child = fork();
         if (child == 0) {
-            alarm(1);
+            alarm(HANG_SECONDS);
             void *p = NULL;
             _exit(cudaMalloc(&p, 1 << 20) == cudaSuccess ? 0 : 1);
         }

@@ -2,9 +2,9 @@
  * fork_log.c — a thread of a parent with no pool logs a line at each call (the C API's refusal of
  * a pointer cachealloc does not own, at debug under CACHEALLOC_LOG=debug) while the main thread
  * forks children that log one themselves. A child forked while the parent's thread was writing
- * its line must not wait forever on the writer's lock: each child answers within a second or dies
- * of SIGALRM. Prints "forks N hung H" and exits 0 when every child answered, 2 at the first one
- * that hung. The library is preloaded: its C API is found with dlsym.
+ * its line must not wait forever on the writer's lock: each child answers within HANG_SECONDS or
+ * dies of SIGALRM. Prints "forks N hung H" and exits 0 when every child answered, 2 at the first
+ * one that hung. The library is preloaded: its C API is found with dlsym.
  * Usage: fork_log FORKS
  */
 #include <dlfcn.h>
@@ -16,6 +16,10 @@
 #include <unistd.h>
 
 #include "cuda_runtime_api.h"
+
+/* A hang is for ever; a child on a loaded machine (a niced test run beside builds) can take
+ * well over a second to make its first call: ten seconds tell the two apart. */
+#define HANG_SECONDS 10
 
 typedef int (*free_fn)(void *);
 
@@ -40,7 +44,7 @@ int main(int argc, char **argv) {
     for (; done < forks && hung == 0; done++) {
         pid_t child = fork();
         if (child == 0) {
-            alarm(1);
+            alarm(HANG_SECONDS);
             cachealloc_free_ptr((void *)0x30);
             _exit(0);
         }

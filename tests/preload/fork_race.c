@@ -2,7 +2,7 @@
  * fork_race.c — one thread makes the process's first CUDA call (cachealloc decides its mode,
  * installs its hooks) while the main thread forks; the child then calls cudaMalloc. A child
  * forked in the middle of that first call must not wait forever on the parent's unfinished
- * initialisation: it answers within a second or dies of SIGALRM. Exits 0 when the child
+ * initialisation: it answers within HANG_SECONDS or dies of SIGALRM. Exits 0 when the child
  * answered, 2 when it hung. The test runs it many times, each a fresh process.
  */
 #include <pthread.h>
@@ -13,6 +13,10 @@
 #include <unistd.h>
 
 #include "cuda_runtime_api.h"
+
+/* A hang is for ever; a child on a loaded machine (a niced test run beside builds) can take
+ * well over a second to make its first call: ten seconds tell the two apart. */
+#define HANG_SECONDS 10
 
 static atomic_int go = 0;
 
@@ -33,7 +37,7 @@ int main(void) {
     }
     pid_t child = fork();
     if (child == 0) {
-        alarm(1);
+        alarm(HANG_SECONDS);
         void *p = NULL;
         int rc = cudaMalloc(&p, 1 << 20);
         _exit(rc == 0 || rc == 3 ? 0 : 1);

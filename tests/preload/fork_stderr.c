@@ -3,7 +3,7 @@
  * configuration error, at its first CUDA call, to a pipe that is full) when the main thread forks
  * a child, which makes a CUDA call that writes to stderr itself (the program is linked without a
  * runtime, so the library says that none was found). The child's stderr is /dev/null, so only a
- * lock the parent held at the fork can stop it: it answers within two seconds or dies of SIGALRM.
+ * lock the parent held at the fork can stop it: it answers within HANG_SECONDS or dies of SIGALRM.
  * Prints "forks N hung H" and exits 0 when every child answered, 2 when one hung.
  * The CUDA calls are the preloaded library's, found with dlsym: the program links no runtime.
  * Usage: fork_stderr FORKS
@@ -17,6 +17,10 @@
 #include <unistd.h>
 
 #include "full_stderr.h"
+
+/* A hang is for ever; a child on a loaded machine (a niced test run beside builds) can take
+ * well over a second to make its first call: ten seconds tell the two apart. */
+#define HANG_SECONDS 10
 
 typedef int (*last_error_fn)(void);
 typedef int (*malloc_fn)(void **, size_t);
@@ -42,7 +46,7 @@ int main(int argc, char **argv) {
         pid_t child = fork();
         if (child == 0) {
             dup2(devnull, 2);
-            alarm(2);
+            alarm(HANG_SECONDS);
             void *p = NULL;
             _exit(cuda_malloc(&p, 1 << 20) == 3 ? 0 : 1);
         }
