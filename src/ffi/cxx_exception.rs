@@ -85,7 +85,7 @@ fn cxx_runtime() -> Option<CxxRuntime> {
 /// exception (PyTorch's allocator), and holds nothing that must be released on return: the
 /// exception unwinds through it.
 pub unsafe fn throw_runtime_error(message: String) {
-    let Some(cxx) = cxx_runtime() else {
+    let Some(cxx) = crate::backend::cuda::loader::lookup(cxx_runtime) else {
         return;
     };
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();

@@ -21,15 +21,20 @@
 //! the making of the first pool, and every flush of a recording): the lock would stay held in
 //! the child for ever, and its first `cudaMalloc` would wait on it.
 //!
-//! The handler is registered when the library is loaded (a constructor), before any thread of
-//! the program can call it, and only reads atomics, try-locks and releases uncontended locks,
-//! and repoints descriptors (it is async-signal-safe). Registered at the first call instead, it
-//! could miss a fork another thread made at that moment: glibc runs after a fork only the
-//! handlers registered before the fork's prepare phase began, so a child forked just as the
-//! first decision started waited forever on it (3 of 300 runs of the race test in a debug
-//! build).
+//! The prepare step waits for a lookup through the dynamic loader that another thread is making
+//! (`backend::cuda::loader`: a child forked in the middle of one crashed at its own lookup) and
+//! holds new ones off until the fork has returned, in the parent and in the child.
+//!
+//! The handlers are registered when the library is loaded (a constructor), before any thread of
+//! the program can call them; the child's only reads atomics, try-locks and releases
+//! uncontended locks, and repoints descriptors (it is async-signal-safe). Registered at the
+//! first call instead, they could miss a fork another thread made at that moment: glibc runs
+//! after a fork only the handlers registered before the fork's prepare phase began, so a child
+//! forked just as the first decision started waited forever on it (3 of 300 runs of the race
+//! test in a debug build).
 
 use super::{file_claim, pools, trace_file};
+use crate::backend::cuda::loader;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static IN_FORKED_CHILD: AtomicBool = AtomicBool::new(false);
@@ -38,7 +43,16 @@ static DECIDING: AtomicUsize = AtomicUsize::new(0);
 /// Set when the handler could not be registered (reported by the mode's decision).
 static UNWATCHED: AtomicBool = AtomicBool::new(false);
 
+extern "C" fn before_fork() {
+    loader::before_fork();
+}
+
+extern "C" fn parent_after_fork() {
+    loader::after_fork_in_parent();
+}
+
 extern "C" fn child_after_fork() {
+    loader::after_fork_in_child();
     file_claim::let_go_in_forked_child();
     if pools::any_used()
         || DECIDING.load(Ordering::Relaxed) > 0
@@ -65,15 +79,21 @@ impl Drop for Deciding {
     }
 }
 
-/// Register the fork handler when the library is loaded. Only libc is called: the Rust runtime
+/// Register the fork handlers when the library is loaded. Only libc is called: the Rust runtime
 /// may not be set up yet.
 // SAFETY (of running before main): the function calls `pthread_atfork` and stores an atomic,
 // neither of which needs anything the Rust runtime sets up.
 #[ctor::ctor(unsafe)]
 fn watch_forks() {
-    // SAFETY: `child_after_fork` is an `extern "C" fn()` that lives as long as the library,
-    // which is never unloaded while the process can still fork.
-    let rc = unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
+    // SAFETY: the three handlers are `extern "C" fn()`s that live as long as the library, which
+    // is never unloaded while the process can still fork.
+    let rc = unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(parent_after_fork),
+            Some(child_after_fork),
+        )
+    };
     if rc != 0 {
         UNWATCHED.store(true, Ordering::Relaxed);
     }

@@ -170,7 +170,7 @@ pub fn driver() -> Result<&'static Driver, String> {
         // before it was published (release/acquire), and is never freed.
         return Ok(unsafe { &*published });
     }
-    let fresh = Box::into_raw(Box::new(Driver::resolve()?));
+    let fresh = Box::into_raw(Box::new(super::loader::lookup(Driver::resolve)?));
     match DRIVER.compare_exchange(null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: `fresh` is now the published table, never freed.
         Ok(_) => Ok(unsafe { &*fresh }),

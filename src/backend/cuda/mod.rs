@@ -16,6 +16,7 @@ pub mod device_guard;
 pub mod driver;
 pub mod epoch;
 pub mod events;
+pub mod loader;
 pub mod runtime;
 pub mod stream_events;
 pub mod unread_error;

@@ -124,7 +124,7 @@ pub fn runtime() -> Option<&'static Runtime> {
 #[cold]
 #[inline(never)]
 fn resolve_runtime() -> Option<&'static Runtime> {
-    match Runtime::resolve() {
+    match super::loader::lookup(Runtime::resolve) {
         Ok(rt) => {
             let fresh = Box::into_raw(Box::new(rt));
             let published = match RUNTIME.compare_exchange(
