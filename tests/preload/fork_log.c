@@ -9,6 +9,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +18,7 @@
 
 #include "cuda_runtime_api.h"
 
-/* A hang is for ever; a child on a loaded machine (a niced test run beside builds) can take
- * well over a second to make its first call: ten seconds tell the two apart. */
+/* A hang is for ever: ten seconds catch one and leave room for a loaded machine. */
 #define HANG_SECONDS 10
 
 typedef int (*free_fn)(void *);
@@ -50,7 +50,12 @@ int main(int argc, char **argv) {
         }
         int status = 0;
         if (child < 0 || waitpid(child, &status, 0) != child) return 1;
-        if (WIFSIGNALED(status)) hung++;
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) {
+            hung++;
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            printf("a child failed (status %d)\n", status);
+            return 1;
+        }
     }
     atomic_store(&stop, 1);
     pthread_join(logger, NULL);

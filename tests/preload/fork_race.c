@@ -3,9 +3,11 @@
  * installs its hooks) while the main thread forks; the child then calls cudaMalloc. A child
  * forked in the middle of that first call must not wait forever on the parent's unfinished
  * initialisation: it answers within HANG_SECONDS or dies of SIGALRM. Exits 0 when the child
- * answered, 2 when it hung. The test runs it many times, each a fresh process.
+ * answered, 2 when it hung, 3 when it died of another signal. The test runs it many times,
+ * each a fresh process.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +16,7 @@
 
 #include "cuda_runtime_api.h"
 
-/* A hang is for ever; a child on a loaded machine (a niced test run beside builds) can take
- * well over a second to make its first call: ten seconds tell the two apart. */
+/* A hang is for ever: ten seconds catch one and leave room for a loaded machine. */
 #define HANG_SECONDS 10
 
 static atomic_int go = 0;
@@ -45,9 +46,13 @@ int main(void) {
     int status = 0;
     waitpid(child, &status, 0);
     pthread_join(thread, NULL);
-    if (WIFSIGNALED(status)) {
-        printf("child hung (signal %d)\n", WTERMSIG(status));
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) {
+        printf("child hung\n");
         return 2;
+    }
+    if (WIFSIGNALED(status)) {
+        printf("child crashed (signal %d)\n", WTERMSIG(status));
+        return 3;
     }
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
