@@ -7,8 +7,8 @@
 //! cache of library paths (`/etc/ld.so.cache`) — then crashed: SIGSEGV in
 //! `_dl_load_cache_lookup`, in a child that called `cudaMalloc` after a fork made while another
 //! thread's first call was looking the runtime up (1 child in about 17,000 forks of the
-//! fork-during-the-first-call test under a loaded machine; 12 in 2,000 where no runtime is
-//! loaded and every call looks it up again). The library looks names up with `dlopen` in a few
+//! fork-during-the-first-call test under a loaded machine; 4 to 26 in 2,000 where no runtime
+//! is loaded and every call of four threads looks it up again). The library looks names up with `dlopen` in a few
 //! places (the runtime, the driver, libstdc++ for a C++ exception), each once the process has
 //! what it looks for.
 //!
