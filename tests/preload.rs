@@ -467,11 +467,20 @@ fn a_device_left_out_of_the_exit_report_is_named_with_why() {
     );
 }
 
+fn preload_source(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/preload/{name}.c"))
+}
+
 /// The test program `tests/preload/NAME.c`, built with threads (and the `extra` flags).
 fn threaded_program(name: &str, extra: &[&str]) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let flags: Vec<&str> = ["-pthread"].iter().chain(extra).copied().collect();
-    fake_cudart::compile_c_program(&root.join(format!("tests/preload/{name}.c")), name, &flags)
+    fake_cudart::compile_c_program(&preload_source(name), name, &flags)
+}
+
+/// The test program `tests/preload/NAME.c`, built with threads and without a runtime (it finds
+/// the library's exports with dlsym).
+fn threaded_program_without_runtime(name: &str) -> PathBuf {
+    fake_cudart::compile_c_without_runtime(&preload_source(name), name, &["-pthread", "-ldl"])
 }
 
 /// A child forked while another thread makes the process's first CUDA call (the mode being
@@ -550,7 +559,7 @@ fn a_child_forked_while_a_line_is_logged_does_not_hang() {
 /// Before every such write went to fd 2 directly, the first child hung on Rust's stderr lock.
 #[test]
 fn a_child_forked_while_stderr_is_written_does_not_hang() {
-    let program = threaded_program("fork_stderr", &["-ldl", "-Wl,--as-needed"]);
+    let program = threaded_program_without_runtime("fork_stderr");
     let out = preloaded(&program)
         .arg("3")
         .env("CACHEALLOC_CONF", "stats:bogus")
@@ -566,7 +575,7 @@ fn a_child_forked_while_stderr_is_written_does_not_hang() {
 /// 2,000 children died of SIGSEGV in `_dl_load_cache_lookup` (6 runs of 6).
 #[test]
 fn a_child_forked_during_a_runtime_lookup_does_not_crash() {
-    let program = threaded_program("fork_lookup", &["-ldl", "-Wl,--as-needed"]);
+    let program = threaded_program_without_runtime("fork_lookup");
     let out = preloaded(&program)
         .arg("2000")
         .output()
