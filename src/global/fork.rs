@@ -55,7 +55,7 @@ extern "C" fn child_after_fork() {
     loader::after_fork_in_child();
     file_claim::let_go_in_forked_child();
     if pools::any_used()
-        || DECIDING.load(Ordering::Relaxed) > 0
+        || deciding()
         || pools::any_lock_held_at_fork()
         || trace_file::lock_held_at_fork()
     {
