@@ -344,14 +344,38 @@ fn run(settings: Settings, capacity: u64, steps: Vec<Step>) {
                 if let Some(ptr) = shadow.last_freed
                     && !shadow.live.contains_key(&ptr.addr())
                 {
-                    match p.free(ptr) {
-                        // The address may since hold a block whose deferred free is pending.
-                        Err(Error::InvalidPointer {
-                            reason: BadPointer::NotAnAllocation | BadPointer::AlreadyFreed,
-                            ..
-                        })
-                        | Err(Error::NotOwned { .. }) => {}
-                        other => panic!("double free accepted: {other:?}"),
+                    // A live allocation may since hold the address inside its block.
+                    let holder = shadow
+                        .live
+                        .range(..ptr.addr())
+                        .next_back()
+                        .filter(|&(&a, &(block, _))| ptr.addr() < a + block)
+                        .map(|(&start, &(_, requested))| (start, requested));
+                    match (p.free(ptr), holder) {
+                        (
+                            Err(Error::InvalidPointer {
+                                reason: BadPointer::Interior { start, requested },
+                                ..
+                            }),
+                            Some(live),
+                        ) => assert_eq!((start, requested), live, "the allocation named"),
+                        // Cached or unmapped again, or in a block whose deferred free is
+                        // pending.
+                        (
+                            Err(Error::InvalidPointer {
+                                reason:
+                                    BadPointer::CachedFree
+                                    | BadPointer::Unmapped
+                                    | BadPointer::AlreadyFreed
+                                    | BadPointer::InsidePending { .. },
+                                ..
+                            })
+                            | Err(Error::NotOwned { .. }),
+                            None,
+                        ) => {}
+                        (other, holder) => {
+                            panic!("double free: {other:?}, live allocation there: {holder:?}")
+                        }
                     }
                 }
             }

@@ -819,7 +819,18 @@ fn foreign_pointers_and_null_are_forwarded_untouched() {
 #[test]
 fn double_free_and_interior_pointers_answer_1_with_the_pool_intact() {
     let out = check("double_free", &[]);
-    assert!(stderr(&out).contains("double free"), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(log.contains("double free"), "{log}");
+    // The warning names the allocation an interior pointer lies in.
+    assert!(
+        log.lines()
+            .any(|line| line.contains("cudaFree: invalid device pointer 0x")
+                && line.contains(": 512 bytes inside the live allocation at 0x")
+                && line.ends_with(
+                    " of 4096 bytes (an interior pointer: free the pointer the allocation returned)"
+                )),
+        "{log}"
+    );
 }
 
 #[test]

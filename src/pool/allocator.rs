@@ -762,15 +762,48 @@ impl<B: Backend> DeviceAllocator<B> {
         }
     }
 
-    /// The error for an address with no live allocation: ours (interior or freed) or foreign.
+    /// The error for an address with no live allocation starting there: what the pool holds
+    /// there (free memory, unmapped pages, an allocation it lies inside), or nothing (foreign).
+    #[cold]
+    #[inline(never)]
     fn not_an_allocation(&self, addr: u64) -> Error {
-        if self.contains(addr) {
-            Error::InvalidPointer {
+        if !self.contains(addr) {
+            return Error::NotOwned { addr };
+        }
+        // Every byte of a segment lies in one of its blocks (`validate`); should the walk find
+        // none, the address is still ours, never to be forwarded.
+        let Some(id) = self.block_containing(addr) else {
+            return Error::InvalidPointer {
                 addr,
-                reason: BadPointer::NotAnAllocation,
+                reason: BadPointer::CachedFree,
+            };
+        };
+        let b = self.blocks.get(id);
+        let reason = match b.state {
+            BlockState::Free => BadPointer::CachedFree,
+            BlockState::Unmapped => BadPointer::Unmapped,
+            BlockState::Allocated => BadPointer::Interior {
+                start: b.addr,
+                requested: b.requested,
+            },
+            BlockState::Pending => BadPointer::InsidePending { start: b.addr },
+        };
+        Error::InvalidPointer { addr, reason }
+    }
+
+    /// The block whose bytes hold `addr`: a walk of its segment's blocks (for error reports).
+    fn block_containing(&self, addr: u64) -> Option<BlockId> {
+        let (start, _) = self.segments.containing(addr)?;
+        let mut id = self.blocks.find(start)?;
+        loop {
+            let b = self.blocks.get(id);
+            if addr < b.end() {
+                return (addr >= b.addr).then_some(id);
             }
-        } else {
-            Error::NotOwned { addr }
+            if b.next == NIL {
+                return None;
+            }
+            id = b.next;
         }
     }
 

@@ -4,14 +4,31 @@ use super::oom::OomReport;
 use crate::backend::BackendError;
 use std::fmt;
 
-/// Why a pointer passed to `free` was refused.
+/// Why a pointer passed to `free` was refused: what the pool holds at that address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BadPointer {
-    /// The address lies inside one of our segments but is not the start of a live allocation:
-    /// an interior pointer, or a block that was already freed (double free).
-    NotAnAllocation,
+    /// Memory the pool holds free, in its cache: freed already (a double free, the block maybe
+    /// merged with its free neighbours since), or never handed out.
+    CachedFree,
+    /// Pages of an expandable segment with no memory mapped: freed already and given back to
+    /// the device, or never handed out.
+    Unmapped,
+    /// Inside a live allocation, past its start (an interior pointer).
+    Interior {
+        /// Where the allocation starts: the pointer to free.
+        start: u64,
+        /// The bytes it was asked for.
+        requested: u64,
+    },
     /// The allocation's free is already pending (freed twice before its fence completed).
     AlreadyFreed,
+    /// Inside an allocation whose free is pending, past its start.
+    InsidePending {
+        /// Where the allocation starts.
+        start: u64,
+    },
+    /// A replay's completion of a free that was not requested: the allocation is live.
+    FreeNotRequested,
 }
 
 /// What a pool operation can fail with.
@@ -65,22 +82,9 @@ impl fmt::Display for Error {
                 "CUDA out of memory. Tried to allocate more than 1EB memory ({size} bytes requested)."
             ),
             Error::NotOwned { addr } => write!(f, "{addr:#x} was not allocated by cachealloc"),
-            Error::InvalidPointer {
-                addr,
-                reason: BadPointer::NotAnAllocation,
-            } => write!(
-                f,
-                "invalid device pointer {addr:#x}: inside a cachealloc segment but not a live \
-                 allocation (already freed, or an interior pointer)"
-            ),
-            Error::InvalidPointer {
-                addr,
-                reason: BadPointer::AlreadyFreed,
-            } => {
-                write!(
-                    f,
-                    "invalid device pointer {addr:#x}: already freed (double free)"
-                )
+            Error::InvalidPointer { addr, reason } => {
+                write!(f, "invalid device pointer {addr:#x}: ")?;
+                bad_pointer(f, *addr, *reason)
             }
             Error::Backend(e) => write!(f, "{e}"),
             Error::InvalidSeed(why) | Error::SeedForbiddenBySettings(why) => {
@@ -96,3 +100,35 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// Why `addr` was refused, in words that say what to look for in the program.
+fn bad_pointer(f: &mut fmt::Formatter<'_>, addr: u64, reason: BadPointer) -> fmt::Result {
+    match reason {
+        BadPointer::CachedFree => write!(
+            f,
+            "the memory there is free in cachealloc's cache (already freed: a double free; or \
+             never allocated)"
+        ),
+        BadPointer::Unmapped => write!(
+            f,
+            "inside a cachealloc expandable segment, in pages given back to the device (already \
+             freed: a double free; or never allocated)"
+        ),
+        BadPointer::Interior { start, requested } => write!(
+            f,
+            "{} bytes inside the live allocation at {start:#x} of {requested} bytes (an interior \
+             pointer: free the pointer the allocation returned)",
+            addr - start
+        ),
+        BadPointer::AlreadyFreed => write!(f, "already freed (double free)"),
+        BadPointer::InsidePending { start } => write!(
+            f,
+            "{} bytes inside the allocation at {start:#x}, which was already freed (its free is \
+             pending)",
+            addr - start
+        ),
+        BadPointer::FreeNotRequested => {
+            write!(f, "a live allocation whose free was not requested")
+        }
+    }
+}

@@ -77,7 +77,7 @@ impl<B: Backend> DeviceAllocator<B> {
                 // A live allocation whose free was not requested, or no allocation at all.
                 Ok(_) => Error::InvalidPointer {
                     addr,
-                    reason: BadPointer::NotAnAllocation,
+                    reason: BadPointer::FreeNotRequested,
                 },
                 Err(e) => e,
             })

@@ -461,19 +461,53 @@ fn bad_frees_are_refused_and_foreign_pointers_named() {
     let mut p = pool();
     let a = alloc(&mut p, 4096);
     free(&mut p, a);
+    let twice = p.free(a);
     assert_eq!(
-        p.free(a),
+        twice,
         Err(Error::InvalidPointer {
             addr: a.addr(),
-            reason: BadPointer::NotAnAllocation
+            reason: BadPointer::CachedFree
         })
     );
-    let b = alloc(&mut p, 8192);
+    assert!(
+        twice
+            .unwrap_err()
+            .to_string()
+            .ends_with("the memory there is free in cachealloc's cache (already freed: a double free; or never allocated)"),
+    );
+    let b = alloc(&mut p, 8000);
     let interior = b.offset(512);
-    assert!(matches!(
-        p.free(interior),
-        Err(Error::InvalidPointer { .. })
-    ));
+    let inside = p.free(interior);
+    assert_eq!(
+        inside,
+        Err(Error::InvalidPointer {
+            addr: interior.addr(),
+            reason: BadPointer::Interior {
+                start: b.addr(),
+                requested: 8000
+            }
+        })
+    );
+    assert_eq!(
+        inside.unwrap_err().to_string(),
+        format!(
+            "invalid device pointer {:#x}: 512 bytes inside the live allocation at {:#x} of 8000 \
+             bytes (an interior pointer: free the pointer the allocation returned)",
+            interior.addr(),
+            b.addr()
+        )
+    );
+    // Freed, then merged with its free neighbours: the address lies inside a larger free block.
+    let (c, d) = (alloc(&mut p, 4096), alloc(&mut p, 4096));
+    free(&mut p, c);
+    free(&mut p, d);
+    assert_eq!(
+        p.free(d),
+        Err(Error::InvalidPointer {
+            addr: d.addr(),
+            reason: BadPointer::CachedFree
+        })
+    );
     let foreign = DevicePtr::new(0x1000).unwrap();
     assert_eq!(p.free(foreign), Err(Error::NotOwned { addr: 0x1000 }));
     // The highest addresses are the block table's own markers: never taken for a block.
@@ -501,6 +535,23 @@ fn pending_frees_are_not_reused_until_their_fence_completes() {
             addr: a.addr(),
             reason: BadPointer::AlreadyFreed
         })
+    );
+    let inside = p.free_deferred(a.offset(4096));
+    assert_eq!(
+        inside,
+        Err(Error::InvalidPointer {
+            addr: a.addr() + 4096,
+            reason: BadPointer::InsidePending { start: a.addr() }
+        })
+    );
+    assert_eq!(
+        inside.unwrap_err().to_string(),
+        format!(
+            "invalid device pointer {:#x}: 4096 bytes inside the allocation at {:#x}, which was \
+             already freed (its free is pending)",
+            a.addr() + 4096,
+            a.addr()
+        )
     );
     assert_eq!(
         p.stats().active.all.current,
@@ -563,7 +614,7 @@ fn a_free_requested_leaves_the_allocation_statistics_before_it_completes() {
         p.free_completed(b),
         Err(Error::InvalidPointer {
             addr: b.addr(),
-            reason: BadPointer::NotAnAllocation
+            reason: BadPointer::FreeNotRequested
         }),
         "b's free was not requested"
     );
