@@ -27,7 +27,8 @@ static int current(void) {
     return cudaGetDevice(&dev) == cudaSuccess ? dev : -1;
 }
 
-/* cudaMemGetInfo's free bytes of `dev`, asked with `dev` current; the current device is put back. */
+/* cudaMemGetInfo's free bytes of `dev`, asked with `dev` current; the current device is put
+ * back. */
 static size_t free_on(int dev) {
     int was = current();
     size_t free_bytes = 0, total = 0;

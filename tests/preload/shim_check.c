@@ -454,7 +454,9 @@ static cudaStream_t make_stream(unsigned flags) {
     return s;
 }
 
-static void scenario_reuse_nonblocking(void) { run_reuse(make_stream(cudaStreamNonBlocking), 0, 0); }
+static void scenario_reuse_nonblocking(void) {
+    run_reuse(make_stream(cudaStreamNonBlocking), 0, 0);
+}
 static void scenario_reuse_legacy(void) { run_reuse(0, 0, 0); }
 static void scenario_reuse_legacy_done(void) { run_reuse(0, 1, 0); }
 static void scenario_reuse_after_program_sync(void) {

@@ -1,7 +1,7 @@
 /*
- * stress.c — many threads calling cudaMalloc/cudaFree at once through libcachealloc.so (preloaded)
- * in front of the fake libcudart.so.12. Run by tests/preload_stress.rs and, for long runs, by
- * scripts/stress-long.sh.
+ * stress.c — many threads calling cudaMalloc/cudaFree at once through libcachealloc.so
+ * (preloaded) in front of the fake libcudart.so.12. Run by tests/preload_stress.rs and, for long
+ * runs, by scripts/stress-long.sh.
  *
  *   stress [OPS_PER_THREAD]      (default 10000; 8 threads)
  *

@@ -248,7 +248,10 @@ int main(int argc, char **argv) {
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
     else {
-        fprintf(stderr, "unknown scenario '%s' (mix, fraction, devices, small_first, huge_first, busy_exit, killed, fork_early, nocuda)\n", name);
+        fprintf(stderr,
+                "unknown scenario '%s' (mix, fraction, devices, small_first, huge_first, "
+                "busy_exit, killed, fork_early, nocuda)\n",
+                name);
         return 2;
     }
     if (failures != 0)

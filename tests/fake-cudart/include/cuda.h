@@ -22,7 +22,8 @@
  *    `flags` argument must be 0.
  *  - cuMemAddressReserve reserves host address space (PROT_NONE, no memory behind it, not charged
  *    to any device), aligned to 2 MiB, the coarsest granularity or the requested power-of-two
- *    alignment; the address hint is ignored. cuMemAddressFree takes back exactly one whole reservation with nothing mapped in it.
+ *    alignment; the address hint is ignored. cuMemAddressFree takes back exactly one whole
+ *    reservation with nothing mapped in it.
  *  - cuMemCreate makes physical memory of one device (CU_MEM_ALLOCATION_TYPE_PINNED,
  *    CU_MEM_LOCATION_TYPE_DEVICE): charged to that device's capacity exactly like cudaMalloc
  *    (over capacity: CUDA_ERROR_OUT_OF_MEMORY, *handle untouched), so cudaMemGetInfo's free bytes

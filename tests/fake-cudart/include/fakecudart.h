@@ -124,7 +124,8 @@ int fakecudart_inject_driver_failure(const char *call, unsigned after, int code)
  * vmm_access_faults counts it, and the answer is cudaErrorIllegalAddress. cudaMalloc memory has
  * no such check (any stream's device may use it). Returns cudaErrorInvalidValue for a bad range
  * and cudaErrorInvalidResourceHandle for an unknown stream. */
-cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream, uint64_t duration_ticks);
+cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream,
+                              uint64_t duration_ticks);
 /* Moves the simulated clock forward by `ticks`. */
 void fakecudart_advance(uint64_t ticks);
 /* The simulated clock, in ticks since start. */

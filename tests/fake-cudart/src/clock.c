@@ -30,7 +30,9 @@ struct CUstream_st *resolve_stream_locked(cudaStream_t s) {
 
 static int is_legacy(const struct CUstream_st *s) { return s == &fake.devices[s->device].legacy; }
 
-static int is_blocking(const struct CUstream_st *s) { return (s->flags & cudaStreamNonBlocking) == 0; }
+static int is_blocking(const struct CUstream_st *s) {
+    return (s->flags & cudaStreamNonBlocking) == 0;
+}
 
 uint64_t legacy_ready_locked(int device) {
     struct fake_device *d = &fake.devices[device];
@@ -88,7 +90,8 @@ void drop_device_work_locked(int device) {
     d->legacy.tail = d->per_thread.tail = d->retired_blocking_tail = d->max_tail = 0;
 }
 
-cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream, uint64_t duration_ticks) {
+cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream,
+                              uint64_t duration_ticks) {
     fake_init_once();
     lock();
     cudaError_t rc = cudaSuccess;

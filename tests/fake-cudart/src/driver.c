@@ -92,7 +92,8 @@ CUresult fakecudart_driver_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr
         rc = CUDA_ERROR_INVALID_VALUE;
     else if (rc == CUDA_SUCCESS && !valid_device(dev))
         rc = CUDA_ERROR_INVALID_DEVICE;
-    else if (rc == CUDA_SUCCESS && attrib == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+    else if (rc == CUDA_SUCCESS &&
+             attrib == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
         *pi = fake.vmm_supported;
     else if (rc == CUDA_SUCCESS &&
              attrib == CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)

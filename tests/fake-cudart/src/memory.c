@@ -67,7 +67,8 @@ void charge_locked(int device, int64_t delta) {
 
 /* Maps `size` bytes and enters them in the table. cudaErrorMemoryAllocation when out of host
  * address space or table space. */
-static cudaError_t map_alloc_locked(void **out, size_t size, int device, enum fake_alloc_kind kind) {
+static cudaError_t map_alloc_locked(void **out, size_t size, int device,
+                                    enum fake_alloc_kind kind) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     if (size > SIZE_MAX - page)
         return cudaErrorMemoryAllocation;
@@ -80,8 +81,8 @@ static cudaError_t map_alloc_locked(void **out, size_t size, int device, enum fa
         fake.allocs = grown;
         fake.alloc_cap = cap;
     }
-    void *p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void *p = mmap(NULL, map_len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return cudaErrorMemoryAllocation;
     size_t i = upper_bound_locked((uintptr_t)p);
@@ -95,7 +96,8 @@ static cudaError_t map_alloc_locked(void **out, size_t size, int device, enum fa
 static void unmap_alloc_locked(struct fake_alloc *a) {
     munmap((void *)a->base, a->map_len);
     size_t i = (size_t)(a - fake.allocs);
-    memmove(&fake.allocs[i], &fake.allocs[i + 1], (fake.alloc_count - i - 1) * sizeof fake.allocs[0]);
+    memmove(&fake.allocs[i], &fake.allocs[i + 1],
+            (fake.alloc_count - i - 1) * sizeof fake.allocs[0]);
     fake.alloc_count--;
 }
 

@@ -129,7 +129,8 @@ static int parse_int(const char *text, long min, long max, long *out) {
 }
 
 /* What a size variable takes. */
-#define SIZE_SYNTAX "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+#define SIZE_SYNTAX \
+    "bytes, optionally with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
 
 /* What a granularity variable takes. */
 #define GRANULARITY_SYNTAX "a power of two from 4KiB to 1GiB, with the suffixes of a size"
@@ -161,7 +162,8 @@ static void init(void) {
         config_error("FAKECUDART_DEVICES", v, "an integer from 0 to 64");
         devices = FAKE_DEFAULT_DEVICES;
     }
-    if ((v = getenv("FAKECUDART_CAPACITY")) != NULL && *v != '\0' && parse_size(v, &capacity) != 0) {
+    if ((v = getenv("FAKECUDART_CAPACITY")) != NULL && *v != '\0' &&
+        parse_size(v, &capacity) != 0) {
         config_error("FAKECUDART_CAPACITY", v, SIZE_SYNTAX);
         capacity = FAKE_DEFAULT_CAPACITY;
     }
