@@ -57,6 +57,11 @@ const REQUIRED_EXPORTS: &[&str] = &[
     "cudaDeviceEnablePeerAccess",
     "cudaDeviceDisablePeerAccess",
     "cudaIpcGetMemHandle",
+    "cudaStreamBeginCapture",
+    "cudaStreamEndCapture",
+    "cudaStreamIsCapturing",
+    "cudaThreadExchangeStreamCaptureMode",
+    "cudaGraphDestroy",
     "fakecudart_ipc_handle_base",
     "fakecudart_launch",
     "fakecudart_advance",
@@ -255,6 +260,13 @@ fn peer_access_answers_as_the_real_runtime_and_ends_with_a_reset() {
 #[test]
 fn an_ipc_handle_names_the_whole_allocation_even_for_a_pointer_inside_it() {
     assert_scenario_passes("ipc", &[]);
+}
+
+/// Captures fail as the real runtime's do: a device synchronization or a `cudaFree` ends any
+/// capture, a `cudaMalloc` one in global mode, not in relaxed mode.
+#[test]
+fn captures_end_invalidated_on_the_calls_the_runtime_forbids() {
+    assert_scenario_passes("capture", &[]);
 }
 
 #[test]

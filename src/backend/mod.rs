@@ -107,6 +107,13 @@ pub trait Backend {
     /// afterwards every stream fence is done.
     fn wait_stream_fences(&mut self) -> Result<(), BackendError>;
 
+    /// Whether a CUDA graph capture that the program began may be underway. The pool then
+    /// makes none of the calls that would end it on a real device (a synchronization, a query
+    /// of a free's fence, a segment given back) and only obtains new memory. Never blocks.
+    fn capture_underway(&mut self) -> bool {
+        false
+    }
+
     /// Whether the backend has the calls of expandable segments below (the driver's
     /// virtual-memory API). Without them the pool obtains every segment with `allocate`.
     fn supports_expandable_segments(&self) -> bool {

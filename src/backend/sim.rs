@@ -101,6 +101,8 @@ pub struct SimDevice {
     fences_complete_immediately: bool,
     /// Stream fences not yet reported done by `poll_fences`, oldest first.
     stream_fences: VecDeque<Fence>,
+    /// A CUDA graph capture is underway (`set_capturing`): calls that would end one fail.
+    capturing: bool,
     counters: SimCounters,
 }
 
@@ -127,8 +129,23 @@ impl SimDevice {
             completed_fences: u64::MAX,
             fences_complete_immediately: true,
             stream_fences: VecDeque::new(),
+            capturing: false,
             counters: SimCounters::default(),
         }
+    }
+
+    /// Begin or end a CUDA graph capture: while one is underway, `capture_underway` says so
+    /// and `synchronize`, `release` and `unmap_pages`, which would end it on a real device,
+    /// fail with `cudaErrorStreamCaptureUnsupported` (900) and do nothing.
+    pub fn set_capturing(&mut self, capturing: bool) {
+        self.capturing = capturing;
+    }
+
+    fn refuse_during_capture(&self, call: &'static str) -> Result<(), BackendError> {
+        if self.capturing {
+            return Err(BackendError::Device { code: 900, call });
+        }
+        Ok(())
     }
 
     pub fn with_device(mut self, device: DeviceId) -> Self {
@@ -374,6 +391,7 @@ impl Backend for SimDevice {
     }
 
     fn release(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        self.refuse_during_capture("cudaFree")?;
         match self.segments.get(ptr.addr()) {
             Some(s) if s == size && self.reserved.get(ptr.addr()).is_none() => {
                 self.segments.remove(ptr.addr());
@@ -443,6 +461,7 @@ impl Backend for SimDevice {
         size: u64,
         _stream: StreamId,
     ) -> Result<(), BackendError> {
+        self.refuse_during_capture("cuMemUnmap")?;
         let (start, end) = (ptr.addr(), ptr.addr().saturating_add(size));
         if !self.whole_pages_of_a_range(start, end) || !self.mapped.covers(start, end) {
             return Err(misuse("sim unmap_pages of pages not mapped"));
@@ -513,7 +532,12 @@ impl Backend for SimDevice {
         Ok(self.fences_complete_immediately || fence.0 < self.completed_fences)
     }
 
+    fn capture_underway(&mut self) -> bool {
+        self.capturing
+    }
+
     fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.refuse_during_capture("cudaDeviceSynchronize")?;
         self.counters.synchronizes += 1;
         self.complete_work();
         // Done, and not for polls to report.

@@ -4,6 +4,7 @@
 //! (`status`). No policy lives here.
 
 pub mod c_api;
+mod capture;
 mod cxx_exception;
 pub mod interpose;
 pub mod repeats;

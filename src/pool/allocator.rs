@@ -522,6 +522,9 @@ impl<B: Backend> DeviceAllocator<B> {
         size: u64,
         rounded: u64,
     ) -> Result<FreeEntry, Error> {
+        if self.backend.capture_underway() {
+            return self.grow_during_capture(pool, stream, size, rounded);
+        }
         // Use ready blocks first; synchronize before growing when frees are still pending.
         if !self.pending.is_empty() {
             self.synchronize_pending(StreamWait::ThisDevice)?;
@@ -558,6 +561,29 @@ impl<B: Backend> DeviceAllocator<B> {
         }
         let freed_during = waiting(self) < pending;
         Err(self.out_of_memory(stream, (size, rounded, alloc_size), freed_during))
+    }
+
+    /// The miss ladder while a CUDA graph capture is underway: a new segment, or out of
+    /// memory. No synchronization for frees still pending, no garbage collection, no cached
+    /// memory given back: on a real device each would end the capture (PyTorch, too, leaves
+    /// its frees' events alone during captures). What the ladder skipped comes after the
+    /// capture, at the next request that misses.
+    fn grow_during_capture(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+        rounded: u64,
+    ) -> Result<FreeEntry, Error> {
+        self.resolve_allowed_maximum();
+        if let Some(id) = self.alloc_block(pool, stream, rounded, false)? {
+            return Ok(self.entry_of(id));
+        }
+        let mut error = self.out_of_memory(stream, (size, rounded, segment_size(rounded)), false);
+        if let Error::OutOfMemory(report) = &mut error {
+            report.capture_underway = true;
+        }
+        Err(error)
     }
 
     /// Block `id` as the free index would list it.
@@ -1030,6 +1056,7 @@ impl<B: Backend> DeviceAllocator<B> {
             max_split_size: self.settings.max_split_size,
             expandable_segments: self.settings.expandable_segments,
             refused_map: self.refused_map,
+            capture_underway: false,
         }))
     }
 }

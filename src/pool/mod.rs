@@ -29,6 +29,8 @@ mod validate;
 #[cfg(test)]
 mod boundary_tests;
 #[cfg(test)]
+mod capture_tests;
+#[cfg(test)]
 mod expandable_boundary_tests;
 #[cfg(test)]
 mod expandable_tests;

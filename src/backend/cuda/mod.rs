@@ -12,6 +12,7 @@
 //! Dropping a backend makes no CUDA call (it happens on `cudaDeviceReset`, which destroys the
 //! device's events and memory itself, and never at exit).
 
+pub mod captures;
 pub mod device_guard;
 pub mod driver;
 pub mod epoch;
@@ -132,6 +133,19 @@ impl CudaBackend {
     fn enter(&self) -> Result<DeviceGuard<'static>, BackendError> {
         enter(self.rt, self.device)
     }
+
+    /// `call` would end a capture under way: it is not made, and fails with the runtime's own
+    /// answer to it during a capture (the pool avoids such calls then; this keeps any path it
+    /// missed from ending the capture).
+    fn refuse_during_capture(&self, call: &'static str) -> Result<(), BackendError> {
+        if captures::underway(self.rt) {
+            return Err(BackendError::Device {
+                code: codes::STREAM_CAPTURE_UNSUPPORTED,
+                call,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Make `device` current for the guard's lifetime.
@@ -174,6 +188,7 @@ impl Backend for CudaBackend {
     }
 
     fn release(&mut self, ptr: DevicePtr, _size: u64) -> Result<(), BackendError> {
+        self.refuse_during_capture("cudaFree (not made: a CUDA graph capture is underway)")?;
         let _on_device = self.enter()?;
         // SAFETY: `ptr` is a segment this backend obtained from the real cudaMalloc and has not
         // released; the pool guarantees no work uses it any more.
@@ -238,6 +253,10 @@ impl Backend for CudaBackend {
     }
 
     fn poll_fences(&mut self, done: &mut Vec<Fence>) -> Result<(), BackendError> {
+        if captures::underway(self.rt) {
+            // Event queries may end a capture: the fences wait for its end.
+            return Ok(());
+        }
         // On the device, as PyTorch queries and releases its events: a completed event may be
         // destroyed here.
         let _on_device = self.enter()?;
@@ -252,13 +271,24 @@ impl Backend for CudaBackend {
         match &mut self.fences {
             FencePolicy::DeviceSync(epochs) => Ok(epochs.done(fence.0)),
             FencePolicy::LegacyStreamEvent(events) => {
+                // An event query may end a capture: the fence waits for its end.
+                if captures::underway(self.rt) {
+                    return Ok(false);
+                }
                 events.done(self.rt, fence.0).map_err(device_error)
             }
             FencePolicy::Immediate => Ok(true),
         }
     }
 
+    fn capture_underway(&mut self) -> bool {
+        captures::underway(self.rt)
+    }
+
     fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.refuse_during_capture(
+            "cudaDeviceSynchronize (not made: a CUDA graph capture is underway)",
+        )?;
         let ticket = match &self.fences {
             FencePolicy::DeviceSync(epochs) => Some(epochs.begin()),
             _ => None,

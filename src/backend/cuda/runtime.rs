@@ -13,7 +13,8 @@
 //!    `RTLD_NOLOAD` finds that already-loaded copy without loading a second one.
 //!
 //! A table is complete or absent: when a function is missing the runtime counts as not found
-//! (except `cudaStreamGetDevice`, new in CUDA 12.8, which is optional).
+//! (except `cudaStreamGetDevice`, new in CUDA 12.8, and the less common forms of
+//! `cudaStreamBeginCapture`, which are optional).
 //! Success is cached for the life of the process; failure is not (a runtime may be loaded
 //! later, e.g. by a Python import) but is reported only once.
 
@@ -38,6 +39,8 @@ pub mod codes {
     /// `cudaErrorPeerAccessAlreadyEnabled`.
     pub const PEER_ACCESS_ALREADY_ENABLED: CudaError = 704;
     pub const NOT_SUPPORTED: CudaError = 801;
+    /// `cudaErrorStreamCaptureUnsupported`: the call is not permitted while a stream captures.
+    pub const STREAM_CAPTURE_UNSUPPORTED: CudaError = 900;
     pub const UNKNOWN: CudaError = 999;
 }
 
@@ -47,6 +50,9 @@ pub const EVENT_DISABLE_TIMING: c_uint = 0x02;
 /// `cudaStreamLegacy` (the handle value 0x1): the legacy default stream, whatever the caller's
 /// default-stream mode.
 pub const STREAM_LEGACY: usize = 0x1;
+
+/// `cudaStreamPerThread` (the handle value 0x2): the calling thread's per-thread default stream.
+pub const STREAM_PER_THREAD: usize = 0x2;
 
 type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> CudaError;
 type FreeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
@@ -64,6 +70,22 @@ type StreamSynchronizeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type EnablePeerAccessFn = unsafe extern "C" fn(c_int, c_uint) -> CudaError;
 /// `cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)`; the handle is opaque here.
 type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
+/// `cudaStreamIsCapturing(stream, enum cudaStreamCaptureStatus *status)`.
+type StreamIsCapturingFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
+/// `cudaStreamBeginCapture(stream, enum cudaStreamCaptureMode mode)` (and its `_ptsz` form).
+pub type BeginCaptureFn = unsafe extern "C" fn(*mut c_void, c_int) -> CudaError;
+/// `cudaStreamBeginCaptureToGraph(stream, cudaGraph_t graph, const cudaGraphNode_t
+/// *dependencies, const cudaGraphEdgeData *dependencyData, size_t numDependencies, enum
+/// cudaStreamCaptureMode mode)` (and its `_ptsz` form); graph, nodes and edge data are opaque
+/// here.
+pub type BeginCaptureToGraphFn = unsafe extern "C" fn(
+    *mut c_void,
+    *mut c_void,
+    *const c_void,
+    *const c_void,
+    usize,
+    c_int,
+) -> CudaError;
 
 /// The real runtime's entry points the library uses. Each field is the address of the named
 /// runtime function, with that function's C signature.
@@ -87,9 +109,16 @@ pub struct Runtime {
     pub stream_synchronize: StreamSynchronizeFn,
     pub device_enable_peer_access: EnablePeerAccessFn,
     pub ipc_get_mem_handle: IpcGetMemHandleFn,
-    /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have (the only function
-    /// the table may lack).
+    pub stream_is_capturing: StreamIsCapturingFn,
+    pub stream_begin_capture: BeginCaptureFn,
+    /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have.
     pub stream_get_device: Option<StreamGetDeviceFn>,
+    /// The per-thread-default-stream form of `cudaStreamBeginCapture`, and
+    /// `cudaStreamBeginCaptureToGraph` in both forms (CUDA 12.3 on): the interposed functions
+    /// forward to them, so a runtime has them whenever a program calls them.
+    pub stream_begin_capture_ptsz: Option<BeginCaptureFn>,
+    pub stream_begin_capture_to_graph: Option<BeginCaptureToGraphFn>,
+    pub stream_begin_capture_to_graph_ptsz: Option<BeginCaptureToGraphFn>,
 }
 
 /// Sonames tried with `RTLD_NOLOAD`, newest first.
@@ -224,10 +253,28 @@ impl Runtime {
                 ipc_get_mem_handle: std::mem::transmute::<*mut c_void, IpcGetMemHandleFn>(
                     finder.find(c"cudaIpcGetMemHandle")?,
                 ),
+                stream_is_capturing: std::mem::transmute::<*mut c_void, StreamIsCapturingFn>(
+                    finder.find(c"cudaStreamIsCapturing")?,
+                ),
+                stream_begin_capture: std::mem::transmute::<*mut c_void, BeginCaptureFn>(
+                    finder.find(c"cudaStreamBeginCapture")?,
+                ),
                 stream_get_device: finder
                     .find(c"cudaStreamGetDevice")
                     .ok()
                     .map(|f| std::mem::transmute::<*mut c_void, StreamGetDeviceFn>(f)),
+                stream_begin_capture_ptsz: finder
+                    .find(c"cudaStreamBeginCapture_ptsz")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, BeginCaptureFn>(f)),
+                stream_begin_capture_to_graph: finder
+                    .find(c"cudaStreamBeginCaptureToGraph")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, BeginCaptureToGraphFn>(f)),
+                stream_begin_capture_to_graph_ptsz: finder
+                    .find(c"cudaStreamBeginCaptureToGraph_ptsz")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, BeginCaptureToGraphFn>(f)),
             }
         };
         log_event!(debug, "found the CUDA runtime through {route}");

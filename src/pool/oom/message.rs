@@ -76,6 +76,14 @@ impl fmt::Display for OomReport {
                 format_size(self.other_streams_largest_free_block)
             )?;
         }
+        if self.capture_underway {
+            writeln!(
+                f,
+                "A CUDA graph capture was underway: cachealloc gave no cached memory back to the \
+                 device and waited for no pending free, since each synchronizes the device and \
+                 would end the capture; outside a capture it does both before it fails."
+            )?;
+        }
         if f.alternate() {
             write!(f, "Hint: {:#}", self.hint())
         } else {

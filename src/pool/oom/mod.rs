@@ -84,6 +84,9 @@ pub struct OomReport {
     /// With expandable segments: the pages the pool last tried to map for the request, which
     /// the device refused (whole pages); `None` when no map was refused.
     pub refused_map: Option<u64>,
+    /// A CUDA graph capture was underway: the pool neither waited for pending frees nor gave
+    /// cached memory back before failing (either would have ended the capture).
+    pub capture_underway: bool,
 }
 
 /// What an OOM was caused by, with the numbers that show it.

@@ -659,6 +659,75 @@ static void driver_load(void) {
     CHECK(fakecudart_counter("driver_errors") == 1);
 }
 
+/* A cudaMalloc during a capture: refused in the thread's default (global) mode, tolerated in
+ * relaxed mode. */
+static cudaError_t malloc_in_mode(void **p, size_t size, enum cudaStreamCaptureMode mode) {
+    enum cudaStreamCaptureMode previous = mode;
+    cudaThreadExchangeStreamCaptureMode(&previous);
+    cudaError_t rc = cudaMalloc(p, size);
+    cudaThreadExchangeStreamCaptureMode(&previous);
+    return rc;
+}
+
+static void capture(void) {
+    cudaStream_t s, blocking;
+    CHECK_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_RC(cudaStreamCreate(&blocking), cudaSuccess);
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+    CHECK_RC(cudaStreamIsCapturing(s, &status), cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusNone);
+    CHECK_RC(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal),
+             cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = NULL;
+    CHECK_RC(cudaStreamEndCapture(s, &graph), cudaErrorIllegalState);
+
+    /* A relaxed cudaMalloc is tolerated; a cudaFree, even relaxed, ends the capture. */
+    void *p = NULL, *q = NULL;
+    CHECK_RC(cudaMalloc(&p, 4096), cudaSuccess);
+    CHECK_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaErrorIllegalState);
+    CHECK_RC(cudaStreamIsCapturing(s, &status), cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusActive);
+    CHECK_RC(cudaStreamIsCapturing(cudaStreamLegacy, &status), cudaSuccess);
+    CHECK_RC(malloc_in_mode(&q, 4096, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_RC(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK_RC(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+
+    /* In global mode a cudaMalloc ends it; the end answers 901 and no graph. */
+    CHECK_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_RC(malloc_in_mode(&q, 4096, cudaStreamCaptureModeGlobal),
+             cudaErrorStreamCaptureUnsupported);
+    CHECK_RC(cudaStreamIsCapturing(s, &status), cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    CHECK_RC(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 1);
+
+    /* A device synchronization ends any capture, whatever the mode; so does a cudaFree. */
+    CHECK_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    CHECK_RC(cudaThreadExchangeStreamCaptureMode(&relaxed), cudaSuccess);
+    CHECK_RC(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+    CHECK_RC(cudaThreadExchangeStreamCaptureMode(&relaxed), cudaSuccess);
+    CHECK(relaxed == cudaStreamCaptureModeRelaxed);
+    CHECK_RC(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+    CHECK_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_RC(cudaFree(p), cudaErrorStreamCaptureUnsupported);
+    CHECK_RC(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+    CHECK(fakecudart_counter("captures_invalidated") == 3);
+    CHECK(fakecudart_counter("capture_refusals") == 3);
+    CHECK_RC(cudaFree(p), cudaSuccess);
+
+    /* A blocking stream's capture shows on the legacy stream. */
+    CHECK_RC(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_RC(cudaStreamIsCapturing(cudaStreamLegacy, &status), cudaErrorStreamCaptureImplicit);
+    CHECK_RC(cudaStreamEndCapture(blocking, &graph), cudaSuccess);
+    CHECK(fakecudart_counter("captures_begun") == 5);
+    CHECK_RC(cudaFree(q), cudaSuccess);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -668,6 +737,7 @@ static const struct {
     {"no-device", no_device}, {"total", total},       {"threads", threads},
     {"context", context},
     {"driver-load", driver_load}, {"peer", peer}, {"ipc", ipc},
+    {"capture", capture},
 };
 
 int main(int argc, char **argv) {

@@ -62,6 +62,23 @@
  *  - Driver. At its first call the fake runtime initializes the fake driver and loads
  *    libcuda.so.1 with dlopen through its RUNPATH ($ORIGIN), as the real runtime loads the real
  *    driver; not with FAKECUDART_FAIL=35 (no driver).
+ *  - Stream capture. cudaStreamBeginCapture starts capturing a created stream (the legacy and
+ *    per-thread default streams are refused with cudaErrorStreamCaptureUnsupported, one already
+ *    capturing with cudaErrorIllegalState); nothing issued to it is recorded as a graph, but the
+ *    rules that make a capture fail are kept, as the real runtime documents them. While any
+ *    capture is active: cudaDeviceSynchronize, and cudaFree of an allocation (which synchronizes
+ *    the device), end every active capture as invalidated and answer
+ *    cudaErrorStreamCaptureUnsupported (900), whatever the calling thread's mode; cudaMalloc,
+ *    cudaEventQuery and cudaEventSynchronize, the calls the runtime calls potentially unsafe, do
+ *    so for each capture they would endanger (a global-mode capture from any thread, a
+ *    thread-local one from its own thread) unless the calling thread's mode
+ *    (cudaThreadExchangeStreamCaptureMode, global by default) is relaxed, which tolerates them.
+ *    cudaStreamEndCapture gives a graph handle (destroyed with cudaGraphDestroy; it holds
+ *    nothing), or NULL and cudaErrorStreamCaptureInvalidated (901) for an invalidated capture;
+ *    from another thread than a non-relaxed capture's it answers
+ *    cudaErrorStreamCaptureWrongThread (908) and the capture goes on. cudaStreamIsCapturing of
+ *    the legacy stream answers cudaErrorStreamCaptureImplicit (906) while a blocking stream of
+ *    the device captures.
  *  - Thread safe: one mutex guards the state. Environment variables are read at the first call.
  *    Fork safe: a fork waits for the mutex, so the child never inherits it held.
  *
@@ -91,12 +108,29 @@ typedef enum cudaError {
     cudaErrorIllegalAddress = 700,
     cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorPeerAccessNotEnabled = 705,
+    cudaErrorIllegalState = 401,
     cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorUnknown = 999
 } cudaError_t;
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+
+/* Stream capture (graphs), as in driver_types.h. */
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
 
 /* Special stream handles, as in driver_types.h. */
 #define cudaStreamLegacy ((cudaStream_t)0x1)
@@ -179,6 +213,12 @@ cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags);
 cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  enum cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
 

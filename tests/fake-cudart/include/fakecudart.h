@@ -75,7 +75,10 @@ extern "C" {
     X(peer_enables, "successful cudaDeviceEnablePeerAccess calls")                         \
     X(vmm_access_faults, "uses of driver memory by a device without access (700 answered)") \
     X(ipc_handles, "successful cudaIpcGetMemHandle calls")                                  \
-    X(vmm_rdma_creates, "successful cuMemCreate calls with allocFlags.gpuDirectRDMACapable")
+    X(vmm_rdma_creates, "successful cuMemCreate calls with allocFlags.gpuDirectRDMACapable") \
+    X(captures_begun, "successful cudaStreamBeginCapture calls")                              \
+    X(captures_invalidated, "captures a capture-unsafe call invalidated")                     \
+    X(capture_refusals, "calls refused with 900 because a capture was active")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;

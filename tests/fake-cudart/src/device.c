@@ -44,6 +44,8 @@ cudaError_t cudaDeviceSynchronize(void) {
     lock();
     fake.counters.device_syncs++;
     cudaError_t rc = take_call_failure_locked(&fake.injected_sync);
+    if (rc == cudaSuccess)
+        rc = capture_check_locked(CAPTURE_SYNC);
     if (rc != cudaSuccess) {
         unlock();
         return record(rc);

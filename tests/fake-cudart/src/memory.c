@@ -107,7 +107,9 @@ static cudaError_t device_alloc(void **out, size_t size, enum fake_alloc_kind ki
     cudaError_t rc;
     lock();
     struct fake_device *d = &fake.devices[device];
-    if (fake.injected_failures > 0) {
+    if ((rc = capture_check_locked(CAPTURE_UNSAFE)) != cudaSuccess) {
+        /* refused: a capture forbids it */
+    } else if (fake.injected_failures > 0) {
         fake.injected_failures--;
         rc = fake.injected_code;
     } else if (size > fake_free_bytes(d)) {
@@ -179,6 +181,12 @@ cudaError_t cudaFree(void *devPtr) {
         fake.counters.free_failures++;
         unlock();
         return record(cudaErrorInvalidValue);
+    }
+    cudaError_t refused = capture_check_locked(CAPTURE_SYNC);
+    if (refused != cudaSuccess) {
+        fake.counters.free_failures++;
+        unlock();
+        return record(refused);
     }
     /* Like the real cudaFree: wait for the device before the memory goes away. */
     device_sync_locked(a->device);

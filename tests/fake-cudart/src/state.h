@@ -14,6 +14,7 @@
 #ifndef FAKECUDART_STATE_H
 #define FAKECUDART_STATE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,9 @@ struct CUstream_st {
     int priority;
     uint64_t tail;            /* tick at which the last action issued on it completes */
     struct CUstream_st *next; /* live list of created streams */
+    enum cudaStreamCaptureStatus capture; /* capture.c */
+    enum cudaStreamCaptureMode capture_mode;
+    pthread_t capture_thread; /* the thread that began the capture */
 };
 
 struct CUevent_st {
@@ -180,6 +184,16 @@ cudaError_t record(cudaError_t rc);
         if (fake.fail_code != cudaSuccess)        \
             return record(fake.fail_code);        \
     } while (0)
+
+/* Stream capture (capture.c). */
+enum fake_capture_hazard {
+    CAPTURE_SYNC,   /* waits for the device: refused during any active capture */
+    CAPTURE_UNSAFE, /* potentially unsafe: refused unless the calling thread is relaxed */
+};
+/* cudaSuccess when no active capture forbids a call of kind `hazard` by the calling thread;
+ * else invalidates the captures it endangers, counts the refusal and answers
+ * cudaErrorStreamCaptureUnsupported. */
+cudaError_t capture_check_locked(enum fake_capture_hazard hazard);
 
 /* Memory (memory.c). */
 struct fake_alloc *find_alloc_locked(uintptr_t addr); /* allocation containing addr, or NULL */

@@ -202,6 +202,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     lock();
     fake.counters.event_queries++;
     cudaError_t rc = take_call_failure_locked(&fake.injected_query);
+    if (rc == cudaSuccess)
+        rc = capture_check_locked(CAPTURE_UNSAFE);
     if (rc == cudaSuccess) {
         rc = cudaErrorInvalidResourceHandle;
         struct CUevent_st *e = resolve_event_locked(event);
@@ -216,11 +218,16 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     ENTER();
     lock();
     fake.counters.event_syncs++;
-    struct CUevent_st *e = resolve_event_locked(event);
-    if (e != NULL && e->recorded)
-        advance_to_locked(e->done_at);
+    cudaError_t rc = capture_check_locked(CAPTURE_UNSAFE);
+    struct CUevent_st *e = NULL;
+    if (rc == cudaSuccess) {
+        e = resolve_event_locked(event);
+        if (e != NULL && e->recorded)
+            advance_to_locked(e->done_at);
+        rc = e != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle;
+    }
     unlock();
-    return record(e != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle);
+    return record(rc);
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {

@@ -40,6 +40,7 @@ fn fragmented() -> OomReport {
         large_pool_largest_free_block: 600 * MIB,
         max_split_size: u64::MAX,
         refused_map: None,
+        capture_underway: false,
     }
 }
 

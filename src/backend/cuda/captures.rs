@@ -1,0 +1,135 @@
+//! CUDA graph captures the program has begun, so that the pools make no call that would end
+//! one.
+//!
+//! While a stream captures, a `cudaDeviceSynchronize` from any thread ends the capture as
+//! invalidated (`cudaErrorStreamCaptureUnsupported`, whatever the capture's mode), and so may
+//! the runtime's other calls that wait for the device or query its events (`cudaFree`,
+//! `cudaEventQuery`). PyTorch under `LD_PRELOAD` meets this: its caching allocator calls
+//! `cudaMalloc` during `torch.cuda.graph` captures (with the capture rules relaxed for that
+//! call), and a pool that synchronized there to reuse frees still pending, or gave cached
+//! memory back to retry, would make the capture fail where the runtime's own `cudaMalloc`
+//! succeeds. So the interposed `cudaStreamBeginCapture` (and its `ToGraph` and per-thread
+//! forms) notes the stream here; while any noted stream is still capturing, the backend answers
+//! that a capture is underway and the pool only obtains new memory (`Backend::capture_underway`).
+//!
+//! A capture's end is not interposed: the runtime is asked instead (`cudaStreamIsCapturing`,
+//! which captures allow), and only when the pool would make such a call, so a stream whose
+//! capture ended, or that was destroyed, is forgotten then. The noted streams are atomics in a
+//! fixed table (no lock to be held across a `fork`); a capture begun while the table is full
+//! is not noted (a warning says so once), as when it was begun through the driver API.
+
+use super::runtime::{CudaError, Runtime, codes};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Streams that may be capturing: far more than programs run at once.
+const SLOTS: usize = 64;
+
+/// Each slot: a stream handle (never 0: the legacy stream does not capture), or 0 for none.
+static STREAMS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+/// Slots in use: 0 is the common case, one load.
+static NOTED: AtomicUsize = AtomicUsize::new(0);
+static WARNED_FULL: AtomicBool = AtomicBool::new(false);
+
+/// `cudaStreamCaptureStatusNone`.
+const STATUS_NONE: i32 = 0;
+
+/// The program began a capture of `stream` (the handle it passed, or `cudaStreamPerThread` for
+/// the per-thread default stream). Returns false when the table was full and it was not noted.
+pub fn begun(rt: &Runtime, stream: usize) -> bool {
+    if stream == 0 {
+        return true;
+    }
+    if note(stream) {
+        return true;
+    }
+    forget_ended(rt);
+    note(stream) || {
+        if !WARNED_FULL.swap(true, Ordering::Relaxed) {
+            log_event!(
+                warn,
+                "more than {SLOTS} CUDA graph captures at once: a capture on stream {stream:#x} \
+                 is not followed, and a device synchronization by cachealloc during it would \
+                 end it"
+            );
+        }
+        false
+    }
+}
+
+/// Put `stream` in a free slot. The count goes up first, so that it is never below the slots
+/// taken (a slot emptied by `forget_ended` is counted down after it was counted up).
+fn note(stream: usize) -> bool {
+    NOTED.fetch_add(1, Ordering::AcqRel);
+    let taken = STREAMS.iter().any(|slot| {
+        slot.compare_exchange(0, stream, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    });
+    if !taken {
+        NOTED.fetch_sub(1, Ordering::AcqRel);
+    }
+    taken
+}
+
+/// Whether a capture the program began may still be going on: the runtime is asked about each
+/// noted stream, and those no longer capturing are forgotten. One load when none is noted.
+#[inline]
+pub fn underway(rt: &Runtime) -> bool {
+    NOTED.load(Ordering::Acquire) != 0 && forget_ended(rt)
+}
+
+/// Forget the noted streams that no longer capture; whether any still does.
+#[cold]
+#[inline(never)]
+fn forget_ended(rt: &Runtime) -> bool {
+    let mut capturing = false;
+    for slot in &STREAMS {
+        let stream = slot.load(Ordering::Acquire);
+        if stream == 0 {
+            continue;
+        }
+        if is_capturing(rt, stream) {
+            capturing = true;
+        } else if slot
+            .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            NOTED.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    capturing
+}
+
+/// Whether `stream` captures now, by the runtime. A stream it cannot answer for (destroyed, an
+/// error) does not.
+fn is_capturing(rt: &Runtime, stream: usize) -> bool {
+    let mut status: i32 = STATUS_NONE;
+    // SAFETY: `status` is a valid out-pointer for the call; the stream handle is one the
+    // program passed to cudaStreamBeginCapture, which the runtime checks (a destroyed one
+    // answers an error).
+    let code: CudaError = unsafe { (rt.stream_is_capturing)(stream as *mut c_void, &mut status) };
+    code == codes::SUCCESS && status != STATUS_NONE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots are taken and given back without losing count, and a full table refuses.
+    #[test]
+    fn the_table_counts_what_it_holds() {
+        let base = 0x7000_0000usize;
+        let taken: Vec<usize> = (1..=SLOTS).map(|i| base + i).collect();
+        for &stream in &taken {
+            assert!(note(stream));
+        }
+        assert!(!note(base), "a full table takes no more");
+        assert_eq!(NOTED.load(Ordering::Acquire), SLOTS);
+        for slot in &STREAMS {
+            let stream = slot.swap(0, Ordering::AcqRel);
+            assert!(taken.contains(&stream));
+            NOTED.fetch_sub(1, Ordering::AcqRel);
+        }
+        assert_eq!(NOTED.load(Ordering::Acquire), 0);
+    }
+}

@@ -1,0 +1,88 @@
+//! The miss ladder while a CUDA graph capture is underway: the pool obtains new memory and makes
+//! none of the calls that would end the capture (the simulated device fails them then, as a
+//! real one would end the capture).
+
+use super::tests::{MIB, S0, pool_with};
+use super::*;
+use crate::backend::sim::SimDevice;
+
+const S1: StreamId = StreamId(1);
+
+/// A pool whose frees wait for the device (free_sync's device policy), on an unlimited device.
+fn pool_with_pending_frees(settings: Settings) -> DeviceAllocator<SimDevice> {
+    DeviceAllocator::new(SimDevice::new(u64::MAX).with_pending_work(), settings)
+}
+
+#[test]
+fn during_a_capture_a_miss_grows_rather_than_wait_for_pending_frees() {
+    for settings in [
+        Settings::default(),
+        Settings {
+            expandable_segments: true,
+            ..Settings::default()
+        },
+    ] {
+        let mut p = pool_with_pending_frees(settings);
+        let a = p.malloc(10 * MIB, S0).unwrap();
+        p.free_deferred(a).unwrap();
+        p.backend_mut().set_capturing(true);
+        let b = p.malloc(10 * MIB, S0).unwrap();
+        p.validate().unwrap();
+        assert_ne!(a, b, "the pending block stays pending");
+        assert_eq!(p.backend().counters().synchronizes, 0);
+        assert_eq!(p.pending_frees(), 1);
+        // After the capture, the next miss waits for the device and reuses the block.
+        p.backend_mut().set_capturing(false);
+        let c = p.malloc(10 * MIB, S0).unwrap();
+        p.validate().unwrap();
+        assert_eq!(c, a);
+        assert_eq!(p.backend().counters().synchronizes, 1);
+        assert_eq!(p.pending_frees(), 0);
+    }
+}
+
+#[test]
+fn an_out_of_memory_during_a_capture_gives_nothing_back_and_says_so() {
+    let mut p = pool_with(40 * MIB, Settings::default());
+    let _kept = p.malloc(20 * MIB, S0).unwrap();
+    // A whole cached segment of another stream: only giving it back makes room.
+    let other = p.malloc(20 * MIB, S1).unwrap();
+    p.free(other).unwrap();
+    p.backend_mut().set_capturing(true);
+    let Err(Error::OutOfMemory(report)) = p.malloc(20 * MIB, S0) else {
+        panic!("a request that needs cached memory given back fails during a capture");
+    };
+    p.validate().unwrap();
+    assert!(report.capture_underway);
+    assert_eq!(p.backend().counters().frees, 0, "nothing given back");
+    let stats = p.stats();
+    assert_eq!(stats.reserved_bytes.all.current, 40 * MIB as i64);
+    assert_eq!(stats.counts.num_alloc_retries, 0);
+    assert_eq!(stats.counts.num_ooms, 1);
+    let text = report.to_string();
+    assert!(
+        text.contains(
+            "A CUDA graph capture was underway: cachealloc gave no cached memory back to the \
+             device and waited for no pending free, since each synchronizes the device and \
+             would end the capture; outside a capture it does both before it fails."
+        ),
+        "{text}"
+    );
+    // After the capture the ladder gives the cached segment back and the request fits.
+    p.backend_mut().set_capturing(false);
+    p.malloc(20 * MIB, S0).unwrap();
+    p.validate().unwrap();
+    assert_eq!(p.backend().counters().frees, 1);
+    assert_eq!(p.stats().counts.num_alloc_retries, 1);
+}
+
+/// An out-of-memory outside a capture does not speak of one.
+#[test]
+fn an_out_of_memory_outside_a_capture_names_none() {
+    let mut p = pool_with(20 * MIB, Settings::default());
+    let Err(Error::OutOfMemory(report)) = p.malloc(40 * MIB, S0) else {
+        panic!("a request beyond the device fails");
+    };
+    assert!(!report.capture_underway);
+    assert!(!report.to_string().contains("capture"), "{report}");
+}

@@ -1,0 +1,166 @@
+/*
+ * capture_check.c — CUDA graph captures with libcachealloc.so preloaded in front of the fake
+ * runtime, whose captures fail as the real runtime's do (a device synchronization or a cudaFree
+ * during one ends it as invalidated). The program allocates as PyTorch's caching allocator does
+ * during `torch.cuda.graph`: it begins a capture on a non-blocking stream and calls cudaMalloc
+ * with the thread's capture mode relaxed. Run by tests/preload_capture.rs as
+ * `capture_check SCENARIO`; prints "ok SCENARIO" when every check held.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_runtime_api.h"
+#include "fakecudart.h"
+
+#define MIB ((size_t)1 << 20)
+
+#include "check.h"
+
+/* cudaMalloc as PyTorch's cudaMallocMaybeCapturing makes it during a capture. */
+static cudaError_t malloc_relaxed(void **p, size_t size) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t rc = cudaMalloc(p, size);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return rc;
+}
+
+/* A freed block still pending (free_sync:device or event) is not waited for during a capture:
+ * the request takes new memory, the capture completes, and after it the block is reused. */
+static void scenario_pending_free(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    uint64_t syncs = fakecudart_counter("device_syncs");
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
+    CHECK(q != p);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("device_syncs") == syncs);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    /* After the capture, the next request that misses waits for the device and reuses p. */
+    CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
+    CHECK(r == p);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* A request that fits only once cached memory is given back fails with 2 during a capture,
+ * which goes on; after the capture the same request gives the cache back and succeeds. Run
+ * with FAKECUDART_CAPACITY=64MiB and free_sync:none (the freed segment is cached at once). */
+static void scenario_oom(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&q, 50 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("frees") == 0);
+    CHECK_CODE(cudaMalloc(&q, 50 * MIB), cudaSuccess);
+    CHECK(fakecudart_counter("frees") == 1);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+}
+
+/* Another thread's request during a capture: thread-local captures let other threads call
+ * cudaMalloc, and the pool must not synchronize the device for them either. */
+static void *other_thread_malloc(void *arg) {
+    void **out = arg;
+    if (cudaMalloc(out, 10 * MIB) != cudaSuccess)
+        *out = NULL;
+    return NULL;
+}
+
+static void scenario_other_thread(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, other_thread_malloc, &q) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    CHECK(q != NULL && q != p);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+}
+
+/* A capture that ended, and a stream destroyed while capturing, are forgotten: the next miss
+ * waits for the device again and reuses the pending block. */
+static void scenario_ended(void) {
+    cudaStream_t s, gone;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(gone, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(gone), cudaSuccess);
+    void *p = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    uint64_t syncs = fakecudart_counter("device_syncs");
+    CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
+    CHECK(r == p);
+    CHECK(fakecudart_counter("device_syncs") == syncs + 1);
+}
+
+/* Refused starts are the runtime's answers, and note nothing. */
+static void scenario_refused(void) {
+    CHECK_CODE(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal),
+               cudaErrorStreamCaptureUnsupported);
+    CHECK_CODE(cudaGetLastError(), cudaErrorStreamCaptureUnsupported);
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, (enum cudaStreamCaptureMode)7), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(fakecudart_counter("captures_begun") == 0);
+    void *p = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
+    CHECK(r == p);
+}
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} scenarios[] = {
+    {"pending_free", scenario_pending_free},
+    {"oom", scenario_oom},
+    {"other_thread", scenario_other_thread},
+    {"ended", scenario_ended},
+    {"refused", scenario_refused},
+};
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        if (strcmp(scenarios[i].name, argv[1]) == 0) {
+            scenarios[i].run();
+            if (failures == 0)
+                printf("ok %s\n", argv[1]);
+            return failures ? 1 : 0;
+        }
+    }
+    fprintf(stderr, "unknown scenario %s\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,73 @@
+//! End to end with CUDA graph captures: a program that captures a stream and allocates during
+//! the capture as PyTorch's caching allocator does (`tests/preload/capture_check.c`), with the
+//! library preloaded in front of the fake runtime, whose captures end as invalidated on a
+//! device synchronization or a `cudaFree`, as the real runtime's do. The pool makes neither
+//! during a capture: a request takes new memory, or fails with an out-of-memory error that says
+//! why, and the capture completes.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::OnceLock;
+use support::fake_cudart;
+use support::shim::{preloaded, run_scenario, stderr};
+
+fn program() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/capture_check.c");
+        fake_cudart::compile_c_program(&source, "capture_check", &["-pthread"])
+    })
+}
+
+fn check(scenario: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = preloaded(program());
+    cmd.arg(scenario).envs(env.iter().copied());
+    run_scenario(&mut cmd, scenario)
+}
+
+/// A block freed before the capture and still pending is left pending: the request during the
+/// capture takes new memory instead of synchronizing the device, and the capture completes.
+#[test]
+fn a_request_during_a_capture_does_not_wait_for_pending_frees() {
+    for free_sync in ["device", "event"] {
+        let conf = format!("free_sync:{free_sync}");
+        check("pending_free", &[("CACHEALLOC_CONF", &conf)]);
+    }
+}
+
+/// Another thread's request, during a thread-local capture, does not synchronize the device
+/// either (a device synchronization from any thread ends a capture).
+#[test]
+fn another_threads_request_during_a_capture_does_not_end_it() {
+    check("other_thread", &[("CACHEALLOC_CONF", "free_sync:device")]);
+}
+
+/// A request that needs cached memory given back fails during a capture, with a report that
+/// says why, and succeeds after it.
+#[test]
+fn a_request_that_needs_the_cache_given_back_fails_during_a_capture_and_says_why() {
+    let out = check(
+        "oom",
+        &[
+            ("CACHEALLOC_CONF", "free_sync:none"),
+            ("FAKECUDART_CAPACITY", "64MiB"),
+        ],
+    );
+    let log = stderr(&out);
+    assert!(log.contains("CUDA out of memory"), "{log}");
+    assert!(
+        log.contains("A CUDA graph capture was underway: cachealloc gave no cached memory back"),
+        "{log}"
+    );
+}
+
+/// Captures that ended, or whose stream was destroyed, are forgotten: the pool waits for the
+/// device again before growing. Refused starts note nothing.
+#[test]
+fn ended_and_refused_captures_leave_the_pool_as_before() {
+    for scenario in ["ended", "refused"] {
+        check(scenario, &[("CACHEALLOC_CONF", "free_sync:device")]);
+    }
+}
