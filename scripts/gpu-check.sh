@@ -31,7 +31,12 @@
 #   (k) cudaDeviceReset with expandable_segments:True under the shim: chunks written, every other
 #       one freed, the reset: the free memory cudaMemGetInfo reports is back at its start (the
 #       reset does not free the driver's virtual-memory pages; cachealloc releases them first),
-#       and the next allocation is served and written.
+#       and the next allocation is served and written;
+#   (l) a CUDA graph capture under the shim: a cudaMalloc during the capture (the capture mode
+#       relaxed, as PyTorch's caching allocator makes it) after a cudaFree the pool keeps pending,
+#       without and with the shim: the capture must end with a graph; and, with torch on a GPU,
+#       torch.cuda.graph with libcachealloc.so preloaded under PyTorch's own allocator, replayed
+#       and compared with the eager result.
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -63,6 +68,7 @@ readonly RESET_CHUNK_GPU=$((256 << 20))          # row (k): 8 chunks of 256 MiB 
 readonly RESET_CHUNK_FAKE=$((64 << 20))          # 64 MiB, with a 1 GiB fake device
 readonly RESET_CHUNKS=8
 readonly RESET_MARGIN=$((32 << 20))              # free memory after the reset vs at the start
+readonly CAPTURE_BYTES=$((64 << 20))             # row (l): freed, then allocated in the capture
 
 dry_run=0
 lib="${CACHEALLOC_LIB:-}"
@@ -201,7 +207,7 @@ if [[ -z "$cudart" ]]; then
 elif ! command -v gcc >/dev/null 2>&1; then
     build_problem="gcc not found"
 else
-    for prog in malloc_loop oom_check ipc_check cross_device reset_check; do
+    for prog in malloc_loop oom_check ipc_check cross_device reset_check graph_capture; do
         gcc -std=gnu11 -O2 -Wall -Wextra -o "$work/$prog" "$helpers/$prog.c" \
             -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" -ldl \
             -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
@@ -597,4 +603,56 @@ elif bounded 60 env LD_PRELOAD="$lib" FAKECUDART_CAPACITY=1GiB CACHEALLOC_CONF=e
     fi
 else
     row "$reset_check" "$reset_variant" "$(failed $?)" "$on"
+fi
+
+# --- (l) a CUDA graph capture under the shim ---------------------------------------------------
+
+capture_check="(l) CUDA graph capture"
+capture_variant="$(fmt_bytes "$CAPTURE_BYTES") freed, then cudaMalloc in a global-mode capture with the mode relaxed (as PyTorch's allocator)"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$capture_check" "$capture_variant" "not run: ${build_problem:-$shim_problem}" "$on"
+else
+    results=()
+    for preload in "" "$lib"; do
+        rc=0
+        bounded 60 env LD_PRELOAD="$preload" "$work/graph_capture" "$CAPTURE_BYTES" || rc=$?
+        if ((rc == 0)) && [[ "$out" =~ begin_rc=0\ malloc_rc=0\ end_rc=0\ graph=1 ]]; then
+            results+=(captured)
+        elif ((rc == 1)) && [[ "$out" =~ (begin_rc=[0-9]+\ malloc_rc=[0-9]+\ end_rc=[0-9]+) ]]; then
+            results+=("FAILED: ${BASH_REMATCH[1]}")
+        else
+            results+=("$(failed "$rc")")
+        fi
+    done
+    if [[ "${results[1]}" == "not run: "* ]]; then
+        row "$capture_check" "$capture_variant" "${results[1]}" "$on"
+    elif [[ "${results[0]}" == captured && "${results[1]}" == captured ]]; then
+        row "$capture_check" "$capture_variant" "without the shim and with it: cudaStreamBeginCapture 0, cudaMalloc 0, cudaStreamEndCapture 0 with a graph: ok" "$on"
+    elif [[ "${results[1]}" == captured ]]; then
+        row "$capture_check" "$capture_variant" "with the shim: cudaStreamBeginCapture 0, cudaMalloc 0, cudaStreamEndCapture 0 with a graph; without it (the runtime alone): ${results[0]}" "$on"
+    else
+        row "$capture_check" "$capture_variant" "FAILED with the shim: ${results[1]#FAILED: } (without it: ${results[0]})" "$on"
+    fi
+fi
+torch_capture_variant="torch.cuda.graph of a 3-layer model with libcachealloc.so preloaded under PyTorch's own allocator, replayed on new input"
+if [[ -n "$shim_problem" ]]; then
+    row "$capture_check" "$torch_capture_variant" "not run: $shim_problem" "$on"
+elif [[ -z "$gpu_name" ]]; then
+    row "$capture_check" "$torch_capture_variant" "not run: needs torch on a GPU" "$on"
+elif ! command -v python3 >/dev/null 2>&1; then
+    row "$capture_check" "$torch_capture_variant" "not run: python3 not found" "$on"
+else
+    rc=0
+    bounded 180 env LD_PRELOAD="$lib" python3 "$helpers/graph_capture.py" || rc=$?
+    if ((rc != 0)); then
+        row "$capture_check" "$torch_capture_variant" "$(failed "$rc")" "$on"
+    elif [[ "$out" =~ NOT_RUN\ (.*) ]]; then
+        row "$capture_check" "$torch_capture_variant" "not run: ${BASH_REMATCH[1]}" "$on"
+    elif [[ "$out" =~ RESULT\ captured=1\ replay_matches=1\ max_abs_diff=([^ ]+) ]]; then
+        row "$capture_check" "$torch_capture_variant" "captured and replayed; matches the eager result (max difference ${BASH_REMATCH[1]}): ok" "$on"
+    elif [[ "$out" =~ RESULT\ (.*) ]]; then
+        row "$capture_check" "$torch_capture_variant" "FAILED: ${BASH_REMATCH[1]}" "$on"
+    else
+        row "$capture_check" "$torch_capture_variant" "FAILED: no result line ($(why_failed))" "$on"
+    fi
 fi

@@ -66,7 +66,7 @@ fn dry_run(budget_s: u64) -> (bool, String, String) {
     )
 }
 
-/// The table's rows, split into their four columns; each check (a)–(k) has at least one.
+/// The table's rows, split into their four columns; each check (a)–(l) has at least one.
 fn every_row(stdout: &str) -> Vec<Vec<&str>> {
     let table: Vec<&str> = stdout.lines().filter(|l| l.starts_with('|')).collect();
     assert_eq!(
@@ -79,7 +79,7 @@ fn every_row(stdout: &str) -> Vec<Vec<&str>> {
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
     for check in [
-        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "(k)",
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "(k)", "(l)",
     ] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
@@ -209,6 +209,17 @@ fn dry_run_prints_one_honest_table() {
             "8 × 64.0 MiB written",
             "no cudaMalloc; allocated and written again: ok"
         ),
+        "{stdout}"
+    );
+    // The fake runtime ends a capture as the real one does: with the shim, the capture-time
+    // cudaMalloc after a pending free must not have ended it.
+    assert!(
+        figure(
+            "(l)",
+            "64.0 MiB freed",
+            "without the shim and with it: cudaStreamBeginCapture 0, cudaMalloc 0, \
+             cudaStreamEndCapture 0 with a graph: ok"
+        ) && figure("(l)", "torch.cuda.graph", "not run: needs torch on a GPU"),
         "{stdout}"
     );
     let replayed = rows

@@ -13,6 +13,11 @@ extern "C" {
 
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUgraph_st *cudaGraph_t;
+enum { cudaStreamNonBlocking = 1 };
+/* cudaStreamCaptureMode, an int-sized enum in the real header. */
+enum { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeRelaxed = 2 };
 enum { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 
 /* cudaIpcMemHandle_t: 64 opaque bytes. */
@@ -32,6 +37,11 @@ extern cudaError_t cudaSetDevice(int device);
 extern cudaError_t cudaGetLastError(void);
 extern cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 extern const char *cudaGetErrorName(cudaError_t error);
+extern cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+extern cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode);
+extern cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+extern cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
+extern cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 #ifdef __cplusplus
 }
