@@ -63,6 +63,13 @@ fn a_request_that_needs_the_cache_given_back_fails_during_a_capture_and_says_why
     );
 }
 
+/// A noted stream the runtime cannot answer for is forgotten, and the failed query is the
+/// library's own call: the program reads its own unread error, not the query's.
+#[test]
+fn a_failed_capture_query_leaves_the_programs_last_error_alone() {
+    check("query_fails", &[("CACHEALLOC_CONF", "free_sync:device")]);
+}
+
 /// Captures that ended, or whose stream was destroyed, are forgotten: the pool waits for the
 /// device again before growing. Refused starts note nothing.
 #[test]

@@ -120,6 +120,32 @@ static void scenario_ended(void) {
     CHECK(fakecudart_counter("device_syncs") == syncs + 1);
 }
 
+/* A noted stream the runtime cannot answer for (injected here: a stream it no longer knows) is
+ * forgotten, and the failed cudaStreamIsCapturing is the library's own call: it leaves no error
+ * for the program, whose own unread error (101 from cudaSetDevice) is still the one it reads. */
+static void scenario_query_fails(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaStreamIsCapturing", 1,
+                                               cudaErrorInvalidResourceHandle),
+               cudaSuccess);
+    uint64_t syncs = fakecudart_counter("device_syncs");
+    CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
+    CHECK(r == p);
+    CHECK(fakecudart_counter("device_syncs") == syncs + 1);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* Refused starts are the runtime's answers, and note nothing. */
 static void scenario_refused(void) {
     CHECK_CODE(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal),
@@ -146,6 +172,7 @@ static const struct {
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},
+    {"query_fails", scenario_query_fails},
 };
 
 int main(int argc, char **argv) {

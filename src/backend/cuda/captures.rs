@@ -18,7 +18,8 @@
 //! fixed table (no lock to be held across a `fork`); a capture begun while the table is full
 //! is not noted (a warning says so once), as when it was begun through the driver API.
 
-use super::runtime::{CudaError, Runtime, codes};
+use super::runtime::{self, CudaError, Runtime, codes};
+use super::unread_error;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -100,15 +101,21 @@ fn forget_ended(rt: &Runtime) -> bool {
     capturing
 }
 
-/// Whether `stream` captures now, by the runtime. A stream it cannot answer for (destroyed, an
-/// error) does not.
+/// Whether `stream` captures now, by the runtime. A stream it cannot answer for (an error)
+/// does not. The query is the library's own call: its failure would replace the program's
+/// unread error, so that error is kept first (`unread_error`) and the failure cleared.
 fn is_capturing(rt: &Runtime, stream: usize) -> bool {
+    unread_error::keep_unread(rt);
     let mut status: i32 = STATUS_NONE;
     // SAFETY: `status` is a valid out-pointer for the call; the stream handle is one the
     // program passed to cudaStreamBeginCapture, which the runtime checks (a destroyed one
     // answers an error).
     let code: CudaError = unsafe { (rt.stream_is_capturing)(stream as *mut c_void, &mut status) };
-    code == codes::SUCCESS && status != STATUS_NONE
+    if code != codes::SUCCESS {
+        runtime::clear_last_error(rt);
+        return false;
+    }
+    status != STATUS_NONE
 }
 
 #[cfg(test)]

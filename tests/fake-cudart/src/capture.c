@@ -99,8 +99,10 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
     if (pCaptureStatus == NULL)
         return record(cudaErrorInvalidValue);
     lock();
-    cudaError_t rc = cudaSuccess;
-    if (stream == NULL || stream == cudaStreamLegacy) {
+    cudaError_t rc = take_call_failure_locked(&fake.injected_is_capturing);
+    if (rc != cudaSuccess) {
+        /* injected: nothing answered */
+    } else if (stream == NULL || stream == cudaStreamLegacy) {
         /* The legacy stream never captures; it answers 906 while a blocking stream of the
          * device does (an action on it would join that capture). */
         *pCaptureStatus = cudaStreamCaptureStatusNone;

@@ -141,7 +141,8 @@ struct fake_state {
     unsigned injected_failures;
     cudaError_t injected_code;
     /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags) */
-    struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create;
+    struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create,
+        injected_is_capturing;
     struct fake_driver_injection injected_unmap, injected_set_access, injected_map,
         injected_create, injected_reserve; /* cuMemUnmap, cuMemSetAccess, cuMemMap, cuMemCreate,
                                             * cuMemAddressReserve */
