@@ -1,7 +1,9 @@
 //! The interposed starts of CUDA graph captures: `cudaStreamBeginCapture`,
-//! `cudaStreamBeginCaptureToGraph` and their per-thread-default-stream (`_ptsz`) forms. Each is
-//! forwarded unchanged; a capture that began is noted, so that the pools make no call that
-//! would end it (`backend::cuda::captures`). The runtime's answer is returned as it came.
+//! `cudaStreamBeginCaptureToGraph` and their per-thread-default-stream (`_ptsz`) forms; and
+//! `cudaStreamDestroy`. Each is forwarded unchanged; a capture that began is noted, so that the
+//! pools make no call that would end it (`backend::cuda::captures`), and a stream is forgotten
+//! before it is destroyed, so that the runtime is never asked about a handle it let go. The
+//! runtime's answer is returned as it came.
 
 use super::status::boundary;
 use crate::backend::cuda::runtime::{CudaError, codes};
@@ -91,5 +93,17 @@ pub unsafe extern "C" fn cudaStreamBeginCaptureToGraph_ptsz(
                 StreamForm::PerThread,
             )
         }
+    })
+}
+
+/// `cudaStreamDestroy(stream)`: the stream is forgotten by the capture table, then destroyed.
+///
+/// # Safety
+/// The runtime's own contract: the argument is passed on unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudaStreamDestroy(stream: *mut c_void) -> CudaError {
+    boundary("cudaStreamDestroy", codes::UNKNOWN, || {
+        // SAFETY: the program's own argument, forwarded unchanged.
+        unsafe { forward::stream_destroy(stream) }
     })
 }

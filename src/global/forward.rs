@@ -159,6 +159,25 @@ pub unsafe fn stream_begin_capture(
     code
 }
 
+/// The real `cudaStreamDestroy(stream)`; a stream noted for a capture is forgotten first
+/// (`captures::destroying`), and noted again if the runtime refuses to destroy it.
+///
+/// # Safety
+/// The stream is the program's, passed on as it came (the program's own contract with the
+/// runtime).
+pub unsafe fn stream_destroy(stream: *mut c_void) -> CudaError {
+    let Some(rt) = real() else {
+        return without_runtime();
+    };
+    let noted = captures::destroying(stream as usize);
+    // SAFETY: the caller's stream goes to the real function unchanged.
+    let code = unsafe { (rt.stream_destroy)(stream) };
+    if code != codes::SUCCESS && noted {
+        captures::begun(rt, stream as usize);
+    }
+    code
+}
+
 /// The real `cudaStreamBeginCaptureToGraph(stream, graph, dependencies, dependency_data,
 /// count, mode)`, or its `_ptsz` form; when the capture began, its stream is noted.
 ///

@@ -100,17 +100,24 @@ static void scenario_other_thread(void) {
     CHECK(fakecudart_counter("captures_invalidated") == 0);
 }
 
-/* A capture that ended, and a stream destroyed while capturing, are forgotten: the next miss
+/* A capture that ended is forgotten, and so is a destroyed stream, its capture ended or not:
+ * no later cudaStreamIsCapturing names its handle, which the real runtime does not check (a
+ * destroyed stream's may crash it; the fake counts it in stale_stream_calls). The next miss
  * waits for the device again and reuses the pending block. */
 static void scenario_ended(void) {
-    cudaStream_t s, gone;
+    cudaStream_t s, ended, gone;
     CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&ended, cudaStreamNonBlocking), cudaSuccess);
     CHECK_CODE(cudaStreamCreateWithFlags(&gone, cudaStreamNonBlocking), cudaSuccess);
     cudaGraph_t graph = NULL;
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(ended, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaStreamEndCapture(ended, &graph), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(ended), cudaSuccess);
     CHECK_CODE(cudaStreamBeginCapture(gone, cudaStreamCaptureModeRelaxed), cudaSuccess);
     CHECK_CODE(cudaStreamDestroy(gone), cudaSuccess);
+    uint64_t stale = fakecudart_counter("stale_stream_calls");
     void *p = NULL, *r = NULL;
     CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
     CHECK_CODE(cudaFree(p), cudaSuccess);
@@ -118,6 +125,8 @@ static void scenario_ended(void) {
     CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
     CHECK(r == p);
     CHECK(fakecudart_counter("device_syncs") == syncs + 1);
+    CHECK(fakecudart_counter("stale_stream_calls") == stale);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
 }
 
 /* A noted stream the runtime cannot answer for (injected here: a stream it no longer knows) is

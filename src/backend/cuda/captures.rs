@@ -14,11 +14,14 @@
 //!
 //! A capture's end is not interposed: the runtime is asked instead (`cudaStreamIsCapturing`,
 //! which captures allow), and only when the pool would make such a call, so a stream whose
-//! capture ended, or that was destroyed, is forgotten then. The noted streams are atomics in a
-//! fixed table (no lock to be held across a `fork`); a capture begun while the table is full
-//! is not noted (a warning says so once), as when it was begun through the driver API.
+//! capture ended is forgotten then. A stream is forgotten before it is destroyed (the
+//! interposed `cudaStreamDestroy`), since the runtime does not check the handle it is asked
+//! about: a destroyed stream's may crash it, or name a newer stream. The noted streams are
+//! atomics in a fixed table (no lock to be held across a `fork`); a capture begun while the
+//! table is full is not noted (a warning says so once), as when it was begun through the
+//! driver API.
 
-use super::runtime::{self, CudaError, Runtime, codes};
+use super::runtime::{self, CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use super::unread_error;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -72,6 +75,27 @@ fn note(stream: usize) -> bool {
     taken
 }
 
+/// The program is about to destroy `stream`: it is forgotten, so that no query names its
+/// handle once the runtime has let it go. Returns whether it was noted (to be noted again
+/// should the runtime refuse to destroy it). The default streams, which no program destroys,
+/// are left alone.
+pub fn destroying(stream: usize) -> bool {
+    if matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
+        return false;
+    }
+    let mut noted = false;
+    for slot in &STREAMS {
+        if slot
+            .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            NOTED.fetch_sub(1, Ordering::AcqRel);
+            noted = true;
+        }
+    }
+    noted
+}
+
 /// Whether a capture the program began may still be going on: the runtime is asked about each
 /// noted stream, and those no longer capturing are forgotten. One load when none is noted.
 #[inline]
@@ -108,8 +132,8 @@ fn is_capturing(rt: &Runtime, stream: usize) -> bool {
     unread_error::keep_unread(rt);
     let mut status: i32 = STATUS_NONE;
     // SAFETY: `status` is a valid out-pointer for the call; the stream handle is one the
-    // program passed to cudaStreamBeginCapture, which the runtime checks (a destroyed one
-    // answers an error).
+    // program passed to cudaStreamBeginCapture and has not destroyed since (`destroying`
+    // forgets it first).
     let code: CudaError = unsafe { (rt.stream_is_capturing)(stream as *mut c_void, &mut status) };
     if code != codes::SUCCESS {
         runtime::clear_last_error(rt);

@@ -67,6 +67,8 @@ type EventRecordFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError
 type EventFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type StreamGetDeviceFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
 type StreamSynchronizeFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
+/// `cudaStreamDestroy(stream)`.
+type StreamDestroyFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
 type EnablePeerAccessFn = unsafe extern "C" fn(c_int, c_uint) -> CudaError;
 /// `cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)`; the handle is opaque here.
 type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
@@ -111,6 +113,7 @@ pub struct Runtime {
     pub ipc_get_mem_handle: IpcGetMemHandleFn,
     pub stream_is_capturing: StreamIsCapturingFn,
     pub stream_begin_capture: BeginCaptureFn,
+    pub stream_destroy: StreamDestroyFn,
     /// `cudaStreamGetDevice`, which runtimes before CUDA 12.8 do not have.
     pub stream_get_device: Option<StreamGetDeviceFn>,
     /// The per-thread-default-stream form of `cudaStreamBeginCapture`, and
@@ -258,6 +261,9 @@ impl Runtime {
                 ),
                 stream_begin_capture: std::mem::transmute::<*mut c_void, BeginCaptureFn>(
                     finder.find(c"cudaStreamBeginCapture")?,
+                ),
+                stream_destroy: std::mem::transmute::<*mut c_void, StreamDestroyFn>(
+                    finder.find(c"cudaStreamDestroy")?,
                 ),
                 stream_get_device: finder
                     .find(c"cudaStreamGetDevice")

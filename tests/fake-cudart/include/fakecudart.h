@@ -57,6 +57,7 @@ extern "C" {
     X(event_queries, "cudaEventQuery calls")                                               \
     X(event_syncs, "cudaEventSynchronize calls")                                           \
     X(stale_event_calls, "event calls naming no live event (destroyed, reset or made up)") \
+    X(stale_stream_calls, "stream calls naming no live stream (destroyed, reset or made up)") \
     X(launches, "fakecudart_launch calls that enqueued work")                              \
     X(memcpys, "cudaMemcpy calls")                                                         \
     X(memsets, "cudaMemset calls")                                                         \

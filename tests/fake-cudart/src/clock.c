@@ -25,6 +25,7 @@ struct CUstream_st *resolve_stream_locked(cudaStream_t s) {
     for (struct CUstream_st *it = fake.streams; it != NULL; it = it->next)
         if (it == s)
             return it;
+    fake.counters.stale_stream_calls++;
     return NULL;
 }
 

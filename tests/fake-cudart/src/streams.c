@@ -2,7 +2,8 @@
  * streams.c — streams and events over the simulated clock (ordering rules in clock.c).
  *
  * Handles are checked against the live lists, so a destroyed or made-up handle answers
- * cudaErrorInvalidResourceHandle instead of crashing. A destroyed stream's work still completes
+ * cudaErrorInvalidResourceHandle instead of crashing (counted in stale_stream_calls and
+ * stale_event_calls, since the real runtime may crash on one). A destroyed stream's work still completes
  * (as in CUDA) and still orders later legacy-stream actions if the stream was blocking.
  */
 #include <stdlib.h>
