@@ -63,6 +63,13 @@ fn a_request_that_needs_the_cache_given_back_fails_during_a_capture_and_says_why
     );
 }
 
+/// A device reset forgets the captures of the device's streams, which it destroys, and keeps
+/// another device's.
+#[test]
+fn a_device_reset_forgets_its_streams_and_keeps_other_devices_captures() {
+    check("reset", &[("CACHEALLOC_CONF", "free_sync:device")]);
+}
+
 /// A noted stream the runtime cannot answer for is forgotten, and the failed query is the
 /// library's own call: the program reads its own unread error, not the query's.
 #[test]

@@ -10,6 +10,7 @@ use super::reentry;
 use super::stream_uses;
 use super::trace_file;
 use crate::backend::Backend;
+use crate::backend::cuda::captures;
 use crate::backend::cuda::device_guard::current_device;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::backend::cuda::events::EventFences;
@@ -319,6 +320,7 @@ pub fn cuda_device_reset() -> CudaError {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
         reset_device = Some(device);
+        captures::resetting(rt, device);
         with_other_pools(device, |backend| backend.begin_reset_of(device));
         let mut pool = pools::take(device)?;
         pools::note_ended(device, pool.stats());

@@ -129,6 +129,42 @@ static void scenario_ended(void) {
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
 }
 
+/* A device reset destroys the device's streams: a noted one is forgotten then, so that no query
+ * names it afterwards, while another device's capture stays noted and its relaxed cudaMalloc
+ * still does not wait for the pending free of its device. Needs two devices (the fake's
+ * default). */
+static void scenario_reset(void) {
+    cudaStream_t s0, s1;
+    void *p1 = NULL, *q1 = NULL, *p0 = NULL;
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p1, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p1), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamBeginCapture(s0, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaStreamEndCapture(s0, &graph), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    uint64_t stale = fakecudart_counter("stale_stream_calls");
+    CHECK_CODE(malloc_relaxed(&p0, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&q1, 10 * MIB), cudaSuccess);
+    CHECK(q1 != p1);
+    CHECK_CODE(cudaStreamEndCapture(s1, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("stale_stream_calls") == stale);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(q1), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s1), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaFree(p0), cudaSuccess);
+}
+
 /* A noted stream the runtime cannot answer for (injected here: a stream it no longer knows) is
  * forgotten, and the failed cudaStreamIsCapturing is the library's own call: it leaves no error
  * for the program, whose own unread error (101 from cudaSetDevice) is still the one it reads. */
@@ -182,6 +218,7 @@ static const struct {
     {"ended", scenario_ended},
     {"refused", scenario_refused},
     {"query_fails", scenario_query_fails},
+    {"reset", scenario_reset},
 };
 
 int main(int argc, char **argv) {

@@ -15,15 +15,17 @@
 //! A capture's end is not interposed: the runtime is asked instead (`cudaStreamIsCapturing`,
 //! which captures allow), and only when the pool would make such a call, so a stream whose
 //! capture ended is forgotten then. A stream is forgotten before it is destroyed (the
-//! interposed `cudaStreamDestroy`), since the runtime does not check the handle it is asked
-//! about: a destroyed stream's may crash it, or name a newer stream. The noted streams are
+//! interposed `cudaStreamDestroy`, or its device's `cudaDeviceReset`), since the runtime does
+//! not check the handle it is asked about: a destroyed stream's may crash it, or name a newer
+//! stream. The noted streams are
 //! atomics in a fixed table (no lock to be held across a `fork`); a capture begun while the
 //! table is full is not noted (a warning says so once), as when it was begun through the
 //! driver API.
 
 use super::runtime::{self, CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use super::unread_error;
-use std::ffi::c_void;
+use crate::pool::DeviceId;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Streams that may be capturing: far more than programs run at once.
@@ -94,6 +96,47 @@ pub fn destroying(stream: usize) -> bool {
         }
     }
     noted
+}
+
+/// `device` is about to be reset, which destroys its streams: the noted ones are forgotten
+/// (found with `cudaStreamGetDevice`; where the runtime lacks it, or cannot say, every noted
+/// stream, as any may be the device's), so that no query names them afterwards. The
+/// per-thread default stream's handle, which a reset does not invalidate, stays.
+pub fn resetting(rt: &Runtime, device: DeviceId) {
+    if NOTED.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    for slot in &STREAMS {
+        let stream = slot.load(Ordering::Acquire);
+        if matches!(stream, 0 | STREAM_PER_THREAD) {
+            continue;
+        }
+        if matches!(stream_device(rt, stream), Some(other) if other != device) {
+            continue;
+        }
+        if slot
+            .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            NOTED.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The device of a noted `stream` (alive: a destroyed stream was forgotten), or `None` when the
+/// runtime cannot say; a failed query leaves the program's last error as it was.
+fn stream_device(rt: &Runtime, stream: usize) -> Option<DeviceId> {
+    let get_device = rt.stream_get_device?;
+    unread_error::keep_unread(rt);
+    let mut device: c_int = -1;
+    // SAFETY: `device` is a valid out-pointer; the stream handle is one the program passed to
+    // cudaStreamBeginCapture and has not destroyed since (`destroying` forgets it first).
+    let code = unsafe { get_device(stream as *mut c_void, &mut device) };
+    if code != codes::SUCCESS {
+        runtime::clear_last_error(rt);
+        return None;
+    }
+    Some(DeviceId(device))
 }
 
 /// Whether a capture the program began may still be going on: the runtime is asked about each
