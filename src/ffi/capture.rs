@@ -2,7 +2,7 @@
 //! `cudaStreamBeginCaptureToGraph` and their per-thread-default-stream (`_ptsz`) forms; and
 //! `cudaStreamDestroy`. Each is forwarded unchanged; a capture that began is noted, so that the
 //! pools make no call that would end it (`backend::cuda::captures`), and a stream is forgotten
-//! before it is destroyed, so that the runtime is never asked about a handle it let go. The
+//! before it is destroyed, so that the runtime is not asked about a handle it let go. The
 //! runtime's answer is returned as it came.
 
 use super::status::boundary;

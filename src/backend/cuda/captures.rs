@@ -17,10 +17,15 @@
 //! capture ended is forgotten then. A stream is forgotten before it is destroyed (the
 //! interposed `cudaStreamDestroy`, or its device's `cudaDeviceReset`), since the runtime does
 //! not check the handle it is asked about: a destroyed stream's may crash it, or name a newer
-//! stream. The noted streams are
-//! atomics in a fixed table (no lock to be held across a `fork`); a capture begun while the
-//! table is full is not noted (a warning says so once), as when it was begun through the
-//! driver API.
+//! stream. The noted streams are atomics in a fixed table (no lock to be held across a
+//! `fork`); a capture begun while the table is full is not noted (a warning says so once), as
+//! when it was begun through the driver API.
+//!
+//! Without a lock, three narrow races stay open between threads: a request of another thread
+//! between a capture's start and its noting does not see it; a thread that found a noted
+//! stream not capturing and forgets it may forget a new capture of the same stream, noted in
+//! that slot meanwhile (after another thread had forgotten the old one); and a query already
+//! made about a stream when another thread destroys it is not waited for.
 
 use super::runtime::{self, CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use super::unread_error;
