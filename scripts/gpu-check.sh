@@ -615,7 +615,8 @@ else
     results=()
     for preload in "" "$lib"; do
         rc=0
-        bounded 60 env LD_PRELOAD="$preload" "$work/graph_capture" "$CAPTURE_BYTES" || rc=$?
+        bounded 60 env -u CACHEALLOC_DISABLE CACHEALLOC_CONF=free_sync:device LD_PRELOAD="$preload" \
+            "$work/graph_capture" "$CAPTURE_BYTES" || rc=$?
         if ((rc == 0)) && [[ "$out" =~ begin_rc=0\ malloc_rc=0\ end_rc=0\ graph=1 ]]; then
             results+=(captured)
         elif ((rc == 1)) && [[ "$out" =~ (begin_rc=[0-9]+\ malloc_rc=[0-9]+\ end_rc=[0-9]+) ]]; then
@@ -643,7 +644,10 @@ elif ! command -v python3 >/dev/null 2>&1; then
     row "$capture_check" "$torch_capture_variant" "not run: python3 not found" "$on"
 else
     rc=0
-    bounded 180 env LD_PRELOAD="$lib" python3 "$helpers/graph_capture.py" || rc=$?
+    # PyTorch's own allocator in front, calling cudaMalloc (its expandable segments would not).
+    bounded 180 env -u CACHEALLOC_DISABLE -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF \
+        -u PYTORCH_NO_CUDA_MEMORY_CACHING CACHEALLOC_CONF=free_sync:device LD_PRELOAD="$lib" \
+        python3 "$helpers/graph_capture.py" || rc=$?
     if ((rc != 0)); then
         row "$capture_check" "$torch_capture_variant" "$(failed "$rc")" "$on"
     elif [[ "$out" =~ NOT_RUN\ (.*) ]]; then

@@ -87,7 +87,8 @@ fn note(stream: usize) -> bool {
 /// should the runtime refuse to destroy it). The default streams, which no program destroys,
 /// are left alone.
 pub fn destroying(stream: usize) -> bool {
-    if matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
+    if NOTED.load(Ordering::Acquire) == 0 || matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
+    {
         return false;
     }
     let mut noted = false;
