@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the shim's threaded, fork, exit and two-device test programs (tests/preload) under
+# Runs the shim's threaded, fork, exit, two-device and capture test programs (tests/preload) under
 # ThreadSanitizer (`thread`) or AddressSanitizer with LeakSanitizer (`address`), against the
 # fake runtime.
 # Needs the nightly toolchain with rust-src (`rustup +nightly component add rust-src`) and gcc.
@@ -58,7 +58,7 @@ gcc -shared -fPIC -g -I "$root/tests/fake-cudart/include" -o "$bin/libslow_mallo
     "$root/tests/preload/slow_malloc.c" -ldl
 cachealloc=(-L "$lib_dir" -lcachealloc "-Wl,-rpath,$lib_dir")
 for name in stress shim_check trace_mix fork_locks fork_race fork_log c_api_check \
-    torch_hooks_check expandable_check; do
+    torch_hooks_check expandable_check capture_check; do
     compile "$name" "${cachealloc[@]}"
 done
 # The slow cudaMalloc between the library and the runtime, as preloaded after the library.
@@ -107,6 +107,12 @@ check c-api CACHEALLOC_CONF="stats:json,stats_file:$run_dir/c-api.json" \
     "$bin/c_api_check" "$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)"
 check torch-hooks CACHEALLOC_CONF="$record" "$bin/torch_hooks_check" contract
 check expandable CACHEALLOC_CONF="expandable_segments:True,$record" "$bin/expandable_check" grow
+for free_sync in device event; do
+    check "capture-$free_sync" CACHEALLOC_CONF="free_sync:$free_sync" "$bin/capture_check" pending_free
+done
+check capture-other-thread CACHEALLOC_CONF=free_sync:device "$bin/capture_check" other_thread
+check capture-oom CACHEALLOC_CONF=free_sync:none FAKECUDART_CAPACITY=64MiB "$bin/capture_check" oom
+check capture-reset CACHEALLOC_CONF=free_sync:device "$bin/capture_check" reset
 if [[ "$failed" != 0 ]]; then
     echo "sanitize $kind: a program failed or the sanitizer reported (outputs in $run_dir)" >&2
     exit 1
