@@ -77,6 +77,16 @@ fn a_failed_capture_query_leaves_the_programs_last_error_alone() {
     check("query_fails", &[("CACHEALLOC_CONF", "free_sync:device")]);
 }
 
+/// A stream captured more times than the table has slots, with no request between its
+/// captures, takes one slot: another stream's capture is still followed, and nothing warns that
+/// a capture is not.
+#[test]
+fn a_stream_captured_again_and_again_takes_one_slot() {
+    let out = check("recaptured", &[("CACHEALLOC_CONF", "free_sync:device")]);
+    let log = stderr(&out);
+    assert!(!log.contains("CUDA graph captures at once"), "{log}");
+}
+
 /// Captures that ended, or whose stream was destroyed, are forgotten: the pool waits for the
 /// device again before growing. Refused starts note nothing.
 #[test]

@@ -68,18 +68,31 @@ pub fn begun(rt: &Runtime, stream: usize) -> bool {
     }
 }
 
-/// Put `stream` in a free slot. The count goes up first, so that it is never below the slots
-/// taken (a slot emptied by `forget_ended` is counted down after it was counted up).
+/// Put `stream` in a free slot, then forget its older notes: a stream captured again before
+/// any query found its last capture ended (a loop of captures on one stream, with no request
+/// between them) takes one slot, not one per capture. The new note is made before the old ones
+/// go, so that a thread that found an old one not capturing, and forgets it, cannot forget this
+/// capture. The count goes up first, so that it is never below the slots taken (a slot emptied
+/// by `forget_ended` is counted down after it was counted up).
 fn note(stream: usize) -> bool {
     NOTED.fetch_add(1, Ordering::AcqRel);
-    let taken = STREAMS.iter().any(|slot| {
+    let Some(taken) = STREAMS.iter().position(|slot| {
         slot.compare_exchange(0, stream, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
-    });
-    if !taken {
+    }) else {
         NOTED.fetch_sub(1, Ordering::AcqRel);
+        return false;
+    };
+    for (i, slot) in STREAMS.iter().enumerate() {
+        if i != taken
+            && slot
+                .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            NOTED.fetch_sub(1, Ordering::AcqRel);
+        }
     }
-    taken
+    true
 }
 
 /// The program is about to destroy `stream`: it is forgotten, so that no query names its
@@ -194,10 +207,15 @@ fn is_capturing(rt: &Runtime, stream: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// The table is the process's: one test at a time uses it.
+    static TABLE: Mutex<()> = Mutex::new(());
 
     /// Slots are taken and given back without losing count, and a full table refuses.
     #[test]
     fn the_table_counts_what_it_holds() {
+        let _table = TABLE.lock().unwrap();
         let base = 0x7000_0000usize;
         let taken: Vec<usize> = (1..=SLOTS).map(|i| base + i).collect();
         for &stream in &taken {
@@ -210,6 +228,29 @@ mod tests {
             assert!(taken.contains(&stream));
             NOTED.fetch_sub(1, Ordering::AcqRel);
         }
+        assert_eq!(NOTED.load(Ordering::Acquire), 0);
+    }
+
+    /// A stream noted again (captured again before its last capture was found ended) keeps
+    /// one slot: the new one, taken before the old one is given back.
+    #[test]
+    fn a_stream_noted_again_keeps_one_slot() {
+        let _table = TABLE.lock().unwrap();
+        let (stream, other) = (0x7100_0000usize, 0x7200_0000usize);
+        assert!(note(stream));
+        assert!(note(other));
+        for _ in 0..2 * SLOTS {
+            assert!(note(stream));
+        }
+        let held: Vec<usize> = STREAMS
+            .iter()
+            .map(|slot| slot.load(Ordering::Acquire))
+            .filter(|&s| s != 0)
+            .collect();
+        assert_eq!(held.len(), 2, "{held:x?}");
+        assert!(held.contains(&stream) && held.contains(&other));
+        assert_eq!(NOTED.load(Ordering::Acquire), 2);
+        assert!(destroying(stream) && destroying(other));
         assert_eq!(NOTED.load(Ordering::Acquire), 0);
     }
 }
