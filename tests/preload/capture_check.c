@@ -222,7 +222,8 @@ static void scenario_recaptured(void) {
     CHECK_CODE(cudaStreamDestroy(t), cudaSuccess);
 }
 
-/* Refused starts are the runtime's answers, and note nothing. */
+/* Refused starts are the runtime's answers, and note nothing: the next miss asks the runtime
+ * about no stream (a noted one would be asked about, and found not capturing). */
 static void scenario_refused(void) {
     CHECK_CODE(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal),
                cudaErrorStreamCaptureUnsupported);
@@ -237,6 +238,7 @@ static void scenario_refused(void) {
     CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
     CHECK(r == p);
+    CHECK(fakecudart_counter("capture_queries") == 0);
 }
 
 static const struct {

@@ -725,6 +725,7 @@ static void capture(void) {
     CHECK_RC(cudaStreamIsCapturing(cudaStreamLegacy, &status), cudaErrorStreamCaptureImplicit);
     CHECK_RC(cudaStreamEndCapture(blocking, &graph), cudaSuccess);
     CHECK(fakecudart_counter("captures_begun") == 5);
+    CHECK(fakecudart_counter("capture_queries") == 5);
     CHECK_RC(cudaFree(q), cudaSuccess);
 }
 

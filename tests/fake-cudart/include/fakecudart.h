@@ -79,7 +79,8 @@ extern "C" {
     X(vmm_rdma_creates, "successful cuMemCreate calls with allocFlags.gpuDirectRDMACapable") \
     X(captures_begun, "successful cudaStreamBeginCapture calls")                              \
     X(captures_invalidated, "captures a capture-unsafe call invalidated")                     \
-    X(capture_refusals, "calls refused with 900 because a capture was active")
+    X(capture_refusals, "calls refused with 900 because a capture was active")                \
+    X(capture_queries, "cudaStreamIsCapturing calls")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;

@@ -99,6 +99,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
     if (pCaptureStatus == NULL)
         return record(cudaErrorInvalidValue);
     lock();
+    fake.counters.capture_queries++;
     cudaError_t rc = take_call_failure_locked(&fake.injected_is_capturing);
     if (rc != cudaSuccess) {
         /* injected: nothing answered */
