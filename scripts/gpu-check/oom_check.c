@@ -48,7 +48,8 @@ int main(int argc, char **argv) {
             (int (*)(int, double))dlsym(RTLD_DEFAULT, "cachealloc_set_memory_fraction");
         size_t free_bytes = 0, total = 0;
         if (set_fraction == NULL) {
-            printf("no cachealloc_set_memory_fraction in the process (is the library preloaded?)\n");
+            printf("no cachealloc_set_memory_fraction in the process "
+                   "(is the library preloaded?)\n");
             return 1;
         }
         cudaError_t info_rc = cudaMemGetInfo(&free_bytes, &total);

@@ -160,7 +160,8 @@ static void oom(void) {
     /* Injected failures of other calls: only the calls named, once each time. */
     cudaEvent_t ev;
     CHECK_RC(cudaEventCreate(&ev), cudaSuccess);
-    CHECK_RC(fakecudart_inject_call_failures("cudaMemcpy", 1, cudaErrorUnknown), cudaErrorInvalidValue);
+    CHECK_RC(fakecudart_inject_call_failures("cudaMemcpy", 1, cudaErrorUnknown),
+             cudaErrorInvalidValue);
     CHECK_RC(fakecudart_inject_call_failures("cudaEventQuery", 1, cudaErrorUnknown), cudaSuccess);
     CHECK_RC(cudaEventQuery(ev), cudaErrorUnknown);
     CHECK_RC(cudaGetLastError(), cudaErrorUnknown);

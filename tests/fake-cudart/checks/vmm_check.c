@@ -521,8 +521,9 @@ static void rdma(void) {
     const char *env = getenv("FAKECUDART_VMM_RDMA");
     int expected = !(env != NULL && strcmp(env, "0") == 0);
     int v = -1;
-    CHECK_CU(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0),
-             CUDA_SUCCESS);
+    CHECK_CU(
+        cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0),
+        CUDA_SUCCESS);
     CHECK(v == expected);
     CUmemAllocationProp prop = prop_on(0);
     prop.allocFlags.gpuDirectRDMACapable = 1;

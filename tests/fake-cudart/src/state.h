@@ -140,7 +140,8 @@ struct fake_state {
     uint64_t now;             /* ticks */
     unsigned injected_failures;
     cudaError_t injected_code;
-    /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags) */
+    /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags),
+     * cudaStreamIsCapturing */
     struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create,
         injected_is_capturing;
     struct fake_driver_injection injected_unmap, injected_set_access, injected_map,

@@ -3,8 +3,8 @@
  *
  * Handles are checked against the live lists, so a destroyed or made-up handle answers
  * cudaErrorInvalidResourceHandle instead of crashing (counted in stale_stream_calls and
- * stale_event_calls, since the real runtime may crash on one). A destroyed stream's work still completes
- * (as in CUDA) and still orders later legacy-stream actions if the stream was blocking.
+ * stale_event_calls, since the real runtime may crash on one). A destroyed stream's work still
+ * completes (as in CUDA) and still orders later legacy-stream actions if the stream was blocking.
  */
 #include <stdlib.h>
 
