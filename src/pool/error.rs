@@ -40,7 +40,8 @@ pub enum Error {
     RequestTooLarge { size: u64 },
     /// `free` of an address that no segment of this pool contains: not ours (forward it).
     NotOwned { addr: u64 },
-    /// `free` of an address inside our segments that is not a live allocation.
+    /// `free` of an address inside our segments that is not a live allocation's start, or a
+    /// replay's completion of a free not requested (`BadPointer` says which, and what is there).
     InvalidPointer { addr: u64, reason: BadPointer },
     /// The device failed for a reason other than memory; passed through unchanged.
     Backend(BackendError),

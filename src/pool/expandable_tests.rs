@@ -127,12 +127,21 @@ fn empty_cache_unmaps_whole_free_pages_and_gives_back_an_empty_range() {
     let mapped: Vec<(u64, u64)> = p.segments().iter().map(|s| (s.addr, s.size)).collect();
     assert_eq!(mapped, [(a.addr() + 20 * MIB, 40 * MIB)]);
     // The freed address now lies in unmapped space: not an allocation.
+    let twice = p.free(a);
     assert_eq!(
-        p.free(a),
+        twice,
         Err(Error::InvalidPointer {
             addr: a.addr(),
             reason: BadPointer::Unmapped,
         })
+    );
+    assert_eq!(
+        twice.unwrap_err().to_string(),
+        format!(
+            "invalid device pointer {:#x}: inside a cachealloc expandable segment, in pages given \
+             back to the device (already freed: a double free; or never allocated)",
+            a.addr()
+        )
     );
     free(&mut p, b);
     p.empty_cache().unwrap();

@@ -610,13 +610,21 @@ fn a_free_requested_leaves_the_allocation_statistics_before_it_completes() {
             reason: BadPointer::AlreadyFreed
         })
     );
+    let not_requested = p.free_completed(b);
     assert_eq!(
-        p.free_completed(b),
+        not_requested,
         Err(Error::InvalidPointer {
             addr: b.addr(),
             reason: BadPointer::FreeNotRequested
         }),
         "b's free was not requested"
+    );
+    assert_eq!(
+        not_requested.unwrap_err().to_string(),
+        format!(
+            "invalid device pointer {:#x}: a live allocation whose free was not requested",
+            b.addr()
+        )
     );
     p.free_completed(a).unwrap();
     p.validate().unwrap();
