@@ -25,7 +25,10 @@
 //! between a capture's start and its noting does not see it; a thread that found a noted
 //! stream not capturing and forgets it may forget a new capture of the same stream, noted in
 //! that slot meanwhile (after another thread had forgotten the old one); and a query already
-//! made about a stream when another thread destroys it is not waited for.
+//! made about a stream when another thread destroys it is not waited for. And a capture of a
+//! per-thread default stream is noted as `cudaStreamPerThread`, which the runtime reads as the
+//! asking thread's own stream: another thread's query finds that one not capturing and forgets
+//! the note.
 
 use super::runtime::{self, CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use super::unread_error;
