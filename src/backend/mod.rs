@@ -72,7 +72,9 @@ pub trait Backend {
 
     /// Return a whole segment obtained from `allocate`, with the size it was allocated with.
     /// Precondition: no block of it is in use by the program or by pending device work
-    /// (the pool synchronizes first when pending blocks exist).
+    /// (the pool synchronizes first when pending blocks exist). May fail with
+    /// `cudaErrorStreamCaptureUnsupported` (900) while a capture is underway
+    /// (`capture_underway`), doing nothing, where a release would end the capture.
     fn release(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError>;
 
     /// Free and total memory of the device, counting memory of other users.
@@ -99,7 +101,8 @@ pub trait Backend {
 
     /// Wait until all work issued so far on the device has finished; afterwards every fence of
     /// `record_fence` is done, and so is every stream fence whose streams are all of this
-    /// device (`fence_done` answers for them).
+    /// device (`fence_done` answers for them). May fail with 900, doing nothing, while a
+    /// capture is underway, as `release` may.
     fn synchronize(&mut self) -> Result<(), BackendError>;
 
     /// After `synchronize`: wait also for the work of every stream fence on other devices'

@@ -115,10 +115,17 @@ fn bad_pointer(f: &mut fmt::Formatter<'_>, addr: u64, reason: BadPointer) -> fmt
             "inside a cachealloc expandable segment, in pages given back to the device (already \
              freed: a double free; or never allocated)"
         ),
-        BadPointer::Interior { start, requested } => write!(
+        BadPointer::Interior { start, requested } if addr - start < requested => write!(
             f,
             "{} bytes inside the live allocation at {start:#x} of {requested} bytes (an interior \
              pointer: free the pointer the allocation returned)",
+            addr - start
+        ),
+        BadPointer::Interior { start, requested } => write!(
+            f,
+            "{} bytes past the start of the live allocation at {start:#x} of {requested} bytes, \
+             beyond its end in the padding of its block (free the pointer the allocation \
+             returned)",
             addr - start
         ),
         BadPointer::AlreadyFreed => write!(f, "already freed (double free)"),

@@ -497,6 +497,18 @@ fn bad_frees_are_refused_and_foreign_pointers_named() {
             b.addr()
         )
     );
+    // Past what was asked for, in the block's rounding (8000 bytes take an 8192-byte block).
+    let padding = b.offset(8100);
+    assert_eq!(
+        p.free(padding).unwrap_err().to_string(),
+        format!(
+            "invalid device pointer {:#x}: 8100 bytes past the start of the live allocation at \
+             {:#x} of 8000 bytes, beyond its end in the padding of its block (free the pointer \
+             the allocation returned)",
+            padding.addr(),
+            b.addr()
+        )
+    );
     // Freed, then merged with its free neighbours: the address lies inside a larger free block.
     let (c, d) = (alloc(&mut p, 4096), alloc(&mut p, 4096));
     free(&mut p, c);
