@@ -7,7 +7,7 @@
 
 use super::status::boundary;
 use crate::backend::cuda::runtime::{CudaError, codes};
-use crate::global::forward::{self, StreamForm};
+use crate::global::capture_calls::{self, StreamForm};
 use std::ffi::{c_int, c_void};
 
 /// `cudaStreamBeginCapture(stream, mode)`.
@@ -18,7 +18,7 @@ use std::ffi::{c_int, c_void};
 pub unsafe extern "C" fn cudaStreamBeginCapture(stream: *mut c_void, mode: c_int) -> CudaError {
     boundary("cudaStreamBeginCapture", codes::UNKNOWN, || {
         // SAFETY: the program's own arguments, forwarded unchanged.
-        unsafe { forward::stream_begin_capture(stream, mode, StreamForm::Legacy) }
+        unsafe { capture_calls::stream_begin_capture(stream, mode, StreamForm::Legacy) }
     })
 }
 
@@ -33,7 +33,7 @@ pub unsafe extern "C" fn cudaStreamBeginCapture_ptsz(
 ) -> CudaError {
     boundary("cudaStreamBeginCapture_ptsz", codes::UNKNOWN, || {
         // SAFETY: the program's own arguments, forwarded unchanged.
-        unsafe { forward::stream_begin_capture(stream, mode, StreamForm::PerThread) }
+        unsafe { capture_calls::stream_begin_capture(stream, mode, StreamForm::PerThread) }
     })
 }
 
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn cudaStreamBeginCaptureToGraph(
     boundary("cudaStreamBeginCaptureToGraph", codes::UNKNOWN, || {
         // SAFETY: the program's own arguments, forwarded unchanged.
         unsafe {
-            forward::stream_begin_capture_to_graph(
+            capture_calls::stream_begin_capture_to_graph(
                 stream,
                 graph,
                 dependencies,
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn cudaStreamBeginCaptureToGraph_ptsz(
     boundary("cudaStreamBeginCaptureToGraph_ptsz", codes::UNKNOWN, || {
         // SAFETY: the program's own arguments, forwarded unchanged.
         unsafe {
-            forward::stream_begin_capture_to_graph(
+            capture_calls::stream_begin_capture_to_graph(
                 stream,
                 graph,
                 dependencies,
@@ -104,6 +104,6 @@ pub unsafe extern "C" fn cudaStreamBeginCaptureToGraph_ptsz(
 pub unsafe extern "C" fn cudaStreamDestroy(stream: *mut c_void) -> CudaError {
     boundary("cudaStreamDestroy", codes::UNKNOWN, || {
         // SAFETY: the program's own argument, forwarded unchanged.
-        unsafe { forward::stream_destroy(stream) }
+        unsafe { capture_calls::stream_destroy(stream) }
     })
 }

@@ -4,13 +4,10 @@
 
 use super::init::mode;
 use super::last_error;
-use crate::backend::cuda::captures;
-use crate::backend::cuda::runtime::{
-    CudaError, Runtime, STREAM_PER_THREAD, VoidFn, codes, runtime,
-};
+use crate::backend::cuda::runtime::{CudaError, Runtime, VoidFn, codes, runtime};
 use std::ffi::{c_int, c_uint, c_void};
 
-fn real() -> Option<&'static Runtime> {
+pub(super) fn real() -> Option<&'static Runtime> {
     // Decide the mode first, so that the log is set up before the lookup may report.
     let _ = mode();
     runtime()
@@ -18,7 +15,7 @@ fn real() -> Option<&'static Runtime> {
 
 /// The answer of a call that has no runtime to go to: 3, kept as the program's last error
 /// (enabled or disabled alike: `cudaGetLastError()` then answers 3 once).
-fn without_runtime() -> CudaError {
+pub(super) fn without_runtime() -> CudaError {
     last_error::record(codes::INITIALIZATION_ERROR)
 }
 
@@ -112,100 +109,4 @@ pub fn get_last_error() -> CudaError {
 /// The real `cudaPeekAtLastError()` (success without a runtime).
 pub fn peek_at_last_error() -> CudaError {
     no_arguments(|rt| rt.peek_at_last_error, || codes::SUCCESS)
-}
-
-/// Which form of a capture's start the program called: the per-thread-default-stream form
-/// (`_ptsz`, of programs built with `--default-stream per-thread`) reads a null stream as that
-/// thread's default stream.
-#[derive(Clone, Copy, Debug)]
-pub enum StreamForm {
-    Legacy,
-    PerThread,
-}
-
-/// The stream a capture's start named, as `captures` notes it.
-fn captured_stream(stream: *mut c_void, form: StreamForm) -> usize {
-    match form {
-        StreamForm::PerThread if stream.is_null() => STREAM_PER_THREAD,
-        _ => stream as usize,
-    }
-}
-
-/// The real `cudaStreamBeginCapture(stream, mode)`, or its `_ptsz` form; when the capture
-/// began, its stream is noted (`captures::begun`).
-///
-/// # Safety
-/// The arguments are the program's, passed on as they came: the runtime checks them.
-pub unsafe fn stream_begin_capture(
-    stream: *mut c_void,
-    mode: c_int,
-    form: StreamForm,
-) -> CudaError {
-    let Some(rt) = real() else {
-        return without_runtime();
-    };
-    let begin = match form {
-        StreamForm::Legacy => Some(rt.stream_begin_capture),
-        StreamForm::PerThread => rt.stream_begin_capture_ptsz,
-    };
-    let Some(begin) = begin else {
-        return last_error::record(codes::NOT_SUPPORTED);
-    };
-    // SAFETY: the caller's stream and mode go to the real function, which checks them.
-    let code = unsafe { begin(stream, mode) };
-    if code == codes::SUCCESS {
-        captures::begun(rt, captured_stream(stream, form));
-    }
-    code
-}
-
-/// The real `cudaStreamDestroy(stream)`; a stream noted for a capture is forgotten first
-/// (`captures::destroying`), and noted again if the runtime refuses to destroy it.
-///
-/// # Safety
-/// The stream is the program's, passed on as it came (the program's own contract with the
-/// runtime).
-pub unsafe fn stream_destroy(stream: *mut c_void) -> CudaError {
-    let Some(rt) = real() else {
-        return without_runtime();
-    };
-    let noted = captures::destroying(stream as usize);
-    // SAFETY: the caller's stream goes to the real function unchanged.
-    let code = unsafe { (rt.stream_destroy)(stream) };
-    if code != codes::SUCCESS && noted {
-        captures::begun(rt, stream as usize);
-    }
-    code
-}
-
-/// The real `cudaStreamBeginCaptureToGraph(stream, graph, dependencies, dependency_data,
-/// count, mode)`, or its `_ptsz` form; when the capture began, its stream is noted.
-///
-/// # Safety
-/// The arguments are the program's, passed on as they came: the runtime checks them.
-pub unsafe fn stream_begin_capture_to_graph(
-    stream: *mut c_void,
-    graph: *mut c_void,
-    dependencies: *const c_void,
-    dependency_data: *const c_void,
-    count: usize,
-    mode: c_int,
-    form: StreamForm,
-) -> CudaError {
-    let Some(rt) = real() else {
-        return without_runtime();
-    };
-    let begin = match form {
-        StreamForm::Legacy => rt.stream_begin_capture_to_graph,
-        StreamForm::PerThread => rt.stream_begin_capture_to_graph_ptsz,
-    };
-    let Some(begin) = begin else {
-        return last_error::record(codes::NOT_SUPPORTED);
-    };
-    // SAFETY: the caller's arguments go to the real function, which checks them.
-    let code = unsafe { begin(stream, graph, dependencies, dependency_data, count, mode) };
-    if code == codes::SUCCESS {
-        captures::begun(rt, captured_stream(stream, form));
-    }
-    code
 }

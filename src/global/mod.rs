@@ -3,6 +3,7 @@
 //! runtime. `ffi` calls in here; nothing here is `extern "C"`.
 
 pub mod api;
+pub mod capture_calls;
 pub mod error;
 mod exit_stats;
 mod exit_wait;

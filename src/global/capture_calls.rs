@@ -1,0 +1,111 @@
+//! The interposed stream calls that CUDA graph captures depend on: a capture's start
+//! (`cudaStreamBeginCapture`, `cudaStreamBeginCaptureToGraph`, each also in its `_ptsz` form)
+//! and `cudaStreamDestroy`. Each goes to the real runtime unchanged; a capture that began is
+//! noted, and a stream forgotten before it is destroyed (`backend::cuda::captures`). Without a
+//! runtime they answer as `forward`'s calls do.
+
+use super::forward::{real, without_runtime};
+use super::last_error;
+use crate::backend::cuda::captures;
+use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_PER_THREAD, codes};
+use std::ffi::{c_int, c_void};
+
+/// Which form of a capture's start the program called: the per-thread-default-stream form
+/// (`_ptsz`, of programs built with `--default-stream per-thread`) reads a null stream as that
+/// thread's default stream.
+#[derive(Clone, Copy, Debug)]
+pub enum StreamForm {
+    Legacy,
+    PerThread,
+}
+
+/// The stream a capture's start named, as `captures` notes it.
+fn captured_stream(stream: *mut c_void, form: StreamForm) -> usize {
+    match form {
+        StreamForm::PerThread if stream.is_null() => STREAM_PER_THREAD,
+        _ => stream as usize,
+    }
+}
+
+/// Start a capture of `stream` with `begin`, which answers `None` when the runtime lacks the
+/// form the program called (801, as the program's last error); when the capture began, its
+/// stream is noted.
+fn begin_noted(
+    stream: *mut c_void,
+    form: StreamForm,
+    begin: impl FnOnce(&'static Runtime) -> Option<CudaError>,
+) -> CudaError {
+    let Some(rt) = real() else {
+        return without_runtime();
+    };
+    let Some(code) = begin(rt) else {
+        return last_error::record(codes::NOT_SUPPORTED);
+    };
+    if code == codes::SUCCESS {
+        captures::begun(rt, captured_stream(stream, form));
+    }
+    code
+}
+
+/// The real `cudaStreamBeginCapture(stream, mode)`, or its `_ptsz` form; when the capture
+/// began, its stream is noted (`captures::begun`).
+///
+/// # Safety
+/// The arguments are the program's, passed on as they came: the runtime checks them.
+pub unsafe fn stream_begin_capture(
+    stream: *mut c_void,
+    mode: c_int,
+    form: StreamForm,
+) -> CudaError {
+    begin_noted(stream, form, |rt| {
+        let begin = match form {
+            StreamForm::Legacy => Some(rt.stream_begin_capture),
+            StreamForm::PerThread => rt.stream_begin_capture_ptsz,
+        }?;
+        // SAFETY: the caller's stream and mode go to the real function, which checks them.
+        Some(unsafe { begin(stream, mode) })
+    })
+}
+
+/// The real `cudaStreamBeginCaptureToGraph(stream, graph, dependencies, dependency_data,
+/// count, mode)`, or its `_ptsz` form; when the capture began, its stream is noted.
+///
+/// # Safety
+/// The arguments are the program's, passed on as they came: the runtime checks them.
+pub unsafe fn stream_begin_capture_to_graph(
+    stream: *mut c_void,
+    graph: *mut c_void,
+    dependencies: *const c_void,
+    dependency_data: *const c_void,
+    count: usize,
+    mode: c_int,
+    form: StreamForm,
+) -> CudaError {
+    begin_noted(stream, form, |rt| {
+        let begin = match form {
+            StreamForm::Legacy => rt.stream_begin_capture_to_graph,
+            StreamForm::PerThread => rt.stream_begin_capture_to_graph_ptsz,
+        }?;
+        // SAFETY: the caller's arguments go to the real function, which checks them.
+        Some(unsafe { begin(stream, graph, dependencies, dependency_data, count, mode) })
+    })
+}
+
+/// The real `cudaStreamDestroy(stream)`; a stream noted for a capture is forgotten first
+/// (`captures::destroying`), and noted again if the runtime refuses to destroy it.
+///
+/// # Safety
+/// The stream is the program's, passed on as it came (the program's own contract with the
+/// runtime).
+pub unsafe fn stream_destroy(stream: *mut c_void) -> CudaError {
+    let Some(rt) = real() else {
+        return without_runtime();
+    };
+    let noted = captures::destroying(stream as usize);
+    // SAFETY: the caller's stream goes to the real function unchanged.
+    let code = unsafe { (rt.stream_destroy)(stream) };
+    if code != codes::SUCCESS && noted {
+        captures::begun(rt, stream as usize);
+    }
+    code
+}
