@@ -1580,8 +1580,8 @@ fn a_faithful_replay_reserves_again_after_a_device_reset() {
 }
 
 /// A reset gives a native pool's segments back without cudaFree calls: the replay, which
-/// returns them to its device to start again empty, counts none, names the reset and calls
-/// no empty_cache().
+/// returns them to its device to start again empty, counts none (nor the synchronization of
+/// the empty_cache() that does it), names the reset and calls no empty_cache().
 #[test]
 fn a_device_reset_is_replayed_without_counting_its_returns_as_cudafree() {
     let (base, small) = (0x7f00_0000_0000u64, 0x7f00_4000_0000u64);
@@ -1606,6 +1606,9 @@ fn a_device_reset_is_replayed_without_counting_its_returns_as_cudafree() {
     assert_eq!(v["num_device_alloc"], v["recorded_segment_allocs"], "{v}");
     assert_eq!(v["num_device_free"], 0, "{v}");
     assert_eq!(v["recorded_segment_frees"], 0, "{v}");
+    // Nor a synchronization: the reset made no `synchronize_and_free_events`.
+    assert_eq!(v["memory_stats"]["num_sync_all_streams"], 0, "{v}");
+    assert_eq!(v["memory_stats"]["num_device_free"], 0, "{v}");
     let text = String::from_utf8(cachealloc(&["replay", p, "--faithful"]).stdout).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert!(

@@ -119,7 +119,8 @@ pub struct ReplayOutcome {
     /// The program's calls setting the memory fraction (`Op::MemoryFraction`).
     pub memory_fraction_calls: u64,
     /// The recording's device resets (`Op::DeviceReset`), replayed as `empty_cache()` calls
-    /// whose returns of memory are not counted in `num_device_free`.
+    /// whose returns of memory are not counted in `num_device_free`, nor their synchronization
+    /// in `num_sync_all_streams`.
     pub device_resets: u64,
     /// The recording's own failed requests (its `oom` entries), each requested again when the
     /// replay has a capacity (and freed at once if it fits).
@@ -193,8 +194,10 @@ fn replay_observed(
         stats: DeviceStats::default(),
         final_segments: 0,
     };
-    // Segments returned to the device by the recording's device resets (no cudaFree there).
-    let mut reset_returns = 0;
+    // What the `empty_cache()` calls replaying the recording's device resets counted that the
+    // resets did not: segments returned to the device (no cudaFree there) and a
+    // synchronization each (no `synchronize_and_free_events` either).
+    let (mut reset_returns, mut reset_syncs) = (0, 0);
     // Whether the frees held until a synchronization were shown before any release of their
     // request (`Op::FreeAtSync`'s `first_in_request`).
     let mut held_first_in_request = false;
@@ -258,10 +261,12 @@ fn replay_observed(
                 out.empty_cache_calls += 1;
             }
             Op::DeviceReset => {
-                let before = pool.stats().counts.num_device_free;
+                let before = pool.stats().counts;
                 pool.empty_cache()?;
                 out.device_resets += 1;
-                reset_returns += pool.stats().counts.num_device_free - before;
+                let after = pool.stats().counts;
+                reset_returns += after.num_device_free - before.num_device_free;
+                reset_syncs += after.num_sync_all_streams - before.num_sync_all_streams;
             }
             // The program's own call, after which it is in force whatever the settings said.
             Op::MemoryFraction { fraction } => {
@@ -292,8 +297,9 @@ fn replay_observed(
     }
     pool.complete_frees_held_until_sync();
     out.stats = pool.stats();
-    // The recording's resets returned their memory without a call.
+    // The recording's resets returned their memory without a call, and synchronized nothing.
     out.stats.counts.num_device_free -= reset_returns;
+    out.stats.counts.num_sync_all_streams -= reset_syncs;
     out.final_segments = pool.segments().len();
     Ok(out)
 }

@@ -43,7 +43,7 @@ pub enum Op {
     /// The program reset the device (`cudaDeviceReset()`, in a cachealloc trace): the recorded
     /// pool was dropped with its memory, without a cudaFree. Preceded by the frees of every
     /// live allocation, it is replayed as an `empty_cache()` whose returns of memory to the
-    /// device are not counted as device calls.
+    /// device are not counted as device calls, nor its synchronization as one.
     DeviceReset,
     /// The program set the pool's memory fraction (a cachealloc trace's `memory_fraction`):
     /// from here on the pool may reserve `fraction` of the device's total memory (1 = no

@@ -89,8 +89,9 @@ pub struct ReplayJson {
     /// `memory_fraction`), replayed where it made them.
     pub memory_fraction_calls: u64,
     /// The recording's device resets (a cachealloc trace's `device_reset`): replayed as freeing
-    /// what was live and returning every segment, which the counts of device calls leave out
-    /// (the reset made no cudaFree).
+    /// what was live and returning every segment, which the counts of device calls and of
+    /// synchronizations leave out (the reset made no cudaFree and no
+    /// `synchronize_and_free_events`).
     pub device_resets: u64,
     /// The recording's failed requests (`oom` entries), requested again when the replay has a
     /// capacity.

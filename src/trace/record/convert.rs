@@ -10,8 +10,8 @@
 //!   `Op::MemoryFraction`.
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
-//!   recording lost to the reset, and does not count those returns as cudaFree calls (the
-//!   reset made none).
+//!   recording lost to the reset, and does not count those returns as cudaFree calls, nor a
+//!   synchronization (the reset made neither).
 //! - Segment events produce no op (the replayed pool makes its own device calls); they give the
 //!   figures and the driver's addresses (`segment_addresses`, used as address hints).
 //! - `range_reserve` and `range_release` produce no op either: with the page maps and unmaps
