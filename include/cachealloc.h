@@ -131,7 +131,8 @@ int cachealloc_record_stream(void *ptr, void *stream);
 
 /**
  * Release every fully free cached segment of `device` to the driver (after waiting for pending
- * frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
+ * frees), like `torch.cuda.empty_cache()`; during a CUDA graph capture it does nothing and
+ * answers 0, as PyTorch's leaves its pools alone then. A device the process does not have: 101
  * (`cudaErrorInvalidDevice`; checked while the library is active, not under
  * `CACHEALLOC_DISABLE=1`).
  */
@@ -253,7 +254,8 @@ void cachealloc_torch_set_memory_fraction(double fraction, int device);
 
 /**
  * The hook for `set_reset_fn`, `void (void)`, which `torch.cuda.empty_cache()` calls: every
- * device's fully free cached segments go back to the driver (after pending frees complete).
+ * device's fully free cached segments go back to the driver (after pending frees complete);
+ * nothing happens during a CUDA graph capture, as with PyTorch's own allocator.
  */
 void cachealloc_torch_empty_cache(void);
 

@@ -17,7 +17,7 @@ fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
     PROGRAM.get_or_init(|| {
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/capture_check.c");
-        fake_cudart::compile_c_program(&source, "capture_check", &["-pthread"])
+        fake_cudart::compile_c_program(&source, "capture_check", &["-pthread", "-ldl"])
     })
 }
 
@@ -61,6 +61,13 @@ fn a_request_that_needs_the_cache_given_back_fails_during_a_capture_and_says_why
         log.contains("A CUDA graph capture was underway: cachealloc gave no cached memory back"),
         "{log}"
     );
+}
+
+/// `empty_cache()` during a capture does nothing and succeeds, as PyTorch's: no synchronization,
+/// no cudaFree, the capture goes on; after it the cache is given back.
+#[test]
+fn empty_cache_during_a_capture_leaves_the_cache_and_the_capture_alone() {
+    check("empty_cache", &[("CACHEALLOC_CONF", "free_sync:device")]);
 }
 
 /// A device reset forgets the captures of the device's streams, which it destroys, and keeps

@@ -80,7 +80,8 @@ pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void
 }
 
 /// Release every fully free cached segment of `device` to the driver (after waiting for pending
-/// frees), like `torch.cuda.empty_cache()`. A device the process does not have: 101
+/// frees), like `torch.cuda.empty_cache()`; during a CUDA graph capture it does nothing and
+/// answers 0, as PyTorch's leaves its pools alone then. A device the process does not have: 101
 /// (`cudaErrorInvalidDevice`; checked while the library is active, not under
 /// `CACHEALLOC_DISABLE=1`).
 #[unsafe(no_mangle)]

@@ -212,7 +212,8 @@ pub extern "C" fn cachealloc_torch_set_memory_fraction(fraction: f64, device: c_
 }
 
 /// The hook for `set_reset_fn`, `void (void)`, which `torch.cuda.empty_cache()` calls: every
-/// device's fully free cached segments go back to the driver (after pending frees complete).
+/// device's fully free cached segments go back to the driver (after pending frees complete);
+/// nothing happens during a CUDA graph capture, as with PyTorch's own allocator.
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_torch_empty_cache() {
     boundary("cachealloc_torch_empty_cache", (), || {

@@ -86,3 +86,38 @@ fn an_out_of_memory_outside_a_capture_names_none() {
     assert!(!report.capture_underway);
     assert!(!report.to_string().contains("capture"), "{report}");
 }
+
+/// `empty_cache()` during a capture: PyTorch's `release_cached_blocks` leaves the default pools
+/// alone while a capture is underway — no `synchronize_and_free_events` (so no
+/// `num_sync_all_streams`), no segment released, no error — since either would end the
+/// capture. After it, the next call gives the cached memory back.
+#[test]
+fn empty_cache_during_a_capture_does_nothing_as_in_pytorch() {
+    for settings in [
+        Settings::default(),
+        Settings {
+            expandable_segments: true,
+            ..Settings::default()
+        },
+    ] {
+        let mut p = pool_with_pending_frees(settings);
+        let cached = p.malloc(20 * MIB, S0).unwrap();
+        p.free(cached).unwrap();
+        let pending = p.malloc(10 * MIB, S1).unwrap();
+        p.free_deferred(pending).unwrap();
+        let before = p.stats();
+        p.backend_mut().set_capturing(true);
+        assert_eq!(p.empty_cache(), Ok(()));
+        p.validate().unwrap();
+        assert_eq!(p.stats(), before);
+        assert_eq!(p.pending_frees(), 1);
+        assert_eq!(p.backend().counters().synchronizes, 0);
+        p.backend_mut().set_capturing(false);
+        p.empty_cache().unwrap();
+        p.validate().unwrap();
+        let s = p.stats();
+        assert_eq!(s.counts.num_sync_all_streams, 1);
+        assert_eq!(s.reserved_bytes.all.current, 0);
+        assert_eq!(p.pending_frees(), 0);
+    }
+}

@@ -25,7 +25,14 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Release every fully free segment to the device (`torch.cuda.empty_cache()`), after
     /// waiting for pending frees. The `EmptyCache` event comes after the frees completed by the
     /// wait and before the releases, so a recorded trace replays in the same order.
+    ///
+    /// While a CUDA graph capture is underway it does nothing, as PyTorch's
+    /// `release_cached_blocks` leaves the default pools alone then (no synchronization is made
+    /// or counted, nothing is released, no event is recorded): either would end the capture.
     pub fn empty_cache(&mut self) -> Result<(), Error> {
+        if self.backend.capture_underway() {
+            return Ok(());
+        }
         self.synchronize_pending(StreamWait::Every)?;
         self.emit(|| PoolEvent::EmptyCache);
         self.release_whole_segments()

@@ -6,6 +6,7 @@
  * with the thread's capture mode relaxed. Run by tests/preload_capture.rs as
  * `capture_check SCENARIO`; prints "ok SCENARIO" when every check held.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -73,6 +74,41 @@ static void scenario_oom(void) {
     CHECK_CODE(cudaMalloc(&q, 50 * MIB), cudaSuccess);
     CHECK(fakecudart_counter("frees") == 1);
     CHECK_CODE(cudaFree(q), cudaSuccess);
+}
+
+/* cachealloc_empty_cache (torch.cuda.empty_cache() through the pluggable allocator's hook)
+ * during a capture does nothing and succeeds, as PyTorch's leaves its default pools alone then:
+ * no synchronization for the pending free, no cudaFree of the cached segment, the capture
+ * goes on. After it, the same call gives both back. Run with free_sync:device (the preloaded
+ * library's C API is found with dlsym). */
+static void scenario_empty_cache(void) {
+    int (*empty_cache)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_empty_cache");
+    CHECK(empty_cache != NULL);
+    if (empty_cache == NULL)
+        return;
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *cached = NULL, *pending = NULL;
+    CHECK_CODE(cudaMalloc(&cached, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&pending, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(cached), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(pending, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(pending), cudaSuccess);
+    uint64_t syncs = fakecudart_counter("device_syncs");
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK(empty_cache(0) == cudaSuccess);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("device_syncs") == syncs);
+    CHECK(fakecudart_counter("frees") == 0);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK(empty_cache(0) == cudaSuccess);
+    CHECK(fakecudart_counter("frees") == 2);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
 /* Another thread's request during a capture: thread-local captures let other threads call
@@ -247,6 +283,7 @@ static const struct {
 } scenarios[] = {
     {"pending_free", scenario_pending_free},
     {"oom", scenario_oom},
+    {"empty_cache", scenario_empty_cache},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},
