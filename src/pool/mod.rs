@@ -39,6 +39,8 @@ mod fraction_tests;
 #[cfg(test)]
 mod ladder_tests;
 #[cfg(test)]
+mod stats_tests;
+#[cfg(test)]
 mod tests;
 
 pub use allocator::DeviceAllocator;
