@@ -46,7 +46,8 @@ typedef struct CacheallocStats {
   uint64_t allocated_bytes;
   uint64_t allocated_bytes_peak;
   /**
-   * Bytes obtained from the device (segments), now and at peak.
+   * Bytes obtained from the device (segments; with expandable segments, their mapped pages),
+   * now and at peak.
    */
   uint64_t reserved_bytes;
   uint64_t reserved_bytes_peak;
@@ -69,22 +70,28 @@ typedef struct CacheallocStats {
    */
   uint64_t cached_free_bytes;
   /**
-   * Live allocations and segments.
+   * Live allocations, and segments (expandable segments are not counted, as in PyTorch's
+   * `segment` statistic).
    */
   uint64_t allocations;
   uint64_t segments;
   /**
-   * Device allocations that needed the cache flushed first; allocations that failed.
+   * Device allocations retried after every fully free cached segment was released (counted
+   * whether the retry succeeded or not); allocations that failed.
    */
   uint64_t num_alloc_retries;
   uint64_t num_ooms;
   /**
-   * Segments obtained from and returned to the device.
+   * Segments obtained from and returned to the device (cudaMalloc and cudaFree calls; with
+   * expandable segments, page maps and unmaps).
    */
   uint64_t num_device_alloc;
   uint64_t num_device_free;
   /**
-   * Device-wide synchronizations made by the pool.
+   * Waits for every pending free (PyTorch's `synchronize_and_free_events`: each
+   * `empty_cache` and out-of-memory retry outside a capture, counted even with no free
+   * pending), and the device synchronizations before growing while frees of `cudaFree` are
+   * pending (`free_sync` other than `none`).
    */
   uint64_t num_sync_all_streams;
 } CacheallocStats;

@@ -20,7 +20,8 @@ pub struct CacheallocStats {
     /// Bytes in live allocations (rounded block sizes), now and at peak.
     pub allocated_bytes: u64,
     pub allocated_bytes_peak: u64,
-    /// Bytes obtained from the device (segments), now and at peak.
+    /// Bytes obtained from the device (segments; with expandable segments, their mapped pages),
+    /// now and at peak.
     pub reserved_bytes: u64,
     pub reserved_bytes_peak: u64,
     /// Bytes in allocated blocks plus blocks whose free is still pending, now and at peak.
@@ -33,16 +34,22 @@ pub struct CacheallocStats {
     pub inactive_split_bytes: u64,
     /// Bytes in free cached blocks (reusable without asking the device).
     pub cached_free_bytes: u64,
-    /// Live allocations and segments.
+    /// Live allocations, and segments (expandable segments are not counted, as in PyTorch's
+    /// `segment` statistic).
     pub allocations: u64,
     pub segments: u64,
-    /// Device allocations that needed the cache flushed first; allocations that failed.
+    /// Device allocations retried after every fully free cached segment was released (counted
+    /// whether the retry succeeded or not); allocations that failed.
     pub num_alloc_retries: u64,
     pub num_ooms: u64,
-    /// Segments obtained from and returned to the device.
+    /// Segments obtained from and returned to the device (cudaMalloc and cudaFree calls; with
+    /// expandable segments, page maps and unmaps).
     pub num_device_alloc: u64,
     pub num_device_free: u64,
-    /// Device-wide synchronizations made by the pool.
+    /// Waits for every pending free (PyTorch's `synchronize_and_free_events`: each
+    /// `empty_cache` and out-of-memory retry outside a capture, counted even with no free
+    /// pending), and the device synchronizations before growing while frees of `cudaFree` are
+    /// pending (`free_sync` other than `none`).
     pub num_sync_all_streams: u64,
 }
 

@@ -93,11 +93,12 @@ impl StatArray {
 pub struct DeviceStats {
     /// Live allocations handed to the program.
     pub allocation: StatArray,
-    /// Segments obtained from the device.
+    /// Segments obtained from the device (none counted for expandable segments, as in PyTorch).
     pub segment: StatArray,
     /// Allocated blocks plus blocks whose free is still pending.
     pub active: StatArray,
-    /// Free blocks inside split segments (not releasable).
+    /// Free blocks inside split segments (not releasable; none counted in expandable segments,
+    /// whose free pages can be unmapped, as in PyTorch).
     pub inactive_split: StatArray,
     pub allocated_bytes: StatArray,
     pub reserved_bytes: StatArray,
@@ -120,11 +121,16 @@ pub struct Counts {
     pub num_alloc_retries: u64,
     /// Mallocs that failed for lack of memory.
     pub num_ooms: u64,
-    /// Waits for every pending free to complete (PyTorch's `synchronize_and_free_events`).
+    /// Waits for every pending free to complete (PyTorch's `synchronize_and_free_events`, made
+    /// by `empty_cache` and the out-of-memory retry outside a capture whether or not a free is
+    /// pending), and the device synchronizations before growing while interposed `cudaFree`s
+    /// are pending (`free_sync` other than `none`, which PyTorch has not).
     pub num_sync_all_streams: u64,
-    /// Segments obtained from the device (cudaMalloc calls).
+    /// Segments obtained from the device (cudaMalloc calls; with expandable segments, page
+    /// maps).
     pub num_device_alloc: u64,
-    /// Segments returned to the device (cudaFree calls).
+    /// Segments returned to the device (cudaFree calls; with expandable segments, page
+    /// unmaps).
     pub num_device_free: u64,
 }
 
