@@ -8,6 +8,15 @@ use crate::backend::sim::SimDevice;
 
 const S1: StreamId = StreamId(1);
 
+/// The default settings, with fixed and with expandable segments.
+fn native_and_expandable() -> [Settings; 2] {
+    let expandable = Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    };
+    [Settings::default(), expandable]
+}
+
 /// A pool whose frees wait for the device (free_sync's device policy), on an unlimited device.
 fn pool_with_pending_frees(settings: Settings) -> DeviceAllocator<SimDevice> {
     DeviceAllocator::new(SimDevice::new(u64::MAX).with_pending_work(), settings)
@@ -15,13 +24,7 @@ fn pool_with_pending_frees(settings: Settings) -> DeviceAllocator<SimDevice> {
 
 #[test]
 fn during_a_capture_a_miss_grows_rather_than_wait_for_pending_frees() {
-    for settings in [
-        Settings::default(),
-        Settings {
-            expandable_segments: true,
-            ..Settings::default()
-        },
-    ] {
+    for settings in native_and_expandable() {
         let mut p = pool_with_pending_frees(settings);
         let a = p.malloc(10 * MIB, S0).unwrap();
         p.free_deferred(a).unwrap();
@@ -93,13 +96,7 @@ fn an_out_of_memory_outside_a_capture_names_none() {
 /// capture. After it, the next call gives the cached memory back.
 #[test]
 fn empty_cache_during_a_capture_does_nothing_as_in_pytorch() {
-    for settings in [
-        Settings::default(),
-        Settings {
-            expandable_segments: true,
-            ..Settings::default()
-        },
-    ] {
+    for settings in native_and_expandable() {
         let mut p = pool_with_pending_frees(settings);
         let cached = p.malloc(20 * MIB, S0).unwrap();
         p.free(cached).unwrap();
