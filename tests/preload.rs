@@ -369,6 +369,39 @@ fn a_held_statistics_file_is_left_alone() {
     assert_eq!(std::fs::read_to_string(&asked).unwrap(), "theirs\n");
 }
 
+/// `stats_file:/dev/stdout` while the program's output goes to a file (a batch job's log,
+/// `>> job.log`): the report goes into that log after what was there, through the program's own
+/// descriptor, and what the program printed stays whole. Before, `/dev/stdout` was opened anew
+/// as the regular file it names: emptied at the first CUDA call, then written from its start,
+/// where the program's own output, written at its offset, overwrote part of the report.
+#[test]
+fn statistics_sent_to_a_redirected_stdout_are_added_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("job.log");
+    std::fs::write(&log, "written before the program\n").unwrap();
+    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let out = preloaded(program())
+        .arg("stats")
+        .env("CACHEALLOC_CONF", "stats:json,stats_file:/dev/stdout")
+        .stdout(appended)
+        .output()
+        .expect("shim_check runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"written before the program"), "{text}");
+    assert!(lines.contains(&"ok stats"), "{text}");
+    let reports: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(reports.len(), 1, "{text}");
+    assert_eq!(
+        reports[0]["devices"][0]["stats"]["num_device_alloc"], 2,
+        "{text}"
+    );
+}
+
 /// A program that calls `exit` while another thread is still in its first CUDA call, after that
 /// call claimed the statistics file (here beside one another process holds, and then held up in
 /// saying so on a full stderr pipe), leaves that file with its report, not empty: the exit

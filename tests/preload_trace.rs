@@ -761,3 +761,46 @@ fn a_stats_file_named_another_way_as_the_trace_is_not_taken_for_another_process(
     let replayed = replay_json(&beside, &[]);
     assert!(replayed["recorded_oom"].is_object(), "{replayed}");
 }
+
+/// `trace:/dev/stderr` while the program's stderr goes to a file (`2>> job.log`): the recording
+/// goes into that file after what was there, through the program's own descriptor, between the
+/// lines the program writes there (here the library's out-of-memory warning), every one whole.
+/// Before, `/dev/stderr` was opened anew as the file it names: emptied when the first events
+/// were written, then written from its start, over what the program wrote there meanwhile.
+#[test]
+fn a_recording_sent_to_a_redirected_stderr_is_added_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("job.log");
+    std::fs::write(&log, "written before the program\n").unwrap();
+    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let out = preloaded(program())
+        .arg("mix")
+        .env("CACHEALLOC_CONF", "trace:/dev/stderr")
+        .env("FAKECUDART_CAPACITY", "1GiB")
+        .stderr(appended)
+        .output()
+        .expect("trace_mix runs");
+    assert!(out.status.success(), "{}", stdout(&out));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "written before the program");
+    assert!(
+        lines[1].starts_with(r#"{"format":"cachealloc-trace""#),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "cudaMalloc: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total \
+             capacity of 1024.00 MiB"
+        )),
+        "the warning is whole"
+    );
+    let events: Vec<Value> = lines
+        .iter()
+        .filter(|l| l.starts_with(r#"{"t_us""#))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(events.len() > 1000, "{}", events.len());
+    assert_eq!(events.last().unwrap()["action"], "end");
+}

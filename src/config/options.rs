@@ -299,8 +299,9 @@ pub static OPTIONS: &[OptionSpec] = &[
               (a process killed before its exit leaves it empty; one that cannot open it says so \
               at the first call); a path another running process holds is left to it: this \
               process writes beside it, with \
-              its process id before the extension. A path cannot contain `,`, `:`, `[`, `]` or \
-              whitespace, and must be valid UTF-8.",
+              its process id before the extension. `/dev/stdout` and `/dev/stderr` get the \
+              report after what the program wrote there, also when redirected to a file. A path \
+              cannot contain `,`, `:`, `[`, `]` or whitespace, and must be valid UTF-8.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())

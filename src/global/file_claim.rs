@@ -5,8 +5,10 @@
 //! it instead, to the name with its process id before the extension (`run.jsonl` →
 //! `run.4242.jsonl`), and says so on stderr. A file left by a run that has ended is not locked,
 //! and is replaced as before. On a file system without locks the file is taken as before too,
-//! and a path that is not a regular file (`/dev/stderr`) is written as it is, neither locked nor
-//! emptied.
+//! and a path that is not a regular file (`/dev/stderr` on a terminal or a pipe) is written as it
+//! is, neither locked nor emptied. Nor is the file the program's standard output or error goes
+//! to (`/dev/stdout` when it is redirected to a file): that is written through the program's own
+//! descriptor, after what the program wrote.
 //!
 //! The lock belongs to the open file, which a forked child shares: a child that outlived its
 //! parent (an orphaned worker) would keep it, and the next run would write beside the file. So
@@ -141,6 +143,9 @@ fn claim_exactly(path: &str) -> io::Result<Option<File>> {
     if !file.metadata()?.is_file() {
         return Ok(Some(file));
     }
+    if let Some(stream) = standard_stream_to(&file) {
+        return Ok(Some(stream));
+    }
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => return Ok(None),
@@ -149,6 +154,34 @@ fn claim_exactly(path: &str) -> io::Result<Option<File>> {
     }
     file.set_len(0)?;
     Ok(Some(file))
+}
+
+/// The program's standard output or error, when it goes to `file` (`/dev/stdout`, or the file it
+/// is redirected to): a duplicate of its descriptor, which shares the program's offset, so that
+/// what is written follows what the program wrote (a file opened anew would be written from its
+/// start, and the program's own writes would overwrite it, or it them). Neither locked nor
+/// emptied: the file is the program's.
+fn standard_stream_to(file: &File) -> Option<File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let asked = file.metadata().ok()?;
+    [libc::STDOUT_FILENO, libc::STDERR_FILENO]
+        .into_iter()
+        .find_map(|fd| {
+            // SAFETY: `fcntl` with `F_DUPFD_CLOEXEC` reads no memory; on a closed descriptor it
+            // fails (-1), and nothing is made of it.
+            let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if copy < 0 {
+                return None;
+            }
+            // SAFETY: `copy` is a descriptor just made, which nothing else owns: the `File`
+            // closes it when dropped.
+            let stream = unsafe { File::from_raw_fd(copy) };
+            let same = stream
+                .metadata()
+                .is_ok_and(|m| m.dev() == asked.dev() && m.ino() == asked.ino());
+            same.then_some(stream)
+        })
 }
 
 /// Whether `path` is a file this process holds (the same device and inode as one of `HELD`).
