@@ -804,3 +804,55 @@ fn a_recording_sent_to_a_redirected_stderr_is_added_to_it() {
     assert!(events.len() > 1000, "{}", events.len());
     assert_eq!(events.last().unwrap()["action"], "end");
 }
+
+/// `exit()` called while the library holds its event buffer's lock, by the thread holding it (a
+/// signal handler that calls `exit` and lands there; here the program's own `clock_gettime`,
+/// which the library reads under that lock): the exit handler waits a while for the lock, then
+/// leaves the file with what was written to it, and the process ends. Before, the handler
+/// waited for the lock for ever, and the process hung at its exit.
+#[test]
+fn exit_while_the_exiting_thread_holds_the_event_buffer_ends_the_process() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload/exit_in_push.c");
+    let program = fake_cudart::compile_c_program(&source, "exit_in_push", &["-ldl"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = preloaded(&program)
+        .env(
+            "CACHEALLOC_CONF",
+            format!("trace:{}/trace-%p.jsonl", dir.path().display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("exit_in_push starts");
+    let pid = child.id();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the process still had not ended 30 s after its exit()");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && stdout(&out).contains("ok exit_in_push"),
+        "{:?}\n{}\n{}",
+        out.status,
+        stdout(&out),
+        stderr(&out)
+    );
+    // What the pool calls before wrote is in the file (the last of it from the writer's
+    // buffer); the interrupted call's event and the end are not.
+    let trace = dir.path().join(format!("trace-{pid}.jsonl"));
+    assert_eq!(lines_of(&trace, "alloc").len(), 2);
+    assert_eq!(lines_of(&trace, "free_requested").len(), 2);
+    assert!(lines_of(&trace, "end").is_empty());
+    let replayed = replay(&[trace.to_str().unwrap()]);
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    assert!(
+        stderr(&replayed).contains("the recording has no end line"),
+        "{}",
+        stderr(&replayed)
+    );
+}

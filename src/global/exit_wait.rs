@@ -1,8 +1,8 @@
 //! Taking a lock in the exit handler. `exit` stops none of the program's other threads: while
-//! the handler runs they may still allocate, each holding a pool's lock or the trace file's for
-//! a moment. So the handler waits for a lock it needs, but not for ever: the thread holding it
-//! may be the one calling `exit` (from a signal handler that interrupted it), or stuck in the
-//! runtime, and neither may keep the process from ending.
+//! the handler runs they may still allocate, each holding a pool's lock, the trace file's or the
+//! recording's event buffer's for a moment. So the handler waits for a lock it needs, but not
+//! for ever: the thread holding it may be the one calling `exit` (from a signal handler that
+//! interrupted it), or stuck in the runtime, and neither may keep the process from ending.
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};

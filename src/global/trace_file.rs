@@ -18,7 +18,9 @@
 //!   them to leave the file alone (`Phase::Exiting`: their events stay buffered, for the hook to
 //!   write), waits for one writing now to finish (`exit_wait`), writes what is buffered and the
 //!   `end` line, and ends the recording (`Phase::Ended`): what the program does after that is
-//!   not recorded, so no line follows `end`.
+//!   not recorded, so no line follows `end`. The buffer's lock, too, is waited for a while only:
+//!   the thread holding it may be the very one exiting, from a signal handler that interrupted
+//!   its push, and the file is then left with what was written, without its end.
 //! - A file that cannot be created or written turns recording off with one message on stderr;
 //!   the program runs on.
 //!
@@ -237,7 +239,24 @@ impl Recorder {
             return;
         }
         // Taken under the file lock, so batches reach the file in the order they were taken.
-        let events = self.buffer.take();
+        let (events, end) = if at_exit {
+            // Waited for a while only: the thread pushing may be the one whose signal handler
+            // called `exit`, and never come back. The file then keeps what was written to it,
+            // without its end.
+            let Some((events, t_us)) = self.buffer.take_with_time(lock_at_exit) else {
+                let flushed = match file {
+                    FileState::Open(writer) => writer.flush(),
+                    _ => Ok(()),
+                };
+                if let Err(e) = flushed {
+                    self.fail(file, "write", &e);
+                }
+                return;
+            };
+            (events, Some(Event::end(t_us)))
+        } else {
+            (self.buffer.take(), None)
+        };
         self.log(&events);
         if events.is_empty() && !at_exit {
             return;
@@ -298,8 +317,8 @@ impl Recorder {
         };
         write_events(&mut bytes, &events);
         // The recording is complete: a file without this line stopped early.
-        if at_exit {
-            write_events(&mut bytes, &[Event::end(self.buffer.now_us())]);
+        if let Some(end) = end {
+            write_events(&mut bytes, &[end]);
         }
         let urgent = at_exit
             || created

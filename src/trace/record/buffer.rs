@@ -8,7 +8,7 @@
 
 use super::Event;
 use crate::pool::{EventSink, PoolEvent};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Events recorded and not yet written, plus the clock they are timed with.
@@ -34,11 +34,17 @@ impl EventBuffer {
         events.push(make(t_us));
     }
 
-    /// The time on this buffer's clock, in microseconds since it started.
-    pub fn now_us(&self) -> u64 {
-        // Under the lock, as `push_with`: no event pushed before this reads a later time.
-        let _events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        self.elapsed_us()
+    /// Take every buffered event, and the time on this buffer's clock then (no event pushed
+    /// before reads a later time), with the buffer's lock taken by `lock`, which may give up:
+    /// `None` when it does. The exit handler's take: the thread that holds the lock may never
+    /// let go of it (`exit` called by a signal handler that interrupted that thread's push).
+    pub fn take_with_time(
+        &self,
+        lock: impl for<'a> FnOnce(&'a Mutex<Vec<Event>>) -> Option<MutexGuard<'a, Vec<Event>>>,
+    ) -> Option<(Vec<Event>, u64)> {
+        let mut events = lock(&self.events)?;
+        let t_us = self.elapsed_us();
+        Some((std::mem::take(&mut *events), t_us))
     }
 
     fn elapsed_us(&self) -> u64 {
@@ -110,5 +116,20 @@ mod tests {
         );
         assert!(events.windows(2).all(|w| w[0].t_us <= w[1].t_us));
         assert!(buffer.take().is_empty(), "take empties the buffer");
+    }
+
+    /// A take whose lock gives up takes nothing; once the lock is had, every event, and a time
+    /// no earlier than theirs.
+    #[test]
+    fn a_take_with_time_whose_lock_gives_up_leaves_the_events() {
+        let buffer = EventBuffer::new();
+        buffer.sink(0).record(&PoolEvent::EmptyCache);
+        let held = buffer.events.lock().unwrap();
+        assert!(buffer.take_with_time(|m| m.try_lock().ok()).is_none());
+        drop(held);
+        let (events, t_us) = buffer.take_with_time(|m| m.try_lock().ok()).unwrap();
+        assert_eq!(events.len(), 1);
+        assert!(t_us >= events[0].t_us);
+        assert!(buffer.take().is_empty());
     }
 }
