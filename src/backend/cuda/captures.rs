@@ -33,7 +33,7 @@
 use super::runtime::{self, CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use super::unread_error;
 use crate::pool::DeviceId;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Streams that may be capturing: far more than programs run at once.
@@ -87,15 +87,22 @@ fn note(stream: usize) -> bool {
         return false;
     };
     for (i, slot) in STREAMS.iter().enumerate() {
-        if i != taken
-            && slot
-                .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            NOTED.fetch_sub(1, Ordering::AcqRel);
+        if i != taken {
+            forget(slot, stream);
         }
     }
     true
+}
+
+/// Empty `slot` if it still holds `stream`, counting it down; whether it did.
+fn forget(slot: &AtomicUsize, stream: usize) -> bool {
+    let forgotten = slot
+        .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok();
+    if forgotten {
+        NOTED.fetch_sub(1, Ordering::AcqRel);
+    }
+    forgotten
 }
 
 /// The program is about to destroy `stream`: it is forgotten, so that no query names its
@@ -109,13 +116,7 @@ pub fn destroying(stream: usize) -> bool {
     }
     let mut noted = false;
     for slot in &STREAMS {
-        if slot
-            .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            NOTED.fetch_sub(1, Ordering::AcqRel);
-            noted = true;
-        }
+        noted |= forget(slot, stream);
     }
     noted
 }
@@ -133,32 +134,19 @@ pub fn resetting(rt: &Runtime, device: DeviceId) {
         if matches!(stream, 0 | STREAM_PER_THREAD) {
             continue;
         }
-        if matches!(stream_device(rt, stream), Some(other) if other != device) {
+        if matches!(noted_stream_device(rt, stream), Some(other) if other != device) {
             continue;
         }
-        if slot
-            .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            NOTED.fetch_sub(1, Ordering::AcqRel);
-        }
+        forget(slot, stream);
     }
 }
 
-/// The device of a noted `stream` (alive: a destroyed stream was forgotten), or `None` when the
-/// runtime cannot say; a failed query leaves the program's last error as it was.
-fn stream_device(rt: &Runtime, stream: usize) -> Option<DeviceId> {
-    let get_device = rt.stream_get_device?;
+/// The device of a noted `stream` (alive: a destroyed stream was forgotten first, by
+/// `destroying`), or `None` when the runtime cannot say; a failed query leaves the program's
+/// last error as it was.
+fn noted_stream_device(rt: &Runtime, stream: usize) -> Option<DeviceId> {
     unread_error::keep_unread(rt);
-    let mut device: c_int = -1;
-    // SAFETY: `device` is a valid out-pointer; the stream handle is one the program passed to
-    // cudaStreamBeginCapture and has not destroyed since (`destroying` forgets it first).
-    let code = unsafe { get_device(stream as *mut c_void, &mut device) };
-    if code != codes::SUCCESS {
-        runtime::clear_last_error(rt);
-        return None;
-    }
-    Some(DeviceId(device))
+    runtime::stream_device(rt, stream)
 }
 
 /// Whether a capture the program began may still be going on: the runtime is asked about each
@@ -180,11 +168,8 @@ fn forget_ended(rt: &Runtime) -> bool {
         }
         if is_capturing(rt, stream) {
             capturing = true;
-        } else if slot
-            .compare_exchange(stream, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            NOTED.fetch_sub(1, Ordering::AcqRel);
+        } else {
+            forget(slot, stream);
         }
     }
     capturing

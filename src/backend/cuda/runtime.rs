@@ -18,6 +18,7 @@
 //! Success is cached for the life of the process; failure is not (a runtime may be loaded
 //! later, e.g. by a Python import) but is reported only once.
 
+use crate::pool::DeviceId;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -401,4 +402,20 @@ fn own_base() -> *mut c_void {
 pub fn clear_last_error(rt: &Runtime) {
     // SAFETY: cudaGetLastError takes no arguments and only resets the calling thread's error.
     let _ = unsafe { (rt.get_last_error)() };
+}
+
+/// The device of `stream`, a stream handle's value (`cudaStreamGetDevice`), or `None` when the
+/// runtime lacks the call or cannot say; the failure of the query is cleared (an error the
+/// program had not read was kept before it: `unread_error`).
+pub fn stream_device(rt: &Runtime, stream: usize) -> Option<DeviceId> {
+    let get_device = rt.stream_get_device?;
+    let mut device: c_int = -1;
+    // SAFETY: `device` is a valid out-pointer; the stream handle is one the program passed to
+    // the library and has not destroyed (each caller says why), which the runtime checks.
+    let code = unsafe { get_device(stream as *mut c_void, &mut device) };
+    if code != codes::SUCCESS {
+        clear_last_error(rt);
+        return None;
+    }
+    Some(DeviceId(device))
 }

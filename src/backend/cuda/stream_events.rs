@@ -14,13 +14,13 @@
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
-use super::runtime::{CudaError, Runtime, clear_last_error, codes};
+use super::runtime::{CudaError, Runtime, clear_last_error, codes, stream_device};
 use super::unread_error;
 use crate::backend::Fence;
 use crate::pool::{DeviceId, StreamId};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 
 /// Marks the fences of `StreamEvents` (the `free_sync` policies' fences never reach this bit).
 pub const STREAM_FENCE: u64 = 1 << 63;
@@ -305,19 +305,11 @@ fn record_elsewhere(
     own: DeviceId,
     stream: StreamId,
 ) -> Option<(EventHandle, DeviceId)> {
-    let get_device = rt.stream_get_device?;
-    let mut device: c_int = -1;
-    // SAFETY: `stream` is a stream handle the program passed for this free (the runtime checks
-    // it); `device` is a valid out-pointer.
-    let code = unsafe { get_device(stream.0 as *mut c_void, &mut device) };
-    if code != codes::SUCCESS {
-        clear_last_error(rt);
+    // `stream` is a stream handle the program passed for this free.
+    let device = stream_device(rt, stream.0 as usize)?;
+    if device == own {
         return None;
     }
-    if device == own.0 {
-        return None;
-    }
-    let device = DeviceId(device);
     let on_device = DeviceGuard::enter(rt, device);
     let recorded = on_device.as_ref().ok().and_then(|_| {
         let event = events::create(rt).ok()?;
