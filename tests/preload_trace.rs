@@ -805,6 +805,51 @@ fn a_recording_sent_to_a_redirected_stderr_is_added_to_it() {
     assert_eq!(events.last().unwrap()["action"], "end");
 }
 
+/// The recording and the statistics both sent to the program's redirected stderr: neither empties
+/// the file nor overwrites the other (each is written after what is there), so the setting is
+/// taken. Before, any `trace` and `stats_file` of the same path were refused as a configuration
+/// error, `/dev/stderr` and `/dev/null` included.
+#[test]
+fn a_recording_and_statistics_may_share_the_programs_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("job.log");
+    std::fs::write(&log, "written before the program\n").unwrap();
+    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let out = preloaded(program())
+        .arg("mix")
+        .env(
+            "CACHEALLOC_CONF",
+            "trace:/dev/stderr,stats:json,stats_file:/dev/stderr",
+        )
+        .env("FAKECUDART_CAPACITY", "1GiB")
+        .stderr(appended)
+        .output()
+        .expect("trace_mix runs");
+    assert!(out.status.success(), "{}", stdout(&out));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "written before the program");
+    let json: Vec<Value> = lines
+        .iter()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(json[0]["format"], "cachealloc-trace", "{}", lines[1]);
+    let events = json.iter().filter(|v| v.get("t_us").is_some()).count();
+    assert!(events > 1000, "{events}");
+    let stats: Vec<&Value> = json.iter().filter(|v| v.get("skipped").is_some()).collect();
+    assert_eq!(stats.len(), 1, "one statistics report");
+    assert!(
+        stats[0]["devices"][0]["stats"]["num_ooms"].as_i64() >= Some(1),
+        "{}",
+        stats[0]
+    );
+    assert!(
+        json.iter().any(|v| v["action"] == "end"),
+        "the recording has its end"
+    );
+}
+
 /// `exit()` called while the library holds its event buffer's lock, by the thread holding it (a
 /// signal handler that calls `exit` and lands there; here the program's own `clock_gettime`,
 /// which the library reads under that lock): the exit handler waits a while for the lock, then

@@ -242,17 +242,30 @@ pub(super) fn apply_conf(config: &mut Config, text: &str) -> Result<(), ConfigEr
     // The statistics written at exit would overwrite the recording.
     if let (Some(trace), Some(stats)) = (&config.trace, &config.stats_file)
         && trace == stats
+        && !both_outputs_may_share(stats)
     {
         let problem = Problem::InvalidValue {
             key: "stats_file".into(),
             value: stats.clone(),
             why: "it is the trace file too, which the statistics written at exit would \
-                  overwrite; give them different paths"
+                  overwrite; give them different paths (only `/dev/null`, `/dev/stdout`, \
+                  `/dev/stderr` and `/dev/tty` may be both)"
                 .into(),
         };
         return Err(ConfigError::new(variable, problem));
     }
     Ok(())
+}
+
+/// Whether `trace` and `stats_file` may name the same `path`: a device that keeps nothing
+/// (`/dev/null`), or one that each writes after what is there, the statistics after the
+/// recording (the program's standard output or error, redirected to a file or not; a
+/// terminal). Any other path is a file each would empty (`file_claim`).
+fn both_outputs_may_share(path: &str) -> bool {
+    matches!(
+        path,
+        "/dev/null" | "/dev/stdout" | "/dev/stderr" | "/dev/tty"
+    )
 }
 
 /// The allowed key nearest to `key`, when the difference looks like a typo.

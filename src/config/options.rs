@@ -295,13 +295,14 @@ pub static OPTIONS: &[OptionSpec] = &[
         unit: "",
         carrier: Carrier::Cachealloc,
         doc: "Where `stats` writes; stderr when unset, or when the file cannot be written. Not \
-              the `trace` file. Held from the first CUDA call, emptied then, and written at exit \
-              (a process killed before its exit leaves it empty; one that cannot open it says so \
-              at the first call); a path another running process holds is left to it: this \
-              process writes beside it, with \
-              its process id before the extension. `/dev/stdout` and `/dev/stderr` get the \
-              report after what the program wrote there, also when redirected to a file. A path \
-              cannot contain `,`, `:`, `[`, `]` or whitespace, and must be valid UTF-8.",
+              the `trace` file, unless that is `/dev/null`, `/dev/stdout`, `/dev/stderr` or \
+              `/dev/tty` (the report then follows the recording). Held from the first CUDA \
+              call, emptied then, and written at exit (a process killed before its exit leaves \
+              it empty; one that cannot open it says so at the first call); a path another \
+              running process holds is left to it: this process writes beside it, with its \
+              process id before the extension. `/dev/stdout` and `/dev/stderr` get the report \
+              after what the program wrote there, also when redirected to a file. A path cannot \
+              contain `,`, `:`, `[`, `]` or whitespace, and must be valid UTF-8.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())

@@ -371,7 +371,8 @@ fn every_error_names_variable_key_value_and_what_is_allowed() {
             "stats:json,trace:/tmp/run-%p.jsonl,stats_file:/tmp/run-%p.jsonl",
             format!(
                 "{c}: stats_file:/tmp/run-%p.jsonl: it is the trace file too, which the \
-                 statistics written at exit would overwrite; give them different paths"
+                 statistics written at exit would overwrite; give them different paths (only `/dev/null`, \
+                 `/dev/stdout`, `/dev/stderr` and `/dev/tty` may be both)"
             ),
         ),
         (
@@ -1005,6 +1006,21 @@ fn a_collection_threshold_without_a_fraction_is_a_warning() {
     );
     let limited = conf("garbage_collection_threshold:0.6,per_process_memory_fraction:0.9");
     assert!(limited.unwrap().value_warnings().is_empty());
+}
+
+#[test]
+fn trace_and_stats_file_may_share_a_device_that_empties_nothing() {
+    for path in ["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"] {
+        let config = conf(&format!("stats:json,trace:{path},stats_file:{path}"))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(config.trace.as_deref(), Some(path));
+        assert_eq!(config.stats_file.as_deref(), Some(path));
+    }
+    // A regular file, or a device each would open anew, stays refused.
+    for path in ["/dev/shm/run.jsonl", "/dev/fd/3", "run.jsonl"] {
+        let refused = conf(&format!("stats:json,trace:{path},stats_file:{path}"));
+        assert!(refused.is_err(), "{path}");
+    }
 }
 
 #[test]
