@@ -769,19 +769,7 @@ fn a_stats_file_named_another_way_as_the_trace_is_not_taken_for_another_process(
 /// were written, then written from its start, over what the program wrote there meanwhile.
 #[test]
 fn a_recording_sent_to_a_redirected_stderr_is_added_to_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("job.log");
-    std::fs::write(&log, "written before the program\n").unwrap();
-    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-    let out = preloaded(program())
-        .arg("mix")
-        .env("CACHEALLOC_CONF", "trace:/dev/stderr")
-        .env("FAKECUDART_CAPACITY", "1GiB")
-        .stderr(appended)
-        .output()
-        .expect("trace_mix runs");
-    assert!(out.status.success(), "{}", stdout(&out));
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = mix_with_stderr_added_to_a_log("trace:/dev/stderr");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "written before the program");
     assert!(
@@ -811,22 +799,8 @@ fn a_recording_sent_to_a_redirected_stderr_is_added_to_it() {
 /// error, `/dev/stderr` and `/dev/null` included.
 #[test]
 fn a_recording_and_statistics_may_share_the_programs_stderr() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("job.log");
-    std::fs::write(&log, "written before the program\n").unwrap();
-    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-    let out = preloaded(program())
-        .arg("mix")
-        .env(
-            "CACHEALLOC_CONF",
-            "trace:/dev/stderr,stats:json,stats_file:/dev/stderr",
-        )
-        .env("FAKECUDART_CAPACITY", "1GiB")
-        .stderr(appended)
-        .output()
-        .expect("trace_mix runs");
-    assert!(out.status.success(), "{}", stdout(&out));
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text =
+        mix_with_stderr_added_to_a_log("trace:/dev/stderr,stats:json,stats_file:/dev/stderr");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "written before the program");
     let json: Vec<Value> = lines
@@ -848,6 +822,24 @@ fn a_recording_and_statistics_may_share_the_programs_stderr() {
         json.iter().any(|v| v["action"] == "end"),
         "the recording has its end"
     );
+}
+
+/// The text of a job's log after `trace_mix mix` ran under `conf` on a 1 GiB device with its
+/// stderr added to the log (`2>> job.log`), which held one line before.
+fn mix_with_stderr_added_to_a_log(conf: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("job.log");
+    std::fs::write(&log, "written before the program\n").unwrap();
+    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let out = preloaded(program())
+        .arg("mix")
+        .env("CACHEALLOC_CONF", conf)
+        .env("FAKECUDART_CAPACITY", "1GiB")
+        .stderr(appended)
+        .output()
+        .expect("trace_mix runs");
+    assert!(out.status.success(), "{}", stdout(&out));
+    std::fs::read_to_string(&log).unwrap()
 }
 
 /// `exit()` called while the library holds its event buffer's lock, by the thread holding it (a
