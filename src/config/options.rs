@@ -301,8 +301,10 @@ pub static OPTIONS: &[OptionSpec] = &[
               it empty; one that cannot open it says so at the first call); a path another \
               running process holds is left to it: this process writes beside it, with its \
               process id before the extension. `/dev/stdout` and `/dev/stderr` get the report \
-              after what the program wrote there, also when redirected to a file. A path cannot \
-              contain `,`, `:`, `[`, `]` or whitespace, and must be valid UTF-8.",
+              after what the program wrote there, also when redirected to a file (what its C \
+              library still buffers at exit, as `printf`'s to a file or pipe, comes after the \
+              report). A path cannot contain `,`, `:`, `[`, `]` or whitespace, and must be valid \
+              UTF-8.",
         apply: |c, v, _| {
             c.stats_file = Some(values::path(v)?);
             Ok(())
