@@ -128,7 +128,9 @@ fn bad_pointer(f: &mut fmt::Formatter<'_>, addr: u64, reason: BadPointer) -> fmt
              returned)",
             addr - start
         ),
-        BadPointer::AlreadyFreed => write!(f, "already freed (double free)"),
+        BadPointer::AlreadyFreed => {
+            write!(f, "already freed, its free still pending (a double free)")
+        }
         BadPointer::InsidePending { start } => write!(
             f,
             "{} bytes inside the allocation at {start:#x}, which was already freed (its free is \

@@ -541,12 +541,20 @@ fn pending_frees_are_not_reused_until_their_fence_completes() {
     let keep = p.malloc(10 * MIB, S0).unwrap();
     p.free_deferred(a).unwrap();
     p.validate().unwrap();
+    let twice = p.free_deferred(a);
     assert_eq!(
-        p.free_deferred(a),
+        twice,
         Err(Error::InvalidPointer {
             addr: a.addr(),
             reason: BadPointer::AlreadyFreed
         })
+    );
+    assert_eq!(
+        twice.unwrap_err().to_string(),
+        format!(
+            "invalid device pointer {:#x}: already freed, its free still pending (a double free)",
+            a.addr()
+        )
     );
     let inside = p.free_deferred(a.offset(4096));
     assert_eq!(
