@@ -33,8 +33,9 @@
 #       reset does not free the driver's virtual-memory pages; cachealloc releases them first),
 #       and the next allocation is served and written;
 #   (l) a CUDA graph capture under the shim: a cudaMalloc during the capture (the capture mode
-#       relaxed, as PyTorch's caching allocator makes it) after a cudaFree the pool keeps pending,
-#       without and with the shim: the capture must end with a graph; and, with torch on a GPU,
+#       relaxed, as PyTorch's caching allocator makes it) after a cudaFree the pool keeps pending
+#       (completed by the synchronization the shim makes as the capture begins), without and
+#       with the shim: the capture must end with a graph; and, with torch on a GPU,
 #       torch.cuda.graph with libcachealloc.so preloaded under PyTorch's own allocator, replayed
 #       and compared with the eager result.
 #

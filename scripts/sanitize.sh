@@ -109,6 +109,8 @@ check torch-hooks CACHEALLOC_CONF="$record" "$bin/torch_hooks_check" contract
 check expandable CACHEALLOC_CONF="expandable_segments:True,$record" "$bin/expandable_check" grow
 for free_sync in device event; do
     check "capture-$free_sync" CACHEALLOC_CONF="free_sync:$free_sync" "$bin/capture_check" pending_free
+    check "capture-freed-before-$free_sync" CACHEALLOC_CONF="free_sync:$free_sync" \
+        "$bin/capture_check" freed_before
 done
 check capture-other-thread CACHEALLOC_CONF=free_sync:device "$bin/capture_check" other_thread
 check capture-oom CACHEALLOC_CONF=free_sync:none FAKECUDART_CAPACITY=64MiB "$bin/capture_check" oom

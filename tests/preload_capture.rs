@@ -27,14 +27,35 @@ fn check(scenario: &str, env: &[(&str, &str)]) -> Output {
     run_scenario(&mut cmd, scenario)
 }
 
-/// A block freed before the capture and still pending is left pending: the request during the
-/// capture takes new memory instead of synchronizing the device, and the capture completes.
+/// A block freed during the capture stays pending: the request during the capture takes new
+/// memory instead of synchronizing the device, and the capture completes.
 #[test]
 fn a_request_during_a_capture_does_not_wait_for_pending_frees() {
     for free_sync in ["device", "event"] {
         let conf = format!("free_sync:{free_sync}");
         check("pending_free", &[("CACHEALLOC_CONF", &conf)]);
     }
+}
+
+/// A block freed just before a capture (`torch.cuda.graph`'s `empty_cache()`) is completed by a
+/// device synchronization as the capture begins, so the capture's request reuses it; not while
+/// another capture is underway.
+#[test]
+fn frees_waiting_when_a_capture_begins_are_completed_first() {
+    for free_sync in ["device", "event"] {
+        let conf = format!("free_sync:{free_sync}");
+        check("freed_before", &[("CACHEALLOC_CONF", &conf)]);
+    }
+}
+
+/// The synchronization made as a capture begins is the library's own call: when it fails, the
+/// capture begins all the same and the program reads its own unread error, not the failure.
+#[test]
+fn a_failed_synchronization_as_a_capture_begins_leaves_the_programs_last_error_alone() {
+    check(
+        "sync_fails_at_capture",
+        &[("CACHEALLOC_CONF", "free_sync:device")],
+    );
 }
 
 /// Another thread's request, during a thread-local capture, does not synchronize the device

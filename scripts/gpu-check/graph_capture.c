@@ -8,8 +8,10 @@
  * stream, allocates BYTES with the mode relaxed, and ends the capture. Prints
  *     begin_rc=B malloc_rc=M end_rc=E graph=G
  * (G is 1 when the end gave a graph) and exits 0 when every call succeeded, 1 otherwise. Without
- * the shim the runtime's own cudaMalloc serves the request; with it a pool that synchronized the
- * device there (to reuse the pending block) would end the capture: end_rc=901. */
+ * the shim the runtime's own cudaMalloc serves the request. With it the pending block is
+ * completed by the device synchronization the shim makes just before it forwards the capture's
+ * start, and the request reuses it; a pool that synchronized the device during the capture
+ * would end it: end_rc=901. */
 #include "cudart_subset.h"
 
 #include <stdio.h>

@@ -5,6 +5,7 @@
 //! runtime they answer as `forward`'s calls do.
 
 use super::forward::{real, without_runtime};
+use super::interpose;
 use super::last_error;
 use crate::backend::cuda::captures;
 use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_PER_THREAD, codes};
@@ -28,8 +29,9 @@ fn captured_stream(stream: *mut c_void, form: StreamForm) -> usize {
 }
 
 /// Start a capture of `stream` with `begin`, which answers `None` when the runtime lacks the
-/// form the program called (801, as the program's last error); when the capture began, its
-/// stream is noted.
+/// form the program called (801, as the program's last error); frees still waiting for the
+/// device are completed first (`interpose::complete_pending_before_capture`), and when the
+/// capture began, its stream is noted.
 fn begin_noted(
     stream: *mut c_void,
     form: StreamForm,
@@ -38,6 +40,7 @@ fn begin_noted(
     let Some(rt) = real() else {
         return without_runtime();
     };
+    interpose::complete_pending_before_capture();
     let Some(code) = begin(rt) else {
         return last_error::record(codes::NOT_SUPPORTED);
     };

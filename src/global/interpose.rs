@@ -14,7 +14,10 @@ use crate::backend::cuda::captures;
 use crate::backend::cuda::device_guard::current_device;
 use crate::backend::cuda::epoch::SyncEpochs;
 use crate::backend::cuda::events::EventFences;
-use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_LEGACY, codes, runtime};
+use crate::backend::cuda::runtime::{
+    CudaError, Runtime, STREAM_LEGACY, clear_last_error, codes, runtime,
+};
+use crate::backend::cuda::unread_error;
 use crate::backend::cuda::{CudaBackend, FencePolicy};
 use crate::config::{Config, FreeSync};
 use crate::pool::{DeviceAllocator, DeviceId, DevicePtr, StreamId};
@@ -290,6 +293,36 @@ pub fn cuda_device_synchronize() -> CudaError {
         complete_pending(device);
     }
     code
+}
+
+/// Before the program begins a CUDA graph capture: when frees of the current device still wait
+/// for the device (`free_sync`), it is synchronized now, while that is allowed, and they are
+/// complete, as after the program's own `cudaDeviceSynchronize()`. During the capture a
+/// synchronization would end it, so their blocks could not be reused until it ends: its requests
+/// would take new memory beside them, or fail on a full device. `torch.cuda.graph` gives
+/// PyTorch's whole cache back (`empty_cache()`, a `cudaFree` of each segment) just after it
+/// synchronizes and just before it begins the capture. Nothing is done when no free waits,
+/// when another capture is underway (the synchronization would end it), or when another thread
+/// holds the pool; a failed synchronization leaves the program's last error as it was.
+pub fn complete_pending_before_capture() {
+    let ready = reentry::enter().and_then(|_inside| {
+        let (_, rt) = active().ok().flatten()?;
+        let device = current_device(rt).ok()?;
+        let waiting = pools::try_with_pool(device, |pool| pool.pending_frees() > 0)?;
+        let epochs: &SyncEpochs = pools::epochs(device)?;
+        (waiting && !captures::underway(rt)).then_some((rt, device, epochs))
+    });
+    let Some((rt, device, epochs)) = ready else {
+        return;
+    };
+    unread_error::keep_unread(rt);
+    let ticket = epochs.begin();
+    if forward::device_synchronize() != codes::SUCCESS {
+        clear_last_error(rt);
+        return;
+    }
+    epochs.end(ticket);
+    complete_pending(device);
 }
 
 /// The frees of `device` that were waiting for device work are complete after a device-wide

@@ -28,17 +28,18 @@ static cudaError_t malloc_relaxed(void **p, size_t size) {
     return rc;
 }
 
-/* A freed block still pending (free_sync:device or event) is not waited for during a capture:
- * the request takes new memory, the capture completes, and after it the block is reused. */
+/* A block freed during a capture stays pending (free_sync:device or event) and is not waited
+ * for: the request takes new memory, the capture completes, and after it the block is reused.
+ * (The free is the library's: the runtime's own cudaFree is not called.) */
 static void scenario_pending_free(void) {
     cudaStream_t s;
     CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     void *p = NULL, *q = NULL, *r = NULL;
     CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
     CHECK_CODE(fakecudart_launch(p, 10 * MIB, s, 1000), cudaSuccess);
-    CHECK_CODE(cudaFree(p), cudaSuccess);
     uint64_t syncs = fakecudart_counter("device_syncs");
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
     CHECK(q != p);
     cudaGraph_t graph = NULL;
@@ -52,6 +53,69 @@ static void scenario_pending_free(void) {
     CHECK(r == p);
     CHECK_CODE(cudaFree(q), cudaSuccess);
     CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* A block freed just before a capture begins (torch.cuda.graph gives PyTorch's cache back with
+ * empty_cache() right before it) is completed by one device synchronization at the capture's
+ * start, while one is still allowed: the capture's request reuses it. Not while another capture
+ * is underway, which that synchronization would end: the block then stays pending. */
+static void scenario_freed_before(void) {
+    cudaStream_t s, t;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    uint64_t syncs = fakecudart_counter("device_syncs");
+    cudaGraph_t graph = NULL, other = NULL;
+    CHECK_CODE(cudaStreamBeginCapture(t, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK(fakecudart_counter("device_syncs") == syncs + 1);
+    CHECK_CODE(cudaStreamEndCapture(t, &other), cudaSuccess);
+    CHECK_CODE(cudaGraphDestroy(other), cudaSuccess);
+    /* p is free again: taken, and freed once more while t captures. */
+    CHECK_CODE(cudaMalloc(&q, 10 * MIB), cudaSuccess);
+    CHECK(q == p);
+    CHECK_CODE(cudaStreamBeginCapture(t, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK(fakecudart_counter("device_syncs") == syncs + 1);
+    CHECK_CODE(malloc_relaxed(&r, 10 * MIB), cudaSuccess);
+    CHECK(r != p);
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK_CODE(cudaStreamEndCapture(t, &other), cudaSuccess);
+    CHECK(graph != NULL && other != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("device_syncs") == syncs + 1);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(t), cudaSuccess);
+}
+
+/* A synchronization that fails as a capture begins is the library's own call: the block stays
+ * pending, the capture begins, and the program's own unread error (101 from cudaSetDevice) is
+ * still the one it reads. */
+static void scenario_sync_fails_at_capture(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaDeviceSynchronize", 1, cudaErrorUnknown),
+               cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
+    CHECK(q != p);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
@@ -78,7 +142,7 @@ static void scenario_oom(void) {
 
 /* cachealloc_empty_cache (torch.cuda.empty_cache() through the pluggable allocator's hook)
  * during a capture does nothing and succeeds, as PyTorch's leaves its default pools alone then:
- * no synchronization for the pending free, no cudaFree of the cached segment, the capture
+ * no synchronization for the free pending since the capture began, no cudaFree of the cached segment, the capture
  * goes on. After it, the same call gives both back. Run with free_sync:device (the preloaded
  * library's C API is found with dlsym). */
 static void scenario_empty_cache(void) {
@@ -94,9 +158,9 @@ static void scenario_empty_cache(void) {
     CHECK_CODE(cudaFree(cached), cudaSuccess);
     CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
     CHECK_CODE(fakecudart_launch(pending, 10 * MIB, s, 1000), cudaSuccess);
-    CHECK_CODE(cudaFree(pending), cudaSuccess);
     uint64_t syncs = fakecudart_counter("device_syncs");
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(pending), cudaSuccess);
     CHECK(empty_cache(0) == cudaSuccess);
     cudaGraph_t graph = NULL;
     CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
@@ -125,8 +189,8 @@ static void scenario_other_thread(void) {
     CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     void *p = NULL, *q = NULL;
     CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
-    CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
     pthread_t t;
     CHECK(pthread_create(&t, NULL, other_thread_malloc, &q) == 0);
     CHECK(pthread_join(t, NULL) == 0);
@@ -175,7 +239,6 @@ static void scenario_reset(void) {
     CHECK_CODE(cudaSetDevice(1), cudaSuccess);
     CHECK_CODE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
     CHECK_CODE(cudaMalloc(&p1, 10 * MIB), cudaSuccess);
-    CHECK_CODE(cudaFree(p1), cudaSuccess);
     CHECK_CODE(cudaSetDevice(0), cudaSuccess);
     CHECK_CODE(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
     cudaGraph_t graph = NULL;
@@ -183,6 +246,7 @@ static void scenario_reset(void) {
     CHECK_CODE(cudaStreamEndCapture(s0, &graph), cudaSuccess);
     CHECK_CODE(cudaSetDevice(1), cudaSuccess);
     CHECK_CODE(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p1), cudaSuccess);
     CHECK_CODE(cudaSetDevice(0), cudaSuccess);
     CHECK_CODE(cudaDeviceReset(), cudaSuccess);
     uint64_t stale = fakecudart_counter("stale_stream_calls");
@@ -209,10 +273,10 @@ static void scenario_query_fails(void) {
     CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     void *p = NULL, *r = NULL;
     CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
-    CHECK_CODE(cudaFree(p), cudaSuccess);
     cudaGraph_t graph = NULL;
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
     CHECK_CODE(fakecudart_inject_call_failures("cudaStreamIsCapturing", 1,
                                                cudaErrorInvalidResourceHandle),
@@ -238,7 +302,6 @@ static void scenario_recaptured(void) {
     CHECK_CODE(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
     void *p = NULL, *q = NULL;
     CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
-    CHECK_CODE(cudaFree(p), cudaSuccess);
     cudaGraph_t graph = NULL;
     for (int i = 0; i < 100; i++) {
         CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
@@ -247,6 +310,7 @@ static void scenario_recaptured(void) {
     }
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(cudaStreamBeginCapture(t, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
     CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
     CHECK(q != p);
@@ -282,6 +346,8 @@ static const struct {
     void (*run)(void);
 } scenarios[] = {
     {"pending_free", scenario_pending_free},
+    {"freed_before", scenario_freed_before},
+    {"sync_fails_at_capture", scenario_sync_fails_at_capture},
     {"oom", scenario_oom},
     {"empty_cache", scenario_empty_cache},
     {"other_thread", scenario_other_thread},
