@@ -84,6 +84,28 @@ fn a_request_that_needs_the_cache_given_back_fails_during_a_capture_and_says_why
     );
 }
 
+/// A request that fits only once a free made during the capture completes fails during the
+/// capture, and its hint names the pending free rather than calling the memory exhausted.
+#[test]
+fn a_request_held_back_by_a_free_pending_during_a_capture_is_told_so() {
+    let out = check(
+        "oom_pending",
+        &[
+            ("CACHEALLOC_CONF", "free_sync:device"),
+            ("FAKECUDART_CAPACITY", "64MiB"),
+        ],
+    );
+    let log = stderr(&out);
+    assert!(
+        log.contains(
+            "Hint: Freed during the capture: frees still pending hold 40.00 MiB, which \
+             cachealloc could not wait for while a CUDA graph capture was underway"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("Not fragmentation"), "{log}");
+}
+
 /// `empty_cache()` during a capture does nothing and succeeds, as PyTorch's: no synchronization,
 /// no cudaFree, the capture goes on; after it the cache is given back.
 #[test]

@@ -1006,6 +1006,7 @@ impl<B: Backend> DeviceAllocator<B> {
         // or a remainder left unsplit).
         let (mut live_requested, mut live_divisions_padding, mut block_padding) =
             (0u64, 0u64, 0u64);
+        let mut pending_requested = 0u64;
         // The request's pool's free cached bytes: its share of what is reserved but unallocated.
         let mut pool_unallocated = 0u64;
         for (_, b) in self.blocks.iter() {
@@ -1018,6 +1019,9 @@ impl<B: Backend> DeviceAllocator<B> {
                     round_size(&self.settings, b.requested),
                 );
                 live_requested += asked;
+                if b.state == BlockState::Pending {
+                    pending_requested += asked;
+                }
                 live_divisions_padding += divided.saturating_sub(asked);
                 block_padding += b.size.saturating_sub(divided.max(asked));
             }
@@ -1032,6 +1036,7 @@ impl<B: Backend> DeviceAllocator<B> {
             device_free: info.free,
             allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
             live_requested,
+            pending_requested,
             divisions_padding: live_divisions_padding
                 .saturating_add(rounded.saturating_sub(round_to_block(size))),
             block_padding,

@@ -140,6 +140,28 @@ static void scenario_oom(void) {
     CHECK_CODE(cudaFree(q), cudaSuccess);
 }
 
+/* A block freed during a capture stays pending, and a request that fits only once it completes
+ * fails with 2 during the capture, which goes on; after the capture the same request reuses the
+ * block. Run with FAKECUDART_CAPACITY=64MiB and free_sync:device. */
+static void scenario_oom_pending(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *q = NULL;
+    CHECK_CODE(cudaMalloc(&p, 40 * MIB), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&q, 40 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK_CODE(cudaMalloc(&q, 40 * MIB), cudaSuccess);
+    CHECK(q == p);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* cachealloc_empty_cache (torch.cuda.empty_cache() through the pluggable allocator's hook)
  * during a capture does nothing and succeeds, as PyTorch's leaves its default pools alone then:
  * no synchronization for the free pending since the capture began, no cudaFree of the cached segment, the capture
@@ -349,6 +371,7 @@ static const struct {
     {"freed_before", scenario_freed_before},
     {"sync_fails_at_capture", scenario_sync_fails_at_capture},
     {"oom", scenario_oom},
+    {"oom_pending", scenario_oom_pending},
     {"empty_cache", scenario_empty_cache},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},

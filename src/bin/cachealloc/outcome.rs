@@ -363,6 +363,7 @@ impl From<&OomReport> for OomReportJson {
                 OomHint::SmallPoolHeld { .. } => "small_pool_held",
                 OomHint::OtherStream { .. } => "other_stream",
                 OomHint::FreedDuringRequest { .. } => "freed_during_request",
+                OomHint::PendingDuringCapture { .. } => "pending_during_capture",
             },
             requested_bytes: r.requested,
             rounded_bytes: r.rounded,

@@ -97,6 +97,16 @@ impl OomReport {
         let fraction_limited = limit < self.device_total;
         let obtainable = self.reserved.saturating_add(self.device_free);
         let available = obtainable.min(limit);
+        // Pending frees the capture kept the pool from waiting for, without which it all fits.
+        if self.capture_underway
+            && requested > available
+            && requested.saturating_sub(self.pending_requested) <= available
+        {
+            return OomHint::PendingDuringCapture {
+                pending: self.pending_requested,
+                missing: requested - available,
+            };
+        }
         if requested > limit {
             if requested > self.device_total || requested <= obtainable {
                 return OomHint::Exhausted {

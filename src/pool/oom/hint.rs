@@ -193,6 +193,17 @@ impl fmt::Display for OomHint {
                     "No allocator setting changes segment sizes: use a larger GPU."
                 })
             }
+            OomHint::PendingDuringCapture { pending, missing } => write!(
+                f,
+                "Freed during the capture: frees still pending hold {}, which cachealloc could \
+                 not wait for while a CUDA graph capture was underway (waiting synchronizes the \
+                 device, which would end the capture); without them this request would fit \
+                 ({} short with them). Free that memory before the capture begins (frees still \
+                 pending then are completed as it begins) or after it ends; no allocator setting \
+                 helps.",
+                format_size(pending),
+                format_size(missing)
+            ),
             OomHint::FreedDuringRequest { request, block } => write!(
                 f,
                 "Freed too late: a free cached block of {} now holds this {} block, but it \

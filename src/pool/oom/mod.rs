@@ -42,6 +42,8 @@ pub struct OomReport {
     /// rounded up to 512 bytes as under any settings: their blocks without the rounding that
     /// settings add, whole-block handouts and unsplit remainders.
     pub live_requested: u64,
+    /// Of `live_requested`, what the frees still waiting for their fence asked for.
+    pub pending_requested: u64,
     /// What `roundup_power2_divisions` add to the live blocks and the request beyond rounding
     /// to 512 bytes.
     pub divisions_padding: u64,
@@ -103,6 +105,16 @@ pub enum OomHint {
         missing: u64,
         /// The `per_process_memory_fraction` limit is what binds: the device would have room.
         by_fraction_limit: bool,
+    },
+    /// During a CUDA graph capture: what the live allocations and the request asked for fits
+    /// once the frees still pending are taken out, but the pool could not wait for them (a
+    /// device synchronization would end the capture).
+    PendingDuringCapture {
+        /// What the pending frees asked for.
+        pending: u64,
+        /// Live requested bytes (pending frees included) plus the request's, beyond what this
+        /// process can use.
+        missing: u64,
     },
     /// What the live allocations and the request asked for fits, but not the blocks that hold
     /// them: blocks are larger than their requests (rounded up, handed out whole, remainders

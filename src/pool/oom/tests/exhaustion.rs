@@ -145,3 +145,45 @@ fn memory_held_by_others_is_untracked() {
         "{text}"
     );
 }
+
+/// During a CUDA graph capture, frees still pending count among the live requests, but the pool
+/// could not wait for them: when the requests fit without them, the hint says so instead of
+/// calling the memory exhausted; outside a capture, or when they would not fit even without
+/// them, it is exhaustion.
+#[test]
+fn pending_frees_a_capture_kept_from_completing_are_named() {
+    let during = OomReport {
+        allocated: 41 * GIB,
+        live_requested: 79 * GIB,
+        pending_requested: 38 * GIB,
+        reserved: 79 * GIB,
+        device_free: GIB / 2,
+        requested: 2 * GIB,
+        rounded: 2 * GIB,
+        alloc_size: 2 * GIB,
+        capture_underway: true,
+        ..fragmented()
+    };
+    let hint = during.hint();
+    assert_eq!(
+        hint,
+        OomHint::PendingDuringCapture {
+            pending: 38 * GIB,
+            missing: 3 * GIB / 2,
+        }
+    );
+    let text = hint.to_string();
+    assert!(text.starts_with("Freed during the capture: frees still pending hold 38.00 GiB"));
+    assert!(text.contains("before the capture begins"), "{text}");
+    assert!(!text.contains("keep less memory alive"), "{text}");
+    let outside = OomReport {
+        capture_underway: false,
+        ..during.clone()
+    };
+    assert!(matches!(outside.hint(), OomHint::Exhausted { .. }));
+    let too_much = OomReport {
+        pending_requested: GIB,
+        ..during
+    };
+    assert!(matches!(too_much.hint(), OomHint::Exhausted { .. }));
+}

@@ -25,6 +25,7 @@ fn fragmented() -> OomReport {
         device_free: 512 * MIB,
         allocated: 60 * GIB,
         live_requested: 60 * GIB,
+        pending_requested: 0,
         reserved: 78 * GIB,
         allowed_maximum: None,
         largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
