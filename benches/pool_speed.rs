@@ -161,6 +161,7 @@ fn mean_live(workload: &cachealloc::trace::Workload) -> f64 {
             | Op::EmptyCache
             | Op::DeviceReset
             | Op::MemoryFraction { .. }
+            | Op::Capture
             | Op::Oom { .. } => {}
         }
         sum += live;

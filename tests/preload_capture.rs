@@ -7,11 +7,12 @@
 
 mod support;
 
+use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::fake_cudart;
-use support::shim::{preloaded, run_scenario, stderr};
+use support::shim::{preloaded, run_ok, run_scenario, stderr, stdout};
 
 fn program() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
@@ -56,6 +57,51 @@ fn a_failed_synchronization_as_a_capture_begins_leaves_the_programs_last_error_a
         "sync_fails_at_capture",
         &[("CACHEALLOC_CONF", "free_sync:device")],
     );
+}
+
+/// A recording of a run with captures (`trace:PATH`) replays as the run went: its `capture`
+/// lines have the replay's miss during the capture take new memory with a free still pending,
+/// its `empty_cache()` then do nothing, and its request that only the cache given back would
+/// serve fail as the run's did; so the faithful replay makes the recorded cudaMalloc and
+/// cudaFree calls, meets the out-of-memory error at the recorded line and puts every allocation
+/// at its recorded address. (Without the lines it gives the cached segment back during the
+/// capture, and the request fits.)
+#[test]
+fn a_recording_with_captures_replays_as_the_run_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("capture.jsonl");
+    let conf = format!("free_sync:device,trace:{}", trace.display());
+    check(
+        "recorded",
+        &[
+            ("CACHEALLOC_CONF", &conf),
+            ("FAKECUDART_CAPACITY", "100MiB"),
+        ],
+    );
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(
+        text.matches(r#""action":"capture""#).count(),
+        3,
+        "the miss, the empty_cache and the failed request: {text}"
+    );
+    for extra in [&[][..], &["--faithful"][..]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
+        cmd.arg("replay").arg(&trace).arg("--json").args(extra);
+        let out = run_ok(&mut cmd);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(v["recorded_segment_allocs"], 3, "{extra:?}: {v}");
+        assert_eq!(v["recorded_segment_frees"], 1, "{extra:?}: {v}");
+        assert_eq!(v["num_device_alloc"], v["recorded_segment_allocs"], "{v}");
+        assert_eq!(v["num_device_free"], v["recorded_segment_frees"], "{v}");
+        assert_eq!(v["captured_requests"], 3, "{v}");
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
+    cmd.arg("replay").arg(&trace).args(["--faithful", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&run_ok(&mut cmd))).unwrap();
+    assert_eq!(v["allocs"], 4, "{v}");
+    assert_eq!(v["allocs_at_recorded_addr"], v["allocs"], "{v}");
+    assert_eq!(v["num_ooms"], 1, "{v}");
+    assert_eq!(v["first_oom_event_index"], v["recorded_oom"]["event_index"]);
 }
 
 /// Another thread's request, during a thread-local capture, does not synchronize the device

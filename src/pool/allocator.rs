@@ -567,7 +567,8 @@ impl<B: Backend> DeviceAllocator<B> {
     /// memory. No synchronization for frees still pending, no garbage collection, no cached
     /// memory given back: on a real device each would end the capture (PyTorch, too, leaves
     /// its frees' events alone during captures). What the ladder skipped comes after the
-    /// capture, at the next request that misses.
+    /// capture, at the next request that misses. The `Capture` event comes first, so that a
+    /// recording's replay grows the same way.
     fn grow_during_capture(
         &mut self,
         pool: PoolKind,
@@ -575,6 +576,10 @@ impl<B: Backend> DeviceAllocator<B> {
         size: u64,
         rounded: u64,
     ) -> Result<FreeEntry, Error> {
+        self.emit(|| PoolEvent::Capture {
+            size: rounded,
+            stream,
+        });
         self.resolve_allowed_maximum();
         if let Some(id) = self.alloc_block(pool, stream, rounded, false)? {
             return Ok(self.entry_of(id));

@@ -118,3 +118,73 @@ fn empty_cache_during_a_capture_does_nothing_as_in_pytorch() {
         assert_eq!(p.pending_frees(), 0);
     }
 }
+
+/// The `Capture` event marks where a capture changed what the pool did, ahead of that call's
+/// other events: a miss (then only new memory, or out of memory: `size` is the rounded
+/// request) and `empty_cache()` (then nothing; `size` 0). A request a cached block serves has
+/// none (served alike during a capture), nor has a miss outside a capture.
+#[test]
+fn a_capture_event_comes_before_what_the_capture_changed() {
+    use std::sync::{Arc, Mutex};
+    for settings in native_and_expandable() {
+        let expandable = settings.expandable_segments;
+        let mut p = pool_with(100 * MIB, settings);
+        let events: Arc<Mutex<Vec<PoolEvent>>> = Arc::default();
+        let sink = Arc::clone(&events);
+        p.set_event_sink(Some(Box::new(move |e: &PoolEvent| {
+            sink.lock().unwrap().push(*e);
+        })));
+        let cached = p.malloc(10 * MIB, S1).unwrap();
+        p.free(cached).unwrap();
+        p.backend_mut().set_capturing(true);
+        let take = || std::mem::take(&mut *events.lock().unwrap());
+        take();
+        // A hit.
+        p.malloc(10 * MIB, S1).unwrap();
+        assert!(
+            matches!(take()[..], [PoolEvent::Alloc { .. }]),
+            "expandable {expandable}"
+        );
+        // A miss.
+        p.malloc(30 * MIB, S0).unwrap();
+        let grown = take();
+        let capture = PoolEvent::Capture {
+            size: 30 * MIB,
+            stream: S0,
+        };
+        assert_eq!(grown.first(), Some(&capture), "expandable {expandable}");
+        assert!(
+            matches!(grown.last(), Some(PoolEvent::Alloc { .. })),
+            "{grown:?}"
+        );
+        assert_eq!(grown.iter().filter(|e| **e == capture).count(), 1);
+        // `empty_cache()`.
+        p.empty_cache().unwrap();
+        let capture = PoolEvent::Capture {
+            size: 0,
+            stream: S0,
+        };
+        assert_eq!(take(), [capture, PoolEvent::EmptyCache]);
+        // Out of memory.
+        assert!(p.malloc(90 * MIB, S0).is_err());
+        let failed = take();
+        assert!(
+            matches!(
+                failed[..],
+                [
+                    PoolEvent::Capture { size, stream: S0 },
+                    PoolEvent::Oom { .. }
+                ] if size == 90 * MIB
+            ),
+            "expandable {expandable}: {failed:?}"
+        );
+        // After the capture.
+        p.backend_mut().set_capturing(false);
+        p.malloc(20 * MIB, S0).unwrap();
+        let grown = take();
+        assert!(
+            !grown.iter().any(|e| matches!(e, PoolEvent::Capture { .. })),
+            "{grown:?}"
+        );
+    }
+}

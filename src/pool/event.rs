@@ -77,6 +77,13 @@ pub enum PoolEvent {
         stream: StreamId,
         device_free: u64,
     },
+    /// A CUDA graph capture is underway (`Backend::capture_underway`) where it changes what
+    /// the pool does: at a request that no cached block serves, which then only asks the
+    /// device for new memory (its `SegmentAlloc`, with expandable segments its `SegmentMap`s,
+    /// or its `Oom` follows: `size` is the rounded request), or at `empty_cache()`, which then
+    /// does nothing (its `EmptyCache` follows; `size` 0). Never at a request a cached block
+    /// serves, which is served the same way during a capture.
+    Capture { size: u64, stream: StreamId },
     /// `empty_cache()` was called; the `SegmentFree`s it causes follow.
     EmptyCache,
     /// The program set the pool's memory fraction (`set_memory_fraction`): from here on it may

@@ -28,9 +28,16 @@ impl<B: Backend> DeviceAllocator<B> {
     ///
     /// While a CUDA graph capture is underway it does nothing, as PyTorch's
     /// `release_cached_blocks` leaves the default pools alone then (no synchronization is made
-    /// or counted, nothing is released, no event is recorded): either would end the capture.
+    /// or counted, nothing is released): either would end the capture. Its events are a
+    /// `Capture` and the `EmptyCache`, so that a recording shows the call and its replay does
+    /// nothing either.
     pub fn empty_cache(&mut self) -> Result<(), Error> {
         if self.backend.capture_underway() {
+            self.emit(|| PoolEvent::Capture {
+                size: 0,
+                stream: StreamId(0),
+            });
+            self.emit(|| PoolEvent::EmptyCache);
             return Ok(());
         }
         self.synchronize_pending(StreamWait::Every)?;

@@ -125,6 +125,10 @@ pub struct ReplayOutcome {
     /// The recording's own failed requests (its `oom` entries), each requested again when the
     /// replay has a capacity (and freed at once if it fits).
     pub recorded_oom_requests: u64,
+    /// The requests and `empty_cache()` calls the recording made during a CUDA graph capture
+    /// where its pool missed or emptied nothing (`Op::Capture`), replayed with the simulated
+    /// device capturing.
+    pub captured_requests: u64,
     pub first_oom: Option<OomAt>,
     pub stats: DeviceStats,
     pub final_segments: usize,
@@ -174,11 +178,12 @@ fn replay_observed(
     // Allocations whose free was requested and has not completed.
     let mut requested: FxHashSet<AllocId> = FxHashSet::default();
     let mut out = ReplayOutcome {
-        // A free requested and completed later is one event, its `Free`.
+        // A free requested and completed later is one event, its `Free`; a capture is part of
+        // its request's.
         ops: workload
             .ops
             .iter()
-            .filter(|op| !matches!(op, Op::FreeRequested { .. }))
+            .filter(|op| !matches!(op, Op::FreeRequested { .. } | Op::Capture))
             .count(),
         allocs: 0,
         allocs_with_recorded_addr: 0,
@@ -190,6 +195,7 @@ fn replay_observed(
         memory_fraction_calls: 0,
         device_resets: 0,
         recorded_oom_requests: 0,
+        captured_requests: 0,
         first_oom: None,
         stats: DeviceStats::default(),
         final_segments: 0,
@@ -201,7 +207,16 @@ fn replay_observed(
     // Whether the frees held until a synchronization were shown before any release of their
     // request (`Op::FreeAtSync`'s `first_in_request`).
     let mut held_first_in_request = false;
+    // Whether the next request or `empty_cache()` ran during a capture (`Op::Capture`).
+    let mut capture_next = false;
     for (i, op) in workload.ops.iter().enumerate() {
+        let capturing =
+            capture_next && matches!(op, Op::Alloc { .. } | Op::Oom { .. } | Op::EmptyCache);
+        if capturing {
+            capture_next = false;
+            out.captured_requests += 1;
+            pool.backend_mut().set_capturing(true);
+        }
         match *op {
             Op::Alloc {
                 id,
@@ -268,6 +283,7 @@ fn replay_observed(
                 reset_returns += after.num_device_free - before.num_device_free;
                 reset_syncs += after.num_sync_all_streams - before.num_sync_all_streams;
             }
+            Op::Capture => capture_next = true,
             // The program's own call, after which it is in force whatever the settings said.
             Op::MemoryFraction { fraction } => {
                 pool.set_memory_fraction(fraction)?;
@@ -284,6 +300,9 @@ fn replay_observed(
                     }
                 }
             }
+        }
+        if capturing {
+            pool.backend_mut().set_capturing(false);
         }
         // The request after frees completed at its retry's synchronization has been served:
         // those it did not synchronize for complete now, as they did before it was served.

@@ -40,6 +40,11 @@ pub enum Op {
     FreeAtSync { id: AllocId, first_in_request: bool },
     /// The program called `empty_cache()`.
     EmptyCache,
+    /// The next request (`Alloc` or `Oom`) or `EmptyCache` ran while a CUDA graph capture was
+    /// underway, and the recorded pool missed (or emptied nothing) for it (a cachealloc
+    /// trace's `capture`): the replay runs it with the simulated device capturing, so that the
+    /// pool only asks for new memory (no synchronization, no release), or does nothing.
+    Capture,
     /// The program reset the device (`cudaDeviceReset()`, in a cachealloc trace): the recorded
     /// pool was dropped with its memory, without a cudaFree. Preceded by the frees of every
     /// live allocation, it is replayed as an `empty_cache()` whose returns of memory to the

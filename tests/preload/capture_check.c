@@ -197,6 +197,50 @@ static void scenario_empty_cache(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A run to record (trace:PATH) and replay: during a capture, a miss takes new memory while a
+ * free made in the capture is still pending, empty_cache() does nothing, and a request that only the cached segment
+ * given back would serve fails; after the capture the pending block serves a request and
+ * empty_cache() gives the cached segment back. Run with FAKECUDART_CAPACITY=100MiB and
+ * free_sync:device. */
+static void scenario_recorded(void) {
+    int (*empty_cache)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_empty_cache");
+    CHECK(empty_cache != NULL);
+    if (empty_cache == NULL)
+        return;
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *cached = NULL, *pending = NULL, *grown = NULL, *failed = NULL, *reused = NULL;
+    CHECK_CODE(cudaMalloc(&cached, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(cached), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&pending, 40 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(pending, 40 * MIB, s, 1000), cudaSuccess);
+    uint64_t syncs = fakecudart_counter("device_syncs");
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(pending), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&grown, 40 * MIB), cudaSuccess);
+    CHECK(grown != pending);
+    CHECK(empty_cache(0) == cudaSuccess);
+    /* 10 + 40 + 40 MiB held: 16 MiB more do not fit in 100 unless the cache is given back. */
+    CHECK_CODE(malloc_relaxed(&failed, 15 * MIB), cudaErrorMemoryAllocation);
+    CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("device_syncs") == syncs);
+    CHECK(fakecudart_counter("mallocs") == 3);
+    CHECK(fakecudart_counter("frees") == 0);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&reused, 30 * MIB), cudaSuccess);
+    CHECK(reused == pending);
+    CHECK(empty_cache(0) == cudaSuccess);
+    CHECK(fakecudart_counter("frees") == 1);
+    CHECK_CODE(cudaFree(grown), cudaSuccess);
+    CHECK_CODE(cudaFree(reused), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* Another thread's request during a capture: thread-local captures let other threads call
  * cudaMalloc, and the pool must not synchronize the device for them either. */
 static void *other_thread_malloc(void *arg) {
@@ -373,6 +417,7 @@ static const struct {
     {"oom", scenario_oom},
     {"oom_pending", scenario_oom_pending},
     {"empty_cache", scenario_empty_cache},
+    {"recorded", scenario_recorded},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},

@@ -96,6 +96,10 @@ pub struct ReplayJson {
     /// The recording's failed requests (`oom` entries), requested again when the replay has a
     /// capacity.
     pub recorded_oom_requests: u64,
+    /// The recording's requests that no cached block served, and `empty_cache()` calls, made
+    /// during a CUDA graph capture (a cachealloc trace's `capture` lines): replayed capturing,
+    /// so that the pool only takes new memory for them (or does nothing), as it did.
+    pub captured_requests: u64,
     pub peak_allocated_bytes: i64,
     pub peak_requested_bytes: i64,
     pub peak_reserved_bytes: i64,
@@ -464,6 +468,7 @@ impl ReplayJson {
             memory_fraction_calls: out.memory_fraction_calls,
             device_resets: out.device_resets,
             recorded_oom_requests: out.recorded_oom_requests,
+            captured_requests: out.captured_requests,
             peak_allocated_bytes: s.allocated_bytes.all.peak,
             peak_requested_bytes: s.requested_bytes.all.peak,
             peak_reserved_bytes: s.reserved_bytes.all.peak,
@@ -674,6 +679,13 @@ impl ReplayJson {
                 } else {
                     "not requested again (no capacity)"
                 }
+            ));
+        }
+        if self.captured_requests > 0 {
+            parts.push(format!(
+                "{} made during a CUDA graph capture (requests that missed, empty_cache calls), \
+                 replayed capturing: new memory only, no synchronization, nothing given back",
+                self.captured_requests
             ));
         }
         t += &format!("  events: {} ({})\n", self.events, parts.join(", "));

@@ -7,7 +7,9 @@
 //!   not complete (a free that waited for device work) → `Op::FreeRequested`, where the
 //!   allocation statistics drop it;
 //!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
-//!   `Op::MemoryFraction`.
+//!   `Op::MemoryFraction`; `capture` → `Op::Capture`, where it stands (ahead of the request's
+//!   segment lines, so ahead of its op; the replay holds it for the next request or
+//!   `empty_cache`).
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
 //!   recording lost to the reset, and does not count those returns as cudaFree calls, nor a
@@ -16,8 +18,9 @@
 //!   figures and the driver's addresses (`segment_addresses`, used as address hints).
 //! - `range_reserve` and `range_release` produce no op either: with the page maps and unmaps
 //!   they are the `range_changes` from which a faithful replay takes the ranges of expandable
-//!   segments; `device_memory` gives `device_memory`. These lines hold no memory: they neither
-//!   end a run of releases nor start one.
+//!   segments; `device_memory` gives `device_memory`. These lines (and `retry`,
+//!   `memory_fraction` and `capture`) hold no memory: they neither end a run of releases nor
+//!   start one.
 //!
 //! Figures: a recording starts with its pool, so reserved bytes start at 0 and follow
 //! `segment_alloc` / `segment_free` (a `device_reset` drops them to 0). Retries and capacity
@@ -134,6 +137,7 @@ pub fn convert_device(
                 | Action::DeviceMemory
                 | Action::Retry
                 | Action::MemoryFraction
+                | Action::Capture
         );
         if !passes_by
             && !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
@@ -258,6 +262,7 @@ pub fn convert_device(
                 figures.empty_cache_calls += 1;
                 workload.push(Op::EmptyCache, index);
             }
+            Action::Capture => workload.push(Op::Capture, index),
             Action::MemoryFraction => {
                 // (The reader refuses a line without it.)
                 fraction = e.fraction.unwrap_or(1.0);

@@ -5,7 +5,7 @@
 //! JSON lines, one file per process (all devices), UTF-8:
 //!
 //! ```text
-//! {"format":"cachealloc-trace","version":3,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
+//! {"format":"cachealloc-trace","version":6,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
 //! {"t_us":17,"device":0,"action":"segment_alloc","addr":140737286160384,"size":20971520,"stream":0}
 //! {"t_us":18,"device":0,"action":"alloc","addr":140737286160384,"size":4000000,"stream":0}
 //! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576,"requested":2000000000}
@@ -30,7 +30,12 @@
 //!   fraction as it ran, with `cachealloc_set_memory_fraction` or PyTorch's
 //!   `set_per_process_memory_fraction` through the pluggable allocator; it carries `fraction`;
 //!   one line per call, also for a call made while the device has no pool, whose next pool
-//!   starts with it).
+//!   starts with it), and `capture` (a CUDA graph capture was underway where that changed what
+//!   the pool did: right before the lines of a request that no cached block served, which then
+//!   only asked the device for new memory — its `segment_alloc`, `segment_map`s (perhaps after
+//!   a `range_reserve`) or `oom` follow, then its `alloc`; `size` is the rounded request — or
+//!   right before an `empty_cache` line, which then did nothing: no wait, no `segment_free`;
+//!   `size` 0. A request a cached block served has none: it is served alike during a capture).
 //!   `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
 //!   the rounded request for `oom` (as in PyTorch's trace; it also carries `device_free`, the
@@ -40,19 +45,31 @@
 //!   instead).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
 //!   `segment_free`s it caused; `segment_free`s without it are the OOM ladder's own releases.
+//! - A `capture` line holds for the next request (`alloc` or `oom`) or `empty_cache` of its
+//!   device: a replay runs that one with the simulated device capturing, so that it grows
+//!   without synchronizing or giving memory back (or does nothing), as the recorded pool did.
+//!   A replay under other settings follows the lines as they are: a request that missed during
+//!   a capture is replayed capturing (which changes nothing where it now hits), but one that
+//!   hit during a capture has no line, and should it miss in the replay it is replayed as if
+//!   no capture was underway.
 //!
 //! Version 2 added the range and `device_memory` lines; a version 1 file (without them) is still
 //! read, and a faithful replay then infers the ranges from the page maps
 //! (`crate::trace::ranges`) and the device's memory from them and its failures. Version 3 added
 //! the `retry` lines; without them the retries are counted from the releases (`convert`).
-//! Version 4 added the `end` line, version 5 the `memory_fraction` line. An `oom` line's `requested` came later, without a new version
-//! (a reader that does not know it ignores it): a replay of a file without it asks again for the
-//! rounded request.
+//! Version 4 added the `end` line, version 5 the `memory_fraction` line, version 6 the
+//! `capture` line: an older file's requests replay as if no capture was underway (a version 5
+//! file whose pool already grew without waiting during captures may depart there, and shows
+//! no `empty_cache` made during one). An `oom` line's `requested` came later, without a new
+//! version (a reader that does not know it ignores it): a replay of a file without it asks
+//! again for the rounded request.
 //!
 //! The recording begins with each pool, so a trace starts from an empty device: a replay
 //! needs no rebuilt start state (see `convert`).
 
 pub mod buffer;
+#[cfg(test)]
+mod capture_tests;
 pub mod convert;
 pub mod read;
 mod retry_sync;
@@ -70,11 +87,11 @@ use serde::{Deserialize, Serialize};
 /// The `format` value of the header.
 pub const FORMAT_NAME: &str = "cachealloc-trace";
 /// The version this build writes.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// The versions this build reads: version 1 lacks the range lines, versions 1 and 2 the
-/// `retry` lines, versions 1 to 3 the `end` line, and versions 1 to 4 the `memory_fraction`
-/// line.
-pub const READABLE_VERSIONS: [u32; 5] = [1, 2, 3, 4, 5];
+/// `retry` lines, versions 1 to 3 the `end` line, versions 1 to 4 the `memory_fraction`
+/// line, and versions 1 to 5 the `capture` line.
+pub const READABLE_VERSIONS: [u32; 6] = [1, 2, 3, 4, 5, 6];
 /// The first version whose files mark every counted retry with a `retry` line.
 pub const RETRIES_MARKED_FROM: u32 = 3;
 /// The first version whose files end with an `end` line once the recording is complete: one
@@ -141,6 +158,10 @@ pub enum Action {
     /// the device once more; its `segment_alloc` (or `segment_map`s) or `oom` follows.
     Retry,
     Oom,
+    /// A CUDA graph capture was underway at the next request (`alloc` or `oom`), which no
+    /// cached block served, or at the next `empty_cache` (version 6): a replay runs it
+    /// capturing. `size`: the rounded request, 0 before an `empty_cache`.
+    Capture,
     EmptyCache,
     DeviceReset,
     /// The program set the memory fraction of the device's pool (version 5: the C API's
@@ -231,6 +252,7 @@ impl Event {
                 (Action::SegmentUnmap, ptr.addr(), size, stream, None, None)
             }
             PoolEvent::Retry { size, stream } => (Action::Retry, 0, size, stream, None, None),
+            PoolEvent::Capture { size, stream } => (Action::Capture, 0, size, stream, None, None),
             PoolEvent::Oom {
                 size,
                 stream,

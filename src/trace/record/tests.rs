@@ -508,7 +508,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 to 5)",
+            "version 9 is not supported (this cachealloc reads versions 1 to 6)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",

@@ -1,0 +1,157 @@
+//! Round trip of a recording made while a CUDA graph capture was underway: a pool on the
+//! simulated device, capturing for a while, records through the recording sink and the line
+//! writer a miss that grows although a free is still pending, an `empty_cache()` that does
+//! nothing and a request that fails rather than give cached memory back. The faithful replay
+//! of the written trace (capacity and recorded addresses given, as `cachealloc replay
+//! --faithful` gives them) must make the device calls the pool made, each allocation at its
+//! recorded address — with native segments and with expandable ones. Without the `capture`
+//! lines (a version 5 file) the replay gives the cached memory back and departs.
+
+use super::buffer::EventBuffer;
+use super::convert::convert_device;
+use super::read::parse_recorded_trace;
+use super::{Action, Event, FORMAT_VERSION, Header, settings_text, write_events, write_header};
+use crate::backend::sim::{Placement, SimDevice};
+use crate::pool::{DeviceAllocator, Error, Settings, StreamId};
+use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
+
+const MIB: u64 = 1 << 20;
+const CAPACITY: u64 = 100 * MIB;
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+/// The pool's counts `(device allocs, device frees, retries, ooms, synchronizations)`.
+type Counts = [u64; 5];
+
+fn counts(stats: &crate::pool::DeviceStats) -> Counts {
+    let c = &stats.counts;
+    [
+        c.num_device_alloc,
+        c.num_device_free,
+        c.num_alloc_retries,
+        c.num_ooms,
+        c.num_sync_all_streams,
+    ]
+}
+
+/// On `CAPACITY` bytes whose device work stays pending until it completes: a cached segment
+/// of stream 1 (10 MiB; with expandable segments a 20 MiB page), 40 MiB freed while device
+/// work still uses it; then during a capture 40 MiB (a miss: new memory, the free still
+/// pending), `empty_cache()` (nothing) and 15 MiB, for which only the cached segment given
+/// back makes room (out of memory); after it, the device done, 30 MiB from the freed block and
+/// `empty_cache()` giving the cached segment back.
+fn record(settings: &Settings) -> (Vec<Event>, Counts) {
+    let buffer = EventBuffer::new();
+    let sim = SimDevice::new(CAPACITY)
+        .with_placement(Placement::BottomUp)
+        .with_pending_work();
+    let mut pool = DeviceAllocator::new(sim, settings.clone());
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    let cached = pool.malloc(10 * MIB, S1).unwrap();
+    pool.free(cached).unwrap();
+    let pending = pool.malloc(40 * MIB, S0).unwrap();
+    pool.free_deferred(pending).unwrap();
+    pool.backend_mut().set_capturing(true);
+    let grown = pool.malloc(40 * MIB, S0).unwrap();
+    assert_ne!(grown, pending, "the pending block stays pending");
+    pool.empty_cache().unwrap();
+    match pool.malloc(15 * MIB, S0) {
+        Err(Error::OutOfMemory(report)) => assert!(report.capture_underway),
+        other => panic!("only the cached segment given back makes room: {other:?}"),
+    }
+    pool.backend_mut().set_capturing(false);
+    pool.backend_mut().complete_work();
+    assert_eq!(pool.malloc(30 * MIB, S0).unwrap(), pending);
+    pool.empty_cache().unwrap();
+    (buffer.take(), counts(&pool.stats()))
+}
+
+/// Replay `events`, written as a file of `version`, on `CAPACITY` bytes at the recorded
+/// addresses.
+fn replay_written(settings: &Settings, version: u32, events: &[Event]) -> ReplayOutcome {
+    let mut bytes = Vec::new();
+    let header = Header {
+        version,
+        ..Header::new(1, vec![0], settings_text(settings), "device")
+    };
+    write_header(&mut bytes, &header);
+    write_events(&mut bytes, events);
+    let trace = parse_recorded_trace(&bytes[..], "capture.trace").expect("the trace reads back");
+    let rec = convert_device(
+        &trace.source,
+        &trace.devices[0],
+        &trace.settings,
+        trace.marks_retries(),
+    );
+    let mut config = ReplayConfig {
+        settings: trace.settings.clone(),
+        capacity: Some(CAPACITY),
+        check_invariants: true,
+        ..ReplayConfig::default()
+    };
+    config.follow_recorded_addresses(
+        rec.segment_addresses.clone(),
+        &rec.range_changes,
+        rec.device_memory,
+    );
+    replay(&rec.workload, &config, None).expect("the replay runs")
+}
+
+fn expandable() -> Settings {
+    Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    }
+}
+
+#[test]
+fn a_recording_made_during_a_capture_replays_as_the_pool_ran() {
+    for settings in [Settings::default(), expandable()] {
+        let (events, recorded) = record(&settings);
+        let expandable = settings.expandable_segments;
+        // A `capture` line before the miss's new memory, the `empty_cache` and the `oom`.
+        let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
+        let captured: Vec<(Action, u64)> = actions
+            .windows(2)
+            .zip(&events)
+            .filter(|(pair, _)| pair[0] == Action::Capture)
+            .map(|(pair, e)| (pair[1], e.size))
+            .collect();
+        let grows = if expandable {
+            Action::SegmentMap
+        } else {
+            Action::SegmentAlloc
+        };
+        assert_eq!(
+            captured,
+            [
+                (grows, 40 * MIB),
+                (Action::EmptyCache, 0),
+                (Action::Oom, 15 * MIB)
+            ],
+            "expandable {expandable}: {actions:?}"
+        );
+        // 3 segments (or maps of pages); the cached one given back after the capture; one
+        // out of memory; one synchronization (the last `empty_cache()`).
+        assert_eq!(recorded, [3, 1, 0, 1, 1], "expandable {expandable}");
+
+        let out = replay_written(&settings, FORMAT_VERSION, &events);
+        assert_eq!(counts(&out.stats), recorded, "expandable {expandable}");
+        assert_eq!(out.allocs, 4);
+        assert_eq!(out.allocs_at_recorded_addr, out.allocs);
+        assert_eq!(out.captured_requests, 3);
+        assert_eq!(out.first_oom.map(|o| o.report.capture_underway), Some(true));
+
+        // Without the lines the replay gives the cached segment back during the capture, and
+        // the request it failed fits.
+        let unmarked: Vec<Event> = events
+            .iter()
+            .filter(|e| e.action != Action::Capture)
+            .copied()
+            .collect();
+        let out = replay_written(&settings, 5, &unmarked);
+        assert_eq!(out.captured_requests, 0);
+        assert_eq!(out.stats.counts.num_ooms, 0, "expandable {expandable}");
+        assert_ne!(counts(&out.stats), recorded, "expandable {expandable}");
+    }
+}
