@@ -1013,10 +1013,14 @@ impl<B: Backend> DeviceAllocator<B> {
             (0u64, 0u64, 0u64);
         let mut pending_requested = 0u64;
         // The request's pool's free cached bytes: its share of what is reserved but unallocated.
-        let mut pool_unallocated = 0u64;
+        let (mut pool_unallocated, mut other_pool_free) = (0u64, 0u64);
         for (_, b) in self.blocks.iter() {
-            if b.state == BlockState::Free && b.pool == pool_for(rounded) {
-                pool_unallocated += b.size;
+            if b.state == BlockState::Free {
+                if b.pool == pool_for(rounded) {
+                    pool_unallocated += b.size;
+                } else {
+                    other_pool_free += b.size;
+                }
             }
             if matches!(b.state, BlockState::Allocated | BlockState::Pending) {
                 let (asked, divided) = (
@@ -1051,6 +1055,7 @@ impl<B: Backend> DeviceAllocator<B> {
             free_blocks,
             pool_largest_free_block: own_largest.max(other_streams_largest_free_block),
             pool_unallocated,
+            other_pool_free,
             large_pool_largest_free_block: self
                 .large
                 .streams

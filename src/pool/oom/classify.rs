@@ -181,7 +181,9 @@ impl OomReport {
         } else {
             self.pool_unallocated.min(self.unallocated())
         };
-        let other_pool_unallocated = self.unallocated() - unallocated;
+        // The other pool's free cached memory: the rest of what is unallocated is blocks whose
+        // frees are still pending, which are no pool's to offer.
+        let other_pool_unallocated = self.other_pool_free.min(self.unallocated() - unallocated);
         let room = unallocated.saturating_add(usable_free);
         if other_pool_unallocated > 0 && self.rounded > room {
             return OomHint::SmallPoolHeld {

@@ -64,6 +64,10 @@ pub struct OomReport {
     /// Reserved but unallocated bytes of the request's pool (its free cached blocks, any
     /// stream): of `reserved - allocated`, what a block of this pool could be cut from.
     pub pool_unallocated: u64,
+    /// Free cached bytes of the other pool (any stream), which no request of this pool can
+    /// use. Not what is reserved but unallocated beyond `pool_unallocated`: that also holds the
+    /// blocks whose frees are still pending.
+    pub other_pool_free: u64,
     /// Free cached bytes of the request's pool held for streams other than the request's (a
     /// block is reused only on the stream it was allocated on), and the largest such block (0
     /// when none).

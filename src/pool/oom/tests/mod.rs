@@ -32,6 +32,7 @@ fn fragmented() -> OomReport {
         free_blocks: 5,
         pool_largest_free_block: 600 * MIB,
         pool_unallocated: 18 * GIB,
+        other_pool_free: 0,
         other_streams_free: 0,
         other_streams_largest_free_block: 0,
         other_stream_fit: None,

@@ -178,6 +178,7 @@ fn the_small_pools_unallocated_memory_is_no_room_for_a_large_request() {
         free_blocks: 500,
         pool_largest_free_block: 0,
         pool_unallocated: 0,
+        other_pool_free: 750 * MIB,
         large_pool_largest_free_block: 0,
         ..fragmented()
     };
@@ -240,4 +241,32 @@ fn the_small_pools_unallocated_memory_is_no_room_for_a_large_request() {
         ),
         "{large_room}"
     );
+}
+
+/// Blocks whose frees are still pending are reserved and not allocated, but they are no pool's
+/// free memory: what a large request's pool lacks is not named the small pool's when the small
+/// pool caches nothing free (a 40 MiB large block freed during a CUDA graph capture read as
+/// "the 40.00 MiB of the small pool").
+#[test]
+fn pending_blocks_are_not_the_small_pools_memory() {
+    let report = OomReport {
+        requested: 15 * MIB,
+        rounded: 15 * MIB,
+        alloc_size: 20 * MIB,
+        device_total: 100 * MIB,
+        device_free: 10 * MIB,
+        allocated: 40 * MIB,
+        live_requested: 80 * MIB,
+        pending_requested: 40 * MIB,
+        reserved: 90 * MIB,
+        largest_free_blocks: vec![10 * MIB],
+        free_blocks: 1,
+        pool_largest_free_block: 10 * MIB,
+        pool_unallocated: 10 * MIB,
+        other_pool_free: 0,
+        large_pool_largest_free_block: 10 * MIB,
+        ..fragmented()
+    };
+    let text = report.to_string();
+    assert!(!text.contains("small pool"), "{text}");
 }
