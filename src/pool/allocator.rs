@@ -1046,6 +1046,7 @@ impl<B: Backend> DeviceAllocator<B> {
             allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
             live_requested,
             pending_requested,
+            pending_fit: self.pending_fit(stream, rounded),
             divisions_padding: live_divisions_padding
                 .saturating_add(rounded.saturating_sub(round_to_block(size))),
             block_padding,

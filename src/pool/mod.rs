@@ -16,6 +16,7 @@ pub mod format;
 mod free_index;
 pub mod layout;
 pub mod oom;
+mod pending_fit;
 mod release;
 mod replayed_frees;
 pub mod rounding;
@@ -28,6 +29,8 @@ mod validate;
 
 #[cfg(test)]
 mod boundary_tests;
+#[cfg(test)]
+mod capture_oom_tests;
 #[cfg(test)]
 mod capture_tests;
 #[cfg(test)]

@@ -3,6 +3,12 @@
 //! Note: how a report is classified (`OomReport::hint`). The request needs its rounded block
 //! next to everything already allocated. What this process can use is what it reserved plus what
 //! the device still has free, capped by `per_process_memory_fraction`.
+//! - Pending during a capture: first, when a CUDA graph capture kept the pool from waiting for
+//!   frees still pending and those frees, once complete, would leave a block that serves the
+//!   request (`pending_fit`: merged with its free neighbours, on the request's stream, in its
+//!   pool). During a capture no cached memory goes back to the device, so only such a block
+//!   helps; bytes pending elsewhere (another pool or stream, separate segments) would not, and
+//!   the report is classified as it would be without the capture.
 //! - Exhausted: what the live allocations and the request asked for (`requested_bytes`, not
 //!   the blocks that hold them) exceeds even the device capacity, or the fraction limit while
 //!   the device has room (then raising the limit helps). No block layout can help: live memory
@@ -97,14 +103,13 @@ impl OomReport {
         let fraction_limited = limit < self.device_total;
         let obtainable = self.reserved.saturating_add(self.device_free);
         let available = obtainable.min(limit);
-        // Pending frees the capture kept the pool from waiting for, without which it all fits.
+        // Pending frees the capture kept the pool from waiting for, whose block would serve it.
         if self.capture_underway
-            && requested > available
-            && requested.saturating_sub(self.pending_requested) <= available
+            && let Some(block) = self.pending_fit
         {
             return OomHint::PendingDuringCapture {
                 pending: self.pending_requested,
-                missing: requested - available,
+                block,
             };
         }
         if requested > limit {

@@ -193,16 +193,16 @@ impl fmt::Display for OomHint {
                     "No allocator setting changes segment sizes: use a larger GPU."
                 })
             }
-            OomHint::PendingDuringCapture { pending, missing } => write!(
+            OomHint::PendingDuringCapture { pending, block } => write!(
                 f,
                 "Freed during the capture: frees still pending hold {}, which cachealloc could \
                  not wait for while a CUDA graph capture was underway (waiting synchronizes the \
-                 device, which would end the capture); without them this request would fit \
-                 ({} short with them). Free that memory before the capture begins (frees still \
-                 pending then are completed as it begins) or after it ends; no allocator setting \
-                 helps.",
+                 device, which would end the capture); once complete, they leave a free block \
+                 of {} that would serve this request. Free that memory before the capture \
+                 begins (frees still pending then are completed as it begins) or after it ends; \
+                 no allocator setting helps.",
                 format_size(pending),
-                format_size(missing)
+                format_size(block)
             ),
             OomHint::FreedDuringRequest { request, block } => write!(
                 f,

@@ -44,6 +44,10 @@ pub struct OomReport {
     pub live_requested: u64,
     /// Of `live_requested`, what the frees still waiting for their fence asked for.
     pub pending_requested: u64,
+    /// The smallest block that those frees would leave once complete (merged with their free
+    /// neighbours) that serves the request on its stream, if any: what waiting for them would
+    /// have found.
+    pub pending_fit: Option<u64>,
     /// What `roundup_power2_divisions` add to the live blocks and the request beyond rounding
     /// to 512 bytes.
     pub divisions_padding: u64,
@@ -110,15 +114,14 @@ pub enum OomHint {
         /// The `per_process_memory_fraction` limit is what binds: the device would have room.
         by_fraction_limit: bool,
     },
-    /// During a CUDA graph capture: what the live allocations and the request asked for fits
-    /// once the frees still pending are taken out, but the pool could not wait for them (a
-    /// device synchronization would end the capture).
+    /// During a CUDA graph capture: frees still pending would leave, once complete, a block
+    /// that serves the request, but the pool could not wait for them (a device synchronization
+    /// would end the capture).
     PendingDuringCapture {
         /// What the pending frees asked for.
         pending: u64,
-        /// Live requested bytes (pending frees included) plus the request's, beyond what this
-        /// process can use.
-        missing: u64,
+        /// The block they would leave that serves the request.
+        block: u64,
     },
     /// What the live allocations and the request asked for fits, but not the blocks that hold
     /// them: blocks are larger than their requests (rounded up, handed out whole, remainders

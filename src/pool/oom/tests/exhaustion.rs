@@ -147,15 +147,17 @@ fn memory_held_by_others_is_untracked() {
 }
 
 /// During a CUDA graph capture, frees still pending count among the live requests, but the pool
-/// could not wait for them: when the requests fit without them, the hint says so instead of
-/// calling the memory exhausted; outside a capture, or when they would not fit even without
-/// them, it is exhaustion.
+/// could not wait for them: when they would leave a block that serves the request, the hint
+/// says so instead of calling the memory exhausted; outside a capture, or when no such block
+/// would be left (`pending_fit`, which the pool finds: `pool::capture_oom_tests`), it is
+/// exhaustion.
 #[test]
 fn pending_frees_a_capture_kept_from_completing_are_named() {
     let during = OomReport {
         allocated: 41 * GIB,
         live_requested: 79 * GIB,
         pending_requested: 38 * GIB,
+        pending_fit: Some(2 * GIB),
         reserved: 79 * GIB,
         device_free: GIB / 2,
         requested: 2 * GIB,
@@ -169,11 +171,12 @@ fn pending_frees_a_capture_kept_from_completing_are_named() {
         hint,
         OomHint::PendingDuringCapture {
             pending: 38 * GIB,
-            missing: 3 * GIB / 2,
+            block: 2 * GIB,
         }
     );
     let text = hint.to_string();
     assert!(text.starts_with("Freed during the capture: frees still pending hold 38.00 GiB"));
+    assert!(text.contains("a free block of 2.00 GiB"), "{text}");
     assert!(text.contains("before the capture begins"), "{text}");
     assert!(!text.contains("keep less memory alive"), "{text}");
     let outside = OomReport {
@@ -181,9 +184,9 @@ fn pending_frees_a_capture_kept_from_completing_are_named() {
         ..during.clone()
     };
     assert!(matches!(outside.hint(), OomHint::Exhausted { .. }));
-    let too_much = OomReport {
-        pending_requested: GIB,
+    let no_block = OomReport {
+        pending_fit: None,
         ..during
     };
-    assert!(matches!(too_much.hint(), OomHint::Exhausted { .. }));
+    assert!(matches!(no_block.hint(), OomHint::Exhausted { .. }));
 }

@@ -26,6 +26,7 @@ fn fragmented() -> OomReport {
         allocated: 60 * GIB,
         live_requested: 60 * GIB,
         pending_requested: 0,
+        pending_fit: None,
         reserved: 78 * GIB,
         allowed_maximum: None,
         largest_free_blocks: vec![600 * MIB, 300 * MIB, 20 * MIB, 2 * MIB, MIB],
