@@ -34,8 +34,9 @@
 #       and the next allocation is served and written;
 #   (l) a CUDA graph capture under the shim: a cudaMalloc during the capture (the capture mode
 #       relaxed, as PyTorch's caching allocator makes it) after a cudaFree the pool keeps pending
-#       (completed by the synchronization the shim makes as the capture begins), without and
-#       with the shim: the capture must end with a graph; and, with torch on a GPU,
+#       (completed by the synchronization the shim makes as the capture begins), and with the
+#       shim a second one after a free made during the capture, which stays pending; without
+#       and with the shim: the capture must end with a graph; and, with torch on a GPU,
 #       torch.cuda.graph with libcachealloc.so preloaded under PyTorch's own allocator, replayed
 #       and compared with the eager result.
 #
@@ -609,7 +610,7 @@ fi
 # --- (l) a CUDA graph capture under the shim ---------------------------------------------------
 
 capture_check="(l) CUDA graph capture"
-capture_variant="$(fmt_bytes "$CAPTURE_BYTES") freed, then cudaMalloc in a global-mode capture with the mode relaxed (as PyTorch's allocator)"
+capture_variant="$(fmt_bytes "$CAPTURE_BYTES") freed, then cudaMalloc in a global-mode capture with the mode relaxed (as PyTorch's allocator); with the shim, freed and allocated again in the capture"
 if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
     row "$capture_check" "$capture_variant" "not run: ${build_problem:-$shim_problem}" "$on"
 else
@@ -618,9 +619,9 @@ else
         rc=0
         bounded 60 env -u CACHEALLOC_DISABLE CACHEALLOC_CONF=free_sync:device LD_PRELOAD="$preload" \
             "$work/graph_capture" "$CAPTURE_BYTES" || rc=$?
-        if ((rc == 0)) && [[ "$out" =~ begin_rc=0\ malloc_rc=0\ end_rc=0\ graph=1 ]]; then
+        if ((rc == 0)) && [[ "$out" =~ begin_rc=0\ malloc_rc=0\ end_rc=0\ graph=1\ pending_rc=0 ]]; then
             results+=(captured)
-        elif ((rc == 1)) && [[ "$out" =~ (begin_rc=[0-9]+\ malloc_rc=[0-9]+\ end_rc=[0-9]+) ]]; then
+        elif ((rc == 1)) && [[ "$out" =~ (begin_rc=[0-9]+\ malloc_rc=[0-9]+\ end_rc=[0-9]+\ graph=[01]\ pending_rc=[0-9]+) ]]; then
             results+=("FAILED: ${BASH_REMATCH[1]}")
         else
             results+=("$(failed "$rc")")
@@ -629,9 +630,9 @@ else
     if [[ "${results[1]}" == "not run: "* ]]; then
         row "$capture_check" "$capture_variant" "${results[1]}" "$on"
     elif [[ "${results[0]}" == captured && "${results[1]}" == captured ]]; then
-        row "$capture_check" "$capture_variant" "without the shim and with it: cudaStreamBeginCapture 0, cudaMalloc 0, cudaStreamEndCapture 0 with a graph: ok" "$on"
+        row "$capture_check" "$capture_variant" "without the shim and with it: cudaStreamBeginCapture 0, cudaMalloc 0 (with the shim twice), cudaStreamEndCapture 0 with a graph: ok" "$on"
     elif [[ "${results[1]}" == captured ]]; then
-        row "$capture_check" "$capture_variant" "with the shim: cudaStreamBeginCapture 0, cudaMalloc 0, cudaStreamEndCapture 0 with a graph; without it (the runtime alone): ${results[0]}" "$on"
+        row "$capture_check" "$capture_variant" "with the shim: cudaStreamBeginCapture 0, cudaMalloc 0 twice, cudaStreamEndCapture 0 with a graph; without it (the runtime alone): ${results[0]}" "$on"
     else
         row "$capture_check" "$capture_variant" "FAILED with the shim: ${results[1]#FAILED: } (without it: ${results[0]})" "$on"
     fi

@@ -147,7 +147,7 @@ fn a_request_held_back_by_a_free_pending_during_a_capture_is_told_so() {
     let log = stderr(&out);
     assert!(
         log.contains(
-            "Hint: Freed during the capture: frees still pending hold 40.00 MiB, which \
+            "Hint: Pending during the capture: frees still pending hold 40.00 MiB, which \
              cachealloc could not wait for while a CUDA graph capture was underway"
         ),
         "{log}"

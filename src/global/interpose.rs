@@ -308,9 +308,17 @@ pub fn complete_pending_before_capture() {
     let ready = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
-        let waiting = pools::try_with_pool(device, |pool| pool.pending_frees() > 0)?;
+        // Asked first: during another capture even an event query may end it.
+        if !pools::is_live(device) || captures::underway(rt) {
+            return None;
+        }
+        // Those whose fences are done already need no synchronization (free_sync:event).
+        let waiting = pools::try_with_pool(device, |pool| {
+            pool.process_pending().is_err() || pool.pending_frees() > 0
+        })?;
+        trace_file::flush();
         let epochs: &SyncEpochs = pools::epochs(device)?;
-        (waiting && !captures::underway(rt)).then_some((rt, device, epochs))
+        waiting.then_some((rt, device, epochs))
     });
     let Some((rt, device, epochs)) = ready else {
         return;

@@ -195,12 +195,13 @@ impl fmt::Display for OomHint {
             }
             OomHint::PendingDuringCapture { pending, block } => write!(
                 f,
-                "Freed during the capture: frees still pending hold {}, which cachealloc could \
-                 not wait for while a CUDA graph capture was underway (waiting synchronizes the \
-                 device, which would end the capture); once complete, they leave a free block \
-                 of {} that would serve this request. Free that memory before the capture \
-                 begins (frees still pending then are completed as it begins) or after it ends; \
-                 no allocator setting helps.",
+                "Pending during the capture: frees still pending hold {}, which cachealloc \
+                 could not wait for while a CUDA graph capture was underway (waiting \
+                 synchronizes the device, which would end the capture); once complete, they \
+                 leave a free block of {} that would serve this request. Free that memory \
+                 before the capture begins (cachealloc completes the frees still pending as a \
+                 capture begins, unless another capture is underway then) or after it ends; no \
+                 allocator setting helps.",
                 format_size(pending),
                 format_size(block)
             ),

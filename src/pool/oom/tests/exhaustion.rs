@@ -175,7 +175,7 @@ fn pending_frees_a_capture_kept_from_completing_are_named() {
         }
     );
     let text = hint.to_string();
-    assert!(text.starts_with("Freed during the capture: frees still pending hold 38.00 GiB"));
+    assert!(text.starts_with("Pending during the capture: frees still pending hold 38.00 GiB"));
     assert!(text.contains("a free block of 2.00 GiB"), "{text}");
     assert!(text.contains("before the capture begins"), "{text}");
     assert!(!text.contains("keep less memory alive"), "{text}");
