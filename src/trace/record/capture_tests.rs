@@ -155,3 +155,51 @@ fn a_recording_made_during_a_capture_replays_as_the_pool_ran() {
         assert_ne!(counts(&out.stats), recorded, "expandable {expandable}");
     }
 }
+
+/// A request during a capture that the device refused with another error than out of memory
+/// (a plain cudaMalloc during a global-mode capture gets `cudaErrorStreamCaptureUnsupported`)
+/// leaves its `capture` line with no `alloc` or `oom` after it. The capture marks nothing
+/// else: the next request, made after the capture and needing the cached segment given back,
+/// replays as made outside a capture (a retry, no out-of-memory error).
+#[test]
+fn a_capture_line_whose_request_failed_marks_no_later_request() {
+    use crate::backend::BackendError;
+    for settings in [Settings::default(), expandable()] {
+        let expandable = settings.expandable_segments;
+        let buffer = EventBuffer::new();
+        let sim = SimDevice::new(CAPACITY).with_placement(Placement::BottomUp);
+        let mut pool = DeviceAllocator::new(sim, settings.clone());
+        pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+        let cached = pool.malloc(60 * MIB, S1).unwrap();
+        pool.free(cached).unwrap();
+        pool.backend_mut().set_capturing(true);
+        let refused = BackendError::Device {
+            code: 900,
+            call: "cudaMalloc",
+        };
+        pool.backend_mut().inject_failure(refused.clone());
+        assert_eq!(pool.malloc(30 * MIB, S0), Err(Error::Backend(refused)));
+        pool.backend_mut().set_capturing(false);
+        pool.malloc(50 * MIB, S0).unwrap();
+        let events = buffer.take();
+        let recorded = counts(&pool.stats());
+        assert_eq!(
+            recorded[2..4],
+            [1, 0],
+            "expandable {expandable}: a retry, no OOM"
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|e| e.action == Action::Capture)
+                .count(),
+            1,
+            "expandable {expandable}: {events:?}"
+        );
+
+        let out = replay_written(&settings, FORMAT_VERSION, &events);
+        assert_eq!(counts(&out.stats), recorded, "expandable {expandable}");
+        assert!(out.first_oom.is_none(), "expandable {expandable}");
+        assert_eq!(out.captured_requests, 0, "expandable {expandable}");
+    }
+}

@@ -7,9 +7,13 @@
 //!   not complete (a free that waited for device work) → `Op::FreeRequested`, where the
 //!   allocation statistics drop it;
 //!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
-//!   `Op::MemoryFraction`; `capture` → `Op::Capture`, where it stands (ahead of the request's
-//!   segment lines, so ahead of its op; the replay holds it for the next request or
-//!   `empty_cache`).
+//!   `Op::MemoryFraction`; `capture` → `Op::Capture`, right before the op of the request
+//!   (`alloc` or `oom`) or `empty_cache` it marks: the line of the same stream and rounded size
+//!   (0: `empty_cache`) that ends it, only the new memory the request took (`segment_alloc`,
+//!   `range_reserve`, `segment_map`) between them. A `capture` line that any other line follows
+//!   marked a request the device refused with another error than out of memory (a cudaMalloc
+//!   made during a global-mode capture without relaxing it): it gives no op, so that no later
+//!   request replays as made during a capture.
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
 //!   recording lost to the reset, and does not count those returns as cudaFree calls, nor a
@@ -38,7 +42,7 @@
 use super::read::DeviceEvents;
 use super::retry_sync::completed_at_retries;
 use super::{Action, Event};
-use crate::pool::rounding::segment_size;
+use crate::pool::rounding::{round_size, segment_size};
 use crate::pool::{Settings, StreamId, allowed_maximum, collects_garbage};
 use crate::trace::capacity::CapacityEstimate;
 use crate::trace::figures::{RecordedFigures, RecordedOom};
@@ -127,7 +131,23 @@ pub fn convert_device(
     let mut failed_level: Option<u64> = None;
     let mut device_memory = None;
     let at_retry = completed_at_retries(&device.events, retries_marked);
+    // The `capture` line (and its index) whose request has not ended yet.
+    let mut capture: Option<(usize, &Event)> = None;
     for (index, e) in device.events.iter().enumerate() {
+        // What the `capture` line before marks: this line, when it ends the marked request.
+        let marked = match capture.take() {
+            Some(c) if ends_captured(c.1, e, settings) => Some(c.0),
+            Some(c) if takes_new_memory(e.action) => {
+                capture = Some(c);
+                None
+            }
+            _ => None,
+        };
+        let mark = |workload: &mut Workload| {
+            if let Some(at) = marked {
+                workload.push(Op::Capture, at);
+            }
+        };
         // Lines that hold no memory: a release and the new segment after it are one retry
         // with a range line between them.
         let passes_by = matches!(
@@ -171,6 +191,7 @@ pub fn convert_device(
                     pending.remove(&e.addr);
                     workload.push(Op::Free { id: earlier }, index);
                 }
+                mark(&mut workload);
                 workload.push(
                     Op::Alloc {
                         id,
@@ -244,6 +265,7 @@ pub fn convert_device(
                 if figures.recorded_oom.is_none() {
                     figures.recorded_oom = Some(oom_at(index, e, reserved));
                 }
+                mark(&mut workload);
                 workload.push(
                     Op::Oom {
                         // Asked for again as the program asked (a replay with other settings
@@ -260,9 +282,10 @@ pub fn convert_device(
             Action::DeviceMemory => device_memory = device_memory.or(Some(e.size)),
             Action::EmptyCache => {
                 figures.empty_cache_calls += 1;
+                mark(&mut workload);
                 workload.push(Op::EmptyCache, index);
             }
-            Action::Capture => workload.push(Op::Capture, index),
+            Action::Capture => capture = Some((index, e)),
             Action::MemoryFraction => {
                 // (The reader refuses a line without it.)
                 fraction = e.fraction.unwrap_or(1.0);
@@ -330,6 +353,28 @@ pub fn convert_device(
         capacity,
         device_memory,
     }
+}
+
+/// Whether `e` is the line that ends the request (or `empty_cache`) that `capture` marked: its
+/// `alloc` (of the size that rounds to the marked one under the recorded `settings`), `oom` or
+/// `empty_cache`, on the same stream.
+fn ends_captured(capture: &Event, e: &Event, settings: &Settings) -> bool {
+    let marked = match e.action {
+        Action::Alloc => round_size(settings, e.size),
+        Action::Oom => e.size,
+        Action::EmptyCache => 0,
+        _ => return false,
+    };
+    capture.size == marked && capture.stream == e.stream
+}
+
+/// Whether a line of `action` may come between a `capture` line and the end of its request:
+/// the new memory the request took.
+fn takes_new_memory(action: Action) -> bool {
+    matches!(
+        action,
+        Action::SegmentAlloc | Action::RangeReserve | Action::SegmentMap
+    )
 }
 
 /// Whether a pool holding `level` bytes is past the limit `fraction` sets on a device of

@@ -45,9 +45,12 @@
 //!   instead).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
 //!   `segment_free`s it caused; `segment_free`s without it are the OOM ladder's own releases.
-//! - A `capture` line holds for the next request (`alloc` or `oom`) or `empty_cache` of its
-//!   device: a replay runs that one with the simulated device capturing, so that it grows
-//!   without synchronizing or giving memory back (or does nothing), as the recorded pool did.
+//! - A `capture` line holds for the next request (`alloc` or `oom`, of its stream and rounded
+//!   size) or `empty_cache` of its device: a replay runs that one with the simulated device
+//!   capturing, so that it grows without synchronizing or giving memory back (or does
+//!   nothing), as the recorded pool did. One that another line follows first (other than the
+//!   request's `segment_alloc`, `range_reserve` and `segment_map`s) marks nothing: its request
+//!   failed with another error than out of memory, and left no line.
 //!   A replay under other settings follows the lines as they are: a request that missed during
 //!   a capture is replayed capturing (which changes nothing where it now hits), but one that
 //!   hit during a capture has no line, and should it miss in the replay it is replayed as if
