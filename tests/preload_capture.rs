@@ -107,6 +107,53 @@ fn a_recording_with_captures_replays_as_the_run_went() {
     assert_eq!(v["first_oom_event_index"], v["recorded_oom"]["event_index"]);
 }
 
+/// A recording of a run whose frees still pending as a capture begins (one of a block recorded
+/// on another stream) are completed then replays as the run went: the begin-time completion
+/// writes their `free_completed` lines before the capture's requests, which the faithful replay
+/// serves from the same blocks, and the capture's miss takes new memory; under both policies
+/// that keep frees pending.
+#[test]
+fn a_recording_of_frees_completed_as_a_capture_begins_replays_as_the_run_went() {
+    for free_sync in ["device", "event"] {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("before.jsonl");
+        let conf = format!("free_sync:{free_sync},trace:{}", trace.display());
+        check("recorded_before", &[("CACHEALLOC_CONF", &conf)]);
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let capture = lines
+            .iter()
+            .position(|l| l.contains(r#""action":"capture""#))
+            .expect("the capture's miss has its line");
+        let completed = lines[..capture]
+            .iter()
+            .filter(|l| l.contains(r#""action":"free_completed""#))
+            .count();
+        assert_eq!(
+            completed, 2,
+            "{free_sync}: completed as the capture began: {text}"
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
+        cmd.arg("replay").arg(&trace).args(["--faithful", "--json"]);
+        let v: Value = serde_json::from_str(&stdout(&run_ok(&mut cmd))).unwrap();
+        assert_eq!(
+            v["num_device_alloc"], v["recorded_segment_allocs"],
+            "{free_sync}: {v}"
+        );
+        assert_eq!(v["num_device_alloc"], 3, "{free_sync}: {v}");
+        assert_eq!(
+            v["num_device_free"], v["recorded_segment_frees"],
+            "{free_sync}: {v}"
+        );
+        assert_eq!(v["allocs"], 5, "{free_sync}: {v}");
+        assert_eq!(
+            v["allocs_at_recorded_addr"], v["allocs"],
+            "{free_sync}: {v}"
+        );
+        assert_eq!(v["captured_requests"], 1, "{free_sync}: {v}");
+    }
+}
+
 /// Another thread's request, during a thread-local capture, does not synchronize the device
 /// either (a device synchronization from any thread ends a capture).
 #[test]

@@ -246,6 +246,47 @@ static void scenario_recorded(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A run to record (trace:PATH) and replay: two frees still pending as a capture begins, one of
+ * a block recorded on another stream (cachealloc_record_stream), are completed as it begins, so
+ * the capture's requests reuse both blocks; a block freed during the capture stays pending, and
+ * the capture's next request takes new memory. Run with free_sync:device or event. */
+static void scenario_recorded_before(void) {
+    int (*record_stream)(void *, void *) =
+        (int (*)(void *, void *))dlsym(RTLD_DEFAULT, "cachealloc_record_stream");
+    CHECK(record_stream != NULL);
+    if (record_stream == NULL)
+        return;
+    cudaStream_t s, t;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL;
+    CHECK_CODE(cudaMalloc(&a, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, 20 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(a, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK(record_stream(b, t) == cudaSuccess);
+    CHECK_CODE(fakecudart_launch(b, 20 * MIB, t, 1000), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&c, 10 * MIB), cudaSuccess);
+    CHECK(c == a);
+    CHECK_CODE(malloc_relaxed(&d, 20 * MIB), cudaSuccess);
+    CHECK(d == b);
+    CHECK_CODE(cudaFree(c), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&e, 10 * MIB), cudaSuccess);
+    CHECK(e != a);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK(fakecudart_counter("mallocs") == 3);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK_CODE(cudaFree(d), cudaSuccess);
+    CHECK_CODE(cudaFree(e), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(t), cudaSuccess);
+}
+
 /* Another thread's request during a capture: thread-local captures let other threads call
  * cudaMalloc, and the pool must not synchronize the device for them either. */
 static void *other_thread_malloc(void *arg) {
@@ -423,6 +464,7 @@ static const struct {
     {"oom_pending", scenario_oom_pending},
     {"empty_cache", scenario_empty_cache},
     {"recorded", scenario_recorded},
+    {"recorded_before", scenario_recorded_before},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},
