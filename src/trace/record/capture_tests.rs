@@ -8,7 +8,7 @@
 //! lines (a version 5 file) the replay gives the cached memory back and departs.
 
 use super::buffer::EventBuffer;
-use super::convert::convert_device;
+use super::convert::{RecordedDevice, convert_device};
 use super::read::parse_recorded_trace;
 use super::{Action, Event, FORMAT_VERSION, Header, settings_text, write_events, write_header};
 use crate::backend::sim::{Placement, SimDevice};
@@ -66,9 +66,8 @@ fn record(settings: &Settings) -> (Vec<Event>, Counts) {
     (buffer.take(), counts(&pool.stats()))
 }
 
-/// Replay `events`, written as a file of `version`, on `CAPACITY` bytes at the recorded
-/// addresses.
-fn replay_written(settings: &Settings, version: u32, events: &[Event]) -> ReplayOutcome {
+/// `events`, written as a file of `version` and read back, converted.
+fn convert_written(settings: &Settings, version: u32, events: &[Event]) -> RecordedDevice {
     let mut bytes = Vec::new();
     let header = Header {
         version,
@@ -77,14 +76,20 @@ fn replay_written(settings: &Settings, version: u32, events: &[Event]) -> Replay
     write_header(&mut bytes, &header);
     write_events(&mut bytes, events);
     let trace = parse_recorded_trace(&bytes[..], "capture.trace").expect("the trace reads back");
-    let rec = convert_device(
+    convert_device(
         &trace.source,
         &trace.devices[0],
         &trace.settings,
         trace.marks_retries(),
-    );
+    )
+}
+
+/// Replay `events`, written as a file of `version`, on `CAPACITY` bytes at the recorded
+/// addresses.
+fn replay_written(settings: &Settings, version: u32, events: &[Event]) -> ReplayOutcome {
+    let rec = convert_written(settings, version, events);
     let mut config = ReplayConfig {
-        settings: trace.settings.clone(),
+        settings: settings.clone(),
         capacity: Some(CAPACITY),
         check_invariants: true,
         ..ReplayConfig::default()
@@ -201,5 +206,40 @@ fn a_capture_line_whose_request_failed_marks_no_later_request() {
         assert_eq!(counts(&out.stats), recorded, "expandable {expandable}");
         assert!(out.first_oom.is_none(), "expandable {expandable}");
         assert_eq!(out.captured_requests, 0, "expandable {expandable}");
+    }
+}
+
+/// An `empty_cache()` made during a capture gives nothing back, so the `segment_free`s right
+/// after its line are not its own: they are the next request's release before its retry, from
+/// which the recording bounds the device's capacity as without the call.
+#[test]
+fn releases_after_an_empty_cache_made_during_a_capture_are_the_next_requests() {
+    for settings in [Settings::default(), expandable()] {
+        let expandable = settings.expandable_segments;
+        let buffer = EventBuffer::new();
+        let sim = SimDevice::new(CAPACITY).with_placement(Placement::BottomUp);
+        let mut pool = DeviceAllocator::new(sim, settings.clone());
+        pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+        let cached = pool.malloc(60 * MIB, S1).unwrap();
+        pool.free(cached).unwrap();
+        pool.backend_mut().set_capturing(true);
+        pool.empty_cache().unwrap();
+        pool.backend_mut().set_capturing(false);
+        pool.malloc(50 * MIB, S0).unwrap();
+        assert_eq!(pool.stats().counts.num_alloc_retries, 1);
+        let events = buffer.take();
+        let without_call: Vec<Event> = events
+            .iter()
+            .filter(|e| !matches!(e.action, Action::Capture | Action::EmptyCache))
+            .copied()
+            .collect();
+        let bracket = convert_written(&settings, FORMAT_VERSION, &without_call).capacity;
+        assert!(
+            bracket.is_some(),
+            "expandable {expandable}: {without_call:?}"
+        );
+        let rec = convert_written(&settings, FORMAT_VERSION, &events);
+        assert_eq!(rec.capacity, bracket, "expandable {expandable}: {events:?}");
+        assert_eq!(rec.figures.recorded_retries, 1, "expandable {expandable}");
     }
 }

@@ -29,8 +29,9 @@
 //! Figures: a recording starts with its pool, so reserved bytes start at 0 and follow
 //! `segment_alloc` / `segment_free` (a `device_reset` drops them to 0). Retries and capacity
 //! follow the rules of the PyTorch reader (`bursts`, `capacity`), with one difference that makes
-//! them simpler here: a run of `segment_free`s right after an `empty_cache` line is that call's;
-//! any other run is the allocator's own release inside `malloc`. Each `oom` is one failed
+//! them simpler here: a run of `segment_free`s right after an `empty_cache` line is that call's
+//! (unless a `capture` line marks the call, which then gave nothing back); any other run is the
+//! allocator's own release inside `malloc`. Each `oom` is one failed
 //! counted retry and each malloc release followed by `segment_alloc` one successful retry — exact
 //! with default settings, an upper bound with `max_split_size` (whose oversize release is
 //! counted too) or a garbage-collection threshold (whose collections are counted too, and then
@@ -304,7 +305,8 @@ pub fn convert_device(
         }
         figures.recorded_peak_reserved_bytes = figures.recorded_peak_reserved_bytes.max(reserved);
         in_empty_cache = match e.action {
-            Action::EmptyCache => true,
+            // One made during a capture gave nothing back: what follows is not its own.
+            Action::EmptyCache => marked.is_none(),
             Action::SegmentFree | Action::SegmentUnmap => in_empty_cache,
             _ => passes_by && in_empty_cache,
         };

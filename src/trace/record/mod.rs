@@ -44,7 +44,8 @@
 //!   monotonic, in microseconds since recording began (a saved replay numbers its events
 //!   instead).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
-//!   `segment_free`s it caused; `segment_free`s without it are the OOM ladder's own releases.
+//!   `segment_free`s it caused (none when a `capture` line marks it); `segment_free`s without
+//!   it are the OOM ladder's own releases.
 //! - A `capture` line holds for the next request (`alloc` or `oom`, of its stream and rounded
 //!   size) or `empty_cache` of its device: a replay runs that one with the simulated device
 //!   capturing, so that it grows without synchronizing or giving memory back (or does
