@@ -99,6 +99,13 @@ fn a_recording_with_captures_replays_as_the_run_went() {
         assert_eq!(v["captured_requests"], 3, "{v}");
     }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
+    cmd.arg("replay").arg(&trace).arg("--faithful");
+    let summary = stdout(&run_ok(&mut cmd));
+    assert!(
+        summary.contains("of these, 3 made during a CUDA graph capture"),
+        "{summary}"
+    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachealloc"));
     cmd.arg("replay").arg(&trace).args(["--faithful", "--json"]);
     let v: Value = serde_json::from_str(&stdout(&run_ok(&mut cmd))).unwrap();
     assert_eq!(v["allocs"], 4, "{v}");

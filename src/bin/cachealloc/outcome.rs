@@ -683,8 +683,9 @@ impl ReplayJson {
         }
         if self.captured_requests > 0 {
             parts.push(format!(
-                "{} made during a CUDA graph capture (requests that missed, empty_cache calls), \
-                 replayed capturing: new memory only, no synchronization, nothing given back",
+                "of these, {} made during a CUDA graph capture (requests that missed, \
+                 empty_cache calls), replayed capturing: new memory only, no synchronization, \
+                 nothing given back",
                 self.captured_requests
             ));
         }
