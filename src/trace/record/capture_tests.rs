@@ -8,12 +8,11 @@
 //! lines (a version 5 file) the replay gives the cached memory back and departs.
 
 use super::buffer::EventBuffer;
-use super::convert::{RecordedDevice, convert_device};
-use super::read::parse_recorded_trace;
-use super::{Action, Event, FORMAT_VERSION, Header, settings_text, write_events, write_header};
+use super::written;
+use super::{Action, Event, FORMAT_VERSION};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{DeviceAllocator, Error, Settings, StreamId};
-use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
+use crate::trace::replay::ReplayOutcome;
 
 const MIB: u64 = 1 << 20;
 const CAPACITY: u64 = 100 * MIB;
@@ -66,40 +65,10 @@ fn record(settings: &Settings) -> (Vec<Event>, Counts) {
     (buffer.take(), counts(&pool.stats()))
 }
 
-/// `events`, written as a file of `version` and read back, converted.
-fn convert_written(settings: &Settings, version: u32, events: &[Event]) -> RecordedDevice {
-    let mut bytes = Vec::new();
-    let header = Header {
-        version,
-        ..Header::new(1, vec![0], settings_text(settings), "device")
-    };
-    write_header(&mut bytes, &header);
-    write_events(&mut bytes, events);
-    let trace = parse_recorded_trace(&bytes[..], "capture.trace").expect("the trace reads back");
-    convert_device(
-        &trace.source,
-        &trace.devices[0],
-        &trace.settings,
-        trace.marks_retries(),
-    )
-}
-
 /// Replay `events`, written as a file of `version`, on `CAPACITY` bytes at the recorded
 /// addresses.
 fn replay_written(settings: &Settings, version: u32, events: &[Event]) -> ReplayOutcome {
-    let rec = convert_written(settings, version, events);
-    let mut config = ReplayConfig {
-        settings: settings.clone(),
-        capacity: Some(CAPACITY),
-        check_invariants: true,
-        ..ReplayConfig::default()
-    };
-    config.follow_recorded_addresses(
-        rec.segment_addresses.clone(),
-        &rec.range_changes,
-        rec.device_memory,
-    );
-    replay(&rec.workload, &config, None).expect("the replay runs")
+    written::replay_written(settings, "device", version, events, CAPACITY)
 }
 
 fn expandable() -> Settings {
@@ -233,12 +202,13 @@ fn releases_after_an_empty_cache_made_during_a_capture_are_the_next_requests() {
             .filter(|e| !matches!(e.action, Action::Capture | Action::EmptyCache))
             .copied()
             .collect();
-        let bracket = convert_written(&settings, FORMAT_VERSION, &without_call).capacity;
+        let bracket =
+            written::convert_written(&settings, "device", FORMAT_VERSION, &without_call).capacity;
         assert!(
             bracket.is_some(),
             "expandable {expandable}: {without_call:?}"
         );
-        let rec = convert_written(&settings, FORMAT_VERSION, &events);
+        let rec = written::convert_written(&settings, "device", FORMAT_VERSION, &events);
         assert_eq!(rec.capacity, bracket, "expandable {expandable}: {events:?}");
         assert_eq!(rec.figures.recorded_retries, 1, "expandable {expandable}");
     }

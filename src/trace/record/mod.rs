@@ -82,6 +82,8 @@ pub mod save;
 mod sync_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod written;
 
 use crate::config::Config;
 use crate::config::options::{Carrier, OPTIONS, OptionSpec};

@@ -5,12 +5,11 @@
 //! and with expandable ones (where the device's allocs and frees count page maps and unmaps).
 
 use super::buffer::EventBuffer;
-use super::convert::convert_device;
-use super::read::parse_recorded_trace;
-use super::{Action, Event, FORMAT_VERSION, Header, settings_text, write_events, write_header};
+use super::written;
+use super::{Action, Event, FORMAT_VERSION};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
-use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
+use crate::trace::replay::ReplayOutcome;
 
 const MIB: u64 = 1 << 20;
 const CAPACITY: u64 = 100 * MIB;
@@ -46,32 +45,7 @@ fn record_and_replay(
         .cloned()
         .collect();
     let replays = [(FORMAT_VERSION, &events), (2, &unmarked)].map(|(version, events)| {
-        let mut bytes = Vec::new();
-        let header = Header {
-            version,
-            ..Header::new(1, vec![0], settings_text(settings), "event")
-        };
-        write_header(&mut bytes, &header);
-        write_events(&mut bytes, events);
-        let trace = parse_recorded_trace(&bytes[..], "sync.trace").expect("the trace reads back");
-        let rec = convert_device(
-            &trace.source,
-            &trace.devices[0],
-            &trace.settings,
-            trace.marks_retries(),
-        );
-        let mut config = ReplayConfig {
-            settings: trace.settings.clone(),
-            capacity: Some(CAPACITY),
-            check_invariants: true,
-            ..ReplayConfig::default()
-        };
-        config.follow_recorded_addresses(
-            rec.segment_addresses.clone(),
-            &rec.range_changes,
-            rec.device_memory,
-        );
-        replay(&rec.workload, &config, None).expect("the replay runs")
+        written::replay_written(settings, "event", version, events, CAPACITY)
     });
     (actions, recorded, replays)
 }

@@ -1,0 +1,58 @@
+//! Test support for the round-trip tests (`capture_tests`, `sync_tests`): events a pool
+//! recorded, written as a trace file of a given format version, read back, converted, and
+//! replayed faithfully as `cachealloc replay --faithful` does (capacity and recorded addresses
+//! given).
+
+use super::convert::{RecordedDevice, convert_device};
+use super::read::parse_recorded_trace;
+use super::{Event, Header, settings_text, write_events, write_header};
+use crate::pool::Settings;
+use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
+
+/// `events` of device 0, recorded under `settings` and `free_sync`, written as a file of
+/// `version` and read back, converted.
+pub fn convert_written(
+    settings: &Settings,
+    free_sync: &str,
+    version: u32,
+    events: &[Event],
+) -> RecordedDevice {
+    let mut bytes = Vec::new();
+    let header = Header {
+        version,
+        ..Header::new(1, vec![0], settings_text(settings), free_sync)
+    };
+    write_header(&mut bytes, &header);
+    write_events(&mut bytes, events);
+    let trace = parse_recorded_trace(&bytes[..], "written.trace").expect("the trace reads back");
+    convert_device(
+        &trace.source,
+        &trace.devices[0],
+        &trace.settings,
+        trace.marks_retries(),
+    )
+}
+
+/// The faithful replay of `events` written as `convert_written` writes them, on `capacity`
+/// bytes at the recorded segments and ranges.
+pub fn replay_written(
+    settings: &Settings,
+    free_sync: &str,
+    version: u32,
+    events: &[Event],
+    capacity: u64,
+) -> ReplayOutcome {
+    let rec = convert_written(settings, free_sync, version, events);
+    let mut config = ReplayConfig {
+        settings: settings.clone(),
+        capacity: Some(capacity),
+        check_invariants: true,
+        ..ReplayConfig::default()
+    };
+    config.follow_recorded_addresses(
+        rec.segment_addresses.clone(),
+        &rec.range_changes,
+        rec.device_memory,
+    );
+    replay(&rec.workload, &config, None).expect("the replay runs")
+}
