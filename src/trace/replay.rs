@@ -127,7 +127,8 @@ pub struct ReplayOutcome {
     pub recorded_oom_requests: u64,
     /// The requests and `empty_cache()` calls the recording made during a CUDA graph capture
     /// where its pool missed or emptied nothing (`Op::Capture`), replayed with the simulated
-    /// device capturing.
+    /// device capturing (a failed request only when the replay has a capacity, without which it
+    /// is not asked for again).
     pub captured_requests: u64,
     pub first_oom: Option<OomAt>,
     pub stats: DeviceStats,
@@ -210,10 +211,12 @@ fn replay_observed(
     // Whether the next request or `empty_cache()` ran during a capture (`Op::Capture`).
     let mut capture_next = false;
     for (i, op) in workload.ops.iter().enumerate() {
-        let capturing =
+        let marked =
             capture_next && matches!(op, Op::Alloc { .. } | Op::Oom { .. } | Op::EmptyCache);
+        capture_next &= !marked;
+        // A recorded failed request is asked for again only where the capacity is known.
+        let capturing = marked && (config.capacity.is_some() || !matches!(op, Op::Oom { .. }));
         if capturing {
-            capture_next = false;
             out.captured_requests += 1;
             pool.backend_mut().set_capturing(true);
         }
