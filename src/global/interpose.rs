@@ -279,16 +279,23 @@ fn cuda_free_recorded(
 /// `cudaDeviceSynchronize()`: forwarded; when it succeeds, every block freed on the current
 /// device before it started is ready for reuse.
 pub fn cuda_device_synchronize() -> CudaError {
-    let ticket = reentry::enter().and_then(|_inside| {
+    let pooled = reentry::enter().and_then(|_inside| {
         let (_, rt) = active().ok().flatten()?;
         let device = current_device(rt).ok()?;
-        let epochs: &SyncEpochs = pools::epochs(device)?;
-        Some((device, epochs, epochs.begin()))
+        Some((device, pools::epochs(device)?))
     });
+    match pooled {
+        Some((device, epochs)) => synchronize_completing(device, epochs),
+        None => forward::device_synchronize(),
+    }
+}
+
+/// The real `cudaDeviceSynchronize()` of `device` (the current one); when it succeeds, every
+/// free of `device` made before it began is complete (`epochs` marks when it began).
+fn synchronize_completing(device: DeviceId, epochs: &SyncEpochs) -> CudaError {
+    let ticket = epochs.begin();
     let code = forward::device_synchronize();
-    if code == codes::SUCCESS
-        && let Some((device, epochs, ticket)) = ticket
-    {
+    if code == codes::SUCCESS {
         epochs.end(ticket);
         complete_pending(device);
     }
@@ -317,20 +324,15 @@ pub fn complete_pending_before_capture() {
             pool.process_pending().is_err() || pool.pending_frees() > 0
         })?;
         trace_file::flush();
-        let epochs: &SyncEpochs = pools::epochs(device)?;
-        waiting.then_some((rt, device, epochs))
+        waiting.then_some((rt, device, pools::epochs(device)?))
     });
     let Some((rt, device, epochs)) = ready else {
         return;
     };
     unread_error::keep_unread(rt);
-    let ticket = epochs.begin();
-    if forward::device_synchronize() != codes::SUCCESS {
+    if synchronize_completing(device, epochs) != codes::SUCCESS {
         clear_last_error(rt);
-        return;
     }
-    epochs.end(ticket);
-    complete_pending(device);
 }
 
 /// The frees of `device` that were waiting for device work are complete after a device-wide
