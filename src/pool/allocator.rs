@@ -587,6 +587,7 @@ impl<B: Backend> DeviceAllocator<B> {
         let mut error = self.out_of_memory(stream, (size, rounded, segment_size(rounded)), false);
         if let Error::OutOfMemory(report) = &mut error {
             report.capture_underway = true;
+            report.pending_fit = self.pending_fit(stream, rounded);
         }
         Err(error)
     }
@@ -1046,7 +1047,7 @@ impl<B: Backend> DeviceAllocator<B> {
             allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
             live_requested,
             pending_requested,
-            pending_fit: self.pending_fit(stream, rounded),
+            pending_fit: None,
             divisions_padding: live_divisions_padding
                 .saturating_add(rounded.saturating_sub(round_to_block(size))),
             block_padding,

@@ -46,7 +46,8 @@ pub struct OomReport {
     pub pending_requested: u64,
     /// The smallest block that those frees would leave once complete (merged with their free
     /// neighbours) that serves the request on its stream, if any: what waiting for them would
-    /// have found.
+    /// have found. Looked for only during a CUDA graph capture (`capture_underway`), when the
+    /// pool could not wait for them.
     pub pending_fit: Option<u64>,
     /// What `roundup_power2_divisions` add to the live blocks and the request beyond rounding
     /// to 512 bytes.
