@@ -28,6 +28,16 @@ static cudaError_t malloc_relaxed(void **p, size_t size) {
     return rc;
 }
 
+/* End the capture of `s`: it gives a graph (destroyed here), and no capture ended invalidated. */
+static void end_capture_whole(cudaStream_t s) {
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    if (graph != NULL)
+        CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+}
+
 /* A block freed during a capture stays pending (free_sync:device or event) and is not waited
  * for: the request takes new memory, the capture completes, and after it the block is reused.
  * (The free is the library's: the runtime's own cudaFree is not called.) */
@@ -42,12 +52,8 @@ static void scenario_pending_free(void) {
     CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
     CHECK(q != p);
-    cudaGraph_t graph = NULL;
-    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    CHECK(graph != NULL);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    end_capture_whole(s);
     CHECK(fakecudart_counter("device_syncs") == syncs);
-    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
     /* After the capture, the next request that misses waits for the device and reuses p. */
     CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
     CHECK(r == p);
@@ -114,10 +120,7 @@ static void scenario_sync_fails_at_capture(void) {
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
     CHECK(q != p);
-    cudaGraph_t graph = NULL;
-    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    CHECK(graph != NULL);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    end_capture_whole(s);
     CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
     CHECK_CODE(cudaFree(q), cudaSuccess);
@@ -157,10 +160,7 @@ static void scenario_oom_pending(void) {
     CHECK_CODE(cudaFree(p), cudaSuccess);
     CHECK_CODE(malloc_relaxed(&q, 40 * MIB), cudaErrorMemoryAllocation);
     CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
-    cudaGraph_t graph = NULL;
-    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    CHECK(graph != NULL);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    end_capture_whole(s);
     CHECK_CODE(cudaMalloc(&q, 40 * MIB), cudaSuccess);
     CHECK(q == p);
     CHECK_CODE(cudaFree(q), cudaSuccess);
@@ -169,9 +169,9 @@ static void scenario_oom_pending(void) {
 
 /* cachealloc_empty_cache (torch.cuda.empty_cache() through the pluggable allocator's hook)
  * during a capture does nothing and succeeds, as PyTorch's leaves its default pools alone then:
- * no synchronization for the free pending since the capture began, no cudaFree of the cached segment, the capture
- * goes on. After it, the same call gives both back. Run with free_sync:device (the preloaded
- * library's C API is found with dlsym). */
+ * no synchronization for the free pending since the capture began, no cudaFree of the cached
+ * segment, the capture goes on. After it, the same call gives both back. Run with
+ * free_sync:device (the preloaded library's C API is found with dlsym). */
 static void scenario_empty_cache(void) {
     int (*empty_cache)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_empty_cache");
     CHECK(empty_cache != NULL);
@@ -189,13 +189,9 @@ static void scenario_empty_cache(void) {
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(cudaFree(pending), cudaSuccess);
     CHECK(empty_cache(0) == cudaSuccess);
-    cudaGraph_t graph = NULL;
-    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    CHECK(graph != NULL);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    end_capture_whole(s);
     CHECK(fakecudart_counter("device_syncs") == syncs);
     CHECK(fakecudart_counter("frees") == 0);
-    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
     CHECK(empty_cache(0) == cudaSuccess);
     CHECK(fakecudart_counter("frees") == 2);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
@@ -203,10 +199,10 @@ static void scenario_empty_cache(void) {
 }
 
 /* A run to record (trace:PATH) and replay: during a capture, a miss takes new memory while a
- * free made in the capture is still pending, empty_cache() does nothing, and a request that only the cached segment
- * given back would serve fails; after the capture the pending block serves a request and
- * empty_cache() gives the cached segment back. Run with FAKECUDART_CAPACITY=100MiB and
- * free_sync:device. */
+ * free made in the capture is still pending, empty_cache() does nothing, and a request that
+ * only the cached segment given back would serve fails; after the capture the pending block
+ * serves a request and empty_cache() gives the cached segment back. Run with
+ * FAKECUDART_CAPACITY=100MiB and free_sync:device. */
 static void scenario_recorded(void) {
     int (*empty_cache)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_empty_cache");
     CHECK(empty_cache != NULL);
@@ -229,14 +225,10 @@ static void scenario_recorded(void) {
     /* 10 + 40 + 40 MiB held: 16 MiB more do not fit in 100 unless the cache is given back. */
     CHECK_CODE(malloc_relaxed(&failed, 15 * MIB), cudaErrorMemoryAllocation);
     CHECK_CODE(cudaGetLastError(), cudaErrorMemoryAllocation);
-    cudaGraph_t graph = NULL;
-    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    CHECK(graph != NULL);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    end_capture_whole(s);
     CHECK(fakecudart_counter("device_syncs") == syncs);
     CHECK(fakecudart_counter("mallocs") == 3);
     CHECK(fakecudart_counter("frees") == 0);
-    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
     CHECK_CODE(cudaMalloc(&reused, 30 * MIB), cudaSuccess);
     CHECK(reused == pending);
     CHECK(empty_cache(0) == cudaSuccess);
@@ -275,12 +267,8 @@ static void scenario_recorded_before(void) {
     CHECK_CODE(cudaFree(c), cudaSuccess);
     CHECK_CODE(malloc_relaxed(&e, 10 * MIB), cudaSuccess);
     CHECK(e != a);
-    cudaGraph_t graph = NULL;
-    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    CHECK(graph != NULL);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    end_capture_whole(s);
     CHECK(fakecudart_counter("mallocs") == 3);
-    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
     CHECK_CODE(cudaFree(d), cudaSuccess);
     CHECK_CODE(cudaFree(e), cudaSuccess);
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
