@@ -1081,6 +1081,10 @@ impl<B: Backend> DeviceAllocator<B> {
 /// PyTorch's `max_split_size` rules for a cached block found for a request (both rounded): a
 /// request below `max_split_size` takes no block at or above it, and one at or above it takes
 /// no block `max_non_split_rounding` or more larger than itself.
+///
+/// Note: PyTorch adds request and limit in `size_t`; where the sum reaches 2^64 (a
+/// `max_non_split_rounding_mb` near 2^44, such as `-1`, which `config` reads as PyTorch does)
+/// it wraps to below the request, and no cached block serves. The sum wraps here too.
 #[inline]
 pub(super) fn may_serve(
     request: u64,
@@ -1090,7 +1094,7 @@ pub(super) fn may_serve(
 ) -> bool {
     let oversize_for_small = request < max_split_size && block >= max_split_size;
     let too_wasteful =
-        request >= max_split_size && block >= request.saturating_add(max_non_split_rounding);
+        request >= max_split_size && block >= request.wrapping_add(max_non_split_rounding);
     !oversize_for_small && !too_wasteful
 }
 

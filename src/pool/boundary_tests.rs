@@ -33,6 +33,32 @@ fn a_cached_block_exactly_the_rounding_limit_larger_is_not_taken() {
     assert_eq!(p.stats().counts.num_device_alloc, 2);
 }
 
+/// PyTorch adds `max_non_split_rounding` to the request in `size_t`, which wraps for the
+/// largest settings: `max_non_split_rounding_mb:-1` (read as 2^64 − 1, clamped to whole MiB)
+/// makes the limit a MiB below the request, so a request at or above `max_split_size` takes no
+/// cached block at all. 2^63 bytes does not wrap: any cached block then serves.
+#[test]
+fn a_rounding_limit_that_wraps_around_2_64_refuses_every_cached_block() {
+    for (rounding, reused) in [((u64::MAX / MIB) * MIB, false), (1 << 63, true)] {
+        let settings = Settings {
+            max_split_size: 21 * MIB,
+            max_non_split_rounding: rounding,
+            ..Settings::default()
+        };
+        let mut p = pool_with(u64::MAX, settings);
+        let a = alloc(&mut p, 44 * MIB);
+        free(&mut p, a);
+        let b = alloc(&mut p, 24 * MIB);
+        assert_eq!(b == a, reused, "rounding {rounding}");
+        let segments = if reused { 1 } else { 2 };
+        assert_eq!(
+            p.stats().counts.num_device_alloc,
+            segments,
+            "rounding {rounding}"
+        );
+    }
+}
+
 /// `empty_cache()` returns the large pool's segments before the small pool's (PyTorch's
 /// `release_cached_blocks` order), which a recorded trace shows.
 #[test]
