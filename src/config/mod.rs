@@ -317,6 +317,19 @@ impl Config {
                  allocation fails (as in PyTorch)"
             ));
         }
+        // PyTorch adds the limit to a request at or above max_split_size in `size_t`; from
+        // 2^64 the sum wraps to below the request, and no cached block serves it
+        // (`pool::may_serve` does the same). Named when requests up to 1 PiB wrap: a `-1`
+        // written to mean "no limit" does the opposite.
+        let wraps_from = (u64::MAX - s.max_non_split_rounding).saturating_add(1);
+        if s.has_max_split_size() && wraps_from <= 1 << 50 {
+            warnings.push(format!(
+                "{source}: max_non_split_rounding_mb this large wraps around 2^64 when added to \
+                 a request (as in PyTorch): no cached block serves a request of {} or more, \
+                 each takes new memory; for no limit, write a value such as 1048576",
+                crate::pool::format_size(wraps_from.max(s.max_split_size))
+            ));
+        }
         if s.garbage_collection_threshold > 0.0 && s.per_process_memory_fraction >= 1.0 {
             warnings.push(format!(
                 "{source}: garbage_collection_threshold acts only under a \

@@ -945,6 +945,35 @@ fn numbers_pytorch_accepts_are_read_its_way_with_a_warning() {
     );
 }
 
+/// A `max_non_split_rounding_mb` so large that adding it to a request wraps around 2^64 (as
+/// PyTorch adds it) refuses every cached block to large requests: a warning says so, and what
+/// to write for no limit. A large value that does not wrap is quiet.
+#[test]
+fn a_rounding_limit_that_wraps_is_a_warning() {
+    let c = conf("max_split_size_mb:128,max_non_split_rounding_mb:-1").unwrap();
+    let warned = c.value_warnings();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(warned[0].contains("'-1' is read as"), "{warned:?}");
+    assert_eq!(
+        warned[1],
+        "CACHEALLOC_CONF: max_non_split_rounding_mb this large wraps around 2^64 when added to a \
+         request (as in PyTorch): no cached block serves a request of 128.00 MiB or more, each \
+         takes new memory; for no limit, write a value such as 1048576"
+    );
+    // Without max_split_size_mb the limit applies to no request.
+    assert_eq!(
+        conf("max_non_split_rounding_mb:-1")
+            .unwrap()
+            .value_warnings()
+            .len(),
+        1
+    );
+    for quiet in ["1048576", "8796093022208"] {
+        let text = format!("max_split_size_mb:128,max_non_split_rounding_mb:{quiet}");
+        assert!(conf(&text).unwrap().value_warnings().is_empty(), "{text}");
+    }
+}
+
 /// A key given twice keeps its last value, as in PyTorch, and the lost value is a warning.
 #[test]
 fn a_key_given_twice_keeps_its_last_value_with_a_warning() {
