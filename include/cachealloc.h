@@ -6,7 +6,9 @@
  * Functions returning int answer cudaError_t codes (0 = cudaSuccess, 1 = cudaErrorInvalidValue,
  * 2 = cudaErrorMemoryAllocation, 3 = cudaErrorInitializationError, other codes come from the
  * CUDA runtime unchanged, 101 = cudaErrorInvalidDevice for a device the process does not have;
- * cachealloc has pools for devices 0-63: a device 64 or above that exists answers 1).
+ * cachealloc has pools for devices 0-63: a device 64 or above that exists answers 1;
+ * 999 = cudaErrorUnknown for an internal error of cachealloc, logged: a device's pool that one
+ * left inconsistent answers it from then on).
  * `stream` arguments are cudaStream_t values (NULL = default stream). A failure is reported by
  * the return code only: these calls leave cudaGetLastError() as it was, also under
  * CACHEALLOC_DISABLE=1, where they call the runtime's own cudaMalloc and cudaFree.

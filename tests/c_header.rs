@@ -74,6 +74,18 @@ fn header_declares_the_whole_c_api() {
     ] {
         assert!(text.contains(name), "{name} missing from the header");
     }
+    // Every code the C API answers of its own (`ffi::status::to_code`, and the panic boundary's
+    // cudaErrorUnknown) is named, with what it means.
+    for code in [
+        "0 = cudaSuccess",
+        "1 = cudaErrorInvalidValue",
+        "2 = cudaErrorMemoryAllocation",
+        "3 = cudaErrorInitializationError",
+        "101 = cudaErrorInvalidDevice",
+        "999 = cudaErrorUnknown",
+    ] {
+        assert!(text.contains(code), "{code} missing from the header");
+    }
     assert!(text.contains("do not edit"));
     assert!(
         !text.contains("cudaMalloc("),
