@@ -16,7 +16,9 @@
  * The library also exports the runtime functions it interposes (cudaMalloc, cudaFree, ...): a
  * program linked with it before -lcudart, as pkg-config's flags place it, has its own
  * cudaMalloc and cudaFree served from the pool too, as under LD_PRELOAD. Put -lcudart first on
- * the link line to keep them on the runtime.
+ * the link line to keep them on the runtime; cudaGetLastError() is then the runtime's too, which
+ * loses an error the program had not read when a call here meets a failed runtime call on its
+ * way (an out-of-memory retry, say, even one that then succeeds).
  */
 
 #ifndef CACHEALLOC_H
