@@ -9,7 +9,9 @@
  * cachealloc has pools for devices 0-63: a device 64 or above that exists answers 1;
  * 999 = cudaErrorUnknown for an internal error of cachealloc, logged: a device's pool that one
  * left inconsistent answers it from then on).
- * `stream` arguments are cudaStream_t values (NULL = default stream). A failure is reported by
+ * `stream` arguments are cudaStream_t values: NULL is the legacy default stream, one for every
+ * thread, and cudaStreamPerThread each thread's own, whose blocks are kept apart per thread (a
+ * program built with per-thread default streams passes it, not NULL). A failure is reported by
  * the return code only: these calls leave cudaGetLastError() as it was, also under
  * CACHEALLOC_DISABLE=1, where they call the runtime's own cudaMalloc and cudaFree.
  *

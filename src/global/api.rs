@@ -12,7 +12,7 @@ use super::stream_uses;
 use super::trace_file;
 use crate::backend::BackendError;
 use crate::backend::cuda::device_guard::DeviceGuard;
-use crate::backend::cuda::runtime::{self, CudaError, Runtime, codes, runtime};
+use crate::backend::cuda::runtime::{self, CudaError, Runtime, STREAM_PER_THREAD, codes, runtime};
 use crate::backend::cuda::unread_error;
 use crate::pool::layout::SegmentSpan;
 use crate::pool::{DeviceId, DevicePtr, DeviceStats, Error, Settings, StreamId, check_fraction};
@@ -46,10 +46,25 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
     if size == 0 {
         return Ok(0);
     }
+    let stream = block_stream(stream);
     let served = with_device_pool(config, rt, device, |pool| pool.malloc(size as u64, stream));
     trace_file::flush();
     let served = served?.ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
     returned_only(rt, served.map(DevicePtr::addr).map_err(ShimError::from))
+}
+
+/// The stream whose blocks serve a request of `stream`. `cudaStreamPerThread` names the calling
+/// thread's own default stream, another one in each thread, whose work is not ordered with
+/// another thread's: its blocks are kept apart per thread, under an address of the thread's own
+/// (no stream handle is one while the thread lives).
+fn block_stream(stream: StreamId) -> StreamId {
+    thread_local! {
+        static OWN: u8 = const { 0 };
+    }
+    if stream.0 != STREAM_PER_THREAD as u64 {
+        return stream;
+    }
+    OWN.with(|own| StreamId(std::ptr::from_ref(own) as u64))
 }
 
 /// Return an allocation of the C API to its pool at once. NULL is a no-op; a pointer that no
@@ -108,7 +123,7 @@ pub fn record_stream(addr: u64, stream: StreamId) -> Result<(), ShimError> {
     }
     let allocated_on = pools::with_owner(addr, |pool| pool.allocation_stream(ptr))?
         .unwrap_or(Err(Error::NotOwned { addr }))?;
-    if allocated_on != stream {
+    if allocated_on != block_stream(stream) {
         stream_uses::record(addr, stream);
     }
     Ok(())

@@ -4,6 +4,7 @@
  * fake libcudart.so.12 as the runtime. Prints "ok c_api" when every check held.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,14 @@
             return 1;                                                                 \
         }                                                                             \
     } while (0)
+
+/* A thread of its own allocating on cudaStreamPerThread, its own default stream: the address. */
+static void *per_thread_malloc(void *arg) {
+    void *q = NULL;
+    if (cachealloc_malloc(&q, 3 * MIB, 0, cudaStreamPerThread) != 0)
+        return arg;
+    return q;
+}
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);
@@ -180,6 +189,24 @@ int main(int argc, char **argv) {
     CHECK(cachealloc_set_memory_fraction(0, 1.0) == 0);
     CHECK(cachealloc_malloc(&five, 5 * 1024 * MIB, 0, NULL) == 0);
     CHECK(cachealloc_free(five) == 0);
+    CHECK(cachealloc_empty_cache(0) == 0);
+
+    /* cudaStreamPerThread names each thread's own default stream, whose work is not ordered
+     * with another thread's: a block this thread freed on it goes back to this thread's next
+     * request on it, not to another thread's while this thread's work still uses it. */
+    void *mine = NULL, *again = NULL, *theirs = NULL;
+    CHECK(cachealloc_malloc(&mine, 3 * MIB, 0, cudaStreamPerThread) == 0);
+    CHECK(fakecudart_launch(mine, 3 * MIB, cudaStreamPerThread, 1000) == 0);
+    CHECK(cachealloc_free(mine) == 0);
+    CHECK(cachealloc_malloc(&again, 3 * MIB, 0, cudaStreamPerThread) == 0 && again == mine);
+    CHECK(cachealloc_free(again) == 0);
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, per_thread_malloc, untouched) == 0);
+    CHECK(pthread_join(thread, &theirs) == 0);
+    CHECK(theirs != untouched && theirs != NULL);
+    CHECK(!(theirs == mine && fakecudart_range_busy(mine, 3 * MIB)));
+    CHECK(cachealloc_free(theirs) == 0);
+    fakecudart_advance(1000);
     CHECK(cachealloc_empty_cache(0) == 0);
 
     printf("ok c_api\n");
