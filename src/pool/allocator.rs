@@ -127,8 +127,10 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) allowed_maximum_resolved: bool,
     /// Free-block searches in the large pool (the GC clock, `get_free_blocks_call_count`).
     pub(super) large_searches: u64,
-    /// 1 when garbage collection is on (a limit and a threshold are set), else 0: large-pool
-    /// searches are counted (the GC clock) only then.
+    /// 1 when the settings collect garbage (a fraction below 1 and a threshold), else 0:
+    /// large-pool searches are counted (the GC clock) only then. As PyTorch counts from
+    /// `setMemoryFraction` on, this does not wait for the limit to be resolved; the collection
+    /// itself does.
     gc_searches_counted: u64,
     /// Whether any `roundup_power2_divisions` entry is in force (else rounding is to 512 B).
     divided_rounding: bool,
@@ -144,6 +146,7 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn new(backend: B, mut settings: Settings) -> Self {
         settings.expandable_segments &= backend.supports_expandable_segments();
         let divided_rounding = settings.rounds_by_divisions();
+        let gc_searches_counted = u64::from(settings.collects_garbage());
         let max_split_size = if settings.has_max_split_size() {
             settings.max_split_size as i64
         } else {
@@ -168,7 +171,7 @@ impl<B: Backend> DeviceAllocator<B> {
             allowed_maximum: None,
             allowed_maximum_resolved: false,
             large_searches: 0,
-            gc_searches_counted: 0,
+            gc_searches_counted,
             divided_rounding,
             refused_map: None,
             sink: None,
@@ -206,7 +209,7 @@ impl<B: Backend> DeviceAllocator<B> {
         super::check_fraction(fraction)?;
         self.settings.per_process_memory_fraction = fraction;
         self.allowed_maximum = None;
-        self.gc_searches_counted = 0;
+        self.gc_searches_counted = u64::from(self.settings.collects_garbage());
         self.allowed_maximum_resolved = false;
         self.emit(|| PoolEvent::MemoryFraction { fraction });
         self.resolve_allowed_maximum();
@@ -485,6 +488,7 @@ impl<B: Backend> DeviceAllocator<B> {
         }
     }
 
+    /// Whether the settings collect garbage (a collection acts once the limit is known).
     fn gc_enabled(&self) -> bool {
         self.gc_searches_counted == 1
     }
@@ -605,7 +609,8 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// The limit of a fraction below 1, of the device's total memory. A device that cannot
     /// tell its memory now (`cudaMemGetInfo` failing) is asked again at the next request that
-    /// needs memory: until it answers there is no limit, but the fraction is not dropped.
+    /// needs memory: until it answers there is no limit (nor garbage collection, though
+    /// searches go on ageing the cached blocks), but the fraction is not dropped.
     /// (Also when segments are adopted: a pool holding segments has grown, and had its limit.)
     pub(super) fn resolve_allowed_maximum(&mut self) {
         if self.allowed_maximum_resolved {
@@ -618,7 +623,6 @@ impl<B: Backend> DeviceAllocator<B> {
         if let Ok(info) = self.backend.mem_info() {
             self.allowed_maximum_resolved = true;
             self.allowed_maximum = self.settings.allowed_maximum(info.total);
-            self.gc_searches_counted = u64::from(self.settings.collects_garbage());
         }
     }
 

@@ -181,3 +181,35 @@ fn a_limit_the_device_could_not_size_yet_is_taken_at_the_next_request() {
         Err(Error::OutOfMemory(report)) if report.allowed_maximum == Some(256 * MIB)
     ));
 }
+
+/// The garbage-collection clock runs from the moment a fraction below 1 is set, whether or not
+/// the device could size the limit yet: PyTorch's `setMemoryFraction` sets the limit at once
+/// (from `totalGlobalMem`), and `get_free_block` counts every large-pool search from then on.
+/// Here the device is silent when the fraction is set, and five requests the cached 20 MiB
+/// block serves pass the 40 MiB one by before the next miss sizes the limit: the 40 MiB block
+/// is then six searches old, the 20 MiB one, cached again after the last, one; the mean is 3.5
+/// and only the 40 MiB block, which covers the 20 MiB target alone, goes.
+#[test]
+fn searches_age_cached_blocks_while_the_limit_waits_for_the_device() {
+    let settings = Settings {
+        garbage_collection_threshold: 0.5,
+        ..Settings::default()
+    };
+    let mut p = pool_with(1024 * MIB, settings);
+    let _live = alloc(&mut p, 216 * MIB);
+    let [older, younger] = [40, 20].map(|mib| alloc(&mut p, mib * MIB));
+    free(&mut p, older);
+    free(&mut p, younger);
+    p.backend_mut().inject_mem_info_failures(1);
+    p.set_memory_fraction(0.5).unwrap();
+    for _ in 0..5 {
+        let again = alloc(&mut p, 20 * MIB);
+        assert_eq!(again, younger);
+        free(&mut p, again);
+    }
+    // 276 MiB reserved, collected above 256 MiB of the 512 MiB now allowed.
+    alloc(&mut p, 100 * MIB);
+    let s = p.stats();
+    assert_eq!(s.counts.num_device_free, 1, "only the older block goes");
+    assert_eq!(s.reserved_bytes.all.current, (216 + 20 + 100) * MIB as i64);
+}
