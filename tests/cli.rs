@@ -914,6 +914,49 @@ fn a_free_completed_later_is_one_event() {
     );
 }
 
+/// An out-of-memory while a free still waits for device work (its `free_completed` comes
+/// after the request): its block is reserved but no room for the request, so the report does
+/// not call it fragmentation: here the 10 MiB held outside cachealloc is what is missing.
+#[test]
+fn a_block_whose_free_is_pending_is_no_room_in_the_oom_report() {
+    let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let (b, c, d) = (a + 0x1000_0000, a + 0x2000_0000, a + 0x3000_0000);
+    let path = write_trace(
+        "pending-at-oom",
+        &[
+            ("alloc", a, 30 * mib, 0),
+            ("alloc", b, 30 * mib, 0),
+            ("alloc", c, 30 * mib, 0),
+            ("free_requested", c, 30 * mib, 0),
+            ("free_completed", c, 30 * mib, 0),
+            ("free_requested", b, 30 * mib, 0),
+            ("alloc", d, 42 * mib, 0),
+            ("free_completed", b, 30 * mib, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let args = [
+        "replay",
+        p,
+        "--capacity",
+        "100MiB",
+        "--device-memory",
+        "110MiB",
+    ];
+    let v = json(&cachealloc(&[&args[..], &["--json"]].concat()));
+    let report = &v["first_oom_report"];
+    assert_eq!(report["kind"], "untracked", "{v}");
+    let text = report["text"].as_str().unwrap();
+    assert!(
+        text.contains(
+            "Hint: Memory outside cachealloc: 10.00 MiB of this GPU is used by other processes, \
+             CUDA contexts or other allocators; the request is 2.00 MiB short"
+        ) && !text.contains("would hold"),
+        "{text}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
 /// A faithful replay says how many allocations landed at their recorded address; a plain
 /// replay, which does not place them there, says nothing of it.
 #[test]

@@ -2,7 +2,11 @@
 //!
 //! Note: how a report is classified (`OomReport::hint`). The request needs its rounded block
 //! next to everything already allocated. What this process can use is what it reserved plus what
-//! the device still has free, capped by `per_process_memory_fraction`.
+//! the device still has free, capped by `per_process_memory_fraction`. Blocks whose frees are
+//! still pending (during a capture, or held by a replay until its trace completes them) count
+//! with the allocated ones, as their requests count with the live requests: they are reserved
+//! but unallocated, yet no room for the request (a request of 42 MiB does not fit in 30 MiB
+//! cached free plus 10 MiB free on the device, whatever 30 MiB more is pending).
 //! - Pending during a capture: first, when a CUDA graph capture kept the pool from waiting for
 //!   frees still pending and those frees, once complete, would leave a block that serves the
 //!   request (`pending_fit`: merged with its free neighbours, on the request's stream, in its
@@ -96,7 +100,19 @@ impl OomReport {
         let requested = self
             .live_requested
             .saturating_add(request.saturating_mul(MIN_BLOCK_SIZE));
-        let needed = self.allocated.saturating_add(self.rounded);
+        // Reserved but unallocated memory is free cached blocks and blocks whose frees are still
+        // pending (during a capture, or held by a replay until the trace completes them). The
+        // pending ones serve nothing yet: like their requests in `live_requested`, they count
+        // as held, not as room.
+        let free_cached = self
+            .pool_unallocated
+            .saturating_add(self.other_pool_free)
+            .min(self.unallocated());
+        let pending_blocks = self.unallocated() - free_cached;
+        let needed = self
+            .allocated
+            .saturating_add(pending_blocks)
+            .saturating_add(self.rounded);
         let limit = self
             .allowed_maximum
             .map_or(self.device_total, |allowed| allowed.min(self.device_total));
@@ -182,13 +198,12 @@ impl OomReport {
         let pool = pool_for(self.rounded);
         let small_pool = pool == PoolKind::Small;
         let unallocated = if small_pool {
-            self.unallocated()
+            free_cached
         } else {
-            self.pool_unallocated.min(self.unallocated())
+            self.pool_unallocated.min(free_cached)
         };
-        // The other pool's free cached memory: the rest of what is unallocated is blocks whose
-        // frees are still pending, which are no pool's to offer.
-        let other_pool_unallocated = self.other_pool_free.min(self.unallocated() - unallocated);
+        // For a large request, the other pool's free cached memory.
+        let other_pool_unallocated = free_cached - unallocated;
         let room = unallocated.saturating_add(usable_free);
         if other_pool_unallocated > 0 && self.rounded > room {
             return OomHint::SmallPoolHeld {

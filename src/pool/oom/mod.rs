@@ -130,7 +130,7 @@ pub enum OomHint {
     Padding {
         /// Live requested bytes plus the request's.
         requested: u64,
-        /// Allocated bytes plus the rounded request.
+        /// Allocated bytes (and the blocks of frees still pending) plus the rounded request.
         needed: u64,
         available: u64,
         /// `needed - available`.
