@@ -324,8 +324,9 @@ pub struct OomReportJson {
     /// rounded blocks do not), `untracked` (memory outside the allocator holds what is
     /// missing), `fragmentation`, `small_pool_held` (only the small pool's memory, which serves
     /// requests of 1 MiB or less, would make room), `other_stream` (a free block large enough
-    /// is cached for another stream) or `freed_during_request` (a block freed while the
-    /// request failed now holds it).
+    /// is cached for another stream), `freed_during_request` (a block freed while the
+    /// request failed now holds it) or `pending_during_capture` (frees a CUDA graph capture
+    /// kept the pool from waiting for would leave a block that holds it).
     pub kind: &'static str,
     pub requested_bytes: u64,
     pub rounded_bytes: u64,
