@@ -592,6 +592,7 @@ impl<B: Backend> DeviceAllocator<B> {
         if let Error::OutOfMemory(report) = &mut error {
             report.capture_underway = true;
             report.pending_fit = self.pending_fit(stream, rounded);
+            report.capture_held = self.capture_held();
         }
         Err(error)
     }
@@ -1078,6 +1079,7 @@ impl<B: Backend> DeviceAllocator<B> {
             expandable_segments: self.settings.expandable_segments,
             refused_map: self.refused_map,
             capture_underway: false,
+            capture_held: 0,
         }))
     }
 }

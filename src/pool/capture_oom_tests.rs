@@ -122,3 +122,66 @@ fn a_pending_block_that_would_merge_into_a_serving_one_is_named() {
     );
     assert!(fits_when_freed_before_the_capture(p, 50 * MIB, S0));
 }
+
+/// A pool on a 60 MiB device holding three 20 MiB segments, of which `freed` are free whole
+/// segments (cached, not given back), and the live rest.
+fn full_device_with_free_segments(freed: usize) -> DeviceAllocator<SimDevice> {
+    let mut p = DeviceAllocator::new(SimDevice::new(60 * MIB), Settings::default());
+    let blocks: Vec<_> = (0..3).map(|_| p.malloc(20 * MIB, S0).unwrap()).collect();
+    for &b in &blocks[..freed] {
+        p.free(b).unwrap();
+    }
+    p
+}
+
+/// Whether `size` bytes on `stream` are served outside a capture: the ladder gives whole free
+/// segments back and tries again.
+fn fits_outside_the_capture(mut p: DeviceAllocator<SimDevice>, size: u64) -> bool {
+    p.backend_mut().set_capturing(false);
+    let fits = p.malloc(size, S0).is_ok();
+    p.validate().unwrap();
+    fits
+}
+
+/// Whole free segments that a capture keeps cached, and requests whose segments they would
+/// make room for once given back (a small request, which no large-pool block serves, and a
+/// large one that no single cached segment holds): the hint says the capture held them, not
+/// fragmentation (which would name a max_split_size_mb and call them parts of segments in use).
+#[test]
+fn whole_free_segments_a_capture_keeps_are_named() {
+    for (size, segment) in [(512, 2 * MIB), (40 * MIB, 40 * MIB)] {
+        let mut p = full_device_with_free_segments(2);
+        let report = oom_during_capture(&mut p, size, S0);
+        let hint = report.hint();
+        assert_eq!(
+            hint,
+            OomHint::HeldDuringCapture {
+                held: 40 * MIB,
+                device_free: 0,
+                segment,
+            },
+            "{report}"
+        );
+        let text = hint.to_string();
+        assert!(
+            text.starts_with("Held during the capture: 40.00 MiB"),
+            "{text}"
+        );
+        assert!(!text.contains("max_split_size_mb"), "{text}");
+        assert!(fits_outside_the_capture(p, size), "{size}");
+    }
+}
+
+/// When the whole free segments would not make room for the request's segment, the hint is
+/// not about them: outside the capture the request fails too.
+#[test]
+fn whole_free_segments_too_small_to_make_room_are_not_named() {
+    let mut p = full_device_with_free_segments(1);
+    let report = oom_during_capture(&mut p, 40 * MIB, S0);
+    assert_eq!(report.capture_held, 20 * MIB);
+    assert!(
+        !matches!(report.hint(), OomHint::HeldDuringCapture { .. }),
+        "{report}"
+    );
+    assert!(!fits_outside_the_capture(p, 40 * MIB));
+}

@@ -7,6 +7,7 @@
 mod allocator;
 pub mod block;
 mod block_table;
+mod capture_held;
 mod counters;
 pub mod error;
 pub mod event;

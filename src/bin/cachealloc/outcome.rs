@@ -325,8 +325,9 @@ pub struct OomReportJson {
     /// missing), `fragmentation`, `small_pool_held` (only the small pool's memory, which serves
     /// requests of 1 MiB or less, would make room), `other_stream` (a free block large enough
     /// is cached for another stream), `freed_during_request` (a block freed while the
-    /// request failed now holds it) or `pending_during_capture` (frees a CUDA graph capture
-    /// kept the pool from waiting for would leave a block that holds it).
+    /// request failed now holds it), `pending_during_capture` (frees a CUDA graph capture
+    /// kept the pool from waiting for would leave a block that holds it) or
+    /// `held_during_capture` (whole free segments a capture kept cached would make room).
     pub kind: &'static str,
     pub requested_bytes: u64,
     pub rounded_bytes: u64,
@@ -369,6 +370,7 @@ impl From<&OomReport> for OomReportJson {
                 OomHint::OtherStream { .. } => "other_stream",
                 OomHint::FreedDuringRequest { .. } => "freed_during_request",
                 OomHint::PendingDuringCapture { .. } => "pending_during_capture",
+                OomHint::HeldDuringCapture { .. } => "held_during_capture",
             },
             requested_bytes: r.requested,
             rounded_bytes: r.rounded,

@@ -13,6 +13,13 @@
 //!   pool). During a capture no cached memory goes back to the device, so only such a block
 //!   helps; bytes pending elsewhere (another pool or stream, separate segments) would not, and
 //!   the report is classified as it would be without the capture.
+//! - Held during a capture: the requests and their blocks fit in what the process may use, and
+//!   the free cached blocks that are whole fixed segments (`capture_held`), which the ladder
+//!   gives back to the device outside a capture but may not during one, would make room for
+//!   the request's segment beside the device's free memory (capped by the fraction limit).
+//!   Outside the capture the same request succeeds; no setting is named. Otherwise the report
+//!   is classified as without the capture, though what it says of whole free segments (that
+//!   the ladder gave them back) then does not hold.
 //! - Exhausted: what the live allocations and the request asked for (`requested_bytes`, not
 //!   the blocks that hold them) exceeds even the device capacity, or the fraction limit while
 //!   the device has room (then raising the limit helps). No block layout can help: live memory
@@ -151,6 +158,18 @@ impl OomReport {
         // What the device has free, as far as the fraction limit lets this process use it.
         let usable_free = self.device_free.min(limit.saturating_sub(self.reserved));
         let fraction_capped = usable_free < self.device_free;
+        // Whole free segments a capture kept cached: given back, as outside a capture, they
+        // make room for the request's segment.
+        if self.capture_underway
+            && self.capture_held > 0
+            && self.alloc_size <= usable_free.saturating_add(self.capture_held)
+        {
+            return OomHint::HeldDuringCapture {
+                held: self.capture_held,
+                device_free: usable_free,
+                segment: self.alloc_size,
+            };
+        }
         if let Some(block) = self.own_stream_fit {
             return OomHint::FreedDuringRequest {
                 request: self.rounded,

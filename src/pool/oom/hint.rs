@@ -205,6 +205,25 @@ impl fmt::Display for OomHint {
                 format_size(pending),
                 format_size(block)
             ),
+            OomHint::HeldDuringCapture {
+                held,
+                device_free,
+                segment,
+            } => write!(
+                f,
+                "Held during the capture: {} of free cached memory lies in whole segments, \
+                 which cachealloc gives back to the device only outside a CUDA graph capture \
+                 (giving memory back waits for the device, which would end the capture; \
+                 PyTorch's allocator does the same); given back, it and the {} free on the \
+                 device would hold the {} segment this request needs. Outside a capture this \
+                 request is served: empty cachealloc's cache before the capture begins \
+                 (cachealloc_empty_cache; with the pluggable allocator, \
+                 torch.cuda.empty_cache()), or make the request after it ends; no allocator \
+                 setting helps.",
+                format_size(held),
+                format_size(device_free),
+                format_size(segment)
+            ),
             OomHint::FreedDuringRequest { request, block } => write!(
                 f,
                 "Freed too late: a free cached block of {} now holds this {} block, but it \

@@ -98,6 +98,9 @@ pub struct OomReport {
     /// A CUDA graph capture was underway: the pool neither waited for pending frees nor gave
     /// cached memory back before failing (either would have ended the capture).
     pub capture_underway: bool,
+    /// During a CUDA graph capture: free cached bytes in whole fixed segments (any pool or
+    /// stream), which the pool gives back to the device only outside a capture (0 otherwise).
+    pub capture_held: u64,
 }
 
 /// What an OOM was caused by, with the numbers that show it.
@@ -123,6 +126,17 @@ pub enum OomHint {
         pending: u64,
         /// The block they would leave that serves the request.
         block: u64,
+    },
+    /// During a CUDA graph capture: free cached memory in whole segments, which the pool gives
+    /// back to the device only outside a capture, would make room for the segment the request
+    /// needs, beside the device's free memory.
+    HeldDuringCapture {
+        /// Free cached bytes in whole segments.
+        held: u64,
+        /// What the device has free, as far as the fraction limit lets this process use it.
+        device_free: u64,
+        /// The segment the request needs.
+        segment: u64,
     },
     /// What the live allocations and the request asked for fits, but not the blocks that hold
     /// them: blocks are larger than their requests (rounded up, handed out whole, remainders

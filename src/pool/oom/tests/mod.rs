@@ -44,6 +44,7 @@ fn fragmented() -> OomReport {
         max_split_size: u64::MAX,
         refused_map: None,
         capture_underway: false,
+        capture_held: 0,
     }
 }
 
