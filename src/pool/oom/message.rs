@@ -32,11 +32,16 @@ impl fmt::Display for OomReport {
             format_size(self.allocated),
             format_size(self.unallocated())
         )?;
+        // The exact byte count beside a size in units (up to 1024 bytes the size is one).
+        let requested = format_size(self.requested);
+        let exact = if requested.ends_with(" bytes") {
+            String::new()
+        } else {
+            format!(" ({} bytes)", self.requested)
+        };
         write!(
             f,
-            "Request: {} ({} bytes) on stream {:#x}, rounded to a {} block, ",
-            format_size(self.requested),
-            self.requested,
+            "Request: {requested}{exact} on stream {:#x}, rounded to a {} block, ",
             self.stream.0,
             format_size(self.rounded),
         )?;

@@ -167,3 +167,28 @@ fn a_suggestion_of_20_names_21_for_older_pytorch() {
     assert!(more.contains("max_split_size_mb:32 (added to the other settings in force): "));
     assert!(!more.contains("PyTorch 2.9"), "{more}");
 }
+
+/// The request line gives the exact byte count beside a size in units, and only then: up to
+/// 1024 bytes the size is already in bytes.
+#[test]
+fn the_request_line_gives_bytes_once() {
+    let small = OomReport {
+        requested: 100,
+        rounded: 512,
+        ..fragmented()
+    };
+    let text = small.to_string();
+    assert!(
+        text.contains("\nRequest: 100 bytes on stream 0x0, rounded to a 512 bytes block"),
+        "{text}"
+    );
+    let kib = OomReport {
+        requested: 1025,
+        rounded: 1536,
+        ..fragmented()
+    };
+    assert!(
+        kib.to_string()
+            .contains("\nRequest: 1.00 KiB (1025 bytes) on stream")
+    );
+}
