@@ -20,7 +20,13 @@ static HOOK_INSTALLED: AtomicBool = AtomicBool::new(false);
 
 #[inline]
 fn install_hook() {
-    if HOOK_INSTALLED.load(Ordering::Acquire) || HOOK_INSTALLED.swap(true, Ordering::AcqRel) {
+    // A thread unwinding a panic of the program's (a Rust program's destructor that frees
+    // device memory) leaves the hook to a later boundary: `take_hook` and `set_hook` panic on
+    // a panicking thread, and that panic would abort the program.
+    if HOOK_INSTALLED.load(Ordering::Acquire)
+        || std::thread::panicking()
+        || HOOK_INSTALLED.swap(true, Ordering::AcqRel)
+    {
         return;
     }
     let previous = std::panic::take_hook();
