@@ -318,6 +318,8 @@ fn a_failed_allocation_is_thrown_to_cxx_as_a_runtime_error_with_its_report() {
         "device 7: caught: no device 7 in this process (it has 2: devices 0 to 1)\n",
         "over 1 EiB: caught: CUDA out of memory. Tried to allocate more than 1EB memory \
          (2305843009213693952 bytes requested).\n",
+        // std::runtime_error's constructor throws std::bad_alloc: it reaches the caller.
+        "no memory for the message: caught bad_alloc\n",
     ] {
         assert!(text.contains(line), "{line}{text}");
     }

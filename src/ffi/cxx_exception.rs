@@ -22,7 +22,9 @@ use std::ffi::{CStr, CString, c_char, c_void};
 type AllocateException = unsafe extern "C" fn(usize) -> *mut c_void;
 type Destructor = unsafe extern "C" fn(*mut c_void);
 type Throw = unsafe extern "C-unwind" fn(*mut c_void, *mut c_void, Destructor) -> !;
-type RuntimeErrorFromCString = unsafe extern "C" fn(*mut c_void, *const c_char);
+/// The constructor copies the message into a string it allocates: it throws `std::bad_alloc`
+/// when that fails, which reaches the caller as the exception thrown.
+type RuntimeErrorFromCString = unsafe extern "C-unwind" fn(*mut c_void, *const c_char);
 
 /// Bytes allocated for the exception object: `std::runtime_error` is 16 in libstdc++ (a vtable
 /// pointer and a reference-counted string); more room costs nothing.
@@ -91,7 +93,9 @@ pub unsafe fn throw_runtime_error(message: String) {
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
     drop(message);
     // SAFETY: __cxa_allocate_exception returns storage for the object (it aborts rather than
-    // return NULL); the constructor builds a std::runtime_error there, copying `text`.
+    // return NULL); the constructor builds a std::runtime_error there, copying `text`, or
+    // throws std::bad_alloc through this frame (`text` is dropped on the way; the storage is
+    // lost), which the caller's contract allows as it allows the throw below.
     let exception = unsafe {
         let exception = (cxx.allocate)(EXCEPTION_BYTES);
         (cxx.construct)(exception, text.as_ptr());
