@@ -62,7 +62,8 @@ pub fn register(config: &Config) {
         // Held from before the registration to the end of the claim (see the module comment).
         let mut claimed = STATS_FILE.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `at_exit` is an `extern "C" fn()` that lives as long as the library (a
-        // preloaded or linked library is never unloaded before exit handlers run).
+        // preloaded or linked library is never unloaded before exit handlers run; glibc runs
+        // those of a dlopen'ed one, as PyTorch's pluggable allocator, when it is closed).
         let rc = unsafe { libc::atexit(at_exit) };
         if rc != 0 {
             drop(claimed);

@@ -85,8 +85,9 @@ impl Drop for Deciding {
 // neither of which needs anything the Rust runtime sets up.
 #[ctor::ctor(unsafe)]
 fn watch_forks() {
-    // SAFETY: the three handlers are `extern "C" fn()`s that live as long as the library, which
-    // is never unloaded while the process can still fork.
+    // SAFETY: the three handlers are `extern "C" fn()`s of this library. glibc's
+    // `pthread_atfork` registers them under the library's own `__dso_handle` and drops them
+    // when the library is unloaded (a `dlclose` of it), so none is called once it is gone.
     let rc = unsafe {
         libc::pthread_atfork(
             Some(before_fork),

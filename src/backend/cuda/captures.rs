@@ -182,8 +182,10 @@ fn is_capturing(rt: &Runtime, stream: usize) -> bool {
     unread_error::keep_unread(rt);
     let mut status: i32 = STATUS_NONE;
     // SAFETY: `status` is a valid out-pointer for the call; the stream handle is one the
-    // program passed to cudaStreamBeginCapture and has not destroyed since (`destroying`
-    // forgets it first).
+    // program passed to cudaStreamBeginCapture, forgotten (`destroying`) before the program's
+    // cudaStreamDestroy of it reaches the runtime. Only a query that another thread read the
+    // slot for before then can name a destroyed stream: one of the races the module comment
+    // leaves open, as it does a stream destroyed through the driver API.
     let code: CudaError = unsafe { (rt.stream_is_capturing)(stream as *mut c_void, &mut status) };
     if code != codes::SUCCESS {
         runtime::clear_last_error(rt);

@@ -106,8 +106,10 @@ pub(super) fn create(rt: &Runtime) -> Result<EventHandle, (CudaError, &'static s
 /// Record `event` on `stream`: the legacy-stream handle, or a stream the program named and keeps
 /// alive until the free (a stream of another device than the event's is answered with an error).
 pub(super) fn record(rt: &Runtime, event: EventHandle, stream: *mut c_void) -> CudaError {
-    // SAFETY: `event` is a live event (created by `create`, not destroyed); the runtime checks
-    // that `stream` belongs to the event's device.
+    // SAFETY: `event` is a live event (created by `create`, not destroyed); `stream` is the
+    // legacy stream's handle or one the program keeps alive until the free (the caller's
+    // contract, as `cachealloc_record_stream` states it); the runtime checks that it belongs
+    // to the event's device.
     unsafe { (rt.event_record)(event.0 as *mut c_void, stream) }
 }
 

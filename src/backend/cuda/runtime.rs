@@ -411,7 +411,8 @@ pub fn stream_device(rt: &Runtime, stream: usize) -> Option<DeviceId> {
     let get_device = rt.stream_get_device?;
     let mut device: c_int = -1;
     // SAFETY: `device` is a valid out-pointer; the stream handle is one the program passed to
-    // the library and has not destroyed (each caller says why), which the runtime checks.
+    // the library and has not destroyed (each caller says why): the runtime does not check
+    // that a handle is live.
     let code = unsafe { get_device(stream as *mut c_void, &mut device) };
     if code != codes::SUCCESS {
         clear_last_error(rt);
