@@ -224,6 +224,44 @@ fn assert_replays_the_run(faithful: &Value, stats: &Value) {
     assert_eq!(faithful["allocs_at_recorded_addr"].as_u64(), Some(allocs));
 }
 
+/// A recording replayed on a smaller device does what the program did on that device, where a
+/// free completes later than the program asked (recorded at 1 GiB, run and replayed at
+/// 500 MiB): the pool's synchronizations complete it, those the recording never made. A
+/// `cudaFree` pending under `free_sync:device` completes where the pool synchronizes before
+/// growing, and the request reuses its block; a free that waits for another stream's work
+/// (`cachealloc_record_stream`) where the 250 MiB request's retry synchronizes, which then
+/// releases its segment. Held until the recording's completion, either free made the replay
+/// run out of memory.
+#[test]
+fn a_recording_replayed_on_a_smaller_device_does_what_the_program_did_there() {
+    for (scenario, settings, mallocs) in [
+        ("freed_pending", "", 2),
+        ("freed_on_stream", "free_sync:none,", 3),
+    ] {
+        let (large, small) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let capacity = |size| [("FAKECUDART_CAPACITY", size)];
+        let trace = record_with(large.path(), scenario, settings, &capacity("1GiB"));
+        record_with(small.path(), scenario, settings, &capacity("500MiB"));
+        let stats = shim_stats(small.path(), 0);
+        assert_eq!(stats["num_device_alloc"], mallocs, "{scenario}: {stats}");
+        let out = replay_json(&trace, &["--capacity", "500MiB"]);
+        for (replayed, run) in [
+            ("num_ooms", "num_ooms"),
+            ("num_device_alloc", "num_device_alloc"),
+            ("num_device_free", "num_device_free"),
+            ("peak_reserved_bytes", "reserved_bytes.all.peak"),
+            ("num_alloc_retries", "num_alloc_retries"),
+        ] {
+            assert_eq!(out[replayed], stats[run], "{scenario}: {replayed}: {out}");
+        }
+        // Each free completed once, the one completed early too.
+        assert_eq!(
+            (&out["frees"], &out["frees_of_failed_allocs"]),
+            (&3.into(), &0.into())
+        );
+    }
+}
+
 /// On a device without virtual memory management, the shim asked for expandable segments uses
 /// fixed ones (one cudaMalloc per segment) while its header still names the setting: the
 /// faithful replay follows what the device did, not the header, and says so (it mapped pages

@@ -111,14 +111,21 @@ pub struct DeviceAllocator<B: Backend> {
     pub(super) then_streams: BTreeMap<BlockId, Fence>,
     /// Stream fences a poll found done (kept to reuse its storage).
     fences_done: Vec<Fence>,
-    /// Freed blocks that stay pending until `free_completed` names them (`free_requested`: a
-    /// replay of a recording whose frees completed later than they were requested). No
-    /// synchronization completes them.
+    /// Freed blocks that stay pending until `free_completed` names them, or a synchronization
+    /// of the pool's completes them (`free_requested`: a replay of a recording whose frees
+    /// completed later than they were requested).
     pub(super) held: BTreeSet<BlockId>,
     /// Blocks in `held` whose free completes at the pool's next synchronization
     /// (`free_completes_at_sync`: a replay of a `free_completed` that an out-of-memory retry's
     /// synchronization made).
     pub(super) held_until_sync: BTreeSet<BlockId>,
+    /// Blocks in `held` whose free waits for a device synchronization
+    /// (`free_requested_until_device_sync`): while any is held the pool synchronizes before it
+    /// grows, as for `pending`.
+    pub(super) held_until_device_sync: BTreeSet<BlockId>,
+    /// The allocations of `held` blocks that a synchronization completed before their
+    /// `free_completed` (`take_frees_completed_early`).
+    pub(super) completed_early: Vec<DevicePtr>,
     pub(super) stats: Counters,
     /// Bytes obtained from the device (`total_allocated_memory`).
     pub(super) total_reserved: u64,
@@ -166,6 +173,8 @@ impl<B: Backend> DeviceAllocator<B> {
             fences_done: Vec::new(),
             held: BTreeSet::new(),
             held_until_sync: BTreeSet::new(),
+            held_until_device_sync: BTreeSet::new(),
+            completed_early: Vec::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
             allowed_maximum: None,
@@ -298,7 +307,12 @@ impl<B: Backend> DeviceAllocator<B> {
         for id in queued.chain(self.stream_pending.values_mut()) {
             *id = moved.id(*id);
         }
-        for held in [&mut self.held, &mut self.held_until_sync] {
+        let held_sets = [
+            &mut self.held,
+            &mut self.held_until_sync,
+            &mut self.held_until_device_sync,
+        ];
+        for held in held_sets {
             *held = std::mem::take(held)
                 .into_iter()
                 .map(|id| moved.id(id))
@@ -529,8 +543,9 @@ impl<B: Backend> DeviceAllocator<B> {
         if self.backend.capture_underway() {
             return self.grow_during_capture(pool, stream, size, rounded);
         }
-        // Use ready blocks first; synchronize before growing when frees are still pending.
-        if !self.pending.is_empty() {
+        // Use ready blocks first; synchronize before growing when frees are still pending (or,
+        // in a replay, held until a device synchronization).
+        if !self.pending.is_empty() || !self.held_until_device_sync.is_empty() {
             self.synchronize_pending(StreamWait::ThisDevice)?;
             let found = if self.settings.expandable_segments {
                 self.get_free_block::<true>(pool, stream, rounded)
@@ -556,8 +571,8 @@ impl<B: Backend> DeviceAllocator<B> {
         }
         // Frees still pending complete when `release_cached_blocks` synchronizes: a block they
         // free is not searched for again (as in PyTorch), which the report tells. So do the
-        // frees a replay holds until that synchronization (`free_completes_at_sync`).
-        let waiting = |pool: &Self| pool.pending_frees() + pool.frees_held_until_sync();
+        // frees a replay holds (`free_requested`).
+        let waiting = |pool: &Self| pool.pending_frees() + pool.held.len();
         let pending = waiting(self);
         self.release_cached_blocks()?;
         if let Some(id) = self.alloc_block(pool, stream, rounded, true)? {

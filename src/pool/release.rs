@@ -47,11 +47,11 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// Wait for the device and move every pending block back to its pool; of the recorded frees
     /// (`free_after_streams`), those whose streams `wait` says to wait for. The frees a replay
-    /// holds until a synchronization (`free_completes_at_sync`) complete too.
+    /// holds (`free_requested`) complete too, as the recorded program's would have.
     pub(super) fn synchronize_pending(&mut self, wait: StreamWait) -> Result<(), Error> {
         self.stats.counts.num_sync_all_streams += 1;
-        if !self.held_until_sync.is_empty() {
-            self.complete_held_until_sync();
+        if !self.held.is_empty() {
+            self.complete_held();
         }
         if self.pending.is_empty() && self.stream_pending.is_empty() {
             return Ok(());

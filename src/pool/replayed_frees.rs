@@ -1,8 +1,17 @@
 //! Frees a replay holds: a recording's frees that completed later than the program requested
-//! them (a free that waited for device work, PyTorch's `record_stream`), replayed from the
-//! recording's `free_requested` and `free_completed` rather than from fences. No
-//! synchronization completes them, except those the recording's synchronization did
-//! (`free_completes_at_sync`).
+//! them (a free that waited for device work: PyTorch's `record_stream`, the library's
+//! `free_sync:device`), replayed from the recording's `free_requested` and `free_completed`
+//! rather than from fences. Each completes at its `free_completed`, or at the pool's first
+//! synchronization before it: a synchronization waits for all the device's work, as the
+//! recorded allocator's did (PyTorch's `synchronize_and_free_events` completes every free
+//! still waiting; so does the library's). Where the replay makes the synchronizations the
+//! recording made, the recording's completions come first; a replay on another device or
+//! under other settings may synchronize where the recording did not (an out-of-memory retry
+//! it did not need), and completes them there, as the program would have
+//! (`take_frees_completed_early` names them, for the replay to pass over their
+//! `free_completed`). A free that waits for a device synchronization (the library's
+//! interposed `cudaFree`, `free_requested_until_device_sync`) also makes the pool synchronize
+//! before it grows, as the library's pool does for its pending frees.
 
 use super::allocator::DeviceAllocator;
 use super::block::BlockId;
@@ -18,19 +27,42 @@ impl<B: Backend> DeviceAllocator<B> {
     /// does, the allocation leaves `allocation`, `allocated_bytes` and `oversize_allocations`
     /// now and stays active (and requested) until it completes.
     pub fn free_requested(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        let id = self.lookup_allocation(ptr)?;
-        self.pend(id);
-        self.held.insert(id);
+        self.hold(ptr).map(drop)
+    }
+
+    /// `free_requested` of a free that waits for a device synchronization (the library's
+    /// `cudaFree` under `free_sync:device` or `event`): while it waits, a request that no free
+    /// block serves makes the pool synchronize (completing it) and search again before it
+    /// grows.
+    pub fn free_requested_until_device_sync(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let id = self.hold(ptr)?;
+        self.held_until_device_sync.insert(id);
         Ok(())
     }
 
+    fn hold(&mut self, ptr: DevicePtr) -> Result<BlockId, Error> {
+        let id = self.lookup_allocation(ptr)?;
+        self.pend(id);
+        self.held.insert(id);
+        Ok(id)
+    }
+
     /// The free of `ptr` that `free_requested` began completed: its block returns to the pool.
+    /// (Not for one a synchronization completed before: `take_frees_completed_early`.)
     pub fn free_completed(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let id = self.held_block(ptr)?;
         self.held.remove(&id);
         self.held_until_sync.remove(&id);
+        self.held_until_device_sync.remove(&id);
         self.complete_pending(id);
         Ok(())
+    }
+
+    /// The allocations whose free `free_requested` began and a synchronization of the pool
+    /// completed before their `free_completed` or `free_completes_at_sync` (the recording's
+    /// completion is still to come, and is not to be replayed); taken, so named once.
+    pub fn take_frees_completed_early(&mut self) -> Vec<DevicePtr> {
+        std::mem::take(&mut self.completed_early)
     }
 
     /// The free of `ptr` that `free_requested` began completes at the pool's next
@@ -60,9 +92,25 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Complete the frees waiting for a synchronization (`free_completes_at_sync`).
     #[cold]
     #[inline(never)]
-    pub(super) fn complete_held_until_sync(&mut self) {
+    fn complete_held_until_sync(&mut self) {
         while let Some(id) = self.held_until_sync.pop_first() {
             self.held.remove(&id);
+            self.held_until_device_sync.remove(&id);
+            self.complete_pending(id);
+        }
+    }
+
+    /// A synchronization: complete every free held. Those whose recorded completion is still
+    /// to come (not held until this synchronization) are named by `take_frees_completed_early`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn complete_held(&mut self) {
+        self.complete_held_until_sync();
+        self.held_until_device_sync.clear();
+        while let Some(id) = self.held.pop_first() {
+            let addr = self.blocks.get(id).addr;
+            self.completed_early
+                .push(DevicePtr::new(addr).expect("blocks never start at address 0"));
             self.complete_pending(id);
         }
     }
@@ -139,6 +187,62 @@ mod tests {
     use crate::pool::Settings;
     use crate::pool::error::Error;
     use crate::pool::tests::{MIB, S0, alloc, cache, pool_with};
+
+    /// A free held until its recorded completion completes at an out-of-memory retry's
+    /// synchronization, which the recording did not make (PyTorch's `synchronize_and_free_events`
+    /// completes every free still waiting): its segment is released and the request served.
+    /// It is named once as completed early; its recorded completion is then refused, not
+    /// applied to what its address holds now.
+    #[test]
+    fn a_retry_s_synchronization_completes_a_free_held_for_its_recorded_completion() {
+        let mut pool = pool_with(800 * MIB, Settings::default());
+        let held = alloc(&mut pool, 500 * MIB);
+        let _rest = alloc(&mut pool, 100 * MIB);
+        pool.free_requested(held).unwrap();
+        let served = pool
+            .malloc(400 * MIB, S0)
+            .expect("the retry releases the held block");
+        pool.validate().unwrap();
+        let c = pool.stats().counts;
+        assert_eq!((c.num_alloc_retries, c.num_device_free), (1, 1));
+        assert_eq!(pool.take_frees_completed_early(), [held]);
+        assert_eq!(pool.take_frees_completed_early(), []);
+        assert!(pool.free_completed(held).is_err());
+        pool.free(served).unwrap();
+        pool.validate().unwrap();
+    }
+
+    /// A free held until a device synchronization (the library's `cudaFree` under
+    /// `free_sync:device`) makes the pool synchronize before it grows, as the library's pool
+    /// does: the request is served from its block, with no new segment. A free held for other
+    /// streams (`record_stream`) does not: the pool grows.
+    #[test]
+    fn a_free_held_until_a_device_synchronization_is_completed_before_growing() {
+        for until_device_sync in [true, false] {
+            let mut pool = pool_with(1024 * MIB, Settings::default());
+            let held = alloc(&mut pool, 400 * MIB);
+            if until_device_sync {
+                pool.free_requested_until_device_sync(held).unwrap();
+            } else {
+                pool.free_requested(held).unwrap();
+            }
+            pool.validate().unwrap();
+            let served = alloc(&mut pool, 250 * MIB);
+            let c = pool.stats().counts;
+            let early = pool.take_frees_completed_early();
+            if until_device_sync {
+                assert_eq!(served, held, "served from the completed block");
+                assert_eq!((c.num_device_alloc, c.num_sync_all_streams), (1, 1));
+                assert_eq!(early, [held]);
+            } else {
+                assert_ne!(served, held);
+                assert_eq!((c.num_device_alloc, c.num_sync_all_streams), (2, 0));
+                assert_eq!(early, []);
+                pool.free_completed(held).unwrap();
+            }
+            pool.validate().unwrap();
+        }
+    }
 
     /// A free a replay holds until the retry's synchronization (`free_completes_at_sync`)
     /// completes while the request fails, as a pending free does: its block, which would

@@ -194,7 +194,11 @@ impl<B: Backend> DeviceAllocator<B> {
                 queued.len()
             ));
         }
-        if let Some(id) = self.held_until_sync.difference(&self.held).next() {
+        let mut waiting = self
+            .held_until_sync
+            .iter()
+            .chain(&self.held_until_device_sync);
+        if let Some(id) = waiting.find(|id| !self.held.contains(id)) {
             return Err(format!(
                 "block {id} waits for a synchronization but its free was not requested"
             ));

@@ -182,7 +182,11 @@ fn build(
                 if let Some(&Some(id)) = live.get(&entry.addr)
                     && !completes_at_once(&rec.entries, index)
                 {
-                    workload.push(Op::FreeRequested { id }, index);
+                    let op = Op::FreeRequested {
+                        id,
+                        until_device_sync: false,
+                    };
+                    workload.push(op, index);
                 }
             }
             Action::FreeRequested
@@ -349,8 +353,14 @@ mod tests {
         assert_eq!(
             ops[2..],
             [
-                Op::FreeRequested { id: 1 },
-                Op::FreeRequested { id: 0 },
+                Op::FreeRequested {
+                    id: 1,
+                    until_device_sync: false,
+                },
+                Op::FreeRequested {
+                    id: 0,
+                    until_device_sync: false,
+                },
                 Op::FreeAtSync {
                     id: 1,
                     first_in_request: true
@@ -477,7 +487,10 @@ mod tests {
             w.ops,
             vec![
                 alloc(0, BASE),
-                Op::FreeRequested { id: 0 },
+                Op::FreeRequested {
+                    id: 0,
+                    until_device_sync: false,
+                },
                 alloc(1, BASE + 3 * MIB),
                 Op::Free { id: 0 },
                 Op::Free { id: 1 },

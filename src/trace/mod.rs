@@ -18,8 +18,11 @@
 //! - **Frees**: `free_completed` becomes `Op::Free` (`free_requested` only in files without
 //!   completions); in the real traces each completion directly follows its request. One that
 //!   waited for other streams (`record_stream`) leaves the allocation statistics at its
-//!   request (`Op::FreeRequested`); one an out-of-memory retry's synchronization completed
-//!   returns its block at the replay's (`Op::FreeAtSync`, see `retry_sync`).
+//!   request (`Op::FreeRequested`), and returns its block at its completion or at a
+//!   synchronization of the replay's pool before it (a replay on a smaller device may retry
+//!   where the recording did not; see `pool::replayed_frees`); one an out-of-memory retry's
+//!   synchronization completed returns its block at the replay's (`Op::FreeAtSync`, see
+//!   `retry_sync`).
 //! - **Release bursts**: consecutive `segment_free`s. Frames naming `emptyCache` → one
 //!   `Op::EmptyCache`; frames naming `malloc` → the OOM ladder's release, not an op. Without
 //!   frames, a burst directly followed by `oom` or `segment_alloc` is the ladder's, any other an

@@ -10,7 +10,7 @@ use crate::pool::{
     DeviceAllocator, DeviceId, DevicePtr, DeviceStats, Error, EventSink, OomReport, RangeSeed,
     SegmentSeed, Settings, format_size, page_size,
 };
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -107,6 +107,8 @@ pub struct ReplayOutcome {
     /// Allocations whose recorded address is known, and how many landed exactly there.
     pub allocs_with_recorded_addr: u64,
     pub allocs_at_recorded_addr: u64,
+    /// Frees replayed: each recorded completion of a live allocation's free (one that a
+    /// synchronization of the replay's pool completed before it counts there, once).
     pub frees: u64,
     /// Frees of allocations that are not live in the replay, skipped: allocations refused by
     /// an OOM in this replay. (The workloads made from recordings leave out frees of memory
@@ -176,8 +178,11 @@ fn replay_observed(
         }
     }
     pool.set_event_sink(sink);
-    // Allocations whose free was requested and has not completed.
-    let mut requested: FxHashSet<AllocId> = FxHashSet::default();
+    // Allocations whose free was requested and has not completed, by address.
+    let mut requested: FxHashMap<u64, AllocId> = FxHashMap::default();
+    // Allocations whose free a synchronization of the pool completed before the recording's
+    // completion (`take_frees_completed_early`), which is then passed over.
+    let mut completed_early: FxHashSet<AllocId> = FxHashSet::default();
     let mut out = ReplayOutcome {
         // A free requested and completed later is one event, its `Free`; a capture is part of
         // its request's.
@@ -242,13 +247,14 @@ fn replay_observed(
             }
             Op::Free { id } => match live.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
-                    if requested.remove(&id) {
+                    if take_requested(&mut requested, ptr, id) {
                         pool.free_completed(ptr)?;
                     } else {
                         pool.free(ptr)?;
                     }
                     out.frees += 1;
                 }
+                None if completed_early.remove(&id) => out.frees += 1,
                 None => out.skipped_frees += 1,
             },
             Op::FreeAtSync {
@@ -256,22 +262,30 @@ fn replay_observed(
                 first_in_request,
             } => match live.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
-                    if !requested.remove(&id) {
+                    if !take_requested(&mut requested, ptr, id) {
                         pool.free_requested(ptr)?;
                     }
                     pool.free_completes_at_sync(ptr)?;
                     held_first_in_request = first_in_request;
                     out.frees += 1;
                 }
+                None if completed_early.remove(&id) => out.frees += 1,
                 None => out.skipped_frees += 1,
             },
-            Op::FreeRequested { id } => {
+            Op::FreeRequested {
+                id,
+                until_device_sync,
+            } => {
                 // (An allocation refused in this replay has nothing to free; its `Free` is
                 // skipped and counted there.)
                 if let Some(&Some(ptr)) = live.get(id as usize)
-                    && requested.insert(id)
+                    && requested.insert(ptr.addr(), id).is_none()
                 {
-                    pool.free_requested(ptr)?;
+                    if until_device_sync {
+                        pool.free_requested_until_device_sync(ptr)?;
+                    } else {
+                        pool.free_requested(ptr)?;
+                    }
                 }
             }
             Op::EmptyCache => {
@@ -311,6 +325,15 @@ fn replay_observed(
         // those it did not synchronize for complete now, as they did before it was served.
         if !matches!(op, Op::FreeAtSync { .. }) {
             pool.complete_frees_held_until_sync();
+        }
+        // Frees the pool's synchronization completed before the recording did: their
+        // completions to come change nothing (their addresses may hold other allocations by
+        // then).
+        for ptr in pool.take_frees_completed_early() {
+            if let Some(id) = requested.remove(&ptr.addr()) {
+                live[id as usize] = None;
+                completed_early.insert(id);
+            }
         }
         if config.check_invariants {
             pool.validate()
@@ -415,6 +438,16 @@ pub fn seeded_pool(
         pool.reset_accumulated_stats();
     }
     Ok(pool)
+}
+
+/// Whether allocation `id` at `ptr` is one whose free was requested (`Op::FreeRequested`) and
+/// has not completed; it is then no longer.
+fn take_requested(requested: &mut FxHashMap<u64, AllocId>, ptr: DevicePtr, id: AllocId) -> bool {
+    let held = requested.get(&ptr.addr()) == Some(&id);
+    if held {
+        requested.remove(&ptr.addr());
+    }
+    held
 }
 
 fn live_slot(live: &mut Vec<Option<DevicePtr>>, id: AllocId) -> &mut Option<DevicePtr> {
@@ -572,6 +605,49 @@ mod tests {
         );
         assert_eq!(out.stats.counts.num_device_alloc, 1);
         assert_eq!((out.frees, out.stats.allocation.all.current), (1, 0));
+    }
+
+    /// A free held for its recorded completion (`record_stream`) on a smaller device than the
+    /// recording's: the retry of a request that needs its memory synchronizes, which completes
+    /// it, as PyTorch's `synchronize_and_free_events` would; the request then takes a segment
+    /// at its address. The recorded completion that comes later is passed over (counted as
+    /// the free it is), not applied to the allocation now at that address.
+    #[test]
+    fn a_free_completed_by_the_replay_s_retry_is_not_completed_again() {
+        let config = ReplayConfig {
+            capacity: Some(800 * MIB),
+            check_invariants: true,
+            ..Default::default()
+        };
+        let at = seeded_pool(&config, None)
+            .unwrap()
+            .malloc(500 * MIB, StreamId(0))
+            .unwrap()
+            .addr();
+        let at_address = |id| Op::Alloc {
+            id,
+            size: 500 * MIB,
+            stream: StreamId(0),
+            recorded_addr: Some(at),
+        };
+        let w = workload(vec![
+            at_address(0),
+            alloc(1, 100 * MIB),
+            Op::FreeRequested {
+                id: 0,
+                until_device_sync: false,
+            },
+            at_address(2),
+            Op::Free { id: 0 },
+            Op::Free { id: 2 },
+        ]);
+        let out = replay(&w, &config, None).unwrap();
+        assert_eq!(out.first_oom, None);
+        assert_eq!(out.allocs_at_recorded_addr, 2, "the address is reused");
+        let c = out.stats.counts;
+        assert_eq!((c.num_alloc_retries, c.num_device_free), (1, 1));
+        assert_eq!((out.frees, out.skipped_frees), (2, 0));
+        assert_eq!(out.stats.allocation.all.current, 1, "the 100 MiB");
     }
 
     /// The start state's segments and blocks are current when the replay begins, but no total

@@ -26,8 +26,16 @@ pub enum Op {
     /// The program freed allocation `id`, but the recording returned its block to the pool
     /// only later, at the `Op::Free` of it (a free that waited for device work: a
     /// `free_requested` whose `free_completed` does not follow at once). The allocation leaves
-    /// the allocation statistics here, as in the recorded allocator.
-    FreeRequested { id: AllocId },
+    /// the allocation statistics here, as in the recorded allocator. A synchronization of the
+    /// replay's pool before that `Op::Free` completes it (as one would have in the program).
+    /// `until_device_sync`: the free waits for a device synchronization (the library's
+    /// `cudaFree` under `free_sync:device` or `event`), so the pool synchronizes before it
+    /// grows while the free waits; otherwise (PyTorch's `record_stream`) only an
+    /// out-of-memory retry or `empty_cache()` synchronizes.
+    FreeRequested {
+        id: AllocId,
+        until_device_sync: bool,
+    },
     /// The free of allocation `id` completed in the recording inside the next request, at the
     /// synchronization of its out-of-memory retry (PyTorch's `release_cached_blocks`): after
     /// that request's search for a free block, which did not see its block. The replay holds

@@ -24,6 +24,15 @@
  *            memory), then forks; the child allocates and exits, then the parent allocates:
  *            each records its own file. Prints "child PID" for the child.
  *   nocuda   no CUDA call at all.
+ *   freed_pending  a 300 MiB block freed and its free completed (cached); 400 MiB allocated and
+ *            freed without a synchronization (pending under free_sync:device), then 250 MiB:
+ *            on a 1 GiB device the cached 300 MiB block serves it; on a 500 MiB device the 400 MiB
+ *            request gave the 300 MiB segment back, and the 250 MiB one finds no free block, so
+ *            the pool synchronizes before growing and serves it from the 400 MiB block.
+ *   freed_on_stream  the same with the 400 MiB block recorded as used on a non-blocking stream
+ *            whose work on it is still running (cachealloc_record_stream): run with
+ *            free_sync:none, on a 500 MiB device its free completes at the retry of the
+ *            250 MiB request, which releases its segment and takes a new one.
  * Each prints "ok SCENARIO" when every check held.
  */
 #include <dlfcn.h>
@@ -38,6 +47,7 @@
 #include <unistd.h>
 
 #include "cuda_runtime_api.h"
+#include "fakecudart.h"
 
 #define MIB ((size_t)1 << 20)
 #define LIVE 48
@@ -225,6 +235,38 @@ static void scenario_fork_early(void) {
 
 static void scenario_nocuda(void) {}
 
+/* freed_pending and freed_on_stream: the 400 MiB block used on a stream's running work first
+ * when `on_stream`. */
+static void freed_later(int on_stream) {
+    void *cached = NULL, *freed = NULL, *request = NULL;
+    CHECK_CODE(cudaMalloc(&cached, 300 * MIB), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaFree(cached), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&freed, 400 * MIB), cudaSuccess);
+    cudaStream_t s = NULL;
+    if (on_stream) {
+        int (*record_stream)(void *, void *) =
+            (int (*)(void *, void *))dlsym(RTLD_DEFAULT, "cachealloc_record_stream");
+        CHECK(record_stream != NULL);
+        CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        if (record_stream != NULL)
+            CHECK(record_stream(freed, s) == cudaSuccess);
+        CHECK_CODE(fakecudart_launch(freed, 400 * MIB, s, 1000), cudaSuccess);
+    }
+    CHECK_CODE(cudaFree(freed), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&request, 250 * MIB), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaFree(request), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    if (on_stream)
+        CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
+static void scenario_freed_pending(void) { freed_later(0); }
+
+static void scenario_freed_on_stream(void) { freed_later(1); }
+
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "";
     if (strcmp(name, "mix") == 0)
@@ -247,10 +289,14 @@ int main(int argc, char **argv) {
         scenario_fork_early();
     else if (strcmp(name, "nocuda") == 0)
         scenario_nocuda();
+    else if (strcmp(name, "freed_pending") == 0)
+        scenario_freed_pending();
+    else if (strcmp(name, "freed_on_stream") == 0)
+        scenario_freed_on_stream();
     else {
         fprintf(stderr,
                 "unknown scenario '%s' (mix, fraction, devices, small_first, huge_first, "
-                "busy_exit, killed, fork_early, nocuda)\n",
+                "busy_exit, killed, fork_early, nocuda, freed_pending, freed_on_stream)\n",
                 name);
         return 2;
     }

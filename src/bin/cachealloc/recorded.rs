@@ -83,6 +83,7 @@ pub fn load(
         chosen,
         &trace.settings,
         trace.marks_retries(),
+        trace.defers_frees(),
     );
     let recorded: Recorded = recorded_figures(&rec.figures, rec.figures.recorded_segment_maps > 0);
     let (settings, settings_remark) = device_settings(&trace.settings, &rec, chosen.device.0);

@@ -5,7 +5,7 @@
 //!   `Op::FreeAtSync` where an out-of-memory retry's synchronization completed it
 //!   (`retry_sync`: after the request's search); a `free_requested` that the next line does
 //!   not complete (a free that waited for device work) → `Op::FreeRequested`, where the
-//!   allocation statistics drop it;
+//!   allocation statistics drop it (`until_device_sync` as `device_sync` tells);
 //!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
 //!   `Op::MemoryFraction`; `capture` → `Op::Capture`, right before the op of the request
 //!   (`alloc` or `oom`) or `empty_cache` it marks: the line of the same stream and rounded size
@@ -40,6 +40,7 @@
 //! file marks each counted retry with a `retry` line, and those are counted instead: exact
 //! under every setting.
 
+use super::device_sync::waited_across_growth;
 use super::read::DeviceEvents;
 use super::retry_sync::completed_at_retries;
 use super::{Action, Event};
@@ -84,12 +85,14 @@ struct Burst {
 
 /// Convert the events of one device of `source`, recorded with `settings`; `retries_marked`:
 /// the file marks each counted retry with a `retry` line (version 3 on), which are then what
-/// the retries count.
+/// the retries count; `frees_deferred`: the program's `cudaFree` waited for a device
+/// synchronization or event (`free_sync:device` or `event`; see `device_sync`).
 pub fn convert_device(
     source: &str,
     device: &DeviceEvents,
     settings: &Settings,
     retries_marked: bool,
+    frees_deferred: bool,
 ) -> RecordedDevice {
     let mut workload = Workload::new(format!("{source} (device {})", device.device.0));
     let mut figures = RecordedFigures {
@@ -132,6 +135,7 @@ pub fn convert_device(
     let mut failed_level: Option<u64> = None;
     let mut device_memory = None;
     let at_retry = completed_at_retries(&device.events, retries_marked);
+    let across_growth = waited_across_growth(&device.events);
     // The `capture` line (and its index) whose request has not ended yet.
     let mut capture: Option<(usize, &Event)> = None;
     for (index, e) in device.events.iter().enumerate() {
@@ -224,7 +228,11 @@ pub fn convert_device(
                 if let Some(&id) = live.get(&e.addr) {
                     pending.insert(e.addr);
                     if !completes_at_once(&device.events, index) {
-                        workload.push(Op::FreeRequested { id }, index);
+                        let op = Op::FreeRequested {
+                            id,
+                            until_device_sync: frees_deferred && !across_growth[index],
+                        };
+                        workload.push(op, index);
                     }
                 }
             }

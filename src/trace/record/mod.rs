@@ -75,6 +75,7 @@ pub mod buffer;
 #[cfg(test)]
 mod capture_tests;
 pub mod convert;
+mod device_sync;
 pub mod read;
 mod retry_sync;
 pub mod save;

@@ -65,6 +65,12 @@ impl RecordedTrace {
         self.header.version >= RETRIES_MARKED_FROM
     }
 
+    /// The program's `cudaFree` waited for a device synchronization or an event
+    /// (`free_sync:device` or `event`), not for nothing.
+    pub fn defers_frees(&self) -> bool {
+        self.header.free_sync != FreeSync::None.name()
+    }
+
     /// Devices with at least one event.
     pub fn traced_devices(&self) -> impl Iterator<Item = &DeviceEvents> {
         self.devices.iter().filter(|d| !d.events.is_empty())

@@ -78,6 +78,7 @@ fn device0(trace: &RecordedTrace) -> RecordedDevice {
         &trace.devices[0],
         &trace.settings,
         trace.marks_retries(),
+        trace.defers_frees(),
     )
 }
 

@@ -30,6 +30,7 @@ pub fn convert_written(
         &trace.devices[0],
         &trace.settings,
         trace.marks_retries(),
+        trace.defers_frees(),
     )
 }
 
