@@ -626,6 +626,78 @@ fn fits_are_judged_against_the_device_when_the_program_sets_its_fraction() {
     );
 }
 
+/// A recording whose program set a memory fraction that binds (0.6 of an 8 GiB device, which
+/// holds the run without it): the search tries the replay without the program's calls and
+/// says that limit binds, not that the workload needs more memory, naming the program's
+/// fraction (in force from before its first allocation, whatever `--conf` said) and one that
+/// fits in its place. Both are checked here by replaying the recording with its line edited.
+#[test]
+fn a_binding_fraction_the_program_set_is_named_not_more_memory() {
+    let path = saved_with_fraction("fraction-binds", "8GiB", 0.6);
+    let replay = |path: &std::path::Path, extra: &[&str]| {
+        let args = [
+            &["replay", path.to_str().unwrap(), "--capacity", "8GiB"],
+            extra,
+        ]
+        .concat();
+        (
+            String::from_utf8(cachealloc(&args).stdout).unwrap(),
+            json(&cachealloc(&[&args[..], &["--json"]].concat())),
+        )
+    };
+    let conf = ["--conf", "per_process_memory_fraction:0.9"];
+    let (text, v) = replay(&path, &conf);
+    assert!(v["num_ooms"].as_u64() > Some(0), "{v}");
+    assert!(!text.contains("needs more memory"), "{text}");
+    assert!(
+        text.contains(
+            "within the per_process_memory_fraction:0.6 limit in force (the program set its \
+             fraction as it ran): that limit binds, not the device. Without the program's calls \
+             (which --conf does not override), with --conf '', it runs without an out-of-memory \
+             on this device: peak reserved "
+        ),
+        "{text}"
+    );
+    let trial = &v["fraction_trial"];
+    assert_eq!(
+        (&trial["fraction"], &trial["set_by_program"], &trial["fits"]),
+        (&0.6.into(), &true.into(), &true.into()),
+        "{v}"
+    );
+    assert!(trial["enough_conf"].is_null(), "{v}");
+    let enough = trial["enough_fraction"].as_f64().unwrap();
+    assert!(
+        text.contains(&format!(
+            "A fraction of {enough} set by the program in their place was replayed and fits too"
+        )),
+        "{text}"
+    );
+    // The recording with the program's fraction lifted, and with the one named in its place.
+    let edited = |fraction: f64| {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let copy = temp_path(&format!("fraction-binds-{fraction}"));
+        std::fs::write(
+            &copy,
+            text.replace(
+                r#""fraction":0.6}"#,
+                &format!(r#""fraction":{fraction:?}}}"#),
+            ),
+        )
+        .unwrap();
+        let (_, v) = replay(&copy, &conf);
+        std::fs::remove_file(&copy).unwrap();
+        v
+    };
+    let lifted = edited(1.0);
+    assert_eq!(
+        (&lifted["num_ooms"], &lifted["peak_reserved_bytes"]),
+        (&0.into(), &trial["peak_reserved_bytes"]),
+        "{lifted}"
+    );
+    assert_eq!(edited(enough)["num_ooms"], 0);
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// A trace saved under a name that is not UTF-8: the note's replay command, pasted into bash,
 /// replays that very file (a lossy name would be another, missing file).
 #[test]

@@ -117,15 +117,22 @@ pub struct GetsFurther {
 /// no `max_split_size_mb` value fits within the fraction's limit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FractionTrial {
-    /// The replay's fraction.
+    /// The fraction in force at the replay's requests (`Workload::fraction_throughout`; the
+    /// lowest set, when the program changed it between requests).
     pub fraction: f64,
+    /// The program set its fraction as it ran (`Op::MemoryFraction`), which no setting
+    /// overrides: the trial lifted those calls too, and `enough` is a fraction set in their
+    /// place.
+    pub set_by_program: bool,
     /// The replay's settings without it, in `CACHEALLOC_CONF` syntax.
     pub conf: String,
     pub peak_reserved_bytes: u64,
     /// Without the limit it runs without any OOM.
     pub fits: bool,
     /// When it fits: a fraction in hundredths below 1 that fits too (replayed), found by
-    /// halving, and the replay's settings with it in `CACHEALLOC_CONF` syntax.
+    /// halving, and the replay's settings with it in `CACHEALLOC_CONF` syntax. Where the
+    /// program set its fraction, only while one held throughout (then the program's calls set
+    /// it too).
     pub enough: Option<(f64, String)>,
 }
 
@@ -363,34 +370,55 @@ fn try_for_older_pytorch(
 /// The replay without its `per_process_memory_fraction` below 1 (`None` when it has none, or
 /// the device's total is not known, or the replay fails), and when that fits, a fraction in
 /// hundredths that fits too: halving the range between the replay's fraction and 1 while the
-/// upper end fits (fitting need not grow with the fraction, so a smaller one may fit too).
+/// upper end fits (fitting need not grow with the fraction, so a smaller one may fit too). A
+/// fraction the program set as it ran is the one in force: the trials set its calls too.
 fn try_without_fraction(
     workload: &Workload,
     config: &ReplayConfig,
     start: Option<&StartLayout>,
 ) -> Option<FractionTrial> {
-    let fraction = config.settings.per_process_memory_fraction;
     config.total()?;
+    let configured = config.settings.per_process_memory_fraction;
+    let throughout = workload.fraction_throughout(configured);
+    // Changed between requests: the lowest it was set to (no one fraction to search above).
+    let fraction =
+        throughout.unwrap_or_else(|| workload.memory_fractions().fold(configured, f64::min));
     if fraction >= 1.0 {
         return None;
     }
-    let with_fraction = |fraction: f64| ReplayConfig {
-        settings: Settings {
-            per_process_memory_fraction: fraction,
-            ..config.settings.clone()
-        },
-        ..config.clone()
+    let set_by_program = workload.memory_fractions().next().is_some();
+    // The program's calls, which no setting overrides, set to the trial's fraction too.
+    let mut trial_workload = set_by_program.then(|| workload.clone());
+    let mut replay_at = |fraction: f64| {
+        let config = ReplayConfig {
+            settings: Settings {
+                per_process_memory_fraction: fraction,
+                ..config.settings.clone()
+            },
+            ..config.clone()
+        };
+        let workload = match trial_workload.as_mut() {
+            Some(trial) => {
+                trial.set_memory_fractions(fraction);
+                &*trial
+            }
+            None => workload,
+        };
+        let out = replay(workload, &config, start);
+        (out, settings_text(&config.settings))
     };
-    let unlimited = with_fraction(1.0);
-    let out = replay(workload, &unlimited, start).ok()?;
+    let (out, conf) = replay_at(1.0);
+    let out = out.ok()?;
     let fits = out.first_oom.is_none();
-    let fits_at = |hundredths: u64| {
-        replay(workload, &with_fraction(hundredths as f64 / 100.0), start)
+    let mut fits_at = |hundredths: u64| {
+        replay_at(hundredths as f64 / 100.0)
+            .0
             .is_ok_and(|out| out.first_oom.is_none())
     };
     // The replay's fraction ran out of memory; 100 hundredths is no limit, which fits.
     let (mut low, mut high) = ((fraction * 100.0).floor() as u64, 100);
-    while fits && high - low > 1 {
+    let searched = fits && throughout.is_some();
+    while searched && high - low > 1 {
         let mid = (low + high) / 2;
         if fits_at(mid) {
             high = mid;
@@ -398,13 +426,18 @@ fn try_without_fraction(
             low = mid;
         }
     }
-    let enough = (fits && high < 100).then(|| {
+    let enough = (searched && high < 100).then(|| {
         let f = high as f64 / 100.0;
-        (f, settings_text(&with_fraction(f).settings))
+        let settings = Settings {
+            per_process_memory_fraction: f,
+            ..config.settings.clone()
+        };
+        (f, settings_text(&settings))
     });
     Some(FractionTrial {
         fraction,
-        conf: settings_text(&unlimited.settings),
+        set_by_program,
+        conf,
         peak_reserved_bytes: peak_reserved(&out),
         fits,
         enough,

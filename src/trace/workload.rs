@@ -110,6 +110,16 @@ impl Workload {
         })
     }
 
+    /// Set every memory fraction the program sets as it runs (`Op::MemoryFraction`) to
+    /// `fraction`: the workload of a program that set that one instead.
+    pub fn set_memory_fractions(&mut self, fraction: f64) {
+        for op in &mut self.ops {
+            if let Op::MemoryFraction { fraction: set } = op {
+                *set = fraction;
+            }
+        }
+    }
+
     /// The memory fraction in force at every request of the workload (its allocations and the
     /// recording's failed requests): `configured`, or what the program set before its first
     /// request; `None` when the program changed it between two requests (no one limit holds

@@ -170,10 +170,7 @@ impl ReplayJson {
         let place = match &self.fraction_trial {
             Some(f) if f.fits => return fraction_text(f),
             // Nor does the replay without its fraction.
-            Some(f) => format!(
-                "within its per_process_memory_fraction:{} limit, nor without it on this device",
-                f.fraction
-            ),
+            Some(f) => format!("{}, nor without it on this device", within_limit(f)),
             None => "on this device".to_string(),
         };
         let why = if expandable_fits {
@@ -272,14 +269,33 @@ impl ReplayJson {
     }
 }
 
+/// The fraction's limit a replay ran out of memory within, after "lets this workload run
+/// without an out-of-memory ".
+fn within_limit(f: &FractionTrialJson) -> String {
+    let limit = format!("per_process_memory_fraction:{}", f.fraction);
+    if f.set_by_program {
+        format!("within the {limit} limit in force (the program set its fraction as it ran)")
+    } else {
+        format!("within its {limit} limit")
+    }
+}
+
 /// What the replay without its memory fraction found when it fits, after "lets this workload
 /// run without an out-of-memory ".
 fn fraction_text(f: &FractionTrialJson) -> String {
-    let limit = format!("per_process_memory_fraction:{}", f.fraction);
+    // The program's calls are in force whatever --conf says: the trial lifted them too.
+    let without = if f.set_by_program {
+        format!(
+            "Without the program's calls (which --conf does not override), with --conf {},",
+            shell_word(&f.conf)
+        )
+    } else {
+        format!("Without it (--conf {})", shell_word(&f.conf))
+    };
     let mut t = format!(
-        "within its {limit} limit: that limit binds, not the device. Without it (--conf {}) it \
-         runs without an out-of-memory on this device: peak reserved {}.",
-        shell_word(&f.conf),
+        "{}: that limit binds, not the device. {without} it runs without an out-of-memory on \
+         this device: peak reserved {}.",
+        within_limit(f),
         format_size(f.peak_reserved_bytes)
     );
     if let (Some(fraction), Some(conf)) = (f.enough_fraction, &f.enough_conf) {
@@ -287,6 +303,12 @@ fn fraction_text(f: &FractionTrialJson) -> String {
             " A fraction of {fraction} was replayed and fits too (--conf {}; found by halving \
              the range above {}, a smaller one may fit too).",
             shell_word(conf),
+            f.fraction
+        );
+    } else if let (Some(fraction), true) = (f.enough_fraction, f.set_by_program) {
+        t += &format!(
+            " A fraction of {fraction} set by the program in their place was replayed and fits \
+             too (found by halving the range above {}, a smaller one may fit too).",
             f.fraction
         );
     }

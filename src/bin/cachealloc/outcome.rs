@@ -289,8 +289,14 @@ pub struct OlderPytorchJson {
 /// The replay without its memory fraction, tried when no value fits within its limit.
 #[derive(Clone, Debug, Serialize)]
 pub struct FractionTrialJson {
-    /// The replay's `per_process_memory_fraction`.
+    /// The `per_process_memory_fraction` in force at the replay's requests: the replay's, or
+    /// the one the program set as it ran (the lowest, when it changed it between requests).
     pub fraction: f64,
+    /// The program set its fraction as it ran (a cachealloc trace's `memory_fraction` lines),
+    /// which `--conf` does not override: the trial lifted its calls as well, which only a
+    /// program (or its trace) without them reproduces, and `enough_fraction` is one set by
+    /// the program in their place (`enough_conf` null).
+    pub set_by_program: bool,
     /// The replay's settings without it: a complete `--conf` value.
     pub conf: String,
     pub fits: bool,
@@ -305,8 +311,11 @@ pub struct FractionTrialJson {
 impl From<FractionTrial> for FractionTrialJson {
     fn from(t: FractionTrial) -> Self {
         let (enough_fraction, enough_conf) = t.enough.unzip();
+        // A --conf does not override the program's calls: the fraction is the program's to set.
+        let enough_conf = enough_conf.filter(|_| !t.set_by_program);
         FractionTrialJson {
             fraction: t.fraction,
+            set_by_program: t.set_by_program,
             conf: t.conf,
             fits: t.fits,
             peak_reserved_bytes: t.peak_reserved_bytes,
