@@ -1351,6 +1351,40 @@ fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
     assert!(!err.contains("drop --faithful"), "{err}");
 }
 
+/// A recording that names no settings, walked back under --conf's to rebuild its start state,
+/// where those settings cannot rebuild it (ftcourse under `max_split_size_mb:20`: a free lands
+/// inside a block the walk rebuilt) though the defaults can: the error names --conf as the
+/// cause, not the recording, and says how to ask the what-if question instead.
+#[test]
+fn a_faithful_walk_back_refused_under_conf_names_the_conf() {
+    let Some(t) = trace("ftcourse/9f4902c/memory_snapshot.pickle") else {
+        return;
+    };
+    let path = t.to_str().unwrap();
+    let out = cachealloc(&[
+        "replay",
+        path,
+        "--faithful",
+        "--conf",
+        "max_split_size_mb:20",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("inside the live block"), "{err}");
+    assert!(
+        err.contains(
+            "(the recording names no settings, and its start state, walked back under --conf's, \
+             cannot be rebuilt, as it can under the defaults; for a what-if replay under other \
+             settings, drop --faithful)"
+        ),
+        "{err}"
+    );
+    for args in [&["--faithful"][..], &["--conf", "max_split_size_mb:20"]] {
+        let ok = cachealloc(&[&["replay", path], args].concat());
+        assert!(ok.status.success(), "{args:?}");
+    }
+}
+
 /// Write a trace of `events`, replay it in plain mode as JSON and as text, and remove it.
 fn replay_written_trace(
     name: &str,

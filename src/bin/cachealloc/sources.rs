@@ -148,9 +148,19 @@ pub fn load(
             }
             _ => rec,
         };
-        let f = walked
-            .faithful_on(device_memory)
-            .map_err(|e| e.to_string())?;
+        let f = walked.faithful_on(device_memory).map_err(|e| {
+            // Walked back under --conf's settings: say so where the defaults' walk succeeds, as
+            // the recording is then not at fault.
+            let under_conf = !std::ptr::eq(walked, rec) && rec.faithful_on(device_memory).is_ok();
+            let advice = if under_conf {
+                " (the recording names no settings, and its start state, walked back under \
+                 --conf's, cannot be rebuilt, as it can under the defaults; for a what-if replay \
+                 under other settings, drop --faithful)"
+            } else {
+                ""
+            };
+            format!("{e}{advice}")
+        })?;
         if !f.workload.ops.iter().any(|op| {
             matches!(
                 op,
