@@ -6,7 +6,7 @@ mod support;
 use std::process::Command;
 use support::cli::{cachealloc, cachealloc_with, json};
 use support::trace_lines::{
-    write_native_then_expandable, write_retry_on_1_gib_device, write_trace,
+    write_native_then_expandable, write_retry_on_1_gib_device, write_trace, write_trace_of_version,
     write_trace_with_settings,
 };
 use support::traces::trace;
@@ -914,15 +914,18 @@ fn a_free_completed_later_is_one_event() {
     );
 }
 
-/// An out-of-memory while a free still waits for device work (its `free_completed` comes
-/// after the request): its block is reserved but no room for the request, so the report does
+/// An out-of-memory during a CUDA graph capture while a free still waits for device work (its
+/// `free_completed` comes after the request; outside a capture the retry's synchronization
+/// would complete it): its block is reserved but no room for the request, so the report does
 /// not call it fragmentation: here the 10 MiB held outside cachealloc is what is missing.
 #[test]
 fn a_block_whose_free_is_pending_is_no_room_in_the_oom_report() {
     let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
     let (b, c, d) = (a + 0x1000_0000, a + 0x2000_0000, a + 0x3000_0000);
-    let path = write_trace(
+    let path = write_trace_of_version(
         "pending-at-oom",
+        6,
+        "",
         &[
             ("alloc", a, 30 * mib, 0),
             ("alloc", b, 30 * mib, 0),
@@ -930,6 +933,7 @@ fn a_block_whose_free_is_pending_is_no_room_in_the_oom_report() {
             ("free_requested", c, 30 * mib, 0),
             ("free_completed", c, 30 * mib, 0),
             ("free_requested", b, 30 * mib, 0),
+            ("capture", 0, 42 * mib, 0),
             ("alloc", d, 42 * mib, 0),
             ("free_completed", b, 30 * mib, 0),
         ],

@@ -30,8 +30,19 @@ pub fn write_trace_with_settings(
     settings: &str,
     events: &[(&str, u64, u64, u32)],
 ) -> PathBuf {
+    write_trace_of_version(name, 1, settings, events)
+}
+
+/// `write_trace_with_settings` of a recording in format `version` (from 6 it may hold
+/// `capture` lines: the next request of the stream was made during a CUDA graph capture).
+pub fn write_trace_of_version(
+    name: &str,
+    version: u32,
+    settings: &str,
+    events: &[(&str, u64, u64, u32)],
+) -> PathBuf {
     let header = format!(
-        r#"{{"format":"cachealloc-trace","version":1,"pid":1,"devices":[0],"settings":"{settings}","free_sync":"device"}}"#
+        r#"{{"format":"cachealloc-trace","version":{version},"pid":1,"devices":[0],"settings":"{settings}","free_sync":"device"}}"#
     );
     let mut lines = vec![header];
     for (t, (action, addr, size, stream)) in events.iter().enumerate() {
