@@ -240,11 +240,10 @@ impl ReplayJson {
             ));
         }
         if !f.same_figures_max_split_size_mb.is_empty() {
-            let values = listed(&f.same_figures_max_split_size_mb);
-            notes.push(match f.max_split_size_mb {
-                Some(_) => format!("max_split_size_mb {values} give the same figures"),
-                None => format!("max_split_size_mb {values} added give the same figures"),
-            });
+            notes.push(same_figures_note(
+                &f.same_figures_max_split_size_mb,
+                f.max_split_size_mb.is_none(),
+            ));
         }
         let suggested_mb = self
             .first_oom_report
@@ -313,4 +312,33 @@ fn fraction_text(f: &FractionTrialJson) -> String {
         );
     }
     t
+}
+
+/// The note naming the other `max_split_size_mb` values with a fit's figures (`added` to
+/// settings that set none).
+fn same_figures_note(values: &[u64], added: bool) -> String {
+    let added = if added { " added" } else { "" };
+    let verb = if values.len() == 1 { "gives" } else { "give" };
+    format!(
+        "max_split_size_mb {}{added} {verb} the same figures",
+        listed(values)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_figures_note;
+
+    /// One value gives, several give.
+    #[test]
+    fn the_same_figures_note_agrees_with_its_values() {
+        assert_eq!(
+            same_figures_note(&[512], false),
+            "max_split_size_mb 512 gives the same figures"
+        );
+        assert_eq!(
+            same_figures_note(&[64, 48], true),
+            "max_split_size_mb 64, 48 added give the same figures"
+        );
+    }
 }
