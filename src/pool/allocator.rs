@@ -977,7 +977,9 @@ impl<B: Backend> DeviceAllocator<B> {
         (size, rounded, alloc_size): (u64, u64, u64),
         freed_during: bool,
     ) -> Error {
-        let info = self.backend.mem_info().unwrap_or_default();
+        let info = self.backend.mem_info();
+        let device_memory_unknown = info.is_err();
+        let info = info.unwrap_or_default();
         self.stats.counts.num_ooms += 1;
         self.emit(|| PoolEvent::Oom {
             size: rounded,
@@ -1064,6 +1066,7 @@ impl<B: Backend> DeviceAllocator<B> {
             alloc_size,
             device_total: info.total,
             device_free: info.free,
+            device_memory_unknown,
             allocated: self.stats.allocated_bytes.current_all().max(0) as u64,
             live_requested,
             pending_requested,

@@ -238,6 +238,41 @@ fn out_of_memory_reports_and_leaves_the_pool_intact() {
     free(&mut p, small);
 }
 
+/// A device that cannot tell its memory as the report is built (`cudaMemGetInfo` failing): the
+/// report says so instead of a capacity of 0 bytes, and its hint claims neither exhaustion nor
+/// a larger GPU.
+#[test]
+fn out_of_memory_on_a_device_that_cannot_tell_its_memory_says_so() {
+    let mut p = pool_with(100 * MIB, Settings::default());
+    let _live = alloc(&mut p, 60 * MIB);
+    p.backend_mut().inject_mem_info_failures(1);
+    let Err(Error::OutOfMemory(report)) = p.malloc(60 * MIB, S0) else {
+        panic!("60 MiB more fit on 100 MiB");
+    };
+    p.validate().unwrap();
+    assert!(report.device_memory_unknown);
+    assert_eq!(report.hint(), crate::pool::OomHint::DeviceMemoryUnknown);
+    let text = report.to_string();
+    assert!(
+        text.contains("GPU 0 did not tell its memory (cudaMemGetInfo failed)."),
+        "{text}"
+    );
+    assert!(text.contains("other allocators): unknown."), "{text}");
+    assert!(
+        !text.contains("capacity of 0 bytes") && !text.contains("larger GPU"),
+        "{text}"
+    );
+    // The next failure, with the device answering, is classified as before.
+    let Err(Error::OutOfMemory(report)) = p.malloc(60 * MIB, S0) else {
+        panic!("60 MiB more fit on 100 MiB");
+    };
+    assert!(!report.device_memory_unknown);
+    assert!(matches!(
+        report.hint(),
+        crate::pool::OomHint::Exhausted { .. }
+    ));
+}
+
 /// The report lists the largest free blocks and counts all the others, beyond the 16 it keeps.
 #[test]
 fn out_of_memory_report_counts_every_free_block() {

@@ -336,7 +336,8 @@ pub struct OomReportJson {
     /// is cached for another stream), `freed_during_request` (a block freed while the
     /// request failed now holds it), `pending_during_capture` (frees a CUDA graph capture
     /// kept the pool from waiting for would leave a block that holds it) or
-    /// `held_during_capture` (whole free segments a capture kept cached would make room).
+    /// `held_during_capture` (whole free segments a capture kept cached would make room), or
+    /// `device_memory_unknown` (`cudaMemGetInfo` failed as the report was built).
     pub kind: &'static str,
     pub requested_bytes: u64,
     pub rounded_bytes: u64,
@@ -380,6 +381,7 @@ impl From<&OomReport> for OomReportJson {
                 OomHint::FreedDuringRequest { .. } => "freed_during_request",
                 OomHint::PendingDuringCapture { .. } => "pending_during_capture",
                 OomHint::HeldDuringCapture { .. } => "held_during_capture",
+                OomHint::DeviceMemoryUnknown => "device_memory_unknown",
             },
             requested_bytes: r.requested,
             rounded_bytes: r.rounded,

@@ -7,7 +7,9 @@
 //! with the allocated ones, as their requests count with the live requests: they are reserved
 //! but unallocated, yet no room for the request (a request of 42 MiB does not fit in 30 MiB
 //! cached free plus 10 MiB free on the device, whatever 30 MiB more is pending).
-//! - Pending during a capture: first, when a CUDA graph capture kept the pool from waiting for
+//! - Device memory unknown: first, when `cudaMemGetInfo` failed as the report was built. Every
+//!   kind below compares with the device's memory; without it, none can be told.
+//! - Pending during a capture: first of the others, when a CUDA graph capture kept the pool from waiting for
 //!   frees still pending and those frees, once complete, would leave a block that serves the
 //!   request (`pending_fit`: merged with its free neighbours, on the request's stream, in its
 //!   pool). During a capture no cached memory goes back to the device, so only such a block
@@ -101,6 +103,9 @@ use crate::pool::types::PoolKind;
 impl OomReport {
     /// Classify the failure; see the module note for the reasoning.
     pub fn hint(&self) -> OomHint {
+        if self.device_memory_unknown {
+            return OomHint::DeviceMemoryUnknown;
+        }
         // What any block layout needs (the requests, in 512-byte units), and what this one needs.
         // (`rounding::round_to_block`, saturating: a report's figures need not be consistent.)
         let request = self.requested.max(1).div_ceil(MIN_BLOCK_SIZE);

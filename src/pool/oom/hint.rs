@@ -193,6 +193,12 @@ impl fmt::Display for OomHint {
                     "No allocator setting changes segment sizes: use a larger GPU."
                 })
             }
+            OomHint::DeviceMemoryUnknown => f.write_str(
+                "Device memory unknown: the device did not tell its capacity and free memory \
+                 (cudaMemGetInfo failed), so this report cannot tell exhaustion from \
+                 fragmentation. A failing cudaMemGetInfo often means the device or its context \
+                 is in an error state: check the program's earlier CUDA errors.",
+            ),
             OomHint::PendingDuringCapture { pending, block } => write!(
                 f,
                 "Pending during the capture: frees still pending hold {}, which cachealloc \

@@ -15,13 +15,24 @@ impl fmt::Display for OomReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which \
-             {} is free. ",
-            format_size(self.alloc_size),
-            self.device.0,
-            format_size(self.device_total),
-            format_size(self.device_free)
+            "CUDA out of memory. Tried to allocate {}. ",
+            format_size(self.alloc_size)
         )?;
+        if self.device_memory_unknown {
+            write!(
+                f,
+                "GPU {} did not tell its memory (cudaMemGetInfo failed). ",
+                self.device.0
+            )?;
+        } else {
+            write!(
+                f,
+                "GPU {} has a total capacity of {} of which {} is free. ",
+                self.device.0,
+                format_size(self.device_total),
+                format_size(self.device_free)
+            )?;
+        }
         if let Some(allowed) = self.allowed_maximum {
             write!(f, "{} allowed; ", format_size(allowed))?;
         }
@@ -50,11 +61,15 @@ impl fmt::Display for OomReport {
         } else {
             writeln!(f, "needing a {} segment.", format_size(self.alloc_size))?;
         }
+        let untracked = if self.device_memory_unknown {
+            "unknown".to_string()
+        } else {
+            format_size(self.untracked())
+        };
         writeln!(
             f,
             "Memory not tracked by cachealloc (other processes, CUDA contexts, other \
-             allocators): {}.",
-            format_size(self.untracked())
+             allocators): {untracked}.",
         )?;
         if self.largest_free_blocks.is_empty() {
             writeln!(f, "Largest free cached blocks: none.")?;

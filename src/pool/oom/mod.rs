@@ -33,9 +33,12 @@ pub struct OomReport {
     pub rounded: u64,
     /// The segment size the pool tried to obtain from the device.
     pub alloc_size: u64,
-    /// Device capacity and free bytes (`cudaMemGetInfo`) after every cache flush.
+    /// Device capacity and free bytes (`cudaMemGetInfo`) after every cache flush; both 0 when
+    /// `device_memory_unknown`.
     pub device_total: u64,
     pub device_free: u64,
+    /// `cudaMemGetInfo` failed as the report was built: the device's memory is unknown.
+    pub device_memory_unknown: bool,
     /// `allocated_bytes.all.current`.
     pub allocated: u64,
     /// What the live allocations (and frees waiting for their fence) asked for, each request
@@ -118,6 +121,9 @@ pub enum OomHint {
         /// The `per_process_memory_fraction` limit is what binds: the device would have room.
         by_fraction_limit: bool,
     },
+    /// The device did not tell its memory (`cudaMemGetInfo` failed as the report was built):
+    /// neither exhaustion nor fragmentation can be told without it.
+    DeviceMemoryUnknown,
     /// During a CUDA graph capture: frees still pending would leave, once complete, a block
     /// that serves the request, but the pool could not wait for them (a device synchronization
     /// would end the capture).

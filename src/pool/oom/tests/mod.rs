@@ -23,6 +23,7 @@ fn fragmented() -> OomReport {
         alloc_size: 1000 * MIB,
         device_total: 80 * GIB,
         device_free: 512 * MIB,
+        device_memory_unknown: false,
         allocated: 60 * GIB,
         live_requested: 60 * GIB,
         pending_requested: 0,
