@@ -9,12 +9,12 @@
 //! cached free plus 10 MiB free on the device, whatever 30 MiB more is pending).
 //! - Device memory unknown: first, when `cudaMemGetInfo` failed as the report was built. Every
 //!   kind below compares with the device's memory; without it, none can be told.
-//! - Pending during a capture: first of the others, when a CUDA graph capture kept the pool from waiting for
-//!   frees still pending and those frees, once complete, would leave a block that serves the
-//!   request (`pending_fit`: merged with its free neighbours, on the request's stream, in its
-//!   pool). During a capture no cached memory goes back to the device, so only such a block
-//!   helps; bytes pending elsewhere (another pool or stream, separate segments) would not, and
-//!   the report is classified as it would be without the capture.
+//! - Pending during a capture: first of the others, when a CUDA graph capture kept the pool
+//!   from waiting for frees still pending and those frees, once complete, would leave a block
+//!   that serves the request (`pending_fit`: merged with its free neighbours, on the request's
+//!   stream, in its pool). During a capture no cached memory goes back to the device, so only
+//!   such a block helps; bytes pending elsewhere (another pool or stream, separate segments)
+//!   would not, and the report is classified as it would be without the capture.
 //! - Held during a capture: the requests and their blocks fit in what the process may use, and
 //!   the free cached blocks that are whole fixed segments (`capture_held`), which the ladder
 //!   gives back to the device outside a capture but may not during one, would make room for
