@@ -11,9 +11,10 @@
  * left inconsistent answers it from then on).
  * `stream` arguments are cudaStream_t values: NULL is the legacy default stream, one for every
  * thread, and cudaStreamPerThread each thread's own, whose blocks are kept apart per thread (a
- * program built with per-thread default streams passes it, not NULL). A failure is reported by
- * the return code only: these calls leave cudaGetLastError() as it was, also under
- * CACHEALLOC_DISABLE=1, where they call the runtime's own cudaMalloc and cudaFree.
+ * program built with per-thread default streams passes it, not NULL; recorded with
+ * cachealloc_record_stream, it is waited for on the stream of the thread that frees). A
+ * failure is reported by the return code only: these calls leave cudaGetLastError() as it was,
+ * also under CACHEALLOC_DISABLE=1, where they call the runtime's own cudaMalloc and cudaFree.
  *
  * The library also exports the runtime functions it interposes (cudaMalloc, cudaFree, ...): a
  * program linked with it before -lcudart, as pkg-config's flags place it, has its own

@@ -56,7 +56,11 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
 /// The stream whose blocks serve a request of `stream`. `cudaStreamPerThread` names the calling
 /// thread's own default stream, another one in each thread, whose work is not ordered with
 /// another thread's: its blocks are kept apart per thread, under an address of the thread's own
-/// (no stream handle is one while the thread lives).
+/// (no stream handle is one while the thread lives). A thread started after one that exited may
+/// get the same address, and with it the blocks the exited thread freed; work that thread left
+/// queued on its stream is not waited for. And a `record_stream` of `cudaStreamPerThread` is
+/// kept as that handle: the free waits on the per-thread stream of the thread that frees, which
+/// is the recorded one only when that thread recorded it.
 fn block_stream(stream: StreamId) -> StreamId {
     thread_local! {
         static OWN: u8 = const { 0 };
