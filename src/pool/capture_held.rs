@@ -14,8 +14,7 @@ impl<B: Backend> DeviceAllocator<B> {
     pub(super) fn capture_held(&self) -> u64 {
         [PoolKind::Large, PoolKind::Small]
             .into_iter()
-            .flat_map(|pool| self.pools(pool).entries())
-            .filter(|e| self.releasable(e.id))
+            .flat_map(|pool| self.whole_free_segments(pool))
             .map(|e| e.size)
             .sum()
     }

@@ -52,6 +52,18 @@ fn fits_when_freed_before_the_capture(
     fits
 }
 
+/// A request of `size` bytes on `stream` that fails during a capture with frees pending that,
+/// complete, would not serve it: its hint does not name them, and it fails too when they
+/// complete before the capture begins.
+fn pending_frees_are_not_named(mut p: DeviceAllocator<SimDevice>, size: u64, stream: StreamId) {
+    let report = oom_during_capture(&mut p, size, stream);
+    assert!(
+        !matches!(report.hint(), OomHint::PendingDuringCapture { .. }),
+        "{report}"
+    );
+    assert!(!fits_when_freed_before_the_capture(p, size, stream));
+}
+
 /// A 64 MiB block pending on a full 64 MiB device, and a 512-byte request: the small pool needs
 /// a new 2 MiB segment, which the large block, complete, could not give (it is not given back
 /// during a capture).
@@ -60,12 +72,7 @@ fn a_pending_large_block_does_not_serve_a_small_request() {
     let mut p = pool_with_pending_frees(64 * MIB);
     let a = p.malloc(64 * MIB, S0).unwrap();
     p.free_deferred(a).unwrap();
-    let report = oom_during_capture(&mut p, 512, S0);
-    assert!(
-        !matches!(report.hint(), OomHint::PendingDuringCapture { .. }),
-        "{report}"
-    );
-    assert!(!fits_when_freed_before_the_capture(p, 512, S0));
+    pending_frees_are_not_named(p, 512, S0);
 }
 
 /// Two pending 20 MiB segments do not make one 40 MiB block.
@@ -77,12 +84,7 @@ fn pending_blocks_in_separate_segments_do_not_add_up() {
     let _kept = p.malloc(20 * MIB, S0).unwrap();
     p.free_deferred(a).unwrap();
     p.free_deferred(b).unwrap();
-    let report = oom_during_capture(&mut p, 40 * MIB, S0);
-    assert!(
-        !matches!(report.hint(), OomHint::PendingDuringCapture { .. }),
-        "{report}"
-    );
-    assert!(!fits_when_freed_before_the_capture(p, 40 * MIB, S0));
+    pending_frees_are_not_named(p, 40 * MIB, S0);
 }
 
 /// A block pending on another stream goes back to that stream's blocks.
@@ -91,12 +93,7 @@ fn a_block_pending_on_another_stream_does_not_serve_this_one() {
     let mut p = pool_with_pending_frees(64 * MIB);
     let a = p.malloc(40 * MIB, S1).unwrap();
     p.free_deferred(a).unwrap();
-    let report = oom_during_capture(&mut p, 40 * MIB, S0);
-    assert!(
-        !matches!(report.hint(), OomHint::PendingDuringCapture { .. }),
-        "{report}"
-    );
-    assert!(!fits_when_freed_before_the_capture(p, 40 * MIB, S0));
+    pending_frees_are_not_named(p, 40 * MIB, S0);
 }
 
 /// A pending 40 MiB block next to a free 20 MiB remainder of its 60 MiB segment, and a 50 MiB

@@ -8,6 +8,7 @@ use super::allocator::DeviceAllocator;
 use super::block::{BlockId, BlockState};
 use super::error::Error;
 use super::event::PoolEvent;
+use super::free_index::FreeEntry;
 use super::types::{DevicePtr, PoolKind, StreamId};
 use crate::backend::Backend;
 
@@ -108,20 +109,21 @@ impl<B: Backend> DeviceAllocator<B> {
     /// PyTorch's `release_blocks`: release every unsplit free block of `pool`, in (stream,
     /// size, address) order, then unmap the pages of free blocks of expandable segments.
     fn release_blocks(&mut self, pool: PoolKind) -> Result<(), Error> {
-        let whole: Vec<BlockId> = self
-            .pools(pool)
-            .entries()
-            .into_iter()
-            .filter(|e| self.releasable(e.id))
-            .map(|e| e.id)
-            .collect();
-        for id in whole {
-            self.release_block(id)?;
+        for entry in self.whole_free_segments(pool) {
+            self.release_block(entry.id)?;
         }
         if self.settings.expandable_segments {
             self.unmap_free_blocks(pool)?;
         }
         Ok(())
+    }
+
+    /// The free blocks of `pool` that are whole fixed segments, in (stream, size, address)
+    /// order: what `release_blocks` gives back.
+    pub(super) fn whole_free_segments(&self, pool: PoolKind) -> Vec<FreeEntry> {
+        let mut entries = self.pools(pool).entries();
+        entries.retain(|e| self.releasable(e.id));
+        entries
     }
 
     /// Whether free block `id` is a whole segment to give back with `release_block` (the

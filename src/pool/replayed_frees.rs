@@ -17,7 +17,7 @@ use super::allocator::DeviceAllocator;
 use super::block::BlockId;
 use super::error::{BadPointer, Error};
 use super::rounding::{round_size, segment_size};
-use super::types::DevicePtr;
+use super::types::{DevicePtr, PoolKind};
 use crate::backend::Backend;
 
 impl<B: Backend> DeviceAllocator<B> {
@@ -161,12 +161,7 @@ impl<B: Backend> DeviceAllocator<B> {
             return false;
         };
         let threshold = (self.settings.garbage_collection_threshold * max as f64) as u64;
-        self.total_reserved > threshold
-            && self
-                .large
-                .entries()
-                .into_iter()
-                .any(|e| self.releasable(e.id))
+        self.total_reserved > threshold && !self.whole_free_segments(PoolKind::Large).is_empty()
     }
 
     /// The limit of the memory fraction, read from the device where the pool has not yet
