@@ -1319,6 +1319,13 @@ fn the_oom_hint_study_runs_on_one_workload() {
     );
 }
 
+/// The error output of a command that must be refused with exit code 2.
+fn refused(args: &[&str]) -> String {
+    let out = cachealloc(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// A faithful replay whose start state cannot exist under --conf's settings says how to ask
 /// the what-if question instead.
 #[test]
@@ -1327,21 +1334,19 @@ fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
         return;
     };
     let path = t.to_str().unwrap();
-    let out = cachealloc(&[
+    let err = refused(&[
         "replay",
         path,
         "--faithful",
         "--conf",
         "max_split_size_mb:64",
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot exist under these settings"), "{err}");
     assert!(err.contains("drop --faithful"), "{err}");
     let plain = cachealloc(&["replay", path, "--conf", "max_split_size_mb:64"]);
     assert!(plain.status.success());
     // A start state refused for another reason (the capacity) gets no such advice.
-    let small = cachealloc(&[
+    let err = refused(&[
         "replay",
         path,
         "--faithful",
@@ -1350,8 +1355,6 @@ fn a_faithful_start_state_refused_under_conf_points_to_a_plain_replay() {
         "--capacity",
         "1GiB",
     ]);
-    assert_eq!(small.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&small.stderr);
     assert!(!err.contains("drop --faithful"), "{err}");
 }
 
@@ -1365,15 +1368,13 @@ fn a_faithful_walk_back_refused_under_conf_names_the_conf() {
         return;
     };
     let path = t.to_str().unwrap();
-    let out = cachealloc(&[
+    let err = refused(&[
         "replay",
         path,
         "--faithful",
         "--conf",
         "max_split_size_mb:20",
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("inside the live block"), "{err}");
     assert!(
         err.contains(

@@ -130,6 +130,21 @@ fn a_recording_made_during_a_capture_replays_as_the_pool_ran() {
     }
 }
 
+/// A recording pool on `CAPACITY` bytes holding a cached 60 MiB segment of stream 1, with a
+/// capture underway.
+fn capturing_beside_a_cached_segment(
+    settings: &Settings,
+) -> (std::sync::Arc<EventBuffer>, DeviceAllocator<SimDevice>) {
+    let buffer = EventBuffer::new();
+    let sim = SimDevice::new(CAPACITY).with_placement(Placement::BottomUp);
+    let mut pool = DeviceAllocator::new(sim, settings.clone());
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    let cached = pool.malloc(60 * MIB, S1).unwrap();
+    pool.free(cached).unwrap();
+    pool.backend_mut().set_capturing(true);
+    (buffer, pool)
+}
+
 /// A request during a capture that the device refused with another error than out of memory
 /// (a plain cudaMalloc during a global-mode capture gets `cudaErrorStreamCaptureUnsupported`)
 /// leaves its `capture` line with no `alloc` or `oom` after it. The capture marks nothing
@@ -140,13 +155,7 @@ fn a_capture_line_whose_request_failed_marks_no_later_request() {
     use crate::backend::BackendError;
     for settings in [Settings::default(), expandable()] {
         let expandable = settings.expandable_segments;
-        let buffer = EventBuffer::new();
-        let sim = SimDevice::new(CAPACITY).with_placement(Placement::BottomUp);
-        let mut pool = DeviceAllocator::new(sim, settings.clone());
-        pool.set_event_sink(Some(Box::new(buffer.sink(0))));
-        let cached = pool.malloc(60 * MIB, S1).unwrap();
-        pool.free(cached).unwrap();
-        pool.backend_mut().set_capturing(true);
+        let (buffer, mut pool) = capturing_beside_a_cached_segment(&settings);
         let refused = BackendError::Device {
             code: 900,
             call: "cudaMalloc",
@@ -185,13 +194,7 @@ fn a_capture_line_whose_request_failed_marks_no_later_request() {
 fn releases_after_an_empty_cache_made_during_a_capture_are_the_next_requests() {
     for settings in [Settings::default(), expandable()] {
         let expandable = settings.expandable_segments;
-        let buffer = EventBuffer::new();
-        let sim = SimDevice::new(CAPACITY).with_placement(Placement::BottomUp);
-        let mut pool = DeviceAllocator::new(sim, settings.clone());
-        pool.set_event_sink(Some(Box::new(buffer.sink(0))));
-        let cached = pool.malloc(60 * MIB, S1).unwrap();
-        pool.free(cached).unwrap();
-        pool.backend_mut().set_capturing(true);
+        let (buffer, mut pool) = capturing_beside_a_cached_segment(&settings);
         pool.empty_cache().unwrap();
         pool.backend_mut().set_capturing(false);
         pool.malloc(50 * MIB, S0).unwrap();
