@@ -16,7 +16,7 @@ use cachealloc::pool::Settings;
 use cachealloc::trace::TraceFile;
 use cachealloc::trace::ranges::RangeChange;
 use cachealloc::trace::record::ENDED_FROM;
-use cachealloc::trace::record::convert::{RecordedDevice, convert_device};
+use cachealloc::trace::record::convert::RecordedDevice;
 use cachealloc::trace::record::read::DeviceEvents;
 use std::path::Path;
 
@@ -78,13 +78,7 @@ pub fn load(
     let notes = other_devices_note(path, device, chosen.device.0, &traced_devices)
         .into_iter()
         .collect();
-    let rec = convert_device(
-        &trace.source,
-        chosen,
-        &trace.settings,
-        trace.marks_retries(),
-        trace.defers_frees(),
-    );
+    let rec = trace.convert(chosen);
     let recorded: Recorded = recorded_figures(&rec.figures, rec.figures.recorded_segment_maps > 0);
     let (settings, settings_remark) = device_settings(&trace.settings, &rec, chosen.device.0);
     Ok(Loaded {

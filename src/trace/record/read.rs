@@ -10,6 +10,7 @@
 //! which is what a process killed while its trace was being written leaves; it is left out and
 //! reported (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
+use super::convert::{RecordedDevice, convert_device};
 use super::{
     Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM, looks_like_header,
 };
@@ -60,14 +61,27 @@ pub struct RecordedTrace {
 }
 
 impl RecordedTrace {
+    /// The workload and figures of `device`'s events (one of `devices`), converted under what
+    /// the file says of its recording: its settings, whether it marks retries, whether the
+    /// program's frees waited.
+    pub fn convert(&self, device: &DeviceEvents) -> RecordedDevice {
+        convert_device(
+            &self.source,
+            device,
+            &self.settings,
+            self.marks_retries(),
+            self.defers_frees(),
+        )
+    }
+
     /// The file marks each counted retry with a `retry` line.
-    pub fn marks_retries(&self) -> bool {
+    fn marks_retries(&self) -> bool {
         self.header.version >= RETRIES_MARKED_FROM
     }
 
     /// The program's `cudaFree` waited for a device synchronization or an event
     /// (`free_sync:device` or `event`), not for nothing.
-    pub fn defers_frees(&self) -> bool {
+    fn defers_frees(&self) -> bool {
         self.header.free_sync != FreeSync::None.name()
     }
 

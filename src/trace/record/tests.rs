@@ -2,7 +2,7 @@
 //! written, read back and replayed, and the replay reproduces the recording.
 
 use super::buffer::EventBuffer;
-use super::convert::{RecordedDevice, convert_device};
+use super::convert::RecordedDevice;
 use super::read::{RecordedTrace, parse_recorded_trace};
 use super::{Action, Event, Header, setting_text, settings_text, write_events, write_header};
 use crate::backend::sim::{Placement, SimDevice};
@@ -73,13 +73,7 @@ fn read_back(bytes: &[u8]) -> RecordedTrace {
 }
 
 fn device0(trace: &RecordedTrace) -> RecordedDevice {
-    convert_device(
-        &trace.source,
-        &trace.devices[0],
-        &trace.settings,
-        trace.marks_retries(),
-        trace.defers_frees(),
-    )
+    trace.convert(&trace.devices[0])
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! replayed faithfully as `cachealloc replay --faithful` does (capacity and recorded addresses
 //! given).
 
-use super::convert::{RecordedDevice, convert_device};
+use super::convert::RecordedDevice;
 use super::read::parse_recorded_trace;
 use super::{Event, Header, settings_text, write_events, write_header};
 use crate::pool::Settings;
@@ -25,13 +25,7 @@ pub fn convert_written(
     write_header(&mut bytes, &header);
     write_events(&mut bytes, events);
     let trace = parse_recorded_trace(&bytes[..], "written.trace").expect("the trace reads back");
-    convert_device(
-        &trace.source,
-        &trace.devices[0],
-        &trace.settings,
-        trace.marks_retries(),
-        trace.defers_frees(),
-    )
+    trace.convert(&trace.devices[0])
 }
 
 /// The faithful replay of `events` written as `convert_written` writes them, on `capacity`
