@@ -8,7 +8,7 @@
 //! lines (a version 5 file) the replay gives the cached memory back and departs.
 
 use super::buffer::EventBuffer;
-use super::written;
+use super::written::{self, expandable};
 use super::{Action, Event, FORMAT_VERSION};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{DeviceAllocator, Error, Settings, StreamId};
@@ -69,13 +69,6 @@ fn record(settings: &Settings) -> (Vec<Event>, Counts) {
 /// addresses.
 fn replay_written(settings: &Settings, version: u32, events: &[Event]) -> ReplayOutcome {
     written::replay_written(settings, "device", version, events, CAPACITY)
-}
-
-fn expandable() -> Settings {
-    Settings {
-        expandable_segments: true,
-        ..Settings::default()
-    }
 }
 
 #[test]

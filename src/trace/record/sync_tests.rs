@@ -5,7 +5,7 @@
 //! and with expandable ones (where the device's allocs and frees count page maps and unmaps).
 
 use super::buffer::EventBuffer;
-use super::written;
+use super::written::{self, expandable};
 use super::{Action, Event, FORMAT_VERSION};
 use crate::backend::sim::{Placement, SimDevice};
 use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
@@ -147,13 +147,6 @@ fn a_free_completed_before_growing_serves_the_request() {
     assert!(actions.ends_with(&grow_sync), "{actions:?}");
     assert_eq!(recorded, [2, 0, 0, 0]);
     assert_eq!(replayed(&out), [[3, 2, 0, 0, 0]; 2]);
-}
-
-fn expandable() -> Settings {
-    Settings {
-        expandable_segments: true,
-        ..Settings::default()
-    }
 }
 
 /// With expandable segments (20 MiB pages, in one range per stream): a 40 MiB free waits for

@@ -9,6 +9,14 @@ use super::{Event, Header, settings_text, write_events, write_header};
 use crate::pool::Settings;
 use crate::trace::replay::{ReplayConfig, ReplayOutcome, replay};
 
+/// The default settings with expandable segments, under which each round trip runs too.
+pub fn expandable() -> Settings {
+    Settings {
+        expandable_segments: true,
+        ..Settings::default()
+    }
+}
+
 /// `events` of device 0, recorded under `settings` and `free_sync`, written as a file of
 /// `version` and read back, converted.
 pub fn convert_written(
