@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the shim's threaded, fork, exit, two-device and capture test programs (tests/preload) under
-# ThreadSanitizer (`thread`) or AddressSanitizer with LeakSanitizer (`address`), against the
-# fake runtime.
+# Runs the shim's threaded, fork, exit, two-device, capture and cudaFreeAsync test programs
+# (tests/preload) under ThreadSanitizer (`thread`) or AddressSanitizer with LeakSanitizer
+# (`address`), against the fake runtime.
 # Needs the nightly toolchain with rust-src (`rustup +nightly component add rust-src`) and gcc.
 #
 # The library is built with `-Zsanitizer=KIND -Zbuild-std` into target/sanitize/KIND; it leaves
@@ -58,7 +58,7 @@ gcc -shared -fPIC -g -I "$root/tests/fake-cudart/include" -o "$bin/libslow_mallo
     "$root/tests/preload/slow_malloc.c" -ldl
 cachealloc=(-L "$lib_dir" -lcachealloc "-Wl,-rpath,$lib_dir")
 for name in stress shim_check trace_mix fork_locks fork_race fork_log c_api_check \
-    torch_hooks_check expandable_check capture_check; do
+    torch_hooks_check expandable_check capture_check free_async_check; do
     compile "$name" "${cachealloc[@]}"
 done
 # The slow cudaMalloc between the library and the runtime, as preloaded after the library.
@@ -115,6 +115,9 @@ done
 check capture-other-thread CACHEALLOC_CONF=free_sync:device "$bin/capture_check" other_thread
 check capture-oom CACHEALLOC_CONF=free_sync:none FAKECUDART_CAPACITY=64MiB "$bin/capture_check" oom
 check capture-reset CACHEALLOC_CONF=free_sync:device "$bin/capture_check" reset
+for scenario in stream_ordered per_thread capturing; do
+    check "free-async-$scenario" CACHEALLOC_CONF="$record" "$bin/free_async_check" "$scenario"
+done
 if [[ "$failed" != 0 ]]; then
     echo "sanitize $kind: a program failed or the sanitizer reported (outputs in $run_dir)" >&2
     exit 1

@@ -94,6 +94,8 @@ fn real_runtime_without_a_driver_answers_35_and_leaves_outputs_alone() {
         "cudaMemGetInfo",
         "cudaIpcGetMemHandle",
         "cudaDeviceEnablePeerAccess",
+        "cudaFreeAsync",
+        "cudaFreeAsync_ptsz",
     ] {
         let (rc, tail) = answers
             .get(call)
@@ -129,6 +131,8 @@ fn real_runtime_exports_default_versioned_symbols_that_programs_reference() {
         "cudaDeviceSynchronize",
         "cudaDeviceEnablePeerAccess",
         "cudaIpcGetMemHandle",
+        "cudaFreeAsync",
+        "cudaFreeAsync_ptsz",
     ] {
         let versioned = format!(" {name}@@libcudart.so.12");
         assert!(

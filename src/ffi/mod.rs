@@ -6,6 +6,7 @@
 pub mod c_api;
 mod capture;
 mod cxx_exception;
+mod free_async;
 pub mod interpose;
 pub mod repeats;
 pub mod stats;

@@ -11,20 +11,22 @@ use crate::backend::cuda::captures;
 use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_PER_THREAD, codes};
 use std::ffi::{c_int, c_void};
 
-/// Which form of a capture's start the program called: the per-thread-default-stream form
-/// (`_ptsz`, of programs built with `--default-stream per-thread`) reads a null stream as that
-/// thread's default stream.
+/// Which form of a stream call the program called (a capture's start, `cudaFreeAsync`): the
+/// per-thread-default-stream form (`_ptsz`, of programs built with `--default-stream
+/// per-thread`) reads a null stream as that thread's default stream.
 #[derive(Clone, Copy, Debug)]
 pub enum StreamForm {
     Legacy,
     PerThread,
 }
 
-/// The stream a capture's start named, as `captures` notes it.
-fn captured_stream(stream: *mut c_void, form: StreamForm) -> usize {
-    match form {
-        StreamForm::PerThread if stream.is_null() => STREAM_PER_THREAD,
-        _ => stream as usize,
+impl StreamForm {
+    /// The stream a call of this form names with `stream`.
+    pub fn stream(self, stream: *mut c_void) -> usize {
+        match self {
+            StreamForm::PerThread if stream.is_null() => STREAM_PER_THREAD,
+            _ => stream as usize,
+        }
     }
 }
 
@@ -45,7 +47,7 @@ fn begin_noted(
         return last_error::record(codes::NOT_SUPPORTED);
     };
     if code == codes::SUCCESS {
-        captures::begun(rt, captured_stream(stream, form));
+        captures::begun(rt, form.stream(stream));
     }
     code
 }

@@ -2,6 +2,7 @@
 //! answer `cudaErrorInitializationError` (3), as documented in `backend::cuda::runtime`, and
 //! leave it as the program's last error, as a failed runtime call does (`without_runtime`).
 
+use super::capture_calls::StreamForm;
 use super::init::mode;
 use super::last_error;
 use crate::backend::cuda::runtime::{CudaError, Runtime, VoidFn, codes, runtime};
@@ -40,6 +41,26 @@ pub unsafe fn free(ptr: *mut c_void) -> CudaError {
         // SAFETY: the caller's pointer goes to the real cudaFree, which validates it.
         Some(rt) => unsafe { (rt.free)(ptr) },
         None => without_runtime(),
+    }
+}
+
+/// The real `cudaFreeAsync(ptr, stream)`, or its `_ptsz` form; 801 (`cudaErrorNotSupported`,
+/// as the program's last error) from a runtime without it.
+///
+/// # Safety
+/// The arguments are the program's, passed on as they came.
+pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, form: StreamForm) -> CudaError {
+    let Some(rt) = real() else {
+        return without_runtime();
+    };
+    let free_async = match form {
+        StreamForm::Legacy => rt.free_async,
+        StreamForm::PerThread => rt.free_async_ptsz,
+    };
+    match free_async {
+        // SAFETY: the caller's pointer and stream go to the real function, which checks them.
+        Some(free_async) => unsafe { free_async(ptr, stream) },
+        None => last_error::record(codes::NOT_SUPPORTED),
     }
 }
 

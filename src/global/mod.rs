@@ -10,6 +10,7 @@ mod exit_wait;
 mod file_claim;
 mod fork;
 pub mod forward;
+pub mod free_async;
 pub mod init;
 pub mod interpose;
 pub mod last_error;

@@ -17,6 +17,8 @@ extern cudaError_t cudaFree(void *dev_ptr);
 extern cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 extern cudaError_t cudaIpcGetMemHandle(void *handle, void *dev_ptr);
 extern cudaError_t cudaDeviceEnablePeerAccess(int peer_device, unsigned int flags);
+extern cudaError_t cudaFreeAsync(void *dev_ptr, void *stream);
+extern cudaError_t cudaFreeAsync_ptsz(void *dev_ptr, void *stream);
 extern const char *cudaGetErrorName(cudaError_t error);
 
 #define SENTINEL ((void *)0xdead)
@@ -50,5 +52,10 @@ int main(void) {
 
     rc = cudaDeviceEnablePeerAccess(1, 0);
     printf("call=cudaDeviceEnablePeerAccess rc=%d name=%s\n", rc, cudaGetErrorName(rc));
+
+    rc = cudaFreeAsync((void *)0x7f0000000000, NULL);
+    printf("call=cudaFreeAsync rc=%d name=%s\n", rc, cudaGetErrorName(rc));
+    rc = cudaFreeAsync_ptsz((void *)0x7f0000000000, NULL);
+    printf("call=cudaFreeAsync_ptsz rc=%d name=%s\n", rc, cudaGetErrorName(rc));
     return 0;
 }

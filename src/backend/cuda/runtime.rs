@@ -75,6 +75,8 @@ type EnablePeerAccessFn = unsafe extern "C" fn(c_int, c_uint) -> CudaError;
 type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 /// `cudaStreamIsCapturing(stream, enum cudaStreamCaptureStatus *status)`.
 type StreamIsCapturingFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
+/// `cudaFreeAsync(devPtr, stream)` (and its `_ptsz` form).
+pub type FreeAsyncFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 /// `cudaStreamBeginCapture(stream, enum cudaStreamCaptureMode mode)` (and its `_ptsz` form).
 pub type BeginCaptureFn = unsafe extern "C" fn(*mut c_void, c_int) -> CudaError;
 /// `cudaStreamBeginCaptureToGraph(stream, cudaGraph_t graph, const cudaGraphNode_t
@@ -123,6 +125,10 @@ pub struct Runtime {
     pub stream_begin_capture_ptsz: Option<BeginCaptureFn>,
     pub stream_begin_capture_to_graph: Option<BeginCaptureToGraphFn>,
     pub stream_begin_capture_to_graph_ptsz: Option<BeginCaptureToGraphFn>,
+    /// `cudaFreeAsync` and its per-thread-default-stream form (CUDA 11.2 on), forwarded to for
+    /// memory that is not the pools'.
+    pub free_async: Option<FreeAsyncFn>,
+    pub free_async_ptsz: Option<FreeAsyncFn>,
 }
 
 /// Sonames tried with `RTLD_NOLOAD`, newest first.
@@ -282,6 +288,14 @@ impl Runtime {
                     .find(c"cudaStreamBeginCaptureToGraph_ptsz")
                     .ok()
                     .map(|f| std::mem::transmute::<*mut c_void, BeginCaptureToGraphFn>(f)),
+                free_async: finder
+                    .find(c"cudaFreeAsync")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, FreeAsyncFn>(f)),
+                free_async_ptsz: finder
+                    .find(c"cudaFreeAsync_ptsz")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, FreeAsyncFn>(f)),
             }
         };
         log_event!(debug, "found the CUDA runtime through {route}");

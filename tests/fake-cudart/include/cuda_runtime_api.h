@@ -18,6 +18,11 @@
  *    libcuda.so.1 (cuda.h: virtual memory management) shares the capacity: its cuMemCreate memory
  *    counts in cudaMemGetInfo, and memory it mapped and made accessible is device memory for
  *    cudaMemcpy, cudaMemset, cudaPointerGetAttributes and fakecudart_launch (not for cudaFree).
+ *  - Stream-ordered memory. cudaMallocAsync and cudaFreeAsync (and their _ptsz forms) have no
+ *    pool behind them: cudaMallocAsync allocates as cudaMalloc does, and cudaFreeAsync gives the
+ *    allocation at its pointer back at once — any device allocation, cudaMalloc's included (so a
+ *    test sees what such a free would give back). On a capturing stream both answer
+ *    cudaErrorNotSupported (801): the fake makes no graph allocations. Details in async_memory.c.
  *  - Access. Driver-mapped memory is usable only by the devices that cuMemSetAccess gave access:
  *    cudaMemcpy and cudaMemset (for the calling thread's current device) and fakecudart_launch
  *    (for the stream's device) over a range where the accessing device lacks access on some
@@ -108,6 +113,7 @@ typedef enum cudaError {
     cudaErrorIllegalAddress = 700,
     cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorPeerAccessNotEnabled = 705,
+    cudaErrorNotSupported = 801,
     cudaErrorIllegalState = 401,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
@@ -189,6 +195,13 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaMemset(void *devPtr, int value, size_t count);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+
+/* Stream-ordered memory (no pool behind it: see async_memory.c), and the per-thread-default-stream
+ * forms that code built with --default-stream per-thread calls. */
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream);
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 
 /* Interprocess memory */
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);

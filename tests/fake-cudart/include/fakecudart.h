@@ -80,7 +80,9 @@ extern "C" {
     X(captures_begun, "successful cudaStreamBeginCapture calls")                              \
     X(captures_invalidated, "captures a capture-unsafe call invalidated")                     \
     X(capture_refusals, "calls refused with 900 because a capture was active")                \
-    X(capture_queries, "cudaStreamIsCapturing calls")
+    X(capture_queries, "cudaStreamIsCapturing calls")                                       \
+    X(async_mallocs, "successful cudaMallocAsync calls with a size above 0")                  \
+    X(async_frees, "successful cudaFreeAsync calls with a non-NULL pointer")
 
 typedef struct fakecudart_counters {
 #define FAKECUDART_COUNTER_FIELD(name, meaning) uint64_t name;

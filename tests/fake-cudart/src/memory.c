@@ -101,13 +101,14 @@ static void unmap_alloc_locked(struct fake_alloc *a) {
     fake.alloc_count--;
 }
 
-/* A device-side allocation of `size` > 0 bytes charged to the current device. */
-static cudaError_t device_alloc(void **out, size_t size, enum fake_alloc_kind kind) {
+/* A device-side allocation of `size` > 0 bytes charged to the current device. The stream-ordered
+ * kind (async_memory.c) is no capture hazard: a capture may allocate that way. */
+cudaError_t device_alloc(void **out, size_t size, enum fake_alloc_kind kind) {
     int device = fake_current_device;
     cudaError_t rc;
     lock();
     struct fake_device *d = &fake.devices[device];
-    if ((rc = capture_check_locked(CAPTURE_UNSAFE)) != cudaSuccess) {
+    if (kind != ALLOC_ASYNC && (rc = capture_check_locked(CAPTURE_UNSAFE)) != cudaSuccess) {
         /* refused: a capture forbids it */
     } else if (fake.injected_failures > 0) {
         fake.injected_failures--;
@@ -123,6 +124,8 @@ static cudaError_t device_alloc(void **out, size_t size, enum fake_alloc_kind ki
             fake.counters.mallocs++;
         else if (kind == ALLOC_PITCH)
             fake.counters.pitch_mallocs++;
+        else if (kind == ALLOC_ASYNC)
+            fake.counters.async_mallocs++;
         else
             fake.counters.managed_mallocs++;
     } else {
@@ -191,20 +194,22 @@ cudaError_t cudaFree(void *devPtr) {
     /* Like the real cudaFree: wait for the device before the memory goes away. */
     device_sync_locked(a->device);
     fake.counters.implicit_syncs++;
-    charge_locked(a->device, -(int64_t)a->size);
-    unmap_alloc_locked(a);
+    release_alloc_locked(a);
     fake.counters.frees++;
     unlock();
     return cudaSuccess;
 }
 
+void release_alloc_locked(struct fake_alloc *a) {
+    charge_locked(a->device, -(int64_t)a->size);
+    unmap_alloc_locked(a);
+}
+
 void free_device_allocs_locked(int device) {
     for (size_t i = fake.alloc_count; i-- > 0;) {
         struct fake_alloc *a = &fake.allocs[i];
-        if (a->device == device && is_device_kind(a->kind)) {
-            charge_locked(device, -(int64_t)a->size);
-            unmap_alloc_locked(a);
-        }
+        if (a->device == device && is_device_kind(a->kind))
+            release_alloc_locked(a);
     }
 }
 
@@ -308,6 +313,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
         switch (a->kind) {
         case ALLOC_DEVICE:
         case ALLOC_PITCH:
+        case ALLOC_ASYNC:
             out.type = cudaMemoryTypeDevice;
             out.hostPointer = NULL;
             break;

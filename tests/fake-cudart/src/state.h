@@ -65,7 +65,7 @@ static inline uint64_t fake_free_bytes(const struct fake_device *d) {
     return held < d->capacity ? d->capacity - held : 0;
 }
 
-enum fake_alloc_kind { ALLOC_DEVICE, ALLOC_PITCH, ALLOC_MANAGED, ALLOC_HOST };
+enum fake_alloc_kind { ALLOC_DEVICE, ALLOC_PITCH, ALLOC_MANAGED, ALLOC_HOST, ALLOC_ASYNC };
 
 struct fake_alloc {
     uintptr_t base;
@@ -205,6 +205,10 @@ struct fake_alloc *find_alloc_locked(uintptr_t addr); /* allocation containing a
  * without that access; else cudaErrorInvalidValue. */
 cudaError_t check_device_range_locked(uintptr_t lo, size_t bytes, int accessor);
 void free_device_allocs_locked(int device);
+/* A device-side allocation of `size` > 0 bytes on the current device (takes the lock). */
+cudaError_t device_alloc(void **out, size_t size, enum fake_alloc_kind kind);
+/* Gives a live allocation's memory back to its device and drops it from the table. */
+void release_alloc_locked(struct fake_alloc *a);
 void note_bytes_locked(void);
 void charge_locked(int device, int64_t delta); /* device bytes in use, bytes_in_use, peak_bytes */
 

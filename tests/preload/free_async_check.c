@@ -1,0 +1,158 @@
+/*
+ * free_async_check.c — cudaFreeAsync (and its _ptsz form) with libcachealloc.so preloaded in
+ * front of the fake runtime, whose cudaFreeAsync gives back the whole allocation at the pointer
+ * it is given, cudaMalloc's included. A pool pointer must go back to the pool, ordered on the
+ * stream: the rest of its segment stays usable, and the block is reused only once the stream
+ * has reached the free. Memory of the stream-ordered allocator (cudaMallocAsync) goes to the
+ * runtime. Run by tests/preload_free_async.rs as `free_async_check SCENARIO`; prints
+ * "ok SCENARIO" when every check held.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_runtime_api.h"
+#include "fakecudart.h"
+
+#define KIB ((size_t)1 << 10)
+#define BLOCK (256 * KIB)
+
+#include "check.h"
+
+static uint64_t counter(const char *name) { return fakecudart_counter(name); }
+
+/* Two blocks of one small segment; work on `sync` uses the first, which `free_async` then frees
+ * on `s` (the same stream; NULL for the _ptsz form's default). The runtime is not asked, the
+ * first block is reused only after `sync` is synchronized, and the second stays usable. */
+static void freed_on(cudaStream_t s, cudaStream_t sync,
+                     cudaError_t (*free_async)(void *, cudaStream_t)) {
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    CHECK_CODE(cudaMalloc(&a, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, BLOCK), cudaSuccess);
+    uint64_t in_use = counter("bytes_in_use");
+    CHECK_CODE(fakecudart_launch(a, BLOCK, sync, 1000), cudaSuccess);
+    CHECK_CODE(free_async(a, s), cudaSuccess);
+    CHECK(counter("async_frees") == 0);
+    CHECK(counter("frees") == 0);
+    CHECK(counter("bytes_in_use") == in_use);
+    CHECK_CODE(cudaMalloc(&c, BLOCK), cudaSuccess);
+    CHECK(c != a);
+    CHECK(fakecudart_range_busy(a, BLOCK));
+    CHECK_CODE(cudaStreamSynchronize(sync), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&d, BLOCK), cudaSuccess);
+    CHECK(d == a);
+    CHECK(counter("bytes_in_use") == in_use);
+    /* (cudaMemset waits for the legacy stream, hence for blocking streams' work: not before.) */
+    CHECK_CODE(cudaMemset(b, 7, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+}
+
+/* cudaFreeAsync(p, s) of a pool pointer on a created stream. */
+static void scenario_stream_ordered(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    freed_on(s, s, cudaFreeAsync);
+}
+
+/* cudaFreeAsync_ptsz(p, NULL): ordered on the calling thread's default stream. */
+static void scenario_per_thread(void) {
+    freed_on(NULL, cudaStreamPerThread, cudaFreeAsync_ptsz);
+}
+
+/* Memory of the stream-ordered allocator, and NULL, go to the runtime in both forms. */
+static void scenario_foreign(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *pooled = NULL, *e = NULL, *f = NULL;
+    CHECK_CODE(cudaMalloc(&pooled, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaMallocAsync(&e, BLOCK, s), cudaSuccess);
+    CHECK_CODE(cudaMallocAsync_ptsz(&f, BLOCK, NULL), cudaSuccess);
+    CHECK(counter("async_mallocs") == 2);
+    CHECK_CODE(cudaFreeAsync(e, s), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync_ptsz(f, NULL), cudaSuccess);
+    CHECK(counter("async_frees") == 2);
+    CHECK_CODE(cudaFreeAsync(NULL, s), cudaSuccess);
+    /* An unknown pointer is the runtime's to refuse. */
+    CHECK_CODE(cudaFreeAsync(e, s), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(counter("async_frees") == 2);
+}
+
+/* A pool pointer freed twice, or inside its block: refused with 1, the pool intact. */
+static void scenario_bad_pointers(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *a = NULL, *b = NULL;
+    CHECK_CODE(cudaMalloc(&a, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync((char *)b + 512, s), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_CODE(cudaFreeAsync(a, s), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync(a, s), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(counter("free_failures") == 0);
+    CHECK_CODE(cudaMemset(b, 1, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+}
+
+/* On a capturing stream a pool pointer is no graph allocation: refused with 1, still allocated,
+ * the capture goes on; after the capture the same free succeeds. */
+static void scenario_capturing(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *a = NULL;
+    CHECK_CODE(cudaMalloc(&a, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync(a, s), cudaErrorInvalidValue);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidValue);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(counter("captures_invalidated") == 0);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK_CODE(cudaMemset(a, 1, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync(a, s), cudaSuccess);
+    CHECK(counter("async_frees") == 0);
+}
+
+/* A stream the runtime does not take: its answer (400 from the fake), the block still
+ * allocated. */
+static void scenario_stale_stream(void) {
+    cudaStream_t t;
+    CHECK_CODE(cudaStreamCreate(&t), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(t), cudaSuccess);
+    void *a = NULL;
+    CHECK_CODE(cudaMalloc(&a, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync(a, t), cudaErrorInvalidResourceHandle);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+    CHECK_CODE(cudaMemset(a, 1, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaFree(a), cudaSuccess);
+}
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} scenarios[] = {
+    {"stream_ordered", scenario_stream_ordered},
+    {"per_thread", scenario_per_thread},
+    {"foreign", scenario_foreign},
+    {"bad_pointers", scenario_bad_pointers},
+    {"capturing", scenario_capturing},
+    {"stale_stream", scenario_stale_stream},
+};
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        if (strcmp(scenarios[i].name, argv[1]) == 0) {
+            scenarios[i].run();
+            if (failures == 0)
+                printf("ok %s\n", argv[1]);
+            return failures ? 1 : 0;
+        }
+    }
+    fprintf(stderr, "unknown scenario %s\n", argv[1]);
+    return 2;
+}
