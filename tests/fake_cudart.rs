@@ -267,7 +267,9 @@ fn an_ipc_handle_names_the_whole_allocation_even_for_a_pointer_inside_it() {
 }
 
 /// Captures fail as the real runtime's do: a device synchronization or a `cudaFree` ends any
-/// capture, a `cudaMalloc` one in global mode, not in relaxed mode.
+/// capture, a `cudaMalloc` one in global mode, not in relaxed mode; an event recorded on a
+/// capturing stream answers no query, and one recorded on the legacy stream ends a blocking
+/// stream's capture.
 #[test]
 fn captures_end_invalidated_on_the_calls_the_runtime_forbids() {
     assert_scenario_passes("capture", &[]);

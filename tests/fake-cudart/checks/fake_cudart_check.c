@@ -728,6 +728,42 @@ static void capture(void) {
     CHECK(fakecudart_counter("captures_begun") == 5);
     CHECK(fakecudart_counter("capture_queries") == 5);
     CHECK_RC(cudaFree(q), cudaSuccess);
+
+    /* An event recorded on a capturing stream is a captured event: querying or synchronizing it
+     * answers 907, during the capture and after it, until it is recorded outside a capture. A
+     * non-blocking stream's capture leaves the legacy stream usable. */
+    cudaEvent_t ev;
+    CHECK_RC(cudaEventCreate(&ev), cudaSuccess);
+    CHECK_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_RC(cudaEventRecord(ev, s), cudaSuccess);
+    CHECK_RC(cudaEventQuery(ev), cudaErrorCapturedEvent);
+    CHECK_RC(cudaGetLastError(), cudaErrorCapturedEvent);
+    cudaEvent_t legacy_ev;
+    CHECK_RC(cudaEventCreate(&legacy_ev), cudaSuccess);
+    CHECK_RC(cudaEventRecord(legacy_ev, cudaStreamLegacy), cudaSuccess);
+    CHECK_RC(cudaEventQuery(legacy_ev), cudaSuccess);
+    CHECK_RC(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK(graph != NULL);
+    CHECK_RC(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK_RC(cudaEventQuery(ev), cudaErrorCapturedEvent);
+    CHECK_RC(cudaEventSynchronize(ev), cudaErrorCapturedEvent);
+    CHECK_RC(cudaEventRecord(ev, s), cudaSuccess);
+    CHECK_RC(cudaEventQuery(ev), cudaSuccess);
+    CHECK_RC(cudaEventSynchronize(ev), cudaSuccess);
+    CHECK(fakecudart_counter("captures_invalidated") == 3);
+
+    /* While a blocking stream captures, the legacy stream is unusable: an event recorded on it
+     * ends that capture and answers 906. */
+    CHECK_RC(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_RC(cudaEventRecord(ev, cudaStreamLegacy), cudaErrorStreamCaptureImplicit);
+    CHECK_RC(cudaStreamEndCapture(blocking, &graph), cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == NULL);
+    CHECK(fakecudart_counter("captures_invalidated") == 4);
+    CHECK(fakecudart_counter("capture_refusals") == 4);
+    CHECK_RC(cudaEventRecord(ev, cudaStreamLegacy), cudaSuccess);
+    CHECK_RC(cudaEventQuery(ev), cudaSuccess);
+    CHECK_RC(cudaEventDestroy(ev), cudaSuccess);
+    CHECK_RC(cudaEventDestroy(legacy_ev), cudaSuccess);
 }
 
 static const struct {

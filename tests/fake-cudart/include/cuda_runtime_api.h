@@ -83,7 +83,12 @@
  *    from another thread than a non-relaxed capture's it answers
  *    cudaErrorStreamCaptureWrongThread (908) and the capture goes on. cudaStreamIsCapturing of
  *    the legacy stream answers cudaErrorStreamCaptureImplicit (906) while a blocking stream of
- *    the device captures.
+ *    the device captures; cudaEventRecord on the legacy stream then ends those captures as
+ *    invalidated and answers 906 (the legacy stream is unusable while a blocking stream
+ *    captures). An event recorded on a capturing stream is a captured event, which stands for
+ *    no work that runs: cudaEventQuery and cudaEventSynchronize of it answer
+ *    cudaErrorCapturedEvent (907), during the capture and after it, until it is recorded again
+ *    outside a capture.
  *  - Thread safe: one mutex guards the state. Environment variables are read at the first call.
  *    Fork safe: a fork waits for the mutex, so the child never inherits it held.
  *
@@ -118,6 +123,7 @@ typedef enum cudaError {
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
     cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorUnknown = 999
 } cudaError_t;

@@ -47,6 +47,24 @@ cudaError_t capture_check_locked(enum fake_capture_hazard hazard) {
     return cudaErrorStreamCaptureUnsupported;
 }
 
+cudaError_t capture_legacy_use_locked(int device) {
+    int capturing = 0;
+    for (struct CUstream_st *s = fake.streams; s != NULL; s = s->next) {
+        if (s->device != device || (s->flags & cudaStreamNonBlocking) != 0 ||
+            s->capture == cudaStreamCaptureStatusNone)
+            continue;
+        capturing = 1;
+        if (s->capture == cudaStreamCaptureStatusActive) {
+            s->capture = cudaStreamCaptureStatusInvalidated;
+            fake.counters.captures_invalidated++;
+        }
+    }
+    if (!capturing)
+        return cudaSuccess;
+    fake.counters.capture_refusals++;
+    return cudaErrorStreamCaptureImplicit;
+}
+
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
     ENTER();
     if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&

@@ -45,6 +45,7 @@ struct CUevent_st {
     int device;
     unsigned flags;
     int recorded;
+    int captured;             /* last recorded on a capturing stream: queries answer 907 */
     uint64_t done_at;         /* tick at which the recorded work completes */
     struct CUevent_st *next;  /* live list */
 };
@@ -196,6 +197,10 @@ enum fake_capture_hazard {
  * else invalidates the captures it endangers, counts the refusal and answers
  * cudaErrorStreamCaptureUnsupported. */
 cudaError_t capture_check_locked(enum fake_capture_hazard hazard);
+/* cudaSuccess when no blocking stream of `device` captures; else an action on its legacy stream
+ * would join those captures: they are invalidated, the refusal counted, and the answer is
+ * cudaErrorStreamCaptureImplicit. */
+cudaError_t capture_legacy_use_locked(int device);
 
 /* Memory (memory.c). */
 struct fake_alloc *find_alloc_locked(uintptr_t addr); /* allocation containing addr, or NULL */

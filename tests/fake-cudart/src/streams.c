@@ -186,13 +186,22 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     struct CUevent_st *e = resolve_event_locked(event);
     cudaError_t rc = cudaErrorInvalidResourceHandle;
     if (s != NULL && e != NULL && s->device == e->device) {
+        rc = s == &fake.devices[s->device].legacy ? capture_legacy_use_locked(s->device)
+                                                  : cudaSuccess;
+    }
+    if (rc == cudaSuccess && s->capture != cudaStreamCaptureStatusNone) {
+        /* Recorded into the capture: the event stands for no work that runs. */
+        e->recorded = 1;
+        e->captured = 1;
+        fake.counters.event_records++;
+    } else if (rc == cudaSuccess) {
         /* Recording is an action on the stream: it completes when what it is ordered after does. */
         uint64_t t = stream_ready_locked(s);
         issue_on_stream_locked(s, t);
         e->recorded = 1;
+        e->captured = 0;
         e->done_at = t;
         fake.counters.event_records++;
-        rc = cudaSuccess;
     }
     unlock();
     return record(rc);
@@ -208,7 +217,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (rc == cudaSuccess) {
         rc = cudaErrorInvalidResourceHandle;
         struct CUevent_st *e = resolve_event_locked(event);
-        if (e != NULL)
+        if (e != NULL && e->captured)
+            rc = cudaErrorCapturedEvent;
+        else if (e != NULL)
             rc = e->recorded && e->done_at > fake.now ? cudaErrorNotReady : cudaSuccess;
     }
     unlock();
@@ -223,9 +234,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     struct CUevent_st *e = NULL;
     if (rc == cudaSuccess) {
         e = resolve_event_locked(event);
-        if (e != NULL && e->recorded)
+        if (e != NULL && e->recorded && !e->captured)
             advance_to_locked(e->done_at);
-        rc = e != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle;
+        rc = e == NULL     ? cudaErrorInvalidResourceHandle
+             : e->captured ? cudaErrorCapturedEvent
+                           : cudaSuccess;
     }
     unlock();
     return record(rc);
