@@ -133,13 +133,18 @@ int cachealloc_free(void *ptr);
  * `cachealloc_free` then records an event on each recorded stream, and the block is reused
  * once they have completed, as with PyTorch's allocator, whatever `free_sync` says: the pool
  * obtains new memory rather than wait for them (a synchronization it makes anyway, as in its
- * out-of-memory retry or `cachealloc_empty_cache`, completes them). A stream of another device
- * gets an event of that device (with a runtime older than CUDA 12.8, which cannot name a
- * stream's device, it is not waited for, and the free logs a warning). The program's own
- * `cudaFree` of it waits for the recorded streams too, and, as any interposed `cudaFree`, for
- * the `free_sync` policy's fence. Its own stream or NULL `ptr`: nothing to do, 0. A pointer
- * that is not a live allocation of cachealloc: 1 (`cudaErrorInvalidValue`; checked while the
- * library is active — under `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
+ * out-of-memory retry or `cachealloc_empty_cache`, completes them). A free during a CUDA graph
+ * capture that cachealloc follows records them only once no capture is underway, at the
+ * device's next request or synchronization, as PyTorch's allocator defers them (an event
+ * recorded on a capturing stream can never be queried, and one on the legacy stream ends the
+ * capture of a blocking stream): the recorded streams must then stay alive until that
+ * request. A stream of another device gets an event of that device (with a runtime older than
+ * CUDA 12.8, which cannot name a stream's device, it is not waited for, and the free logs a
+ * warning). The program's own `cudaFree` of it waits for the recorded streams too, and, as any
+ * interposed `cudaFree`, for the `free_sync` policy's fence. Its own stream or NULL `ptr`:
+ * nothing to do, 0. A pointer that is not a live allocation of cachealloc: 1
+ * (`cudaErrorInvalidValue`; checked while the library is active — under
+ * `CACHEALLOC_DISABLE=1` this does nothing and answers 0).
  */
 int cachealloc_record_stream(void *ptr, void *stream);
 

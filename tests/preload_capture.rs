@@ -163,6 +163,30 @@ fn a_recording_of_frees_completed_as_a_capture_begins_replays_as_the_run_went() 
     }
 }
 
+/// A block of the C API or the pluggable allocator recorded on other streams and freed during a
+/// capture (on the capturing stream, and on the legacy stream while a blocking stream captures)
+/// records no event then: the capture completes, and after it the blocks wait for their
+/// streams' work and are reused.
+#[test]
+fn a_recorded_free_during_a_capture_records_its_events_after_it() {
+    check("recorded_free", &[]);
+}
+
+/// Such a free, recorded on another device's stream too, given back by `empty_cache()` right
+/// after the capture: the synchronization before the release records its events, so it waits
+/// for that stream too, and its segment goes back once no work uses it.
+#[test]
+fn a_recorded_free_during_a_capture_is_given_back_by_the_next_empty_cache() {
+    check("recorded_free_emptied", &[]);
+}
+
+/// Such a free recorded on another device's stream, whose device is reset after the capture:
+/// its event is recorded before the reset destroys the stream, not on the stale handle after it.
+#[test]
+fn a_recorded_free_during_a_capture_records_its_events_before_a_reset_of_their_device() {
+    check("recorded_free_reset", &[]);
+}
+
 /// Another thread's request, during a thread-local capture, does not synchronize the device
 /// either (a device synchronization from any thread ends a capture).
 #[test]

@@ -86,7 +86,9 @@ pub trait Backend {
     /// Record a fence after all work issued so far on each of `streams` (the streams a block
     /// being freed was recorded as used on, `Tensor.record_stream`), whatever the free policy.
     /// It completes as that work finishes, each stream's part on its own: stream fences may be
-    /// done in any order.
+    /// done in any order. While a capture is underway (`capture_underway`) the fence may cover
+    /// the work issued until the capture is over instead, recorded then (by `poll_fences` or
+    /// `synchronize`), and `unfenced` is empty.
     fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError>;
 
     /// Look at the device for stream fences that have completed since the last call and

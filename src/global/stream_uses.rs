@@ -9,7 +9,8 @@
 //! device-wide synchronization. A stream of another device gets an event of its own device, as
 //! PyTorch's allocator records on the stream's device; where the runtime cannot name that device
 //! (`cudaStreamGetDevice` is new in CUDA 12.8), the stream's work is not waited for, and the free
-//! logs a warning.
+//! logs a warning. During a CUDA graph capture the events are recorded only once no capture is
+//! underway, as PyTorch defers them (`backend::cuda::stream_events`).
 //!
 //! An interposed `cudaFree` of a recorded allocation waits for its policy's fence and for the
 //! recorded streams; under `free_sync:device` the fence is a device-wide synchronization (which

@@ -275,6 +275,141 @@ static void scenario_recorded_before(void) {
     CHECK_CODE(cudaStreamDestroy(t), cudaSuccess);
 }
 
+/* The C API and the pluggable allocator's hooks, found in the preloaded library. */
+struct direct_api {
+    int (*malloc)(void **, size_t, int, void *);
+    int (*free)(void *);
+    int (*record_stream)(void *, void *);
+    void (*torch_free)(void *, size_t, int, void *);
+};
+
+static int find_direct_api(struct direct_api *api) {
+    api->malloc = (int (*)(void **, size_t, int, void *))dlsym(RTLD_DEFAULT, "cachealloc_malloc");
+    api->free = (int (*)(void *))dlsym(RTLD_DEFAULT, "cachealloc_free");
+    api->record_stream =
+        (int (*)(void *, void *))dlsym(RTLD_DEFAULT, "cachealloc_record_stream");
+    api->torch_free =
+        (void (*)(void *, size_t, int, void *))dlsym(RTLD_DEFAULT, "cachealloc_torch_free");
+    return api->malloc != NULL && api->free != NULL && api->record_stream != NULL &&
+           api->torch_free != NULL;
+}
+
+/* Blocks of the C API recorded on other streams (cachealloc_record_stream), freed during a
+ * capture of a blocking stream with cachealloc_free and with the pluggable allocator's free
+ * hook: one recorded on the capturing stream, one on the legacy stream. An event recorded on the
+ * capturing stream would be a captured event, which no query may ask about, even after the
+ * capture; one recorded on the legacy stream, unusable while a blocking stream captures, would
+ * end the capture. So no event is recorded or queried during the capture, which completes;
+ * after it, the blocks wait for the work their streams had before the free, and are then
+ * reused (as PyTorch records such events once no capture is underway). */
+static void scenario_recorded_free(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t a, s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreate(&s), cudaSuccess);
+    void *x = NULL, *y = NULL, *z = NULL, *v = NULL, *w = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.malloc(&y, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, s), cudaSuccess);
+    CHECK_CODE(api.record_stream(y, NULL), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(y, 10 * MIB, NULL, 1000), cudaSuccess);
+    uint64_t records = fakecudart_counter("event_records");
+    uint64_t queries = fakecudart_counter("event_queries");
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    api.torch_free(y, 10 * MIB, 0, a);
+    CHECK(fakecudart_counter("event_records") == records);
+    CHECK(fakecudart_counter("event_queries") == queries);
+    end_capture_whole(s);
+    /* Both blocks wait for their streams' work, still running: the request takes new memory. */
+    CHECK_CODE(api.malloc(&z, 10 * MIB, 0, a), cudaSuccess);
+    CHECK(z != x && z != y);
+    CHECK(!fakecudart_range_busy(z, 10 * MIB));
+    CHECK_CODE(cudaStreamSynchronize(s), cudaSuccess);
+    CHECK_CODE(cudaStreamSynchronize(NULL), cudaSuccess);
+    CHECK_CODE(api.malloc(&v, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.malloc(&w, 10 * MIB, 0, a), cudaSuccess);
+    CHECK((v == x && w == y) || (v == y && w == x));
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(api.free(z), cudaSuccess);
+    CHECK_CODE(api.free(v), cudaSuccess);
+    CHECK_CODE(api.free(w), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* A block recorded on the capturing stream and on a stream of device 1, freed during the
+ * capture and given back by cachealloc_empty_cache right after it: the synchronization made
+ * before the release records the free's events, so it waits for the other device's stream too
+ * (which a synchronization of device 0 does not cover), and the segment goes back to the device
+ * once no work uses it. Needs two devices (the fake's default). */
+static void scenario_recorded_free_emptied(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    int (*empty_cache)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cachealloc_empty_cache");
+    CHECK(empty_cache != NULL);
+    cudaStream_t a, s, t1;
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&t1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreate(&s), cudaSuccess);
+    void *x = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, s), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, t1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, t1, 5000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    end_capture_whole(s);
+    CHECK(fakecudart_counter("frees") == 0);
+    CHECK(empty_cache(0) == cudaSuccess);
+    CHECK(fakecudart_counter("frees") == 1);
+    CHECK(!fakecudart_range_busy(x, 10 * MIB));
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(t1), cudaSuccess);
+}
+
+/* A block recorded on a stream of device 1 and freed during a capture on device 0, whose
+ * device 1 is reset after the capture, before device 0's next request: the free's event is
+ * recorded before the reset, on the stream the reset then destroys (not after it, on a handle
+ * the runtime let go: the real runtime does not check one), and the reset completes it. Needs
+ * two devices (the fake's default). */
+static void scenario_recorded_free_reset(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t a, s, t1;
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&t1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *x = NULL, *y = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, t1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, t1, 5000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    end_capture_whole(s);
+    uint64_t stale = fakecudart_counter("stale_stream_calls");
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(api.malloc(&y, 10 * MIB, 0, a), cudaSuccess);
+    CHECK(y == x);
+    CHECK(fakecudart_counter("stale_stream_calls") == stale);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(api.free(y), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* Another thread's request during a capture: thread-local captures let other threads call
  * cudaMalloc, and the pool must not synchronize the device for them either. */
 static void *other_thread_malloc(void *arg) {
@@ -453,6 +588,9 @@ static const struct {
     {"empty_cache", scenario_empty_cache},
     {"recorded", scenario_recorded},
     {"recorded_before", scenario_recorded_before},
+    {"recorded_free", scenario_recorded_free},
+    {"recorded_free_emptied", scenario_recorded_free_emptied},
+    {"recorded_free_reset", scenario_recorded_free_reset},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},

@@ -113,8 +113,19 @@ impl CudaBackend {
     }
 
     /// `device`, another one, is about to be reset: the events this backend recorded on its
-    /// streams are set aside until `end_reset_of`.
+    /// streams are set aside until `end_reset_of`. The frees made during a capture that ended
+    /// get their events first, while the streams they name still exist (not during a capture,
+    /// nor when that fails: those wait for the next poll).
     pub fn begin_reset_of(&mut self, device: DeviceId) {
+        if !captures::underway(self.rt)
+            && let Ok(_on_device) = self.enter()
+            && self
+                .stream_events
+                .record_deferred(self.rt, self.device)
+                .is_err()
+        {
+            runtime::clear_last_error(self.rt);
+        }
         self.stream_events.park(device);
     }
 
@@ -234,6 +245,15 @@ impl Backend for CudaBackend {
     }
 
     fn record_stream_fence(&mut self, streams: &[StreamId]) -> Result<StreamFence, BackendError> {
+        if captures::underway(self.rt) {
+            // An event recorded now could end the capture, or never answer a query: the fence's
+            // events are recorded after it (`stream_events`).
+            let fence = self.stream_events.defer(streams);
+            return Ok(StreamFence {
+                fence,
+                unfenced: Vec::new(),
+            });
+        }
         let _on_device = self.enter()?;
         let (fence, refused) = self
             .stream_events
@@ -258,9 +278,11 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         // On the device, as PyTorch queries and releases its events: a completed event may be
-        // destroyed here.
+        // destroyed here. The frees made during a capture that ended get their events first.
         let _on_device = self.enter()?;
-        self.stream_events.poll(self.rt, done).map_err(device_error)
+        let recorded = self.stream_events.record_deferred(self.rt, self.device);
+        let polled = self.stream_events.poll(self.rt, done);
+        recorded.and(polled).map_err(device_error)
     }
 
     #[inline]
@@ -294,6 +316,10 @@ impl Backend for CudaBackend {
             _ => None,
         };
         let _on_device = self.enter()?;
+        // The frees made during a capture that ended get their events, which this completes.
+        self.stream_events
+            .record_deferred(self.rt, self.device)
+            .map_err(device_error)?;
         // SAFETY: cudaDeviceSynchronize takes no arguments; it waits for the current device.
         let code = unsafe { (self.rt.device_synchronize)() };
         if code != codes::SUCCESS {

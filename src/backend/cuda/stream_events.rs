@@ -11,6 +11,15 @@
 //! own device. A synchronization of this device does not cover such a stream's work: before
 //! memory is given back, `wait_elsewhere` waits for its events. Where the runtime cannot name the
 //! stream's device, the stream is left out and returned to the caller.
+//!
+//! During a CUDA graph capture no event is recorded (`defer`): one recorded on a capturing stream
+//! is a captured event, which stands for no work that runs and which no query may ask about,
+//! even after the capture (`cudaErrorCapturedEvent`, 907), and the legacy stream is unusable
+//! while a blocking stream captures (a use of it ends that capture). As PyTorch's allocator defers
+//! them (`needs_events_deferred_until_no_capture`), the fence's events are recorded once no
+//! capture is underway (`record_deferred`: at the device's next poll or synchronization), after
+//! the work issued until then. Streams the runtime refuses then are left out, as at free time,
+//! but returned to no one: their work is not waited for.
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
@@ -50,6 +59,9 @@ pub struct StreamEvents {
     done_unpolled: Vec<u64>,
     /// Queues of streams of a device being reset (`park`), touched by nothing until `end_park`.
     parked: Vec<(StreamId, VecDeque<StreamEvent>)>,
+    /// Fences of frees made during a capture, with their streams, oldest first: no event yet
+    /// (each counts one outstanding until `record_deferred`).
+    deferred: Vec<(u64, Vec<StreamId>)>,
     next_fence: u64,
 }
 
@@ -64,6 +76,59 @@ impl StreamEvents {
         own: DeviceId,
         streams: &[StreamId],
     ) -> Result<Recorded, (CudaError, &'static str)> {
+        let fence = self.new_fence();
+        let refused = self.record_fence(rt, own, fence, streams)?;
+        Ok((Fence(fence), refused))
+    }
+
+    /// A fence over `streams` whose events are recorded later, by `record_deferred` (a CUDA
+    /// graph capture is underway): not done until then. Makes no call.
+    pub fn defer(&mut self, streams: &[StreamId]) -> Fence {
+        let fence = self.new_fence();
+        if !streams.is_empty() {
+            self.outstanding.insert(fence, 1);
+            self.deferred.push((fence, streams.to_vec()));
+        }
+        Fence(fence)
+    }
+
+    /// Record the events of the deferred fences, oldest first, now that no capture is underway;
+    /// the caller has made `own` current. A fence whose streams were all refused is done (the
+    /// next poll reports it). An error leaves that fence and the later ones deferred.
+    pub fn record_deferred(
+        &mut self,
+        rt: &Runtime,
+        own: DeviceId,
+    ) -> Result<(), (CudaError, &'static str)> {
+        let mut deferred = std::mem::take(&mut self.deferred);
+        let mut recorded = 0;
+        let mut result = Ok(());
+        for (fence, streams) in &deferred {
+            if let Err(e) = self.record_fence(rt, own, *fence, streams) {
+                result = Err(e);
+                break;
+            }
+            recorded += 1;
+        }
+        deferred.drain(..recorded);
+        self.deferred = deferred;
+        result
+    }
+
+    fn new_fence(&mut self) -> u64 {
+        self.next_fence += 1;
+        STREAM_FENCE | self.next_fence
+    }
+
+    /// Record an event of `fence` on each of `streams` (see `record`), and count them
+    /// outstanding; a deferred fence with none recorded is done.
+    fn record_fence(
+        &mut self,
+        rt: &Runtime,
+        own: DeviceId,
+        fence: u64,
+        streams: &[StreamId],
+    ) -> Result<Vec<(StreamId, CudaError)>, (CudaError, &'static str)> {
         let mut events = Vec::with_capacity(streams.len());
         for _ in streams {
             match self.idle.take(rt) {
@@ -76,8 +141,6 @@ impl StreamEvents {
                 }
             }
         }
-        self.next_fence += 1;
-        let fence = STREAM_FENCE | self.next_fence;
         let mut refused = Vec::new();
         let mut recorded = 0;
         for (&stream, event) in streams.iter().zip(events) {
@@ -107,9 +170,12 @@ impl StreamEvents {
         }
         if recorded > 0 {
             self.outstanding.insert(fence, recorded);
+        } else if self.outstanding.remove(&fence).is_some() {
+            // A deferred fence: the pool waits for a poll to report it.
+            self.done_unpolled.push(fence);
         }
         // Else nothing to wait for: `done` answers true at once.
-        Ok((Fence(fence), refused))
+        Ok(refused)
     }
 
     /// Retire the events that have completed since the last poll: each stream's, in order, up
