@@ -112,7 +112,15 @@ extern "C" {
  * stream). Size 0 stores NULL and succeeds, once the configuration, the runtime and the device
  * check out as for any size. Out of memory: 2 (`cudaErrorMemoryAllocation`), with the report
  * logged; a device the process does not have: 101 (`cudaErrorInvalidDevice`); `*ptr` is left
- * unchanged on any error.
+ * unchanged on any error. During a CUDA graph capture that cachealloc follows (see
+ * `cachealloc_empty_cache`), a request no cached block serves takes new memory with
+ * `cudaMalloc` (no synchronization, no memory given back), which the capture's rules may
+ * forbid: they allow it from a thread whose capture mode is relaxed
+ * (`cudaThreadExchangeStreamCaptureMode`, as PyTorch relaxes it for its own); where they
+ * forbid it, the runtime ends the capture and its code (900,
+ * `cudaErrorStreamCaptureUnsupported`) is returned. Memory that a captured graph uses must
+ * stay allocated while the graph may be launched: there is no private pool per graph, and a
+ * block freed is handed to the next request of its stream.
  *
  * # Safety
  * `ptr` is NULL (answered with 1) or valid for writing one pointer.
@@ -151,9 +159,13 @@ int cachealloc_record_stream(void *ptr, void *stream);
 /**
  * Release every fully free cached segment of `device` to the driver (after waiting for pending
  * frees), like `torch.cuda.empty_cache()`; during a CUDA graph capture it does nothing and
- * answers 0, as PyTorch's leaves its pools alone then. A device the process does not have: 101
- * (`cudaErrorInvalidDevice`; checked while the library is active, not under
- * `CACHEALLOC_DISABLE=1`).
+ * answers 0, as PyTorch's leaves its pools alone then. cachealloc follows the captures begun
+ * through its own `cudaStreamBeginCapture`: those of a program that preloads it, or links it
+ * before `libcudart`. Where the program's call reaches the runtime directly (`-lcudart`
+ * first, or the library loaded by `ctypes` alone), a capture is not seen: this call, like a
+ * request's out-of-memory retry, then synchronizes the device and frees memory, which ends
+ * the capture. A device the process does not have: 101 (`cudaErrorInvalidDevice`; checked
+ * while the library is active, not under `CACHEALLOC_DISABLE=1`).
  */
 int cachealloc_empty_cache(int device);
 
@@ -274,7 +286,8 @@ void cachealloc_torch_set_memory_fraction(double fraction, int device);
 /**
  * The hook for `set_reset_fn`, `void (void)`, which `torch.cuda.empty_cache()` calls: every
  * device's fully free cached segments go back to the driver (after pending frees complete);
- * nothing happens during a CUDA graph capture, as with PyTorch's own allocator.
+ * nothing happens during a CUDA graph capture that cachealloc follows, as with PyTorch's own
+ * allocator (one begun through the preloaded library; see `cachealloc_empty_cache`).
  */
 void cachealloc_torch_empty_cache(void);
 

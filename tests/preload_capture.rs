@@ -187,6 +187,14 @@ fn a_recorded_free_during_a_capture_records_its_events_before_a_reset_of_their_d
     check("recorded_free_reset", &[]);
 }
 
+/// `cachealloc_malloc` on a capturing stream: a cached block serves it; a miss takes new memory
+/// with `cudaMalloc`, which the capture tolerates from a thread in relaxed mode and refuses (the
+/// code returned, the capture ended) from one in the default global mode.
+#[test]
+fn a_c_api_request_during_a_capture_follows_the_threads_capture_mode() {
+    check("direct_malloc", &[]);
+}
+
 /// Another thread's request, during a thread-local capture, does not synchronize the device
 /// either (a device synchronization from any thread ends a capture).
 #[test]

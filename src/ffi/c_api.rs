@@ -17,7 +17,15 @@ use std::ffi::{c_char, c_int, c_void};
 /// stream). Size 0 stores NULL and succeeds, once the configuration, the runtime and the device
 /// check out as for any size. Out of memory: 2 (`cudaErrorMemoryAllocation`), with the report
 /// logged; a device the process does not have: 101 (`cudaErrorInvalidDevice`); `*ptr` is left
-/// unchanged on any error.
+/// unchanged on any error. During a CUDA graph capture that cachealloc follows (see
+/// `cachealloc_empty_cache`), a request no cached block serves takes new memory with
+/// `cudaMalloc` (no synchronization, no memory given back), which the capture's rules may
+/// forbid: they allow it from a thread whose capture mode is relaxed
+/// (`cudaThreadExchangeStreamCaptureMode`, as PyTorch relaxes it for its own); where they
+/// forbid it, the runtime ends the capture and its code (900,
+/// `cudaErrorStreamCaptureUnsupported`) is returned. Memory that a captured graph uses must
+/// stay allocated while the graph may be launched: there is no private pool per graph, and a
+/// block freed is handed to the next request of its stream.
 ///
 /// # Safety
 /// `ptr` is NULL (answered with 1) or valid for writing one pointer.
@@ -86,9 +94,13 @@ pub extern "C" fn cachealloc_record_stream(ptr: *mut c_void, stream: *mut c_void
 
 /// Release every fully free cached segment of `device` to the driver (after waiting for pending
 /// frees), like `torch.cuda.empty_cache()`; during a CUDA graph capture it does nothing and
-/// answers 0, as PyTorch's leaves its pools alone then. A device the process does not have: 101
-/// (`cudaErrorInvalidDevice`; checked while the library is active, not under
-/// `CACHEALLOC_DISABLE=1`).
+/// answers 0, as PyTorch's leaves its pools alone then. cachealloc follows the captures begun
+/// through its own `cudaStreamBeginCapture`: those of a program that preloads it, or links it
+/// before `libcudart`. Where the program's call reaches the runtime directly (`-lcudart`
+/// first, or the library loaded by `ctypes` alone), a capture is not seen: this call, like a
+/// request's out-of-memory retry, then synchronizes the device and frees memory, which ends
+/// the capture. A device the process does not have: 101 (`cudaErrorInvalidDevice`; checked
+/// while the library is active, not under `CACHEALLOC_DISABLE=1`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_empty_cache(device: c_int) -> c_int {
     boundary("cachealloc_empty_cache", codes::UNKNOWN, || {

@@ -213,7 +213,8 @@ pub extern "C" fn cachealloc_torch_set_memory_fraction(fraction: f64, device: c_
 
 /// The hook for `set_reset_fn`, `void (void)`, which `torch.cuda.empty_cache()` calls: every
 /// device's fully free cached segments go back to the driver (after pending frees complete);
-/// nothing happens during a CUDA graph capture, as with PyTorch's own allocator.
+/// nothing happens during a CUDA graph capture that cachealloc follows, as with PyTorch's own
+/// allocator (one begun through the preloaded library; see `cachealloc_empty_cache`).
 #[unsafe(no_mangle)]
 pub extern "C" fn cachealloc_torch_empty_cache() {
     boundary("cachealloc_torch_empty_cache", (), || {

@@ -410,6 +410,40 @@ static void scenario_recorded_free_reset(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* cachealloc_malloc on the capturing stream: a cached block of the stream serves the request
+ * whatever the thread's capture mode; a miss takes new memory with cudaMalloc, which a
+ * global-mode capture tolerates only from a thread whose mode is relaxed (as PyTorch relaxes
+ * it): from one in the default global mode the runtime refuses it (900, returned) and ends the
+ * capture, as it would the program's own cudaMalloc. */
+static void scenario_direct_malloc(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *cached = NULL, *hit = NULL, *grown = NULL, *refused = NULL;
+    CHECK_CODE(api.malloc(&cached, 10 * MIB, 0, s), cudaSuccess);
+    CHECK_CODE(api.free(cached), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.malloc(&hit, 10 * MIB, 0, s), cudaSuccess);
+    CHECK(hit == cached);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHECK_CODE(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+    CHECK_CODE(api.malloc(&grown, 10 * MIB, 0, s), cudaSuccess);
+    CHECK_CODE(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+    CHECK(grown != NULL && grown != hit);
+    CHECK(fakecudart_counter("captures_invalidated") == 0);
+    CHECK_CODE(api.malloc(&refused, 10 * MIB, 0, s), cudaErrorStreamCaptureUnsupported);
+    CHECK(refused == NULL);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+    CHECK(fakecudart_counter("captures_invalidated") == 1);
+    CHECK_CODE(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
+    CHECK_CODE(api.free(hit), cudaSuccess);
+    CHECK_CODE(api.free(grown), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* Another thread's request during a capture: thread-local captures let other threads call
  * cudaMalloc, and the pool must not synchronize the device for them either. */
 static void *other_thread_malloc(void *arg) {
@@ -591,6 +625,7 @@ static const struct {
     {"recorded_free", scenario_recorded_free},
     {"recorded_free_emptied", scenario_recorded_free_emptied},
     {"recorded_free_reset", scenario_recorded_free_reset},
+    {"direct_malloc", scenario_direct_malloc},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},
