@@ -38,6 +38,16 @@ fn a_request_during_a_capture_does_not_wait_for_pending_frees() {
     }
 }
 
+/// With a blocking stream capturing, the legacy stream is unusable: the free's fence (under
+/// `event`, an event on the legacy stream) waits for the capture's end before it is recorded.
+#[test]
+fn a_free_during_a_blocking_streams_capture_leaves_the_legacy_stream_alone() {
+    for free_sync in ["device", "event"] {
+        let conf = format!("free_sync:{free_sync}");
+        check("pending_free_blocking", &[("CACHEALLOC_CONF", &conf)]);
+    }
+}
+
 /// A block freed just before a capture (`torch.cuda.graph`'s `empty_cache()`) is completed by a
 /// device synchronization as the capture begins, so the capture's request reuses it; not while
 /// another capture is underway.

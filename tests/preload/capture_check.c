@@ -62,6 +62,30 @@ static void scenario_pending_free(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The same with a blocking stream capturing, which makes the legacy stream unusable (an action
+ * there would join the capture): the free's fence under free_sync:event, an event on the legacy
+ * stream, is recorded only once the capture has ended. */
+static void scenario_pending_free_blocking(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreate(&s), cudaSuccess);
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    CHECK_CODE(malloc_relaxed(&q, 10 * MIB), cudaSuccess);
+    CHECK(q != p);
+    end_capture_whole(s);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    /* After the capture, the next request that misses waits for p's fence and reuses it. */
+    CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
+    CHECK(r == p);
+    CHECK(!fakecudart_range_busy(p, 10 * MIB));
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* A block freed just before a capture begins (torch.cuda.graph gives PyTorch's cache back with
  * empty_cache() right before it) is completed as the capture begins, while a synchronization
  * (free_sync:device; under event, one only when its event is not done) is still allowed: the
@@ -615,6 +639,7 @@ static const struct {
     void (*run)(void);
 } scenarios[] = {
     {"pending_free", scenario_pending_free},
+    {"pending_free_blocking", scenario_pending_free_blocking},
     {"freed_before", scenario_freed_before},
     {"sync_fails_at_capture", scenario_sync_fails_at_capture},
     {"oom", scenario_oom},

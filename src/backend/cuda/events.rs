@@ -6,6 +6,11 @@
 //! `cudaStreamNonBlocking` is not covered — that is the documented limit of this policy.
 //!
 //! Events are created once with `cudaEventDisableTiming` and reused from a small free list.
+//!
+//! During a CUDA graph capture no event is recorded: while a blocking stream captures, the legacy
+//! stream is unusable (an action there would join the capture, and the runtime ends it). A fence
+//! made then waits, without an event, until the capture has ended; its event is recorded before
+//! any later fence is asked about, covering everything issued before the free and more.
 
 use super::runtime::{CudaError, Runtime, STREAM_LEGACY, codes};
 use rustc_hash::FxHashMap;
@@ -47,6 +52,8 @@ impl IdleEvents {
 #[derive(Debug, Default)]
 pub struct EventFences {
     recorded: FxHashMap<u64, EventHandle>,
+    /// Fences made during a capture, oldest first, whose events are not recorded yet.
+    deferred: Vec<u64>,
     idle: IdleEvents,
     next_fence: u64,
 }
@@ -54,21 +61,62 @@ pub struct EventFences {
 impl EventFences {
     /// Record an event on the legacy default stream; the caller has made the device current.
     pub fn record(&mut self, rt: &Runtime) -> Result<u64, (CudaError, &'static str)> {
+        let event = self.record_on_legacy(rt)?;
+        self.next_fence += 1;
+        self.recorded.insert(self.next_fence, event);
+        Ok(self.next_fence)
+    }
+
+    /// An event recorded on the legacy default stream of the current device.
+    fn record_on_legacy(&mut self, rt: &Runtime) -> Result<EventHandle, (CudaError, &'static str)> {
         let event = self.idle.take(rt)?;
         let code = record(rt, event, STREAM_LEGACY as *mut c_void);
         if code != codes::SUCCESS {
             self.idle.put(rt, event);
             return Err((code, "cudaEventRecord"));
         }
-        self.next_fence += 1;
-        self.recorded.insert(self.next_fence, event);
-        Ok(self.next_fence)
+        Ok(event)
     }
 
-    /// Whether the event behind `fence` has completed (unknown fences are done).
+    /// A fence made during a capture: its event is recorded by `record_deferred`, once the
+    /// capture has ended.
+    pub fn defer(&mut self) -> u64 {
+        self.next_fence += 1;
+        self.deferred.push(self.next_fence);
+        self.next_fence
+    }
+
+    /// Whether fences made during a capture wait for their events.
+    #[inline]
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
+    /// Record the events of the fences made during a capture, oldest first; the caller has made
+    /// the device current, and no capture is underway. An error leaves that fence and the later
+    /// ones waiting.
+    pub fn record_deferred(&mut self, rt: &Runtime) -> Result<(), (CudaError, &'static str)> {
+        for i in 0..self.deferred.len() {
+            let recorded = self.record_on_legacy(rt);
+            match recorded {
+                Ok(event) => {
+                    self.recorded.insert(self.deferred[i], event);
+                }
+                Err(e) => {
+                    self.deferred.drain(..i);
+                    return Err(e);
+                }
+            }
+        }
+        self.deferred.clear();
+        Ok(())
+    }
+
+    /// Whether the event behind `fence` has completed (unknown fences are done; one waiting
+    /// for its event is not).
     pub fn done(&mut self, rt: &Runtime, fence: u64) -> Result<bool, (CudaError, &'static str)> {
         let Some(&event) = self.recorded.get(&fence) else {
-            return Ok(true);
+            return Ok(!self.deferred.contains(&fence));
         };
         match query(rt, event) {
             codes::SUCCESS => {
@@ -81,8 +129,10 @@ impl EventFences {
         }
     }
 
-    /// After a device-wide synchronization every recorded event has completed.
+    /// After a device-wide synchronization every recorded event has completed, and the work
+    /// before every fence made during a capture (which ended before it) too.
     pub fn all_done(&mut self, rt: &Runtime) {
+        self.deferred.clear();
         let events: Vec<EventHandle> = self.recorded.drain().map(|(_, e)| e).collect();
         for event in events {
             self.idle.put(rt, event);

@@ -167,6 +167,18 @@ fn enter(rt: &'static Runtime, device: DeviceId) -> Result<DeviceGuard<'static>,
     })
 }
 
+/// Record the events of the fences made during a capture that has ended, on the device.
+#[cold]
+#[inline(never)]
+fn record_deferred_fences(
+    rt: &'static Runtime,
+    device: DeviceId,
+    events: &mut EventFences,
+) -> Result<(), BackendError> {
+    let _on_device = enter(rt, device)?;
+    events.record_deferred(rt).map_err(device_error)
+}
+
 fn device_error((code, call): (CudaError, &'static str)) -> BackendError {
     BackendError::Device { code, call }
 }
@@ -237,6 +249,11 @@ impl Backend for CudaBackend {
         match &mut self.fences {
             FencePolicy::DeviceSync(epochs) => Ok(Fence(epochs.fence())),
             FencePolicy::LegacyStreamEvent(events) => {
+                if captures::underway(self.rt) {
+                    // The legacy stream may be unusable (a blocking stream captures): the
+                    // event is recorded after the capture (`EventFences`).
+                    return Ok(Fence(events.defer()));
+                }
                 let _on_device = enter(self.rt, self.device)?;
                 events.record(self.rt).map(Fence).map_err(device_error)
             }
@@ -296,6 +313,9 @@ impl Backend for CudaBackend {
                 // An event query may end a capture: the fence waits for its end.
                 if captures::underway(self.rt) {
                     return Ok(false);
+                }
+                if events.has_deferred() {
+                    record_deferred_fences(self.rt, self.device, events)?;
                 }
                 events.done(self.rt, fence.0).map_err(device_error)
             }
