@@ -38,7 +38,11 @@
 #       shim a second one after a free made during the capture, which stays pending; without
 #       and with the shim: the capture must end with a graph; and, with torch on a GPU,
 #       torch.cuda.graph with libcachealloc.so preloaded under PyTorch's own allocator, replayed
-#       and compared with the eager result.
+#       and compared with the eager result;
+#   (m) cudaFreeAsync of memory cudaMalloc gave: two 1 MiB blocks (with the shim, one segment),
+#       the first freed with cudaFreeAsync on a stream, the second read back intact; then freed on
+#       a capturing stream, which the shim refuses (1) with the capture going on; without the shim
+#       the runtime's own answers are the row's figures.
 #
 # Without a GPU (no working nvidia-smi), or with --dry-run, every helper is built and run against
 # the project's fake CUDA runtime (tests/fake-cudart) so the plumbing is exercised; those rows
@@ -71,6 +75,7 @@ readonly RESET_CHUNK_FAKE=$((64 << 20))          # 64 MiB, with a 1 GiB fake dev
 readonly RESET_CHUNKS=8
 readonly RESET_MARGIN=$((32 << 20))              # free memory after the reset vs at the start
 readonly CAPTURE_BYTES=$((64 << 20))             # row (l): freed, then allocated in the capture
+readonly FREE_ASYNC_BYTES=$((1 << 20))           # row (m): two blocks, one 2 MiB segment
 
 dry_run=0
 lib="${CACHEALLOC_LIB:-}"
@@ -209,7 +214,8 @@ if [[ -z "$cudart" ]]; then
 elif ! command -v gcc >/dev/null 2>&1; then
     build_problem="gcc not found"
 else
-    for prog in malloc_loop oom_check ipc_check cross_device reset_check graph_capture; do
+    for prog in malloc_loop oom_check ipc_check cross_device reset_check graph_capture \
+        free_async; do
         gcc -std=gnu11 -O2 -Wall -Wextra -o "$work/$prog" "$helpers/$prog.c" \
             -L "$(dirname "$cudart")" -l:"$(basename "$cudart")" -ldl \
             -Wl,-rpath,"$(dirname "$cudart")" 2>"$work/last-stderr" ||
@@ -660,5 +666,33 @@ else
         row "$capture_check" "$torch_capture_variant" "FAILED: ${BASH_REMATCH[1]}" "$on"
     else
         row "$capture_check" "$torch_capture_variant" "FAILED: no result line ($(why_failed))" "$on"
+    fi
+fi
+
+# --- (m) cudaFreeAsync of cudaMalloc memory ------------------------------------------------------
+
+free_async_check="(m) cudaFreeAsync"
+free_async_variant="two $(fmt_bytes "$FREE_ASYNC_BYTES") blocks from cudaMalloc: the first freed with cudaFreeAsync on a stream, the second read back, then freed on a capturing stream"
+free_async_want="free_rc=0 sync_rc=0 read_rc=0 intact=1 capture_free_rc=1 end_rc=0 graph=1 after_rc=0"
+if [[ -n "$build_problem" || -n "$shim_problem" ]]; then
+    row "$free_async_check" "$free_async_variant" "not run: ${build_problem:-$shim_problem}" "$on"
+else
+    results=()
+    for preload in "" "$lib"; do
+        rc=0
+        bounded 60 env -u CACHEALLOC_DISABLE -u CACHEALLOC_CONF LD_PRELOAD="$preload" \
+            "$work/free_async" "$FREE_ASYNC_BYTES" || rc=$?
+        if ((rc == 0)) && [[ "$out" =~ (free_rc=.*after_rc=-?[0-9]+) ]]; then
+            results+=("${BASH_REMATCH[1]}")
+        else
+            results+=("$(failed "$rc")")
+        fi
+    done
+    if [[ "${results[1]}" == "not run: "* ]]; then
+        row "$free_async_check" "$free_async_variant" "${results[1]}" "$on"
+    elif [[ "${results[1]}" == "$free_async_want" ]]; then
+        row "$free_async_check" "$free_async_variant" "with the shim: $free_async_want: ok; the runtime alone: ${results[0]}" "$on"
+    else
+        row "$free_async_check" "$free_async_variant" "FAILED with the shim: ${results[1]#FAILED: } (wanted $free_async_want; the runtime alone: ${results[0]})" "$on"
     fi
 fi

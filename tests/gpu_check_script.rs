@@ -66,7 +66,7 @@ fn dry_run(budget_s: u64) -> (bool, String, String) {
     )
 }
 
-/// The table's rows, split into their four columns; each check (a)–(l) has at least one.
+/// The table's rows, split into their four columns; each check (a)–(m) has at least one.
 fn every_row(stdout: &str) -> Vec<Vec<&str>> {
     let table: Vec<&str> = stdout.lines().filter(|l| l.starts_with('|')).collect();
     assert_eq!(
@@ -79,7 +79,7 @@ fn every_row(stdout: &str) -> Vec<Vec<&str>> {
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
     for check in [
-        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "(k)", "(l)",
+        "(a)", "(b)", "(c)", "(d)", "(e)", "(f)", "(g)", "(h)", "(i)", "(j)", "(k)", "(l)", "(m)",
     ] {
         assert!(
             rows.iter().any(|r| r[0].starts_with(check)),
@@ -220,6 +220,17 @@ fn dry_run_prints_one_honest_table() {
             "without the shim and with it: cudaStreamBeginCapture 0, cudaMalloc 0 (with the shim \
              twice), cudaStreamEndCapture 0 with a graph: ok"
         ) && figure("(l)", "torch.cuda.graph", "not run: needs torch on a GPU"),
+        "{stdout}"
+    );
+    // The shim takes back its own memory freed with cudaFreeAsync: the block beside it, in the
+    // same segment, still holds its bytes; on a capturing stream the free is refused.
+    assert!(
+        figure(
+            "(m)",
+            "two 1.0 MiB blocks",
+            "with the shim: free_rc=0 sync_rc=0 read_rc=0 intact=1 capture_free_rc=1 end_rc=0 \
+             graph=1 after_rc=0: ok; the runtime alone: free_rc=0"
+        ),
         "{stdout}"
     );
     let replayed = rows

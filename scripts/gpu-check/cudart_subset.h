@@ -38,6 +38,8 @@ extern cudaError_t cudaGetLastError(void);
 extern cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 extern const char *cudaGetErrorName(cudaError_t error);
 extern cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+extern cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+extern cudaError_t cudaFreeAsync(void *dev_ptr, cudaStream_t stream);
 extern cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode);
 extern cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
 extern cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
