@@ -205,6 +205,14 @@ fn a_c_api_request_during_a_capture_follows_the_threads_capture_mode() {
     check("direct_malloc", &[]);
 }
 
+/// Such a free recorded on two streams, one of which the program destroys after the capture:
+/// that stream's event is recorded as it is destroyed, not on the stale handle afterwards, and
+/// the block waits for both streams' work.
+#[test]
+fn a_recorded_free_during_a_capture_records_its_event_on_a_stream_before_its_destroy() {
+    check("recorded_free_destroyed", &[]);
+}
+
 /// Another thread's request, during a thread-local capture, does not synchronize the device
 /// either (a device synchronization from any thread ends a capture).
 #[test]

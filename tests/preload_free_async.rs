@@ -76,3 +76,18 @@ fn a_pool_pointer_is_refused_on_a_capturing_stream_and_stays_allocated() {
 fn a_stream_the_runtime_does_not_take_leaves_the_block_allocated() {
     check_under_every_policy("stale_stream");
 }
+
+/// A free made while another stream captures, whose stream the program destroys after the
+/// capture and before its next request: the block still waits for the stream's work (which
+/// goes on after the destroy), and no call names the destroyed stream.
+#[test]
+fn a_free_deferred_by_a_capture_waits_for_its_stream_destroyed_after_it() {
+    check_under_every_policy("destroyed_after_capture");
+}
+
+/// The same with the stream destroyed while the capture is still underway: its event is
+/// recorded then, on a stream that does not capture, and the capture goes on undisturbed.
+#[test]
+fn a_free_deferred_by_a_capture_waits_for_its_stream_destroyed_during_it() {
+    check_under_every_policy("destroyed_during_capture");
+}

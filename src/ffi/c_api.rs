@@ -75,10 +75,12 @@ pub extern "C" fn cachealloc_free(ptr: *mut c_void) -> c_int {
 /// device's next request or synchronization, as PyTorch's allocator defers them (an event
 /// recorded on a capturing stream can never be queried, and one on the legacy stream ends the
 /// capture of a blocking stream): the recorded streams must then stay alive until that
-/// request. A stream of another device gets an event of that device (with a runtime older than
-/// CUDA 12.8, which cannot name a stream's device, it is not waited for, and the free logs a
-/// warning). The program's own `cudaFree` of it waits for the recorded streams too, and, as any
-/// interposed `cudaFree`, for the `free_sync` policy's fence. Its own stream or NULL `ptr`:
+/// request, or be destroyed with the `cudaStreamDestroy` that cachealloc interposes (preloaded,
+/// or linked before the runtime), which records the stream's event first. A stream of another
+/// device gets an event of that device (with a runtime older than CUDA 12.8, which cannot name
+/// a stream's device, it is not waited for, and the free logs a warning). The program's own
+/// `cudaFree` of it waits for the recorded streams too, and, as any interposed `cudaFree`, for
+/// the `free_sync` policy's fence. Its own stream or NULL `ptr`:
 /// nothing to do, 0. A pointer that is not a live allocation of cachealloc: 1
 /// (`cudaErrorInvalidValue`; checked while the library is active — under
 /// `CACHEALLOC_DISABLE=1` this does nothing and answers 0).

@@ -7,8 +7,12 @@
 use super::forward::{real, without_runtime};
 use super::interpose;
 use super::last_error;
+use super::pools;
+use super::reentry;
 use crate::backend::cuda::captures;
 use crate::backend::cuda::runtime::{CudaError, Runtime, STREAM_PER_THREAD, codes};
+use crate::backend::cuda::stream_events;
+use crate::pool::StreamId;
 use std::ffi::{c_int, c_void};
 
 /// Which form of a stream call the program called (a capture's start, `cudaFreeAsync`): the
@@ -97,7 +101,8 @@ pub unsafe fn stream_begin_capture_to_graph(
 }
 
 /// The real `cudaStreamDestroy(stream)`; a stream noted for a capture is forgotten first
-/// (`captures::destroying`), and noted again if the runtime refuses to destroy it.
+/// (`captures::destroying`), and noted again if the runtime refuses to destroy it. Frees made
+/// during a capture that wait for an event on the stream get it first (`events_before_destroy`).
 ///
 /// # Safety
 /// The stream is the program's, passed on as it came (the program's own contract with the
@@ -106,6 +111,7 @@ pub unsafe fn stream_destroy(stream: *mut c_void) -> CudaError {
     let Some(rt) = real() else {
         return without_runtime();
     };
+    events_before_destroy(stream as usize);
     let noted = captures::destroying(stream as usize);
     // SAFETY: the caller's stream goes to the real function unchanged.
     let code = unsafe { (rt.stream_destroy)(stream) };
@@ -113,4 +119,23 @@ pub unsafe fn stream_destroy(stream: *mut c_void) -> CudaError {
         captures::begun(rt, stream as usize);
     }
     code
+}
+
+/// Before `stream` is destroyed: the frees made during a capture that wait for an event on it
+/// (a `cudaFreeAsync` on it, or a block recorded on it) get that event now, on every device's
+/// pool (`CudaBackend::stream_destroying`); CUDA lets a destroyed stream's work run on, and the
+/// frees wait for it. One atomic load while no free waits so.
+fn events_before_destroy(stream: usize) {
+    if !stream_events::any_deferred() {
+        return;
+    }
+    let Some(_inside) = reentry::enter() else {
+        return;
+    };
+    for device in pools::used_devices() {
+        let _ = pools::with_pool(device, |pool| {
+            pool.backend_mut()
+                .stream_destroying(StreamId(stream as u64))
+        });
+    }
 }

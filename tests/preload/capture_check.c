@@ -468,6 +468,48 @@ static void scenario_direct_malloc(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A block of the C API recorded on two streams, freed during a capture of a third: the program
+ * destroys one recorded stream (s1) after the capture, before its next request. Its event is
+ * recorded as it is destroyed, the other stream's at the next request, and the block waits for
+ * both streams' work, each one's on its own, with no call on the destroyed handle. */
+static void scenario_recorded_free_destroyed(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t a, c, s1, s2;
+    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+    void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, s1), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, s2), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, s1, 3000), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, s2, 1000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    end_capture_whole(c);
+    uint64_t stale = fakecudart_counter("stale_stream_calls");
+    CHECK_CODE(cudaStreamDestroy(s1), cudaSuccess);
+    CHECK_CODE(api.malloc(&y, 10 * MIB, 0, a), cudaSuccess);
+    CHECK(y != x);
+    /* s2's work is over, the destroyed s1's is not: still waiting. */
+    fakecudart_advance(1000);
+    CHECK_CODE(api.malloc(&z, 10 * MIB, 0, a), cudaSuccess);
+    CHECK(z != x);
+    fakecudart_advance(2000);
+    CHECK_CODE(api.malloc(&w, 10 * MIB, 0, a), cudaSuccess);
+    CHECK(w == x);
+    CHECK(fakecudart_counter("stale_stream_calls") == stale);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(api.free(y), cudaSuccess);
+    CHECK_CODE(api.free(z), cudaSuccess);
+    CHECK_CODE(api.free(w), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(c), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s2), cudaSuccess);
+}
+
 /* Another thread's request during a capture: thread-local captures let other threads call
  * cudaMalloc, and the pool must not synchronize the device for them either. */
 static void *other_thread_malloc(void *arg) {
@@ -650,6 +692,7 @@ static const struct {
     {"recorded_free", scenario_recorded_free},
     {"recorded_free_emptied", scenario_recorded_free_emptied},
     {"recorded_free_reset", scenario_recorded_free_reset},
+    {"recorded_free_destroyed", scenario_recorded_free_destroyed},
     {"direct_malloc", scenario_direct_malloc},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},

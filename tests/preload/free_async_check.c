@@ -128,6 +128,45 @@ static void scenario_stale_stream(void) {
     CHECK_CODE(cudaFree(a), cudaSuccess);
 }
 
+/* A free made while another stream (c) captures waits for its event until the capture has
+ * ended. The program may destroy the free's stream before its next request, during the capture
+ * or after it (`during`), and CUDA lets the stream's work run on: the block still waits for that
+ * work, no call names the destroyed stream, and the capture is not disturbed. */
+static void destroyed_with_a_free_deferred(int during) {
+    cudaStream_t c, s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *a = NULL, *b = NULL, *d = NULL;
+    CHECK_CODE(cudaMalloc(&a, BLOCK), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(a, BLOCK, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(c, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync(a, s), cudaSuccess);
+    uint64_t stale = counter("stale_stream_calls");
+    if (during)
+        CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(c, &graph), cudaSuccess);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    if (!during)
+        CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, BLOCK), cudaSuccess);
+    CHECK(!fakecudart_range_busy(b, BLOCK));
+    /* Once the destroyed stream's work has ended, the block is reused. */
+    fakecudart_advance(1000);
+    CHECK_CODE(cudaMalloc(&d, BLOCK), cudaSuccess);
+    CHECK(d == a);
+    CHECK(counter("stale_stream_calls") == stale);
+    CHECK(counter("captures_invalidated") == 0);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    CHECK_CODE(cudaFree(d), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(c), cudaSuccess);
+}
+
+static void scenario_destroyed_after_capture(void) { destroyed_with_a_free_deferred(0); }
+
+static void scenario_destroyed_during_capture(void) { destroyed_with_a_free_deferred(1); }
+
 static const struct {
     const char *name;
     void (*run)(void);
@@ -138,6 +177,8 @@ static const struct {
     {"bad_pointers", scenario_bad_pointers},
     {"capturing", scenario_capturing},
     {"stale_stream", scenario_stale_stream},
+    {"destroyed_after_capture", scenario_destroyed_after_capture},
+    {"destroyed_during_capture", scenario_destroyed_during_capture},
 };
 
 int main(int argc, char **argv) {

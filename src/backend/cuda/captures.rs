@@ -178,14 +178,16 @@ fn forget_ended(rt: &Runtime) -> bool {
 /// Whether `stream` captures now, by the runtime. A stream it cannot answer for (an error)
 /// does not. The query is the library's own call: its failure would replace the program's
 /// unread error, so that error is kept first (`unread_error`) and the failure cleared.
-fn is_capturing(rt: &Runtime, stream: usize) -> bool {
+pub fn is_capturing(rt: &Runtime, stream: usize) -> bool {
     unread_error::keep_unread(rt);
     let mut status: i32 = STATUS_NONE;
     // SAFETY: `status` is a valid out-pointer for the call; the stream handle is one the
     // program passed to cudaStreamBeginCapture, forgotten (`destroying`) before the program's
-    // cudaStreamDestroy of it reaches the runtime. Only a query that another thread read the
-    // slot for before then can name a destroyed stream: one of the races the module comment
-    // leaves open, as it does a stream destroyed through the driver API.
+    // cudaStreamDestroy of it reaches the runtime, or one that cudaStreamDestroy is about to
+    // destroy (`CudaBackend::stream_destroying`, before it is forwarded). Only a query that
+    // another thread read the slot for before then can name a destroyed stream: one of the
+    // races the module comment leaves open, as it does a stream destroyed through the driver
+    // API.
     let code: CudaError = unsafe { (rt.stream_is_capturing)(stream as *mut c_void, &mut status) };
     if code != codes::SUCCESS {
         runtime::clear_last_error(rt);

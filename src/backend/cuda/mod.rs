@@ -129,6 +129,27 @@ impl CudaBackend {
         self.stream_events.park(device);
     }
 
+    /// The program is about to destroy `stream`: the frees made during a capture that wait for
+    /// an event on it get that event now, while its handle is live (after the destroy a handle
+    /// may crash the runtime or name a newer stream), unless the stream itself captures (an event
+    /// recorded there would be a captured one). Errors are cleared: the destroy goes ahead, and
+    /// the frees' other streams wait as before.
+    pub fn stream_destroying(&mut self, stream: StreamId) {
+        if !self.stream_events.defers(stream)
+            || (captures::underway(self.rt) && captures::is_capturing(self.rt, stream.0 as usize))
+        {
+            return;
+        }
+        if let Ok(_on_device) = self.enter()
+            && self
+                .stream_events
+                .record_deferred_on(self.rt, self.device, stream)
+                .is_err()
+        {
+            runtime::clear_last_error(self.rt);
+        }
+    }
+
     /// The reset of `device` is over: when it `happened`, the events set aside went with it and
     /// count as complete; else they are waited for again.
     pub fn end_reset_of(&mut self, device: DeviceId, happened: bool) {

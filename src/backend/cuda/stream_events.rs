@@ -19,7 +19,9 @@
 //! them (`needs_events_deferred_until_no_capture`), the fence's events are recorded once no
 //! capture is underway (`record_deferred`: at the device's next poll or synchronization), after
 //! the work issued until then. Streams the runtime refuses then are left out, as at free time,
-//! but returned to no one: their work is not waited for.
+//! but returned to no one: their work is not waited for. A stream the program destroys before
+//! then (CUDA lets its work run on) gets its events as it is destroyed (`record_deferred_on`),
+//! while its handle is live.
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
@@ -30,12 +32,26 @@ use crate::pool::{DeviceId, StreamId};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Marks the fences of `StreamEvents` (the `free_sync` policies' fences never reach this bit).
 pub const STREAM_FENCE: u64 = 1 << 63;
 
 /// A recorded fence, and the streams the runtime refused to record on with its answers.
 pub type Recorded = (Fence, Vec<(StreamId, CudaError)>);
+
+/// How many events were recorded, and the streams refused with the runtime's answers.
+type Events = (usize, Vec<(StreamId, CudaError)>);
+
+/// Deferred fences of every device's `StreamEvents`: a stream's destruction reads one atomic
+/// while none waits (`any_deferred`).
+static DEFERRED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a fence of any device waits for its events to be recorded after a capture.
+#[inline]
+pub fn any_deferred() -> bool {
+    DEFERRED.load(Ordering::Acquire) != 0
+}
 
 /// A recorded event: the fence it belongs to, and its device when that is not the backend's
 /// (the stream's device, where it was created).
@@ -77,7 +93,11 @@ impl StreamEvents {
         streams: &[StreamId],
     ) -> Result<Recorded, (CudaError, &'static str)> {
         let fence = self.new_fence();
-        let refused = self.record_fence(rt, own, fence, streams)?;
+        let (events, refused) = self.record_events(rt, own, fence, streams)?;
+        if events > 0 {
+            self.outstanding.insert(fence, events);
+        }
+        // Else nothing to wait for: `done` answers true at once.
         Ok((Fence(fence), refused))
     }
 
@@ -86,8 +106,10 @@ impl StreamEvents {
     pub fn defer(&mut self, streams: &[StreamId]) -> Fence {
         let fence = self.new_fence();
         if !streams.is_empty() {
+            // One count for the streams whose events are not recorded yet (`settle_deferred`).
             self.outstanding.insert(fence, 1);
             self.deferred.push((fence, streams.to_vec()));
+            DEFERRED.fetch_add(1, Ordering::AcqRel);
         }
         Fence(fence)
     }
@@ -104,15 +126,72 @@ impl StreamEvents {
         let mut recorded = 0;
         let mut result = Ok(());
         for (fence, streams) in &deferred {
-            if let Err(e) = self.record_fence(rt, own, *fence, streams) {
-                result = Err(e);
-                break;
+            match self.record_events(rt, own, *fence, streams) {
+                Ok((events, _refused)) => self.settle_deferred(*fence, events, true),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
             recorded += 1;
         }
         deferred.drain(..recorded);
+        DEFERRED.fetch_sub(recorded, Ordering::AcqRel);
         self.deferred = deferred;
         result
+    }
+
+    /// Whether a deferred fence waits for an event on `stream`.
+    pub fn defers(&self, stream: StreamId) -> bool {
+        self.deferred
+            .iter()
+            .any(|(_, streams)| streams.contains(&stream))
+    }
+
+    /// The program is about to destroy `stream`, which is not capturing: the deferred fences'
+    /// events on it are recorded now, while its handle is live (its work runs on after the
+    /// destroy, and the fences wait for it); their other streams wait for `record_deferred`. The
+    /// caller has made `own` current. An error leaves the fences not reached as they were.
+    pub fn record_deferred_on(
+        &mut self,
+        rt: &Runtime,
+        own: DeviceId,
+        stream: StreamId,
+    ) -> Result<(), (CudaError, &'static str)> {
+        let mut deferred = std::mem::take(&mut self.deferred);
+        let mut result = Ok(());
+        for (fence, streams) in deferred.iter_mut() {
+            if !streams.contains(&stream) {
+                continue;
+            }
+            match self.record_events(rt, own, *fence, &[stream]) {
+                Ok((events, _refused)) => {
+                    streams.retain(|&s| s != stream);
+                    self.settle_deferred(*fence, events, streams.is_empty());
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let before = deferred.len();
+        deferred.retain(|(_, streams)| !streams.is_empty());
+        DEFERRED.fetch_sub(before - deferred.len(), Ordering::AcqRel);
+        self.deferred = deferred;
+        result
+    }
+
+    /// `events` more events of deferred `fence` are outstanding; once `settled` (no stream of it
+    /// waits to be recorded on any more), the count its deferral held goes, and a fence with no
+    /// event left is done (the next poll reports it).
+    fn settle_deferred(&mut self, fence: u64, events: usize, settled: bool) {
+        if let Some(left) = self.outstanding.get_mut(&fence) {
+            *left += events;
+        }
+        if settled && count_complete(&mut self.outstanding, fence) {
+            self.done_unpolled.push(fence);
+        }
     }
 
     fn new_fence(&mut self) -> u64 {
@@ -120,15 +199,15 @@ impl StreamEvents {
         STREAM_FENCE | self.next_fence
     }
 
-    /// Record an event of `fence` on each of `streams` (see `record`), and count them
-    /// outstanding; a deferred fence with none recorded is done.
-    fn record_fence(
+    /// Record an event of `fence` on each of `streams` (see `record`); how many were recorded
+    /// (the caller counts them outstanding), and the streams refused.
+    fn record_events(
         &mut self,
         rt: &Runtime,
         own: DeviceId,
         fence: u64,
         streams: &[StreamId],
-    ) -> Result<Vec<(StreamId, CudaError)>, (CudaError, &'static str)> {
+    ) -> Result<Events, (CudaError, &'static str)> {
         let mut events = Vec::with_capacity(streams.len());
         for _ in streams {
             match self.idle.take(rt) {
@@ -168,14 +247,7 @@ impl StreamEvents {
                 });
             recorded += 1;
         }
-        if recorded > 0 {
-            self.outstanding.insert(fence, recorded);
-        } else if self.outstanding.remove(&fence).is_some() {
-            // A deferred fence: the pool waits for a poll to report it.
-            self.done_unpolled.push(fence);
-        }
-        // Else nothing to wait for: `done` answers true at once.
-        Ok(refused)
+        Ok((recorded, refused))
     }
 
     /// Retire the events that have completed since the last poll: each stream's, in order, up
@@ -320,6 +392,13 @@ impl StreamEvents {
                 *queue = parked;
             }
         }
+    }
+}
+
+impl Drop for StreamEvents {
+    /// The backend is dropped (its device reset): its deferred fences go with it, uncounted.
+    fn drop(&mut self) {
+        DEFERRED.fetch_sub(self.deferred.len(), Ordering::AcqRel);
     }
 }
 
