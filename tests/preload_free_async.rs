@@ -47,6 +47,14 @@ fn the_per_thread_form_orders_the_free_on_the_threads_default_stream() {
     check_under_every_policy("per_thread");
 }
 
+/// Another thread's `cudaFreeAsync_ptsz(p, NULL)` during a capture: its event is recorded after
+/// the capture by the main thread's request, and the block still waits for the work on the
+/// freeing thread's default stream (not on the recording thread's own).
+#[test]
+fn a_free_on_a_threads_default_stream_deferred_by_a_capture_waits_for_that_thread() {
+    check_under_every_policy("per_thread_deferred");
+}
+
 #[test]
 fn memory_of_the_stream_ordered_allocator_is_freed_by_the_runtime() {
     check_under_every_policy("foreign");

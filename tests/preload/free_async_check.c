@@ -7,6 +7,7 @@
  * runtime. Run by tests/preload_free_async.rs as `free_async_check SCENARIO`; prints
  * "ok SCENARIO" when every check held.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -167,12 +168,50 @@ static void scenario_destroyed_after_capture(void) { destroyed_with_a_free_defer
 
 static void scenario_destroyed_during_capture(void) { destroyed_with_a_free_deferred(1); }
 
+/* Another thread's work on its own default stream, freed there with cudaFreeAsync_ptsz(p, NULL)
+ * while the main thread's stream captures. */
+static void *free_on_own_default_stream(void *p) {
+    if (fakecudart_launch(p, BLOCK, cudaStreamPerThread, 1000) != cudaSuccess ||
+        cudaFreeAsync_ptsz(p, NULL) != cudaSuccess)
+        return p;
+    return NULL;
+}
+
+/* A free on another thread's default stream, made during a capture, waits for its event until
+ * the capture has ended; the main thread's next request records it. The block still waits for
+ * that thread's work, not for the main thread's own default stream (empty). */
+static void scenario_per_thread_deferred(void) {
+    cudaStream_t c;
+    CHECK_CODE(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+    void *a = NULL, *b = NULL, *d = NULL, *failed = NULL;
+    CHECK_CODE(cudaMalloc(&a, BLOCK), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(c, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, free_on_own_default_stream, a) == 0);
+    CHECK(pthread_join(thread, &failed) == 0);
+    CHECK(failed == NULL);
+    cudaGraph_t graph = NULL;
+    CHECK_CODE(cudaStreamEndCapture(c, &graph), cudaSuccess);
+    CHECK_CODE(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&b, BLOCK), cudaSuccess);
+    CHECK(!fakecudart_range_busy(b, BLOCK));
+    fakecudart_advance(1000);
+    CHECK_CODE(cudaMalloc(&d, BLOCK), cudaSuccess);
+    CHECK(d == a);
+    CHECK(counter("captures_invalidated") == 0);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaFree(b), cudaSuccess);
+    CHECK_CODE(cudaFree(d), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(c), cudaSuccess);
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
 } scenarios[] = {
     {"stream_ordered", scenario_stream_ordered},
     {"per_thread", scenario_per_thread},
+    {"per_thread_deferred", scenario_per_thread_deferred},
     {"foreign", scenario_foreign},
     {"bad_pointers", scenario_bad_pointers},
     {"capturing", scenario_capturing},

@@ -25,7 +25,9 @@
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
-use super::runtime::{CudaError, Runtime, clear_last_error, codes, stream_device};
+use super::runtime::{
+    CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, clear_last_error, codes, stream_device,
+};
 use super::unread_error;
 use crate::backend::Fence;
 use crate::pool::{DeviceId, StreamId};
@@ -102,13 +104,28 @@ impl StreamEvents {
     }
 
     /// A fence over `streams` whose events are recorded later, by `record_deferred` (a CUDA
-    /// graph capture is underway): not done until then. Makes no call.
+    /// graph capture is underway): not done until then. Makes no call. The per-thread default
+    /// stream (`cudaStreamPerThread`) is the calling thread's, and the events may be recorded by
+    /// another thread: the legacy default stream stands for it, whose event, recorded after the
+    /// capture, follows the earlier work of every thread's default stream (they are blocking).
     pub fn defer(&mut self, streams: &[StreamId]) -> Fence {
         let fence = self.new_fence();
         if !streams.is_empty() {
+            let legacy = StreamId(STREAM_LEGACY as u64);
+            let mut named = Vec::with_capacity(streams.len());
+            for &stream in streams {
+                let stream = if stream.0 == STREAM_PER_THREAD as u64 {
+                    legacy
+                } else {
+                    stream
+                };
+                if !named.contains(&stream) {
+                    named.push(stream);
+                }
+            }
             // One count for the streams whose events are not recorded yet (`settle_deferred`).
             self.outstanding.insert(fence, 1);
-            self.deferred.push((fence, streams.to_vec()));
+            self.deferred.push((fence, named));
             DEFERRED.fetch_add(1, Ordering::AcqRel);
         }
         Fence(fence)

@@ -474,6 +474,12 @@ static void clock_and_streams(void) {
     CHECK_RC(cudaFree(q), cudaSuccess);
 }
 
+/* Work of 30 ticks on the calling thread's own default stream. */
+static void *launch_on_own_default_stream(void *p) {
+    CHECK_RC(fakecudart_launch(p, 8, cudaStreamPerThread, 30), cudaSuccess);
+    return NULL;
+}
+
 /*
  * The legacy default stream waits for blocking streams, not for non-blocking ones: an event
  * recorded on stream 0 after work on a blocking stream completes with that work; after work on a
@@ -537,6 +543,20 @@ static void legacy_stream(void) {
     CHECK_RC(cudaEventQuery(e), cudaErrorNotReady);
     CHECK_RC(cudaEventSynchronize(e), cudaSuccess);
     CHECK(fakecudart_now() == t0 + 50);
+
+    /* Each thread has its own: another thread's work there does not order this thread's, and
+     * the legacy stream waits for both. */
+    t0 = fakecudart_now();
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, launch_on_own_default_stream, p) == 0);
+    CHECK(pthread_join(thread, NULL) == 0);
+    CHECK_RC(fakecudart_launch((char *)p + 8, 8, cudaStreamPerThread, 5), cudaSuccess);
+    CHECK(fakecudart_range_busy_until((char *)p + 8, 8) == t0 + 5);
+    CHECK_RC(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess);
+    CHECK(fakecudart_now() == t0 + 5 && fakecudart_range_busy(p, 8));
+    CHECK_RC(cudaEventRecord(e, 0), cudaSuccess);
+    CHECK_RC(cudaEventSynchronize(e), cudaSuccess);
+    CHECK(fakecudart_now() == t0 + 30);
 
     CHECK_RC(cudaStreamDestroy(nonblocking), cudaSuccess);
     CHECK_RC(cudaEventDestroy(e), cudaSuccess);

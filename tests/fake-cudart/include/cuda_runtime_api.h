@@ -59,7 +59,8 @@
  *    cudaMemset), which move it just far enough for the work they wait for to be complete.
  *    Streams follow CUDA's ordering rules, including the legacy default stream (0 or
  *    cudaStreamLegacy) that waits for, and is waited for by, blocking streams but not streams
- *    created with cudaStreamNonBlocking. cudaStreamPerThread is one blocking stream per device.
+ *    created with cudaStreamNonBlocking. cudaStreamPerThread is the calling thread's own
+ *    blocking stream of its current device (the legacy stream waits for every thread's).
  *    One tick counts as one microsecond for cudaEventElapsedTime.
  *  - cudaMemcpy and cudaMemset act as actions on the legacy default stream followed by a wait for
  *    it; they check that the device side of the copy lies inside one live allocation (or inside

@@ -4,8 +4,9 @@
  * Each stream keeps `tail`, the tick at which the last action issued on it completes. A new
  * action on stream s may start at stream_ready_locked(s):
  *   - non-blocking stream: after its own tail;
- *   - blocking stream (created without cudaStreamNonBlocking, or cudaStreamPerThread): after its
- *     own tail and after the legacy default stream's tail (it waits for earlier legacy actions);
+ *   - blocking stream (created without cudaStreamNonBlocking, or a thread's per-thread default
+ *     stream): after its own tail and after the legacy default stream's tail (it waits for
+ *     earlier legacy actions);
  *   - legacy default stream: after its own tail and the tails of every blocking stream of the
  *     device, destroyed ones included (it waits for earlier work of blocking streams).
  * Never before `now`. This is CUDA's legacy-default-stream rule
@@ -17,11 +18,28 @@
 
 static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
+/* Each thread's own default stream of each device (cudaStreamPerThread), with the device's
+ * reset count when it was last valid, plus one (0: never used). A device reset ends its work. */
+static __thread struct {
+    struct CUstream_st stream;
+    uint64_t resets;
+} own_default[FAKE_MAX_DEVICES];
+
+static struct CUstream_st *per_thread_stream_locked(int device) {
+    uint64_t resets = fake.devices[device].resets + 1;
+    struct CUstream_st *s = &own_default[device].stream;
+    if (own_default[device].resets != resets) {
+        *s = (struct CUstream_st){.device = device, .per_thread = 1};
+        own_default[device].resets = resets;
+    }
+    return s;
+}
+
 struct CUstream_st *resolve_stream_locked(cudaStream_t s) {
     if (s == NULL || s == cudaStreamLegacy)
         return &fake.devices[fake_current_device].legacy;
     if (s == cudaStreamPerThread)
-        return &fake.devices[fake_current_device].per_thread;
+        return per_thread_stream_locked(fake_current_device);
     for (struct CUstream_st *it = fake.streams; it != NULL; it = it->next)
         if (it == s)
             return it;
@@ -38,7 +56,7 @@ static int is_blocking(const struct CUstream_st *s) {
 uint64_t legacy_ready_locked(int device) {
     struct fake_device *d = &fake.devices[device];
     uint64_t t = max_u64(fake.now, d->legacy.tail);
-    t = max_u64(t, d->per_thread.tail);
+    t = max_u64(t, d->per_thread_tail);
     t = max_u64(t, d->retired_blocking_tail);
     for (struct CUstream_st *it = fake.streams; it != NULL; it = it->next)
         if (it->device == device && is_blocking(it))
@@ -58,6 +76,8 @@ uint64_t stream_ready_locked(struct CUstream_st *s) {
 void issue_on_stream_locked(struct CUstream_st *s, uint64_t end) {
     s->tail = max_u64(s->tail, end);
     struct fake_device *d = &fake.devices[s->device];
+    if (s->per_thread)
+        d->per_thread_tail = max_u64(d->per_thread_tail, s->tail);
     d->max_tail = max_u64(d->max_tail, end);
 }
 
@@ -88,7 +108,8 @@ void drop_device_work_locked(int device) {
             fake.work[kept++] = fake.work[i];
     fake.work_count = kept;
     struct fake_device *d = &fake.devices[device];
-    d->legacy.tail = d->per_thread.tail = d->retired_blocking_tail = d->max_tail = 0;
+    d->legacy.tail = d->per_thread_tail = d->retired_blocking_tail = d->max_tail = 0;
+    d->resets++;
 }
 
 cudaError_t fakecudart_launch(void *ptr, size_t bytes, cudaStream_t stream,

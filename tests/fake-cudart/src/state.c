@@ -212,7 +212,6 @@ static void init(void) {
         fake.devices[d].capacity = capacity;
         fake.devices[d].context = context;
         fake.devices[d].legacy.device = d;
-        fake.devices[d].per_thread.device = d;
     }
     if (fake.fail_code == cudaSuccess) {
         if (fail != 0)

@@ -29,9 +29,11 @@
 #define FAKE_DRIVER_VERSION 12080          /* CUDA 12.8: cudaDriverGetVersion, cuDriverGetVersion */
 #define FAKE_PITCH_ALIGNMENT 512            /* bytes */
 
-/* A stream: a created one, or a device's legacy default stream or per-thread default stream. */
+/* A stream: a created one, a device's legacy default stream, or a thread's per-thread default
+ * stream of a device (clock.c). */
 struct CUstream_st {
     int device;
+    int per_thread;           /* a thread's default stream (cudaStreamPerThread) */
     unsigned flags;           /* cudaStreamNonBlocking or 0 */
     int priority;
     uint64_t tail;            /* tick at which the last action issued on it completes */
@@ -55,7 +57,8 @@ struct fake_device {
     uint64_t context;         /* bytes the context holds (FAKECUDART_CONTEXT): never free */
     uint64_t used;            /* bytes charged by live allocations */
     struct CUstream_st legacy;
-    struct CUstream_st per_thread;
+    uint64_t per_thread_tail; /* latest tail of every thread's per-thread default stream */
+    uint64_t resets;          /* cudaDeviceReset calls that happened (they end per-thread work) */
     uint64_t retired_blocking_tail; /* latest tail of destroyed blocking streams */
     uint64_t max_tail;        /* latest completion of anything issued on the device */
 };

@@ -144,8 +144,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     fake.counters.stream_waits++;
     struct CUstream_st *s = resolve_stream_locked(stream);
     struct CUevent_st *e = resolve_event_locked(event);
-    if (s != NULL && e != NULL && e->recorded)
+    if (s != NULL && e != NULL && e->recorded) {
         s->tail = max_u64(s->tail, e->done_at);
+        if (s->per_thread)
+            fake.devices[s->device].per_thread_tail =
+                max_u64(fake.devices[s->device].per_thread_tail, s->tail);
+    }
     unlock();
     return record(s != NULL && e != NULL ? cudaSuccess : cudaErrorInvalidResourceHandle);
 }
