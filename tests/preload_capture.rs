@@ -205,6 +205,13 @@ fn a_c_api_request_during_a_capture_follows_the_threads_capture_mode() {
     check("direct_malloc", &[]);
 }
 
+/// The same with the device reset while the capture is still underway: the event on the stream
+/// the reset destroys is recorded before the reset, which completes it.
+#[test]
+fn a_recorded_free_during_a_capture_records_its_events_before_a_reset_during_it() {
+    check("recorded_free_reset_during", &[]);
+}
+
 /// Such a free recorded on two streams, one of which the program destroys after the capture:
 /// that stream's event is recorded as it is destroyed, not on the stale handle afterwards, and
 /// the block waits for both streams' work.

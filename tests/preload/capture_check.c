@@ -468,6 +468,38 @@ static void scenario_direct_malloc(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The same with device 1 reset while the capture on device 0 is still underway (relaxed, which
+ * lets the reset be made): the free's event on the stream the reset destroys is recorded before
+ * the reset, and the reset completes it; after the capture no call names the stale handle. */
+static void scenario_recorded_free_reset_during(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t a, s, t1;
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&t1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *x = NULL, *y = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, t1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, t1, 5000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    uint64_t stale = fakecudart_counter("stale_stream_calls");
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(api.malloc(&y, 10 * MIB, 0, a), cudaSuccess);
+    CHECK(y == x);
+    CHECK(fakecudart_counter("stale_stream_calls") == stale);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(api.free(y), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* A block of the C API recorded on two streams, freed during a capture of a third: the program
  * destroys one recorded stream (s1) after the capture, before its next request. Its event is
  * recorded as it is destroyed, the other stream's at the next request, and the block waits for
@@ -693,6 +725,7 @@ static const struct {
     {"recorded_free_emptied", scenario_recorded_free_emptied},
     {"recorded_free_reset", scenario_recorded_free_reset},
     {"recorded_free_destroyed", scenario_recorded_free_destroyed},
+    {"recorded_free_reset_during", scenario_recorded_free_reset_during},
     {"direct_malloc", scenario_direct_malloc},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},

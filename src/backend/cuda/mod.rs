@@ -28,7 +28,7 @@ use crate::pool::{DeviceId, DevicePtr, StreamId};
 use device_guard::DeviceGuard;
 use epoch::SyncEpochs;
 use events::EventFences;
-use runtime::{CudaError, Runtime, codes};
+use runtime::{CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use std::ffi::c_void;
 use std::sync::atomic::AtomicU64;
 use stream_events::{STREAM_FENCE, StreamEvents};
@@ -114,11 +114,13 @@ impl CudaBackend {
 
     /// `device`, another one, is about to be reset: the events this backend recorded on its
     /// streams are set aside until `end_reset_of`. The frees made during a capture that ended
-    /// get their events first, while the streams they name still exist (not during a capture,
-    /// nor when that fails: those wait for the next poll).
+    /// get their events first, while the streams they name still exist; during a capture, only
+    /// their events on `device`'s streams, which the reset destroys (`stream_destroying`: set
+    /// aside then with the others). When that fails, the events wait for the next poll.
     pub fn begin_reset_of(&mut self, device: DeviceId) {
-        if !captures::underway(self.rt)
-            && let Ok(_on_device) = self.enter()
+        if captures::underway(self.rt) {
+            self.record_deferred_of(device);
+        } else if let Ok(_on_device) = self.enter()
             && self
                 .stream_events
                 .record_deferred(self.rt, self.device)
@@ -127,6 +129,23 @@ impl CudaBackend {
             runtime::clear_last_error(self.rt);
         }
         self.stream_events.park(device);
+    }
+
+    /// During a capture, before a reset of `device`: the frees made during a capture that wait
+    /// for an event on one of its streams get it now (the default streams' handles outlive a
+    /// reset). A stream whose device the runtime cannot name is left to the next poll.
+    #[cold]
+    #[inline(never)]
+    fn record_deferred_of(&mut self, device: DeviceId) {
+        for stream in self.stream_events.deferred_streams() {
+            if matches!(stream.0 as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
+                continue;
+            }
+            unread_error::keep_unread(self.rt);
+            if runtime::stream_device(self.rt, stream.0 as usize) == Some(device) {
+                self.stream_destroying(stream);
+            }
+        }
     }
 
     /// The program is about to destroy `stream`: the frees made during a capture that wait for

@@ -158,6 +158,19 @@ impl StreamEvents {
         result
     }
 
+    /// The streams deferred fences wait to record events on, each once.
+    pub fn deferred_streams(&self) -> Vec<StreamId> {
+        let mut all = Vec::new();
+        for (_, streams) in &self.deferred {
+            for &stream in streams {
+                if !all.contains(&stream) {
+                    all.push(stream);
+                }
+            }
+        }
+        all
+    }
+
     /// Whether a deferred fence waits for an event on `stream`.
     pub fn defers(&self, stream: StreamId) -> bool {
         self.deferred
