@@ -58,6 +58,8 @@ pub fn cuda_free_async(addr: u64, stream: usize) -> Result<Routed<()>, ShimError
     });
     match freed? {
         Some(result) => Ok(Routed::Pool(result?)),
+        // Its pool dropped since it was found, for a reset that failed: still in use around it.
+        None if pools::is_retired(addr) => Ok(Routed::Pool(())),
         // Freed by another thread since it was found (the program's double free).
         None => Ok(Routed::Forward),
     }

@@ -54,8 +54,12 @@ pub fn record(addr: u64, stream: StreamId) {
     restore(addr, &[stream]);
 }
 
-/// Record `streams` for the allocation at `addr` (each once, however often recorded).
+/// Record `streams` for the allocation at `addr` (each once, however often recorded); none
+/// records nothing.
 pub fn restore(addr: u64, streams: &[StreamId]) {
+    if streams.is_empty() {
+        return;
+    }
     let mut list = recorded();
     let pos = match list.iter().position(|(a, _)| *a == addr) {
         Some(pos) => pos,
@@ -148,6 +152,8 @@ mod tests {
     fn a_record_lasts_until_its_free_or_its_pools_reset() {
         let (s1, s2) = (StreamId(0x51), StreamId(0x52));
         assert_eq!(take(0x1000), None, "nothing recorded");
+        restore(0x1000, &[]);
+        assert_eq!(COUNT.load(Ordering::Acquire), 0, "no streams, no record");
         record(0x1000, s1);
         record(0x1000, s2);
         record(0x1000, s1);
