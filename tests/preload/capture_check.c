@@ -400,24 +400,40 @@ static void scenario_recorded_free_emptied(void) {
     CHECK_CODE(cudaStreamDestroy(t1), cudaSuccess);
 }
 
+/* The two-device setting of the reset scenarios: streams a and s of device 0, t1 of device 1,
+ * and a block x that the C API allocated on a, recorded as used on t1 by work still running
+ * there. */
+struct recorded_elsewhere {
+    struct direct_api api;
+    cudaStream_t a, s, t1;
+    void *x;
+};
+
+static void record_on_device_1(struct recorded_elsewhere *r) {
+    CHECK(find_direct_api(&r->api));
+    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&r->t1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&r->a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&r->s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(r->api.malloc(&r->x, 10 * MIB, 0, r->a), cudaSuccess);
+    CHECK_CODE(r->api.record_stream(r->x, r->t1), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(r->x, 10 * MIB, r->t1, 5000), cudaSuccess);
+}
+
 /* A block recorded on a stream of device 1 and freed during a capture on device 0, whose
  * device 1 is reset after the capture, before device 0's next request: the free's event is
  * recorded before the reset, on the stream the reset then destroys (not after it, on a handle
  * the runtime let go: the real runtime does not check one), and the reset completes it. Needs
  * two devices (the fake's default). */
 static void scenario_recorded_free_reset(void) {
-    struct direct_api api;
-    CHECK(find_direct_api(&api));
-    cudaStream_t a, s, t1;
-    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
-    CHECK_CODE(cudaStreamCreateWithFlags(&t1, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
-    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    void *x = NULL, *y = NULL;
-    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
-    CHECK_CODE(api.record_stream(x, t1), cudaSuccess);
-    CHECK_CODE(fakecudart_launch(x, 10 * MIB, t1, 5000), cudaSuccess);
+    struct recorded_elsewhere r = {0};
+    record_on_device_1(&r);
+    if (failures)
+        return;
+    struct direct_api api = r.api;
+    cudaStream_t a = r.a, s = r.s;
+    void *x = r.x, *y = NULL;
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(api.free(x), cudaSuccess);
     end_capture_whole(s);
@@ -472,18 +488,13 @@ static void scenario_direct_malloc(void) {
  * lets the reset be made): the free's event on the stream the reset destroys is recorded before
  * the reset, and the reset completes it; after the capture no call names the stale handle. */
 static void scenario_recorded_free_reset_during(void) {
-    struct direct_api api;
-    CHECK(find_direct_api(&api));
-    cudaStream_t a, s, t1;
-    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
-    CHECK_CODE(cudaStreamCreateWithFlags(&t1, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
-    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    void *x = NULL, *y = NULL;
-    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
-    CHECK_CODE(api.record_stream(x, t1), cudaSuccess);
-    CHECK_CODE(fakecudart_launch(x, 10 * MIB, t1, 5000), cudaSuccess);
+    struct recorded_elsewhere r = {0};
+    record_on_device_1(&r);
+    if (failures)
+        return;
+    struct direct_api api = r.api;
+    cudaStream_t a = r.a, s = r.s;
+    void *x = r.x, *y = NULL;
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
     CHECK_CODE(api.free(x), cudaSuccess);
     uint64_t stale = fakecudart_counter("stale_stream_calls");
@@ -708,10 +719,7 @@ static void scenario_refused(void) {
     CHECK(fakecudart_counter("capture_queries") == 0);
 }
 
-static const struct {
-    const char *name;
-    void (*run)(void);
-} scenarios[] = {
+static const struct scenario scenarios[] = {
     {"pending_free", scenario_pending_free},
     {"pending_free_blocking", scenario_pending_free_blocking},
     {"freed_before", scenario_freed_before},
@@ -735,19 +743,4 @@ static const struct {
     {"recaptured", scenario_recaptured},
 };
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
-        if (strcmp(scenarios[i].name, argv[1]) == 0) {
-            scenarios[i].run();
-            if (failures == 0)
-                printf("ok %s\n", argv[1]);
-            return failures ? 1 : 0;
-        }
-    }
-    fprintf(stderr, "unknown scenario %s\n", argv[1]);
-    return 2;
-}
+SCENARIO_MAIN(scenarios)

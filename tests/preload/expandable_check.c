@@ -378,11 +378,6 @@ static void scenario_unsupported(void) {
     print_counters();
 }
 
-struct scenario {
-    const char *name;
-    void (*run)(void);
-};
-
 static const struct scenario scenarios[] = {
     {"grow", scenario_grow},
     {"unmap_waits", scenario_unmap_waits},
@@ -401,21 +396,4 @@ static const struct scenario scenarios[] = {
     {"unsupported", scenario_unsupported},
 };
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: expandable_check SCENARIO\n");
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
-        if (strcmp(argv[1], scenarios[i].name) == 0) {
-            scenarios[i].run();
-            if (failures) {
-                return 1;
-            }
-            printf("ok %s\n", argv[1]);
-            return 0;
-        }
-    }
-    fprintf(stderr, "unknown scenario %s\n", argv[1]);
-    return 2;
-}
+SCENARIO_MAIN(scenarios)

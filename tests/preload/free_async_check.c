@@ -205,10 +205,7 @@ static void scenario_per_thread_deferred(void) {
     CHECK_CODE(cudaStreamDestroy(c), cudaSuccess);
 }
 
-static const struct {
-    const char *name;
-    void (*run)(void);
-} scenarios[] = {
+static const struct scenario scenarios[] = {
     {"stream_ordered", scenario_stream_ordered},
     {"per_thread", scenario_per_thread},
     {"per_thread_deferred", scenario_per_thread_deferred},
@@ -220,19 +217,4 @@ static const struct {
     {"destroyed_during_capture", scenario_destroyed_during_capture},
 };
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
-        if (strcmp(scenarios[i].name, argv[1]) == 0) {
-            scenarios[i].run();
-            if (failures == 0)
-                printf("ok %s\n", argv[1]);
-            return failures ? 1 : 0;
-        }
-    }
-    fprintf(stderr, "unknown scenario %s\n", argv[1]);
-    return 2;
-}
+SCENARIO_MAIN(scenarios)

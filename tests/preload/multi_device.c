@@ -242,11 +242,6 @@ static void scenario_free_while_other_device_busy(void) {
     CHECK(*sleeping); /* device 0's pool was busy all along */
 }
 
-struct scenario {
-    const char *name;
-    void (*run)(void);
-};
-
 static const struct scenario scenarios[] = {
     {"free_other_device", scenario_free_other_device},
     {"threads_own_devices", scenario_threads_own_devices},
@@ -257,18 +252,4 @@ static const struct scenario scenarios[] = {
     {"free_while_other_device_busy", scenario_free_while_other_device_busy},
 };
 
-int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: multi_device SCENARIO\n");
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
-        if (strcmp(argv[1], scenarios[i].name) != 0) continue;
-        scenarios[i].run();
-        if (failures == 0) printf("ok %s\n", argv[1]);
-        fflush(stdout);
-        return failures != 0;
-    }
-    fprintf(stderr, "unknown scenario %s\n", argv[1]);
-    return 2;
-}
+SCENARIO_MAIN(scenarios)

@@ -582,11 +582,6 @@ static void scenario_threads(void) {
     }
 }
 
-struct scenario {
-    const char *name;
-    void (*run)(void);
-};
-
 /* The last error after an out-of-memory answer (FAKECUDART_CAPACITY=64MiB), the same whether
  * the library serves the calls or passes them through (CACHEALLOC_DISABLE=1): 2, shown by
  * cudaPeekAtLastError, returned once by cudaGetLastError; also for a request of SIZE_MAX. */
@@ -749,17 +744,7 @@ static const struct scenario scenarios[] = {
 };
 
 int shim_check_run(const char *name) {
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
-        if (strcmp(scenarios[i].name, name) == 0) {
-            failures = 0;
-            scenarios[i].run();
-            if (failures == 0) printf("ok %s\n", name);
-            fflush(stdout);
-            return failures ? 1 : 0;
-        }
-    }
-    fprintf(stderr, "unknown scenario %s\n", name);
-    return 2;
+    return run_scenario_named(scenarios, sizeof scenarios / sizeof scenarios[0], name);
 }
 
 #ifndef SHIM_CHECK_LIBRARY
