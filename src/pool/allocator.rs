@@ -11,7 +11,7 @@ use super::block::{Block, BlockId, BlockState, NIL, NextLink};
 use super::block_table::BlockTable;
 use super::counters::Counters;
 use super::error::{BadPointer, Error};
-use super::event::{EventSink, PoolEvent};
+use super::event::{EventSink, FreeWaits, PoolEvent};
 use super::expandable::UnmappedSets;
 use super::free_index::{FreeEntry, FreeIndex};
 use super::oom::OomReport;
@@ -282,7 +282,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// Return an allocation to the pool at once (PyTorch's single-stream semantics).
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let id = self.lookup_allocation(ptr)?;
-        self.take_allocation(id);
+        self.take_allocation(id, FreeWaits::Nothing);
         self.free_block(id);
         Ok(())
     }
@@ -330,7 +330,7 @@ impl<B: Backend> DeviceAllocator<B> {
     pub fn free_deferred(&mut self, ptr: DevicePtr) -> Result<(), Error> {
         let id = self.lookup_allocation(ptr)?;
         let fence = self.backend.record_fence()?;
-        self.pend(id);
+        self.pend(id, FreeWaits::Device);
         self.pending.push_back((fence, id));
         Ok(())
     }
@@ -345,7 +345,7 @@ impl<B: Backend> DeviceAllocator<B> {
     ) -> Result<Vec<(StreamId, BackendError)>, Error> {
         let id = self.lookup_allocation(ptr)?;
         let StreamFence { fence, unfenced } = self.backend.record_stream_fence(streams)?;
-        self.pend(id);
+        self.pend(id, FreeWaits::Streams);
         self.await_stream_fence(fence, id);
         Ok(unfenced)
     }
@@ -365,7 +365,7 @@ impl<B: Backend> DeviceAllocator<B> {
             fence: after,
             unfenced,
         } = self.backend.record_stream_fence(streams)?;
-        self.pend(id);
+        self.pend(id, FreeWaits::DeviceThenStreams);
         self.pending.push_back((fence, id));
         self.then_streams.insert(id, after);
         Ok(unfenced)
@@ -403,10 +403,11 @@ impl<B: Backend> DeviceAllocator<B> {
         }
     }
 
-    /// The allocation `id` is handed back, its block not yet reusable.
+    /// The allocation `id` is handed back, its block not yet reusable until what `waits` names
+    /// is done.
     #[inline]
-    pub(super) fn pend(&mut self, id: BlockId) {
-        self.take_allocation(id);
+    pub(super) fn pend(&mut self, id: BlockId, waits: FreeWaits) {
+        self.take_allocation(id, waits);
         let b = self.blocks.get(id);
         self.stats.active.pend(b.pool, 1);
         self.stats.active_bytes.pend(b.pool, b.size);
@@ -868,9 +869,10 @@ impl<B: Backend> DeviceAllocator<B> {
         self.free_block(id);
     }
 
-    /// The allocation stats of handing block `id` back (it stays active until `free_block`).
+    /// The allocation stats of handing block `id` back (it stays active until `free_block`),
+    /// whose free waits for `waits`.
     #[inline]
-    fn take_allocation(&mut self, id: BlockId) {
+    fn take_allocation(&mut self, id: BlockId, waits: FreeWaits) {
         let b = self.blocks.get(id);
         let (pool, size, requested, stream, addr) = (b.pool, b.size, b.requested, b.stream, b.addr);
         self.stats.allocation.decrease(pool, 1);
@@ -882,6 +884,7 @@ impl<B: Backend> DeviceAllocator<B> {
             ptr: DevicePtr::new(addr).expect("blocks never start at address 0"),
             size: requested,
             stream,
+            waits,
         });
     }
 

@@ -2,6 +2,7 @@
 //! event costs one branch.
 
 use super::types::{DevicePtr, StreamId};
+use serde::{Deserialize, Serialize};
 
 /// One thing the pool did, in PyTorch's trace vocabulary (and the reservation and release of
 /// expandable segments' ranges, which PyTorch's traces leave out).
@@ -13,11 +14,13 @@ pub enum PoolEvent {
         size: u64,
         stream: StreamId,
     },
-    /// The program freed an allocation (its block may still be pending).
+    /// The program freed an allocation; its block is reusable once what `waits` names is done
+    /// (its `FreeCompleted` follows at once where that is nothing).
     FreeRequested {
         ptr: DevicePtr,
         size: u64,
         stream: StreamId,
+        waits: FreeWaits,
     },
     /// The block went back to its pool.
     FreeCompleted {
@@ -89,6 +92,36 @@ pub enum PoolEvent {
     /// The program set the pool's memory fraction (`set_memory_fraction`): from here on it may
     /// reserve `fraction` of the device's memory (1 = no limit).
     MemoryFraction { fraction: f64 },
+}
+
+/// What a free waits for before its block is reusable (`PoolEvent::FreeRequested`): which
+/// synchronizations complete it, and whether the pool synchronizes for it before growing. A
+/// synchronization of the device completes a free of every kind (it covers the device's
+/// streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreeWaits {
+    /// Nothing: the block is back at once (`free`).
+    Nothing,
+    /// The device's work issued before the free (`free_deferred`: the library's `cudaFree`
+    /// under `free_sync:device` or `event`): while such a free waits, a request that no free
+    /// block serves makes the pool synchronize the device before it grows.
+    Device,
+    /// Events on the streams that used the block (`free_after_streams`: a free recorded as used
+    /// on other streams, `cudaFreeAsync`): the pool grows rather than synchronize for it; an
+    /// out-of-memory retry or `empty_cache()` still does.
+    Streams,
+    /// The device's work, then events on streams its synchronization may not cover (another
+    /// device's; `free_deferred_after_streams`): the pool synchronizes before growing for it,
+    /// as for `Device`.
+    DeviceThenStreams,
+}
+
+impl FreeWaits {
+    /// Whether the pool synchronizes the device before it grows while such a free waits.
+    pub fn device_first(self) -> bool {
+        matches!(self, FreeWaits::Device | FreeWaits::DeviceThenStreams)
+    }
 }
 
 /// Receives pool events (a recorder, a ring buffer, a test probe).

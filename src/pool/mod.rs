@@ -50,7 +50,7 @@ mod tests;
 pub use allocator::DeviceAllocator;
 pub use block::BlockState;
 pub use error::{BadPointer, Error};
-pub use event::{EventSink, PoolEvent};
+pub use event::{EventSink, FreeWaits, PoolEvent};
 pub use expandable::{page_size, pool_with_page, range_size};
 pub use expandable_seed::{MappedRunSeed, RangeSeed};
 pub use format::format_size;

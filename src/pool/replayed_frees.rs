@@ -16,6 +16,7 @@
 use super::allocator::DeviceAllocator;
 use super::block::BlockId;
 use super::error::{BadPointer, Error};
+use super::event::FreeWaits;
 use super::rounding::{round_size, segment_size};
 use super::types::{DevicePtr, PoolKind};
 use crate::backend::Backend;
@@ -27,7 +28,7 @@ impl<B: Backend> DeviceAllocator<B> {
     /// does, the allocation leaves `allocation`, `allocated_bytes` and `oversize_allocations`
     /// now and stays active (and requested) until it completes.
     pub fn free_requested(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        self.hold(ptr).map(drop)
+        self.hold(ptr, FreeWaits::Streams).map(drop)
     }
 
     /// `free_requested` of a free that waits for a device synchronization (the library's
@@ -35,14 +36,16 @@ impl<B: Backend> DeviceAllocator<B> {
     /// block serves makes the pool synchronize (completing it) and search again before it
     /// grows.
     pub fn free_requested_until_device_sync(&mut self, ptr: DevicePtr) -> Result<(), Error> {
-        let id = self.hold(ptr)?;
+        let id = self.hold(ptr, FreeWaits::Device)?;
         self.held_until_device_sync.insert(id);
         Ok(())
     }
 
-    fn hold(&mut self, ptr: DevicePtr) -> Result<BlockId, Error> {
+    /// Hold the allocation at `ptr`, whose free waits for `waits` (what its `FreeRequested`
+    /// says: a saved replay writes it as the recording did).
+    fn hold(&mut self, ptr: DevicePtr, waits: FreeWaits) -> Result<BlockId, Error> {
         let id = self.lookup_allocation(ptr)?;
-        self.pend(id);
+        self.pend(id, waits);
         self.held.insert(id);
         Ok(id)
     }

@@ -33,6 +33,13 @@
  *            whose work on it is still running (cachealloc_record_stream): run with
  *            free_sync:none, on a 500 MiB device its free completes at the retry of the
  *            250 MiB request, which releases its segment and takes a new one.
+ *   freed_async  300 MiB allocated, 100 MiB allocated and freed (cached after a synchronization),
+ *            150 MiB allocated (on a 500 MiB device, the retry gives the 100 MiB segment back);
+ *            then the 300 MiB block is freed with cudaFreeAsync on a stream whose work on it is
+ *            still running, and 80 MiB asked for: on a 1 GiB device the cached 100 MiB block
+ *            serves it, and the free completes at the next cudaDeviceSynchronize; on a 500 MiB
+ *            device no free block serves it, and the pool grows without waiting for the stream:
+ *            the retry's synchronization completes the free and releases its segment.
  * Each prints "ok SCENARIO" when every check held.
  */
 #include <dlfcn.h>
@@ -263,6 +270,25 @@ static void freed_later(int on_stream) {
         CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+static void scenario_freed_async(void) {
+    void *used = NULL, *cached = NULL, *large = NULL, *request = NULL;
+    CHECK_CODE(cudaMalloc(&used, 300 * MIB), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&cached, 100 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(cached), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&large, 150 * MIB), cudaSuccess);
+    cudaStream_t s = NULL;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(used, 300 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaFreeAsync(used, s), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&request, 80 * MIB), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaFree(request), cudaSuccess);
+    CHECK_CODE(cudaFree(large), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 static void scenario_freed_pending(void) { freed_later(0); }
 
 static void scenario_freed_on_stream(void) { freed_later(1); }
@@ -293,10 +319,13 @@ int main(int argc, char **argv) {
         scenario_freed_pending();
     else if (strcmp(name, "freed_on_stream") == 0)
         scenario_freed_on_stream();
+    else if (strcmp(name, "freed_async") == 0)
+        scenario_freed_async();
     else {
         fprintf(stderr,
                 "unknown scenario '%s' (mix, fraction, devices, small_first, huge_first, "
-                "busy_exit, killed, fork_early, nocuda, freed_pending, freed_on_stream)\n",
+                "busy_exit, killed, fork_early, nocuda, freed_pending, freed_on_stream, "
+                "freed_async)\n",
                 name);
         return 2;
     }

@@ -68,9 +68,10 @@ fn entry(event: &PoolEvent, call_site: CallSite) -> Option<TraceEntry> {
     };
     Some(match *event {
         PoolEvent::Alloc { ptr, size, stream } => e(Action::Alloc, ptr, size, stream),
-        PoolEvent::FreeRequested { ptr, size, stream } => {
-            e(Action::FreeRequested, ptr, size, stream)
-        }
+        // (PyTorch's trace does not say what a free waits for.)
+        PoolEvent::FreeRequested {
+            ptr, size, stream, ..
+        } => e(Action::FreeRequested, ptr, size, stream),
         PoolEvent::FreeCompleted { ptr, size, stream } => {
             e(Action::FreeCompleted, ptr, size, stream)
         }

@@ -84,7 +84,7 @@ impl EventSink for DeviceSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{DevicePtr, StreamId};
+    use crate::pool::{DevicePtr, FreeWaits, StreamId};
     use crate::trace::record::Action;
 
     #[test]
@@ -103,6 +103,7 @@ mod tests {
             ptr,
             size: 8,
             stream: StreamId(0),
+            waits: FreeWaits::Nothing,
         });
         let events = buffer.take();
         let seen: Vec<(i32, Action)> = events.iter().map(|e| (e.device, e.action)).collect();

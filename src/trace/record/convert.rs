@@ -5,7 +5,9 @@
 //!   `Op::FreeAtSync` where an out-of-memory retry's synchronization completed it
 //!   (`retry_sync`: after the request's search); a `free_requested` that the next line does
 //!   not complete (a free that waited for device work) → `Op::FreeRequested`, where the
-//!   allocation statistics drop it (`until_device_sync` as `device_sync` tells);
+//!   allocation statistics drop it (`until_device_sync` where its `waits` names the device
+//!   first, `device`, `device_then_streams`; in files older than version 7, as `device_sync`
+//!   infers);
 //!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
 //!   `Op::MemoryFraction`; `capture` → `Op::Capture`, right before the op of the request
 //!   (`alloc` or `oom`) or `empty_cache` it marks: the line of the same stream and rounded size
@@ -83,17 +85,33 @@ struct Burst {
     request: Option<u64>,
 }
 
-/// Convert the events of one device of `source`, recorded with `settings`; `retries_marked`:
-/// the file marks each counted retry with a `retry` line (version 3 on), which are then what
-/// the retries count; `frees_deferred`: the program's `cudaFree` waited for a device
-/// synchronization or event (`free_sync:device` or `event`; see `device_sync`).
+/// What a file says of how its lines were written, besides the lines themselves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WrittenAs {
+    /// Each counted retry has its `retry` line (version 3 on), which are then what the retries
+    /// count.
+    pub retries_marked: bool,
+    /// The program's `cudaFree` waited for a device synchronization or event
+    /// (`free_sync:device` or `event`).
+    pub frees_deferred: bool,
+    /// Each `free_requested` names what its free waits for (`waits`, version 7 on; none where
+    /// nothing): what `device_sync` infers for older files.
+    pub waits_named: bool,
+}
+
+/// Convert the events of one device of `source`, recorded with `settings` and written as
+/// `written` says.
 pub fn convert_device(
     source: &str,
     device: &DeviceEvents,
     settings: &Settings,
-    retries_marked: bool,
-    frees_deferred: bool,
+    written: WrittenAs,
 ) -> RecordedDevice {
+    let WrittenAs {
+        retries_marked,
+        frees_deferred,
+        waits_named,
+    } = written;
     let mut workload = Workload::new(format!("{source} (device {})", device.device.0));
     let mut figures = RecordedFigures {
         entries: device.events.len(),
@@ -135,7 +153,12 @@ pub fn convert_device(
     let mut failed_level: Option<u64> = None;
     let mut device_memory = None;
     let at_retry = completed_at_retries(&device.events, retries_marked);
-    let across_growth = waited_across_growth(&device.events);
+    // Older files: whether each free waited for a device synchronization is inferred.
+    let across_growth = if waits_named {
+        Vec::new()
+    } else {
+        waited_across_growth(&device.events)
+    };
     // The `capture` line (and its index) whose request has not ended yet.
     let mut capture: Option<(usize, &Event)> = None;
     for (index, e) in device.events.iter().enumerate() {
@@ -228,9 +251,14 @@ pub fn convert_device(
                 if let Some(&id) = live.get(&e.addr) {
                     pending.insert(e.addr);
                     if !completes_at_once(&device.events, index) {
+                        let until_device_sync = match e.waits {
+                            Some(waits) => waits.device_first(),
+                            None if waits_named => false,
+                            None => frees_deferred && !across_growth[index],
+                        };
                         let op = Op::FreeRequested {
                             id,
-                            until_device_sync: frees_deferred && !across_growth[index],
+                            until_device_sync,
                         };
                         workload.push(op, index);
                     }

@@ -1,12 +1,14 @@
-//! Frees that waited for a device synchronization, in a cachealloc recording.
+//! Frees that waited for a device synchronization, in a cachealloc recording older than
+//! version 7 (from version 7 on, each `free_requested` line says what its free waits for:
+//! `waits`, and this inference is not used).
 //!
 //! Under `free_sync:device` or `event` the library's `cudaFree` leaves its block pending
 //! (`free_deferred`) until a device synchronization that began after it (or until its event),
 //! and while such a free waits, a request that no free block serves makes the pool synchronize
 //! before it grows: every free still waiting completes (a device synchronization covers the
 //! streams' work too), and the pool searches again. A free recorded as used on other streams
-//! (`cachealloc_record_stream`, `free_after_streams`; every one under `free_sync:none`) waits
-//! for their events: the pool grows rather than synchronize for it, and only an out-of-memory
+//! (`cachealloc_record_stream`, `free_after_streams`; every one under `free_sync:none`), and a
+//! `cudaFreeAsync` of pool memory, waits for their events: the pool grows rather than synchronize for it, and only an out-of-memory
 //! retry or `empty_cache()` synchronizes. Both show as a `free_requested` and, later, its
 //! `free_completed`. A replay on another device or under other settings grows where the
 //! recording did not, and must know whether the pool would have synchronized there.
@@ -16,8 +18,9 @@
 //! synchronizes for nothing): a free of the first kind would have completed first. Any other
 //! free that waited, in a recording under `free_sync:device` or `event`, is taken as the first
 //! kind (`Op::FreeRequested`'s `until_device_sync`): a free recorded as used on other streams
-//! that never waited across new memory is taken as one too, and a replay that grows while it
-//! waits synchronizes where the program would not have, had no `cudaFree` been pending then.
+//! (or a `cudaFreeAsync`) that never waited across new memory is taken as one too, and a
+//! replay that grows while it waits synchronizes where the program would not have, had no
+//! `cudaFree` been pending then.
 
 use super::{Action, Event};
 use rustc_hash::FxHashMap;
@@ -79,6 +82,7 @@ mod tests {
             page: None,
             requested: None,
             fraction: None,
+            waits: None,
         }
     }
 

@@ -5,9 +5,10 @@
 //! JSON lines, one file per process (all devices), UTF-8:
 //!
 //! ```text
-//! {"format":"cachealloc-trace","version":6,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
+//! {"format":"cachealloc-trace","version":7,"pid":4242,"devices":[0],"settings":"","free_sync":"device"}
 //! {"t_us":17,"device":0,"action":"segment_alloc","addr":140737286160384,"size":20971520,"stream":0}
 //! {"t_us":18,"device":0,"action":"alloc","addr":140737286160384,"size":4000000,"stream":0}
+//! {"t_us":40,"device":0,"action":"free_requested","addr":140737286160384,"size":4000000,"stream":0,"waits":"device"}
 //! {"t_us":95,"device":0,"action":"oom","addr":0,"size":2147483648,"stream":0,"device_free":1048576,"requested":2000000000}
 //! ```
 //!
@@ -43,6 +44,21 @@
 //!   replay asks for again), 0 for the markers; `addr` is 0 where there is no address. `t_us` is
 //!   monotonic, in microseconds since recording began (a saved replay numbers its events
 //!   instead).
+//! - A `free_requested` line names what its free waits for before its block is reusable
+//!   (`waits`, `crate::pool::FreeWaits`): `device` (the library's `cudaFree` under
+//!   `free_sync:device` or `event`: while it waits, a request that no free block serves makes the
+//!   pool synchronize the device before it grows), `streams` (events on the streams that used
+//!   the block: the free of a block recorded as used on other streams —
+//!   `cachealloc_record_stream`, the pluggable allocator's `record_stream` — through the C API
+//!   or the pluggable allocator, or through `cudaFree` under `free_sync:event` or `none`; and
+//!   every `cudaFreeAsync` of pool memory: the pool grows rather than synchronize for it) or
+//!   `device_then_streams` (`cudaFree` of such a block under `free_sync:device`: the device,
+//!   then the events of streams its synchronization may not cover; the pool synchronizes
+//!   before growing for it). A free that waits for nothing has no `waits`, and its
+//!   `free_completed` is the next line of its device. A free's completion is its `free_completed` line, wherever
+//!   what it waited for was done (the program's `cudaDeviceSynchronize`, the pool's own
+//!   synchronization before growing or for an out-of-memory retry or `empty_cache`, or a poll
+//!   that found its events complete).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
 //!   `segment_free`s it caused (none when a `capture` line marks it); `segment_free`s without
 //!   it are the OOM ladder's own releases.
@@ -64,7 +80,9 @@
 //! Version 4 added the `end` line, version 5 the `memory_fraction` line, version 6 the
 //! `capture` line: an older file's requests replay as if no capture was underway (a version 5
 //! file whose pool already grew without waiting during captures may depart there, and shows
-//! no `empty_cache` made during one). An `oom` line's `requested` came later, without a new
+//! no `empty_cache` made during one). Version 7 added `waits`: in an older file under
+//! `free_sync:device` or `event`, what a free that did not complete at once waited for is
+//! inferred from the lines (`device_sync`). An `oom` line's `requested` came later, without a new
 //! version (a reader that does not know it ignores it): a replay of a file without it asks
 //! again for the rounded request.
 //!
@@ -88,19 +106,23 @@ mod written;
 
 use crate::config::Config;
 use crate::config::options::{Carrier, OPTIONS, OptionSpec};
-use crate::pool::{PoolEvent, Settings, StreamId};
+use crate::pool::{FreeWaits, PoolEvent, Settings, StreamId};
 use serde::{Deserialize, Serialize};
 
 /// The `format` value of the header.
 pub const FORMAT_NAME: &str = "cachealloc-trace";
 /// The version this build writes.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// The versions this build reads: version 1 lacks the range lines, versions 1 and 2 the
 /// `retry` lines, versions 1 to 3 the `end` line, versions 1 to 4 the `memory_fraction`
-/// line, and versions 1 to 5 the `capture` line.
-pub const READABLE_VERSIONS: [u32; 6] = [1, 2, 3, 4, 5, 6];
+/// line, versions 1 to 5 the `capture` line, and versions 1 to 6 the `waits` of
+/// `free_requested`.
+pub const READABLE_VERSIONS: [u32; 7] = [1, 2, 3, 4, 5, 6, 7];
 /// The first version whose files mark every counted retry with a `retry` line.
 pub const RETRIES_MARKED_FROM: u32 = 3;
+/// The first version whose `free_requested` lines name what their free waits for (`waits`):
+/// one without it waits for nothing.
+pub const WAITS_NAMED_FROM: u32 = 7;
 /// The first version whose files end with an `end` line once the recording is complete: one
 /// without it stopped early (the process was killed, or is still running).
 pub const ENDED_FROM: u32 = 4;
@@ -215,6 +237,10 @@ pub struct Event {
     /// The memory fraction a `memory_fraction` line sets (only there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fraction: Option<f64>,
+    /// What a `free_requested`'s free waits for (version 7; only there, and left out where it
+    /// waits for nothing: its `free_completed` is the next line of its device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits: Option<FreeWaits>,
 }
 
 impl Event {
@@ -224,9 +250,9 @@ impl Event {
             PoolEvent::Alloc { ptr, size, stream } => {
                 (Action::Alloc, ptr.addr(), size, stream, None, None)
             }
-            PoolEvent::FreeRequested { ptr, size, stream } => {
-                (Action::FreeRequested, ptr.addr(), size, stream, None, None)
-            }
+            PoolEvent::FreeRequested {
+                ptr, size, stream, ..
+            } => (Action::FreeRequested, ptr.addr(), size, stream, None, None),
             PoolEvent::FreeCompleted { ptr, size, stream } => {
                 (Action::FreeCompleted, ptr.addr(), size, stream, None, None)
             }
@@ -288,6 +314,12 @@ impl Event {
                 PoolEvent::MemoryFraction { fraction } => Some(fraction),
                 _ => None,
             },
+            waits: match *event {
+                PoolEvent::FreeRequested { waits, .. } if waits != FreeWaits::Nothing => {
+                    Some(waits)
+                }
+                _ => None,
+            },
         }
     }
 
@@ -326,6 +358,7 @@ impl Event {
             page: None,
             requested: None,
             fraction: None,
+            waits: None,
         }
     }
 }

@@ -10,9 +10,10 @@
 //! which is what a process killed while its trace was being written leaves; it is left out and
 //! reported (`RecordedTrace::cut_off_line`), and the complete lines are replayed.
 
-use super::convert::{RecordedDevice, convert_device};
+use super::convert::{RecordedDevice, WrittenAs, convert_device};
 use super::{
-    Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM, looks_like_header,
+    Action, Event, FORMAT_NAME, Header, READABLE_VERSIONS, RETRIES_MARKED_FROM, WAITS_NAMED_FROM,
+    looks_like_header,
 };
 use crate::backend::sim::Placement;
 use crate::config::{Config, FreeSync};
@@ -65,24 +66,19 @@ impl RecordedTrace {
     /// the file says of its recording: its settings, whether it marks retries, whether the
     /// program's frees waited.
     pub fn convert(&self, device: &DeviceEvents) -> RecordedDevice {
-        convert_device(
-            &self.source,
-            device,
-            &self.settings,
-            self.marks_retries(),
-            self.defers_frees(),
-        )
+        convert_device(&self.source, device, &self.settings, self.written_as())
     }
 
-    /// The file marks each counted retry with a `retry` line.
-    fn marks_retries(&self) -> bool {
-        self.header.version >= RETRIES_MARKED_FROM
-    }
-
-    /// The program's `cudaFree` waited for a device synchronization or an event
-    /// (`free_sync:device` or `event`), not for nothing.
-    fn defers_frees(&self) -> bool {
-        self.header.free_sync != FreeSync::None.name()
+    /// What the header says of the lines: whether the file marks each counted retry with a
+    /// `retry` line, whether the program's `cudaFree` waited for a device synchronization or
+    /// an event (`free_sync:device` or `event`), not for nothing, and whether its
+    /// `free_requested` lines name what their frees wait for.
+    fn written_as(&self) -> WrittenAs {
+        WrittenAs {
+            retries_marked: self.header.version >= RETRIES_MARKED_FROM,
+            frees_deferred: self.header.free_sync != FreeSync::None.name(),
+            waits_named: self.header.version >= WAITS_NAMED_FROM,
+        }
     }
 
     /// Devices with at least one event.
@@ -271,7 +267,8 @@ fn parse_event(text: &str) -> Result<Event, String> {
     let event: Event = serde_json::from_str(text).map_err(|e| {
         format!(
             "not an event ({e}); an event holds t_us, device, action, addr, size and stream \
-             (device_free for oom, page for range_reserve, fraction for memory_fraction)"
+             (device_free for oom, page for range_reserve, fraction for memory_fraction, waits \
+             for free_requested: nothing, device, streams or device_then_streams)"
         )
     })?;
     if event.device < 0 {
@@ -292,6 +289,12 @@ fn parse_event(text: &str) -> Result<Event, String> {
     if has_address && event.addr == 0 {
         return Err(format!(
             "{} at address 0; it must name its block, segment or range",
+            event.action.name()
+        ));
+    }
+    if event.waits.is_some() && event.action != Action::FreeRequested {
+        return Err(format!(
+            "{} with waits; only a free_requested names what its free waits for",
             event.action.name()
         ));
     }

@@ -3,12 +3,13 @@
 //! waits for device work; the replay of the written trace (with its `retry` lines, and
 //! without them as a version 2 file has none) must do what the pool did — with native segments
 //! and with expandable ones (where the device's allocs and frees count page maps and unmaps).
+//! Replayed on a smaller device, the trace must do what the pool does there.
 
 use super::buffer::EventBuffer;
 use super::written::{self, expandable};
 use super::{Action, Event, FORMAT_VERSION};
 use crate::backend::sim::{Placement, SimDevice};
-use crate::pool::{DeviceAllocator, DevicePtr, Error, Settings, StreamId};
+use crate::pool::{DeviceAllocator, DevicePtr, Error, FreeWaits, Settings, StreamId};
 use crate::trace::replay::ReplayOutcome;
 
 const MIB: u64 = 1 << 20;
@@ -194,4 +195,64 @@ fn an_expandable_free_completed_by_a_retry_that_releases_its_range_returns_after
     );
     assert_eq!(recorded, [3, 1, 1, 0]);
     assert_eq!(replayed(&out), [[3, 3, 1, 1, 0]; 2]);
+}
+
+/// The counts `(device allocs, device frees, retries, ooms)` of `counts`.
+fn device_calls(c: &crate::pool::Counts) -> [u64; 4] {
+    [
+        c.num_device_alloc,
+        c.num_device_free,
+        c.num_alloc_retries,
+        c.num_ooms,
+    ]
+}
+
+/// A free that waits for another stream (`free_after_streams`: `cudaFreeAsync`, or one
+/// recorded as used on other streams), in a recording under `free_sync:device`, completes
+/// before the pool grows again on 200 MiB: a 25 MiB request is served from a cached 40 MiB
+/// segment while it waits. On 100 MiB that segment went back to the device at the retry of a
+/// 50 MiB request, and the 25 MiB one grows without waiting for the free: its retry
+/// completes it and releases its 30 MiB segment. The version 7 line names the free's wait
+/// (`streams`), and its replay on 100 MiB does what the pool does there; a version 6 file has
+/// no such word, and its replay takes the free for a `cudaFree`'s, which makes the pool
+/// synchronize before growing and serve the request from its block.
+#[test]
+fn a_free_waiting_for_streams_replays_on_a_smaller_device_as_the_pool_runs_there() {
+    let drive = |pool: &mut DeviceAllocator<SimDevice>| {
+        let a = malloc(pool, 30 * MIB);
+        let cached = malloc(pool, 40 * MIB);
+        pool.free(cached).unwrap();
+        malloc(pool, 50 * MIB);
+        pool.free_after_streams(a, &[StreamId(1)]).unwrap();
+        malloc(pool, 25 * MIB);
+        // The stream's work ends, and the next request completes the free.
+        pool.backend_mut().complete_work();
+        malloc(pool, 1000);
+    };
+    let run = |capacity: u64, sink: Option<&std::sync::Arc<EventBuffer>>| {
+        let sim = SimDevice::new(capacity).with_pending_work();
+        let mut pool = DeviceAllocator::new(sim, Settings::default());
+        if let Some(buffer) = sink {
+            pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+        }
+        drive(&mut pool);
+        device_calls(&pool.stats().counts)
+    };
+    let buffer = EventBuffer::new();
+    assert_eq!(run(200 * MIB, Some(&buffer)), [4, 0, 0, 0]);
+    let there = run(100 * MIB, None);
+    assert_eq!(there, [5, 2, 2, 0], "both retries release a segment");
+    let events = buffer.take();
+    assert!(
+        events.iter().any(|e| e.waits == Some(FreeWaits::Streams)),
+        "{events:?}"
+    );
+    let unnamed: Vec<Event> = events.iter().map(|e| Event { waits: None, ..*e }).collect();
+    let settings = Settings::default();
+    let replayed = |version, events: &[Event]| {
+        let out = written::replay_written_what_if(&settings, "device", version, events, 100 * MIB);
+        device_calls(&out.stats.counts)
+    };
+    assert_eq!(replayed(FORMAT_VERSION, &events), there);
+    assert_eq!(replayed(6, &unnamed), [4, 1, 1, 0]);
 }

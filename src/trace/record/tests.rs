@@ -249,6 +249,7 @@ fn line(t_us: u64, action: Action, addr: u64, size: u64) -> Event {
         page: (action == Action::RangeReserve).then_some(20 * MIB),
         requested: None,
         fraction: None,
+        waits: None,
     }
 }
 
@@ -392,6 +393,7 @@ fn device_reset_frees_what_was_live_and_resets_reserved() {
         page: None,
         requested: None,
         fraction: None,
+        waits: None,
     };
     let mut bytes = Vec::new();
     write_header(&mut bytes, &Header::new(1, vec![], String::new(), "none"));
@@ -503,7 +505,7 @@ fn broken_files_name_the_line_and_what_was_wrong() {
         (
             HEADER.replace("\"version\":1", "\"version\":9") + "\n",
             "line 1",
-            "version 9 is not supported (this cachealloc reads versions 1 to 6)",
+            "version 9 is not supported (this cachealloc reads versions 1 to 7)",
         ),
         (
             HEADER.replace("\"settings\":\"\"", "\"settings\":\"max_split_size_mb:5\"") + "\n",
@@ -631,6 +633,21 @@ fn broken_files_name_the_line_and_what_was_wrong() {
             ),
             "line 2",
             "a memory_fraction event of 1.5; a fraction is within [0, 1] (1 = no limit)",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"free_requested\",\"addr\":4096,\"size\":1,\"stream\":0,\"waits\":\"godot\"}}\n"
+            ),
+            "line 2",
+            "unknown variant `godot`, expected one of `nothing`, `device`, `streams`, \
+             `device_then_streams`",
+        ),
+        (
+            format!(
+                "{HEADER}\n{{\"t_us\":1,\"device\":0,\"action\":\"alloc\",\"addr\":4096,\"size\":1,\"stream\":0,\"waits\":\"device\"}}\n"
+            ),
+            "line 2",
+            "alloc with waits; only a free_requested names what its free waits for",
         ),
         (
             // Broken inside the file (the line has its newline): refused.

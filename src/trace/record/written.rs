@@ -1,7 +1,7 @@
 //! Test support for the round-trip tests (`capture_tests`, `sync_tests`): events a pool
 //! recorded, written as a trace file of a given format version, read back, converted, and
 //! replayed faithfully as `cachealloc replay --faithful` does (capacity and recorded addresses
-//! given).
+//! given), or on another device as `cachealloc replay --capacity` does (its capacity only).
 
 use super::convert::RecordedDevice;
 use super::read::parse_recorded_trace;
@@ -57,5 +57,24 @@ pub fn replay_written(
         &rec.range_changes,
         rec.device_memory,
     );
+    replay(&rec.workload, &config, None).expect("the replay runs")
+}
+
+/// The replay of `events` written as `convert_written` writes them, on a device of `capacity`
+/// bytes (not the recording's), the pool placing its segments itself.
+pub fn replay_written_what_if(
+    settings: &Settings,
+    free_sync: &str,
+    version: u32,
+    events: &[Event],
+    capacity: u64,
+) -> ReplayOutcome {
+    let rec = convert_written(settings, free_sync, version, events);
+    let config = ReplayConfig {
+        settings: settings.clone(),
+        capacity: Some(capacity),
+        check_invariants: true,
+        ..ReplayConfig::default()
+    };
     replay(&rec.workload, &config, None).expect("the replay runs")
 }
