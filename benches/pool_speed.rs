@@ -156,8 +156,9 @@ fn mean_live(workload: &cachealloc::trace::Workload) -> f64 {
     for op in &workload.ops {
         match op {
             Op::Alloc { .. } => live += 1,
-            Op::Free { .. } | Op::FreeAtSync { .. } => live -= 1,
+            Op::Free { .. } | Op::FreeAtSync { .. } | Op::FreeAtGrowthSync { .. } => live -= 1,
             Op::FreeRequested { .. }
+            | Op::DeviceSynchronize
             | Op::EmptyCache
             | Op::DeviceReset
             | Op::MemoryFraction { .. }

@@ -110,6 +110,14 @@ fn a_recorded_trace_replays_to_what_the_shim_did() {
         assert_eq!(out["num_device_alloc"], *mallocs, "{extra:?}");
         assert_eq!(out["peak_reserved_bytes"], *peak, "{extra:?}");
     }
+    // The pool's synchronizations (before growing, where its lines mark them) are the faithful
+    // replay's too. (The plain replay, with no capacity, does not ask for the failed request
+    // again, nor make its synchronizations.)
+    let faithful = replay_json(&trace, &["--faithful"]);
+    assert_eq!(
+        faithful["memory_stats"]["num_sync_all_streams"],
+        stats["num_sync_all_streams"]
+    );
 
     // Frees still waiting for their fence at exit are named, and the replay ends with them
     // freed but active, as the shim's statistics have them.
@@ -220,6 +228,11 @@ fn assert_replays_the_run(faithful: &Value, stats: &Value) {
     ] {
         assert_eq!(faithful[replayed], stats[run], "{replayed}: {faithful}");
     }
+    // The pool's synchronizations too, where the recording marks them.
+    assert_eq!(
+        faithful["memory_stats"]["num_sync_all_streams"],
+        stats["num_sync_all_streams"]
+    );
     let allocs = faithful["allocs"].as_u64().unwrap();
     assert_eq!(faithful["allocs_at_recorded_addr"].as_u64(), Some(allocs));
 }
@@ -265,6 +278,60 @@ fn a_recording_replayed_on_a_smaller_device_does_what_the_program_did_there() {
             (&out["frees"], &out["frees_of_failed_allocs"]),
             (&frees.into(), &0.into()),
             "{scenario}"
+        );
+    }
+}
+
+/// The seeded mix under `free_sync:device`, recorded on 1 GiB and replayed on smaller devices
+/// (and under other settings), does what the program does there: the same device calls,
+/// retries, peak reserved memory and synchronizations of the pool. Where the recorded pool
+/// synchronized before growing (`sync_before_growth`) the replay's pool synchronizes only
+/// where it too finds no free block while a `cudaFree` waits, and the program's
+/// `cudaDeviceSynchronize` (`device_synchronize`) completes every free the replay still
+/// holds. Taken where the recording completed them, those frees made the replay depart from
+/// the program on 340 to 370 MiB (by one or two cudaMalloc or cudaFree calls and 2 to 8 MiB of
+/// peak), and under `max_split_size_mb:20` or expandable segments at every capacity.
+#[test]
+fn the_mix_replayed_on_other_devices_does_what_the_program_did_there() {
+    let recorded = tempfile::tempdir().unwrap();
+    let trace = record(recorded.path(), "mix", &[("FAKECUDART_CAPACITY", "1GiB")]);
+    for (capacity, conf) in [
+        ("340MiB", ""),
+        ("360MiB", ""),
+        ("350MiB", "max_split_size_mb:20"),
+        ("700MiB", "max_split_size_mb:20"),
+        ("500MiB", "expandable_segments:True"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = if conf.is_empty() {
+            String::new()
+        } else {
+            format!("{conf},")
+        };
+        record_with(
+            dir.path(),
+            "mix",
+            &settings,
+            &[("FAKECUDART_CAPACITY", capacity)],
+        );
+        let stats = shim_stats(dir.path(), 0);
+        let mut args = vec!["--capacity", capacity];
+        if !conf.is_empty() {
+            args.extend(["--conf", conf]);
+        }
+        let out = replay_json(&trace, &args);
+        for (replayed, run) in [
+            ("num_device_alloc", "num_device_alloc"),
+            ("num_device_free", "num_device_free"),
+            ("num_alloc_retries", "num_alloc_retries"),
+            ("num_ooms", "num_ooms"),
+            ("peak_reserved_bytes", "reserved_bytes.all.peak"),
+        ] {
+            assert_eq!(out[replayed], stats[run], "{capacity} {conf}: {replayed}");
+        }
+        assert_eq!(
+            out["memory_stats"]["num_sync_all_streams"], stats["num_sync_all_streams"],
+            "{capacity} {conf}"
         );
     }
 }

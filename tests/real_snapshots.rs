@@ -129,7 +129,7 @@ fn faithful_start_state_is_consistent_on_every_traced_device() {
         for op in &replay.workload.ops {
             match *op {
                 Op::Alloc { id, .. } => live[id as usize] = true,
-                Op::Free { id } | Op::FreeAtSync { id, .. } => {
+                Op::Free { id } | Op::FreeAtSync { id, .. } | Op::FreeAtGrowthSync { id } => {
                     assert!(live[id as usize], "{rel}: free of dead id {id}");
                     live[id as usize] = false;
                 }

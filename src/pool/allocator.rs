@@ -450,6 +450,20 @@ impl<B: Backend> DeviceAllocator<B> {
         Ok(())
     }
 
+    /// The program synchronized the device (the library's interposed `cudaDeviceSynchronize`,
+    /// once it succeeded): every free made before it is complete. Noted as a
+    /// `DeviceSynchronize` event; then the pending blocks whose fences are done return to their
+    /// pools (`process_pending`), and in a replay every free held (`free_requested`), as the
+    /// program's were. The program's synchronization, not one of the pool's
+    /// (`num_sync_all_streams`).
+    pub fn device_synchronized(&mut self) -> Result<(), Error> {
+        self.emit(|| PoolEvent::DeviceSynchronize);
+        if !self.held.is_empty() {
+            self.complete_held();
+        }
+        self.process_pending()
+    }
+
     #[cold]
     #[inline(never)]
     fn process_stream_pending(&mut self) -> Result<(), Error> {
@@ -547,6 +561,10 @@ impl<B: Backend> DeviceAllocator<B> {
         // Use ready blocks first; synchronize before growing when frees are still pending (or,
         // in a replay, held until a device synchronization).
         if !self.pending.is_empty() || !self.held_until_device_sync.is_empty() {
+            self.emit(|| PoolEvent::SyncBeforeGrowth {
+                size: rounded,
+                stream,
+            });
             self.synchronize_pending(StreamWait::ThisDevice)?;
             let found = if self.settings.expandable_segments {
                 self.get_free_block::<true>(pool, stream, rounded)

@@ -87,6 +87,14 @@ pub enum PoolEvent {
     /// does nothing (its `EmptyCache` follows; `size` 0). Never at a request a cached block
     /// serves, which is served the same way during a capture.
     Capture { size: u64, stream: StreamId },
+    /// A request of `size` bytes (rounded) that no free block served made the pool synchronize
+    /// the device before growing, while frees waited for it (`FreeWaits::device_first`): the
+    /// `FreeCompleted`s of that synchronization follow, then the request's search again (and,
+    /// if that fails, its growth).
+    SyncBeforeGrowth { size: u64, stream: StreamId },
+    /// The program synchronized the device (`device_synchronized`): every free it made before
+    /// is complete; the `FreeCompleted`s of those still waiting follow.
+    DeviceSynchronize,
     /// `empty_cache()` was called; the `SegmentFree`s it causes follow.
     EmptyCache,
     /// The program set the pool's memory fraction (`set_memory_fraction`): from here on it may

@@ -11,7 +11,9 @@
 //! (`take_frees_completed_early` names them, for the replay to pass over their
 //! `free_completed`). A free that waits for a device synchronization (the library's
 //! interposed `cudaFree`, `free_requested_until_device_sync`) also makes the pool synchronize
-//! before it grows, as the library's pool does for its pending frees.
+//! before it grows, as the library's pool does for its pending frees. A free whose recorded
+//! completion was the recorded pool's own synchronization before growing stays held until the
+//! replay's pool synchronizes, or the program's synchronization comes (`device_synchronized`).
 
 use super::allocator::DeviceAllocator;
 use super::block::BlockId;

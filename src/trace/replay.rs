@@ -11,6 +11,7 @@ use crate::pool::{
     SegmentSeed, Settings, format_size, page_size,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeSet;
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -183,6 +184,10 @@ fn replay_observed(
     // Allocations whose free a synchronization of the pool completed before the recording's
     // completion (`take_frees_completed_early`), which is then passed over.
     let mut completed_early: FxHashSet<AllocId> = FxHashSet::default();
+    // Addresses of allocations whose recorded completion was the recorded pool's
+    // synchronization before growing (`Op::FreeAtGrowthSync`): held, their completion left to
+    // the replay's pool, and counted among the frees already.
+    let mut left_to_pool: BTreeSet<u64> = BTreeSet::new();
     let mut out = ReplayOutcome {
         // A free requested and completed later is one event, its `Free`; a capture is part of
         // its request's.
@@ -272,6 +277,18 @@ fn replay_observed(
                 None if completed_early.remove(&id) => out.frees += 1,
                 None => out.skipped_frees += 1,
             },
+            Op::FreeAtGrowthSync { id } => match live.get_mut(id as usize).and_then(Option::take) {
+                Some(ptr) => {
+                    if requested.get(&ptr.addr()) == Some(&id) {
+                        left_to_pool.insert(ptr.addr());
+                    } else {
+                        pool.free(ptr)?;
+                    }
+                    out.frees += 1;
+                }
+                None if completed_early.remove(&id) => out.frees += 1,
+                None => out.skipped_frees += 1,
+            },
             Op::FreeRequested {
                 id,
                 until_device_sync,
@@ -288,6 +305,7 @@ fn replay_observed(
                     }
                 }
             }
+            Op::DeviceSynchronize => pool.device_synchronized()?,
             Op::EmptyCache => {
                 pool.empty_cache()?;
                 out.empty_cache_calls += 1;
@@ -315,6 +333,16 @@ fn replay_observed(
                         Ok(ptr) => pool.free(ptr)?,
                         Err(e) => note_refusal(&mut out, workload, i, e)?,
                     }
+                } else if !marked {
+                    // Not asked for again: the recorded request's synchronizations completed
+                    // every free waiting, those left to the replay's pool too.
+                    for addr in std::mem::take(&mut left_to_pool) {
+                        if let (Some(_), Some(ptr)) =
+                            (requested.remove(&addr), DevicePtr::new(addr))
+                        {
+                            pool.free_completed(ptr)?;
+                        }
+                    }
                 }
             }
         }
@@ -330,7 +358,9 @@ fn replay_observed(
         // completions to come change nothing (their addresses may hold other allocations by
         // then).
         for ptr in pool.take_frees_completed_early() {
-            if let Some(id) = requested.remove(&ptr.addr()) {
+            if let Some(id) = requested.remove(&ptr.addr())
+                && !left_to_pool.remove(&ptr.addr())
+            {
                 live[id as usize] = None;
                 completed_early.insert(id);
             }

@@ -46,6 +46,19 @@ pub enum Op {
     /// nothing: where the replay's would release a segment, the free was completed before the
     /// request (`process_events`, which the trace shows alike) instead.
     FreeAtSync { id: AllocId, first_in_request: bool },
+    /// The free of allocation `id`, requested before (`Op::FreeRequested`), completed in the
+    /// recording where its pool synchronized the device before growing (a cachealloc trace's
+    /// `sync_before_growth`, version 7). The replay leaves it to its own pool: it completes at
+    /// the pool's next synchronization (before growing, which the next request makes where it
+    /// too finds no free block while a free waits for the device; an out-of-memory retry;
+    /// `empty_cache()`), as the program's pool would have completed it on the replay's
+    /// device, not here where the recorded pool's did.
+    FreeAtGrowthSync { id: AllocId },
+    /// The program synchronized the device (a cachealloc trace's `device_synchronize`, version
+    /// 7): every free it requested before is complete, those the replay holds too (the
+    /// recording's completions that follow are then passed over). Not one of the pool's
+    /// synchronizations.
+    DeviceSynchronize,
     /// The program called `empty_cache()`.
     EmptyCache,
     /// The next request (`Alloc` or `Oom`) or `EmptyCache` ran while a CUDA graph capture was

@@ -164,7 +164,11 @@ pub fn load(
         if !f.workload.ops.iter().any(|op| {
             matches!(
                 op,
-                Op::Alloc { .. } | Op::Free { .. } | Op::FreeAtSync { .. } | Op::Oom { .. }
+                Op::Alloc { .. }
+                    | Op::Free { .. }
+                    | Op::FreeAtSync { .. }
+                    | Op::FreeAtGrowthSync { .. }
+                    | Op::Oom { .. }
             )
         }) {
             return Err(nothing_to_replay(path, rec, 0, &snapshot.devices));

@@ -16,6 +16,13 @@
 //!   marked a request the device refused with another error than out of memory (a cudaMalloc
 //!   made during a global-mode capture without relaxing it): it gives no op, so that no later
 //!   request replays as made during a capture.
+//! - A `free_completed` of the synchronization a `sync_before_growth` line marks (the run of
+//!   them right after it, also where the request's retry comes next), of a free held by an
+//!   `Op::FreeRequested` → `Op::FreeAtGrowthSync`: the replay leaves its completion to its own
+//!   pool, which synchronizes before growing where it too finds no free block (as the program
+//!   did on the replay's device), or at its next synchronization otherwise;
+//!   `device_synchronize` → `Op::DeviceSynchronize`, which completes every free the replay
+//!   holds.
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
 //!   recording lost to the reset, and does not count those returns as cudaFree calls, nor a
@@ -25,8 +32,8 @@
 //! - `range_reserve` and `range_release` produce no op either: with the page maps and unmaps
 //!   they are the `range_changes` from which a faithful replay takes the ranges of expandable
 //!   segments; `device_memory` gives `device_memory`. These lines (and `retry`,
-//!   `memory_fraction` and `capture`) hold no memory: they neither end a run of releases nor
-//!   start one.
+//!   `memory_fraction`, `capture`, `sync_before_growth` and `device_synchronize`) hold no
+//!   memory: they neither end a run of releases nor start one.
 //!
 //! Figures: a recording starts with its pool, so reserved bytes start at 0 and follow
 //! `segment_alloc` / `segment_free` (a `device_reset` drops them to 0). Retries and capacity
@@ -146,6 +153,11 @@ pub fn convert_device(
     let mut live: FxHashMap<u64, AllocId> = FxHashMap::default();
     // Addresses whose free was requested and has not completed yet.
     let mut pending = FxHashSet::default();
+    // Those of them whose free is held (`Op::FreeRequested`).
+    let mut held = FxHashSet::default();
+    // Whether the line is one of the `free_completed`s of the synchronization the last
+    // `sync_before_growth` marked.
+    let mut growth_sync = false;
     let mut next_id: AllocId = 0;
     let mut reserved = 0u64;
     let mut in_empty_cache = false;
@@ -186,6 +198,8 @@ pub fn convert_device(
                 | Action::Retry
                 | Action::MemoryFraction
                 | Action::Capture
+                | Action::SyncBeforeGrowth
+                | Action::DeviceSynchronize
         );
         if !passes_by
             && !matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
@@ -217,6 +231,7 @@ pub fn convert_device(
                     // The recording lacks the earlier allocation's free: free it here.
                     figures.missing_frees += 1;
                     pending.remove(&e.addr);
+                    held.remove(&e.addr);
                     workload.push(Op::Free { id: earlier }, index);
                 }
                 mark(&mut workload);
@@ -233,7 +248,14 @@ pub fn convert_device(
             Action::FreeCompleted => {
                 figures.frees += 1;
                 pending.remove(&e.addr);
+                let was_held = held.remove(&e.addr);
                 match live.remove(&e.addr) {
+                    // Completed by the recorded pool's synchronization before growing (also
+                    // where its request's retry came next, with nothing more to complete):
+                    // left to the replay's.
+                    Some(id) if growth_sync && was_held => {
+                        workload.push(Op::FreeAtGrowthSync { id }, index);
+                    }
                     // Told by the file's `retry` lines (or, without them, as `retry_sync`
                     // says): the replay completes them at its synchronization.
                     Some(id) if at_retry[index] => {
@@ -261,6 +283,7 @@ pub fn convert_device(
                             until_device_sync,
                         };
                         workload.push(op, index);
+                        held.insert(e.addr);
                     }
                 }
             }
@@ -323,6 +346,9 @@ pub fn convert_device(
                 workload.push(Op::EmptyCache, index);
             }
             Action::Capture => capture = Some((index, e)),
+            // Its `free_completed`s follow (`growth_sync`).
+            Action::SyncBeforeGrowth => {}
+            Action::DeviceSynchronize => workload.push(Op::DeviceSynchronize, index),
             Action::MemoryFraction => {
                 // (The reader refuses a line without it.)
                 fraction = e.fraction.unwrap_or(1.0);
@@ -330,6 +356,7 @@ pub fn convert_device(
             }
             Action::DeviceReset => {
                 pending.clear();
+                held.clear();
                 let mut ids: Vec<AllocId> = live.drain().map(|(_, id)| id).collect();
                 ids.sort_unstable();
                 for id in ids {
@@ -340,6 +367,11 @@ pub fn convert_device(
             }
         }
         figures.recorded_peak_reserved_bytes = figures.recorded_peak_reserved_bytes.max(reserved);
+        growth_sync = match e.action {
+            Action::SyncBeforeGrowth => true,
+            Action::FreeCompleted => growth_sync,
+            _ => false,
+        };
         in_empty_cache = match e.action {
             // One made during a capture gave nothing back: what follows is not its own.
             Action::EmptyCache => marked.is_none(),

@@ -36,7 +36,13 @@
 //!   only asked the device for new memory — its `segment_alloc`, `segment_map`s (perhaps after
 //!   a `range_reserve`) or `oom` follow, then its `alloc`; `size` is the rounded request — or
 //!   right before an `empty_cache` line, which then did nothing: no wait, no `segment_free`;
-//!   `size` 0. A request a cached block served has none: it is served alike during a capture).
+//!   `size` 0. A request a cached block served has none: it is served alike during a capture),
+//!   `sync_before_growth` (a request that no free block served made the pool synchronize the
+//!   device before growing, while frees waited for it: the `free_completed`s of that
+//!   synchronization follow, then the request's lines; `size` is the rounded request) and
+//!   `device_synchronize` (the program's `cudaDeviceSynchronize` returned, with the device's
+//!   pool not busy in another thread: every free made before it is complete, and the
+//!   `free_completed`s of those still waiting follow).
 //!   `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
 //!   the rounded request for `oom` (as in PyTorch's trace; it also carries `device_free`, the
@@ -55,10 +61,11 @@
 //!   `device_then_streams` (`cudaFree` of such a block under `free_sync:device`: the device,
 //!   then the events of streams its synchronization may not cover; the pool synchronizes
 //!   before growing for it). A free that waits for nothing has no `waits`, and its
-//!   `free_completed` is the next line of its device. A free's completion is its `free_completed` line, wherever
-//!   what it waited for was done (the program's `cudaDeviceSynchronize`, the pool's own
-//!   synchronization before growing or for an out-of-memory retry or `empty_cache`, or a poll
-//!   that found its events complete).
+//!   `free_completed` is the next line of its device. A free's completion is its
+//!   `free_completed` line, wherever what it waited for was done: after a `device_synchronize`
+//!   or `sync_before_growth` line, in an out-of-memory retry (before its releases and `retry`
+//!   line) or `empty_cache()` (before its line), or where a poll found its events complete
+//!   (before the lines of the request that polled).
 //! - An `empty_cache` line comes after the frees its wait completed and before the
 //!   `segment_free`s it caused (none when a `capture` line marks it); `segment_free`s without
 //!   it are the OOM ladder's own releases.
@@ -80,9 +87,11 @@
 //! Version 4 added the `end` line, version 5 the `memory_fraction` line, version 6 the
 //! `capture` line: an older file's requests replay as if no capture was underway (a version 5
 //! file whose pool already grew without waiting during captures may depart there, and shows
-//! no `empty_cache` made during one). Version 7 added `waits`: in an older file under
-//! `free_sync:device` or `event`, what a free that did not complete at once waited for is
-//! inferred from the lines (`device_sync`). An `oom` line's `requested` came later, without a new
+//! no `empty_cache` made during one). Version 7 added `waits`, and the `sync_before_growth` and
+//! `device_synchronize` lines: in an older file under `free_sync:device` or `event`, what a
+//! free that did not complete at once waited for is inferred from the lines (`device_sync`),
+//! and its completion is replayed where the recording made it, whatever the replay's pool
+//! does. An `oom` line's `requested` came later, without a new
 //! version (a reader that does not know it ignores it): a replay of a file without it asks
 //! again for the rounded request.
 //!
@@ -94,6 +103,8 @@ pub mod buffer;
 mod capture_tests;
 pub mod convert;
 mod device_sync;
+#[cfg(test)]
+mod growth_sync_tests;
 pub mod read;
 mod retry_sync;
 pub mod save;
@@ -116,7 +127,7 @@ pub const FORMAT_VERSION: u32 = 7;
 /// The versions this build reads: version 1 lacks the range lines, versions 1 and 2 the
 /// `retry` lines, versions 1 to 3 the `end` line, versions 1 to 4 the `memory_fraction`
 /// line, versions 1 to 5 the `capture` line, and versions 1 to 6 the `waits` of
-/// `free_requested`.
+/// `free_requested` and the `sync_before_growth` and `device_synchronize` lines.
 pub const READABLE_VERSIONS: [u32; 7] = [1, 2, 3, 4, 5, 6, 7];
 /// The first version whose files mark every counted retry with a `retry` line.
 pub const RETRIES_MARKED_FROM: u32 = 3;
@@ -191,6 +202,13 @@ pub enum Action {
     /// cached block served, or at the next `empty_cache` (version 6): a replay runs it
     /// capturing. `size`: the rounded request, 0 before an `empty_cache`.
     Capture,
+    /// The pool synchronized the device before growing, for a request (`size`: rounded) that no
+    /// free block served while frees waited for the device (version 7); the `free_completed`s
+    /// of that synchronization follow.
+    SyncBeforeGrowth,
+    /// The program synchronized the device (`cudaDeviceSynchronize`, version 7): every free it
+    /// made before is complete; the `free_completed`s of those still waiting follow.
+    DeviceSynchronize,
     EmptyCache,
     DeviceReset,
     /// The program set the memory fraction of the device's pool (version 5: the C API's
@@ -286,6 +304,9 @@ impl Event {
             }
             PoolEvent::Retry { size, stream } => (Action::Retry, 0, size, stream, None, None),
             PoolEvent::Capture { size, stream } => (Action::Capture, 0, size, stream, None, None),
+            PoolEvent::SyncBeforeGrowth { size, stream } => {
+                (Action::SyncBeforeGrowth, 0, size, stream, None, None)
+            }
             PoolEvent::Oom {
                 size,
                 stream,
@@ -293,6 +314,9 @@ impl Event {
                 ..
             } => (Action::Oom, 0, size, stream, Some(device_free), None),
             PoolEvent::EmptyCache => (Action::EmptyCache, 0, 0, StreamId(0), None, None),
+            PoolEvent::DeviceSynchronize => {
+                (Action::DeviceSynchronize, 0, 0, StreamId(0), None, None)
+            }
             PoolEvent::MemoryFraction { .. } => {
                 (Action::MemoryFraction, 0, 0, StreamId(0), None, None)
             }

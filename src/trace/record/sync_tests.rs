@@ -131,10 +131,12 @@ fn a_free_completed_by_a_failed_retry_returns_after_the_search() {
 }
 
 /// A free that waits for a fence (`free_sync:event`: `free_deferred`) completes where the
-/// pool synchronizes before growing, and the pool searches again: the completion was seen by a
-/// search, so the replay's completion before the request serves it from the same block.
+/// pool synchronizes before growing (its `sync_before_growth` line comes first), and the pool
+/// searches again and serves the request from its block. The replay leaves the completion to
+/// its own pool, which synchronizes there too: one synchronization, as in the recording.
 #[test]
 fn a_free_completed_before_growing_serves_the_request() {
+    let mut syncs = 0;
     let (actions, recorded, out) = record_and_replay(&Settings::default(), |pool| {
         let a = malloc(pool, 40 * MIB);
         malloc(pool, 40 * MIB);
@@ -142,12 +144,17 @@ fn a_free_completed_before_growing_serves_the_request() {
         // No free block; 80 + 30 MiB do not fit in 100, but the synchronization before growing
         // frees `a`, which the search after it finds.
         malloc(pool, 30 * MIB);
+        syncs = pool.stats().counts.num_sync_all_streams;
     });
     use Action::*;
-    let grow_sync = [FreeRequested, FreeCompleted, Alloc];
+    let grow_sync = [FreeRequested, SyncBeforeGrowth, FreeCompleted, Alloc];
     assert!(actions.ends_with(&grow_sync), "{actions:?}");
     assert_eq!(recorded, [2, 0, 0, 0]);
     assert_eq!(replayed(&out), [[3, 2, 0, 0, 0]; 2]);
+    assert_eq!(syncs, 1);
+    for out in &out {
+        assert_eq!(out.stats.counts.num_sync_all_streams, syncs);
+    }
 }
 
 /// With expandable segments (20 MiB pages, in one range per stream): a 40 MiB free waits for
