@@ -338,8 +338,8 @@ pub fn complete_pending_before_capture() {
 /// The frees of `device` that were waiting for device work are complete after a device-wide
 /// synchronization: they go back to the pool now, not at its next call, so that a run ending
 /// here reports them freed in its statistics and trace (a `device_synchronize` line, then
-/// their `free_completed`s: a replay completes there what it still holds). Skipped when
-/// another thread holds the pool: its call (or the pool's next) completes them.
+/// their `free_completed`s: a replay completes there what its own pool was left to complete).
+/// Skipped when another thread holds the pool: its call (or the pool's next) completes them.
 fn complete_pending(device: DeviceId) {
     let Some(_inside) = reentry::enter() else {
         return;

@@ -451,16 +451,15 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// The program synchronized the device (the library's interposed `cudaDeviceSynchronize`,
-    /// once it succeeded): every free made before it is complete. Noted as a
-    /// `DeviceSynchronize` event; then the pending blocks whose fences are done return to their
-    /// pools (`process_pending`), and in a replay every free held (`free_requested`), as the
-    /// program's were. The program's synchronization, not one of the pool's
+    /// once it succeeded): every free made before it that waited for the device's work is
+    /// complete. Noted as a `DeviceSynchronize` event; then the pending blocks whose fences are
+    /// done return to their pools (`process_pending`; not those waiting for a stream of
+    /// another device, nor a free another thread made while the synchronization ran). The
+    /// frees a replay holds are left to it (`free_completed`): the recording's completions
+    /// follow the line. The program's synchronization, not one of the pool's
     /// (`num_sync_all_streams`).
     pub fn device_synchronized(&mut self) -> Result<(), Error> {
         self.emit(|| PoolEvent::DeviceSynchronize);
-        if !self.held.is_empty() {
-            self.complete_held();
-        }
         self.process_pending()
     }
 

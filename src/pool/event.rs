@@ -92,8 +92,9 @@ pub enum PoolEvent {
     /// `FreeCompleted`s of that synchronization follow, then the request's search again (and,
     /// if that fails, its growth).
     SyncBeforeGrowth { size: u64, stream: StreamId },
-    /// The program synchronized the device (`device_synchronized`): every free it made before
-    /// is complete; the `FreeCompleted`s of those still waiting follow.
+    /// The program synchronized the device (`device_synchronized`): every free made before it
+    /// that waited for the device's work is complete; the `FreeCompleted`s of those still
+    /// waiting follow (not of a free waiting for another device's stream).
     DeviceSynchronize,
     /// `empty_cache()` was called; the `SegmentFree`s it causes follow.
     EmptyCache,

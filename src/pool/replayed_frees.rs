@@ -13,7 +13,8 @@
 //! interposed `cudaFree`, `free_requested_until_device_sync`) also makes the pool synchronize
 //! before it grows, as the library's pool does for its pending frees. A free whose recorded
 //! completion was the recorded pool's own synchronization before growing stays held until the
-//! replay's pool synchronizes, or the program's synchronization comes (`device_synchronized`).
+//! replay's pool synchronizes, or the program's synchronization comes (the replay's
+//! `Op::DeviceSynchronize` completes it with `free_completed`).
 
 use super::allocator::DeviceAllocator;
 use super::block::BlockId;

@@ -305,7 +305,13 @@ fn replay_observed(
                     }
                 }
             }
-            Op::DeviceSynchronize => pool.device_synchronized()?,
+            Op::DeviceSynchronize => {
+                // What it completed of the frees the replay holds follows as `Op::Free`s;
+                // those whose recorded completion came before (left to the replay's pool) it
+                // completes now.
+                pool.device_synchronized()?;
+                complete_left_to_pool(&mut pool, &mut requested, &mut left_to_pool)?;
+            }
             Op::EmptyCache => {
                 pool.empty_cache()?;
                 out.empty_cache_calls += 1;
@@ -336,13 +342,7 @@ fn replay_observed(
                 } else if !marked {
                     // Not asked for again: the recorded request's synchronizations completed
                     // every free waiting, those left to the replay's pool too.
-                    for addr in std::mem::take(&mut left_to_pool) {
-                        if let (Some(_), Some(ptr)) =
-                            (requested.remove(&addr), DevicePtr::new(addr))
-                        {
-                            pool.free_completed(ptr)?;
-                        }
-                    }
+                    complete_left_to_pool(&mut pool, &mut requested, &mut left_to_pool)?;
                 }
             }
         }
@@ -377,6 +377,23 @@ fn replay_observed(
     out.stats.counts.num_sync_all_streams -= reset_syncs;
     out.final_segments = pool.segments().len();
     Ok(out)
+}
+
+/// Complete the frees whose recorded completion was the recorded pool's synchronization
+/// before growing, which the replay left to its own pool (`Op::FreeAtGrowthSync`): a
+/// synchronization the recording made that the replay does not make itself (the program's,
+/// or a failed request's not asked for again) completes them.
+fn complete_left_to_pool(
+    pool: &mut DeviceAllocator<SimDevice>,
+    requested: &mut FxHashMap<u64, AllocId>,
+    left_to_pool: &mut BTreeSet<u64>,
+) -> Result<(), Error> {
+    for addr in std::mem::take(left_to_pool) {
+        if let (Some(_), Some(ptr)) = (requested.remove(&addr), DevicePtr::new(addr)) {
+            pool.free_completed(ptr)?;
+        }
+    }
+    Ok(())
 }
 
 /// Before a request of `size` bytes after frees the recording completed at its retry's

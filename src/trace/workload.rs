@@ -55,9 +55,10 @@ pub enum Op {
     /// device, not here where the recorded pool's did.
     FreeAtGrowthSync { id: AllocId },
     /// The program synchronized the device (a cachealloc trace's `device_synchronize`, version
-    /// 7): every free it requested before is complete, those the replay holds too (the
-    /// recording's completions that follow are then passed over). Not one of the pool's
-    /// synchronizations.
+    /// 7): the frees it completed follow as `Op::Free`s (not those it did not cover: a free
+    /// waiting for another device's stream, or made by another thread while it ran); the
+    /// replay completes here those it left to its pool (`Op::FreeAtGrowthSync`), whose
+    /// recorded completion came before. Not one of the pool's synchronizations.
     DeviceSynchronize,
     /// The program called `empty_cache()`.
     EmptyCache,

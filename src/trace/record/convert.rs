@@ -21,8 +21,9 @@
 //!   `Op::FreeRequested` → `Op::FreeAtGrowthSync`: the replay leaves its completion to its own
 //!   pool, which synchronizes before growing where it too finds no free block (as the program
 //!   did on the replay's device), or at its next synchronization otherwise;
-//!   `device_synchronize` → `Op::DeviceSynchronize`, which completes every free the replay
-//!   holds.
+//!   `device_synchronize` → `Op::DeviceSynchronize`, which completes those the replay left to
+//!   its pool; the `free_completed`s right after it, the others it completed → `Op::Free`
+//!   (also where the next request's retry comes next, which `retry_sync` cannot tell).
 //! - `device_reset` → `Op::Free` of every live allocation, then `Op::DeviceReset`: the recorded
 //!   pool was dropped and a new one starts empty. A replay returns to its device what the
 //!   recording lost to the reset, and does not count those returns as cudaFree calls, nor a
@@ -155,9 +156,9 @@ pub fn convert_device(
     let mut pending = FxHashSet::default();
     // Those of them whose free is held (`Op::FreeRequested`).
     let mut held = FxHashSet::default();
-    // Whether the line is one of the `free_completed`s of the synchronization the last
-    // `sync_before_growth` marked.
-    let mut growth_sync = false;
+    // The line (`sync_before_growth` or `device_synchronize`) of the synchronization whose
+    // `free_completed`s run up to this line, if one does.
+    let mut run_of: Option<Action> = None;
     let mut next_id: AllocId = 0;
     let mut reserved = 0u64;
     let mut in_empty_cache = false;
@@ -253,8 +254,13 @@ pub fn convert_device(
                     // Completed by the recorded pool's synchronization before growing (also
                     // where its request's retry came next, with nothing more to complete):
                     // left to the replay's.
-                    Some(id) if growth_sync && was_held => {
+                    Some(id) if run_of == Some(Action::SyncBeforeGrowth) && was_held => {
                         workload.push(Op::FreeAtGrowthSync { id }, index);
+                    }
+                    // Completed by the program's synchronization, before the next request
+                    // (also where that request's retry comes next, its releases after them).
+                    Some(id) if run_of == Some(Action::DeviceSynchronize) => {
+                        workload.push(Op::Free { id }, index);
                     }
                     // Told by the file's `retry` lines (or, without them, as `retry_sync`
                     // says): the replay completes them at its synchronization.
@@ -346,7 +352,7 @@ pub fn convert_device(
                 workload.push(Op::EmptyCache, index);
             }
             Action::Capture => capture = Some((index, e)),
-            // Its `free_completed`s follow (`growth_sync`).
+            // Its `free_completed`s follow (`run_of`).
             Action::SyncBeforeGrowth => {}
             Action::DeviceSynchronize => workload.push(Op::DeviceSynchronize, index),
             Action::MemoryFraction => {
@@ -367,10 +373,10 @@ pub fn convert_device(
             }
         }
         figures.recorded_peak_reserved_bytes = figures.recorded_peak_reserved_bytes.max(reserved);
-        growth_sync = match e.action {
-            Action::SyncBeforeGrowth => true,
-            Action::FreeCompleted => growth_sync,
-            _ => false,
+        run_of = match e.action {
+            Action::SyncBeforeGrowth | Action::DeviceSynchronize => Some(e.action),
+            Action::FreeCompleted => run_of,
+            _ => None,
         };
         in_empty_cache = match e.action {
             // One made during a capture gave nothing back: what follows is not its own.

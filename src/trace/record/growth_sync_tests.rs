@@ -1,7 +1,8 @@
 //! Synchronizations a replay must make where its own pool would, not where the recorded one
 //! did: the pool's synchronization before growing (`sync_before_growth`, whose completions
 //! the replay leaves to its own pool) and the program's (`device_synchronize`, which completes
-//! every free the replay still holds). A pool on the simulated device, whose frees wait until
+//! those, and leaves the others to their recorded completions). A pool on the simulated
+//! device, whose frees wait until
 //! the program synchronizes (`device_synchronized`) or the pool does, records a trace on one
 //! device; its replay on another must do what the pool does there.
 
@@ -108,4 +109,74 @@ fn a_replay_synchronizes_where_its_pool_would() {
         .copied()
         .collect();
     assert_eq!(replayed(&without_program_sync, 200 * MIB), [4, 0, 0, 0, 1]);
+}
+
+/// The program's synchronization of its device completes the frees that waited for that
+/// device's work, not one that waits for a stream still busy on another device (a block
+/// recorded as used there, `free_after_streams`; or, from another thread, a free made while
+/// the synchronization ran): the recording shows no completion of it after the
+/// `device_synchronize` line, and the next request takes a new segment beside its block. The
+/// faithful replay must do the same, not complete the free there and serve the request from
+/// its block.
+#[test]
+fn the_program_s_synchronization_completes_only_what_the_recording_completed() {
+    let buffer = EventBuffer::new();
+    let sim = SimDevice::new(80 * MIB).with_pending_work();
+    let mut pool = DeviceAllocator::new(sim, Settings::default());
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    let used_elsewhere = malloc(&mut pool, 20 * MIB);
+    pool.free_after_streams(used_elsewhere, &[StreamId(7)])
+        .unwrap();
+    // This device's work is done; the stream of the other device is still busy.
+    pool.device_synchronized().unwrap();
+    assert_ne!(malloc(&mut pool, 20 * MIB), used_elsewhere);
+    let recorded = counts(&pool.stats().counts);
+    assert_eq!(recorded, [2, 0, 0, 0, 0]);
+    let events = buffer.take();
+    let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
+    use Action::*;
+    let program_sync = [FreeRequested, DeviceSynchronize, SegmentAlloc, Alloc];
+    assert!(actions.ends_with(&program_sync), "{actions:?}");
+    let settings = Settings::default();
+    let faithful = written::replay_written(&settings, "none", FORMAT_VERSION, &events, 80 * MIB);
+    assert_eq!(counts(&faithful.stats.counts), recorded);
+    assert_eq!(faithful.allocs_at_recorded_addr, 2);
+}
+
+/// The frees the program's synchronization completed (the `free_completed`s right after its
+/// `device_synchronize` line) are complete there, though the next request's retry releases
+/// their blocks (its `segment_free` and `retry` lines follow them, as after the completions of
+/// the retry's own synchronization): the faithful replay synchronizes once, for the retry, as
+/// the pool did, not also before growing for a free it took as still waiting.
+#[test]
+fn the_frees_the_program_s_synchronization_completed_are_complete_before_the_next_request() {
+    let buffer = EventBuffer::new();
+    let sim = SimDevice::new(400 * MIB).with_pending_work();
+    let mut pool = DeviceAllocator::new(sim, Settings::default());
+    pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+    let freed = malloc(&mut pool, 300 * MIB);
+    pool.free_deferred(freed).unwrap();
+    pool.backend_mut().complete_work();
+    pool.device_synchronized().unwrap();
+    // 300 + 400 MiB do not fit: the retry gives the freed segment back.
+    malloc(&mut pool, 400 * MIB);
+    let recorded = counts(&pool.stats().counts);
+    assert_eq!(recorded, [2, 1, 1, 0, 1]);
+    let events = buffer.take();
+    let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
+    use Action::*;
+    let program_sync = [
+        FreeRequested,
+        DeviceSynchronize,
+        FreeCompleted,
+        SegmentFree,
+        Retry,
+    ];
+    assert!(
+        actions.ends_with(&[&program_sync[..], &[SegmentAlloc, Alloc]].concat()),
+        "{actions:?}"
+    );
+    let settings = Settings::default();
+    let faithful = written::replay_written(&settings, "device", FORMAT_VERSION, &events, 400 * MIB);
+    assert_eq!(counts(&faithful.stats.counts), recorded);
 }

@@ -40,9 +40,11 @@
 //!   `sync_before_growth` (a request that no free block served made the pool synchronize the
 //!   device before growing, while frees waited for it: the `free_completed`s of that
 //!   synchronization follow, then the request's lines; `size` is the rounded request) and
-//!   `device_synchronize` (the program's `cudaDeviceSynchronize` returned, with the device's
-//!   pool not busy in another thread: every free made before it is complete, and the
-//!   `free_completed`s of those still waiting follow).
+//!   `device_synchronize` (the program's `cudaDeviceSynchronize` returned, or the library
+//!   synchronized the device before a capture began, with the device's pool not busy in
+//!   another thread: every free made before it that waited for the device's work is complete,
+//!   and the `free_completed`s of those still waiting follow; a free waiting for another
+//!   device's stream stays pending).
 //!   `size` is the requested size for
 //!   `alloc` and the frees, the segment, page run or range size for segment and range events,
 //!   the rounded request for `oom` (as in PyTorch's trace; it also carries `device_free`, the
@@ -206,8 +208,8 @@ pub enum Action {
     /// free block served while frees waited for the device (version 7); the `free_completed`s
     /// of that synchronization follow.
     SyncBeforeGrowth,
-    /// The program synchronized the device (`cudaDeviceSynchronize`, version 7): every free it
-    /// made before is complete; the `free_completed`s of those still waiting follow.
+    /// The program synchronized the device (`cudaDeviceSynchronize`, version 7): the
+    /// `free_completed`s of the frees it completed follow.
     DeviceSynchronize,
     EmptyCache,
     DeviceReset,
