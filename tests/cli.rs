@@ -914,6 +914,44 @@ fn a_free_completed_later_is_one_event() {
     );
 }
 
+/// The program's synchronizations of the device (`device_synchronize` lines, version 7) are
+/// events of the replay: the summary names them among the parts that add up to its count
+/// (`device_synchronize_calls` in the JSON).
+#[test]
+fn the_program_s_synchronizations_are_counted_among_the_events() {
+    let (a, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+    let path = write_trace_of_version(
+        "device-synchronize",
+        7,
+        "",
+        &[
+            ("segment_alloc", a, 20 * mib, 0),
+            ("alloc", a, 4 * mib, 0),
+            ("free_requested", a, 4 * mib, 0),
+            ("device_synchronize", 0, 0, 0),
+            ("free_completed", a, 4 * mib, 0),
+            ("device_synchronize", 0, 0, 0),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let v = json(&cachealloc(&["replay", p, "--json"]));
+    let text = String::from_utf8_lossy(&cachealloc(&["replay", p]).stdout).into_owned();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(
+        (&v["events"], &v["allocs"], &v["frees"]),
+        (&4.into(), &1.into(), &1.into()),
+        "{v}"
+    );
+    assert_eq!(v["device_synchronize_calls"], 2, "{v}");
+    assert!(
+        text.contains(
+            "\n  events: 4 (1 allocation, 1 free, 0 empty_cache calls, 2 device \
+             synchronizations (cudaDeviceSynchronize))\n"
+        ),
+        "{text}"
+    );
+}
+
 /// An out-of-memory during a CUDA graph capture while a free still waits for device work (its
 /// `free_completed` comes after the request; outside a capture the retry's synchronization
 /// would complete it): its block is reserved but no room for the request, so the report does

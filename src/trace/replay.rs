@@ -121,6 +121,8 @@ pub struct ReplayOutcome {
     pub empty_cache_calls: u64,
     /// The program's calls setting the memory fraction (`Op::MemoryFraction`).
     pub memory_fraction_calls: u64,
+    /// The program's synchronizations of the device (`Op::DeviceSynchronize`).
+    pub device_synchronize_calls: u64,
     /// The recording's device resets (`Op::DeviceReset`), replayed as `empty_cache()` calls
     /// whose returns of memory are not counted in `num_device_free`, nor their synchronization
     /// in `num_sync_all_streams`.
@@ -204,6 +206,7 @@ fn replay_observed(
         requests_too_large: 0,
         empty_cache_calls: 0,
         memory_fraction_calls: 0,
+        device_synchronize_calls: 0,
         device_resets: 0,
         recorded_oom_requests: 0,
         captured_requests: 0,
@@ -311,6 +314,7 @@ fn replay_observed(
                 // completes now.
                 pool.device_synchronized()?;
                 complete_left_to_pool(&mut pool, &mut requested, &mut left_to_pool)?;
+                out.device_synchronize_calls += 1;
             }
             Op::EmptyCache => {
                 pool.empty_cache()?;

@@ -88,6 +88,9 @@ pub struct ReplayJson {
     /// The program's calls setting the memory fraction as it ran (a cachealloc trace's
     /// `memory_fraction`), replayed where it made them.
     pub memory_fraction_calls: u64,
+    /// The program's synchronizations of the device (a cachealloc trace's `device_synchronize`,
+    /// version 7), which complete the frees that waited for its work.
+    pub device_synchronize_calls: u64,
     /// The recording's device resets (a cachealloc trace's `device_reset`): replayed as freeing
     /// what was live and returning every segment, which the counts of device calls and of
     /// synchronizations leave out (the reset made no cudaFree and no
@@ -480,6 +483,7 @@ impl ReplayJson {
             requests_too_large: out.requests_too_large,
             empty_cache_calls: out.empty_cache_calls,
             memory_fraction_calls: out.memory_fraction_calls,
+            device_synchronize_calls: out.device_synchronize_calls,
             device_resets: out.device_resets,
             recorded_oom_requests: out.recorded_oom_requests,
             captured_requests: out.captured_requests,
@@ -676,6 +680,12 @@ impl ReplayJson {
             parts.push(format!(
                 "{} of the program's, each in force from where it was made",
                 counted(self.memory_fraction_calls, "memory fraction call")
+            ));
+        }
+        if self.device_synchronize_calls > 0 {
+            parts.push(format!(
+                "{} (cudaDeviceSynchronize)",
+                counted(self.device_synchronize_calls, "device synchronization")
             ));
         }
         if self.device_resets > 0 {
