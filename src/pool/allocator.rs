@@ -123,6 +123,12 @@ pub struct DeviceAllocator<B: Backend> {
     /// (`free_requested_until_device_sync`): while any is held the pool synchronizes before it
     /// grows, as for `pending`.
     pub(super) held_until_device_sync: BTreeSet<BlockId>,
+    /// Blocks in `held` whose free waits for a stream of another device, which a
+    /// synchronization of this device does not cover (`free_outlasts_device_sync`): the pool's
+    /// synchronization before growing completes only their wait for the device; a
+    /// synchronization of every stream (an out-of-memory retry, `empty_cache`) or their
+    /// `free_completed` completes them.
+    pub(super) held_past_device_sync: BTreeSet<BlockId>,
     /// The allocations of `held` blocks that a synchronization completed before their
     /// `free_completed` (`take_frees_completed_early`).
     pub(super) completed_early: Vec<DevicePtr>,
@@ -174,6 +180,7 @@ impl<B: Backend> DeviceAllocator<B> {
             held: BTreeSet::new(),
             held_until_sync: BTreeSet::new(),
             held_until_device_sync: BTreeSet::new(),
+            held_past_device_sync: BTreeSet::new(),
             completed_early: Vec::new(),
             stats: Counters::new(max_split_size),
             total_reserved: 0,
@@ -311,6 +318,7 @@ impl<B: Backend> DeviceAllocator<B> {
             &mut self.held,
             &mut self.held_until_sync,
             &mut self.held_until_device_sync,
+            &mut self.held_past_device_sync,
         ];
         for held in held_sets {
             *held = std::mem::take(held)

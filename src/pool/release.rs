@@ -52,7 +52,7 @@ impl<B: Backend> DeviceAllocator<B> {
     pub(super) fn synchronize_pending(&mut self, wait: StreamWait) -> Result<(), Error> {
         self.stats.counts.num_sync_all_streams += 1;
         if !self.held.is_empty() {
-            self.complete_held();
+            self.complete_held(wait);
         }
         if self.pending.is_empty() && self.stream_pending.is_empty() {
             return Ok(());

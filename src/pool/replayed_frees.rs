@@ -11,7 +11,10 @@
 //! (`take_frees_completed_early` names them, for the replay to pass over their
 //! `free_completed`). A free that waits for a device synchronization (the library's
 //! interposed `cudaFree`, `free_requested_until_device_sync`) also makes the pool synchronize
-//! before it grows, as the library's pool does for its pending frees. A free whose recorded
+//! before it grows, as the library's pool does for its pending frees. A free that waits for a
+//! stream of another device (`free_outlasts_device_sync`: the recording shows it waiting past
+//! the pool's synchronization before growing) is not completed by the pool's synchronization
+//! before growing, which does not cover that stream. A free whose recorded
 //! completion was the recorded pool's own synchronization before growing stays held until the
 //! replay's pool synchronizes, or the program's synchronization comes (the replay's
 //! `Op::DeviceSynchronize` completes it with `free_completed`).
@@ -20,9 +23,11 @@ use super::allocator::DeviceAllocator;
 use super::block::BlockId;
 use super::error::{BadPointer, Error};
 use super::event::FreeWaits;
+use super::release::StreamWait;
 use super::rounding::{round_size, segment_size};
 use super::types::{DevicePtr, PoolKind};
 use crate::backend::Backend;
+use std::collections::BTreeSet;
 
 impl<B: Backend> DeviceAllocator<B> {
     /// The program freed the allocation at `ptr`, but its block is not reusable before
@@ -53,6 +58,26 @@ impl<B: Backend> DeviceAllocator<B> {
         Ok(id)
     }
 
+    /// The free of `ptr` that `free_requested` began waits for a stream of another device,
+    /// which a synchronization of this device does not cover (the recording shows it pending
+    /// past the pool's synchronization before growing): the pool's own synchronization before
+    /// growing does not complete it (it completes only its wait for the device, which made the
+    /// pool synchronize); its `free_completed`, an out-of-memory retry or `empty_cache` does.
+    pub fn free_outlasts_device_sync(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let id = self.held_block(ptr)?;
+        self.held_past_device_sync.insert(id);
+        Ok(())
+    }
+
+    /// The free of `ptr` that `free_outlasts_device_sync` marked no longer waits for another
+    /// device's stream (the recording shows a later synchronization before growing completing
+    /// it): the pool's next synchronization completes it.
+    pub fn free_covered_by_device_sync(&mut self, ptr: DevicePtr) -> Result<(), Error> {
+        let id = self.held_block(ptr)?;
+        self.held_past_device_sync.remove(&id);
+        Ok(())
+    }
+
     /// The free of `ptr` that `free_requested` began completed: its block returns to the pool.
     /// (Not for one a synchronization completed before: `take_frees_completed_early`.)
     pub fn free_completed(&mut self, ptr: DevicePtr) -> Result<(), Error> {
@@ -60,6 +85,7 @@ impl<B: Backend> DeviceAllocator<B> {
         self.held.remove(&id);
         self.held_until_sync.remove(&id);
         self.held_until_device_sync.remove(&id);
+        self.held_past_device_sync.remove(&id);
         self.complete_pending(id);
         Ok(())
     }
@@ -102,18 +128,30 @@ impl<B: Backend> DeviceAllocator<B> {
         while let Some(id) = self.held_until_sync.pop_first() {
             self.held.remove(&id);
             self.held_until_device_sync.remove(&id);
+            self.held_past_device_sync.remove(&id);
             self.complete_pending(id);
         }
     }
 
-    /// A synchronization: complete every free held. Those whose recorded completion is still
-    /// to come (not held until this synchronization) are named by `take_frees_completed_early`.
+    /// A synchronization that waits for `wait`: complete every free held, but for those
+    /// waiting for another device's streams (`free_outlasts_device_sync`) where it covers only
+    /// this device. Those whose recorded completion is still to come (not held until this
+    /// synchronization) are named by `take_frees_completed_early`.
     #[cold]
     #[inline(never)]
-    pub(super) fn complete_held(&mut self) {
+    pub(super) fn complete_held(&mut self, wait: StreamWait) {
         self.complete_held_until_sync();
         self.held_until_device_sync.clear();
-        while let Some(id) = self.held.pop_first() {
+        if wait == StreamWait::Every {
+            self.held_past_device_sync.clear();
+        }
+        let outlasting = &self.held_past_device_sync;
+        let (kept, completed): (BTreeSet<BlockId>, BTreeSet<BlockId>) =
+            std::mem::take(&mut self.held)
+                .into_iter()
+                .partition(|id| outlasting.contains(id));
+        self.held = kept;
+        for id in completed {
             let addr = self.blocks.get(id).addr;
             self.completed_early
                 .push(DevicePtr::new(addr).expect("blocks never start at address 0"));
@@ -243,6 +281,39 @@ mod tests {
             }
             pool.validate().unwrap();
         }
+    }
+
+    /// A free held past the device's synchronization (`free_outlasts_device_sync`: it waits
+    /// for another device's stream) makes the pool synchronize before growing where it waits
+    /// for the device too, once; that synchronization does not complete it, and the pool grows.
+    /// An out-of-memory retry, which waits for every stream, does.
+    #[test]
+    fn a_free_held_past_the_device_s_synchronization_completes_at_a_retry() {
+        let mut pool = pool_with(1024 * MIB, Settings::default());
+        let held = alloc(&mut pool, 400 * MIB);
+        pool.free_requested_until_device_sync(held).unwrap();
+        pool.free_outlasts_device_sync(held).unwrap();
+        pool.validate().unwrap();
+        let grown = alloc(&mut pool, 300 * MIB);
+        assert_ne!(grown, held);
+        let c = pool.stats().counts;
+        assert_eq!((c.num_device_alloc, c.num_sync_all_streams), (2, 1));
+        assert_eq!(pool.take_frees_completed_early(), []);
+        pool.validate().unwrap();
+        alloc(&mut pool, 200 * MIB);
+        let c = pool.stats().counts;
+        assert_eq!(
+            (c.num_device_alloc, c.num_sync_all_streams),
+            (3, 1),
+            "no sync again"
+        );
+        // 400 + 300 + 200 + 400 MiB do not fit in 1 GiB: the retry completes the free and
+        // gives its segment back.
+        alloc(&mut pool, 400 * MIB);
+        let c = pool.stats().counts;
+        assert_eq!((c.num_alloc_retries, c.num_device_free), (1, 1));
+        assert_eq!(pool.take_frees_completed_early(), [held]);
+        pool.validate().unwrap();
     }
 
     /// A free a replay holds until the retry's synchronization (`free_completes_at_sync`)

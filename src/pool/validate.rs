@@ -197,7 +197,8 @@ impl<B: Backend> DeviceAllocator<B> {
         let mut waiting = self
             .held_until_sync
             .iter()
-            .chain(&self.held_until_device_sync);
+            .chain(&self.held_until_device_sync)
+            .chain(&self.held_past_device_sync);
         if let Some(id) = waiting.find(|id| !self.held.contains(id)) {
             return Err(format!(
                 "block {id} waits for a synchronization but its free was not requested"

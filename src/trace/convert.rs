@@ -185,6 +185,7 @@ fn build(
                     let op = Op::FreeRequested {
                         id,
                         until_device_sync: false,
+                        outlasts_device_sync: false,
                     };
                     workload.push(op, index);
                 }
@@ -356,10 +357,12 @@ mod tests {
                 Op::FreeRequested {
                     id: 1,
                     until_device_sync: false,
+                    outlasts_device_sync: false,
                 },
                 Op::FreeRequested {
                     id: 0,
                     until_device_sync: false,
+                    outlasts_device_sync: false,
                 },
                 Op::FreeAtSync {
                     id: 1,
@@ -490,6 +493,7 @@ mod tests {
                 Op::FreeRequested {
                     id: 0,
                     until_device_sync: false,
+                    outlasts_device_sync: false,
                 },
                 alloc(1, BASE + 3 * MIB),
                 Op::Free { id: 0 },

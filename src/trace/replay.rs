@@ -283,6 +283,8 @@ fn replay_observed(
             Op::FreeAtGrowthSync { id } => match live.get_mut(id as usize).and_then(Option::take) {
                 Some(ptr) => {
                     if requested.get(&ptr.addr()) == Some(&id) {
+                        // (Whatever it waited for on other devices was done by then.)
+                        pool.free_covered_by_device_sync(ptr)?;
                         left_to_pool.insert(ptr.addr());
                     } else {
                         pool.free(ptr)?;
@@ -295,6 +297,7 @@ fn replay_observed(
             Op::FreeRequested {
                 id,
                 until_device_sync,
+                outlasts_device_sync,
             } => {
                 // (An allocation refused in this replay has nothing to free; its `Free` is
                 // skipped and counted there.)
@@ -305,6 +308,9 @@ fn replay_observed(
                         pool.free_requested_until_device_sync(ptr)?;
                     } else {
                         pool.free_requested(ptr)?;
+                    }
+                    if outlasts_device_sync {
+                        pool.free_outlasts_device_sync(ptr)?;
                     }
                 }
             }
@@ -687,6 +693,7 @@ mod tests {
             Op::FreeRequested {
                 id: 0,
                 until_device_sync: false,
+                outlasts_device_sync: false,
             },
             at_address(2),
             Op::Free { id: 0 },

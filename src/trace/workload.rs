@@ -31,10 +31,15 @@ pub enum Op {
     /// `until_device_sync`: the free waits for a device synchronization (the library's
     /// `cudaFree` under `free_sync:device` or `event`), so the pool synchronizes before it
     /// grows while the free waits; otherwise (PyTorch's `record_stream`) only an
-    /// out-of-memory retry or `empty_cache()` synchronizes.
+    /// out-of-memory retry or `empty_cache()` synchronizes. `outlasts_device_sync`: the free
+    /// waits for a stream of another device, which the recorded pool's synchronization before
+    /// growing did not cover (a cachealloc trace's free still waiting after a
+    /// `sync_before_growth` that completed others): the replay's synchronizations before
+    /// growing do not complete it either.
     FreeRequested {
         id: AllocId,
         until_device_sync: bool,
+        outlasts_device_sync: bool,
     },
     /// The free of allocation `id` completed in the recording inside the next request, at the
     /// synchronization of its out-of-memory retry (PyTorch's `release_cached_blocks`): after

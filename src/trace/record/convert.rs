@@ -7,7 +7,8 @@
 //!   not complete (a free that waited for device work) → `Op::FreeRequested`, where the
 //!   allocation statistics drop it (`until_device_sync` where its `waits` names the device
 //!   first, `device`, `device_then_streams`; in files older than version 7, as `device_sync`
-//!   infers);
+//!   infers; `outlasts_device_sync` where it was still waiting after a `sync_before_growth`
+//!   line and its completions, `device_sync::outlasting_growth_syncs`);
 //!   `empty_cache` → `Op::EmptyCache`; `oom` → `Op::Oom`; `memory_fraction` →
 //!   `Op::MemoryFraction`; `capture` → `Op::Capture`, right before the op of the request
 //!   (`alloc` or `oom`) or `empty_cache` it marks: the line of the same stream and rounded size
@@ -50,7 +51,7 @@
 //! file marks each counted retry with a `retry` line, and those are counted instead: exact
 //! under every setting.
 
-use super::device_sync::waited_across_growth;
+use super::device_sync::{outlasting_growth_syncs, waited_across_growth};
 use super::read::DeviceEvents;
 use super::retry_sync::completed_at_retries;
 use super::{Action, Event};
@@ -172,6 +173,8 @@ pub fn convert_device(
     } else {
         waited_across_growth(&device.events)
     };
+    // Frees that a synchronization of the device did not complete (version 7's lines).
+    let outlasting = outlasting_growth_syncs(&device.events);
     // The `capture` line (and its index) whose request has not ended yet.
     let mut capture: Option<(usize, &Event)> = None;
     for (index, e) in device.events.iter().enumerate() {
@@ -287,6 +290,7 @@ pub fn convert_device(
                         let op = Op::FreeRequested {
                             id,
                             until_device_sync,
+                            outlasts_device_sync: outlasting[index],
                         };
                         workload.push(op, index);
                         held.insert(e.addr);

@@ -1,6 +1,7 @@
 //! Frees that waited for a device synchronization, in a cachealloc recording older than
 //! version 7 (from version 7 on, each `free_requested` line says what its free waits for:
-//! `waits`, and this inference is not used).
+//! `waits`, and this inference is not used); and, from version 7 on, frees that outlasted one
+//! (`outlasting_growth_syncs`).
 //!
 //! Under `free_sync:device` or `event` the library's `cudaFree` leaves its block pending
 //! (`free_deferred`) until a device synchronization that began after it (or until its event),
@@ -23,6 +24,7 @@
 //! `cudaFree` been pending then.
 
 use super::{Action, Event};
+use crate::pool::FreeWaits;
 use rustc_hash::FxHashMap;
 
 /// For each event, whether it is a `free_requested` whose free waited while the pool took new
@@ -49,6 +51,54 @@ pub fn waited_across_growth(events: &[Event]) -> Vec<bool> {
         }
     }
     across
+}
+
+/// For each event, whether it is a `free_requested` of a free that waits for streams
+/// (`waits`: `streams` or `device_then_streams`, version 7) still waiting after a
+/// `sync_before_growth` line and the `free_completed`s of its synchronization: it waits for a
+/// stream of another device, which a synchronization of this device does not cover. (The pool
+/// synchronizes before growing with its lock held: no free is made while it runs, unlike the
+/// program's `cudaDeviceSynchronize`, whose lines are not read here. A free that waits for the
+/// device alone always completes there. A file that ends in that run — cut while it was
+/// written — does not say what completed.)
+pub fn outlasting_growth_syncs(events: &[Event]) -> Vec<bool> {
+    let mut outlasts = vec![false; events.len()];
+    // Address → index of the `free_requested` of streams not completed yet.
+    let mut waiting: FxHashMap<u64, usize> = FxHashMap::default();
+    for (index, e) in events.iter().enumerate() {
+        match e.action {
+            Action::FreeRequested => {
+                if matches!(
+                    e.waits,
+                    Some(FreeWaits::Streams | FreeWaits::DeviceThenStreams)
+                ) {
+                    waiting.insert(e.addr, index);
+                } else {
+                    waiting.remove(&e.addr);
+                }
+            }
+            Action::FreeCompleted => {
+                waiting.remove(&e.addr);
+            }
+            Action::DeviceReset => waiting.clear(),
+            Action::SyncBeforeGrowth => {
+                let run = &events[index + 1..];
+                let ran = run
+                    .iter()
+                    .take_while(|c| c.action == Action::FreeCompleted)
+                    .count();
+                if ran == run.len() {
+                    continue;
+                }
+                let completed: Vec<u64> = run[..ran].iter().map(|c| c.addr).collect();
+                for (&addr, &at) in &waiting {
+                    outlasts[at] |= !completed.contains(&addr);
+                }
+            }
+            _ => {}
+        }
+    }
+    outlasts
 }
 
 /// Whether the new memory at `index` is a request's during a capture: its `capture` line comes
@@ -108,5 +158,34 @@ mod tests {
             .filter(|&i| waited_across_growth(&events)[i])
             .collect();
         assert_eq!(across, [0]);
+    }
+
+    /// A free of streams still waiting after a synchronization before growing and the
+    /// completions that follow it outlasted it; one completed there, or requested after, did
+    /// not. Nor did one of the device (a file that shows it waiting there lacks its lines), nor
+    /// any at a synchronization that ends the file (what it completed was not written).
+    #[test]
+    fn a_free_waiting_past_a_growth_synchronization_outlasts_it() {
+        use Action::*;
+        let waiting = |addr, waits| Event {
+            waits: Some(waits),
+            ..event(FreeRequested, addr)
+        };
+        let events = [
+            waiting(1, FreeWaits::Streams),
+            waiting(2, FreeWaits::DeviceThenStreams),
+            waiting(5, FreeWaits::Device),
+            event(SyncBeforeGrowth, 0),
+            event(FreeCompleted, 2),
+            event(SegmentAlloc, 3),
+            event(Alloc, 3),
+            waiting(4, FreeWaits::DeviceThenStreams),
+            event(FreeCompleted, 1),
+            event(SyncBeforeGrowth, 0),
+        ];
+        let outlasts: Vec<usize> = (0..events.len())
+            .filter(|&i| outlasting_growth_syncs(&events)[i])
+            .collect();
+        assert_eq!(outlasts, [0]);
     }
 }

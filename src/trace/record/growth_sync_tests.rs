@@ -10,10 +10,11 @@ use super::buffer::EventBuffer;
 use super::written;
 use super::{Action, Event, FORMAT_VERSION};
 use crate::backend::sim::SimDevice;
-use crate::pool::{Counts, DeviceAllocator, DevicePtr, Settings, StreamId};
+use crate::pool::{Counts, DeviceAllocator, DevicePtr, FreeWaits, Settings, StreamId};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
 
 fn malloc(pool: &mut DeviceAllocator<SimDevice>, size: u64) -> DevicePtr {
     pool.malloc(size, StreamId(0)).expect("the request fits")
@@ -179,4 +180,144 @@ fn the_frees_the_program_s_synchronization_completed_are_complete_before_the_nex
     let settings = Settings::default();
     let faithful = written::replay_written(&settings, "device", FORMAT_VERSION, &events, 400 * MIB);
     assert_eq!(counts(&faithful.stats.counts), recorded);
+}
+
+/// The lines of device 0 in `lines` (action, address, size, waits), a microsecond apart.
+fn lines(lines: &[(Action, u64, u64, Option<FreeWaits>)]) -> Vec<Event> {
+    let at = |(t, &(action, addr, size, waits)): (usize, _)| Event {
+        t_us: t as u64 + 1,
+        device: 0,
+        action,
+        addr,
+        size,
+        stream: 0,
+        device_free: None,
+        page: None,
+        requested: None,
+        fraction: None,
+        waits,
+    };
+    lines.iter().enumerate().map(at).collect()
+}
+
+/// A synchronization of the device does not cover a stream of another device: a free that
+/// waits for one still busy (a block recorded as used there; under `free_sync:device` its
+/// `cudaFree` waits for the device, then for those streams) outlasts the pool's
+/// synchronization before growing, which completes the others (a stream simulated on one
+/// device cannot show it: these are the lines the library writes). The recording shows the
+/// synchronization with no completion of it, and the request takes new memory, or a block
+/// the synchronization freed, beside its block. The faithful replay synchronizes there too,
+/// and must not complete that free: it completes at its own line, as recorded.
+#[test]
+fn a_free_waiting_for_another_device_s_stream_outlasts_the_synchronization_before_growing() {
+    use Action::*;
+    use FreeWaits::{Device, DeviceThenStreams, Streams};
+    let (a, b, c) = (0x7f00_0000_0000, 0x7f10_0000_0000, 0x7f20_0000_0000);
+    let recordings = [
+        // A cudaFree under free_sync:device of a block used on another device's stream.
+        lines(&[
+            (SegmentAlloc, a, 20 * MIB, None),
+            (Alloc, a, 20 * MIB, None),
+            (FreeRequested, a, 20 * MIB, Some(DeviceThenStreams)),
+            (SyncBeforeGrowth, 0, 20 * MIB, None),
+            (SegmentAlloc, b, 20 * MIB, None),
+            (Alloc, b, 20 * MIB, None),
+            (FreeCompleted, a, 20 * MIB, None),
+        ]),
+        // A free waiting for another device's stream while a cudaFree waits: the
+        // synchronization completes the cudaFree's block (too small), not the other.
+        lines(&[
+            (SegmentAlloc, a, 40 * MIB, None),
+            (Alloc, a, 40 * MIB, None),
+            (SegmentAlloc, c, 20 * MIB, None),
+            (Alloc, c, 20 * MIB, None),
+            (FreeRequested, a, 40 * MIB, Some(Streams)),
+            (FreeRequested, c, 20 * MIB, Some(Device)),
+            (SyncBeforeGrowth, 0, 30 * MIB, None),
+            (FreeCompleted, c, 20 * MIB, None),
+            (SegmentAlloc, b, 30 * MIB, None),
+            (Alloc, b, 30 * MIB, None),
+            (FreeCompleted, a, 40 * MIB, None),
+        ]),
+        // A free waiting for another device's stream past one synchronization, which a later
+        // one completes (the stream's work was done by then): the request after it is served
+        // from its block.
+        lines(&[
+            (SegmentAlloc, a, 30 * MIB, None),
+            (Alloc, a, 30 * MIB, None),
+            (SegmentAlloc, c, 20 * MIB, None),
+            (Alloc, c, 20 * MIB, None),
+            (FreeRequested, a, 30 * MIB, Some(Streams)),
+            (FreeRequested, c, 20 * MIB, Some(Device)),
+            (SyncBeforeGrowth, 0, 20 * MIB, None),
+            (FreeCompleted, c, 20 * MIB, None),
+            (Alloc, c, 20 * MIB, None),
+            (FreeRequested, c, 20 * MIB, Some(Device)),
+            (SyncBeforeGrowth, 0, 25 * MIB, None),
+            (FreeCompleted, c, 20 * MIB, None),
+            (FreeCompleted, a, 30 * MIB, None),
+            (Alloc, a, 25 * MIB, None),
+        ]),
+    ];
+    let settings = Settings::default();
+    // (Device allocs, allocations at their recorded address, synchronizations.)
+    let replayed = recordings.map(|events| {
+        let out = written::replay_written(&settings, "device", FORMAT_VERSION, &events, GIB);
+        let c = out.stats.counts;
+        let at = out.allocs_at_recorded_addr;
+        [c.num_device_alloc, at, c.num_sync_all_streams]
+    });
+    assert_eq!(replayed, [[2, 2, 1], [3, 3, 1], [2, 4, 2]]);
+}
+
+/// A file cut right after a `sync_before_growth` line (a process killed while its trace was
+/// written) does not show that synchronization's completions: the line says nothing of the
+/// frees still waiting then, and replays as if it were not there — for a free that waits for
+/// the device (which never outlasts a synchronization of it), and for one that waits for
+/// streams (beside a small one that waits for the device). Replayed on 95 MiB, where a retry
+/// gave the cached 40 MiB segment back, the 20 MiB request synchronizes before growing and
+/// completes the 10 MiB free, whose block then serves the 8 MiB request.
+#[test]
+fn a_file_cut_after_a_synchronization_before_growing_replays_as_without_that_line() {
+    for waits_for_streams in [false, true] {
+        let buffer = EventBuffer::new();
+        let sim = SimDevice::new(GIB).with_pending_work();
+        let mut pool = DeviceAllocator::new(sim, Settings::default());
+        pool.set_event_sink(Some(Box::new(buffer.sink(0))));
+        let cached = malloc(&mut pool, 40 * MIB);
+        pool.free(cached).unwrap();
+        malloc(&mut pool, 60 * MIB);
+        let freed = malloc(&mut pool, 10 * MIB);
+        if waits_for_streams {
+            pool.free_after_streams(freed, &[StreamId(7)]).unwrap();
+            let small = malloc(&mut pool, MIB);
+            pool.free_deferred(small).unwrap();
+        } else {
+            pool.free_deferred(freed).unwrap();
+        }
+        malloc(&mut pool, 20 * MIB);
+        malloc(&mut pool, 8 * MIB);
+        malloc(&mut pool, 600 * MIB);
+        let mut events = buffer.take();
+        let cut = events
+            .iter()
+            .rposition(|e| e.action == Action::SyncBeforeGrowth)
+            .expect("the last request synchronized before growing");
+        events.truncate(cut + 1);
+        let settings = Settings::default();
+        let replayed = |events: &[Event]| {
+            let out = written::replay_written_what_if(
+                &settings,
+                "device",
+                FORMAT_VERSION,
+                events,
+                95 * MIB,
+            );
+            counts(&out.stats.counts)
+        };
+        let without_line = replayed(&events[..cut]);
+        let devices_allocs = 4 + u64::from(waits_for_streams);
+        assert_eq!(without_line, [devices_allocs, 1, 1, 0, 2]);
+        assert_eq!(replayed(&events), without_line, "{waits_for_streams}");
+    }
 }
