@@ -426,29 +426,36 @@ static void record_on_device_1(struct recorded_elsewhere *r) {
  * recorded before the reset, on the stream the reset then destroys (not after it, on a handle
  * the runtime let go: the real runtime does not check one), and the reset completes it. Needs
  * two devices (the fake's default). */
-static void scenario_recorded_free_reset(void) {
+/* The body of both reset scenarios: device 1 is reset after the capture, or while it is still
+ * underway (relaxed, which lets the reset be made). */
+static void recorded_free_reset(int during_capture) {
     struct recorded_elsewhere r = {0};
     record_on_device_1(&r);
     if (failures)
         return;
-    struct direct_api api = r.api;
-    cudaStream_t a = r.a, s = r.s;
-    void *x = r.x, *y = NULL;
-    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
-    CHECK_CODE(api.free(x), cudaSuccess);
-    end_capture_whole(s);
+    void *y = NULL;
+    enum cudaStreamCaptureMode mode =
+        during_capture ? cudaStreamCaptureModeRelaxed : cudaStreamCaptureModeGlobal;
+    CHECK_CODE(cudaStreamBeginCapture(r.s, mode), cudaSuccess);
+    CHECK_CODE(r.api.free(r.x), cudaSuccess);
+    if (!during_capture)
+        end_capture_whole(r.s);
     uint64_t stale = fakecudart_counter("stale_stream_calls");
     CHECK_CODE(cudaSetDevice(1), cudaSuccess);
     CHECK_CODE(cudaDeviceReset(), cudaSuccess);
     CHECK_CODE(cudaSetDevice(0), cudaSuccess);
-    CHECK_CODE(api.malloc(&y, 10 * MIB, 0, a), cudaSuccess);
-    CHECK(y == x);
+    if (during_capture)
+        end_capture_whole(r.s);
+    CHECK_CODE(r.api.malloc(&y, 10 * MIB, 0, r.a), cudaSuccess);
+    CHECK(y == r.x);
     CHECK(fakecudart_counter("stale_stream_calls") == stale);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
-    CHECK_CODE(api.free(y), cudaSuccess);
-    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
-    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_CODE(r.api.free(y), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(r.a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(r.s), cudaSuccess);
 }
+
+static void scenario_recorded_free_reset(void) { recorded_free_reset(0); }
 
 /* cachealloc_malloc on the capturing stream: a cached block of the stream serves the request
  * whatever the thread's capture mode; a miss takes new memory with cudaMalloc, which a
@@ -487,29 +494,7 @@ static void scenario_direct_malloc(void) {
 /* The same with device 1 reset while the capture on device 0 is still underway (relaxed, which
  * lets the reset be made): the free's event on the stream the reset destroys is recorded before
  * the reset, and the reset completes it; after the capture no call names the stale handle. */
-static void scenario_recorded_free_reset_during(void) {
-    struct recorded_elsewhere r = {0};
-    record_on_device_1(&r);
-    if (failures)
-        return;
-    struct direct_api api = r.api;
-    cudaStream_t a = r.a, s = r.s;
-    void *x = r.x, *y = NULL;
-    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    CHECK_CODE(api.free(x), cudaSuccess);
-    uint64_t stale = fakecudart_counter("stale_stream_calls");
-    CHECK_CODE(cudaSetDevice(1), cudaSuccess);
-    CHECK_CODE(cudaDeviceReset(), cudaSuccess);
-    CHECK_CODE(cudaSetDevice(0), cudaSuccess);
-    end_capture_whole(s);
-    CHECK_CODE(api.malloc(&y, 10 * MIB, 0, a), cudaSuccess);
-    CHECK(y == x);
-    CHECK(fakecudart_counter("stale_stream_calls") == stale);
-    CHECK_CODE(cudaGetLastError(), cudaSuccess);
-    CHECK_CODE(api.free(y), cudaSuccess);
-    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
-    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
-}
+static void scenario_recorded_free_reset_during(void) { recorded_free_reset(1); }
 
 /* A block of the C API recorded on two streams, freed during a capture of a third: the program
  * destroys one recorded stream (s1) after the capture, before its next request. Its event is
