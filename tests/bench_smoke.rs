@@ -22,6 +22,19 @@ fn harness_times_both_allocators_on_the_same_sequence() {
     support::print_table(&[row]);
 }
 
+/// The medians the table prints (each allocator's, and the paired ratios') are medians: of an
+/// even number of passes, the mean of the two middle ones, not the upper one (with two pairs,
+/// the upper one is the slower pass).
+#[test]
+fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+    let t = support::timing(vec![8.0, 1.0, 4.0, 2.0]);
+    assert_eq!((t.min_ns, t.median_ns), (1.0, 3.0));
+    assert_eq!(support::timing(vec![5.0, 3.0]).median_ns, 4.0);
+    let t = support::timing(vec![9.0, 1.0, 4.0]);
+    assert_eq!((t.min_ns, t.median_ns), (1.0, 4.0));
+    assert_eq!(support::timing(vec![7.0]).median_ns, 7.0);
+}
+
 /// The default repetitions: at least `min` pairs, more until the pool's passes fill the
 /// budget, never more than `max`.
 #[test]

@@ -18,11 +18,19 @@ pub struct Timing {
     pub median_ns: f64,
 }
 
-fn timing(mut samples: Vec<f64>) -> Timing {
+/// The best and the median of `samples` (at least one); the median of an even number of
+/// samples is the mean of the two middle ones.
+pub fn timing(mut samples: Vec<f64>) -> Timing {
     samples.sort_by(|a, b| a.partial_cmp(b).expect("no NaN timings"));
+    let middle = samples.len() / 2;
+    let median_ns = if samples.len().is_multiple_of(2) {
+        (samples[middle - 1] + samples[middle]) / 2.0
+    } else {
+        samples[middle]
+    };
     Timing {
         min_ns: samples[0],
-        median_ns: samples[samples.len() / 2],
+        median_ns,
     }
 }
 
