@@ -5,8 +5,9 @@
 mod support;
 
 use cachealloc::backend::sim::SimDevice;
-use cachealloc::pool::{BlockState, DeviceAllocator, Settings};
+use cachealloc::pool::{BlockState, DeviceAllocator, Settings, StreamId};
 use cachealloc::trace::synth::SynthSpec;
+use cachealloc::trace::{Op, Workload};
 
 #[test]
 fn harness_times_both_allocators_on_the_same_sequence() {
@@ -33,6 +34,75 @@ fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
     let t = support::timing(vec![9.0, 1.0, 4.0]);
     assert_eq!((t.min_ns, t.median_ns), (1.0, 4.0));
     assert_eq!(support::timing(vec![7.0]).median_ns, 7.0);
+}
+
+/// Both allocators replay the whole of each synthetic row's workload: every allocation and every
+/// free, ending with the ids it allocates and never frees.
+#[test]
+fn both_allocators_replay_the_whole_workload() {
+    use support::same_work::{Replayed, check, offset_allocator_replayed, pool_replayed};
+    let synth = |spec: &str, seed| spec.parse::<SynthSpec>().unwrap().generate(seed).unwrap();
+    let workloads = [
+        synth("loguniform:ops=20000", 3),
+        synth("transformer:layers=2,steps=4", 1),
+        support::equal_size::equal_size_churn(),
+    ];
+    for workload in workloads {
+        let ops = support::alloc_free_ops(&workload);
+        let n = workload.num_ids as usize;
+        let mut live = vec![false; n];
+        let (mut allocations, mut frees) = (0, 0);
+        for op in &ops {
+            match *op {
+                Op::Alloc { id, .. } => (allocations, live[id as usize]) = (allocations + 1, true),
+                Op::Free { id } => (frees, live[id as usize]) = (frees + 1, false),
+                _ => unreachable!("{op:?}"),
+            }
+        }
+        let expected = Replayed {
+            allocations,
+            frees,
+            live: (0..n).filter(|&id| live[id]).collect(),
+        };
+        assert!(frees > 0 && !expected.live.is_empty(), "{}", workload.name);
+        assert_eq!(pool_replayed(&ops, n), expected, "{}", workload.name);
+        assert_eq!(offset_allocator_replayed(&ops, n).as_ref(), Ok(&expected));
+        assert_eq!(check(&ops, n), Ok(expected));
+    }
+}
+
+/// A workload of `sizes`, all live at the end.
+fn allocations(sizes: &[u64]) -> Workload {
+    let mut workload = Workload::new("allocations");
+    for (id, &size) in (0..).zip(sizes) {
+        workload.ops.push(Op::Alloc {
+            id,
+            size,
+            stream: StreamId(0),
+            recorded_addr: None,
+        });
+    }
+    workload.num_ids = sizes.len() as u32;
+    workload
+}
+
+/// offset-allocator manages 2 TiB (2^32 − 1 units of 512 bytes); the pool's simulated device
+/// 128 TiB. Three allocations of 1 TiB: the pool holds them, offset-allocator only the first.
+/// The row is refused, not timed as if offset-allocator had done the pool's work.
+#[test]
+#[should_panic(expected = "offset-allocator refused allocation 1 (id 1) of 1099511627776 bytes")]
+fn a_row_offset_allocator_cannot_hold_is_refused() {
+    let workload = allocations(&[1 << 40, 1 << 40, 1 << 40]);
+    support::Row::measure_with("too large", &workload, support::Reps::Exactly(1), false);
+}
+
+/// A request of 2 TiB or more is no count of 512-byte units offset-allocator takes (a u32):
+/// refused, not truncated to a small one.
+#[test]
+#[should_panic(expected = "2199023255552 bytes is more than offset-allocator's range")]
+fn a_request_beyond_offset_allocators_range_is_refused() {
+    let workload = allocations(&[2 << 40]);
+    support::Row::measure_with("too large", &workload, support::Reps::Exactly(1), false);
 }
 
 /// The default repetitions: at least `min` pairs, more until the pool's passes fill the
