@@ -53,13 +53,23 @@ fn untimed_table<T: Clone>(len: usize) -> Vec<Option<T>> {
     table
 }
 
-/// The alloc/free operations of a workload (other ops dropped), for the allocator comparison.
+/// The alloc/free operations of a workload, for the allocator comparison. A free that completed
+/// at a later synchronization in the recording (`FreeAtSync`, `FreeAtGrowthSync`) is a `Free`
+/// there, as every other completed free; the operations offset-allocator has no counterpart for
+/// (a free's request, `empty_cache`, synchronizations, ...) are dropped.
 pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
-    workload
-        .ops
-        .iter()
-        .filter(|op| matches!(op, Op::Alloc { .. } | Op::Free { .. }))
-        .cloned()
+    (workload.ops.iter())
+        .filter_map(|op| match *op {
+            Op::Alloc { .. } | Op::Free { .. } => Some(op.clone()),
+            Op::FreeAtSync { id, .. } | Op::FreeAtGrowthSync { id } => Some(Op::Free { id }),
+            Op::FreeRequested { .. }
+            | Op::DeviceSynchronize
+            | Op::EmptyCache
+            | Op::DeviceReset
+            | Op::MemoryFraction { .. }
+            | Op::Capture
+            | Op::Oom { .. } => None,
+        })
         .collect()
 }
 
