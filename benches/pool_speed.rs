@@ -8,11 +8,12 @@
 //! and more until the pool's passes add up to half a second (at most 3,000 pairs), so that the
 //! short real traces are timed over hundreds of pairs (`--quick`: at least 3, 0.05 s, 300).
 //!
-//! Further options (used by scripts/bench-instructions.sh and scripts/bench-decomposition.sh):
-//! `--reps N` exactly N pairs, `--only TEXT` rows whose name contains TEXT, `--no-replay` skips
-//! the replay-speed column, `--loguniform PARAMS` changes the log-uniform row's workload
-//! parameters (as `cachealloc synth loguniform:PARAMS` takes them, e.g. `budget_gib=10`: how
-//! many allocations stay live; used by scripts/bench-live-set.sh).
+//! `-- --help` lists the further options (`benches/support/options.rs`), which
+//! scripts/bench-instructions.sh, bench-decomposition.sh and bench-live-set.sh use: `--reps N`
+//! exactly N pairs, `--only TEXT` rows whose name contains TEXT, `--no-replay` skips the
+//! replay-speed column, `--loguniform PARAMS` changes the log-uniform row's workload (as
+//! `cachealloc synth loguniform:PARAMS` takes it, e.g. `budget_gib=10`: how many allocations
+//! stay live). An unknown option is refused.
 
 #[path = "../tests/support/ci.rs"]
 mod ci;
@@ -23,7 +24,8 @@ mod traces;
 
 use cachealloc::trace::read_snapshot;
 use cachealloc::trace::synth::{SynthKind, SynthSpec};
-use support::{Reps, Row, print_table};
+use support::options::{self, Parsed};
+use support::{Row, print_table};
 use traces::traces_dir;
 
 /// The real traces with the most allocations (plain replay: from an empty device).
@@ -35,57 +37,19 @@ const REAL_TRACES: [&str; 5] = [
     "cs336-magma27/15883f2/memory_snapshot.pickle",
 ];
 
-/// Command-line options (cargo bench adds `--bench`, ignored here).
-struct Options {
-    quick: bool,
-    reps: Reps,
-    only: Option<String>,
-    replay: bool,
-    /// Parameters for the log-uniform workload, over the defaults (or `--quick`'s size).
-    loguniform: Option<String>,
-}
-
-impl Options {
-    fn parse() -> Options {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let value = |flag: &str| {
-            let at = args.iter().position(|a| a == flag)?;
-            let v = args.get(at + 1);
-            Some(v.unwrap_or_else(|| panic!("{flag} needs a value")).clone())
-        };
-        let quick = args.iter().any(|a| a == "--quick");
-        let reps = match value("--reps") {
-            Some(v) => Reps::Exactly(
-                v.parse()
-                    .unwrap_or_else(|_| panic!("--reps takes a count, not {v:?}")),
-            ),
-            None if quick => Reps::Until {
-                min: 3,
-                budget: 0.05,
-                max: 300,
-            },
-            None => Reps::Until {
-                min: 7,
-                budget: 0.5,
-                max: 3000,
-            },
-        };
-        Options {
-            quick,
-            reps,
-            only: value("--only"),
-            replay: !args.iter().any(|a| a == "--no-replay"),
-            loguniform: value("--loguniform"),
-        }
-    }
-
-    fn wants(&self, name: &str) -> bool {
-        self.only.as_deref().is_none_or(|only| name.contains(only))
-    }
-}
-
 fn main() {
-    let options = Options::parse();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match options::parse(&args) {
+        Ok(Parsed::Run(options)) => options,
+        Ok(Parsed::Help) => {
+            print!("{}", options::USAGE);
+            return;
+        }
+        Err(e) => {
+            eprintln!("pool_speed: {e}\n\n{}", options::USAGE);
+            std::process::exit(2);
+        }
+    };
     let (quick, reps) = (options.quick, options.reps);
     let mut rows = Vec::new();
     let mut measure = |name: &str, workload: &cachealloc::trace::Workload| {
@@ -103,8 +67,10 @@ fn main() {
             SynthSpec::new(SynthKind::LogUniform)
         } else {
             let text = format!("loguniform:{}", params.join(","));
-            text.parse()
-                .unwrap_or_else(|e| panic!("--loguniform: {text}: {e}"))
+            text.parse().unwrap_or_else(|e| {
+                eprintln!("pool_speed: --loguniform: {text}: {e}");
+                std::process::exit(2)
+            })
         };
         let workload = spec.generate(42).expect("valid spec");
         match &options.loguniform {

@@ -135,6 +135,115 @@ fn a_request_beyond_offset_allocators_range_is_refused() {
     support::Row::measure_with("too large", &workload, support::Reps::Exactly(1), false);
 }
 
+/// The benchmark's command line: `--help` prints the usage (and runs nothing), a mistyped or
+/// unknown option, a missing or bad value, a zero count and an option given twice are refused
+/// with a message naming them, instead of a full run with the defaults.
+#[test]
+fn the_command_line_takes_its_options_and_refuses_the_rest() {
+    use support::Reps;
+    use support::options::{Options, Parsed, USAGE, parse};
+    let parse = |args: &[&str]| parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+    let run = |args: &[&str]| match parse(args) {
+        Ok(Parsed::Run(options)) => options,
+        other => panic!("{args:?}: {other:?}"),
+    };
+    let refused = |args: &[&str]| parse(args).expect_err(&format!("{args:?} taken"));
+
+    // cargo bench adds --bench.
+    let defaults = run(&["--bench"]);
+    assert_eq!(
+        defaults,
+        Options {
+            quick: false,
+            reps: Reps::Until {
+                min: 7,
+                budget: 0.5,
+                max: 3000
+            },
+            only: None,
+            replay: true,
+            loguniform: None,
+        }
+    );
+    assert_eq!(run(&[]), defaults);
+    let quick = run(&["--quick", "--bench"]);
+    assert!(quick.quick);
+    assert_eq!(
+        quick.reps,
+        Reps::Until {
+            min: 3,
+            budget: 0.05,
+            max: 300
+        }
+    );
+    let all = run(&[
+        "--quick",
+        "--reps",
+        "5",
+        "--only",
+        "sqattn",
+        "--no-replay",
+        "--loguniform",
+        "budget_gib=4",
+        "--bench",
+    ]);
+    assert_eq!(
+        all,
+        Options {
+            quick: true,
+            reps: Reps::Exactly(5),
+            only: Some("sqattn".into()),
+            replay: false,
+            loguniform: Some("budget_gib=4".into()),
+        }
+    );
+    assert!(all.wants("real: sqattn") && !all.wants("real: decomfl"));
+
+    for help in [&["--help"][..], &["--bench", "-h"], &["--quick", "--help"]] {
+        assert_eq!(parse(help), Ok(Parsed::Help), "{help:?}");
+    }
+    for option in [
+        "--quick",
+        "--reps",
+        "--only",
+        "--no-replay",
+        "--loguniform",
+        "--help",
+    ] {
+        assert!(
+            USAGE.contains(option),
+            "{option} missing from the usage:\n{USAGE}"
+        );
+    }
+
+    assert_eq!(
+        refused(&["--rep", "3"]),
+        "unknown option \"--rep\"; allowed: --quick, --reps N, --only TEXT, --no-replay, \
+         --loguniform PARAMS, --help"
+    );
+    assert!(refused(&["sqattn"]).starts_with("unknown option \"sqattn\""));
+    assert_eq!(
+        refused(&["--reps"]),
+        "--reps needs a value: a count of pairs, at least 1"
+    );
+    assert_eq!(
+        refused(&["--only"]),
+        "--only needs a value: text of the rows' names"
+    );
+    assert_eq!(
+        refused(&["--reps", "0"]),
+        "--reps 0: a count of pairs, at least 1"
+    );
+    assert_eq!(
+        refused(&["--reps", "five"]),
+        "--reps \"five\": a count of pairs, at least 1"
+    );
+    assert_eq!(
+        refused(&["--only", "a", "--only", "b"]),
+        "--only is given twice; give it once"
+    );
+}
+
 /// The default repetitions: at least `min` pairs, more until the pool's passes fill the
 /// budget, never more than `max`.
 #[test]

@@ -2,6 +2,7 @@
 //! the pool and through offset-allocator, and time both.
 
 pub mod equal_size;
+pub mod options;
 pub mod same_work;
 
 use cachealloc::backend::sim::SimDevice;
@@ -184,7 +185,7 @@ pub fn run_offset_allocator(
 }
 
 /// How many alternating pairs of passes to time.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Reps {
     /// Exactly this many pairs (the instruction counts and the smoke test want one).
     Exactly(usize),
