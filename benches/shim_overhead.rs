@@ -20,6 +20,7 @@
 #[allow(dead_code)]
 #[path = "../tests/support/fake_cudart.rs"]
 mod fake_cudart;
+mod quick_arg;
 mod shim_pairs;
 
 use shim_pairs::{PairsRun, SIZES, Setup, run_pairs, time_core_pairs};
@@ -60,8 +61,17 @@ fn size_label(bytes: u64) -> String {
     }
 }
 
+const USAGE: &str = "\
+Usage: cargo bench --bench shim_overhead [-- --quick]
+
+An interposed cudaMalloc+cudaFree pair of one size (a cache hit) against the pool core alone,
+in ns per pair: the best of 5 rounds of 200,000 pairs per size (--quick: 3 of 20,000). The
+preloaded library is $CACHEALLOC_LIB, else the libcachealloc.so built with this benchmark, else
+target/release/libcachealloc.so.
+";
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = quick_arg::quick_or_exit("shim_overhead", USAGE);
     let (pairs, rounds) = if quick { (20_000, 3) } else { (200_000, 5) };
     let lib = library();
     if !lib.is_file() {

@@ -3,6 +3,9 @@
 //! without it, the core timing runs, and the runtime counters show the timed pairs were cache
 //! hits. No timing is asserted.
 
+#[path = "../benches/quick_arg/mod.rs"]
+#[allow(dead_code)] // the tests parse; the benchmark reads its own command line
+mod quick_arg;
 #[path = "../benches/shim_pairs/mod.rs"]
 mod shim_pairs;
 mod support;
@@ -68,5 +71,31 @@ fn core_pairs_are_timed() {
     for size in SIZES {
         let ns = time_core_pairs(size, PAIRS, ROUNDS);
         assert!(ns.is_finite() && ns > 0.0, "{size} B: {ns} ns per pair");
+    }
+}
+
+/// The benchmark's command line (recorded_frees' too): `--help` prints the usage and runs
+/// nothing; an argument it does not take is refused, not ignored (a full run).
+#[test]
+fn the_command_line_takes_quick_and_help_and_refuses_the_rest() {
+    use quick_arg::{QuickArg, parse};
+    let parse = |args: &[&str]| parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+    assert_eq!(parse(&["--bench"]), Ok(QuickArg::Run { quick: false }));
+    assert_eq!(parse(&[]), Ok(QuickArg::Run { quick: false }));
+    assert_eq!(
+        parse(&["--quick", "--bench"]),
+        Ok(QuickArg::Run { quick: true })
+    );
+    assert_eq!(parse(&["--bench", "--help"]), Ok(QuickArg::Help));
+    assert_eq!(parse(&["-h", "--quick"]), Ok(QuickArg::Help));
+    for args in [&["--quik"][..], &["--reps", "3"], &["512"]] {
+        assert_eq!(
+            parse(args),
+            Err(format!(
+                "unknown option {:?}; allowed: --quick, --help",
+                args[0]
+            )),
+            "{args:?}"
+        );
     }
 }
