@@ -84,7 +84,7 @@ fn main() {
 
     let core: Vec<f64> = SIZES
         .iter()
-        .map(|&size| time_core_pairs(size, pairs, rounds))
+        .map(|&size| time_core_pairs(size, pairs, rounds).ns_per_pair)
         .collect();
     let none = run_or_exit(
         Setup::Shim {

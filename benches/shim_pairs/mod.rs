@@ -15,9 +15,18 @@ use std::time::Instant;
 /// Request sizes timed: small pool (512 B, 64 KiB, 1 MiB) and large pool (16 MiB), in bytes.
 pub const SIZES: [u64; 4] = [512, 64 << 10, 1 << 20, 16 << 20];
 
+/// What `time_core_pairs` measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CorePairs {
+    /// Best nanoseconds per pair.
+    pub ns_per_pair: f64,
+    /// Segments the pool obtained from its (simulated) device, the warm-up pair's included.
+    pub device_allocs: u64,
+}
+
 /// Best nanoseconds per `DeviceAllocator<SimDevice>` malloc+free pair of `size` over `rounds`
 /// rounds of `pairs` pairs; a warm-up pair first, so every timed pair is a cache hit.
-pub fn time_core_pairs(size: u64, pairs: u64, rounds: u64) -> f64 {
+pub fn time_core_pairs(size: u64, pairs: u64, rounds: u64) -> CorePairs {
     let mut pool = DeviceAllocator::new(SimDevice::new(u64::MAX), Settings::default());
     let pair = |pool: &mut DeviceAllocator<SimDevice>| {
         let ptr = pool
@@ -35,7 +44,10 @@ pub fn time_core_pairs(size: u64, pairs: u64, rounds: u64) -> f64 {
         best = best.min(start.elapsed().as_nanos() as f64 / pairs as f64);
     }
     std::hint::black_box(pool.stats().allocation.all.allocated);
-    best
+    CorePairs {
+        ns_per_pair: best,
+        device_allocs: pool.stats().counts.num_device_alloc,
+    }
 }
 
 /// `pairs.c`, compiled against the fake runtime (once per process).
