@@ -82,6 +82,7 @@ fn every_kind_of_free_is_a_free_in_the_comparison() {
         Op::FreeRequested {
             id: 0,
             until_device_sync: false,
+            outlasts_device_sync: false,
         },
         Op::FreeAtSync {
             id: 0,
@@ -90,6 +91,7 @@ fn every_kind_of_free_is_a_free_in_the_comparison() {
         Op::FreeRequested {
             id: 1,
             until_device_sync: true,
+            outlasts_device_sync: false,
         },
         Op::FreeAtGrowthSync { id: 1 },
         Op::EmptyCache,
