@@ -120,16 +120,10 @@ fn mean_live(workload: &cachealloc::trace::Workload) -> f64 {
     use cachealloc::trace::Op;
     let (mut live, mut sum) = (0i64, 0i64);
     for op in &workload.ops {
-        match op {
-            Op::Alloc { .. } => live += 1,
-            Op::Free { .. } | Op::FreeAtSync { .. } | Op::FreeAtGrowthSync { .. } => live -= 1,
-            Op::FreeRequested { .. }
-            | Op::DeviceSynchronize
-            | Op::EmptyCache
-            | Op::DeviceReset
-            | Op::MemoryFraction { .. }
-            | Op::Capture
-            | Op::Oom { .. } => {}
+        if matches!(op, Op::Alloc { .. }) {
+            live += 1;
+        } else if op.freed_id().is_some() {
+            live -= 1;
         }
         sum += live;
     }

@@ -127,13 +127,11 @@ fn faithful_start_state_is_consistent_on_every_traced_device() {
             live[b as usize] = true;
         }
         for op in &replay.workload.ops {
-            match *op {
-                Op::Alloc { id, .. } => live[id as usize] = true,
-                Op::Free { id } | Op::FreeAtSync { id, .. } | Op::FreeAtGrowthSync { id } => {
-                    assert!(live[id as usize], "{rel}: free of dead id {id}");
-                    live[id as usize] = false;
-                }
-                _ => {}
+            if let Op::Alloc { id, .. } = *op {
+                live[id as usize] = true;
+            } else if let Some(id) = op.freed_id() {
+                assert!(live[id as usize], "{rel}: free of dead id {id}");
+                live[id as usize] = false;
             }
         }
         assert_eq!(

@@ -60,16 +60,9 @@ fn untimed_table<T: Clone>(len: usize) -> Vec<Option<T>> {
 /// (a free's request, `empty_cache`, synchronizations, ...) are dropped.
 pub fn alloc_free_ops(workload: &Workload) -> Vec<Op> {
     (workload.ops.iter())
-        .filter_map(|op| match *op {
-            Op::Alloc { .. } | Op::Free { .. } => Some(op.clone()),
-            Op::FreeAtSync { id, .. } | Op::FreeAtGrowthSync { id } => Some(Op::Free { id }),
-            Op::FreeRequested { .. }
-            | Op::DeviceSynchronize
-            | Op::EmptyCache
-            | Op::DeviceReset
-            | Op::MemoryFraction { .. }
-            | Op::Capture
-            | Op::Oom { .. } => None,
+        .filter_map(|op| match op {
+            Op::Alloc { .. } => Some(op.clone()),
+            _ => op.freed_id().map(|id| Op::Free { id }),
         })
         .collect()
 }

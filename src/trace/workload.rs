@@ -91,6 +91,24 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The allocation whose free this op completes (`Free`; `FreeAtSync` and `FreeAtGrowthSync`,
+    /// completed at a later synchronization), if any: it is no longer live after it.
+    pub fn freed_id(&self) -> Option<AllocId> {
+        match *self {
+            Op::Free { id } | Op::FreeAtSync { id, .. } | Op::FreeAtGrowthSync { id } => Some(id),
+            Op::Alloc { .. }
+            | Op::FreeRequested { .. }
+            | Op::DeviceSynchronize
+            | Op::EmptyCache
+            | Op::Capture
+            | Op::DeviceReset
+            | Op::MemoryFraction { .. }
+            | Op::Oom { .. } => None,
+        }
+    }
+}
+
 /// A sequence of operations plus where each came from.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {

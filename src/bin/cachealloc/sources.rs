@@ -161,16 +161,12 @@ pub fn load(
             };
             format!("{e}{advice}")
         })?;
-        if !f.workload.ops.iter().any(|op| {
-            matches!(
-                op,
-                Op::Alloc { .. }
-                    | Op::Free { .. }
-                    | Op::FreeAtSync { .. }
-                    | Op::FreeAtGrowthSync { .. }
-                    | Op::Oom { .. }
-            )
-        }) {
+        if !f
+            .workload
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Alloc { .. } | Op::Oom { .. }) || op.freed_id().is_some())
+        {
             return Err(nothing_to_replay(path, rec, 0, &snapshot.devices));
         }
         Ok(Loaded {
