@@ -121,19 +121,7 @@ mod tests {
     use super::*;
 
     fn event(action: Action, addr: u64) -> Event {
-        Event {
-            t_us: 0,
-            device: 0,
-            action,
-            addr,
-            size: 1 << 20,
-            stream: 0,
-            device_free: None,
-            page: None,
-            requested: None,
-            fraction: None,
-            waits: None,
-        }
+        Event::plain(0, 0, action, addr, 1 << 20)
     }
 
     /// A free waiting while the pool took new memory did not wait for a device synchronization;

@@ -185,17 +185,8 @@ fn the_frees_the_program_s_synchronization_completed_are_complete_before_the_nex
 /// The lines of device 0 in `lines` (action, address, size, waits), a microsecond apart.
 fn lines(lines: &[(Action, u64, u64, Option<FreeWaits>)]) -> Vec<Event> {
     let at = |(t, &(action, addr, size, waits)): (usize, _)| Event {
-        t_us: t as u64 + 1,
-        device: 0,
-        action,
-        addr,
-        size,
-        stream: 0,
-        device_free: None,
-        page: None,
-        requested: None,
-        fraction: None,
         waits,
+        ..Event::plain(t as u64 + 1, 0, action, addr, size)
     };
     lines.iter().enumerate().map(at).collect()
 }

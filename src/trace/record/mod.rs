@@ -351,33 +351,35 @@ impl Event {
 
     /// The `end` line of a complete recording.
     pub fn end(t_us: u64) -> Self {
-        Self::marker(Action::End, 0, 0, t_us)
+        Self::plain(t_us, 0, Action::End, 0, 0)
     }
 
     /// A `device_reset` marker.
     pub fn device_reset(device: i32, t_us: u64) -> Self {
-        Self::marker(Action::DeviceReset, device, 0, t_us)
+        Self::plain(t_us, device, Action::DeviceReset, 0, 0)
     }
 
     /// The `device_memory` line of a device with `total` bytes.
     pub fn device_memory(device: i32, total: u64, t_us: u64) -> Self {
-        Self::marker(Action::DeviceMemory, device, total, t_us)
+        Self::plain(t_us, device, Action::DeviceMemory, 0, total)
     }
 
     /// A `memory_fraction` line of `device`.
     pub fn memory_fraction(device: i32, fraction: f64, t_us: u64) -> Self {
         Event {
             fraction: Some(fraction),
-            ..Self::marker(Action::MemoryFraction, device, 0, t_us)
+            ..Self::plain(t_us, device, Action::MemoryFraction, 0, 0)
         }
     }
 
-    fn marker(action: Action, device: i32, size: u64, t_us: u64) -> Self {
+    /// A line of `device` at `t_us` on stream 0 with none of the fields only some actions
+    /// carry (a marker's `addr` is 0).
+    pub(crate) fn plain(t_us: u64, device: i32, action: Action, addr: u64, size: u64) -> Self {
         Event {
             t_us,
             device,
             action,
-            addr: 0,
+            addr,
             size,
             stream: 0,
             device_free: None,

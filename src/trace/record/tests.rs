@@ -239,17 +239,9 @@ fn an_expandable_recording_names_its_ranges() {
 /// with nothing free on the device).
 fn line(t_us: u64, action: Action, addr: u64, size: u64) -> Event {
     Event {
-        t_us,
-        device: 0,
-        action,
-        addr,
-        size,
-        stream: 0,
         device_free: (action == Action::Oom).then_some(0),
         page: (action == Action::RangeReserve).then_some(20 * MIB),
-        requested: None,
-        fraction: None,
-        waits: None,
+        ..Event::plain(t_us, 0, action, addr, size)
     }
 }
 
@@ -382,19 +374,7 @@ fn settings_text_names_only_changed_keys_and_parses_back() {
 
 #[test]
 fn device_reset_frees_what_was_live_and_resets_reserved() {
-    let ev = |t_us, action, addr, size| Event {
-        t_us,
-        device: 1,
-        action,
-        addr,
-        size,
-        stream: 0,
-        device_free: None,
-        page: None,
-        requested: None,
-        fraction: None,
-        waits: None,
-    };
+    let ev = |t_us, action, addr, size| Event::plain(t_us, 1, action, addr, size);
     let mut bytes = Vec::new();
     write_header(&mut bytes, &Header::new(1, vec![], String::new(), "none"));
     write_events(
