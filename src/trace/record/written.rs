@@ -45,19 +45,8 @@ pub fn replay_written(
     events: &[Event],
     capacity: u64,
 ) -> ReplayOutcome {
-    let rec = convert_written(settings, free_sync, version, events);
-    let mut config = ReplayConfig {
-        settings: settings.clone(),
-        capacity: Some(capacity),
-        check_invariants: true,
-        ..ReplayConfig::default()
-    };
-    config.follow_recorded_addresses(
-        rec.segment_addresses.clone(),
-        &rec.range_changes,
-        rec.device_memory,
-    );
-    replay(&rec.workload, &config, None).expect("the replay runs")
+    let written = (settings, free_sync, version, events);
+    replay_on(written, capacity, true)
 }
 
 /// The replay of `events` written as `convert_written` writes them, on a device of `capacity`
@@ -69,12 +58,30 @@ pub fn replay_written_what_if(
     events: &[Event],
     capacity: u64,
 ) -> ReplayOutcome {
+    let written = (settings, free_sync, version, events);
+    replay_on(written, capacity, false)
+}
+
+/// The replay of the written lines on `capacity` bytes, at the recorded segments and ranges
+/// when `faithful`.
+fn replay_on(
+    (settings, free_sync, version, events): (&Settings, &str, u32, &[Event]),
+    capacity: u64,
+    faithful: bool,
+) -> ReplayOutcome {
     let rec = convert_written(settings, free_sync, version, events);
-    let config = ReplayConfig {
+    let mut config = ReplayConfig {
         settings: settings.clone(),
         capacity: Some(capacity),
         check_invariants: true,
         ..ReplayConfig::default()
     };
+    if faithful {
+        config.follow_recorded_addresses(
+            rec.segment_addresses.clone(),
+            &rec.range_changes,
+            rec.device_memory,
+        );
+    }
     replay(&rec.workload, &config, None).expect("the replay runs")
 }
