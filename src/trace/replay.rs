@@ -253,35 +253,29 @@ fn replay_observed(
                     Err(e) => note_refusal(&mut out, workload, i, e)?,
                 }
             }
-            Op::Free { id } => match live.get_mut(id as usize).and_then(Option::take) {
-                Some(ptr) => {
+            Op::Free { id } => {
+                if let Some(ptr) = freed(&mut live, id, &mut completed_early, &mut out) {
                     if take_requested(&mut requested, ptr, id) {
                         pool.free_completed(ptr)?;
                     } else {
                         pool.free(ptr)?;
                     }
-                    out.frees += 1;
                 }
-                None if completed_early.remove(&id) => out.frees += 1,
-                None => out.skipped_frees += 1,
-            },
+            }
             Op::FreeAtSync {
                 id,
                 first_in_request,
-            } => match live.get_mut(id as usize).and_then(Option::take) {
-                Some(ptr) => {
+            } => {
+                if let Some(ptr) = freed(&mut live, id, &mut completed_early, &mut out) {
                     if !take_requested(&mut requested, ptr, id) {
                         pool.free_requested(ptr)?;
                     }
                     pool.free_completes_at_sync(ptr)?;
                     held_first_in_request = first_in_request;
-                    out.frees += 1;
                 }
-                None if completed_early.remove(&id) => out.frees += 1,
-                None => out.skipped_frees += 1,
-            },
-            Op::FreeAtGrowthSync { id } => match live.get_mut(id as usize).and_then(Option::take) {
-                Some(ptr) => {
+            }
+            Op::FreeAtGrowthSync { id } => {
+                if let Some(ptr) = freed(&mut live, id, &mut completed_early, &mut out) {
                     if requested.get(&ptr.addr()) == Some(&id) {
                         // (Whatever it waited for on other devices was done by then.)
                         pool.free_covered_by_device_sync(ptr)?;
@@ -289,11 +283,8 @@ fn replay_observed(
                     } else {
                         pool.free(ptr)?;
                     }
-                    out.frees += 1;
                 }
-                None if completed_early.remove(&id) => out.frees += 1,
-                None => out.skipped_frees += 1,
-            },
+            }
             Op::FreeRequested {
                 id,
                 until_device_sync,
@@ -495,6 +486,31 @@ pub fn seeded_pool(
         pool.reset_accumulated_stats();
     }
     Ok(pool)
+}
+
+/// A free of allocation `id`, counted in `out`: its block, taken from `live`, for the caller
+/// to return to the pool; `None` when it is not live (a free the pool completed early,
+/// counted as done, or one of an allocation this replay refused, counted as skipped).
+fn freed(
+    live: &mut [Option<DevicePtr>],
+    id: AllocId,
+    completed_early: &mut FxHashSet<AllocId>,
+    out: &mut ReplayOutcome,
+) -> Option<DevicePtr> {
+    match live.get_mut(id as usize).and_then(Option::take) {
+        Some(ptr) => {
+            out.frees += 1;
+            Some(ptr)
+        }
+        None => {
+            if completed_early.remove(&id) {
+                out.frees += 1;
+            } else {
+                out.skipped_frees += 1;
+            }
+            None
+        }
+    }
 }
 
 /// Whether allocation `id` at `ptr` is one whose free was requested (`Op::FreeRequested`) and
