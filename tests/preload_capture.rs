@@ -190,6 +190,37 @@ fn a_recorded_free_during_a_capture_is_given_back_by_the_next_empty_cache() {
     check("recorded_free_emptied", &[]);
 }
 
+/// The events of frees made during a capture cannot be created after it: the request that
+/// finds those frees waiting is served with new memory, and they wait until a later request
+/// records their events (a stream fence of the C API; a `free_sync:event` fence of `cudaFree`).
+/// A warning says so, once.
+#[test]
+fn a_free_whose_event_cannot_be_recorded_after_a_capture_does_not_fail_the_next_request() {
+    for (scenario, conf) in [
+        ("deferred_create_fails", "free_sync:device"),
+        ("deferred_fence_create_fails", "free_sync:event"),
+    ] {
+        let out = check(scenario, &[("CACHEALLOC_CONF", conf)]);
+        let log = stderr(&out);
+        let said = "the events of frees made during a CUDA graph capture could not be recorded \
+                    (cudaEventCreateWithFlags failed with CUDA error 2)";
+        assert_eq!(log.matches(said).count(), 1, "{scenario}:\n{log}");
+    }
+}
+
+/// A recorded stream the runtime refuses an event on after the capture: its work is not waited
+/// for, and a warning names it.
+#[test]
+fn a_stream_refused_after_a_capture_is_named_in_a_warning() {
+    let out = check("deferred_refused", &[]);
+    let log = stderr(&out);
+    assert!(
+        log.contains("a free made during a CUDA graph capture: the work of its recorded stream 0x")
+            && log.contains("CUDA error 999"),
+        "{log}"
+    );
+}
+
 /// Such a free recorded on another device's stream, whose device is reset after the capture:
 /// its event is recorded before the reset destroys the stream, not on the stale handle after it.
 #[test]

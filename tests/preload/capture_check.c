@@ -365,6 +365,87 @@ static void scenario_recorded_free(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The events of frees made during a capture cannot be created when the capture has ended (the
+ * runtime out of resources): the request that finds them waiting is served all the same, with
+ * new memory, and no error is left for the program to read; the frees keep waiting until a later
+ * request records their events. Here the event of a C API free recorded on the legacy stream,
+ * deferred while the blocking stream s captures. */
+static void scenario_deferred_create_fails(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreate(&s), cudaSuccess);
+    void *x = NULL, *z = NULL, *v = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, s), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, NULL), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(x, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(cudaStreamSynchronize(s), cudaSuccess);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaEventCreate", 1, cudaErrorMemoryAllocation),
+               cudaSuccess);
+    CHECK_CODE(api.malloc(&z, 10 * MIB, 0, s), cudaSuccess);
+    CHECK(z != x);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    /* The next request records the events, which find the work done, and reuses the block. */
+    CHECK_CODE(api.malloc(&v, 10 * MIB, 0, s), cudaSuccess);
+    CHECK(v == x);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(api.free(z), cudaSuccess);
+    CHECK_CODE(api.free(v), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* The same with the fence of an interposed cudaFree under free_sync:event, an event on the
+ * legacy stream deferred while the blocking stream s captures: the request is served. */
+static void scenario_deferred_fence_create_fails(void) {
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreate(&s), cudaSuccess);
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(fakecudart_launch(p, 10 * MIB, s, 1000), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(cudaStreamSynchronize(s), cudaSuccess);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaEventCreate", 1, cudaErrorMemoryAllocation),
+               cudaSuccess);
+    /* The miss synchronizes the device before growing, since a free is pending; that completes
+     * p's fence, and the request takes p. */
+    CHECK_CODE(cudaMalloc(&q, 10 * MIB), cudaSuccess);
+    CHECK(q == p);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&r, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaFree(q), cudaSuccess);
+    CHECK_CODE(cudaFree(r), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* A recorded stream the runtime refuses an event on when the capture has ended: the free cannot
+ * wait for its work, and a warning says so (tests/preload_capture.rs reads it); the request goes
+ * on, and no error is left for the program to read. */
+static void scenario_deferred_refused(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t a, s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *x = NULL, *z = NULL;
+    CHECK_CODE(api.malloc(&x, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, s), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaEventRecord", 1, cudaErrorUnknown),
+               cudaSuccess);
+    CHECK_CODE(api.malloc(&z, 10 * MIB, 0, a), cudaSuccess);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(api.free(z), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(a), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* A block recorded on the capturing stream and on a stream of device 1, freed during the
  * capture and given back by cachealloc_empty_cache right after it: the synchronization made
  * before the release records the free's events, so it waits for the other device's stream too
@@ -716,6 +797,9 @@ static const struct scenario scenarios[] = {
     {"recorded_before", scenario_recorded_before},
     {"recorded_free", scenario_recorded_free},
     {"recorded_free_emptied", scenario_recorded_free_emptied},
+    {"deferred_create_fails", scenario_deferred_create_fails},
+    {"deferred_fence_create_fails", scenario_deferred_fence_create_fails},
+    {"deferred_refused", scenario_deferred_refused},
     {"recorded_free_reset", scenario_recorded_free_reset},
     {"recorded_free_destroyed", scenario_recorded_free_destroyed},
     {"recorded_free_reset_during", scenario_recorded_free_reset_during},

@@ -56,6 +56,8 @@ pub struct CudaBackend {
     /// The driver's virtual-memory calls, when expandable segments are on and the device has
     /// them.
     vmm: Option<Vmm>,
+    /// A poll could not record the events of frees made during a capture, and none has since.
+    deferred_failing: bool,
 }
 
 impl CudaBackend {
@@ -66,6 +68,7 @@ impl CudaBackend {
             fences,
             stream_events: StreamEvents::default(),
             vmm: None,
+            deferred_failing: false,
         }
     }
 
@@ -183,6 +186,32 @@ impl CudaBackend {
 
     fn enter(&self) -> Result<DeviceGuard<'static>, BackendError> {
         enter(self.rt, self.device)
+    }
+
+    /// A poll's recording of the events of frees made during a capture that ended. On failure
+    /// those frees keep waiting, for a later poll to record their events or for the pool's next
+    /// synchronization, and the request that polled goes on: the failure is not its own. The
+    /// runtime's error is cleared, and said once until a recording succeeds again.
+    fn deferred_recorded(&mut self, recorded: Result<(), BackendError>) {
+        match recorded {
+            Ok(()) => self.deferred_failing = false,
+            Err(e) => self.deferred_recording_failed(e),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn deferred_recording_failed(&mut self, error: BackendError) {
+        runtime::clear_last_error(self.rt);
+        if !std::mem::replace(&mut self.deferred_failing, true) {
+            log_event!(
+                warn,
+                "device {}: the events of frees made during a CUDA graph capture could not be \
+                 recorded ({error}); their blocks are not reused until a later request records \
+                 them or the pool synchronizes the device",
+                self.device.0
+            );
+        }
     }
 
     /// `call` would end a capture under way: it is not made, and fails with the runtime's own
@@ -338,8 +367,8 @@ impl Backend for CudaBackend {
         // destroyed here. The frees made during a capture that ended get their events first.
         let _on_device = self.enter()?;
         let recorded = self.stream_events.record_deferred(self.rt, self.device);
-        let polled = self.stream_events.poll(self.rt, done);
-        recorded.and(polled).map_err(device_error)
+        self.deferred_recorded(recorded.map_err(device_error));
+        self.stream_events.poll(self.rt, done).map_err(device_error)
     }
 
     #[inline]
@@ -355,7 +384,10 @@ impl Backend for CudaBackend {
                     return Ok(false);
                 }
                 if events.has_deferred() {
-                    record_deferred_fences(self.rt, self.device, events)?;
+                    let recorded = record_deferred_fences(self.rt, self.device, events);
+                    let done = events.done(self.rt, fence.0).map_err(device_error);
+                    self.deferred_recorded(recorded);
+                    return done;
                 }
                 events.done(self.rt, fence.0).map_err(device_error)
             }

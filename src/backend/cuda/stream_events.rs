@@ -19,7 +19,8 @@
 //! them (`needs_events_deferred_until_no_capture`), the fence's events are recorded once no
 //! capture is underway (`record_deferred`: at the device's next poll or synchronization), after
 //! the work issued until then. Streams the runtime refuses then are left out, as at free time,
-//! but returned to no one: their work is not waited for. A stream the program destroys before
+//! with a warning (`warn_refused`: the free's caller has returned): their work is not waited
+//! for. A stream the program destroys before
 //! then (CUDA lets its work run on) gets its events as it is destroyed (`record_deferred_on`),
 //! while its handle is live.
 
@@ -144,7 +145,10 @@ impl StreamEvents {
         let mut result = Ok(());
         for (fence, streams) in &deferred {
             match self.record_events(rt, own, *fence, streams) {
-                Ok((events, _refused)) => self.settle_deferred(*fence, events, true),
+                Ok((events, refused)) => {
+                    warn_refused(&refused);
+                    self.settle_deferred(*fence, events, true);
+                }
                 Err(e) => {
                     result = Err(e);
                     break;
@@ -195,7 +199,8 @@ impl StreamEvents {
                 continue;
             }
             match self.record_events(rt, own, *fence, &[stream]) {
-                Ok((events, _refused)) => {
+                Ok((events, refused)) => {
+                    warn_refused(&refused);
                     streams.retain(|&s| s != stream);
                     self.settle_deferred(*fence, events, streams.is_empty());
                 }
@@ -475,6 +480,28 @@ fn retire(rt: &Runtime, idle: &mut IdleEvents, recorded: StreamEvent) {
 
 /// Record a new event of `stream`'s device on it, when the runtime can name that device and it
 /// is not `own`. Leaves `own` current and no error of its own in the last error.
+/// A free made during a capture cannot wait for these streams' work: the runtime refused an
+/// event on each when the capture had ended. Said here, since the free's caller has returned.
+fn warn_refused(refused: &[(StreamId, CudaError)]) {
+    for (stream, code) in refused {
+        refused_stream(*stream, *code);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refused_stream(stream: StreamId, code: CudaError) {
+    log_event!(
+        warn,
+        "a free made during a CUDA graph capture: the work of its recorded stream {:#x} is not \
+         waited for before the block is reused (cudaEventRecord after the capture failed with \
+         CUDA error {code}: a stream destroyed without cudaStreamDestroy passing through \
+         cachealloc, or one of another device with a runtime older than CUDA 12.8, which cannot \
+         name its device?)",
+        stream.0
+    );
+}
+
 fn record_elsewhere(
     rt: &Runtime,
     own: DeviceId,

@@ -187,6 +187,12 @@ static void oom(void) {
     CHECK_RC(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaErrorMemoryAllocation);
     CHECK_RC(cudaGetLastError(), cudaErrorMemoryAllocation);
     CHECK_RC(cudaEventCreate(&ev), cudaSuccess);
+    CHECK_RC(fakecudart_inject_call_failures("cudaEventRecord", 1, cudaErrorUnknown), cudaSuccess);
+    uint64_t records = fakecudart_counter("event_records");
+    CHECK_RC(cudaEventRecord(ev, NULL), cudaErrorUnknown);
+    CHECK_RC(cudaGetLastError(), cudaErrorUnknown);
+    CHECK(fakecudart_counter("event_records") == records);
+    CHECK_RC(cudaEventRecord(ev, NULL), cudaSuccess);
     CHECK_RC(cudaEventDestroy(ev), cudaSuccess);
     /* A larger capacity set at run time. */
     CHECK_RC(fakecudart_set_capacity(0, 4 * MiB), cudaSuccess);

@@ -112,8 +112,8 @@ cudaError_t fakecudart_set_capacity(int device, size_t bytes);
  * `code` (which should be nonzero), whatever the free memory. count 0 cancels an injection. */
 void fakecudart_inject_malloc_failures(unsigned count, cudaError_t code);
 /* The next `count` calls of `call` ("cudaEventQuery", "cudaDeviceReset", "cudaDeviceSynchronize",
- * "cudaStreamIsCapturing", or "cudaEventCreate", which covers cudaEventCreateWithFlags) do
- * nothing and answer `code` (nonzero), setting the last error; cudaErrorInvalidValue for another
+ * "cudaStreamIsCapturing", "cudaEventRecord", or "cudaEventCreate", which covers
+ * cudaEventCreateWithFlags) do nothing and answer `code` (nonzero), setting the last error; cudaErrorInvalidValue for another
  * name. count 0 cancels an injection. */
 cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cudaError_t code);
 

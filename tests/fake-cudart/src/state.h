@@ -147,7 +147,7 @@ struct fake_state {
     /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags),
      * cudaStreamIsCapturing */
     struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create,
-        injected_is_capturing;
+        injected_event_record, injected_is_capturing;
     struct fake_driver_injection injected_unmap, injected_set_access, injected_map,
         injected_create, injected_reserve; /* cuMemUnmap, cuMemSetAccess, cuMemMap, cuMemCreate,
                                             * cuMemAddressReserve */

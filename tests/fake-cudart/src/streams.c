@@ -188,7 +188,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     lock();
     struct CUstream_st *s = resolve_stream_locked(stream);
     struct CUevent_st *e = resolve_event_locked(event);
-    cudaError_t rc = cudaErrorInvalidResourceHandle;
+    cudaError_t rc = take_call_failure_locked(&fake.injected_event_record);
+    if (rc != cudaSuccess) {
+        unlock();
+        return record(rc);
+    }
+    rc = cudaErrorInvalidResourceHandle;
     if (s != NULL && e != NULL && s->device == e->device) {
         rc = s == &fake.devices[s->device].legacy ? capture_legacy_use_locked(s->device)
                                                   : cudaSuccess;

@@ -72,6 +72,8 @@ cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cu
     else if (call != NULL && (strcmp(call, "cudaEventCreate") == 0 ||
                               strcmp(call, "cudaEventCreateWithFlags") == 0))
         inj = &fake.injected_event_create;
+    else if (call != NULL && strcmp(call, "cudaEventRecord") == 0)
+        inj = &fake.injected_event_record;
     else if (call != NULL && strcmp(call, "cudaStreamIsCapturing") == 0)
         inj = &fake.injected_is_capturing;
     if (inj != NULL) {
