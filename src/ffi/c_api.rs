@@ -19,11 +19,10 @@ use std::ffi::{c_char, c_int, c_void};
 /// logged; a device the process does not have: 101 (`cudaErrorInvalidDevice`); `*ptr` is left
 /// unchanged on any error. During a CUDA graph capture that cachealloc follows (see
 /// `cachealloc_empty_cache`), a request no cached block serves takes new memory with
-/// `cudaMalloc` (no synchronization, no memory given back), which the capture's rules may
-/// forbid: they allow it from a thread whose capture mode is relaxed
-/// (`cudaThreadExchangeStreamCaptureMode`, as PyTorch relaxes it for its own); where they
-/// forbid it, the runtime ends the capture and its code (900,
-/// `cudaErrorStreamCaptureUnsupported`) is returned. Memory that a captured graph uses must
+/// `cudaMalloc` (no synchronization, no memory given back), with the calling thread's capture
+/// mode relaxed for the request (`cudaThreadExchangeStreamCaptureMode`; its mode is restored
+/// after), as PyTorch's allocator relaxes it for its own `cudaMalloc`: a capture in the global
+/// or thread-local mode would otherwise refuse the call and end. Memory that a captured graph uses must
 /// stay allocated while the graph may be launched: there is no private pool per graph, and a
 /// block freed is handed to the next request of its stream.
 ///

@@ -11,6 +11,7 @@ use super::reentry;
 use super::stream_uses;
 use super::trace_file;
 use crate::backend::BackendError;
+use crate::backend::cuda::captures;
 use crate::backend::cuda::device_guard::DeviceGuard;
 use crate::backend::cuda::runtime::{self, CudaError, Runtime, STREAM_PER_THREAD, codes, runtime};
 use crate::backend::cuda::unread_error;
@@ -47,7 +48,9 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
         return Ok(0);
     }
     let stream = block_stream(stream);
+    let relaxed = captures::RelaxedMode::enter(rt);
     let served = with_device_pool(config, rt, device, |pool| pool.malloc(size as u64, stream));
+    drop(relaxed);
     trace_file::flush();
     let served = served?.ok_or(ShimError::InvalidArgument(DEVICE_RANGE))?;
     returned_only(rt, served.map(DevicePtr::addr).map_err(ShimError::from))

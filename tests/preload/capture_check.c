@@ -538,37 +538,62 @@ static void recorded_free_reset(int during_capture) {
 
 static void scenario_recorded_free_reset(void) { recorded_free_reset(0); }
 
-/* cachealloc_malloc on the capturing stream: a cached block of the stream serves the request
- * whatever the thread's capture mode; a miss takes new memory with cudaMalloc, which a
- * global-mode capture tolerates only from a thread whose mode is relaxed (as PyTorch relaxes
- * it): from one in the default global mode the runtime refuses it (900, returned) and ends the
- * capture, as it would the program's own cudaMalloc. */
+/* The calling thread's capture mode (exchanged for itself and back). */
+static enum cudaStreamCaptureMode thread_capture_mode(void) {
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    enum cudaStreamCaptureMode back = mode;
+    cudaThreadExchangeStreamCaptureMode(&back);
+    return mode;
+}
+
+/* cachealloc_malloc on the capturing stream: a cached block of the stream serves the request; a
+ * miss takes new memory with cudaMalloc, with the thread's capture mode relaxed for the call (as
+ * PyTorch's allocator relaxes it around its own cudaMalloc), so the global-mode capture goes on
+ * whatever mode the thread had, and the thread's mode is left as it was. So does a miss of the
+ * pluggable allocator's hook (here the MemPool one). The program's own cudaMalloc keeps its
+ * mode: a miss from a thread in the global mode is refused (900) and ends the capture, as the
+ * runtime's cudaMalloc would be. */
 static void scenario_direct_malloc(void) {
     struct direct_api api;
     CHECK(find_direct_api(&api));
+    void *(*mempool_malloc)(size_t, int, void *) =
+        (void *(*)(size_t, int, void *))dlsym(RTLD_DEFAULT, "cachealloc_torch_mempool_malloc");
+    CHECK(mempool_malloc != NULL);
     cudaStream_t s;
     CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    void *cached = NULL, *hit = NULL, *grown = NULL, *refused = NULL;
+    void *cached = NULL, *hit = NULL, *grown = NULL, *relaxed = NULL, *hooked = NULL;
+    void *refused = NULL;
     CHECK_CODE(api.malloc(&cached, 10 * MIB, 0, s), cudaSuccess);
     CHECK_CODE(api.free(cached), cudaSuccess);
     CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
     CHECK_CODE(api.malloc(&hit, 10 * MIB, 0, s), cudaSuccess);
     CHECK(hit == cached);
+    uint64_t mallocs = fakecudart_counter("mallocs");
+    CHECK_CODE(api.malloc(&grown, 10 * MIB, 0, s), cudaSuccess);
+    CHECK(grown != NULL && grown != hit);
+    CHECK(thread_capture_mode() == cudaStreamCaptureModeGlobal);
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     CHECK_CODE(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
-    CHECK_CODE(api.malloc(&grown, 10 * MIB, 0, s), cudaSuccess);
+    CHECK_CODE(api.malloc(&relaxed, 10 * MIB, 0, s), cudaSuccess);
+    CHECK(thread_capture_mode() == cudaStreamCaptureModeRelaxed);
     CHECK_CODE(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
-    CHECK(grown != NULL && grown != hit);
-    CHECK(fakecudart_counter("captures_invalidated") == 0);
-    CHECK_CODE(api.malloc(&refused, 10 * MIB, 0, s), cudaErrorStreamCaptureUnsupported);
-    CHECK(refused == NULL);
+    hooked = mempool_malloc(10 * MIB, 0, s);
+    CHECK(hooked != NULL);
+    CHECK(thread_capture_mode() == cudaStreamCaptureModeGlobal);
+    CHECK(fakecudart_counter("mallocs") == mallocs + 3);
     CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&refused, 10 * MIB), cudaErrorStreamCaptureUnsupported);
     cudaGraph_t graph = NULL;
     CHECK_CODE(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
     CHECK(fakecudart_counter("captures_invalidated") == 1);
     CHECK_CODE(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
     CHECK_CODE(api.free(hit), cudaSuccess);
     CHECK_CODE(api.free(grown), cudaSuccess);
+    CHECK_CODE(api.free(relaxed), cudaSuccess);
+    CHECK_CODE(api.free(hooked), cudaSuccess);
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 

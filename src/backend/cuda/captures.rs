@@ -21,6 +21,15 @@
 //! `fork`); a capture begun while the table is full is not noted (a warning says so once), as
 //! when it was begun through the driver API.
 //!
+//! A request of the C API or of PyTorch's pluggable allocator made during a capture runs with the
+//! calling thread's capture mode relaxed (`RelaxedMode`), as PyTorch's allocator relaxes it
+//! around its own `cudaMalloc` (`cudaMallocMaybeCapturing`): a request that no cached block
+//! serves takes new memory with `cudaMalloc`, which a capture in the global or thread-local mode
+//! refuses from a thread that has not relaxed it, ending the capture. Whether a capture survives
+//! would then depend on what the cache holds. The pool makes no call during a capture that the
+//! relaxed mode would let through and that harms it (no synchronization, free or event query).
+//! The interposed `cudaMalloc` keeps the program's mode: that call is the program's own.
+//!
 //! Without a lock, three narrow races stay open between threads: a request of another thread
 //! between a capture's start and its noting does not see it; a thread that found a noted
 //! stream not capturing and forgets it may forget a new capture of the same stream, noted in
@@ -33,7 +42,7 @@
 use super::runtime::{self, CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, codes};
 use super::unread_error;
 use crate::pool::DeviceId;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Streams that may be capturing: far more than programs run at once.
@@ -47,6 +56,53 @@ static WARNED_FULL: AtomicBool = AtomicBool::new(false);
 
 /// `cudaStreamCaptureStatusNone`.
 const STATUS_NONE: i32 = 0;
+/// `cudaStreamCaptureModeRelaxed`.
+const MODE_RELAXED: c_int = 2;
+
+/// The calling thread's capture mode relaxed while this lives, when a capture is underway; the
+/// mode it had is restored on drop. Nothing changes when no capture is underway or the runtime
+/// lacks `cudaThreadExchangeStreamCaptureMode`.
+pub struct RelaxedMode {
+    rt: &'static Runtime,
+    previous: Option<c_int>,
+}
+
+impl RelaxedMode {
+    pub fn enter(rt: &'static Runtime) -> Self {
+        let previous = if underway(rt) {
+            exchange_mode(rt, MODE_RELAXED)
+        } else {
+            None
+        };
+        Self { rt, previous }
+    }
+}
+
+impl Drop for RelaxedMode {
+    fn drop(&mut self) {
+        if let Some(mode) = self.previous {
+            exchange_mode(self.rt, mode);
+        }
+    }
+}
+
+/// Set the calling thread's capture mode to `mode`; the mode it had, or `None` when the runtime
+/// cannot (no such function, or a failure, cleared).
+#[cold]
+#[inline(never)]
+fn exchange_mode(rt: &Runtime, mode: c_int) -> Option<c_int> {
+    let exchange = rt.thread_exchange_stream_capture_mode?;
+    unread_error::keep_unread(rt);
+    let mut mode = mode;
+    // SAFETY: `mode` is a valid in/out pointer holding a `cudaStreamCaptureMode` value: the
+    // relaxed mode's, or one the runtime handed out before.
+    let code: CudaError = unsafe { exchange(&mut mode) };
+    if code != codes::SUCCESS {
+        runtime::clear_last_error(rt);
+        return None;
+    }
+    Some(mode)
+}
 
 /// The program began a capture of `stream` (the handle it passed, or `cudaStreamPerThread` for
 /// the per-thread default stream). Returns false when the table was full and it was not noted.

@@ -75,6 +75,8 @@ type EnablePeerAccessFn = unsafe extern "C" fn(c_int, c_uint) -> CudaError;
 type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 /// `cudaStreamIsCapturing(stream, enum cudaStreamCaptureStatus *status)`.
 type StreamIsCapturingFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
+/// `cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)`.
+type ExchangeCaptureModeFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
 /// `cudaFreeAsync(devPtr, stream)` (and its `_ptsz` form).
 pub type FreeAsyncFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CudaError;
 /// `cudaStreamBeginCapture(stream, enum cudaStreamCaptureMode mode)` (and its `_ptsz` form).
@@ -129,6 +131,9 @@ pub struct Runtime {
     /// memory that is not the pools'.
     pub free_async: Option<FreeAsyncFn>,
     pub free_async_ptsz: Option<FreeAsyncFn>,
+    /// `cudaThreadExchangeStreamCaptureMode` (CUDA 10.1 on), to relax the calling thread's
+    /// capture mode around a C API request during a capture (`captures::RelaxedMode`).
+    pub thread_exchange_stream_capture_mode: Option<ExchangeCaptureModeFn>,
 }
 
 /// Sonames tried with `RTLD_NOLOAD`, newest first.
@@ -296,6 +301,10 @@ impl Runtime {
                     .find(c"cudaFreeAsync_ptsz")
                     .ok()
                     .map(|f| std::mem::transmute::<*mut c_void, FreeAsyncFn>(f)),
+                thread_exchange_stream_capture_mode: finder
+                    .find(c"cudaThreadExchangeStreamCaptureMode")
+                    .ok()
+                    .map(|f| std::mem::transmute::<*mut c_void, ExchangeCaptureModeFn>(f)),
             }
         };
         log_event!(debug, "found the CUDA runtime through {route}");
