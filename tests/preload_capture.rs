@@ -238,6 +238,14 @@ fn a_c_api_request_during_a_capture_relaxes_the_threads_capture_mode_as_pytorch_
     check("direct_malloc", &[]);
 }
 
+/// Such a miss whose `cudaMalloc` fails (not out of memory): the code is returned, and the
+/// thread's last error is left as it was, the library's failure not kept as the program's once
+/// the mode is restored.
+#[test]
+fn a_failed_c_api_request_during_a_capture_leaves_the_last_error_as_it_was() {
+    check("direct_malloc_fails", &[]);
+}
+
 /// The same with the device reset while the capture is still underway: the event on the stream
 /// the reset destroys is recorded before the reset, which completes it.
 #[test]

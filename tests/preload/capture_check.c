@@ -597,6 +597,31 @@ static void scenario_direct_malloc(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A miss of cachealloc_malloc during a capture whose cudaMalloc fails with an error other than
+ * out of memory: the code is returned, and the thread's last error is left as it was (the
+ * failure is the library's own call, the relaxed mode restored after it): none, then the
+ * program's own unread error. The thread's mode is left as it was, and the capture completes. */
+static void scenario_direct_malloc_fails(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL;
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    fakecudart_inject_malloc_failures(1, cudaErrorUnknown);
+    CHECK_CODE(api.malloc(&p, 10 * MIB, 0, s), cudaErrorUnknown);
+    CHECK(p == NULL);
+    CHECK(thread_capture_mode() == cudaStreamCaptureModeGlobal);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    CHECK_CODE(cudaSetDevice(99), cudaErrorInvalidDevice);
+    fakecudart_inject_malloc_failures(1, cudaErrorUnknown);
+    CHECK_CODE(api.malloc(&p, 10 * MIB, 0, s), cudaErrorUnknown);
+    CHECK_CODE(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* The same with device 1 reset while the capture on device 0 is still underway (relaxed, which
  * lets the reset be made): the free's event on the stream the reset destroys is recorded before
  * the reset, and the reset completes it; after the capture no call names the stale handle. */
@@ -829,6 +854,7 @@ static const struct scenario scenarios[] = {
     {"recorded_free_destroyed", scenario_recorded_free_destroyed},
     {"recorded_free_reset_during", scenario_recorded_free_reset_during},
     {"direct_malloc", scenario_direct_malloc},
+    {"direct_malloc_fails", scenario_direct_malloc_fails},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},

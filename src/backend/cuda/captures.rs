@@ -68,8 +68,11 @@ pub struct RelaxedMode {
 }
 
 impl RelaxedMode {
+    /// The error the program has not read is kept first (`unread_error`), before the library's
+    /// own calls of the request may replace it.
     pub fn enter(rt: &'static Runtime) -> Self {
         let previous = if underway(rt) {
+            unread_error::keep_unread(rt);
             exchange_mode(rt, MODE_RELAXED)
         } else {
             None
@@ -79,6 +82,9 @@ impl RelaxedMode {
 }
 
 impl Drop for RelaxedMode {
+    /// No error is kept here: the program's was kept on entering, and what the runtime holds
+    /// now is the failure of one of the request's own calls, which the program is not to read
+    /// (the request reports it by its answer).
     fn drop(&mut self) {
         if let Some(mode) = self.previous {
             exchange_mode(self.rt, mode);
@@ -92,7 +98,6 @@ impl Drop for RelaxedMode {
 #[inline(never)]
 fn exchange_mode(rt: &Runtime, mode: c_int) -> Option<c_int> {
     let exchange = rt.thread_exchange_stream_capture_mode?;
-    unread_error::keep_unread(rt);
     let mut mode = mode;
     // SAFETY: `mode` is a valid in/out pointer holding a `cudaStreamCaptureMode` value: the
     // relaxed mode's, or one the runtime handed out before.
