@@ -193,12 +193,14 @@ fn a_recorded_free_during_a_capture_is_given_back_by_the_next_empty_cache() {
 /// The events of frees made during a capture cannot be created after it: the request that
 /// finds those frees waiting is served with new memory, and they wait until a later request
 /// records their events (a stream fence of the C API; a `free_sync:event` fence of `cudaFree`).
-/// A warning says so, once.
+/// A warning says so, once: also when the failure goes on from request to request, while the
+/// polls of other frees have no event to record.
 #[test]
 fn a_free_whose_event_cannot_be_recorded_after_a_capture_does_not_fail_the_next_request() {
     for (scenario, conf) in [
         ("deferred_create_fails", "free_sync:device"),
         ("deferred_fence_create_fails", "free_sync:event"),
+        ("deferred_fence_create_fails_again", "free_sync:event"),
     ] {
         let out = check(scenario, &[("CACHEALLOC_CONF", conf)]);
         let log = stderr(&out);

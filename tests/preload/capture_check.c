@@ -422,6 +422,42 @@ static void scenario_deferred_fence_create_fails(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The same failing at every request, with a recorded free of the C API waiting meanwhile for
+ * its stream's event (recorded after the capture, its work not done): the requests, served
+ * from the cache, are served, and the warning is given once (tests/preload_capture.rs counts
+ * it), though the polls of the recorded free have no event left to record. */
+static void scenario_deferred_fence_create_fails_again(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t s, b, c;
+    CHECK_CODE(cudaStreamCreate(&s), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_CODE(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL, *x = NULL, *h = NULL;
+    CHECK_CODE(api.malloc(&h, MIB, 0, c), cudaSuccess);
+    CHECK_CODE(api.free(h), cudaSuccess);
+    CHECK_CODE(api.malloc(&x, MIB, 0, c), cudaSuccess);
+    CHECK_CODE(api.record_stream(x, b), cudaSuccess);
+    CHECK_CODE(cudaMalloc(&p, 10 * MIB), cudaSuccess);
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    CHECK_CODE(cudaFree(p), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(fakecudart_launch(x, MIB, b, 1000000), cudaSuccess);
+    CHECK_CODE(api.free(x), cudaSuccess);
+    CHECK_CODE(fakecudart_inject_call_failures("cudaEventCreate", 100, cudaErrorMemoryAllocation),
+               cudaSuccess);
+    for (int i = 0; i < 3; i++) {
+        CHECK_CODE(api.malloc(&h, MIB, 0, c), cudaSuccess);
+        CHECK_CODE(api.free(h), cudaSuccess);
+        CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    }
+    CHECK_CODE(fakecudart_inject_call_failures("cudaEventCreate", 0, cudaSuccess), cudaSuccess);
+    CHECK_CODE(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(b), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(c), cudaSuccess);
+}
+
 /* A recorded stream the runtime refuses an event on when the capture has ended: the free cannot
  * wait for its work, and a warning says so (tests/preload_capture.rs reads it); the request goes
  * on, and no error is left for the program to read. */
@@ -849,6 +885,7 @@ static const struct scenario scenarios[] = {
     {"recorded_free_emptied", scenario_recorded_free_emptied},
     {"deferred_create_fails", scenario_deferred_create_fails},
     {"deferred_fence_create_fails", scenario_deferred_fence_create_fails},
+    {"deferred_fence_create_fails_again", scenario_deferred_fence_create_fails_again},
     {"deferred_refused", scenario_deferred_refused},
     {"recorded_free_reset", scenario_recorded_free_reset},
     {"recorded_free_destroyed", scenario_recorded_free_destroyed},

@@ -56,7 +56,8 @@ pub struct CudaBackend {
     /// The driver's virtual-memory calls, when expandable segments are on and the device has
     /// them.
     vmm: Option<Vmm>,
-    /// A poll could not record the events of frees made during a capture, and none has since.
+    /// A poll could not record the events of frees made during a capture, and some such free
+    /// has waited for its events since.
     deferred_failing: bool,
 }
 
@@ -191,12 +192,24 @@ impl CudaBackend {
     /// A poll's recording of the events of frees made during a capture that ended. On failure
     /// those frees keep waiting, for a later poll to record their events or for the pool's next
     /// synchronization, and the request that polled goes on: the failure is not its own. The
-    /// runtime's error is cleared, and said once until a recording succeeds again.
+    /// runtime's error is cleared, and said once until no such free waits for its events any
+    /// more (a poll that had none to record, while the other kind's still fail, is no success).
     fn deferred_recorded(&mut self, recorded: Result<(), BackendError>) {
         match recorded {
-            Ok(()) => self.deferred_failing = false,
+            Ok(()) => {
+                if !self.defers_any() {
+                    self.deferred_failing = false;
+                }
+            }
             Err(e) => self.deferred_recording_failed(e),
         }
+    }
+
+    /// Whether a free made during a capture waits for its events to be recorded: a stream
+    /// fence's, or a `free_sync:event` fence's.
+    fn defers_any(&self) -> bool {
+        self.stream_events.has_deferred()
+            || matches!(&self.fences, FencePolicy::LegacyStreamEvent(events) if events.has_deferred())
     }
 
     #[cold]

@@ -162,6 +162,11 @@ impl StreamEvents {
         result
     }
 
+    /// Whether a deferred fence waits for its events to be recorded.
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
     /// The streams deferred fences wait to record events on, each once.
     pub fn deferred_streams(&self) -> Vec<StreamId> {
         let mut all = Vec::new();
