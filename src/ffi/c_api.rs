@@ -22,9 +22,9 @@ use std::ffi::{c_char, c_int, c_void};
 /// `cudaMalloc` (no synchronization, no memory given back), with the calling thread's capture
 /// mode relaxed for the request (`cudaThreadExchangeStreamCaptureMode`; its mode is restored
 /// after), as PyTorch's allocator relaxes it for its own `cudaMalloc`: a capture in the global
-/// or thread-local mode would otherwise refuse the call and end. Memory that a captured graph uses must
-/// stay allocated while the graph may be launched: there is no private pool per graph, and a
-/// block freed is handed to the next request of its stream.
+/// or thread-local mode would otherwise refuse the call and end. Memory that a captured graph
+/// uses must stay allocated while the graph may be launched: there is no private pool per
+/// graph, and a block freed is handed to the next request of its stream.
 ///
 /// # Safety
 /// `ptr` is NULL (answered with 1) or valid for writing one pointer.

@@ -20,9 +20,8 @@
 //! capture is underway (`record_deferred`: at the device's next poll or synchronization), after
 //! the work issued until then. Streams the runtime refuses then are left out, as at free time,
 //! with a warning (`warn_refused`: the free's caller has returned): their work is not waited
-//! for. A stream the program destroys before
-//! then (CUDA lets its work run on) gets its events as it is destroyed (`record_deferred_on`),
-//! while its handle is live.
+//! for. A stream the program destroys before then (CUDA lets its work run on) gets its events
+//! as it is destroyed (`record_deferred_on`), while its handle is live.
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
@@ -483,8 +482,6 @@ fn retire(rt: &Runtime, idle: &mut IdleEvents, recorded: StreamEvent) {
     }
 }
 
-/// Record a new event of `stream`'s device on it, when the runtime can name that device and it
-/// is not `own`. Leaves `own` current and no error of its own in the last error.
 /// A free made during a capture cannot wait for these streams' work: the runtime refused an
 /// event on each when the capture had ended. Said here, since the free's caller has returned.
 fn warn_refused(refused: &[(StreamId, CudaError)]) {
@@ -507,6 +504,8 @@ fn refused_stream(stream: StreamId, code: CudaError) {
     );
 }
 
+/// Record a new event of `stream`'s device on it, when the runtime can name that device and it
+/// is not `own`. Leaves `own` current and no error of its own in the last error.
 fn record_elsewhere(
     rt: &Runtime,
     own: DeviceId,

@@ -113,8 +113,8 @@ cudaError_t fakecudart_set_capacity(int device, size_t bytes);
 void fakecudart_inject_malloc_failures(unsigned count, cudaError_t code);
 /* The next `count` calls of `call` ("cudaEventQuery", "cudaDeviceReset", "cudaDeviceSynchronize",
  * "cudaStreamIsCapturing", "cudaEventRecord", or "cudaEventCreate", which covers
- * cudaEventCreateWithFlags) do nothing and answer `code` (nonzero), setting the last error; cudaErrorInvalidValue for another
- * name. count 0 cancels an injection. */
+ * cudaEventCreateWithFlags) do nothing and answer `code` (nonzero), setting the last error;
+ * cudaErrorInvalidValue for another name. count 0 cancels an injection. */
 cudaError_t fakecudart_inject_call_failures(const char *call, unsigned count, cudaError_t code);
 
 /* The driver call `call` ("cuMemUnmap", "cuMemSetAccess", "cuMemMap", "cuMemCreate" or

@@ -145,7 +145,7 @@ struct fake_state {
     unsigned injected_failures;
     cudaError_t injected_code;
     /* cudaEventQuery, cudaDeviceReset, cudaDeviceSynchronize, cudaEventCreate(WithFlags),
-     * cudaStreamIsCapturing */
+     * cudaEventRecord, cudaStreamIsCapturing */
     struct fake_call_injection injected_query, injected_reset, injected_sync, injected_event_create,
         injected_event_record, injected_is_capturing;
     struct fake_driver_injection injected_unmap, injected_set_access, injected_map,
