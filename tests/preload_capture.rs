@@ -248,6 +248,13 @@ fn a_failed_c_api_request_during_a_capture_leaves_the_last_error_as_it_was() {
     check("direct_malloc_fails", &[]);
 }
 
+/// With `CACHEALLOC_DISABLE=1` such a request is the runtime's `cudaMalloc`, made with the
+/// thread's capture mode relaxed as when the library is enabled: the capture goes on.
+#[test]
+fn a_c_api_request_during_a_capture_relaxes_the_capture_mode_when_disabled_too() {
+    check("direct_malloc_disabled", &[("CACHEALLOC_DISABLE", "1")]);
+}
+
 /// The same with the device reset while the capture is still underway: the event on the stream
 /// the reset destroys is recorded before the reset, which completes it.
 #[test]

@@ -2,7 +2,8 @@
 //! points. Devices and streams are explicit, as in PyTorch: a block belongs to the stream it was
 //! allocated on and is reused only on that stream, so a free is immediate.
 //!
-//! With `CACHEALLOC_DISABLE=1` these pass through to the real runtime on the given device.
+//! With `CACHEALLOC_DISABLE=1` these pass through to the real runtime on the given device (a
+//! request during a capture with the thread's capture mode relaxed, as when enabled).
 
 use super::error::ShimError;
 use super::interpose::{active, with_device_pool};
@@ -37,6 +38,8 @@ pub fn malloc(size: usize, device: DeviceId, stream: StreamId) -> Result<u64, Sh
     let _inside = inside()?;
     let Some((config, rt)) = active()? else {
         let rt = real_runtime()?;
+        // Relaxed as when enabled: the request's cudaMalloc is the library's, not the program's.
+        let _relaxed = captures::RelaxedMode::enter(rt);
         return returned_only(rt, real_malloc(rt, size, device));
     };
     if !pools::has_pool(device) {

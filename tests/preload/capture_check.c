@@ -658,6 +658,28 @@ static void scenario_direct_malloc_fails(void) {
     CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* cachealloc_malloc during a capture with CACHEALLOC_DISABLE=1 (tests/preload_capture.rs sets
+ * it): every request is the runtime's cudaMalloc, made with the thread's capture mode relaxed
+ * as when the library is enabled, so the global-mode capture goes on and the thread's mode is
+ * left as it was. */
+static void scenario_direct_malloc_disabled(void) {
+    struct direct_api api;
+    CHECK(find_direct_api(&api));
+    cudaStream_t s;
+    CHECK_CODE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL;
+    CHECK_CODE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    uint64_t mallocs = fakecudart_counter("mallocs");
+    CHECK_CODE(api.malloc(&p, 10 * MIB, 0, s), cudaSuccess);
+    CHECK(p != NULL);
+    CHECK(fakecudart_counter("mallocs") == mallocs + 1);
+    CHECK(thread_capture_mode() == cudaStreamCaptureModeGlobal);
+    CHECK_CODE(cudaGetLastError(), cudaSuccess);
+    end_capture_whole(s);
+    CHECK_CODE(api.free(p), cudaSuccess);
+    CHECK_CODE(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* The same with device 1 reset while the capture on device 0 is still underway (relaxed, which
  * lets the reset be made): the free's event on the stream the reset destroys is recorded before
  * the reset, and the reset completes it; after the capture no call names the stale handle. */
@@ -892,6 +914,7 @@ static const struct scenario scenarios[] = {
     {"recorded_free_reset_during", scenario_recorded_free_reset_during},
     {"direct_malloc", scenario_direct_malloc},
     {"direct_malloc_fails", scenario_direct_malloc_fails},
+    {"direct_malloc_disabled", scenario_direct_malloc_disabled},
     {"other_thread", scenario_other_thread},
     {"ended", scenario_ended},
     {"refused", scenario_refused},
