@@ -3,7 +3,8 @@
 //! allocation and dropped by `cudaDeviceReset`.
 //!
 //! Code running under a pool lock never logs or formats: callers take the result out and
-//! report after the lock is released.
+//! report after the lock is released. What the backend must say from under it is held
+//! (`backend::cuda::notices`) and said here as each call below releases the lock.
 //!
 //! A panic while a lock was held poisons it. The next user checks the pool with the invariant
 //! walker: a consistent pool is used on; an inconsistent one refuses further use of that device
@@ -13,6 +14,7 @@ use super::error::ShimError;
 use super::exit_wait::lock_at_exit;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::epoch::SyncEpochs;
+use crate::backend::cuda::notices;
 use crate::pool::{DeviceAllocator, DeviceId, DeviceStats};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -184,13 +186,27 @@ pub fn with_pool_or_create<R>(
     let Some(d) = index(device) else {
         return Ok(None);
     };
-    let mut guard = lock(device, d)?;
-    let pool = guard.get_or_insert_with(|| {
-        USED.fetch_or(1u64 << d, Ordering::SeqCst);
-        LIVE.fetch_or(1u64 << d, Ordering::SeqCst);
-        create()
-    });
-    Ok(Some(f(pool)))
+    let guard = lock(device, d)?;
+    Ok(Some(then_say_held(guard, |slot| {
+        let pool = slot.get_or_insert_with(|| {
+            USED.fetch_or(1u64 << d, Ordering::SeqCst);
+            LIVE.fetch_or(1u64 << d, Ordering::SeqCst);
+            create()
+        });
+        f(pool)
+    })))
+}
+
+/// Run `f` under `guard`, release it, then say the notices the call held back.
+#[inline]
+fn then_say_held<R>(
+    mut guard: MutexGuard<'static, Option<Pool>>,
+    f: impl FnOnce(&mut Option<Pool>) -> R,
+) -> R {
+    let result = f(&mut guard);
+    drop(guard);
+    notices::say_held();
+    result
 }
 
 /// Run `f` on the pool of `device` if it has one.
@@ -201,8 +217,8 @@ pub fn with_pool<R>(
     let Some(d) = index(device) else {
         return Ok(None);
     };
-    let mut guard = lock(device, d)?;
-    Ok(guard.as_mut().map(f))
+    let guard = lock(device, d)?;
+    Ok(then_say_held(guard, |slot| slot.as_mut().map(f)))
 }
 
 /// Run `f` on the pool of `device` if it has one and its lock is free now (for work that the
@@ -210,8 +226,8 @@ pub fn with_pool<R>(
 /// dependency between the two threads). A poisoned lock counts as busy.
 pub fn try_with_pool<R>(device: DeviceId, f: impl FnOnce(&mut Pool) -> R) -> Option<R> {
     let d = index(device)?;
-    let mut guard = POOLS[d].try_lock().ok()?;
-    guard.as_mut().map(f)
+    let guard = POOLS[d].try_lock().ok()?;
+    then_say_held(guard, |slot| slot.as_mut().map(f))
 }
 
 /// Run `f` on the pool whose segments contain `addr`, whatever device is current.
@@ -234,13 +250,13 @@ pub fn with_owner<R>(addr: u64, f: impl FnOnce(&mut Pool) -> R) -> Result<Option
             }
             Err(TryLockError::Poisoned(poisoned)) => recover(device, d, poisoned.into_inner())?,
         };
-        if let Some(mut guard) = owning(guard, addr) {
-            return Ok(guard.as_mut().map(f));
+        if let Some(guard) = owning(guard, addr) {
+            return Ok(then_say_held(guard, |slot| slot.as_mut().map(f)));
         }
     }
     for d in (0..MAX_DEVICES).filter(|d| busy & (1u64 << d) != 0) {
-        if let Some(mut guard) = owning(lock(DeviceId(d as i32), d)?, addr) {
-            return Ok(guard.as_mut().map(f));
+        if let Some(guard) = owning(lock(DeviceId(d as i32), d)?, addr) {
+            return Ok(then_say_held(guard, |slot| slot.as_mut().map(f)));
         }
     }
     Ok(None)

@@ -18,6 +18,7 @@ pub mod driver;
 pub mod epoch;
 pub mod events;
 pub mod loader;
+pub mod notices;
 pub mod runtime;
 pub mod stream_events;
 pub mod unread_error;
@@ -217,13 +218,10 @@ impl CudaBackend {
     fn deferred_recording_failed(&mut self, error: BackendError) {
         runtime::clear_last_error(self.rt);
         if !std::mem::replace(&mut self.deferred_failing, true) {
-            log_event!(
-                warn,
-                "device {}: the events of frees made during a CUDA graph capture could not be \
-                 recorded ({error}); their blocks are not reused until a later request records \
-                 them or the pool synchronizes the device",
-                self.device.0
-            );
+            notices::hold(notices::Notice::DeferredRecordingFailed {
+                device: self.device,
+                error,
+            });
         }
     }
 

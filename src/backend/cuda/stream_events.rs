@@ -25,6 +25,7 @@
 
 use super::device_guard::DeviceGuard;
 use super::events::{self, EventHandle, IdleEvents, query, record};
+use super::notices;
 use super::runtime::{
     CudaError, Runtime, STREAM_LEGACY, STREAM_PER_THREAD, clear_last_error, codes, stream_device,
 };
@@ -483,25 +484,12 @@ fn retire(rt: &Runtime, idle: &mut IdleEvents, recorded: StreamEvent) {
 }
 
 /// A free made during a capture cannot wait for these streams' work: the runtime refused an
-/// event on each when the capture had ended. Said here, since the free's caller has returned.
+/// event on each when the capture had ended. Said once the pool's lock is released, since the
+/// free's caller has returned (`notices`).
 fn warn_refused(refused: &[(StreamId, CudaError)]) {
-    for (stream, code) in refused {
-        refused_stream(*stream, *code);
+    for &(stream, code) in refused {
+        notices::hold(notices::Notice::StreamRefused { stream, code });
     }
-}
-
-#[cold]
-#[inline(never)]
-fn refused_stream(stream: StreamId, code: CudaError) {
-    log_event!(
-        warn,
-        "a free made during a CUDA graph capture: the work of its recorded stream {:#x} is not \
-         waited for before the block is reused (cudaEventRecord after the capture failed with \
-         CUDA error {code}: a stream destroyed without cudaStreamDestroy passing through \
-         cachealloc, or one of another device with a runtime older than CUDA 12.8, which cannot \
-         name its device?)",
-        stream.0
-    );
 }
 
 /// Record a new event of `stream`'s device on it, when the runtime can name that device and it
