@@ -151,6 +151,36 @@ mod tests {
         }
     }
 
+    /// Table index 15 covers every size from 32 GiB up (PyTorch clamps `log2(size) - 20` to
+    /// 0..=15), however large: 64 GiB and 1 TiB round by that entry too.
+    #[test]
+    fn sizes_of_32_gib_and_more_round_by_the_last_interval() {
+        const GIB: u64 = 1 << 30;
+        let mut s = with_divisions(0);
+        s.roundup_power2_divisions[ROUNDUP_INTERVALS - 1] = 8;
+        assert_eq!(round_size(&s, 16 * GIB + 1), 16 * GIB + 512);
+        assert_eq!(round_size(&s, 32 * GIB + 1), 36 * GIB);
+        assert_eq!(round_size(&s, 64 * GIB + 1), 72 * GIB);
+        assert_eq!(round_size(&s, 1024 * GIB + 1), 1152 * GIB);
+    }
+
+    /// No request occupies less than 512 B, whatever the divisions: the 512-byte floor comes
+    /// before them, as in PyTorch, also for huge divisions whose wrapped `512 * divisions` would
+    /// hand a tiny size to `next_division` (which leaves 1 B, a power of two, as 1 B).
+    #[test]
+    fn sizes_below_512_bytes_take_512_under_any_divisions() {
+        for divisions in [0, 1, 4, 1 << 55, 1 << 63] {
+            let s = with_divisions(divisions);
+            for size in [0, 1, 2, 300, 511] {
+                assert_eq!(
+                    round_size(&s, size),
+                    512,
+                    "divisions {divisions}, size {size}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn pool_boundary_is_inclusive_at_one_mib() {
         assert_eq!(pool_for(MIB), PoolKind::Small);
