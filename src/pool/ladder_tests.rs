@@ -134,6 +134,27 @@ fn garbage_collection_ages_blocks_by_every_search_of_their_pool() {
     assert_eq!(reserved_mib(&p), 216 + 20 + 100);
 }
 
+/// Garbage collection goes on with another pass while it is short of its target: with 300 MiB
+/// reserved the target is 44 MiB, the first pass frees only the older 40 MiB block (the one of
+/// mean age or more), and a second pass, its mean now the 20 MiB block's age, frees that too.
+#[test]
+fn garbage_collection_passes_again_until_it_reaches_its_target() {
+    let mut p = collected_above_256_mib();
+    let _live = alloc(&mut p, 240 * MIB);
+    let [older, younger] = [40, 20].map(|mib| alloc(&mut p, mib * MIB));
+    free(&mut p, older);
+    free(&mut p, younger);
+    for _ in 0..5 {
+        let again = alloc(&mut p, 20 * MIB);
+        assert_eq!(again, younger);
+        free(&mut p, again);
+    }
+    let released = record_releases(&mut p);
+    alloc(&mut p, 100 * MIB);
+    assert_eq!(*released.lock().unwrap(), vec![40, 20]);
+    assert_eq!(reserved_mib(&p), 240 + 100);
+}
+
 /// Searches of the small pool do not age the large pool's blocks: the 40 MiB block cached
 /// before five small requests is as old as the 20 MiB one cached after them, and both go.
 /// The small pool's cached segment is never collected.
