@@ -155,6 +155,34 @@ fn garbage_collection_passes_again_until_it_reaches_its_target() {
     assert_eq!(reserved_mib(&p), 240 + 100);
 }
 
+/// Each pass takes the mean age of the blocks still cached: of 60, 40 and 20 MiB blocks aged
+/// 5, 2 and 1 searches, the first pass (mean 8/3) frees the 60 MiB block, the second (mean 3/2,
+/// of the two left) the 40 MiB one, which reaches the 80 MiB target; the 20 MiB block stays.
+#[test]
+fn garbage_collection_takes_each_mean_age_over_the_blocks_left() {
+    let mut p = collected_above_256_mib();
+    let _live = alloc(&mut p, 216 * MIB);
+    let [a, b, c] = [60, 40, 20].map(|mib| alloc(&mut p, mib * MIB));
+    // Each reuse of the 20 MiB block is a search of the large pool, which ages the others.
+    let reuse_c = |p: &mut DeviceAllocator<SimDevice>, times: usize| {
+        for _ in 0..times {
+            let again = alloc(p, 20 * MIB);
+            assert_eq!(again, c);
+            free(p, again);
+        }
+    };
+    free(&mut p, a);
+    free(&mut p, c);
+    reuse_c(&mut p, 3);
+    free(&mut p, b);
+    reuse_c(&mut p, 1);
+    let released = record_releases(&mut p);
+    // 336 MiB reserved: the target is 80 MiB. The miss is one more search: ages 5, 2 and 1.
+    alloc(&mut p, 100 * MIB);
+    assert_eq!(*released.lock().unwrap(), vec![60, 40]);
+    assert_eq!(reserved_mib(&p), 216 + 20 + 100);
+}
+
 /// Searches of the small pool do not age the large pool's blocks: the 40 MiB block cached
 /// before five small requests is as old as the 20 MiB one cached after them, and both go.
 /// The small pool's cached segment is never collected.
