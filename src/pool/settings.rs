@@ -93,3 +93,42 @@ impl Settings {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const TIB: u64 = 1 << 40;
+
+    /// Only PyTorch's clamp of `max_split_size_mb` (whole MiB below 2^64, where `-1` goes) is
+    /// unlimited; any smaller limit, however large, stays a limit.
+    #[test]
+    fn only_the_clamped_largest_max_split_size_is_unlimited() {
+        for bytes in [20 * MIB, TIB, 1 << 50, u64::MAX / MIB * MIB - MIB] {
+            assert_eq!(max_split_size_from_bytes(bytes), bytes, "{bytes}");
+        }
+        for bytes in [u64::MAX / MIB * MIB, u64::MAX] {
+            assert_eq!(max_split_size_from_bytes(bytes), u64::MAX, "{bytes}");
+        }
+    }
+
+    /// A memory fraction of 1 sets no limit (PyTorch's `set_fraction` only for `fraction < 1`);
+    /// any smaller one limits to that share of the device.
+    #[test]
+    fn a_fraction_of_one_sets_no_limit() {
+        assert_eq!(allowed_maximum(1.0, 80 * 1024 * MIB), None);
+        assert_eq!(allowed_maximum(0.5, 80 * 1024 * MIB), Some(40 * 1024 * MIB));
+        assert_eq!(allowed_maximum(0.0, 80 * 1024 * MIB), Some(0));
+    }
+
+    /// Garbage collection runs only with both a threshold above 0 and a fraction below 1 (the
+    /// allowed maximum it is a share of exists only then).
+    #[test]
+    fn garbage_collection_needs_a_threshold_and_a_fraction_below_one() {
+        assert!(collects_garbage(0.5, 0.5));
+        assert!(!collects_garbage(0.0, 0.5), "no threshold");
+        assert!(!collects_garbage(0.5, 1.0), "no limit");
+        assert!(!collects_garbage(0.0, 1.0));
+    }
+}
