@@ -120,6 +120,26 @@ fn a_pending_block_that_would_merge_into_a_serving_one_is_named() {
     assert!(fits_when_freed_before_the_capture(p, 50 * MIB, S0));
 }
 
+/// A pending 40 MiB block that is its whole segment, on a full 60 MiB device, and a 40 MiB
+/// request: complete, the block serves it alone, with no free neighbour to merge with.
+#[test]
+fn a_lone_pending_block_that_would_serve_is_named() {
+    let mut p = pool_with_pending_frees(60 * MIB);
+    let a = p.malloc(40 * MIB, S0).unwrap();
+    let _kept = p.malloc(20 * MIB, S0).unwrap();
+    p.free_deferred(a).unwrap();
+    let report = oom_during_capture(&mut p, 40 * MIB, S0);
+    assert_eq!(
+        report.hint(),
+        OomHint::PendingDuringCapture {
+            pending: 40 * MIB,
+            block: 40 * MIB,
+        },
+        "{report}"
+    );
+    assert!(fits_when_freed_before_the_capture(p, 40 * MIB, S0));
+}
+
 /// A pool on a 60 MiB device holding three 20 MiB segments, of which `freed` are free whole
 /// segments (cached, not given back), and the live rest.
 fn full_device_with_free_segments(freed: usize) -> DeviceAllocator<SimDevice> {
