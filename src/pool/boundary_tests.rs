@@ -111,6 +111,20 @@ fn a_request_of_exactly_1_eib_is_refused_without_a_device_call() {
     ));
 }
 
+/// A request of 64 PiB (below the 1 EiB refused outright) with a 20 MiB block cached: no cached
+/// block is large enough, so the device is asked and runs out of memory; the cached block
+/// stays cached for a request it fits. (The free index files such sizes in its topmost
+/// classes, above every real block's.)
+#[test]
+fn a_request_of_petabytes_is_not_served_by_a_smaller_cached_block() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let cached = alloc(&mut p, 20 * MIB);
+    free(&mut p, cached);
+    assert!(matches!(p.malloc(1 << 56, S0), Err(Error::OutOfMemory(_))));
+    p.validate().unwrap();
+    assert_eq!(alloc(&mut p, 20 * MIB), cached);
+}
+
 /// `malloc(0)` gets a block of 512 bytes of its own, as PyTorch's rounding gives it.
 #[test]
 fn a_request_of_zero_bytes_gets_its_own_512_byte_block() {
