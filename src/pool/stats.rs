@@ -317,6 +317,52 @@ mod tests {
         assert_eq!(alone.max_split_size, -1);
     }
 
+    /// Over a reset, the running totals are the two pools' sums: the later pool's frees add
+    /// to the ended pool's (and to what the reset freed), and so does each count.
+    #[test]
+    fn statistics_over_a_reset_add_the_later_pools_frees_and_counts() {
+        let mut ended = DeviceStats::default();
+        ended.allocated_bytes.all.increase(100);
+        ended.allocated_bytes.all.decrease(30);
+        ended.counts = Counts {
+            num_alloc_retries: 1,
+            num_ooms: 2,
+            num_sync_all_streams: 3,
+            num_device_alloc: 4,
+            num_device_free: 5,
+        };
+        let mut later = DeviceStats::default();
+        later.allocated_bytes.all.increase(50);
+        later.allocated_bytes.all.decrease(20);
+        later.counts = Counts {
+            num_alloc_retries: 10,
+            num_ooms: 20,
+            num_sync_all_streams: 30,
+            num_device_alloc: 40,
+            num_device_free: 50,
+        };
+        let over = ended.then(Some(&later));
+        assert_eq!(
+            over.allocated_bytes.all,
+            Stat {
+                current: 30,
+                peak: 100,
+                allocated: 150,
+                freed: 30 + 70 + 20
+            }
+        );
+        assert_eq!(
+            over.counts,
+            Counts {
+                num_alloc_retries: 11,
+                num_ooms: 22,
+                num_sync_all_streams: 33,
+                num_device_alloc: 44,
+                num_device_free: 55,
+            }
+        );
+    }
+
     #[test]
     fn forgetting_the_ended_pools_totals_keeps_its_peaks() {
         let mut ended = DeviceStats::default();
