@@ -111,6 +111,35 @@ fn a_block_that_could_grow_is_passed_over_for_one_that_could_not() {
     );
 }
 
+/// The sizes compared are sums, what each block could grow to: a 10 MiB block before 40 MiB
+/// of unmapped space (50 MiB) is passed over for a 25 MiB one before a 20 MiB unmapped page
+/// (45 MiB), both in the six 20 MiB pages of the range of a 100 MiB device.
+#[test]
+fn the_block_that_could_grow_least_is_taken_when_both_could_grow() {
+    let mut p = expandable_pool(100 * MIB);
+    let _a = alloc(&mut p, 15 * MIB); // page 0: a [0, 15), free [15, 20)
+    let n = alloc(&mut p, 25 * MIB); // page 1 too: n [15, 40)
+    let u = alloc(&mut p, 20 * MIB); // page 2: u [40, 60)
+    let y = alloc(&mut p, 10 * MIB); // page 3: y [60, 70), free [70, 80), unmapped [80, 120)
+    assert_eq!(ranges(&p), [(_a.addr(), 120 * MIB)]);
+    free(&mut p, u);
+    p.empty_cache().unwrap(); // page 2 unmapped: [40, 60)
+    p.validate().unwrap();
+    free(&mut p, n); // 25 MiB free before the unmapped page
+    let d = alloc(&mut p, 10 * MIB);
+    assert_eq!(
+        d,
+        n,
+        "the 25 MiB block (45 MiB grown), not the one at {:#x} (50 MiB grown)",
+        y.addr() + 10 * MIB
+    );
+    assert_eq!(
+        p.stats().counts.num_device_alloc,
+        4,
+        "no page mapped for it"
+    );
+}
+
 #[test]
 fn empty_cache_unmaps_whole_free_pages_and_gives_back_an_empty_range() {
     let mut p = expandable_pool(8 * GIB);
