@@ -79,6 +79,34 @@ fn empty_cache_returns_the_large_pool_before_the_small() {
     assert_eq!(*freed.lock().unwrap(), vec![20 * MIB, 2 * MIB]);
 }
 
+/// `empty_cache()` returns a pool's whole free segments in its set's (stream, size, address)
+/// order (PyTorch compares the `cudaStream_t` values), whatever order the streams first used
+/// the pool in: here streams 2, 0 and 1, whose segments (20, 60 and 40 MiB) go back as stream
+/// 0's, 1's, then 2's, as a recorded trace shows.
+#[test]
+fn empty_cache_returns_segments_in_stream_order() {
+    let mut p = pool_with(u64::MAX, Settings::default());
+    let freed = Arc::new(Mutex::new(Vec::new()));
+    let sink = freed.clone();
+    p.set_event_sink(Some(Box::new(move |e: &PoolEvent| {
+        if let PoolEvent::SegmentFree { size, stream, .. } = e {
+            sink.lock().unwrap().push((stream.0, *size));
+        }
+    })));
+    let blocks: Vec<_> = [(2, 20 * MIB), (0, 60 * MIB), (1, 40 * MIB)]
+        .into_iter()
+        .map(|(stream, size)| p.malloc(size, StreamId(stream)).unwrap())
+        .collect();
+    for b in blocks {
+        free(&mut p, b);
+    }
+    p.empty_cache().unwrap();
+    assert_eq!(
+        *freed.lock().unwrap(),
+        vec![(0, 60 * MIB), (1, 40 * MIB), (2, 20 * MIB)]
+    );
+}
+
 /// `roundup_power2_divisions`' last interval holds every size from 32 GiB up (`>:N` in the
 /// list form): a 33 GiB request under 8 divisions there rounds to 36 GiB.
 #[test]
