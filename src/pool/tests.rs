@@ -51,6 +51,26 @@ fn segment_of_names_the_device_allocation_that_holds_an_address() {
     assert_eq!(p.segment_of(a.addr() - 1), None);
 }
 
+/// The stream an allocation was made on, which `record_stream` compares with the stream it is
+/// told of (PyTorch's `recordStream` ignores the block's own stream); a freed block has none,
+/// and is named as `free` would name it (freed already).
+#[test]
+fn allocation_stream_names_the_stream_a_live_allocation_was_made_on() {
+    let mut p = pool();
+    let a = p.malloc(1000, StreamId(3)).unwrap();
+    let b = alloc(&mut p, 1000);
+    assert_eq!(p.allocation_stream(a), Ok(StreamId(3)));
+    assert_eq!(p.allocation_stream(b), Ok(S0));
+    free(&mut p, b);
+    assert_eq!(
+        p.allocation_stream(b),
+        Err(Error::InvalidPointer {
+            addr: b.addr(),
+            reason: BadPointer::CachedFree,
+        })
+    );
+}
+
 #[test]
 fn small_request_splits_a_2_mib_segment_and_merges_back() {
     let mut p = pool();
