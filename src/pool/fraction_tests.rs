@@ -9,6 +9,23 @@ use super::*;
 use crate::backend::sim::SimDevice;
 use std::sync::{Arc, Mutex};
 
+/// A fraction without a `garbage_collection_threshold` collects no garbage (PyTorch collects
+/// only when the threshold is above 0): a request that misses grows beside the cached 40 MiB
+/// block, which stays cached and serves the next 40 MiB request.
+#[test]
+fn a_fraction_without_a_threshold_collects_no_garbage() {
+    let settings = Settings {
+        per_process_memory_fraction: 0.5,
+        ..Settings::default()
+    };
+    let mut p = pool_with(1024 * MIB, settings);
+    let cached = alloc(&mut p, 40 * MIB);
+    free(&mut p, cached);
+    let _big = alloc(&mut p, 60 * MIB);
+    assert_eq!(p.stats().counts.num_device_free, 0);
+    assert_eq!(alloc(&mut p, 40 * MIB), cached);
+}
+
 /// Of a 1 GiB device, half: with 300 MiB reserved, a second 300 MiB segment would pass 512 MiB
 /// and is refused, the report naming the limit; lifted with a fraction of 1, it is served.
 #[test]
