@@ -9,6 +9,19 @@ use super::*;
 use crate::backend::sim::SimDevice;
 use std::sync::{Arc, Mutex};
 
+/// A segment that brings the reserved memory exactly to the limit is allowed (PyTorch refuses
+/// only what would pass it): half of a 1 GiB device, a 512 MiB request is served.
+#[test]
+fn a_segment_that_reaches_the_limit_exactly_is_served() {
+    let settings = Settings {
+        per_process_memory_fraction: 0.5,
+        ..Settings::default()
+    };
+    let mut p = pool_with(1024 * MIB, settings);
+    alloc(&mut p, 512 * MIB);
+    assert_eq!(p.stats().reserved_bytes.all.current, 512 * MIB as i64);
+}
+
 /// A fraction without a `garbage_collection_threshold` collects no garbage (PyTorch collects
 /// only when the threshold is above 0): a request that misses grows beside the cached 40 MiB
 /// block, which stays cached and serves the next 40 MiB request.
