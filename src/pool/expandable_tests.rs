@@ -111,6 +111,17 @@ fn a_block_that_could_grow_is_passed_over_for_one_that_could_not() {
     );
 }
 
+/// Small-pool blocks of expandable segments split by the small pool's rule, like the large
+/// pool's: a 1 MiB request leaves the other 1 MiB of its 2 MiB page free for the next one.
+#[test]
+fn small_blocks_split_by_the_small_pools_rule() {
+    let mut p = expandable_pool(8 * GIB);
+    let a = alloc(&mut p, MIB);
+    let b = alloc(&mut p, MIB);
+    assert_eq!(b.addr(), a.addr() + MIB);
+    assert_eq!(p.stats().counts.num_device_alloc, 1, "one page mapped");
+}
+
 /// The sizes compared are sums, what each block could grow to: a 10 MiB block before 40 MiB
 /// of unmapped space (50 MiB) is passed over for a 25 MiB one before a 20 MiB unmapped page
 /// (45 MiB), both in the six 20 MiB pages of the range of a 100 MiB device.
