@@ -115,6 +115,10 @@ done
 check capture-other-thread CACHEALLOC_CONF=free_sync:device "$bin/capture_check" other_thread
 check capture-oom CACHEALLOC_CONF=free_sync:none FAKECUDART_CAPACITY=64MiB "$bin/capture_check" oom
 check capture-reset CACHEALLOC_CONF=free_sync:device "$bin/capture_check" reset
+check capture-direct-malloc "$bin/capture_check" direct_malloc
+check capture-deferred-refused "$bin/capture_check" deferred_refused
+check capture-deferred-fails CACHEALLOC_CONF=free_sync:event \
+    "$bin/capture_check" deferred_fence_create_fails_again
 for scenario in stream_ordered per_thread capturing; do
     check "free-async-$scenario" CACHEALLOC_CONF="$record" "$bin/free_async_check" "$scenario"
 done
