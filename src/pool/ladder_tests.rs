@@ -113,6 +113,16 @@ fn garbage_collection_finishes_its_pass() {
     assert_eq!(reserved_mib(&p), 216 + 100);
 }
 
+/// Serve `times` requests of the cached 20 MiB block `block`'s size from it, freeing each
+/// again: every one is a search of the large pool, which ages its other cached blocks.
+fn reuse(p: &mut DeviceAllocator<SimDevice>, block: DevicePtr, times: usize) {
+    for _ in 0..times {
+        let again = alloc(p, 20 * MIB);
+        assert_eq!(again, block);
+        free(p, again);
+    }
+}
+
 /// A block's age counts every search of the large pool since it was cached, those that found
 /// a block too: the 40 MiB block, passed by while the 20 MiB one served five requests, is older
 /// and goes alone.
@@ -123,11 +133,7 @@ fn garbage_collection_ages_blocks_by_every_search_of_their_pool() {
     let [older, younger] = [40, 20].map(|mib| alloc(&mut p, mib * MIB));
     free(&mut p, older);
     free(&mut p, younger);
-    for _ in 0..5 {
-        let again = alloc(&mut p, 20 * MIB);
-        assert_eq!(again, younger);
-        free(&mut p, again);
-    }
+    reuse(&mut p, younger, 5);
     let released = record_releases(&mut p);
     alloc(&mut p, 100 * MIB);
     assert_eq!(*released.lock().unwrap(), vec![40]);
@@ -144,11 +150,7 @@ fn garbage_collection_passes_again_until_it_reaches_its_target() {
     let [older, younger] = [40, 20].map(|mib| alloc(&mut p, mib * MIB));
     free(&mut p, older);
     free(&mut p, younger);
-    for _ in 0..5 {
-        let again = alloc(&mut p, 20 * MIB);
-        assert_eq!(again, younger);
-        free(&mut p, again);
-    }
+    reuse(&mut p, younger, 5);
     let released = record_releases(&mut p);
     alloc(&mut p, 100 * MIB);
     assert_eq!(*released.lock().unwrap(), vec![40, 20]);
@@ -163,19 +165,11 @@ fn garbage_collection_takes_each_mean_age_over_the_blocks_left() {
     let mut p = collected_above_256_mib();
     let _live = alloc(&mut p, 216 * MIB);
     let [a, b, c] = [60, 40, 20].map(|mib| alloc(&mut p, mib * MIB));
-    // Each reuse of the 20 MiB block is a search of the large pool, which ages the others.
-    let reuse_c = |p: &mut DeviceAllocator<SimDevice>, times: usize| {
-        for _ in 0..times {
-            let again = alloc(p, 20 * MIB);
-            assert_eq!(again, c);
-            free(p, again);
-        }
-    };
     free(&mut p, a);
     free(&mut p, c);
-    reuse_c(&mut p, 3);
+    reuse(&mut p, c, 3);
     free(&mut p, b);
-    reuse_c(&mut p, 1);
+    reuse(&mut p, c, 1);
     let released = record_releases(&mut p);
     // 336 MiB reserved: the target is 80 MiB. The miss is one more search: ages 5, 2 and 1.
     alloc(&mut p, 100 * MIB);
